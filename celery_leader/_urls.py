@@ -1,0 +1,23 @@
+"""URL helpers shared by config, backends and logging."""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import urlsplit
+
+_USERINFO = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:@/]*):(?P<pw>[^@/]*)@", re.I)
+
+
+def mask_url(url: str) -> str:
+    """Return ``url`` with its password replaced by ``***``.
+
+    Works on comma-separated host lists (Sentinel) and on URLs that
+    :func:`urllib.parse.urlsplit` cannot parse, because it only rewrites the
+    ``user:password@`` part.
+    """
+    return _USERINFO.sub(lambda m: f"{m['scheme']}{m['user']}:***@" if m["pw"] else m[0], url)
+
+
+def scheme_of(url: str) -> str:
+    """Lower-cased scheme of ``url`` (empty string when there is none)."""
+    return urlsplit(url).scheme.lower()

@@ -1,0 +1,142 @@
+"""The small protocol every lease store implements.
+
+A backend only stores and compares; it never decides who leads (that is
+:mod:`celery_leader.lease`). Values it keeps are JSON strings, never pickles.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Tenure:
+    """One holder's term in office.
+
+    ``token`` is the exact value the store keeps for this term; renew, release
+    and claims compare against it, so a new term (even of the same instance)
+    never matches an old one. ``epoch`` is the fencing token: it grows with every
+    term of the election.
+    """
+
+    token: str
+    epoch: int
+
+
+@dataclass(frozen=True)
+class HolderInfo:
+    """What the store says about the current holder of an election."""
+
+    instance_id: str
+    epoch: int
+    #: Seconds until the store frees the election unless renewed; ``None`` for a
+    #: store that frees it only when the holder's process or session ends.
+    ttl_remaining: float | None
+
+
+@dataclass(frozen=True)
+class Acquired:
+    """Result of :meth:`Backend.acquire`.
+
+    Exactly one of ``tenure`` (we hold it now) and ``holder`` (someone else
+    does) is set, except that both may be ``None`` when the store could not say
+    who holds it. ``retry_after`` is when a follower should try again at the
+    latest (a release notification may wake it sooner).
+    """
+
+    tenure: Tenure | None
+    holder: HolderInfo | None
+    retry_after: float
+
+
+class Renewal(enum.Enum):
+    """Outcome of :meth:`Backend.renew`."""
+
+    RENEWED = "renewed"
+    LOST = "lost"  # the store holds another value: someone else's term
+    RESIGN = "resign"  # renewed, but an operator asked this holder to hand over
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A fenced compare-and-set of one schedule entry's shared state.
+
+    It succeeds only if the claimer's term is still current and the stored
+    state of ``entry`` is exactly ``expected`` (``None``: nothing stored yet).
+    """
+
+    entry: str
+    expected: str | None
+    new: str
+
+
+class Backend(ABC):
+    """A lease store. One instance may serve several elections and threads."""
+
+    #: Extra seconds a new holder waits after winning before it believes it
+    #: leads, for stores that cannot cut an old holder off on time by themselves.
+    holdoff: float = 0.0
+
+    def __init__(self, url: str, key_prefix: str, timeout: float) -> None:
+        self.url = url
+        self.key_prefix = key_prefix
+        #: Deadline of every store call, in seconds.
+        self.timeout = timeout
+
+    @abstractmethod
+    def acquire(self, election: str, instance_id: str, ttl: float, min_epoch: int) -> Acquired:
+        """Try to take ``election`` for ``ttl`` seconds.
+
+        The new epoch is greater than the store's last epoch *and* than
+        ``min_epoch`` (the highest epoch this process has seen), so epochs keep
+        growing even if the store lost its data. Raises
+        :class:`~celery_leader.exceptions.StoreUnavailable`.
+        """
+
+    @abstractmethod
+    def renew(self, election: str, tenure: Tenure, ttl: float) -> Renewal:
+        """Extend ``tenure`` by ``ttl`` seconds if it is still current."""
+
+    @abstractmethod
+    def release(self, election: str, tenure: Tenure) -> None:
+        """Free ``election`` if ``tenure`` still holds it, and wake followers."""
+
+    @abstractmethod
+    def wait(self, election: str, timeout: float, cancel: threading.Event) -> None:
+        """Block until ``election`` may be free, ``timeout`` passes or ``cancel`` is set."""
+
+    @abstractmethod
+    def holder(self, election: str) -> HolderInfo | None:
+        """The current holder of ``election``, or ``None`` when nobody holds it."""
+
+    @abstractmethod
+    def request_resign(self, election: str) -> HolderInfo | None:
+        """Ask the current holder to hand over at its next renewal; return it."""
+
+    @abstractmethod
+    def elections(self) -> list[str]:
+        """Names of the elections under this key prefix that the store knows."""
+
+    @abstractmethod
+    def load_state(self, election: str) -> dict[str, str]:
+        """Shared schedule state of ``election``: entry name -> JSON string."""
+
+    @abstractmethod
+    def claim(self, election: str, tenure: Tenure, claims: Sequence[Claim]) -> list[bool]:
+        """Apply ``claims`` in one round trip; one result per claim.
+
+        All fail when ``tenure`` no longer holds ``election``.
+        """
+
+    def leave(self, election: str) -> None:  # noqa: B027 - optional hook
+        """Drop what this backend keeps for ``election`` (waiters, connections).
+
+        Called after the lease of ``election`` stopped and released its term.
+        """
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release every connection and resource of the backend."""

@@ -1,0 +1,138 @@
+"""``memory://``: an in-process store for tests and single-process use.
+
+Every backend built with the same URL and key prefix in one process shares one
+store, so several :class:`~celery_leader.lease.Lease` objects in a test can
+compete. With a single lease per election it always leads.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .base import Acquired, Backend, Claim, HolderInfo, Renewal, Tenure
+
+
+@dataclass
+class _Record:
+    token: str
+    epoch: int
+    instance_id: str
+    expires: float  # time.monotonic()
+
+
+@dataclass
+class _Store:
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    records: dict[str, _Record] = field(default_factory=dict)
+    epochs: dict[str, int] = field(default_factory=dict)
+    resign: dict[str, str] = field(default_factory=dict)
+    state: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def live(self, election: str) -> _Record | None:
+        record = self.records.get(election)
+        if record is not None and record.expires <= time.monotonic():
+            del self.records[election]
+            return None
+        return record
+
+
+_STORES: dict[tuple[str, str], _Store] = {}
+_STORES_LOCK = threading.Lock()
+
+
+class MemoryBackend(Backend):
+    """Process-local store; see the module docstring."""
+
+    def __init__(self, url: str, key_prefix: str, timeout: float) -> None:
+        super().__init__(url, key_prefix, timeout)
+        with _STORES_LOCK:
+            self._store = _STORES.setdefault((url, key_prefix), _Store())
+
+    def acquire(self, election: str, instance_id: str, ttl: float, min_epoch: int) -> Acquired:
+        store = self._store
+        with store.cond:
+            current = store.live(election)
+            if current is not None:
+                return Acquired(None, _info(current), current.expires - time.monotonic())
+            epoch = max(store.epochs.get(election, 0), min_epoch) + 1
+            store.epochs[election] = epoch
+            token = json.dumps({"token": uuid.uuid4().hex, "epoch": epoch, "holder": instance_id})
+            store.records[election] = _Record(token, epoch, instance_id, time.monotonic() + ttl)
+            return Acquired(Tenure(token, epoch), None, ttl)
+
+    def renew(self, election: str, tenure: Tenure, ttl: float) -> Renewal:
+        store = self._store
+        with store.cond:
+            current = store.live(election)
+            if current is None or current.token != tenure.token:
+                return Renewal.LOST
+            current.expires = time.monotonic() + ttl
+            if store.resign.get(election) == tenure.token:
+                del store.resign[election]
+                return Renewal.RESIGN
+            return Renewal.RENEWED
+
+    def release(self, election: str, tenure: Tenure) -> None:
+        store = self._store
+        with store.cond:
+            current = store.live(election)
+            if current is not None and current.token == tenure.token:
+                del store.records[election]
+                store.cond.notify_all()
+
+    def wait(self, election: str, timeout: float, cancel: threading.Event) -> None:
+        store = self._store
+        deadline = time.monotonic() + timeout
+        with store.cond:
+            # Short slices so that ``cancel`` is seen promptly; the condition is
+            # notified on every release.
+            while store.live(election) is not None and not cancel.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                store.cond.wait(min(left, 0.05))
+
+    def holder(self, election: str) -> HolderInfo | None:
+        with self._store.cond:
+            current = self._store.live(election)
+            return None if current is None else _info(current)
+
+    def request_resign(self, election: str) -> HolderInfo | None:
+        with self._store.cond:
+            current = self._store.live(election)
+            if current is None:
+                return None
+            self._store.resign[election] = current.token
+            return _info(current)
+
+    def elections(self) -> list[str]:
+        with self._store.cond:
+            return sorted(set(self._store.epochs) | set(self._store.state))
+
+    def load_state(self, election: str) -> dict[str, str]:
+        with self._store.cond:
+            return dict(self._store.state.get(election, {}))
+
+    def claim(self, election: str, tenure: Tenure, claims: Sequence[Claim]) -> list[bool]:
+        store = self._store
+        with store.cond:
+            current = store.live(election)
+            if current is None or current.token != tenure.token:
+                return [False] * len(claims)
+            state = store.state.setdefault(election, {})
+            results = []
+            for c in claims:
+                ok = state.get(c.entry) == c.expected
+                if ok:
+                    state[c.entry] = c.new
+                results.append(ok)
+            return results
+
+
+def _info(record: _Record) -> HolderInfo:
+    return HolderInfo(record.instance_id, record.epoch, max(0.0, record.expires - time.monotonic()))

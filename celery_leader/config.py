@@ -1,0 +1,193 @@
+"""Settings -> a validated :class:`LeaderConfig`.
+
+Every ``leader_*`` setting is read from ``app.conf``; with Django's
+``config_from_object('django.conf:settings', namespace='CELERY')`` they are
+spelled ``CELERY_LEADER_URL``, ``CELERY_LEADER_TTL`` and so on. A bad value fails
+at startup with one line that names the setting.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+from ._urls import mask_url, scheme_of
+from .exceptions import ConfigError
+
+#: Schemes ``leader_url`` accepts, and the backend each one selects.
+SCHEMES: dict[str, str] = {
+    "redis": "redis",
+    "rediss": "redis",
+    "unix": "redis",
+    "redis+sentinel": "redis",
+    "postgresql": "postgres",
+    "postgres": "postgres",
+    "django": "postgres",
+    "file": "file",
+    "memory": "memory",
+}
+
+#: Broker schemes that name a Redis server we can reuse as the lease store.
+_REDIS_BROKER_SCHEMES = ("redis", "rediss")
+
+_NAME = re.compile(r"^[A-Za-z0-9_.:\-]+$")
+
+DEFAULT_TTL = 15.0
+DEFAULT_KEY_PREFIX = "celery_leader"
+
+
+@dataclass(frozen=True)
+class LeaderConfig:
+    """The validated ``leader_*`` settings of one Celery app."""
+
+    url: str
+    ttl: float
+    renew_interval: float
+    key_prefix: str
+    beat_election: str
+    worker_election: str
+    instance_id: str
+    fence_tasks: bool
+
+    @property
+    def display_url(self) -> str:
+        """``url`` with its password masked, for logs, banners and CLI output."""
+        return mask_url(self.url)
+
+    @property
+    def store_kind(self) -> str:
+        """``"redis"``, ``"postgres"``, ``"file"`` or ``"memory"``."""
+        return SCHEMES[scheme_of(self.url)]
+
+    @classmethod
+    def from_app(cls, app: Any) -> LeaderConfig:
+        """Read and validate the settings of ``app`` (a :class:`celery.Celery`)."""
+        conf = app.conf
+        return cls.from_mapping({k: conf.get(k) for k in _KEYS}, broker_url=conf.get("broker_url"))
+
+    @classmethod
+    def from_mapping(cls, values: dict[str, Any], broker_url: str | None = None) -> LeaderConfig:
+        """Validate raw setting values (``None`` means "not set")."""
+        url = _url(values.get("leader_url"), broker_url)
+        ttl = _positive("leader_ttl", values.get("leader_ttl"), DEFAULT_TTL)
+        # Renewing three times per ttl leaves two more attempts after a failed
+        # one before the lease runs out (the seeds' 5 s / 15 s split).
+        renew = _positive("leader_renew_interval", values.get("leader_renew_interval"), ttl / 3)
+        if renew >= ttl:
+            raise ConfigError(
+                f"leader_renew_interval must be smaller than leader_ttl "
+                f"(got renew interval {renew:g} s, ttl {ttl:g} s)"
+            )
+        return cls(
+            url=url,
+            ttl=ttl,
+            renew_interval=renew,
+            key_prefix=_name(
+                "leader_key_prefix", values.get("leader_key_prefix"), DEFAULT_KEY_PREFIX
+            ),
+            beat_election=_name("leader_beat_election", values.get("leader_beat_election"), "beat"),
+            worker_election=_name(
+                "leader_worker_election", values.get("leader_worker_election"), "worker"
+            ),
+            instance_id=_instance_id(values.get("leader_instance_id")),
+            fence_tasks=_bool("leader_fence_tasks", values.get("leader_fence_tasks"), False),
+        )
+
+
+_KEYS = (
+    "leader_url",
+    "leader_ttl",
+    "leader_renew_interval",
+    "leader_key_prefix",
+    "leader_beat_election",
+    "leader_worker_election",
+    "leader_instance_id",
+    "leader_fence_tasks",
+)
+
+
+def validate_name(setting: str, value: object) -> str:
+    """Check an election name or key prefix: non-empty, no spaces or braces.
+
+    Braces are refused because Redis Cluster hash tags (``{prefix:election}``)
+    are built from these names.
+    """
+    if not isinstance(value, str) or not _NAME.match(value):
+        raise ConfigError(
+            f"{setting} must be a non-empty string of letters, digits and _ . : - (got {value!r})"
+        )
+    return value
+
+
+def _url(value: object, broker_url: object) -> str:
+    if value in (None, ""):
+        if isinstance(broker_url, str) and scheme_of(broker_url) in _REDIS_BROKER_SCHEMES:
+            return broker_url
+        shown = mask_url(broker_url) if isinstance(broker_url, str) else broker_url
+        raise ConfigError(
+            f"leader_url is not set and broker_url ({shown!r}) is not a Redis URL: set "
+            "leader_url (CELERY_LEADER_URL with Django) to redis://, postgresql://, "
+            "file:///dir or memory://"
+        )
+    if not isinstance(value, str):
+        raise ConfigError(f"leader_url must be a string URL (got {type(value).__name__})")
+    scheme = scheme_of(value)
+    if scheme not in SCHEMES:
+        raise ConfigError(
+            f"leader_url has unknown scheme {scheme!r} in {mask_url(value)!r}; "
+            f"use one of {', '.join(s + '://' for s in SCHEMES)}"
+        )
+    if scheme == "file" and not value.startswith("file:///"):
+        raise ConfigError(
+            f"leader_url {value!r} must name an absolute directory, like file:///var/lib/leader"
+        )
+    return value
+
+
+def _positive(setting: str, value: object, default: float) -> float:
+    if value is None:
+        return default
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ConfigError(f"{setting} must be a number of seconds (got {value!r})") from None
+    if not math.isfinite(number) or number <= 0:
+        raise ConfigError(f"{setting} must be a number of seconds greater than 0 (got {value!r})")
+    return number
+
+
+def _name(setting: str, value: object, default: str) -> str:
+    return default if value is None else validate_name(setting, value)
+
+
+def _instance_id(value: object) -> str:
+    if value is None:
+        return f"{socket.gethostname()}:{os.getpid()}"
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"leader_instance_id must be a non-empty string (got {value!r})")
+    return value
+
+
+def _bool(setting: str, value: object, default: bool) -> bool:
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in (
+        "1",
+        "true",
+        "yes",
+        "on",
+        "0",
+        "false",
+        "no",
+        "off",
+    ):
+        return value.lower() in ("1", "true", "yes", "on")
+    raise ConfigError(f"{setting} must be true or false (got {value!r})")

@@ -1,0 +1,19 @@
+"""Exceptions raised by celery-leader."""
+
+from __future__ import annotations
+
+
+class LeaderError(Exception):
+    """Base class of every celery-leader error."""
+
+
+class ConfigError(LeaderError, ValueError):
+    """A ``leader_*`` setting is invalid; the message names the setting."""
+
+
+class StoreUnavailable(LeaderError):
+    """The lease store could not be reached or did not answer in time.
+
+    The lease treats this as "nobody can prove they lead": a leader keeps
+    believing only until its validity deadline runs out.
+    """

@@ -1,0 +1,350 @@
+"""The lease: who leads an election, decided in one place for beat and workers.
+
+A :class:`Lease` runs one background thread that acquires, renews and releases
+a term in a :class:`~celery_leader.backends.Backend`. Leadership is a *validity
+deadline*, never a stored flag: :meth:`Lease.is_leader` is true only while
+``monotonic() < t_sent + ttl * (1 - DRIFT) - MARGIN``, where ``t_sent`` is when
+the last successful acquire or renew was *sent*. The store's copy of the term
+cannot expire before the store received that request (at or after ``t_sent``),
+so a leader whose renewals stall, whose process is paused or whose network is
+cut stops believing before the store lets anyone else in; nobody has to notice.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from . import signals
+from ._urls import mask_url
+from .backends.base import Backend, HolderInfo, Renewal, Tenure
+from .config import LeaderConfig, validate_name
+from .exceptions import ConfigError, StoreUnavailable
+
+logger = logging.getLogger("celery_leader.lease")
+
+#: Largest clock *rate* difference assumed between this host and the store
+#: (1 %, far above NTP-disciplined clocks' ~0.01 %). Safety holds while real
+#: drift stays below it; beat's fenced claims keep slots unique even beyond.
+DRIFT = 0.01
+#: Covers the store's one-millisecond expiry granularity and rounding.
+MARGIN = 0.005
+#: Followers wake this long after the holder's term should have run out, so
+#: they do not find it a hair before the store expires it.
+FOLLOWER_SLACK = 0.005
+
+Callback = Callable[["Lease"], Any]
+
+
+class Lease:
+    """Membership of one instance in one election.
+
+    ``on_elected`` and ``on_demoted`` run once per transition, in the lease
+    thread (``on_demoted`` may also run in the thread calling :meth:`stop`). An
+    ``on_elected`` that raises makes the instance step down and sit out one
+    renew interval.
+    """
+
+    def __init__(
+        self,
+        election: str,
+        backend: Backend,
+        *,
+        ttl: float,
+        renew_interval: float,
+        instance_id: str,
+        on_elected: Callback | None = None,
+        on_demoted: Callback | None = None,
+    ) -> None:
+        validate_name("election", election)
+        if not 0 < renew_interval < ttl:
+            raise ConfigError(
+                f"renew_interval must be greater than 0 and smaller than ttl "
+                f"(got renew interval {renew_interval!r}, ttl {ttl!r})"
+            )
+        self.election = election
+        self.backend = backend
+        self.ttl = ttl
+        self.renew_interval = renew_interval
+        self.instance_id = instance_id
+        self.on_elected = on_elected
+        self.on_demoted = on_demoted
+        # How long a term is trusted after its request was sent.
+        self._validity = ttl * (1 - DRIFT) - MARGIN
+
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._tenure: Tenure | None = None
+        self._valid_until = 0.0  # monotonic deadline of our belief; 0 = follower
+        self._announced = False  # on_elected ran and on_demoted has not yet
+        self._acked_sent = 0.0  # when the last successful acquire/renew was sent
+        self._next_renew = 0.0
+        self._believe_at = 0.0  # end of the backend's hold-off after winning
+        self._sit_out_until = 0.0
+        self._max_epoch = 0  # highest epoch seen, so epochs grow even if the store forgets
+        self._store_error: str | None = None
+
+    @classmethod
+    def from_config(
+        cls,
+        election: str,
+        config: LeaderConfig,
+        backend: Backend,
+        *,
+        on_elected: Callback | None = None,
+        on_demoted: Callback | None = None,
+    ) -> Lease:
+        """A lease with the ttl, renew interval and instance id of ``config``."""
+        return cls(
+            election,
+            backend,
+            ttl=config.ttl,
+            renew_interval=config.renew_interval,
+            instance_id=config.instance_id,
+            on_elected=on_elected,
+            on_demoted=on_demoted,
+        )
+
+    # -- what callers ask ---------------------------------------------------
+
+    def is_leader(self) -> bool:
+        """True while this instance holds a term that is still valid."""
+        return time.monotonic() < self._valid_until
+
+    @property
+    def valid_until(self) -> float:
+        """``time.monotonic()`` deadline of the current belief; 0.0 for a follower."""
+        return self._valid_until
+
+    @property
+    def tenure(self) -> Tenure | None:
+        """The current term while leading, else ``None``."""
+        tenure = self._tenure
+        return tenure if tenure is not None and self.is_leader() else None
+
+    @property
+    def epoch(self) -> int | None:
+        """Fencing token of the current term while leading, else ``None``."""
+        tenure = self.tenure
+        return None if tenure is None else tenure.epoch
+
+    def holder(self) -> HolderInfo | None:
+        """Ask the store who holds the election now (one round trip)."""
+        return self.backend.holder(self.election)
+
+    # -- lifecycle ----------------------------------------------------------
+
+    def start(self) -> None:
+        """Join the election in a background thread (daemon). Idempotent."""
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(
+            target=self._run, name=f"celery-leader:{self.election}", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Leave the election: demote first, then release, then wake followers.
+
+        Dispatching stops at once (``is_leader()`` turns false before anything
+        else happens); releasing the term wakes a follower, which takes over
+        without waiting for the ttl. Idempotent.
+        """
+        self._stopping.set()
+        with self._lock:  # after this, the thread cannot extend the belief again
+            self._valid_until = 0.0
+        if self._thread is not None:
+            self._thread.join(timeout if timeout is not None else self.backend.timeout + 1)
+        self._step_down("stopping", graceful=True)
+        self.backend.leave(self.election)
+
+    # -- the thread ---------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                if self._tenure is None:
+                    self._follow()
+                else:
+                    self._lead()
+            except Exception:
+                logger.exception("celery-leader: unexpected error in election %r", self.election)
+                self._step_down("unexpected error", sit_out=self.renew_interval)
+                self._stopping.wait(self.renew_interval)
+
+    def _follow(self) -> None:
+        now = time.monotonic()
+        if now < self._sit_out_until:
+            self._stopping.wait(self._sit_out_until - now)
+            return
+        sent = time.monotonic()
+        try:
+            result = self.backend.acquire(
+                self.election, self.instance_id, self.ttl, self._max_epoch
+            )
+        except StoreUnavailable as exc:
+            self._store_down(exc)
+            self._stopping.wait(self.renew_interval)
+            return
+        self._store_up()
+        if result.holder is not None:
+            self._max_epoch = max(self._max_epoch, result.holder.epoch)
+        if result.tenure is None:
+            wait = min(max(result.retry_after, 0.0) + FOLLOWER_SLACK, self.ttl)
+            self.backend.wait(self.election, wait, self._stopping)
+            return
+        with self._lock:
+            self._tenure = result.tenure
+        self._max_epoch = max(self._max_epoch, result.tenure.epoch)
+        self._acked_sent = sent
+        self._next_renew = sent + self.renew_interval
+        # A store that cannot cut an old holder off by itself makes the winner
+        # wait until the old holder's belief has surely ended.
+        self._believe_at = sent + self.backend.holdoff
+        self._refresh()
+
+    def _lead(self) -> None:
+        now = time.monotonic()
+        wake = self._next_renew
+        if self._announced:
+            wake = min(wake, self._valid_until)
+        elif self._believe_at > now:
+            wake = min(wake, self._believe_at)
+        if self._stopping.wait(max(0.0, wake - now)):
+            return
+        now = time.monotonic()
+        if self._announced and now >= self._valid_until:
+            # Sit out one interval so that a holder that was paused or cut off
+            # lets the others in rather than racing them for the term.
+            self._step_down(
+                f"lease expired: no renewal confirmed for {now - self._acked_sent:.2f} s "
+                f"(ttl {self.ttl:g} s)",
+                sit_out=self.renew_interval,
+            )
+            return
+        if now < self._next_renew:
+            self._refresh()  # the hold-off ended
+            return
+        tenure = self._tenure
+        assert tenure is not None
+        sent = time.monotonic()
+        try:
+            renewal = self.backend.renew(self.election, tenure, self.ttl)
+        except StoreUnavailable as exc:
+            self._store_down(exc)
+            # Retry soon: the term is running out and one more try may save it.
+            self._next_renew = time.monotonic() + self.renew_interval / 4
+            return
+        self._store_up()
+        if renewal is Renewal.LOST:
+            self._step_down("lost the lease: the store holds another term")
+            return
+        self._acked_sent = sent
+        self._next_renew = sent + self.renew_interval
+        self._refresh()
+        if renewal is Renewal.RESIGN:
+            # Sit out one interval so that another instance gets the term.
+            self._step_down("resigned on request", graceful=True, sit_out=self.renew_interval)
+
+    def _refresh(self) -> None:
+        """Extend the belief after an acknowledged request, once any hold-off is over."""
+        now = time.monotonic()
+        deadline = self._acked_sent + self._validity
+        if now < self._believe_at or deadline <= now:
+            return
+        with self._lock:
+            if self._stopping.is_set() or self._tenure is None:
+                return
+            self._valid_until = deadline
+        if not self._announced:
+            self._announce()
+
+    def _announce(self) -> None:
+        tenure = self._tenure
+        assert tenure is not None
+        logger.info(
+            "celery-leader: %s elected leader of %r (epoch %d, ttl %g s, store %s)",
+            self.instance_id,
+            self.election,
+            tenure.epoch,
+            self.ttl,
+            mask_url(self.backend.url),
+        )
+        try:
+            if self.on_elected is not None:
+                self.on_elected(self)
+        except Exception:
+            logger.exception(
+                "celery-leader: on_elected callback of %r failed; stepping down", self.election
+            )
+            self._step_down("on_elected failed", sit_out=self.renew_interval)
+            return
+        self._announced = True
+        signals.elected.send(
+            sender=self.election, lease=self, epoch=tenure.epoch, instance_id=self.instance_id
+        )
+
+    def _step_down(self, reason: str, *, graceful: bool = False, sit_out: float = 0.0) -> None:
+        """Stop believing, tell the callbacks, then release the term in the store.
+
+        Releasing is harmless when the term was lost already (the store compares
+        the exact value) and frees it at once when it was ours.
+        """
+        with self._lock:
+            tenure, self._tenure = self._tenure, None
+            self._valid_until = 0.0
+            announced, self._announced = self._announced, False
+        self._sit_out_until = time.monotonic() + sit_out
+        if announced and tenure is not None:
+            level = logging.INFO if graceful else logging.WARNING
+            logger.log(
+                level,
+                "celery-leader: %s no longer leads %r (epoch %d): %s",
+                self.instance_id,
+                self.election,
+                tenure.epoch,
+                reason,
+            )
+            try:
+                if self.on_demoted is not None:
+                    self.on_demoted(self)
+            except Exception:
+                logger.exception("celery-leader: on_demoted callback of %r failed", self.election)
+            signals.demoted.send(
+                sender=self.election, lease=self, epoch=tenure.epoch, instance_id=self.instance_id
+            )
+        if tenure is not None:
+            try:
+                self.backend.release(self.election, tenure)
+            except StoreUnavailable as exc:
+                logger.warning(
+                    "celery-leader: could not release %r (%s); it expires within %g s",
+                    self.election,
+                    exc,
+                    self.ttl,
+                )
+
+    def _store_down(self, exc: StoreUnavailable) -> None:
+        message = str(exc)
+        if message != self._store_error:
+            logger.warning(
+                "celery-leader: store %s unreachable for %r: %s (retrying; nobody can lead "
+                "through it until it answers)",
+                mask_url(self.backend.url),
+                self.election,
+                message,
+            )
+        self._store_error = message
+
+    def _store_up(self) -> None:
+        if self._store_error is not None:
+            logger.info(
+                "celery-leader: store %s answers again for %r",
+                mask_url(self.backend.url),
+                self.election,
+            )
+            self._store_error = None
