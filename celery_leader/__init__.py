@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+from .beat import LeaderScheduler, LeaderSchedulerMixin
 from .config import LeaderConfig
 from .exceptions import ConfigError, LeaderError, StoreUnavailable
 from .lease import Lease
 
-__all__ = ["ConfigError", "LeaderConfig", "LeaderError", "Lease", "StoreUnavailable"]
+__all__ = [
+    "ConfigError",
+    "LeaderConfig",
+    "LeaderError",
+    "LeaderScheduler",
+    "LeaderSchedulerMixin",
+    "Lease",
+    "StoreUnavailable",
+]
 __version__ = "0.1.0"

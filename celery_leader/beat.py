@@ -1,0 +1,300 @@
+"""Beat on every replica, one dispatcher, no schedule slot sent twice.
+
+:class:`LeaderSchedulerMixin` gates any Celery scheduler on a lease:
+
+* A follower's ``tick()`` returns a short sleep and touches nothing shared.
+* On promotion the leader reloads the shared schedule state (``last_run_at``
+  and ``total_run_count`` per entry, JSON in the lease's store) and rebuilds
+  its heap, so it continues where the previous leader stopped.
+* Before publishing, the leader *claims* every due slot with one fenced
+  compare-and-set in the store: "my term is current and the entry's stored
+  state is the one I read". Claims of all due entries go in one round trip.
+  Only a claimed slot is published, so a slot goes out at most once even if
+  a paused or cut-off ex-leader still believes it leads.
+"""
+
+from __future__ import annotations
+
+import copy
+import heapq
+import json
+import logging
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from celery.beat import ScheduleEntry, Scheduler, event_t
+
+from .backends import Backend, Claim, create_backend
+from .config import LeaderConfig
+from .exceptions import StoreUnavailable
+from .lease import Lease
+
+logger = logging.getLogger("celery_leader.beat")
+
+#: How often a follower's beat looks at its lease (a local clock compare, no
+#: I/O). It bounds how long a promotion goes unnoticed, which is the part of
+#: a hand-over that the lease does not decide: 0.1 s keeps a graceful
+#: hand-over (release + wake-up + this) well under half a second.
+FOLLOWER_INTERVAL = 0.1
+
+#: Due entries claimed and published per tick. Between batches the leader
+#: checks its lease again, so a lost lease stops a burst within one batch.
+BATCH = 1000
+
+
+class LeaderSchedulerMixin:
+    """Put first in the bases of a Celery scheduler to gate it on a lease.
+
+    ``class MyScheduler(LeaderSchedulerMixin, SomeScheduler): ...``. The
+    lease is created on the first ``tick()``, not in ``__init__``: beat builds
+    its scheduler once more just to print the banner.
+    """
+
+    # Attributes of the Scheduler this mixes into, for the type checker.
+    app: Any
+    max_interval: float
+    schedule: dict[str, ScheduleEntry]
+    _heap: list[Any] | None
+    old_schedulers: Any
+    producer: Any
+
+    if TYPE_CHECKING:
+
+        def populate_heap(self) -> None: ...
+        def schedules_equal(self, old: Any, new: Any) -> bool: ...
+        def _when(self, entry: ScheduleEntry, next_time_to_run: float) -> float: ...
+        def is_due(self, entry: ScheduleEntry) -> tuple[bool, float]: ...
+        def _is_due_failed(self, entry: ScheduleEntry) -> tuple[bool, float]: ...
+        def reserve(self, entry: ScheduleEntry) -> ScheduleEntry: ...
+        def apply_async(
+            self, entry: ScheduleEntry, producer: Any = ..., advance: bool = ...
+        ) -> Any: ...
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        app = kwargs.get("app", args[0] if args else None)
+        # Validate at start-up, so bad settings fail before beat runs.
+        self.leader_config = LeaderConfig.from_app(app)
+        self._backend: Backend | None = None
+        self._lease: Lease | None = None
+        self._led_epoch: int | None = None  # epoch whose state we loaded
+        self._shared: dict[str, str] = {}  # entry -> state string last seen in the store
+        super().__init__(*args, **kwargs)
+
+    # -- lease --------------------------------------------------------------
+
+    @property
+    def lease(self) -> Lease:
+        """The beat election's lease, joined on first use."""
+        if self._lease is None:
+            config = self.leader_config
+            self._backend = create_backend(config)
+            self._lease = Lease.from_config(config.beat_election, config, self._backend)
+            self._lease.start()
+        return self._lease
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        """One scheduler pass; only a current leader dispatches."""
+        lease = self.lease
+        tenure = lease.tenure
+        if tenure is None:
+            if self._led_epoch is not None:
+                logger.info(
+                    "celery-leader: beat stopped dispatching: no longer leader of %r",
+                    lease.election,
+                )
+                self._led_epoch = None
+            return min(FOLLOWER_INTERVAL, self.max_interval)
+        if tenure.epoch != self._led_epoch:
+            try:
+                self._load_shared_state()
+            except StoreUnavailable as exc:
+                logger.warning("celery-leader: cannot load schedule state: %s", exc)
+                return FOLLOWER_INTERVAL
+            self._led_epoch = tenure.epoch
+            logger.info(
+                "celery-leader: beat dispatching as leader of %r (epoch %d)",
+                lease.election,
+                tenure.epoch,
+            )
+        return self._leader_tick()
+
+    def _load_shared_state(self) -> None:
+        """Adopt the stored state of every entry and rebuild the heap."""
+        lease = self.lease
+        stored = lease.backend.load_state(lease.election)
+        self._shared = stored
+        for name, entry in self.schedule.items():
+            raw = stored.get(name)
+            if raw is None:
+                continue
+            state = _parse_state(raw)
+            if state is None:
+                logger.error(
+                    "celery-leader: ignoring unreadable schedule state of %r: %.100r "
+                    "(it is overwritten at the entry's next run)",
+                    name,
+                    raw,
+                )
+                continue
+            entry.last_run_at, entry.total_run_count = state
+        self._heap = None  # the base tick rebuilds it from the adopted state
+
+    # -- dispatch -----------------------------------------------------------
+
+    def _leader_tick(self) -> float:
+        if self._heap is None or not self.schedules_equal(self.old_schedulers, self.schedule):
+            self.old_schedulers = copy.copy(self.schedule)
+            self.populate_heap()
+        heap = self._heap
+        assert heap is not None
+        if not heap:
+            return self.max_interval
+        due: list[tuple[Any, ScheduleEntry, float]] = []
+        later: list[Any] = []
+        while heap and len(due) < BATCH:
+            event = heap[0]
+            entry = event[2]
+            if event[0] > self._when(entry, 0):
+                break
+            heapq.heappop(heap)
+            try:
+                is_due, next_time = self.is_due(entry)
+            except Exception:
+                is_due, next_time = self._is_due_failed(entry)
+            if is_due:
+                due.append((event, entry, next_time))
+            else:
+                later.append(event_t(self._when(entry, next_time), event[1], entry))
+        for event in later:
+            heapq.heappush(heap, event)
+        if not due:
+            return min(float(heap[0][0]) - self._when(heap[0][2], 0), self.max_interval)
+        self._dispatch(due)
+        return 0.0
+
+    def _dispatch(self, due: list[tuple[Any, ScheduleEntry, float]]) -> None:
+        lease = self.lease
+        tenure = lease.tenure
+        heap = self._heap
+        assert heap is not None
+        if tenure is None:  # lost the lease while collecting: leave the heap as it was
+            for event, _, _ in due:
+                heapq.heappush(heap, event)
+            return
+        slots, claims, nexts = [], [], []
+        for _, entry, _ in due:
+            slot = f"{entry.name}@{_due_time(entry).isoformat(timespec='milliseconds')}"
+            next_entry = self.reserve(entry)
+            new = json.dumps(
+                {
+                    "last_run_at": next_entry.last_run_at.isoformat(),
+                    "total_run_count": next_entry.total_run_count,
+                    "slot": slot,
+                    "epoch": tenure.epoch,
+                    "by": lease.instance_id,
+                }
+            )
+            slots.append(slot)
+            nexts.append(next_entry)
+            claims.append(Claim(entry.name, self._shared.get(entry.name), new))
+        try:
+            won = lease.backend.claim(lease.election, tenure, claims)
+        except StoreUnavailable as exc:
+            logger.warning("celery-leader: claims failed, nothing sent: %s", exc)
+            won = [False] * len(claims)
+        lost_any = False
+        for (event, _, next_time), slot, claim, next_entry, ok in zip(
+            due, slots, claims, nexts, won, strict=True
+        ):
+            heapq.heappush(heap, event_t(self._when(next_entry, next_time), event[1], next_entry))
+            if not ok:
+                lost_any = True
+                logger.warning("celery-leader: slot %s not claimed; not sending it", slot)
+                continue
+            self._shared[claim.entry] = claim.new
+            self._publish(next_entry, slot, tenure.epoch)
+        if lost_any:
+            # Someone else moved the state (or our term ended): reload it
+            # before dispatching anything more.
+            self._led_epoch = None
+
+    def _publish(self, entry: ScheduleEntry, slot: str, epoch: int) -> None:
+        logger.info(
+            "Scheduler: Sending due task %s (%s) slot %s epoch %d",
+            entry.name,
+            entry.task,
+            slot,
+            epoch,
+        )
+        # A copy, so the headers never stick to the entry (or its model row).
+        sent = copy.copy(entry)
+        sent.options = dict(entry.options)
+        sent.options["headers"] = {
+            **entry.options.get("headers", {}),
+            "leader_epoch": epoch,
+            "leader_slot": slot,
+        }
+        try:
+            self.apply_async(sent, producer=self.producer, advance=False)
+        except Exception as exc:
+            # The slot stays claimed: it is not sent twice, and the entry runs
+            # again at its next slot.
+            logger.error("celery-leader: could not send slot %s: %s", slot, exc, exc_info=True)
+
+    # -- lifecycle ----------------------------------------------------------
+
+    def close(self) -> None:
+        """Hand over first (demote, release, wake a follower), then close the scheduler.
+
+        Safe to call twice: beat does on SIGTERM.
+        """
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            lease.stop()
+        if self._backend is not None:
+            self._backend.close()
+            self._backend = None
+        super().close()  # type: ignore[misc]
+
+    @property
+    def info(self) -> str:
+        """Banner lines of ``celery beat``: the store (password masked) and election."""
+        config = self.leader_config
+        base = super().info  # type: ignore[misc]
+        lines = [base] if base else []
+        lines.append(
+            f"    . leader store -> {config.display_url}\n"
+            f"    . leader election -> {config.beat_election} (ttl {config.ttl:g} s, "
+            f"renew every {config.renew_interval:g} s, instance {config.instance_id})"
+        )
+        return "\n".join(lines)
+
+
+class LeaderScheduler(LeaderSchedulerMixin, Scheduler):  # type: ignore[misc]
+    """Celery's in-memory scheduler, gated on the beat election.
+
+    Schedule state lives in the lease store, so unlike ``PersistentScheduler``
+    no local shelve file is written (replicas on one host would fight over
+    it) and a new leader continues where the old one stopped.
+    """
+
+
+def _due_time(entry: ScheduleEntry) -> datetime:
+    """When the slot being fulfilled was due (stable across replicas)."""
+    now = entry.default_now()
+    try:
+        return now + entry.schedule.remaining_estimate(entry.last_run_at)  # type: ignore[no-any-return]
+    except (AttributeError, NotImplementedError):
+        return now  # type: ignore[no-any-return]
+
+
+def _parse_state(raw: str) -> tuple[datetime, int] | None:
+    try:
+        data = json.loads(raw)
+        last = datetime.fromisoformat(data["last_run_at"])
+        count = data["total_run_count"]
+    except (ValueError, TypeError, KeyError):
+        return None
+    if not isinstance(count, int):
+        return None
+    return last, count
