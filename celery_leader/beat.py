@@ -78,7 +78,15 @@ class LeaderSchedulerMixin:
         self._lease: Lease | None = None
         self._led_epoch: int | None = None  # epoch whose state we loaded
         self._shared: dict[str, str] = {}  # entry -> state string last seen in the store
+        self._set_up = False
         super().__init__(*args, **kwargs)
+
+    def setup_schedule(self) -> None:
+        """Deferred until this instance first leads.
+
+        Some schedulers write shared state while setting up (django-celery-beat
+        saves ``beat_schedule`` into its tables); only a leader may do that.
+        """
 
     # -- lease --------------------------------------------------------------
 
@@ -106,6 +114,9 @@ class LeaderSchedulerMixin:
             return min(FOLLOWER_INTERVAL, self.max_interval)
         if tenure.epoch != self._led_epoch:
             try:
+                if not self._set_up:
+                    super().setup_schedule()  # type: ignore[misc]
+                    self._set_up = True
                 self._load_shared_state()
             except StoreUnavailable as exc:
                 logger.warning("celery-leader: cannot load schedule state: %s", exc)
@@ -123,21 +134,39 @@ class LeaderSchedulerMixin:
         lease = self.lease
         stored = lease.backend.load_state(lease.election)
         self._shared = stored
-        for name, entry in self.schedule.items():
-            raw = stored.get(name)
-            if raw is None:
-                continue
-            state = _parse_state(raw)
-            if state is None:
+        for entry in self.schedule.values():
+            self._adopt(entry, promoted=True)
+        self._heap = None  # rebuilt from the adopted state
+
+    def _adopt(self, entry: ScheduleEntry, promoted: bool = False) -> None:
+        """Take the stored run state of ``entry``: always on promotion, later when newer.
+
+        On promotion the store is the truth (our local entries were made when
+        we set up, not when the entry last ran). Later, schedulers that re-read
+        their entries (django-celery-beat reloads rows whose ``last_run_at`` is
+        written lazily) would otherwise see a slot as due that was already sent.
+        """
+        raw = self._shared.get(entry.name)
+        if raw is None:
+            return
+        state = _parse_state(raw)
+        if state is None:
+            if promoted:
                 logger.error(
                     "celery-leader: ignoring unreadable schedule state of %r: %.100r "
                     "(it is overwritten at the entry's next run)",
-                    name,
+                    entry.name,
                     raw,
                 )
-                continue
-            entry.last_run_at, entry.total_run_count = state
-        self._heap = None  # the base tick rebuilds it from the adopted state
+            return
+        last_run_at, total_run_count = state
+        if promoted or entry.last_run_at is None or last_run_at > entry.last_run_at:
+            self.set_run_state(entry, last_run_at, total_run_count)
+
+    def set_run_state(self, entry: ScheduleEntry, last_run_at: datetime, count: int) -> None:
+        """Set ``last_run_at`` and ``total_run_count`` of ``entry`` (a hook)."""
+        entry.last_run_at = last_run_at
+        entry.total_run_count = count
 
     # -- dispatch -----------------------------------------------------------
 
@@ -157,6 +186,7 @@ class LeaderSchedulerMixin:
             if event[0] > self._when(entry, 0):
                 break
             heapq.heappop(heap)
+            self._adopt(entry)
             try:
                 is_due, next_time = self.is_due(entry)
             except Exception:

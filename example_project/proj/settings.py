@@ -1,0 +1,76 @@
+"""Settings of the celery-leader example project.
+
+URLs come from the environment and default to the embedded stores, so the
+project runs with no server at all: Celery's filesystem transport as broker and
+a ``file://`` lease store, both under ``DEMO_DATA`` (default ``.data/``).
+"""
+
+import os
+from pathlib import Path
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DATA = Path(os.environ.get("DEMO_DATA", BASE_DIR / ".data"))
+BROKER_DIR = DATA / "broker"
+BROKER_DIR.mkdir(parents=True, exist_ok=True)
+
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "example-only-not-secret")
+DEBUG = True
+ALLOWED_HOSTS = ["127.0.0.1", "localhost"]
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django_celery_beat",
+    "ticker",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+ROOT_URLCONF = "proj.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": os.environ.get("DJANGO_DB", str(DATA / "db.sqlite3")),
+    }
+}
+USE_TZ = True
+TIME_ZONE = "UTC"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- Celery (namespace CELERY_) ---------------------------------------------
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "filesystem://")
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    # Used by the filesystem transport only: producers and the worker share
+    # one folder; a short polling interval keeps the demo's timeline live.
+    "data_folder_in": str(BROKER_DIR),
+    "data_folder_out": str(BROKER_DIR),
+    "polling_interval": 0.1,
+}
+CELERY_LEADER_URL = os.environ.get("CELERY_LEADER_URL", f"file://{DATA / 'leader'}")
+CELERY_LEADER_TTL = float(os.environ.get("CELERY_LEADER_TTL", "15"))
+CELERY_LEADER_INSTANCE_ID = os.environ.get("CELERY_LEADER_INSTANCE_ID")  # None: host:pid
+CELERY_BEAT_SCHEDULER = "celery_leader.contrib.django:LeaderDatabaseScheduler"
+CELERY_BEAT_SCHEDULE = {
+    "heartbeat": {
+        "task": "ticker.tasks.heartbeat",
+        "schedule": float(os.environ.get("DEMO_EVERY", "1.0")),
+    },
+}
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
