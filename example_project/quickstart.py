@@ -16,6 +16,7 @@ hand-overs happened, 1 otherwise.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import signal
@@ -59,9 +60,10 @@ class Demo:
 
         os.environ.update(self.env)  # the status probe below reads the same settings
         sys.path.insert(0, str(HERE))
+        from proj.celery import app
+
         from celery_leader.backends import create_backend
         from celery_leader.config import LeaderConfig
-        from proj.celery import app
 
         self.config = LeaderConfig.from_app(app)
         self.store = create_backend(self.config)
@@ -71,7 +73,7 @@ class Demo:
 
     def spawn(self, name: str, *argv: str, instance: str | None = None) -> subprocess.Popen[bytes]:
         env = dict(self.env, CELERY_LEADER_INSTANCE_ID=instance or name)
-        log = open(self.data / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+        log = open(self.data / f"{name}.log", "wb")  # closed when the demo exits
         proc = subprocess.Popen([*CELERY, *argv], env=env, cwd=HERE, stdout=log, stderr=log)
         self.procs.append(proc)
         return proc
@@ -164,7 +166,7 @@ def _due(slot: str) -> float:
 
 def _largest_gap(runs: list[dict[str, object]]) -> float:
     dues = sorted(_due(str(r["slot"])) for r in runs if r.get("slot"))
-    return max((b - a for a, b in zip(dues, dues[1:])), default=0.0)
+    return max((b - a for a, b in itertools.pairwise(dues)), default=0.0)
 
 
 def main() -> int:

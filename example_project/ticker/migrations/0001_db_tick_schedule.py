@@ -1,5 +1,7 @@
 """Put one periodic task in django-celery-beat's tables: ``db_tick`` every 5 s."""
 
+from typing import ClassVar
+
 from django.db import migrations
 
 
@@ -19,5 +21,5 @@ def remove(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-    dependencies = [("django_celery_beat", "0001_initial")]
-    operations = [migrations.RunPython(create, remove)]
+    dependencies: ClassVar = [("django_celery_beat", "0001_initial")]
+    operations: ClassVar = [migrations.RunPython(create, remove)]

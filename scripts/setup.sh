@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Installs what the tests and the demo need on a fresh Debian 12 machine (run as root):
+# redis-server, PostgreSQL 15, and the venv with the package and its dev extras.
+# Idempotent and quick when nothing changed. The tests start their own servers on
+# random ports, so no system-wide server is left running.
+set -euo pipefail
+
+(
+    cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+    export DEBIAN_FRONTEND=noninteractive
+    missing=()
+    [[ -x /usr/bin/redis-server ]] || missing+=(redis-server)
+    [[ -x /usr/lib/postgresql/15/bin/postgres ]] || missing+=(postgresql-15)
+    # Debian's python3 has no venv module without this package.
+    command -v python3 >/dev/null && python3 -c 'import ensurepip, venv' 2>/dev/null \
+        || missing+=(python3 python3-venv)
+
+    if ((${#missing[@]})); then
+        echo "setup: installing ${missing[*]}"
+        # Package scripts would start a system Redis and a PostgreSQL cluster on the
+        # default ports; policy-rc.d exiting 101 tells them not to start any service.
+        own_policy=
+        if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+            printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+            chmod +x /usr/sbin/policy-rc.d
+            own_policy=1
+            trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+        fi
+        apt-get update -qq
+        apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+        if [[ -n $own_policy ]]; then
+            rm -f /usr/sbin/policy-rc.d
+            trap - EXIT
+        fi
+        # Belt and braces for a machine whose init ignored policy-rc.d: stop any
+        # cluster the package created and started.
+        if command -v pg_lsclusters >/dev/null; then
+            pg_lsclusters --no-header | while read -r version cluster _port status _rest; do
+                if [[ $status == online* ]]; then
+                    pg_ctlcluster "$version" "$cluster" stop
+                fi
+            done
+        fi
+    fi
+
+    [[ -x .venv/bin/python ]] || python3 -m venv .venv
+
+    # Reinstall only when pyproject.toml changed: a hash, not a timestamp, because a
+    # fresh clone gives every file a new mtime.
+    stamp=.venv/.celery-leader-pyproject.sha256
+    wanted=$(sha256sum pyproject.toml | cut -d' ' -f1)
+    if [[ ! -f $stamp || $(<"$stamp") != "$wanted" ]]; then
+        echo "setup: installing the package and its dev extras into .venv"
+        .venv/bin/pip install -q --disable-pip-version-check -e '.[dev]'
+        echo "$wanted" >"$stamp"
+    fi
+)

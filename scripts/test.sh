@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Every check CI runs, in order, stopping at the first that fails. Arguments go to
+# pytest, e.g. `bash scripts/test.sh tests/test_infra.py -k proxy`.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+fail() {
+    echo "FAILED: $*" >&2
+    exit 1
+}
+
+bash scripts/setup.sh || fail "setup (scripts/setup.sh)"
+
+lint_dirs=()
+for dir in celery_leader tests benchmarks example_project; do
+    [[ -d $dir ]] && lint_dirs+=("$dir")
+done
+echo "==> ruff check ${lint_dirs[*]}"
+.venv/bin/ruff check "${lint_dirs[@]}" || fail "ruff check"
+
+echo "==> mypy --strict celery_leader"
+.venv/bin/mypy --strict celery_leader || fail "mypy --strict celery_leader"
+
+if [[ -f mkdocs.yml ]]; then
+    echo "==> mkdocs build --strict"
+    site=$(mktemp -d)
+    trap 'rm -rf "$site"' EXIT
+    NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict -q -d "$site" || fail "mkdocs build --strict"
+fi
+
+echo "==> pytest $*"
+status=0
+.venv/bin/python -m pytest -p no:cacheprovider -ra "$@" || status=$?
+case $status in
+    0) ;;
+    # Exit 5 means no test ran: a green run that tested nothing must not pass.
+    5) fail "pytest collected no tests" ;;
+    *) fail "pytest (exit status $status)" ;;
+esac

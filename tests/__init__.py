@@ -1,0 +1,1 @@
+"""Test suite; a package so that tests import helpers as ``tests.support``."""

@@ -1,0 +1,94 @@
+"""Fixtures for real servers, processes and network faults.
+
+Servers are session-scoped and start only when a test asks for them; the function-scoped
+``redis_url`` and ``postgres_url`` give every test a running server with no state left
+over from earlier tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.procs import Procs
+from tests.support.proxy import TcpProxy
+from tests.support.servers import PostgresServer, RedisServer
+
+# pytest-celery, when installed, makes ``celery_worker`` a Docker fixture; this plugin
+# puts back Celery's own in-process worker fixtures, and nothing here may need Docker.
+pytest_plugins = ("celery.contrib.pytest",)
+
+_SERVER_FIXTURES = ("redis_server", "postgres_server")
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    # No skip on failure: a suite that silently skips its PostgreSQL tests looks green.
+    server = PostgresServer()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(autouse=True)
+def _restart_stopped_servers(request: pytest.FixtureRequest) -> None:
+    """A test that stops or kills a session server must not break the tests after it."""
+    for name in _SERVER_FIXTURES:
+        if name in request.fixturenames:
+            server = request.getfixturevalue(name)
+            if not server.running:
+                server.start()
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    """URL of a running, empty Redis (data, Lua script cache and command stats cleared)."""
+    with redis_server.client() as client:
+        client.flushall()
+        client.script_flush()
+        client.config_resetstat()
+    return redis_server.url
+
+
+@pytest.fixture
+def postgres_url(postgres_server: PostgresServer) -> str:
+    """URL of a running PostgreSQL where role ``leader`` has no sessions and no objects."""
+    postgres_server.reset()
+    return postgres_server.url
+
+
+@pytest.fixture
+def tcp_proxy() -> Iterator[Callable[[str, int], TcpProxy]]:
+    """Factory ``tcp_proxy(host, port) -> TcpProxy``; every proxy is closed at teardown."""
+    proxies: list[TcpProxy] = []
+
+    def make(target_host: str, target_port: int) -> TcpProxy:
+        proxy = TcpProxy(target_host, target_port)
+        proxies.append(proxy)
+        return proxy
+
+    yield make
+    for proxy in proxies:
+        proxy.close()
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[Procs]:
+    """``procs.spawn_python(...)``; every process group is SIGKILLed at teardown."""
+    tracker = Procs(tmp_path)
+    yield tracker
+    tracker.cleanup()

@@ -1,0 +1,1 @@
+"""Helpers the test suite uses to run real servers, processes and faults."""

@@ -1,0 +1,145 @@
+"""Python subprocesses for chaos tests: own process group, output in a log file.
+
+Each process leads a new session, so signalling its group reaches everything it forked
+(a celery worker's pool, say) and teardown leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal as _signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+from .waiting import wait_for
+
+
+class Proc:
+    """A running Python subprocess whose stdout and stderr go to ``log_path``."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], log_path: Path) -> None:
+        self.popen = popen
+        self.log_path = log_path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def lines(self) -> list[str]:
+        return self.output().splitlines()
+
+    def wait_for_line(self, pattern: str, timeout: float) -> re.Match[str]:
+        """First output line matching the regex ``pattern``; fails with the log if none."""
+        regex = re.compile(pattern)
+
+        def find() -> re.Match[str] | None:
+            for line in self.lines():
+                match = regex.search(line)
+                if match:
+                    return match
+            return None
+
+        return wait_for(
+            find,
+            timeout,
+            interval=0.05,
+            message=lambda: (
+                f"no line matching {pattern!r} from pid {self.pid}; output so far:\n{self.output()}"
+            ),
+        )
+
+    def wait(self, timeout: float) -> int:
+        return self.popen.wait(timeout=timeout)
+
+    def kill_group(self) -> None:
+        """SIGKILL the process and all it forked, then reap it."""
+        signal(self, _signal.SIGKILL)
+        self.popen.wait()
+
+    def __repr__(self) -> str:
+        return f"<Proc pid={self.pid} returncode={self.popen.returncode} log={self.log_path}>"
+
+
+def spawn_python(
+    code_or_script_path: str | Path,
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    cwd: str | Path | None = None,
+    log_dir: str | Path | None = None,
+) -> Proc:
+    """Start ``sys.executable`` on a script (a Path, or a str naming an existing file) or
+    on code given as a string (``python -c``).
+
+    ``env`` is added to a copy of this process's environment. Output is unbuffered so
+    lines show up in the log as they are printed.
+    """
+    if isinstance(code_or_script_path, Path) or os.path.isfile(code_or_script_path):
+        argv = [sys.executable, str(code_or_script_path), *args]
+    else:
+        argv = [sys.executable, "-c", code_or_script_path, *args]
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    fd, log_name = tempfile.mkstemp(prefix="proc-", suffix=".log", dir=log_dir)
+    with os.fdopen(fd, "wb") as log:
+        popen = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            cwd=cwd,
+            start_new_session=True,
+        )
+    return Proc(popen, Path(log_name))
+
+
+def signal(proc: Proc, sig: int, *, group: bool = True) -> None:
+    """Send ``sig`` to the process's whole group (default) or to the process alone.
+
+    Group delivery is what a crash or a service manager does; a process that already
+    exited (and everything it forked) is not an error.
+    """
+    try:
+        if group:
+            os.killpg(proc.pid, sig)
+        else:
+            os.kill(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+class Procs:
+    """What the ``procs`` fixture gives: spawns processes and kills them all at teardown."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.started: list[Proc] = []
+
+    def spawn_python(
+        self,
+        code_or_script_path: str | Path,
+        *args: str,
+        env: Mapping[str, str] | None = None,
+        cwd: str | Path | None = None,
+    ) -> Proc:
+        proc = spawn_python(code_or_script_path, *args, env=env, cwd=cwd, log_dir=self.log_dir)
+        self.started.append(proc)
+        return proc
+
+    def cleanup(self) -> None:
+        for proc in self.started:
+            # SIGKILL reaches stopped (SIGSTOP) processes too, so no SIGCONT is needed.
+            proc.kill_group()
+            # Printed so that pytest shows each process's last words when a test fails.
+            print(f"--- {proc!r}, last lines:")
+            print("\n".join(proc.lines()[-30:]))

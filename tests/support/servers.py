@@ -1,0 +1,312 @@
+"""Real Redis and PostgreSQL servers on loopback, one throwaway data directory each.
+
+Both run as direct children of the test process, in a process group of their own, so a
+test can stop, kill and restart them on the same port, and a Ctrl-C aimed at pytest does
+not shut them down before the fixtures' teardown does.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import redis
+
+from .waiting import wait_for
+
+START_TIMEOUT = 30.0
+STOP_TIMEOUT = 30.0
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+
+
+def free_port() -> int:
+    """A port nothing listens on now; the kernel picks it, so it never collides with 5432."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log written)"
+
+
+def _group_has_live_processes(pgid: int) -> bool:
+    # Zombies are ignored: they hold no sockets or shared memory, and whether they are
+    # ever reaped depends on what PID 1 is on this machine.
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # The command name may contain spaces and parentheses; fields resume after the last ")".
+        fields = stat[stat.rindex(")") + 2 :].split()
+        state, pgrp = fields[0], int(fields[2])
+        if pgrp == pgid and state != "Z":
+            return True
+    return False
+
+
+class _Server:
+    """Process bookkeeping shared by both servers; subclasses say how to start and stop."""
+
+    name = "server"
+    _graceful_signal = signal.SIGTERM
+
+    def __init__(self, prefix: str) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix=prefix))
+        self.log_path = self.root / f"{self.name}.log"
+        self.port = free_port()
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> None:
+        if self.running:
+            raise RuntimeError(f"{self.name} is already running on port {self.port}")
+        self._launch()
+        wait_for(
+            self._ready,
+            START_TIMEOUT,
+            interval=0.05,
+            message=lambda: (
+                f"{self.name} on port {self.port} did not accept connections; "
+                f"log {self.log_path}:\n{_tail(self.log_path)}"
+            ),
+        )
+
+    def stop(self) -> None:
+        """Graceful shutdown; clients see their connections closed."""
+        self._signal_and_reap(self._graceful_signal)
+
+    def kill(self) -> None:
+        """SIGKILL the server and every process it forked, as a machine crash would."""
+        self._signal_and_reap(signal.SIGKILL)
+
+    def close(self) -> None:
+        if self.running:
+            self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def _launch(self) -> None:
+        raise NotImplementedError
+
+    def _is_accepting(self) -> bool:
+        raise NotImplementedError
+
+    def _popen(self, argv: list[str], user: str | None = None) -> None:
+        with self.log_path.open("ab") as log:
+            self._proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.root,
+                start_new_session=True,
+                user=user,
+                group=user,
+                extra_groups=None if user is None else [],
+            )
+
+    def _ready(self) -> bool:
+        if self._proc is None or self._proc.poll() is not None:
+            raise AssertionError(
+                f"{self.name} exited while starting; log {self.log_path}:\n{_tail(self.log_path)}"
+            )
+        return self._is_accepting()
+
+    def _signal_and_reap(self, sig: signal.Signals) -> None:
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        # PostgreSQL backends outlive a killed postmaster for a moment; a restart before
+        # they are gone fails because they still hold the old shared memory.
+        wait_for(
+            lambda: not _group_has_live_processes(proc.pid),
+            STOP_TIMEOUT,
+            message=f"processes of {self.name} group {proc.pid} still alive",
+        )
+
+
+class RedisServer(_Server):
+    """redis-server with no persistence: every start, restarts included, begins empty."""
+
+    name = "redis"
+
+    def __init__(self) -> None:
+        super().__init__("celery-leader-redis-")
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def client(self, **kwargs: Any) -> redis.Redis[Any]:
+        return redis.Redis.from_url(self.url, **kwargs)
+
+    def commandstats(self) -> dict[str, int]:
+        """Calls per command since start or reset_stats(), e.g. {"set": 3, "client|setinfo": 2}."""
+        with self.client() as client:
+            stats = client.info("commandstats")
+        return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
+
+    def reset_stats(self) -> None:
+        with self.client() as client:
+            client.config_resetstat()
+
+    def _launch(self) -> None:
+        self._popen(
+            [
+                "redis-server",
+                "--port", str(self.port),
+                "--bind", "127.0.0.1",
+                "--save", "",
+                "--appendonly", "no",
+                "--dir", str(self.root),
+                "--daemonize", "no",
+            ]
+        )  # fmt: skip
+
+    def _is_accepting(self) -> bool:
+        try:
+            with redis.Redis(port=self.port, socket_connect_timeout=0.5, socket_timeout=0.5) as c:
+                return bool(c.ping())
+        except redis.ConnectionError:
+            return False
+
+
+class PostgresServer(_Server):
+    """A PostgreSQL 15 cluster with a non-superuser role ``leader`` owning database ``leader``.
+
+    PostgreSQL refuses to run as root, so when the tests run as root every server process
+    is started as the ``postgres`` user (subprocess ``user=``, not pg_ctl or runuser, so
+    that the postmaster stays our child and can be reaped and SIGKILLed as a group).
+    """
+
+    name = "postgres"
+    user = "leader"
+    password = "leaderpw"
+    superuser_password = "postgrespw"
+    # SIGINT is PostgreSQL's "fast" shutdown; SIGTERM ("smart") would wait for clients.
+    _graceful_signal = signal.SIGINT
+
+    def __init__(self) -> None:
+        super().__init__("celery-leader-pg-")
+        self.data_dir = self.root / "data"
+        self.socket_dir = self.root / "sockets"
+        # Only root has to (and can) switch users; anyone else runs PostgreSQL as themselves.
+        self._os_user = "postgres" if os.geteuid() == 0 else None
+        self._chown(self.root)
+        self._initialized = False
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://{self.user}:{self.password}@127.0.0.1:{self.port}/{self.user}"
+
+    @property
+    def superuser_url(self) -> str:
+        return f"postgresql://postgres:{self.superuser_password}@127.0.0.1:{self.port}/postgres"
+
+    def start(self) -> None:
+        if not self._initialized:
+            self._initdb()
+        super().start()
+        if not self._initialized:
+            with psycopg.connect(self.superuser_url, autocommit=True) as conn:
+                conn.execute(f"CREATE ROLE {self.user} LOGIN PASSWORD '{self.password}'")
+                conn.execute(f"CREATE DATABASE {self.user} OWNER {self.user}")
+            self._initialized = True
+
+    def reset(self) -> None:
+        """Fresh logical state: end every ``leader`` session (releasing its advisory locks)
+        and drop every object the role created in its database."""
+        superuser_leader_db = self.superuser_url.rsplit("/", 1)[0] + f"/{self.user}"
+        with psycopg.connect(superuser_leader_db, autocommit=True) as conn:
+            # The timeout argument makes the call wait until each backend has exited.
+            conn.execute(
+                "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity"
+                " WHERE usename = %s AND pid <> pg_backend_pid()",
+                (self.user,),
+            )
+            conn.execute(f"DROP OWNED BY {self.user}")
+
+    def _chown(self, path: Path) -> None:
+        if self._os_user is not None:
+            shutil.chown(path, self._os_user, self._os_user)
+
+    def _initdb(self) -> None:
+        pwfile = self.root / "pwfile"
+        pwfile.write_text(self.superuser_password + "\n")
+        self._chown(pwfile)
+        self.socket_dir.mkdir(exist_ok=True)
+        self._chown(self.socket_dir)
+        result = subprocess.run(
+            [
+                str(PG_BIN / "initdb"),
+                "-D", str(self.data_dir),
+                "-U", "postgres",
+                f"--pwfile={pwfile}",
+                "--auth=scram-sha-256",
+                "--encoding=UTF8",
+                "--locale=C",
+                "--no-sync",
+                "--no-instructions",
+            ],
+            cwd=self.root,
+            capture_output=True,
+            text=True,
+            check=False,
+            user=self._os_user,
+            group=self._os_user,
+            extra_groups=None if self._os_user is None else [],
+        )  # fmt: skip
+        pwfile.unlink()
+        if result.returncode != 0:
+            raise RuntimeError(
+                f"initdb failed ({result.returncode}):\n{result.stdout}{result.stderr}"
+            )
+
+    def _launch(self) -> None:
+        self._popen(
+            [
+                str(PG_BIN / "postgres"),
+                "-D", str(self.data_dir),
+                "-p", str(self.port),
+                "-k", str(self.socket_dir),
+                "-c", "listen_addresses=127.0.0.1",
+                # Durability across an OS crash is not what these tests are about; a
+                # killed server still recovers from its WAL, which the OS keeps.
+                "-c", "fsync=off",
+                "-c", "synchronous_commit=off",
+                "-c", "full_page_writes=off",
+            ],
+            user=self._os_user,
+        )  # fmt: skip
+
+    def _is_accepting(self) -> bool:
+        try:
+            with psycopg.connect(self.superuser_url, connect_timeout=1):
+                return True
+        except psycopg.OperationalError:
+            return False

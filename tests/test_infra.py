@@ -1,0 +1,184 @@
+"""The test infrastructure itself: if these fail, no other failure means anything."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import threading
+import time
+
+import psycopg
+import pytest
+import redis
+
+from tests.support.procs import Procs
+from tests.support.procs import signal as send_signal
+from tests.support.servers import PostgresServer, RedisServer
+from tests.support.waiting import wait_for
+
+
+def test_redis_url_is_empty_and_usable(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    assert client.dbsize() == 0
+    client.set("leftover", "1")
+
+
+def test_redis_restart_keeps_port_and_comes_back_empty(
+    redis_server: RedisServer, redis_url: str
+) -> None:
+    client = redis_server.client()
+    client.set("k", "v")
+    port = redis_server.port
+
+    redis_server.kill()
+    assert not redis_server.running
+    with pytest.raises(redis.ConnectionError):
+        client.ping()
+
+    redis_server.start()
+    assert redis_server.port == port
+    assert redis_server.url == redis_url
+    assert client.get("k") is None
+
+    redis_server.stop()
+
+
+def test_redis_is_running_again_after_a_test_stopped_it(redis_url: str) -> None:
+    # Relies on file order: the test above leaves the server stopped.
+    assert redis.Redis.from_url(redis_url).ping()
+
+
+def test_commandstats_counts_calls_since_reset(redis_server: RedisServer) -> None:
+    redis_server.reset_stats()
+    client = redis_server.client()
+    for i in range(3):
+        client.set("n", i)
+    assert redis_server.commandstats()["set"] == 3
+
+
+def test_proxy_forwards(redis_server: RedisServer, redis_url: str, tcp_proxy) -> None:
+    proxy = tcp_proxy("127.0.0.1", redis_server.port)
+    client = redis.Redis.from_url(proxy.url_for(redis_url))
+    client.set("through", "proxy")
+    assert redis.Redis.from_url(redis_url).get("through") == b"proxy"
+
+
+def test_proxy_hold_stalls_and_release_delivers(redis_server: RedisServer, tcp_proxy) -> None:
+    proxy = tcp_proxy("127.0.0.1", redis_server.port)
+    url = proxy.url_for(redis_server.url)
+    patient = redis.Redis.from_url(url)
+    assert patient.ping()  # connected before the stall, like a leader renewing its lease
+
+    proxy.hold()
+    impatient = redis.Redis.from_url(url, socket_timeout=0.3, socket_connect_timeout=0.3)
+    with pytest.raises(redis.TimeoutError):
+        impatient.ping()
+
+    result: list[bool] = []
+    pinger = threading.Thread(target=lambda: result.append(patient.ping()))
+    pinger.start()
+    pinger.join(timeout=0.3)
+    assert pinger.is_alive(), "PING went through a held proxy"
+
+    proxy.release()
+    pinger.join(timeout=5)
+    assert result == [True]
+    assert redis.Redis.from_url(url, socket_timeout=1).ping()
+
+
+def test_proxy_cut_closes_connections(redis_server: RedisServer, tcp_proxy) -> None:
+    proxy = tcp_proxy("127.0.0.1", redis_server.port)
+    # A raw socket, because redis-py would quietly reconnect after the cut.
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as sock:
+        sock.sendall(b"PING\r\n")
+        assert sock.recv(100) == b"+PONG\r\n"
+        proxy.cut()
+        assert sock.recv(100) == b""
+    url = proxy.url_for(redis_server.url)
+    assert redis.Redis.from_url(url).ping(), "new connections must still work after cut()"
+
+
+def test_proxy_url_for_keeps_credentials(tcp_proxy) -> None:
+    proxy = tcp_proxy("127.0.0.1", 1)
+    assert (
+        proxy.url_for("postgresql://leader:leaderpw@127.0.0.1:5432/leader?sslmode=disable")
+        == f"postgresql://leader:leaderpw@127.0.0.1:{proxy.port}/leader?sslmode=disable"
+    )
+
+
+def test_wait_for_returns_value_and_reports_timeout() -> None:
+    deadline = time.monotonic() + 0.05
+    assert wait_for(lambda: time.monotonic() > deadline and "done", timeout=2) == "done"
+    with pytest.raises(AssertionError, match=r"never: not true after 0\.1"):
+        wait_for(lambda: False, timeout=0.1, message="never")
+
+
+def test_procs_capture_output_signal_and_cleanup(procs: Procs) -> None:
+    code = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGUSR1, lambda *_: print('got usr1', flush=True))\n"
+        "print('ready', sys.argv[1])\n"
+        "while True: time.sleep(0.01)\n"
+    )
+    proc = procs.spawn_python(code, "arg1")
+    assert proc.wait_for_line(r"^ready (\w+)$", timeout=10).group(1) == "arg1"
+    send_signal(proc, signal.SIGUSR1)
+    proc.wait_for_line("got usr1", timeout=10)
+    send_signal(proc, signal.SIGKILL)
+    assert proc.wait(timeout=10) == -signal.SIGKILL
+
+
+@pytest.mark.postgres
+def test_postgres_accepts_leader(postgres_url: str) -> None:
+    with psycopg.connect(postgres_url) as conn:
+        user, superuser = conn.execute(
+            "SELECT current_user, rolsuper FROM pg_roles WHERE rolname = current_user"
+        ).fetchone()
+    assert (user, superuser) == ("leader", False)
+
+
+@pytest.mark.postgres
+def test_postgres_stop_and_start(postgres_server: PostgresServer, postgres_url: str) -> None:
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE survives (x int)")
+    port = postgres_server.port
+
+    postgres_server.stop()
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(postgres_url, connect_timeout=2)
+
+    postgres_server.start()
+    assert postgres_server.port == port
+    with psycopg.connect(postgres_url) as conn:
+        assert conn.execute("SELECT count(*) FROM survives").fetchone() == (0,)
+
+
+@pytest.mark.postgres
+def test_postgres_kill_drops_sessions_and_recovers(
+    postgres_server: PostgresServer, postgres_url: str
+) -> None:
+    holder = psycopg.connect(postgres_url, autocommit=True)
+    assert holder.execute("SELECT pg_try_advisory_lock(42)").fetchone() == (True,)
+
+    postgres_server.kill()
+    with pytest.raises(psycopg.OperationalError):
+        holder.execute("SELECT 1")
+
+    postgres_server.start()
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        assert conn.execute("SELECT pg_try_advisory_lock(42)").fetchone() == (True,)
+
+
+@pytest.mark.postgres
+def test_postgres_url_ends_sessions_of_earlier_tests(postgres_server: PostgresServer) -> None:
+    leaked = psycopg.connect(postgres_server.url, autocommit=True)
+    leaked.execute("SELECT pg_advisory_lock(7)")
+    leaked.execute("CREATE TABLE leftover (x int)")
+
+    postgres_server.reset()
+
+    with psycopg.connect(postgres_server.url, autocommit=True) as conn:
+        assert conn.execute("SELECT pg_try_advisory_lock(7)").fetchone() == (True,)
+        assert conn.execute("SELECT to_regclass('leftover')").fetchone() == (None,)
+    with pytest.raises(psycopg.OperationalError):
+        leaked.execute("SELECT 1")
