@@ -1,4 +1,6 @@
-"""Redis store: ``redis://``, ``rediss://``, ``unix://``, ``redis+sentinel://``.
+"""Redis store: ``redis://``, ``rediss://``, ``unix://``, ``redis+sentinel://``, Cluster.
+
+Add ``?cluster=true`` to a ``redis://`` or ``rediss://`` URL for Redis Cluster.
 
 Keys of one election share the hash tag ``{<prefix>:<election>}`` so that every
 script touches a single Redis Cluster slot:
@@ -20,10 +22,11 @@ import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 import redis
 from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
@@ -100,20 +103,24 @@ def _client(url: str, timeout: float) -> Any:
     options: dict[str, Any] = {
         "socket_timeout": timeout,
         "socket_connect_timeout": timeout,
-        "socket_keepalive": True,
         "retry": Retry(NoBackoff(), 0),
         "decode_responses": True,
     }
-    if not url.lower().startswith("redis+sentinel://"):
-        return redis.Redis.from_url(url, **options)
     parts = urlsplit(url)
+    if parts.scheme.lower() != "unix":  # unix socket connections take no TCP options
+        options["socket_keepalive"] = True
+    query = dict(parse_qsl(parts.query))
+    if query.pop("cluster", "").lower() in ("1", "true", "yes"):
+        plain = urlunsplit(parts._replace(query=urlencode(query)))
+        return RedisCluster.from_url(plain, **options)
+    if parts.scheme.lower() != "redis+sentinel":
+        return redis.Redis.from_url(url, **options)
     path = [p for p in parts.path.split("/") if p]
     if not path:
         raise ConfigError(
             "leader_url: a redis+sentinel:// URL needs the service name, like "
             "redis+sentinel://:password@host1:26379,host2:26379/mymaster/0"
         )
-    query = dict(parse_qsl(parts.query))
     hosts = []
     for hostport in parts.netloc.rpartition("@")[2].split(","):
         host, _, port = hostport.rpartition(":") if ":" in hostport else (hostport, "", "26379")
@@ -243,17 +250,25 @@ class RedisBackend(Backend):
 
     def claim(self, election: str, tenure: Tenure, claims: Sequence[Claim]) -> list[bool]:
         keys = [self._key(election, "lock"), self._key(election, "state")]
-        pipe = self._redis.pipeline(transaction=False)
-        for start in range(0, len(claims), _CLAIM_CHUNK):
+        chunks = [claims[i : i + _CLAIM_CHUNK] for i in range(0, len(claims), _CLAIM_CHUNK)]
+        calls = []
+        for chunk in chunks:
             args: list[str] = [tenure.token]
-            for c in claims[start : start + _CLAIM_CHUNK]:
+            for c in chunk:
                 args += [c.entry, "0" if c.expected is None else "1", c.expected or "", c.new]
-            self._claim(keys=keys, args=args, client=pipe)
-        replies = self._call(pipe.execute)
+            calls.append(args)
+        if isinstance(self._redis, RedisCluster):
+            # Cluster pipelines refuse scripts; all chunks hit one slot anyway.
+            replies = [self._call(self._claim, keys=keys, args=args) for args in calls]
+        else:
+            pipe = self._redis.pipeline(transaction=False)
+            for args in calls:
+                self._claim(keys=keys, args=args, client=pipe)
+            replies = self._call(pipe.execute)
         results: list[bool] = []
-        for start, reply in zip(range(0, len(claims), _CLAIM_CHUNK), replies, strict=True):
-            chunk = len(claims[start : start + _CLAIM_CHUNK])
-            results += [bool(r) for r in reply] if reply else [False] * chunk
+        for chunk, reply in zip(chunks, replies, strict=True):
+            # An empty reply: our term was gone, so nothing in the chunk was claimed.
+            results += [bool(r) for r in reply] if reply else [False] * len(chunk)
         return results
 
     def leave(self, election: str) -> None:

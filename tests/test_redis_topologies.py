@@ -1,0 +1,197 @@
+"""The Redis store behind TLS, a unix socket, Sentinel and Cluster, on real servers.
+
+Each topology runs the same check: three leases on separate connections elect
+exactly one leader, a graceful stop hands over at once, epochs grow, and a
+fenced claim of many entries works (in Cluster, where pipelines refuse
+scripts, too).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from celery_leader.backends import create_backend
+from celery_leader.backends.base import Claim
+from celery_leader.config import LeaderConfig
+from celery_leader.lease import Lease
+from tests.support.servers import RedisServer
+from tests.support.waiting import wait_for
+
+TTL = 2.0
+
+
+class _Node(RedisServer):
+    """A redis-server with extra command-line options."""
+
+    def __init__(self, *extra: str) -> None:
+        super().__init__()
+        self.extra = list(extra)
+
+    def _launch(self) -> None:
+        self._popen(
+            [
+                "redis-server",
+                "--port", str(self.port),
+                "--bind", "127.0.0.1",
+                "--save", "",
+                "--appendonly", "no",
+                "--dir", str(self.root),
+                *self.extra,
+            ]
+        )  # fmt: skip
+
+
+class _TlsNode(_Node):
+    """TLS only: the plain port is off, so readiness is checked over TLS."""
+
+    def __init__(self, cert: Path, key: Path) -> None:
+        super().__init__()
+        self.cert = cert
+        self.extra = [
+            "--tls-port", str(self.port),
+            "--tls-cert-file", str(cert),
+            "--tls-key-file", str(key),
+            "--tls-ca-cert-file", str(cert),
+            "--tls-auth-clients", "no",
+        ]  # fmt: skip
+
+    @property
+    def url(self) -> str:
+        return f"rediss://127.0.0.1:{self.port}/0?ssl_cert_reqs=required&ssl_ca_certs={self.cert}"
+
+    def _launch(self) -> None:
+        # The plain port must be 0; _Node puts --port first, a later --port 0 wins.
+        self.extra = [*self.extra, "--port", "0"]
+        super()._launch()
+
+    def _is_accepting(self) -> bool:
+        try:
+            with redis.Redis.from_url(self.url, socket_connect_timeout=0.5) as client:
+                return bool(client.ping())
+        except redis.RedisError:
+            return False
+
+
+def _run_election(url: str) -> None:
+    config = LeaderConfig.from_mapping({"leader_url": url, "leader_ttl": TTL})
+    backends = [create_backend(config) for _ in range(3)]
+    leases = [
+        Lease("topo", b, ttl=TTL, renew_interval=TTL / 3, instance_id=f"i{n}")
+        for n, b in enumerate(backends)
+    ]
+    try:
+        for lease in leases:
+            lease.start()
+        first = wait_for(lambda: [x for x in leases if x.is_leader()], 5, message="a leader")
+        assert len(first) == 1
+        leader = first[0]
+        assert leader.epoch is not None
+        epoch = leader.epoch
+        tenure = leader.tenure
+        assert tenure is not None
+        results = leader.backend.claim(
+            "topo", tenure, [Claim(f"e{i}", None, "1") for i in range(1200)]
+        )
+        assert results == [True] * 1200
+        assert len(leader.backend.load_state("topo")) == 1200
+
+        stopped_at = time.monotonic()
+        leader.stop()
+        others = [x for x in leases if x is not leader]
+        second = wait_for(lambda: [x for x in others if x.is_leader()], 2, message="a new leader")
+        took = time.monotonic() - stopped_at
+        assert len(second) == 1
+        assert second[0].epoch is not None and second[0].epoch > epoch
+        assert took < 0.5, f"graceful hand-over took {took:.3f}s"
+        # The old term can no longer claim anything.
+        assert leader.backend.claim("topo", tenure, [Claim("e1", "1", "2")]) == [False]
+    finally:
+        for lease in leases:
+            lease.stop()
+        for backend in backends:
+            backend.close()
+
+
+@pytest.fixture
+def tls_node(tmp_path: Path) -> Iterator[_TlsNode]:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [
+            "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes",
+            "-keyout", str(key), "-out", str(cert), "-days", "1",
+            "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    node = _TlsNode(cert, key)
+    node.start()
+    yield node
+    node.close()
+
+
+def test_tls(tls_node: _TlsNode) -> None:
+    _run_election(tls_node.url)
+
+
+def test_unix_socket(tmp_path: Path) -> None:
+    sock = tmp_path / "redis.sock"
+    node = _Node("--unixsocket", str(sock), "--unixsocketperm", "700")
+    node.start()
+    try:
+        _run_election(f"unix://{sock}?db=0")
+    finally:
+        node.close()
+
+
+def test_sentinel() -> None:
+    master = _Node()
+    master.start()
+    sentinel = _Node()
+    conf = sentinel.root / "sentinel.conf"
+    conf.write_text(
+        f"port {sentinel.port}\nbind 127.0.0.1\n"
+        f"sentinel monitor mymaster 127.0.0.1 {master.port} 1\n"
+    )
+    sentinel._launch = lambda: sentinel._popen(["redis-server", str(conf), "--sentinel"])  # type: ignore[method-assign]
+    sentinel.start()
+    try:
+        _run_election(f"redis+sentinel://127.0.0.1:{sentinel.port}/mymaster/0")
+    finally:
+        sentinel.close()
+        master.close()
+
+
+def test_cluster() -> None:
+    nodes = [
+        _Node("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf") for _ in range(3)
+    ]
+    try:
+        for node in nodes:
+            node.start()
+        subprocess.run(
+            ["redis-cli", "--cluster", "create"]
+            + [f"127.0.0.1:{n.port}" for n in nodes]
+            + ["--cluster-replicas", "0", "--cluster-yes"],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
+
+        def cluster_ok() -> bool:
+            with nodes[0].client() as client:
+                return all(
+                    redis.Redis(port=n.port).cluster("info")["cluster_state"] == "ok" for n in nodes
+                ) and bool(client.ping())
+
+        wait_for(cluster_ok, 20, interval=0.1, message="cluster_state:ok on every node")
+        _run_election(f"redis://127.0.0.1:{nodes[0].port}/0?cluster=true")
+    finally:
+        for node in nodes:
+            node.close()
