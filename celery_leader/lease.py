@@ -186,7 +186,7 @@ class Lease:
             result = self.backend.acquire(
                 self.election, self.instance_id, self.ttl, self._max_epoch
             )
-        except StoreUnavailable as exc:
+        except (StoreUnavailable, ConfigError) as exc:
             self._store_down(exc)
             self._stopping.wait(self.renew_interval)
             return
@@ -199,6 +199,10 @@ class Lease:
             return
         with self._lock:
             self._tenure = result.tenure
+        if self._stopping.is_set():
+            # stop() gave up waiting for this call: hand the term straight back.
+            self._step_down("stopping", graceful=True)
+            return
         self._max_epoch = max(self._max_epoch, result.tenure.epoch)
         self._acked_sent = sent
         self._next_renew = sent + self.renew_interval
@@ -234,14 +238,14 @@ class Lease:
         sent = time.monotonic()
         try:
             renewal = self.backend.renew(self.election, tenure, self.ttl)
-        except StoreUnavailable as exc:
+        except (StoreUnavailable, ConfigError) as exc:
             self._store_down(exc)
             # Retry soon: the term is running out and one more try may save it.
             self._next_renew = time.monotonic() + self.renew_interval / 4
             return
         self._store_up()
         if renewal is Renewal.LOST:
-            self._step_down("lost the lease: the store holds another term")
+            self._step_down("lost the lease: the store no longer holds this term")
             return
         self._acked_sent = sent
         self._next_renew = sent + self.renew_interval
@@ -328,12 +332,12 @@ class Lease:
                     self.ttl,
                 )
 
-    def _store_down(self, exc: StoreUnavailable) -> None:
+    def _store_down(self, exc: StoreUnavailable | ConfigError) -> None:
         message = str(exc)
         if message != self._store_error:
             logger.warning(
-                "celery-leader: store %s unreachable for %r: %s (retrying; nobody can lead "
-                "through it until it answers)",
+                "celery-leader: store %s unreachable or refusing for %r: %s "
+                "(retrying; nobody can lead through it until it answers)",
                 mask_url(self.backend.url),
                 self.election,
                 message,

@@ -129,9 +129,9 @@ def _client(url: str, timeout: float) -> Any:
     sentinel_kwargs = {k: v for k, v in options.items() if k != "decode_responses"}
     if "sentinel_password" in query:
         sentinel_kwargs["password"] = query["sentinel_password"]
-    sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_kwargs, **options)
+    sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_kwargs, **options)  # type: ignore[no-untyped-call]
     db = int(path[1]) if len(path) > 1 else 0
-    return sentinel.master_for(path[0], password=password, db=db, **options)
+    return sentinel.master_for(path[0], password=password, db=db, **options)  # type: ignore[no-untyped-call]
 
 
 class RedisBackend(Backend):

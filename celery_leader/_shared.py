@@ -1,0 +1,267 @@
+"""The deadline table: how a worker's pool processes learn who leads.
+
+The worker's main process runs the leases; its pool processes run the tasks.
+The main process publishes, per election, the ``time.monotonic()`` deadline
+of its belief and the epoch of its term into a small memory-mapped file. Pool
+processes read it with no system call and no round trip. ``CLOCK_MONOTONIC``
+is one clock for the whole machine on Linux (and macOS), so a deadline written
+by one process means the same instant in another.
+
+A forked child inherits the mapping; a spawned child (``worker_pool_start_method
+= "spawn"``) opens the file named by :data:`ENV_VAR`, which the main process
+sets before its pool starts. Only the owner and its direct children trust the
+table (the header names the owner's pid): anything further down the process
+tree joins the election on its own.
+
+Layout (little-endian)::
+
+    0   magic  b"CLTAB001"
+    8   u32    owner pid
+    12  u32    number of slots
+    16  u32    length of the JSON header that follows
+    20  u32    reserved
+    24  JSON   {"store": ..., "names": [...]}, padded with zeros to a multiple of 64
+
+``store`` identifies the lease store (a hash of its URL and key prefix), so
+that an app with another store in the same process never reads this table.
+    ..  slots  32 bytes each: u64 seq, f64 valid_until, i64 epoch, 8 bytes pad
+
+Each slot is a seqlock: the writer makes ``seq`` odd, writes the values, then
+makes it even again; a reader retries while ``seq`` is odd or changed under
+it, so it never uses a torn pair. A writer stopped half-way (SIGSTOP) leaves
+``seq`` odd: readers give up after a few tries and see "not leading".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import mmap
+import os
+import struct
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+#: Environment variable naming the table file, for spawned pool processes.
+ENV_VAR = "CELERY_LEADER_TABLE"
+
+_MAGIC = b"CLTAB001"
+_HEADER = struct.Struct("<8sIIII")
+_SEQ = struct.Struct("<Q")
+_VALUE = struct.Struct("<dq")
+_SLOT_SIZE = 32
+_ALIGN = 64
+#: Reads of a slot that is being written before the reader gives up.
+_READ_TRIES = 64
+_SUFFIX = ".table"
+_PREFIX = "celery_leader."
+
+
+def store_id(url: str, key_prefix: str) -> str:
+    """Identity of a lease store as written in a table; no password in clear."""
+    return hashlib.sha256(f"{url}\n{key_prefix}".encode()).hexdigest()[:16]
+
+
+def _table_dir() -> Path:
+    # /dev/shm keeps the file in memory (no disk writes on every publish);
+    # elsewhere the temp dir works the same, only with page cache behind it.
+    shm = Path("/dev/shm")  # noqa: S108 - files are created O_EXCL, mode 0600
+    if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK):
+        return shm
+    return Path(tempfile.gettempdir())
+
+
+class DeadlineTable:
+    """A mapped deadline table; see the module docstring.
+
+    Build one with :meth:`create` (the publishing process) or :meth:`open`
+    (a reader). Readers use :meth:`leads` on the hot path.
+    """
+
+    def __init__(
+        self, path: Path, buf: mmap.mmap, owner_pid: int, store: str, names: list[str]
+    ) -> None:
+        self.path = path
+        self.owner_pid = owner_pid
+        self.store = store
+        self.names = names
+        self._buf = buf
+        self._slots_at = _slots_offset(len(_encode_header(store, names)))
+        self._index = {name: i for i, name in enumerate(names)}
+        self._write_lock = threading.Lock()
+        self._lock_fd: int | None = None
+
+    # -- owner --------------------------------------------------------------
+
+    @classmethod
+    def create(cls, store: str, names: list[str]) -> DeadlineTable:
+        """Create, map and lock a table for ``names`` (every slot "not leading").
+
+        The file is written under a temporary name and renamed into place while
+        this process holds an exclusive ``flock`` on it, so that
+        :func:`sweep_stale` never removes a live table.
+        """
+        directory = _table_dir()
+        sweep_stale(directory)
+        encoded = _encode_header(store, names)
+        size = _slots_offset(len(encoded)) + _SLOT_SIZE * len(names)
+        stem = f"{_PREFIX}{os.getpid()}.{uuid.uuid4().hex[:12]}"
+        tmp = directory / f"{stem}.tmp"
+        final = directory / f"{stem}{_SUFFIX}"
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.ftruncate(fd, size)
+            buf = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            _HEADER.pack_into(buf, 0, _MAGIC, os.getpid(), len(names), len(encoded), 0)
+            buf[_HEADER.size : _HEADER.size + len(encoded)] = encoded
+            os.rename(tmp, final)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        table = cls(final, buf, os.getpid(), store, names)
+        table._lock_fd = fd
+        return table
+
+    def publish(self, name: str, valid_until: float, epoch: int) -> None:
+        """Write one election's deadline and epoch (owner only)."""
+        base = self._slots_at + self._index[name] * _SLOT_SIZE
+        buf = self._buf
+        with self._write_lock:
+            seq = _SEQ.unpack_from(buf, base)[0]
+            _SEQ.pack_into(buf, base, seq + 1)
+            _VALUE.pack_into(buf, base + 8, valid_until, epoch)
+            _SEQ.pack_into(buf, base, seq + 2)
+
+    def remove(self) -> None:
+        """Unlink the file and drop the lock (owner only).
+
+        Processes that mapped it keep their mapping; no new one can open it.
+        """
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    # -- readers ------------------------------------------------------------
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str]) -> DeadlineTable:
+        """Map an existing table read-only."""
+        with open(path, "rb") as f:
+            buf = mmap.mmap(f.fileno(), 0, mmap.MAP_SHARED, mmap.PROT_READ)
+        if len(buf) < _HEADER.size:
+            raise ValueError(f"{path} is not a celery-leader table (too short)")
+        magic, owner, count, header_len, _ = _HEADER.unpack_from(buf, 0)
+        if magic != _MAGIC:
+            raise ValueError(f"{path} is not a celery-leader table (magic {magic!r})")
+        header = json.loads(bytes(buf[_HEADER.size : _HEADER.size + header_len]))
+        names = header.get("names") if isinstance(header, dict) else None
+        if not isinstance(names, list) or len(names) != count:
+            raise ValueError(f"{path} is not a celery-leader table (bad header)")
+        return cls(Path(path), buf, owner, str(header.get("store")), [str(n) for n in names])
+
+    def trusted_here(self) -> bool:
+        """True in the owner and its direct children (the pool processes)."""
+        return self.owner_pid in (os.getpid(), os.getppid())
+
+    def index(self, name: str) -> int | None:
+        """Slot of ``name``, or ``None`` when the table does not carry it."""
+        return self._index.get(name)
+
+    def read(self, index: int) -> tuple[float, int]:
+        """``(valid_until, epoch)`` of slot ``index``; ``(0.0, 0)`` if it stays busy."""
+        base = self._slots_at + index * _SLOT_SIZE
+        buf = self._buf
+        for _ in range(_READ_TRIES):
+            seq = _SEQ.unpack_from(buf, base)[0]
+            if seq & 1:
+                continue
+            valid_until, epoch = _VALUE.unpack_from(buf, base + 8)
+            if _SEQ.unpack_from(buf, base)[0] == seq:
+                return valid_until, epoch
+        return 0.0, 0
+
+    def leads(self, index: int) -> bool:
+        """True while the deadline in slot ``index`` lies ahead."""
+        return time.monotonic() < self.read(index)[0]
+
+
+def _encode_header(store: str, names: list[str]) -> bytes:
+    return json.dumps({"store": store, "names": names}).encode()
+
+
+def _slots_offset(header_len: int) -> int:
+    end = _HEADER.size + header_len
+    return (end + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def sweep_stale(directory: Path) -> None:
+    """Remove tables whose owner is gone (killed before it could clean up).
+
+    A live owner holds an exclusive ``flock`` on its table, so a lock we can
+    take proves the owner died; the kernel dropped its lock with it.
+    """
+    for path in directory.glob(f"{_PREFIX}*{_SUFFIX}"):
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue  # removed meanwhile, or not ours to read
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EACCES):
+                raise
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        finally:
+            os.close(fd)
+
+
+_installed: DeadlineTable | None = None
+
+
+def install(table: DeadlineTable | None) -> None:
+    """Make ``table`` this process's table (the worker's main process), or forget it."""
+    global _installed
+    _installed = table
+    if table is None:
+        os.environ.pop(ENV_VAR, None)
+    else:
+        # Spawned pool processes copy the environment when they start.
+        os.environ[ENV_VAR] = str(table.path)
+
+
+def installed() -> DeadlineTable | None:
+    """The table :func:`install` made current in this process, if any."""
+    return _installed
+
+
+def process_table() -> DeadlineTable | None:
+    """The table this process may trust, if any.
+
+    The owner's table (inherited as is by forked children), else the file that
+    :data:`ENV_VAR` names (spawned children). ``None`` when neither exists or
+    this process is not the owner or one of its direct children.
+    """
+    global _installed
+    table = _installed
+    if table is None:
+        path = os.environ.get(ENV_VAR)
+        if not path:
+            return None
+        try:
+            table = _installed = DeadlineTable.open(path)
+        except (OSError, ValueError):
+            return None
+    return table if table.trusted_here() else None

@@ -1,0 +1,343 @@
+"""Worker bootsteps: run the elections in the main process, publish them to the pool.
+
+:class:`LeaderStep` (worker blueprint) joins ``leader_worker_election`` and
+every election named by a ``@leader_only`` function, and publishes each
+lease's validity deadline into the deadline table that pool processes read
+(:mod:`celery_leader._shared`). :class:`FenceStep` (consumer blueprint) drops
+task messages whose ``leader_epoch`` header is older than the beat election's
+current epoch, when ``leader_fence_tasks`` is on.
+
+Nothing needs wiring by hand: importing ``celery_leader`` connects a
+``worker_init`` receiver that calls :func:`install` on the worker's app as
+soon as any function in the process is decorated with ``@leader_only``.
+:func:`install` is there for workers that want the steps anyway (say, to call
+:func:`celery_leader.is_leader` without the decorator).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from celery import bootsteps, signals
+
+from . import _shared, decorators
+from .backends import create_backend
+from .config import LeaderConfig
+from .exceptions import StoreUnavailable
+from .lease import Lease
+
+__all__ = ["FenceStep", "LeaderNode", "LeaderStep", "install"]
+
+logger = logging.getLogger("celery_leader.worker")
+
+#: Longest gap between two publications of a renewed deadline. Pool processes
+#: see the previous deadline meanwhile, which is earlier (never too late) and
+#: still ``ttl - renew_interval`` away when the renewal lands.
+MAX_PUBLISH_INTERVAL = 0.25
+
+
+def install(app: Any) -> None:
+    """Add the celery-leader bootsteps to ``app``'s workers. Idempotent.
+
+    Must run before the worker builds its blueprint: at import time of the
+    app module, or from a ``worker_init`` receiver.
+    """
+    app.steps["worker"].add(LeaderStep)
+    app.steps["consumer"].add(FenceStep)
+
+
+class LeaderNode:
+    """The leases of one worker node and their deadline table.
+
+    Built in the worker's main process before the pool starts, so that the
+    table exists when pool processes fork or spawn.
+    """
+
+    def __init__(self, config: LeaderConfig, elections: list[str]) -> None:
+        self.config = config
+        self.backend = create_backend(config)
+        self.table = _shared.DeadlineTable.create(
+            _shared.store_id(config.url, config.key_prefix), elections
+        )
+        self.leases = [
+            Lease.from_config(
+                name,
+                config,
+                self.backend,
+                on_elected=self._publish,
+                on_demoted=self._publish,
+            )
+            for name in elections
+        ]
+        self._publish_lock = threading.Lock()
+        self._leave_now = threading.Event()
+        self._leave_lock = threading.Lock()
+        self._left = False
+        self._thread: threading.Thread | None = None
+        self._beat_epoch = 0
+        self._epoch_lock = threading.Lock()
+        _shared.install(self.table)
+        decorators._forget_views()
+
+    def start(self) -> None:
+        """Join every election and start publishing."""
+        if self.config.fence_tasks:
+            self._refresh_beat_epoch()
+        for lease in self.leases:
+            lease.start()
+        self._thread = threading.Thread(target=self._run, name="celery-leader:publish", daemon=True)
+        self._thread.start()
+
+    def request_leave(self) -> None:
+        """Ask the publishing thread to leave every election now.
+
+        Only sets an event, so it is safe in a signal handler: Celery runs
+        ``worker_shutting_down`` receivers there, up to a second before its
+        event loop notices the shutdown and stops the bootsteps.
+        """
+        self._leave_now.set()
+
+    def leave(self) -> None:
+        """Leave every election: demote, then release. Idempotent, any thread.
+
+        Each release lets another node take over at once. Pool processes keep
+        their mapping, now saying "not leading", while they drain.
+        """
+        with self._leave_lock:
+            if self._left:
+                return
+            self._leave_now.set()
+            for lease in self.leases:
+                try:
+                    lease.stop()
+                except Exception:
+                    logger.exception("celery-leader: could not leave election %r", lease.election)
+            self._left = True
+
+    def stop(self) -> None:
+        """Leave every election, stop publishing, remove the table file. Idempotent."""
+        self.leave()
+        if self._thread is not None:
+            self._thread.join()
+        for lease in self.leases:
+            self.table.publish(lease.election, 0.0, 0)
+        self.table.remove()
+        self.backend.close()
+
+    def uninstall(self) -> None:
+        """Stop serving this node's table to calls in this process.
+
+        Done once the pool has stopped: until then, tasks still draining in
+        the main process (threads pool) must read "not leading" here rather
+        than join an election on their own. A worker started later in the
+        same process (tests) installs its own table.
+        """
+        if _shared.installed() is self.table:
+            _shared.install(None)
+            decorators._forget_views()
+
+    def admit(self, epoch: int) -> bool:
+        """Fencing: False for an epoch older than the beat election's current one."""
+        with self._epoch_lock:
+            if epoch < self._beat_epoch:
+                return False
+            self._beat_epoch = epoch
+            return True
+
+    @property
+    def beat_epoch(self) -> int:
+        """Highest epoch of the beat election this node has seen."""
+        return self._beat_epoch
+
+    def _publish(self, lease: Lease) -> None:
+        # Reading the lease under the lock orders a demotion against a
+        # concurrent periodic publish: whichever writes last read the lease
+        # after it dropped its belief, so a stale deadline never lands after
+        # the zero that precedes the release.
+        with self._publish_lock:
+            self.table.publish(lease.election, lease.valid_until, lease.epoch or 0)
+
+    def _run(self) -> None:
+        interval = min(self.config.renew_interval / 4, MAX_PUBLISH_INTERVAL)
+        next_fence = 0.0
+        while not self._leave_now.wait(interval):
+            for lease in self.leases:
+                self._publish(lease)
+            if self.config.fence_tasks:
+                next_fence -= interval
+                if next_fence <= 0:
+                    self._refresh_beat_epoch()
+                    next_fence = self.config.renew_interval
+        self.leave()
+
+    def _refresh_beat_epoch(self) -> None:
+        try:
+            holder = self.backend.holder(self.config.beat_election)
+        except StoreUnavailable as exc:
+            logger.debug("celery-leader: could not read the beat epoch: %s", exc)
+            return
+        if holder is not None:
+            with self._epoch_lock:
+                self._beat_epoch = max(self._beat_epoch, holder.epoch)
+
+
+class LeaderStep(bootsteps.StartStopStep):  # type: ignore[misc]  # celery is untyped
+    """Worker bootstep: joins the node's elections in the main process.
+
+    It starts after the pool (whose processes only read the table, created
+    earlier when the blueprint is applied) and so stops *before* it: on a warm
+    shutdown the node releases its terms first and another node takes over
+    while this one drains its running tasks. A cold shutdown releases too:
+    waiting out the ttl would help nobody.
+    """
+
+    label = "celery-leader"
+    requires = ("celery.worker.components:Pool",)
+
+    def __init__(self, w: Any, **kwargs: Any) -> None:
+        super().__init__(w, **kwargs)
+        config = decorators.config_of(w.app)
+        if w.app.conf.get("leader_instance_id") is None:
+            # The node name (name@host) is what operators know workers by.
+            config = dataclasses.replace(config, instance_id=w.hostname)
+        elections = _elections(w.app, config)
+        _warn_reject_without_acks_late(w.app)
+        self.node = LeaderNode(config, elections)
+        w.leader_node = self.node
+        _nodes[w.hostname] = self.node
+        logger.info(
+            "celery-leader: %s joins %s (store %s)",
+            config.instance_id,
+            ", ".join(repr(e) for e in elections),
+            config.display_url,
+        )
+
+    def create(self, w: Any) -> LeaderNode:
+        """The service started and stopped with the worker."""
+        return self.node
+
+    def stop(self, w: Any) -> None:
+        """Warm shutdown: leave (if the shutdown signal did not already), before the pool drains."""
+        self.node.stop()
+        _nodes.pop(w.hostname, None)
+
+    def terminate(self, w: Any) -> None:
+        """Cold shutdown: leave at once too; the pool's tasks are killed, none drain."""
+        self.stop(w)
+        self.node.uninstall()
+
+
+class FenceStep(bootsteps.Step):  # type: ignore[misc]  # celery is untyped
+    """Consumer bootstep: drops task messages sent under an older beat epoch.
+
+    Active with ``leader_fence_tasks = True``. It wraps every task's strategy
+    (the consumer's first handler of a message) through the consumer's
+    strategy table, so that strategies rebuilt later (reconnects, reloads) are
+    wrapped too. A dropped message is acknowledged and logged at WARNING; the
+    task never runs.
+    """
+
+    label = "celery-leader fence"
+
+    def __init__(self, c: Any, **kwargs: Any) -> None:
+        super().__init__(c, **kwargs)
+        node: LeaderNode | None = getattr(c.controller, "leader_node", None)
+        if node is None or not node.config.fence_tasks:
+            return
+        fenced = _FencedStrategies(node, c.connection_errors)
+        fenced.update(c.strategies)
+        c.strategies = fenced
+
+
+class _FencedStrategies(dict[str, Callable[..., Any]]):
+    """The consumer's task-name -> strategy table, wrapping what is stored."""
+
+    def __init__(self, node: LeaderNode, connection_errors: tuple[type[Exception], ...]) -> None:
+        super().__init__()
+        self._node = node
+        self._connection_errors = connection_errors
+
+    def __setitem__(self, name: str, strategy: Callable[..., Any]) -> None:
+        super().__setitem__(name, self._wrap(strategy))
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        """Wrap each strategy, as item assignment does."""
+        for name, strategy in dict(*args, **kwargs).items():
+            self[name] = strategy
+
+    def _wrap(self, strategy: Callable[..., Any]) -> Callable[..., Any]:
+        node = self._node
+        errors = self._connection_errors
+
+        def fenced(
+            message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **kwargs: Any
+        ) -> Any:
+            headers = message.headers or {}
+            epoch = headers.get("leader_epoch")
+            if type(epoch) is int and not node.admit(epoch):
+                logger.warning(
+                    "celery-leader: dropped task %s[%s]: sent under beat epoch %d, but epoch "
+                    "%d has started since (a deposed scheduler sent it late)",
+                    headers.get("task"),
+                    headers.get("id"),
+                    epoch,
+                    node.beat_epoch,
+                )
+                ack(logger, errors)
+                return None
+            return strategy(message, body, ack, reject, callbacks, **kwargs)
+
+        return fenced
+
+
+def _elections(app: Any, config: LeaderConfig) -> list[str]:
+    names = {config.worker_election} | decorators._named_elections
+    for task in app.tasks.values():
+        spec = getattr(getattr(task, "run", None), "__leader_only__", None)
+        if spec is not None and spec.election is not None:
+            names.add(spec.election)
+    return sorted(names)
+
+
+def _warn_reject_without_acks_late(app: Any) -> None:
+    for task in app.tasks.values():
+        spec = getattr(getattr(task, "run", None), "__leader_only__", None)
+        if spec is not None and spec.on_follower == "reject" and not task.acks_late:
+            logger.warning(
+                "celery-leader: task %s uses @leader_only(on_follower='reject') without "
+                "acks_late: a follower's reject cannot requeue a message that was "
+                "acknowledged on receipt, so the task is lost. Declare it with "
+                "@app.task(acks_late=True).",
+                task.name,
+            )
+
+
+# hostname -> node of the workers running in this process, for the
+# worker_shutting_down signal (whose sender is the hostname).
+_nodes: dict[str, LeaderNode] = {}
+
+
+def _on_shutting_down(sender: Any = None, **_: Any) -> None:
+    """A shutdown signal arrived: hand over now, not when the event loop notices."""
+    node = _nodes.get(sender)
+    if node is not None:
+        node.request_leave()
+
+
+def _after_warm_shutdown(sender: Any = None, **_: Any) -> None:
+    """``worker_shutdown``: the pool has drained, the table can go."""
+    node: LeaderNode | None = getattr(sender, "leader_node", None)
+    if node is not None:
+        node.uninstall()
+
+
+signals.worker_shutting_down.connect(
+    _on_shutting_down, weak=False, dispatch_uid="celery_leader.worker_shutting_down"
+)
+signals.worker_shutdown.connect(
+    _after_warm_shutdown, weak=False, dispatch_uid="celery_leader.worker_shutdown"
+)

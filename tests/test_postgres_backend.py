@@ -1,0 +1,641 @@
+"""PostgresBackend against a real PostgreSQL 15: the protocol, then real processes and faults.
+
+Times are ``time.monotonic()`` (CLOCK_MONOTONIC, system-wide on Linux), so the
+times lease processes print compare directly with the test's own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import signal
+import textwrap
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import psycopg
+import pytest
+
+from celery_leader import Lease
+from celery_leader.backends import store_timeout
+from celery_leader.backends.base import Claim, Renewal
+from celery_leader.backends.postgres import PostgresBackend, advisory_key
+from celery_leader.exceptions import ConfigError, StoreUnavailable
+from celery_leader.lease import DRIFT, MARGIN
+from tests.support.procs import Proc, Procs
+from tests.support.procs import signal as send_signal
+from tests.support.proxy import TcpProxy
+from tests.support.servers import PostgresServer
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.postgres
+
+PREFIX = "t"
+ELECTION = "beat"
+
+
+@pytest.fixture
+def backends(postgres_url: str) -> Iterator[Callable[..., PostgresBackend]]:
+    """Factory of backends on the test database; all closed at teardown."""
+    made: list[PostgresBackend] = []
+
+    def make(url: str = postgres_url, timeout: float = 0.5) -> PostgresBackend:
+        backend = PostgresBackend(url, PREFIX, timeout)
+        made.append(backend)
+        return backend
+
+    yield make
+    for backend in made:
+        backend.close()
+
+
+def superuser(server: PostgresServer) -> psycopg.Connection[Any]:
+    """Superuser connection to the leader database."""
+    return psycopg.connect(server.superuser_url.rsplit("/", 1)[0] + "/leader", autocommit=True)
+
+
+# -- the protocol ---------------------------------------------------------------
+
+
+def test_protocol(backends: Callable[..., PostgresBackend]) -> None:
+    a, b, observer = backends(), backends(), backends()
+    assert observer.holder(ELECTION) is None
+
+    first = a.acquire(ELECTION, "a", 5.0, 0)
+    assert first.tenure is not None and first.tenure.epoch == 1
+    assert json.loads(first.tenure.token)["holder"] == "a"
+    lost = b.acquire(ELECTION, "b", 5.0, 0)
+    assert lost.tenure is None
+    assert lost.holder is not None and (lost.holder.instance_id, lost.holder.epoch) == ("a", 1)
+    holder = observer.holder(ELECTION)
+    assert holder is not None and (holder.instance_id, holder.epoch) == ("a", 1)
+    assert holder.ttl_remaining is None  # held as long as the session lives
+    assert a.renew(ELECTION, first.tenure, 5.0) is Renewal.RENEWED
+
+    # Compare-and-set, applied in order: a repeated entry sees the earlier claim.
+    claims = [
+        Claim("x", None, '"1"'),  # nothing stored: taken
+        Claim("x", None, '"2"'),  # now stored: fails
+        Claim("y", '"0"', '"1"'),  # expects a value that is not there: fails
+        Claim("x", '"1"', '"3"'),  # matches the first claim's value: taken
+        Claim("z", None, '"1"'),
+    ]
+    assert a.claim(ELECTION, first.tenure, claims) == [True, False, False, True, True]
+    assert observer.load_state(ELECTION) == {"x": '"3"', "z": '"1"'}
+    assert a.claim(ELECTION, first.tenure, [Claim("z", '"9"', '"2"')]) == [False]
+    assert a.claim(ELECTION, first.tenure, []) == []
+
+    # A resign request reaches the holder at its next renewal.
+    asked = observer.request_resign(ELECTION)
+    assert asked is not None and (asked.instance_id, asked.epoch) == ("a", 1)
+    assert a.renew(ELECTION, first.tenure, 5.0) is Renewal.RESIGN
+
+    # Release: the queued follower is woken at once and takes the next epoch.
+    assert b.acquire(ELECTION, "b", 5.0, 0).tenure is None  # (re)queues b's waiter
+    cancel = threading.Event()
+    woke = threading.Thread(target=b.wait, args=(ELECTION, 5.0, cancel))
+    woke.start()
+    a.release(ELECTION, first.tenure)
+    released = time.monotonic()
+    woke.join()
+    assert time.monotonic() - released < 0.2
+    second = b.acquire(ELECTION, "b", 5.0, 0)
+    assert second.tenure is not None and second.tenure.epoch == 2
+
+    # The old term is over for good.
+    assert a.renew(ELECTION, first.tenure, 5.0) is Renewal.LOST
+    assert a.claim(ELECTION, first.tenure, [Claim("w", None, "1")]) == [False]
+    holder = observer.holder(ELECTION)
+    assert holder is not None and (holder.instance_id, holder.epoch) == ("b", 2)
+
+    # Epochs grow past the highest one the caller has seen.
+    b.release(ELECTION, second.tenure)
+    assert observer.holder(ELECTION) is None
+    third = a.acquire(ELECTION, "a", 5.0, 41)
+    assert third.tenure is not None and third.tenure.epoch == 42
+    assert observer.request_resign("nobody") is None
+    assert observer.elections() == [ELECTION]
+    a.release(ELECTION, third.tenure)
+
+
+def test_lock_key_is_documented_and_visible_in_pg_locks(
+    postgres_server: PostgresServer, backends: Callable[..., PostgresBackend]
+) -> None:
+    key = advisory_key(PREFIX, ELECTION)
+    digest = hashlib.sha256(f"{PREFIX}:{ELECTION}".encode()).digest()
+    assert key == int.from_bytes(digest[:8], "big", signed=True)
+    result = backends().acquire(ELECTION, "a", 5.0, 0)
+    assert result.tenure is not None
+    with superuser(postgres_server) as conn:
+        row = conn.execute(
+            "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
+            " WHERE l.locktype = 'advisory' AND l.classid = %s::oid AND l.objid = %s::oid"
+            " AND l.objsubid = 1 AND l.granted",
+            ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF),
+        ).fetchone()
+    assert row == ("celery-leader",)
+
+
+def test_a_session_ended_by_the_server_loses_everything(
+    postgres_server: PostgresServer, backends: Callable[..., PostgresBackend]
+) -> None:
+    a, b = backends(), backends()
+    term = a.acquire(ELECTION, "a", 5.0, 0).tenure
+    assert term is not None
+    with superuser(postgres_server) as conn:
+        conn.execute(
+            "SELECT pg_terminate_backend(pid, 5000) FROM celery_leader_lease"
+            " WHERE prefix = %s AND election = %s",
+            (PREFIX, ELECTION),
+        )
+    # The next claim finds the session gone: nothing is written, nothing raised.
+    assert a.claim(ELECTION, term, [Claim("slot", None, "stale")]) == [False]
+    assert a.renew(ELECTION, term, 5.0) is Renewal.LOST
+    a.release(ELECTION, term)  # nothing left to release: no error
+    taken = b.acquire(ELECTION, "b", 5.0, 0)
+    assert taken.tenure is not None and taken.tenure.epoch == 2
+    assert b.load_state(ELECTION) == {}
+
+
+def test_idle_session_timeout_frees_the_lock_no_earlier_than_the_belief(
+    backends: Callable[..., PostgresBackend],
+) -> None:
+    ttl = 1.0
+    a, b = backends(), backends()
+    sent = time.monotonic()
+    term = a.acquire(ELECTION, "a", ttl, 0).tenure  # and never renewed: a "paused" holder
+    assert term is not None
+    assert b.acquire(ELECTION, "b", ttl, 0).tenure is None
+    b.wait(ELECTION, ttl + 2, threading.Event())
+    taken = b.acquire(ELECTION, "b", ttl, 0)
+    won = time.monotonic()
+    assert taken.tenure is not None
+    # The holder's belief (what Lease trusts after `sent`) ended before b won...
+    assert won > sent + ttl * (1 - DRIFT) - MARGIN
+    # ...and the server did not keep the lock much longer than the ttl.
+    assert won - sent < ttl + 0.5
+    # The claim goes to the dead session first (the server's goodbye is still
+    # unread on its socket), then the renewal finds the term gone.
+    assert a.claim(ELECTION, term, [Claim("slot", None, "stale")]) == [False]
+    assert a.renew(ELECTION, term, ttl) is Renewal.LOST
+    assert b.load_state(ELECTION) == {}
+
+
+def test_a_follower_that_leaves_holds_nothing(backends: Callable[..., PostgresBackend]) -> None:
+    a, b, c, d = backends(), backends(), backends(), backends()
+    term = a.acquire(ELECTION, "a", 5.0, 0).tenure
+    assert term is not None
+    assert b.acquire(ELECTION, "b", 5.0, 0).tenure is None
+    assert c.acquire(ELECTION, "c", 5.0, 0).tenure is None
+    b.leave(ELECTION)  # leaves while queued
+
+    # c's waiter is granted the lock when a releases; c leaves without taking it.
+    a.release(ELECTION, term)
+    c.wait(ELECTION, 5.0, threading.Event())
+    c.leave(ELECTION)
+    got = wait_for(
+        lambda: d.acquire(ELECTION, "d", 5.0, 0).tenure, 2.0, message="a lock was left behind"
+    )
+    assert got.epoch == 2
+
+
+def test_cancel_is_seen_within_a_tenth_of_a_second(
+    backends: Callable[..., PostgresBackend],
+) -> None:
+    a, b = backends(), backends()
+    assert a.acquire(ELECTION, "a", 5.0, 0).tenure is not None
+    assert b.acquire(ELECTION, "b", 5.0, 0).tenure is None
+    cancel = threading.Event()
+    set_at: list[float] = []
+
+    def fire() -> None:
+        set_at.append(time.monotonic())
+        cancel.set()
+
+    threading.Timer(0.2, fire).start()
+    b.wait(ELECTION, 5.0, cancel)
+    assert time.monotonic() - set_at[0] < 0.1
+
+
+def test_a_pooled_connection_is_refused(backends: Callable[..., PostgresBackend]) -> None:
+    a = backends()
+    term = a.acquire(ELECTION, "a", 5.0, 0).tenure
+    assert term is not None
+    # What a transaction-mode pooler does: the next statement runs in another
+    # server session. Simulated by making the backend remember another pid.
+    seat = a._seats[ELECTION]
+    assert seat.session is not None
+    seat.session.pid += 1
+    with pytest.raises(ConfigError, match="PgBouncer"):
+        a.renew(ELECTION, term, 5.0)
+
+
+# -- bad input: one clear line ---------------------------------------------------
+
+
+def _one_clear_line(exc: BaseException, *needles: str) -> str:
+    message = str(exc)
+    assert "\n" not in message, message
+    for needle in needles:
+        assert needle in message, message
+    return message
+
+
+def test_store_errors_are_one_clear_line(
+    postgres_server: PostgresServer, backends: Callable[..., PostgresBackend], postgres_url: str
+) -> None:
+    wrong = postgres_url.replace(":leaderpw@", ":hunter2@")
+    with pytest.raises(StoreUnavailable) as info:
+        backends(wrong).acquire(ELECTION, "a", 5.0, 0)
+    message = _one_clear_line(
+        info.value, 'password authentication failed for user "leader"', "leader:***@127.0.0.1"
+    )
+    assert "hunter2" not in message
+
+    missing = postgres_url.rsplit("/", 1)[0] + "/nosuchdb"
+    with pytest.raises(StoreUnavailable) as info:
+        backends(missing).holder(ELECTION)
+    message = _one_clear_line(info.value, 'database "nosuchdb" does not exist')
+    assert "leaderpw" not in message
+
+    closed_port = postgres_url.replace(f":{postgres_server.port}/", ":1/")
+    with pytest.raises(StoreUnavailable) as info:
+        backends(closed_port).acquire(ELECTION, "a", 5.0, 0)
+    _one_clear_line(info.value, "Connection refused")
+
+    with pytest.raises(ConfigError) as config_info:
+        PostgresBackend(postgres_url + "?nosuchoption=1", PREFIX, 0.5)
+    message = _one_clear_line(config_info.value, "nosuchoption")
+    assert "leaderpw" not in message
+
+
+def test_server_older_than_14_is_a_config_error(
+    backends: Callable[..., PostgresBackend], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(psycopg.ConnectionInfo, "server_version", property(lambda self: 130011))
+    with pytest.raises(ConfigError) as info:
+        backends().acquire(ELECTION, "a", 5.0, 0)
+    _one_clear_line(info.value, "PostgreSQL 13", "idle_session_timeout", "14 or later")
+
+
+def test_wrong_password_is_logged_once_and_recovers_when_fixed(
+    postgres_server: PostgresServer,
+    backends: Callable[..., PostgresBackend],
+    postgres_url: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Decision: a store that refuses us is StoreUnavailable, not a crash.
+
+    The lease logs the one-line reason once, nobody leads, and it keeps trying
+    every renew interval, so fixing the password (or creating the database)
+    needs no restart.
+    """
+    caplog.set_level(logging.WARNING, logger="celery_leader")
+    backend = backends(postgres_url.replace(":leaderpw@", ":newpw@"))
+    lease = Lease(ELECTION, backend, ttl=1.0, renew_interval=0.2, instance_id="a")
+    lease.start()
+    try:
+        wait_for(lambda: len(_store_warnings(caplog)) >= 1, 5.0, message="no warning logged")
+        # Several more attempts fail the same way and say nothing new.
+        time.sleep(0.5)  # ~2 renew intervals of retries; what is asserted is their silence
+        warnings = _store_warnings(caplog)
+        assert len(warnings) == 1, warnings
+        _one_clear_line_text(warnings[0], "password authentication failed", "leader:***@")
+        assert "newpw" not in caplog.text
+        assert not lease.is_leader()
+        with superuser(postgres_server) as conn:
+            conn.execute("ALTER ROLE leader PASSWORD 'newpw'")
+        wait_for(lease.is_leader, 3.0, message="lease did not recover after the password fix")
+    finally:
+        lease.stop()
+        with superuser(postgres_server) as conn:
+            conn.execute(f"ALTER ROLE leader PASSWORD '{postgres_server.password}'")
+
+
+def _store_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "retrying; nobody can lead" in r.getMessage()]
+
+
+def _one_clear_line_text(text: str, *needles: str) -> None:
+    assert "\n" not in text, text
+    for needle in needles:
+        assert needle in text, text
+
+
+def test_django_alias(postgres_url: str, procs: Procs) -> None:
+    parts = urlsplit(postgres_url)
+    code = textwrap.dedent(
+        f"""
+        import django
+        from django.conf import settings
+        settings.configure(DATABASES={{
+            "default": {{
+                "ENGINE": "django.db.backends.postgresql",
+                "NAME": {parts.path.lstrip("/")!r}, "USER": {parts.username!r},
+                "PASSWORD": {parts.password!r}, "HOST": {parts.hostname!r},
+                "PORT": {str(parts.port)!r}, "OPTIONS": {{"server_side_binding": False}},
+            }},
+            "lite": {{"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
+        }})
+        django.setup()
+        from celery_leader.backends.postgres import PostgresBackend
+        from celery_leader.exceptions import ConfigError
+
+        backend = PostgresBackend("django://default", "dj", 0.5)
+        print("EPOCH", backend.acquire("beat", "a", 5.0, 0).tenure.epoch)
+        for url in ("django://lite", "django://nope"):
+            try:
+                PostgresBackend(url, "dj", 0.5)
+            except ConfigError as exc:
+                print("ERROR", exc)
+        """
+    )
+    proc = procs.spawn_python(code)
+    assert proc.wait(30) == 0, proc.output()
+    lines = proc.lines()
+    assert "EPOCH 1" in lines, proc.output()
+    errors = [line for line in lines if line.startswith("ERROR")]
+    assert len(errors) == 2, proc.output()
+    assert "ENGINE 'django.db.backends.sqlite3'" in errors[0]
+    assert "needs PostgreSQL" in errors[0]
+    assert "no 'nope'" in errors[1] and "'default'" in errors[1]
+
+
+# -- real processes ----------------------------------------------------------------
+
+# One Lease in a process of its own. It prints one JSON event per line; "bound"
+# is an upper bound of the lease's belief, printed before the lease can act on
+# the answer it covers (the lease took its own `sent` before ours).
+LEASE_SCRIPT = """
+import json, os, signal, sys, time
+from celery_leader.backends import store_timeout
+from celery_leader.backends.base import Claim, Renewal
+from celery_leader.backends.postgres import PostgresBackend
+from celery_leader.lease import DRIFT, MARGIN, Lease
+
+url, name, ttl, renew = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
+validity = ttl * (1 - DRIFT) - MARGIN
+
+def emit(event, **fields):
+    line = json.dumps({"event": event, "name": name, "t": time.monotonic(), **fields})
+    os.write(1, (line + "\\n").encode())  # one write: safe from a signal handler
+
+class Recording(PostgresBackend):
+    def acquire(self, election, instance_id, ttl, min_epoch):
+        sent = time.monotonic()
+        result = super().acquire(election, instance_id, ttl, min_epoch)
+        if result.tenure is not None:
+            emit("bound", epoch=result.tenure.epoch, bound=sent + validity)
+        return result
+
+    def renew(self, election, tenure, ttl):
+        sent = time.monotonic()
+        result = super().renew(election, tenure, ttl)
+        if result is not Renewal.LOST:
+            emit("bound", epoch=tenure.epoch, bound=sent + validity)
+        return result
+
+terms = []
+
+def elected(lease):
+    terms.append(lease.tenure)
+    emit("elected", epoch=lease.epoch)
+
+backend = Recording(url, "chaos", store_timeout(ttl, renew))
+lease = Lease("beat", backend, ttl=ttl, renew_interval=renew, instance_id=name,
+              on_elected=elected, on_demoted=lambda lease: emit("demoted"))
+
+def on_cont(signum, frame):
+    leader = lease.is_leader()  # the first thing this process does after the pause
+    try:
+        claims = backend.claim("beat", terms[-1], [Claim("slot", None, name)])
+    except Exception as exc:
+        claims = repr(exc)
+    emit("resumed", leader=leader, claims=claims)
+
+def on_term(signum, frame):
+    lease.stop()
+    emit("stopped")
+    os._exit(0)
+
+signal.signal(signal.SIGCONT, on_cont)
+signal.signal(signal.SIGTERM, on_term)
+lease.start()
+emit("started")
+while True:
+    time.sleep(1)  # signal handlers run in this thread
+"""
+
+
+@pytest.fixture
+def lease_script(tmp_path: Path) -> Path:
+    path = tmp_path / "lease_proc_pg.py"
+    path.write_text(LEASE_SCRIPT)
+    return path
+
+
+class Cluster:
+    """Lease processes on one election, and what they printed."""
+
+    def __init__(self, procs: Procs, script: Path, url: str, ttl: float, renew: float) -> None:
+        self.procs, self.script, self.url = procs, script, url
+        self.ttl, self.renew = ttl, renew
+        self.members: dict[str, Proc] = {}
+
+    def spawn(self, *names: str) -> None:
+        for name in names:
+            self.members[name] = self.procs.spawn_python(
+                self.script, self.url, name, str(self.ttl), str(self.renew)
+            )
+        for name in names:
+            self.members[name].wait_for_line('"event": "started"', 30)
+
+    def events(self, name: str | None = None) -> list[dict[str, Any]]:
+        out = []
+        for member, proc in self.members.items():
+            if name not in (None, member):
+                continue
+            for line in proc.lines():
+                if line.startswith("{"):
+                    out.append(json.loads(line))
+        return sorted(out, key=lambda e: e["t"])
+
+    def leaders(self) -> list[str]:
+        """Members whose last word was "elected"."""
+        last: dict[str, str] = {}
+        for event in self.events():
+            if event["event"] in ("elected", "demoted"):
+                last[event["name"]] = event["event"]
+        return sorted(name for name, event in last.items() if event == "elected")
+
+    def elected_after(self, t: float, timeout: float) -> dict[str, Any]:
+        return wait_for(
+            lambda: next(
+                (e for e in self.events() if e["event"] == "elected" and e["t"] > t), None
+            ),
+            timeout,
+            message=lambda: f"nobody elected; events: {self.events()}",
+        )
+
+    def elections(self) -> list[dict[str, Any]]:
+        return [e for e in self.events() if e["event"] == "elected"]
+
+
+def _report(label: str, seconds: float) -> None:
+    print(f"[postgres handover] {label}: {seconds * 1000:.1f} ms")
+
+
+def test_crash_and_graceful_stop_hand_over_within_half_a_second(
+    postgres_url: str, procs: Procs, lease_script: Path
+) -> None:
+    # A long ttl on purpose: neither hand-over may wait for it.
+    cluster = Cluster(procs, lease_script, postgres_url, ttl=10.0, renew=2.0)
+    cluster.spawn("a", "b", "c")
+    first = cluster.elected_after(0, 10)
+
+    killed_at = time.monotonic()
+    cluster.members[first["name"]].kill_group()
+    second = cluster.elected_after(killed_at, 5)
+    _report("SIGKILL of the holder -> follower elected", second["t"] - killed_at)
+    assert second["t"] - killed_at < 0.5
+
+    stopped_at = time.monotonic()
+    send_signal(cluster.members[second["name"]], signal.SIGTERM)  # Lease.stop()
+    third = cluster.elected_after(stopped_at, 5)
+    _report("graceful stop of the holder -> follower elected", third["t"] - stopped_at)
+    assert third["t"] - stopped_at < 0.5
+
+    assert len({first["name"], second["name"], third["name"]}) == 3
+    assert [e["epoch"] for e in cluster.elections()] == [
+        first["epoch"],
+        first["epoch"] + 1,
+        first["epoch"] + 2,
+    ]
+
+
+def test_paused_holder_loses_the_lock_on_time(
+    postgres_url: str, procs: Procs, lease_script: Path
+) -> None:
+    ttl, renew = 2.0, 0.5
+    cluster = Cluster(procs, lease_script, postgres_url, ttl=ttl, renew=renew)
+    cluster.spawn("a", "b")
+    first = cluster.elected_after(0, 10)
+    paused = cluster.members[first["name"]]
+    # Let it renew a few times, so the pause starts from a steady state.
+    wait_for(
+        lambda: len([e for e in cluster.events(first["name"]) if e["event"] == "bound"]) >= 3,
+        5,
+        message="no renewals",
+    )
+
+    stopped_at = time.monotonic()
+    send_signal(paused, signal.SIGSTOP)
+    second = cluster.elected_after(stopped_at, ttl + 2)
+    _report(f"SIGSTOP of the holder (ttl {ttl:g} s) -> follower elected", second["t"] - stopped_at)
+    # The server ended the paused session ttl after its last statement...
+    assert second["t"] - stopped_at <= ttl + 0.5
+    assert second["t"] - stopped_at >= ttl - renew - 0.05
+    # ...which is after the paused holder's belief ran out.
+    last_bound = max(e["bound"] for e in cluster.events(first["name"]) if e["event"] == "bound")
+    assert second["t"] > last_bound
+
+    send_signal(paused, signal.SIGCONT)
+    resumed = wait_for(
+        lambda: next((e for e in cluster.events(first["name"]) if e["event"] == "resumed"), None),
+        5,
+        message="paused process said nothing after SIGCONT",
+    )
+    assert resumed["leader"] is False
+    assert resumed["claims"] == [False]
+    wait_for(
+        lambda: cluster.leaders() == [second["name"]], 2, message="the paused one never demoted"
+    )
+    backend = PostgresBackend(postgres_url, "chaos", 0.5)
+    try:
+        assert backend.load_state(ELECTION) == {}
+    finally:
+        backend.close()
+
+
+def test_postgres_restart(
+    postgres_server: PostgresServer, postgres_url: str, procs: Procs, lease_script: Path
+) -> None:
+    ttl, renew = 2.0, 0.5
+    cluster = Cluster(procs, lease_script, postgres_url, ttl=ttl, renew=renew)
+    cluster.spawn("a", "b")
+    first = cluster.elected_after(0, 10)
+
+    down_at = time.monotonic()
+    postgres_server.stop()
+    stopped_at = time.monotonic()
+    # The old leader finds its session gone at its next renewal.
+    wait_for(lambda: not cluster.leaders(), renew + 0.5, message="old leader kept leading")
+    demoted = max(e["t"] for e in cluster.events() if e["event"] == "demoted")
+    _report("PostgreSQL stopped -> old leader demoted", demoted - down_at)
+    # Nobody leads while the server is down (every instance retries meanwhile).
+    quiet_until = time.monotonic() + 2 * renew
+    while time.monotonic() < quiet_until:
+        assert not cluster.leaders()
+        time.sleep(0.02)
+
+    postgres_server.start()
+    up_at = time.monotonic()
+    second = cluster.elected_after(stopped_at, renew + 1 + (up_at - stopped_at))
+    _report("PostgreSQL accepting again -> leader elected", second["t"] - up_at)
+    assert second["t"] - up_at <= renew + 1
+    assert second["epoch"] > first["epoch"]
+    assert len(cluster.leaders()) == 1
+
+
+def test_cut_off_holder_loses_the_lock_on_time(
+    postgres_server: PostgresServer,
+    backends: Callable[..., PostgresBackend],
+    postgres_url: str,
+    tcp_proxy: Callable[[str, int], TcpProxy],
+) -> None:
+    """A holder behind a stalled network: it demotes itself, the server frees the lock."""
+    ttl, renew = 1.5, 0.5
+    proxy = tcp_proxy("127.0.0.1", postgres_server.port)
+    times: dict[str, list[float]] = {"elected": [], "demoted": []}
+
+    def record(kind: str) -> Callable[[Lease], None]:
+        return lambda lease: times[kind].append(time.monotonic())
+
+    cut_off = Lease(
+        ELECTION,
+        backends(proxy.url_for(postgres_url), timeout=store_timeout(ttl, renew)),
+        ttl=ttl,
+        renew_interval=renew,
+        instance_id="cut",
+        on_elected=record("elected"),
+        on_demoted=record("demoted"),
+    )
+    cut_off.start()
+    direct = Lease(
+        ELECTION,
+        backends(timeout=store_timeout(ttl, renew)),
+        ttl=ttl,
+        renew_interval=renew,
+        instance_id="direct",
+    )
+    try:
+        wait_for(cut_off.is_leader, 5, message="the proxied lease was not elected")
+        direct.start()
+        time.sleep(renew)  # the direct one is queued now; what is asserted below is timing
+        held_at = time.monotonic()
+        proxy.hold()
+        wait_for(direct.is_leader, ttl + 1, message="the lock was never freed")
+        taken = time.monotonic()
+        _report(f"network stall of the holder (ttl {ttl:g} s) -> follower leads", taken - held_at)
+        assert taken - held_at <= ttl + 0.5
+        assert times["demoted"] and times["demoted"][-1] < taken
+        assert not cut_off.is_leader()
+    finally:
+        proxy.release()
+        direct.stop()
+        cut_off.stop()
