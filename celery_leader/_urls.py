@@ -5,7 +5,9 @@ from __future__ import annotations
 import re
 from urllib.parse import urlsplit
 
-_USERINFO = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:@/]*):(?P<pw>[^@/]*)@", re.I)
+# The password runs to the *last* "@" before the path, as urllib (and so
+# redis-py and libpq) read it: a password may contain "@".
+_USERINFO = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:@/]*):(?P<pw>[^/?#]*)@", re.I)
 
 
 def mask_url(url: str) -> str:

@@ -23,6 +23,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from celery.beat import ScheduleEntry, Scheduler, event_t
+from celery.schedules import crontab, schedule
 
 from .backends import Backend, Claim, create_backend
 from .config import LeaderConfig
@@ -79,6 +80,7 @@ class LeaderSchedulerMixin:
         self._led_epoch: int | None = None  # epoch whose state we loaded
         self._shared: dict[str, str] = {}  # entry -> state string last seen in the store
         self._set_up = False
+        self._load_error: str | None = None
         super().__init__(*args, **kwargs)
 
     def setup_schedule(self) -> None:
@@ -119,8 +121,12 @@ class LeaderSchedulerMixin:
                     self._set_up = True
                 self._load_shared_state()
             except StoreUnavailable as exc:
-                logger.warning("celery-leader: cannot load schedule state: %s", exc)
+                # Retried every tick until the lease runs out: say it once.
+                if str(exc) != self._load_error:
+                    logger.warning("celery-leader: cannot load schedule state: %s", exc)
+                self._load_error = str(exc)
                 return FOLLOWER_INTERVAL
+            self._load_error = None
             self._led_epoch = tenure.epoch
             logger.info(
                 "celery-leader: beat dispatching as leader of %r (epoch %d)",
@@ -130,12 +136,46 @@ class LeaderSchedulerMixin:
         return self._leader_tick()
 
     def _load_shared_state(self) -> None:
-        """Adopt the stored state of every entry and rebuild the heap."""
+        """Adopt the stored state of every entry and rebuild the heap.
+
+        An entry the store has no state for (new, or the store lost its data) is
+        anchored at now, and the anchor is claimed before anything is sent: our
+        own memory of such an entry may be older than what other leaders sent
+        since (resending their slots), and a successor that found nothing stored
+        would start the entry from its own promotion (skipping a slot that fell
+        due during the hand-over).
+        """
         lease = self.lease
+        tenure = lease.tenure
+        if tenure is None:
+            raise StoreUnavailable("lost the lease before loading the schedule state")
         stored = lease.backend.load_state(lease.election)
         self._shared = stored
+        anchors = []
         for entry in self.schedule.values():
-            self._adopt(entry, promoted=True)
+            if entry.name in stored:
+                self._adopt(entry, promoted=True)
+                continue
+            self.set_run_state(entry, entry.default_now(), entry.total_run_count)
+            anchors.append(
+                Claim(
+                    entry.name,
+                    None,
+                    json.dumps(
+                        {
+                            "last_run_at": entry.last_run_at.isoformat(),
+                            "total_run_count": entry.total_run_count,
+                            "epoch": tenure.epoch,
+                            "by": lease.instance_id,
+                        }
+                    ),
+                )
+            )
+        if anchors:
+            won = lease.backend.claim(lease.election, tenure, anchors)
+            if not all(won):
+                raise StoreUnavailable("the schedule state changed while loading it")
+            self._shared.update((claim.entry, claim.new) for claim in anchors)
         self._heap = None  # rebuilt from the adopted state
 
     def _adopt(self, entry: ScheduleEntry, promoted: bool = False) -> None:
@@ -310,10 +350,21 @@ class LeaderScheduler(LeaderSchedulerMixin, Scheduler):  # type: ignore[misc]
 
 
 def _due_time(entry: ScheduleEntry) -> datetime:
-    """When the slot being fulfilled was due (stable across replicas)."""
+    """When the slot being fulfilled was due (stable across replicas).
+
+    Computed from ``last_run_at`` alone where the schedule allows it: ``now +
+    remaining_estimate()`` reads the clock twice, microseconds apart, and names the
+    slot a hair before its due time (``...:59.999`` for a crontab's ``:00``).
+    """
+    sched = entry.schedule
+    if isinstance(sched, crontab):
+        start, ends_in, _ = sched.remaining_delta(entry.last_run_at)
+        return start + ends_in  # type: ignore[no-any-return]
+    if isinstance(sched, schedule) and not sched.relative:
+        return sched.maybe_make_aware(entry.last_run_at) + sched.run_every  # type: ignore[no-any-return]
     now = entry.default_now()
     try:
-        return now + entry.schedule.remaining_estimate(entry.last_run_at)  # type: ignore[no-any-return]
+        return now + sched.remaining_estimate(entry.last_run_at)  # type: ignore[no-any-return]
     except (AttributeError, NotImplementedError):
         return now  # type: ignore[no-any-return]
 

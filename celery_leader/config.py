@@ -36,6 +36,13 @@ _REDIS_BROKER_SCHEMES = ("redis", "rediss")
 
 _NAME = re.compile(r"^[A-Za-z0-9_.:\-]+$")
 
+#: Largest clock *rate* difference assumed between this host and the store
+#: (1 %, far above NTP-disciplined clocks' ~0.01 %). Safety holds while real
+#: drift stays below it; beat's fenced claims keep slots unique even beyond.
+DRIFT = 0.01
+#: Covers the store's one-millisecond expiry granularity and rounding.
+MARGIN = 0.005
+
 DEFAULT_TTL = 15.0
 DEFAULT_KEY_PREFIX = "celery_leader"
 
@@ -77,11 +84,7 @@ class LeaderConfig:
         # Renewing three times per ttl leaves two more attempts after a failed
         # one before the lease runs out (the seeds' 5 s / 15 s split).
         renew = _positive("leader_renew_interval", values.get("leader_renew_interval"), ttl / 3)
-        if renew >= ttl:
-            raise ConfigError(
-                f"leader_renew_interval must be smaller than leader_ttl "
-                f"(got renew interval {renew:g} s, ttl {ttl:g} s)"
-            )
+        check_timing(ttl, renew, "leader_ttl", "leader_renew_interval")
         return cls(
             url=url,
             ttl=ttl,
@@ -108,6 +111,21 @@ _KEYS = (
     "leader_instance_id",
     "leader_fence_tasks",
 )
+
+
+def validity(ttl: float) -> float:
+    """How long a term is trusted after its acquire or renew request was sent."""
+    return ttl * (1 - DRIFT) - MARGIN
+
+
+def check_timing(ttl: float, renew: float, ttl_name: str, renew_name: str) -> None:
+    """A leader must renew before its belief (shorter than the ttl) runs out."""
+    if not 0 < renew < validity(ttl):
+        raise ConfigError(
+            f"{renew_name} must be greater than 0 and smaller than {ttl_name} less "
+            f"{DRIFT:.0%} and {MARGIN * 1000:g} ms, so that the leader renews before its "
+            f"lease runs out (got renew interval {renew:g} s, ttl {ttl:g} s)"
+        )
 
 
 def validate_name(setting: str, value: object) -> str:

@@ -21,17 +21,11 @@ from typing import Any
 from . import signals
 from ._urls import mask_url
 from .backends.base import Backend, HolderInfo, Renewal, Tenure
-from .config import LeaderConfig, validate_name
+from .config import LeaderConfig, check_timing, validate_name, validity
 from .exceptions import ConfigError, StoreUnavailable
 
 logger = logging.getLogger("celery_leader.lease")
 
-#: Largest clock *rate* difference assumed between this host and the store
-#: (1 %, far above NTP-disciplined clocks' ~0.01 %). Safety holds while real
-#: drift stays below it; beat's fenced claims keep slots unique even beyond.
-DRIFT = 0.01
-#: Covers the store's one-millisecond expiry granularity and rounding.
-MARGIN = 0.005
 #: Followers wake this long after the holder's term should have run out, so
 #: they do not find it a hair before the store expires it.
 FOLLOWER_SLACK = 0.005
@@ -60,11 +54,7 @@ class Lease:
         on_demoted: Callback | None = None,
     ) -> None:
         validate_name("election", election)
-        if not 0 < renew_interval < ttl:
-            raise ConfigError(
-                f"renew_interval must be greater than 0 and smaller than ttl "
-                f"(got renew interval {renew_interval!r}, ttl {ttl!r})"
-            )
+        check_timing(ttl, renew_interval, "ttl", "renew_interval")
         self.election = election
         self.backend = backend
         self.ttl = ttl
@@ -72,8 +62,7 @@ class Lease:
         self.instance_id = instance_id
         self.on_elected = on_elected
         self.on_demoted = on_demoted
-        # How long a term is trusted after its request was sent.
-        self._validity = ttl * (1 - DRIFT) - MARGIN
+        self._validity = validity(ttl)
 
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -287,7 +276,16 @@ class Lease:
             )
             self._step_down("on_elected failed", sit_out=self.renew_interval)
             return
-        self._announced = True
+        with self._lock:
+            # stop() may have stepped down while the callback ran: then pair the
+            # callback with its on_demoted here, and announce nothing.
+            current = self._tenure is tenure
+            if current:
+                self._announced = True
+        if not current:
+            if self.on_demoted is not None:
+                self.on_demoted(self)
+            return
         signals.elected.send(
             sender=self.election, lease=self, epoch=tenure.epoch, instance_id=self.instance_id
         )

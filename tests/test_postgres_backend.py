@@ -25,8 +25,8 @@ from celery_leader import Lease
 from celery_leader.backends import store_timeout
 from celery_leader.backends.base import Claim, Renewal
 from celery_leader.backends.postgres import PostgresBackend, advisory_key
+from celery_leader.config import DRIFT, MARGIN
 from celery_leader.exceptions import ConfigError, StoreUnavailable
-from celery_leader.lease import DRIFT, MARGIN
 from tests.support.procs import Proc, Procs
 from tests.support.procs import signal as send_signal
 from tests.support.proxy import TcpProxy
@@ -376,7 +376,8 @@ import json, os, signal, sys, time
 from celery_leader.backends import store_timeout
 from celery_leader.backends.base import Claim, Renewal
 from celery_leader.backends.postgres import PostgresBackend
-from celery_leader.lease import DRIFT, MARGIN, Lease
+from celery_leader.config import DRIFT, MARGIN
+from celery_leader.lease import Lease
 
 url, name, ttl, renew = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
 validity = ttl * (1 - DRIFT) - MARGIN

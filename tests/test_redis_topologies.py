@@ -20,7 +20,7 @@ from celery_leader.backends import create_backend
 from celery_leader.backends.base import Claim
 from celery_leader.config import LeaderConfig
 from celery_leader.lease import Lease
-from tests.support.servers import RedisServer
+from tests.support.servers import RedisServer, free_port
 from tests.support.waiting import wait_for
 
 TTL = 2.0
@@ -32,6 +32,9 @@ class _Node(RedisServer):
     def __init__(self, *extra: str) -> None:
         super().__init__()
         self.extra = list(extra)
+        # Cluster nodes also listen on port + 10000 (the cluster bus).
+        while self.port + 10000 > 65535:
+            self.port = free_port()
 
     def _launch(self) -> None:
         self._popen(

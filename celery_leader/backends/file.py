@@ -98,10 +98,13 @@ class FileBackend(Backend):
     def acquire(self, election: str, instance_id: str, ttl: float, min_epoch: int) -> Acquired:
         lock_path = self._path(election, "lock")
         with self._lock:
-            waiter = self._waiters.pop(election, None)
-        fd = waiter.take() if waiter is not None else None
-        if waiter is not None and fd is None:
-            waiter.cancel()
+            waiter = self._waiters.get(election)
+            if waiter is not None and waiter.won.is_set():
+                del self._waiters[election]
+        if waiter is not None and not waiter.won.is_set():
+            # Our waiter is queued in flock: the kernel hands it the lock first.
+            return Acquired(None, self._read_holder(election), ttl)
+        fd = waiter.take() if waiter is not None else None  # None: its open failed
         try:
             if fd is None:
                 fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -110,10 +113,19 @@ class FileBackend(Backend):
                 except BlockingIOError:
                     os.close(fd)
                     return Acquired(None, self._read_holder(election), ttl)
-            if os.fstat(fd).st_ino != os.stat(lock_path).st_ino:
+            inode = os.fstat(fd).st_ino
+            if inode != os.stat(lock_path).st_ino:
                 # The lock file was replaced while we waited: this lock guards nothing.
                 os.close(fd)
                 return Acquired(None, None, 0.0)
+            previous = _read_json(self._path(election, "holder"))
+            if _believes_elsewhere(previous, inode):
+                # The last holder locked a lock file that has since been deleted
+                # and may still believe it leads: it finds out at its next
+                # renewal and releases (removing its holder file). Until then,
+                # taking this new lock would make two leaders.
+                os.close(fd)
+                return Acquired(None, self._read_holder(election), self.timeout)
             epoch = max(_read_int(self._path(election, "epoch")), min_epoch) + 1
             _write(self._path(election, "epoch"), str(epoch))
             token = json.dumps(
@@ -122,6 +134,7 @@ class FileBackend(Backend):
                     "epoch": epoch,
                     "holder": instance_id,
                     "pid": os.getpid(),
+                    "inode": inode,
                 }
             )
             _write(self._path(election, "holder"), token)
@@ -244,6 +257,22 @@ class FileBackend(Backend):
     def close(self) -> None:
         for election in list(self._waiters):
             self.leave(election)
+
+
+def _believes_elsewhere(previous: Any, inode: int) -> bool:
+    """Whether the holder file names a live process that locked another inode."""
+    if not isinstance(previous, dict):
+        return False
+    pid, their_inode = previous.get("pid"), previous.get("inode")
+    if not isinstance(pid, int) or their_inode in (None, inode):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False  # it died, and its belief with it
+    except PermissionError:
+        pass  # alive, run by another user
+    return True
 
 
 def _write(path: Path, text: str) -> None:

@@ -17,6 +17,7 @@ take over at once instead of waiting out the ttl.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 import uuid
@@ -30,6 +31,7 @@ from redis.cluster import RedisCluster
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
+from .._urls import mask_url
 from ..exceptions import ConfigError, StoreUnavailable
 from .base import Acquired, Backend, Claim, HolderInfo, Renewal, Tenure
 
@@ -38,6 +40,12 @@ from .base import Acquired, Backend, Claim, HolderInfo, Renewal, Tenure
 _ACQUIRE = """
 local cur = redis.call('GET', KEYS[1])
 if cur then return {0, cur, redis.call('PTTL', KEYS[1])} end
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  -- First term, or the store lost its data: start from the server's clock in ms
+  -- so that epochs still grow past any term handed out before.
+  local t = redis.call('TIME')
+  redis.call('SET', KEYS[2], t[1] * 1000 + math.floor(t[2] / 1000))
+end
 local epoch = redis.call('INCR', KEYS[2])
 local floor = tonumber(ARGV[4])
 if epoch <= floor then
@@ -74,6 +82,8 @@ return 0
 # ("0"/"1"), expected, new. Returns one 0/1 per claim; {} when the term is gone.
 _CLAIM = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {} end
+local kind = redis.call('TYPE', KEYS[2]).ok
+if kind ~= 'hash' and kind ~= 'none' then redis.call('DEL', KEYS[2]) end
 local out = {}
 for i = 2, #ARGV, 4 do
   local cur = redis.call('HGET', KEYS[2], ARGV[i])
@@ -88,6 +98,8 @@ for i = 2, #ARGV, 4 do
 end
 return out
 """
+
+logger = logging.getLogger("celery_leader.backends.redis")
 
 #: Claims per script call: bounds how long one call blocks Redis; all chunks
 #: still go out in one pipelined round trip.
@@ -139,7 +151,12 @@ class RedisBackend(Backend):
 
     def __init__(self, url: str, key_prefix: str, timeout: float) -> None:
         super().__init__(url, key_prefix, timeout)
-        self._redis = _client(url, timeout)
+        try:
+            self._redis = _client(url, timeout)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(
+                f"leader_url {mask_url(url)!r} is not a valid Redis URL: {exc}"
+            ) from exc
         self._acquire = self._redis.register_script(_ACQUIRE)
         self._renew = self._redis.register_script(_RENEW)
         self._release = self._redis.register_script(_RELEASE)
@@ -246,7 +263,15 @@ class RedisBackend(Backend):
         return sorted(names)
 
     def load_state(self, election: str) -> dict[str, str]:
-        return dict(self._call(self._redis.hgetall, self._key(election, "state")))
+        key = self._key(election, "state")
+        try:
+            return dict(self._call(self._redis.hgetall, key))
+        except StoreUnavailable as exc:
+            if "WRONGTYPE" not in str(exc):
+                raise
+            # Not ours (or mangled): the next fenced claim replaces it.
+            logger.error("celery-leader: %s is not schedule state (%s); replacing it", key, exc)
+            return {}
 
     def claim(self, election: str, tenure: Tenure, claims: Sequence[Claim]) -> list[bool]:
         keys = [self._key(election, "lock"), self._key(election, "state")]

@@ -1,0 +1,525 @@
+"""LeaderScheduler in one process: the memory lease store and kombu's memory broker.
+
+Every test gets its own store (a unique ``memory://`` URL) and its own queue, so
+messages are read back exactly as a worker would receive them, headers included.
+Time is real but short (ttl 0.6 s, renewals every 0.1 s).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta, timezone
+from itertools import pairwise
+from typing import Any
+
+import pytest
+from celery import Celery
+from celery.beat import Scheduler, Service
+from celery.schedules import crontab
+from kombu import Producer
+
+from celery_leader.backends import Claim, create_backend
+from celery_leader.backends.memory import MemoryBackend
+from celery_leader.beat import FOLLOWER_INTERVAL, LeaderScheduler
+from celery_leader.config import LeaderConfig
+from celery_leader.lease import Lease
+from tests.support.servers import RedisServer
+from tests.support.waiting import wait_for
+
+ELECTION = "beat"
+SLOT = re.compile(r"^(?P<name>[^@]+)@(?P<due>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00)$")
+
+
+@pytest.fixture
+def app() -> Celery:
+    app = Celery("unit", broker="memory://", set_as_current=False)
+    app.conf.task_default_queue = f"q-{uuid.uuid4().hex}"
+    app.conf.leader_url = f"memory://{uuid.uuid4().hex}"
+    app.conf.leader_ttl = 0.6
+    app.conf.leader_renew_interval = 0.1
+    app.conf.leader_instance_id = "under-test"
+    return app
+
+
+@pytest.fixture
+def make_scheduler(app: Celery) -> Iterator[Callable[..., LeaderScheduler]]:
+    """Builds schedulers of ``app`` and closes them at teardown (which ends their leases)."""
+    built: list[LeaderScheduler] = []
+
+    def make(**kwargs: Any) -> LeaderScheduler:
+        scheduler = LeaderScheduler(app=app, **kwargs)
+        built.append(scheduler)
+        return scheduler
+
+    yield make
+    for scheduler in built:
+        scheduler.close()
+
+
+@pytest.fixture
+def rival(app: Celery) -> Iterator[Lease]:
+    """Another member of the beat election, sharing the scheduler's store."""
+    config = LeaderConfig.from_app(app)
+    lease = Lease.from_config(ELECTION, config, create_backend(config))
+    lease.instance_id = "rival"
+    yield lease
+    lease.stop()
+
+
+def every(seconds: float, task: str = "t.noop", **extra: Any) -> dict[str, Any]:
+    return {"task": task, "schedule": seconds, **extra}
+
+
+def state(last_run_at: datetime, count: int) -> str:
+    return json.dumps({"last_run_at": last_run_at.isoformat(), "total_run_count": count})
+
+
+def seed_state(app: Celery, states: dict[str, str]) -> None:
+    """Write shared state as a previous leader would: with a fenced claim under its own term."""
+    config = LeaderConfig.from_app(app)
+    backend = create_backend(config)
+    term = backend.acquire(ELECTION, "previous-leader", config.ttl, 0).tenure
+    assert term is not None, "the store is held; seed before any scheduler ticks"
+    stored = backend.load_state(ELECTION)
+    claims = [Claim(name, stored.get(name), raw) for name, raw in states.items()]
+    assert all(backend.claim(ELECTION, term, claims))
+    backend.release(ELECTION, term)
+
+
+def stored_state(app: Celery) -> dict[str, str]:
+    return create_backend(LeaderConfig.from_app(app)).load_state(ELECTION)
+
+
+def holder(app: Celery) -> str | None:
+    info = create_backend(LeaderConfig.from_app(app)).holder(ELECTION)
+    return None if info is None else info.instance_id
+
+
+def published(app: Celery) -> list[dict[str, Any]]:
+    """Headers of every message sent so far (consumed, so each call returns new ones)."""
+    out = []
+    with app.connection_for_read() as conn:
+        queue = conn.SimpleQueue(app.conf.task_default_queue)
+        try:
+            while True:
+                try:
+                    message = queue.get(timeout=0.01)
+                except queue.Empty:
+                    return out
+                out.append(dict(message.headers))
+                message.ack()
+        finally:
+            queue.close()
+
+
+def drive(scheduler: Scheduler, until: Callable[[], object], timeout: float = 5.0) -> None:
+    """Beat's own loop: tick, then sleep what the tick asked for, until ``until()``.
+
+    Sleeps are capped so the test notices ``until()`` promptly, and floored at zero
+    because a tick may ask for a slightly negative interval, as Celery's own does.
+    """
+
+    def step() -> object:
+        interval = scheduler.tick()
+        done = until()
+        if not done:
+            time.sleep(max(0.0, min(interval, 0.02)))
+        return done
+
+    wait_for(step, timeout, interval=0, message="scheduler never got there")
+
+
+def wait_leading(scheduler: LeaderScheduler) -> None:
+    """Join the election (as the first tick would) and wait for the win, without ticking."""
+    wait_for(scheduler.lease.is_leader, 3.0, message="the scheduler never led")
+
+
+def due_of(slot: str) -> datetime:
+    match = SLOT.match(slot)
+    assert match, f"leader_slot {slot!r} is not '<entry>@<ISO-8601 due time, ms>'"
+    return datetime.fromisoformat(match["due"])
+
+
+def beat_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == f"celery-leader:{ELECTION}"]
+
+
+class Spy:
+    """Counts calls of a method on a class while still running it."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, owner: type, name: str) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        original = getattr(owner, name)
+
+        def spy(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append(args)
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, spy)
+
+
+def test_follower_never_touches_shared_state_nor_runs_the_base_tick(
+    app: Celery,
+    make_scheduler: Callable[..., LeaderScheduler],
+    rival: Lease,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    app.conf.beat_schedule = {"e": every(0.05)}
+    rival.start()
+    wait_for(rival.is_leader, 2.0, message="rival never led")
+    spies = {
+        name: Spy(monkeypatch, owner, name)
+        for owner, name in [
+            (MemoryBackend, "load_state"),
+            (MemoryBackend, "claim"),
+            (Scheduler, "tick"),
+            (Scheduler, "populate_heap"),
+            (Scheduler, "apply_async"),
+        ]
+    }
+    scheduler = make_scheduler()
+    # Long enough for many schedule periods and for the follower's lease thread to
+    # have retried the election several times.
+    deadline = time.monotonic() + 0.5
+    while time.monotonic() < deadline:
+        assert scheduler.tick() == FOLLOWER_INTERVAL
+        time.sleep(0.01)
+    assert {name: len(spy.calls) for name, spy in spies.items()} == dict.fromkeys(spies, 0)
+    assert published(app) == []
+    assert stored_state(app) == {}
+
+    # The same spies do see a leader's work, so the zeros above mean something.
+    rival.stop()
+    sent: list[dict[str, Any]] = []
+    drive(scheduler, lambda: sent.extend(published(app)) or sent)
+    assert spies["load_state"].calls
+    assert spies["claim"].calls
+
+
+def test_promotion_reloads_state_and_rebuilds_the_heap(
+    app: Celery, make_scheduler: Callable[..., LeaderScheduler], rival: Lease
+) -> None:
+    app.conf.beat_schedule = {"e": every(30)}
+    scheduler = make_scheduler()
+    wait_leading(scheduler)
+    # Leading with a heap that says "e is due in 30 s".
+    assert scheduler.tick() > 1
+    first_epoch = scheduler.lease.epoch
+
+    # Another instance takes over and records a run of "e" a minute ago: "e" is overdue.
+    rival.start()
+    rival.backend.request_resign(ELECTION)
+    wait_for(rival.is_leader, 3.0, message="rival never took over")
+    assert scheduler.tick() == FOLLOWER_INTERVAL
+    ran_at = datetime.now(timezone.utc) - timedelta(seconds=60)
+    tenure = rival.tenure
+    assert tenure is not None
+    current = rival.backend.load_state(ELECTION).get("e")
+    assert rival.backend.claim(ELECTION, tenure, [Claim("e", current, state(ran_at, 41))]) == [True]
+    rival.stop()
+
+    # Back in office, the scheduler must send "e" at once: the stored state says it is
+    # 30 s overdue, and its old heap (due in 30 s) must not be what it follows.
+    wait_leading(scheduler)
+    assert scheduler.tick() == 0.0
+    [headers] = published(app)
+    assert headers["leader_epoch"] == scheduler.lease.epoch > (first_epoch or 0)
+    assert abs(due_of(headers["leader_slot"]) - (ran_at + timedelta(seconds=30))) < timedelta(
+        milliseconds=2
+    )
+    after = json.loads(stored_state(app)["e"])
+    assert after["total_run_count"] == 42
+    assert scheduler.schedule["e"].total_run_count == 42
+
+
+def test_lazy_schedulers_do_not_join_and_close_is_idempotent(
+    app: Celery, make_scheduler: Callable[..., LeaderScheduler]
+) -> None:
+    app.conf.beat_schedule = {"e": every(0.1)}
+    # What `celery beat` does: one lazy scheduler for the banner, then the real one.
+    service = Service(app, scheduler_cls=LeaderScheduler)
+    banner = service.get_scheduler(lazy=True)
+    assert "leader election -> beat" in banner.info
+    again = service.get_scheduler(lazy=True)
+    real = service.scheduler
+    assert beat_threads() == []
+    assert holder(app) is None
+    for scheduler in (banner, again, banner, again):
+        scheduler.close()
+    assert beat_threads() == []
+    assert holder(app) is None
+
+    wait_leading(real)
+    assert holder(app) == "under-test"
+    real.close()
+    # Handed over at once, not left to expire.
+    assert holder(app) is None
+    assert beat_threads() == []
+    real.close()
+
+    # A new scheduler after all that leads normally.
+    fresh = make_scheduler()
+    wait_leading(fresh)
+    drive(fresh, lambda: published(app))
+
+
+class FailsForBadTask(Producer):  # type: ignore[misc]
+    """A producer whose broker refuses one task, as with an oversize or unroutable message."""
+
+    attempts: list[str]
+
+    def publish(self, body: Any, *args: Any, **kwargs: Any) -> Any:
+        headers = kwargs.get("headers") or {}
+        if headers.get("task") == "t.bad":
+            FailsForBadTask.attempts.append(headers["leader_slot"])
+            raise ConnectionError("broker refused t.bad")
+        return super().publish(body, *args, **kwargs)
+
+
+def test_a_failed_publish_does_not_stop_others_and_the_entry_runs_at_its_next_slot(
+    app: Celery,
+    make_scheduler: Callable[..., LeaderScheduler],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    app.conf.beat_schedule = {
+        "good1": every(0.2),
+        "bad": every(0.2, task="t.bad"),
+        "good2": every(0.2),
+    }
+    FailsForBadTask.attempts = []
+    scheduler = make_scheduler(Producer=FailsForBadTask)
+    sent: list[dict[str, Any]] = []
+
+    def enough() -> bool:
+        sent.extend(published(app))
+        return len(FailsForBadTask.attempts) >= 3 and len(sent) >= 6
+
+    drive(scheduler, enough)
+    slots = [h["leader_slot"] for h in sent]
+    assert {s.split("@")[0] for s in slots} == {"good1", "good2"}
+    assert len(slots) == len(set(slots))
+    # Each failed slot was tried once and stays claimed; the next attempt is the next slot.
+    attempts = FailsForBadTask.attempts
+    assert len(attempts) == len(set(attempts))
+    dues = [due_of(s) for s in attempts]
+    assert all(b - a >= timedelta(seconds=0.19) for a, b in pairwise(dues))
+    assert json.loads(stored_state(app)["bad"])["total_run_count"] >= 3
+    assert f"could not send slot {attempts[0]}" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "not json {",
+        '{"foreign": true}',
+        '["a", "list"]',
+        "null",
+        '"a string"',
+        '{"last_run_at": "yesterday", "total_run_count": 1}',
+        '{"last_run_at": 5, "total_run_count": 1}',
+        '{"last_run_at": "2024-01-01T00:00:00+00:00", "total_run_count": "7"}',
+    ],
+)
+def test_unreadable_state_is_logged_and_overwritten(
+    app: Celery,
+    make_scheduler: Callable[..., LeaderScheduler],
+    caplog: pytest.LogCaptureFixture,
+    raw: str,
+) -> None:
+    app.conf.beat_schedule = {"e": every(0.1), "ok": every(0.1)}
+    seed_state(app, {"e": raw})
+    scheduler = make_scheduler()
+
+    def rewritten() -> bool:
+        try:
+            data = json.loads(stored_state(app)["e"])
+        except ValueError:
+            return False
+        return isinstance(data, dict) and "epoch" in data
+
+    with caplog.at_level(logging.ERROR, logger="celery_leader.beat"):
+        drive(scheduler, rewritten)
+    assert "unreadable schedule state of 'e'" in caplog.text
+    fixed = json.loads(stored_state(app)["e"])
+    datetime.fromisoformat(fixed["last_run_at"])
+    assert isinstance(fixed["total_run_count"], int)
+    assert {h["leader_slot"].split("@")[0] for h in published(app)} >= {"e"}
+
+
+def test_every_message_carries_epoch_and_slot_headers(
+    app: Celery, make_scheduler: Callable[..., LeaderScheduler]
+) -> None:
+    app.conf.beat_schedule = {
+        "plain": every(0.1),
+        "with-headers": every(0.1, options={"headers": {"mine": "kept"}}),
+    }
+    scheduler = make_scheduler()
+    sent: list[dict[str, Any]] = []
+
+    def two_each() -> bool:
+        sent.extend(published(app))
+        names = [h["leader_slot"].split("@")[0] for h in sent if "leader_slot" in h]
+        return names.count("plain") >= 2 and names.count("with-headers") >= 2
+
+    drive(scheduler, two_each)
+    assert len(sent) == len({h["leader_slot"] for h in sent})
+    for headers in sent:
+        assert type(headers["leader_epoch"]) is int
+        assert headers["leader_epoch"] == scheduler.lease.epoch
+        assert SLOT.match(headers["leader_slot"])
+        if headers["leader_slot"].startswith("with-headers@"):
+            assert headers["mine"] == "kept"
+    # The headers went on a copy: the entries themselves are unchanged.
+    assert scheduler.schedule["with-headers"].options == {"headers": {"mine": "kept"}}
+    assert "headers" not in scheduler.schedule["plain"].options
+
+
+def test_many_due_entries_are_claimed_in_one_store_call(
+    app: Celery,
+    make_scheduler: Callable[..., LeaderScheduler],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    count = 300
+    app.conf.beat_schedule = {f"e{i}": every(60) for i in range(count)}
+    long_ago = datetime.now(timezone.utc) - timedelta(minutes=5)
+    seed_state(app, {f"e{i}": state(long_ago, 3) for i in range(count)})
+    claims = Spy(monkeypatch, MemoryBackend, "claim")
+    scheduler = make_scheduler()
+    wait_leading(scheduler)
+    # One tick as leader: everything is due, so it is all claimed in that one call.
+    assert scheduler.tick() == 0.0
+    assert [len(call[3]) for call in claims.calls] == [count]
+    assert len(published(app)) == count
+    assert scheduler.tick() > 1
+    assert len(claims.calls) == 1
+
+
+class Clock:
+    """A wall clock the test moves by hand, for schedules built with ``nowfun``."""
+
+    def __init__(self, start: datetime) -> None:
+        self.now = start
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+@pytest.mark.parametrize(
+    ("schedule", "last_run_at", "due"),
+    [
+        (
+            timedelta(seconds=30),
+            datetime(2024, 5, 1, 12, 0, 0, tzinfo=timezone.utc),
+            "2024-05-01T12:00:30.000+00:00",
+        ),
+        (
+            crontab(minute="*"),
+            datetime(2024, 5, 1, 12, 0, 10, tzinfo=timezone.utc),
+            "2024-05-01T12:01:00.000+00:00",
+        ),
+    ],
+    ids=["interval", "crontab"],
+)
+def test_the_slot_names_its_exact_due_time(
+    app: Celery,
+    make_scheduler: Callable[..., LeaderScheduler],
+    schedule: Any,
+    last_run_at: datetime,
+    due: str,
+) -> None:
+    # Replicas must agree on a slot's name, so it has to come from the stored
+    # last_run_at alone, not from two readings of the clock a few microseconds apart.
+    app.conf.beat_schedule = {"e": {"task": "t.noop", "schedule": schedule}}
+    seed_state(app, {"e": state(last_run_at, 1)})
+    scheduler = make_scheduler()
+    drive(
+        scheduler,
+        lambda: scheduler.schedule.get("e") and scheduler.schedule["e"].total_run_count == 2,
+    )
+    [headers] = published(app)
+    assert headers["leader_slot"] == f"e@{due}"
+
+
+def test_a_crontab_slot_that_falls_due_during_a_failover_is_sent_once(
+    app: Celery, make_scheduler: Callable[..., LeaderScheduler]
+) -> None:
+    clock = Clock(datetime(2030, 1, 1, 12, 0, 50, tzinfo=timezone.utc))
+    app.conf.beat_schedule = {"cron": {"task": "t.cron", "schedule": crontab(nowfun=clock)}}
+    first, second, third = make_scheduler(), make_scheduler(), make_scheduler()
+    wait_leading(first)
+    # All three replicas run from 12:00:50; the first one leads, 10 s before the slot.
+    assert first.tick() > 5
+    assert second.tick() == third.tick() == FOLLOWER_INTERVAL
+    first.close()  # gone before 12:01:00, having never sent "cron"
+    clock.now = datetime(2030, 1, 1, 12, 1, 2, tzinfo=timezone.utc)
+    survivor = wait_for(
+        lambda: next((s for s in (second, third) if s.lease.is_leader()), None),
+        3.0,
+        message="no replica took over",
+    )
+    survivor.tick()
+    assert [h["leader_slot"] for h in published(app)] == ["cron@2030-01-01T12:01:00.000+00:00"], (
+        "the 12:01 slot must be sent once by the new leader"
+    )
+    survivor.close()
+    last = third if survivor is second else second
+    wait_leading(last)
+    assert last.tick() > 5
+    assert published(app) == []
+
+
+def test_a_store_that_lost_its_data_does_not_make_a_former_leader_resend_a_slot(
+    app: Celery, redis_url: str, redis_server: RedisServer
+) -> None:
+    # A restarted, empty store: the first replica to reach it must not fall back on its
+    # own memory of the schedule, which is older than what later leaders sent.
+    app.conf.leader_url = redis_url
+    app.conf.beat_schedule = {"e": every(0.2)}
+    old, new = LeaderScheduler(app=app), LeaderScheduler(app=app)
+    try:
+        wait_leading(old)
+        new.lease.start()
+        sent: list[dict[str, Any]] = []
+        drive(old, lambda: sent.extend(published(app)) or len(sent) >= 2)
+        old.lease.backend.request_resign(ELECTION)
+        drive(old, new.lease.is_leader)
+        drive(new, lambda: sent.extend(published(app)) or len(sent) >= 5)
+        with redis_server.client() as client:
+            client.flushall()
+        new.close()
+        wait_leading(old)
+        drive(old, lambda: sent.extend(published(app)) or len(sent) >= 8)
+    finally:
+        old.close()
+        new.close()
+    slots = [h["leader_slot"] for h in sent]
+    assert len(slots) == len(set(slots)), f"a slot was sent twice: {slots}"
+
+
+def test_a_foreign_value_under_the_redis_state_key_is_logged_and_replaced(
+    app: Celery,
+    redis_url: str,
+    redis_server: RedisServer,
+    make_scheduler: Callable[..., LeaderScheduler],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Not a hash at all (another program's key, or a botched manual fix): the leader
+    # must still dispatch, not retry loading it on every tick forever.
+    app.conf.leader_url = redis_url
+    app.conf.beat_schedule = {"e": every(0.1)}
+    with redis_server.client() as client:
+        client.set("{celery_leader:beat}:state", "not a hash")
+    scheduler = make_scheduler()
+    with caplog.at_level(logging.WARNING, logger="celery_leader"):
+        drive(scheduler, lambda: published(app), timeout=3.0)
+    assert any(r.levelno >= logging.ERROR and "state" in r.getMessage() for r in caplog.records), (
+        "replacing it deserves an error in the log"
+    )
+    with redis_server.client() as client:
+        assert client.type("{celery_leader:beat}:state") == b"hash"

@@ -1,0 +1,370 @@
+"""Settings -> LeaderConfig: defaults, Django-style names, and one clear error per bad value."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+import threading
+
+import pytest
+from celery import Celery
+
+from celery_leader import ConfigError, LeaderConfig, Lease
+from celery_leader._urls import mask_url
+from celery_leader.backends import create_backend
+from celery_leader.backends.file import FileBackend
+from celery_leader.backends.memory import MemoryBackend
+from celery_leader.backends.redis import RedisBackend
+from celery_leader.config import DEFAULT_KEY_PREFIX, DEFAULT_TTL, DRIFT, MARGIN
+from tests.support.servers import free_port
+from tests.support.waiting import wait_for
+
+SECRET = "s3cr3t-Pw"
+
+
+def config(**values: object) -> LeaderConfig:
+    values.setdefault("leader_url", "memory://")
+    return LeaderConfig.from_mapping(values)
+
+
+def assert_one_clear_line(exc: pytest.ExceptionInfo[ConfigError], setting: str) -> str:
+    message = str(exc.value)
+    assert setting in message, message
+    assert "\n" not in message, f"not one line: {message!r}"
+    assert SECRET not in message, f"password leaked: {message!r}"
+    return message
+
+
+# -- defaults -------------------------------------------------------------------
+
+
+def test_defaults() -> None:
+    cfg = LeaderConfig.from_mapping({}, broker_url="redis://127.0.0.1:6379/0")
+    assert cfg.url == "redis://127.0.0.1:6379/0"
+    assert cfg.ttl == DEFAULT_TTL == 15
+    assert cfg.renew_interval == pytest.approx(DEFAULT_TTL / 3)
+    assert cfg.key_prefix == DEFAULT_KEY_PREFIX == "celery_leader"
+    assert (cfg.beat_election, cfg.worker_election) == ("beat", "worker")
+    assert cfg.instance_id == f"{socket.gethostname()}:{os.getpid()}"
+    assert cfg.fence_tasks is False
+    assert cfg.store_kind == "redis"
+
+
+def test_renew_interval_defaults_to_a_third_of_the_ttl() -> None:
+    assert config(leader_ttl=6).renew_interval == pytest.approx(2)
+
+
+@pytest.mark.parametrize(
+    ("url", "kind", "backend"),
+    [
+        ("redis://127.0.0.1:6379/0", "redis", RedisBackend),
+        ("rediss://127.0.0.1:6380/0", "redis", RedisBackend),
+        ("unix:///tmp/redis.sock", "redis", RedisBackend),
+        ("memory://", "memory", MemoryBackend),
+        ("file:///{tmp}", "file", FileBackend),
+    ],
+)
+def test_scheme_selects_the_backend(url: str, kind: str, backend: type, tmp_path) -> None:
+    cfg = config(leader_url=url.format(tmp=str(tmp_path).lstrip("/")))
+    assert cfg.store_kind == kind
+    assert isinstance(create_backend(cfg), backend)
+
+
+@pytest.mark.parametrize("kind", ["postgresql", "postgres"])
+def test_postgres_schemes_are_accepted(kind: str) -> None:
+    assert config(leader_url=f"{kind}://u:pw@127.0.0.1:5432/db").store_kind == "postgres"
+
+
+def test_numbers_given_as_strings_are_accepted() -> None:
+    """Environment variables arrive as strings."""
+    cfg = config(leader_ttl="9", leader_renew_interval="2.5", leader_fence_tasks="true")
+    assert (cfg.ttl, cfg.renew_interval, cfg.fence_tasks) == (9.0, 2.5, True)
+
+
+def test_broker_url_is_the_default_only_when_it_is_redis() -> None:
+    broker = f"redis://:{SECRET}@127.0.0.1:6379/3"
+    cfg = LeaderConfig.from_mapping({}, broker_url=broker)
+    assert cfg.url == broker
+    assert SECRET not in cfg.display_url
+    assert cfg.display_url == "redis://:***@127.0.0.1:6379/3"
+
+
+# -- one clear error per bad value ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"amqp://guest:{SECRET}@127.0.0.1:5672//",
+        f"mongodb://u:{SECRET}@db/x",
+        "zookeeper://127.0.0.1:2181",
+        "127.0.0.1:6379",
+    ],
+)
+def test_unknown_scheme(url: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        config(leader_url=url)
+    message = assert_one_clear_line(exc, "leader_url")
+    assert "scheme" in message
+    assert "redis://" in message, "the error should list what is accepted"
+
+
+@pytest.mark.parametrize(
+    ("ttl", "renew"),
+    [(5, 5), (5, 6), (1, 30), (0.5, 0.5)],
+)
+def test_ttl_not_above_renew_interval(ttl: float, renew: float) -> None:
+    with pytest.raises(ConfigError) as exc:
+        config(leader_ttl=ttl, leader_renew_interval=renew)
+    message = assert_one_clear_line(exc, "leader_renew_interval")
+    assert "leader_ttl" in message
+
+
+@pytest.mark.parametrize("setting", ["leader_ttl", "leader_renew_interval"])
+@pytest.mark.parametrize("value", [0, -1, -0.5, "0", "-3", math.nan, math.inf, -math.inf])
+def test_zero_negative_and_non_finite_numbers(setting: str, value: object) -> None:
+    values: dict[str, object] = {"leader_ttl": 30, "leader_renew_interval": 1, setting: value}
+    with pytest.raises(ConfigError) as exc:
+        config(**values)
+    assert_one_clear_line(exc, setting)
+
+
+@pytest.mark.parametrize("setting", ["leader_ttl", "leader_renew_interval"])
+@pytest.mark.parametrize("value", ["abc", "", True, False, [15], {"s": 1}])
+def test_numbers_of_the_wrong_type(setting: str, value: object) -> None:
+    with pytest.raises(ConfigError) as exc:
+        config(**{setting: value})
+    assert_one_clear_line(exc, setting)
+
+
+@pytest.mark.parametrize(
+    "setting", ["leader_key_prefix", "leader_beat_election", "leader_worker_election"]
+)
+@pytest.mark.parametrize("value", ["my app", " lead", "tab\there", "", "{tag}", "a/b", "é", 7])
+def test_names_with_spaces_or_odd_characters(setting: str, value: object) -> None:
+    with pytest.raises(ConfigError) as exc:
+        config(**{setting: value})
+    assert_one_clear_line(exc, setting)
+
+
+@pytest.mark.parametrize("value", ["", "   ", 42])
+def test_bad_instance_id(value: object) -> None:
+    with pytest.raises(ConfigError) as exc:
+        config(leader_instance_id=value)
+    assert_one_clear_line(exc, "leader_instance_id")
+
+
+@pytest.mark.parametrize("value", ["maybe", 2, 1.0])
+def test_bad_fence_tasks(value: object) -> None:
+    with pytest.raises(ConfigError) as exc:
+        config(leader_fence_tasks=value)
+    assert_one_clear_line(exc, "leader_fence_tasks")
+
+
+@pytest.mark.parametrize(
+    "broker",
+    [
+        f"amqp://guest:{SECRET}@127.0.0.1:5672//",
+        f"sqs://key:{SECRET}@",
+        "memory://",
+        None,
+    ],
+)
+def test_no_leader_url_and_broker_is_not_redis(broker: str | None) -> None:
+    with pytest.raises(ConfigError) as exc:
+        LeaderConfig.from_mapping({}, broker_url=broker)
+    message = assert_one_clear_line(exc, "leader_url")
+    assert "CELERY_LEADER_URL" in message, "the error should say what to set with Django"
+
+
+@pytest.mark.parametrize("url", ["file://relative/dir", "file:relative", "file://host/dir"])
+def test_file_url_must_be_an_absolute_local_directory(url: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        create_backend(config(leader_url=url))
+    assert_one_clear_line(exc, "leader_url")
+
+
+def test_file_directory_that_cannot_be_created(tmp_path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(ConfigError) as exc:
+        create_backend(config(leader_url=f"file://{blocker}/sub"))
+    assert_one_clear_line(exc, "leader_url")
+
+
+def test_sentinel_url_without_service_name() -> None:
+    cfg = config(leader_url=f"redis+sentinel://:{SECRET}@127.0.0.1:26379,127.0.0.2:26379/")
+    with pytest.raises(ConfigError) as exc:
+        create_backend(cfg)
+    assert_one_clear_line(exc, "leader_url")
+
+
+def test_leader_url_of_the_wrong_type() -> None:
+    with pytest.raises(ConfigError) as exc:
+        config(leader_url=6379)
+    assert_one_clear_line(exc, "leader_url")
+
+
+def test_malformed_redis_port_is_a_config_error() -> None:
+    with pytest.raises(ConfigError) as exc:
+        create_backend(config(leader_url=f"redis://:{SECRET}@127.0.0.1:notaport/0"))
+    assert_one_clear_line(exc, "leader_url")
+
+
+@pytest.mark.parametrize(("ttl", "renew"), [(10, 9.95), (15, 14.9), (1, 0.99)])
+def test_renew_interval_the_belief_cannot_outlive_is_refused(ttl: float, renew: float) -> None:
+    assert renew >= ttl * (1 - DRIFT) - MARGIN
+    with pytest.raises(ConfigError) as exc:
+        config(leader_ttl=ttl, leader_renew_interval=renew)
+    assert_one_clear_line(exc, "leader_renew_interval")
+
+
+def test_lease_checks_its_own_arguments() -> None:
+    backend = MemoryBackend("memory://args", "p", 0.1)
+    for ttl, renew in [(1, 1), (1, 2), (0, 0.5), (-1, 0.5), (1, 0), (1, -0.1)]:
+        with pytest.raises(ConfigError, match="renew_interval"):
+            Lease("e", backend, ttl=ttl, renew_interval=renew, instance_id="x")
+    for election in ["", "two words", "{x}", None]:
+        with pytest.raises(ConfigError, match="election"):
+            Lease(election, backend, ttl=1, renew_interval=0.3, instance_id="x")  # type: ignore[arg-type]
+
+
+# -- Django-style names ----------------------------------------------------------
+
+
+class DjangoSettings:
+    CELERY_BROKER_URL = f"amqp://guest:{SECRET}@127.0.0.1:5672//"
+    CELERY_LEADER_URL = f"redis://:{SECRET}@127.0.0.1:6379/2"
+    CELERY_LEADER_TTL = 9
+    CELERY_LEADER_RENEW_INTERVAL = 2
+    CELERY_LEADER_KEY_PREFIX = "myproj"
+    CELERY_LEADER_BEAT_ELECTION = "beat-eu"
+    CELERY_LEADER_WORKER_ELECTION = "reports"
+    CELERY_LEADER_INSTANCE_ID = "web-1"
+    CELERY_LEADER_FENCE_TASKS = True
+    # Not in the namespace: must not be picked up.
+    LEADER_TTL = 99
+
+
+def app_from(settings: type) -> Celery:
+    app = Celery("django_style", set_as_current=False)
+    app.config_from_object(settings, namespace="CELERY")
+    return app
+
+
+def test_django_style_names_through_config_from_object() -> None:
+    cfg = LeaderConfig.from_app(app_from(DjangoSettings))
+    assert cfg == LeaderConfig(
+        url=DjangoSettings.CELERY_LEADER_URL,
+        ttl=9.0,
+        renew_interval=2.0,
+        key_prefix="myproj",
+        beat_election="beat-eu",
+        worker_election="reports",
+        instance_id="web-1",
+        fence_tasks=True,
+    )
+    assert SECRET not in repr(cfg.display_url)
+
+
+def test_django_style_bad_value_names_the_setting() -> None:
+    class Bad(DjangoSettings):
+        CELERY_LEADER_TTL = 0
+
+    with pytest.raises(ConfigError) as exc:
+        LeaderConfig.from_app(app_from(Bad))
+    # "leader_ttl" is also what a Django user searches for: CELERY_LEADER_TTL.
+    assert_one_clear_line(exc, "leader_ttl")
+
+
+def test_django_style_without_leader_url_and_a_non_redis_broker() -> None:
+    class NoUrl:
+        CELERY_BROKER_URL = f"amqp://guest:{SECRET}@127.0.0.1:5672//"
+
+    with pytest.raises(ConfigError) as exc:
+        LeaderConfig.from_app(app_from(NoUrl))
+    assert "CELERY_LEADER_URL" in assert_one_clear_line(exc, "leader_url")
+
+
+def test_django_style_redis_broker_is_the_default() -> None:
+    class RedisBroker:
+        CELERY_BROKER_URL = "redis://127.0.0.1:6379/5"
+
+    assert LeaderConfig.from_app(app_from(RedisBroker)).url == "redis://127.0.0.1:6379/5"
+
+
+def test_plain_app_conf() -> None:
+    app = Celery("plain", set_as_current=False, broker="amqp://")
+    app.conf.leader_url = "memory://"
+    app.conf.leader_ttl = 4
+    cfg = LeaderConfig.from_app(app)
+    assert (cfg.url, cfg.ttl, cfg.renew_interval) == ("memory://", 4.0, pytest.approx(4 / 3))
+
+
+# -- passwords -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "masked"),
+    [
+        (f"redis://:{SECRET}@h:6379/0", "redis://:***@h:6379/0"),
+        (f"redis://user:{SECRET}@h:6379/0", "redis://user:***@h:6379/0"),
+        (
+            f"rediss://:{SECRET}@h:6380/0?ssl_cert_reqs=none",
+            "rediss://:***@h:6380/0?ssl_cert_reqs=none",
+        ),
+        (
+            f"redis+sentinel://:{SECRET}@h1:26379,h2:26379/mymaster/0",
+            "redis+sentinel://:***@h1:26379,h2:26379/mymaster/0",
+        ),
+        (f"postgresql://leader:{SECRET}@db:5432/app", "postgresql://leader:***@db:5432/app"),
+        ("redis://h:6379/0", "redis://h:6379/0"),
+        ("memory://", "memory://"),
+    ],
+)
+def test_mask_url(url: str, masked: str) -> None:
+    assert mask_url(url) == masked
+
+
+def test_mask_url_hides_a_password_containing_at_sign() -> None:
+    import redis
+
+    url = "redis://:p@ss-w0rd@127.0.0.1:6379/0"
+    assert redis.Redis.from_url(url).connection_pool.connection_kwargs["password"] == "p@ss-w0rd"
+    assert "ss-w0rd" not in mask_url(url)
+
+
+def test_unreachable_store_at_start_logs_masked_url_and_keeps_trying(caplog) -> None:
+    """Starting with the store down is not an error: the lease logs once and retries.
+
+    (That it then leads once the store is there: test_lease_redis.py.)
+    """
+    port = free_port()
+    url = f"redis://:{SECRET}@127.0.0.1:{port}/0"
+    cfg = config(leader_url=url, leader_ttl=1, leader_renew_interval=0.3)
+    caplog.set_level(logging.INFO, logger="celery_leader")
+
+    class Counting(RedisBackend):
+        tries = 0
+
+        def acquire(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            Counting.tries += 1
+            return super().acquire(*args, **kwargs)
+
+    lease = Lease.from_config("start-down", cfg, Counting(cfg.url, cfg.key_prefix, 0.3))
+    lease.start()
+    try:
+        wait_for(lambda: Counting.tries >= 4, timeout=5, message="the lease stopped retrying")
+        thread = next(t for t in threading.enumerate() if t.name == "celery-leader:start-down")
+        assert thread.is_alive()
+        assert not lease.is_leader()
+        warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(warnings) == 1, "one warning for the outage, not one per retry"
+        assert "unreachable" in warnings[0].getMessage()
+        assert f"127.0.0.1:{port}" in caplog.text
+        assert ":***@" in caplog.text
+        assert SECRET not in caplog.text
+    finally:
+        lease.stop()

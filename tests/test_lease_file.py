@@ -1,0 +1,292 @@
+"""The ``file:///dir`` store: flock hand-over in real processes, and its edge cases.
+
+Same observation machinery as the Redis tests (see tests/apps/lease_cluster.py).
+Run with ``-s`` to see the measured numbers.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from celery_leader import Lease
+from celery_leader.backends.base import Renewal
+from celery_leader.backends.file import FileBackend
+from tests.apps.lease_cluster import LeaseCluster, Member, run_chaos, stats
+from tests.support.procs import Procs
+from tests.support.procs import signal as send_signal
+from tests.support.waiting import wait_for
+
+TTL = 2.0
+RENEW = TTL / 3
+STARTUP = 20.0
+ELECTION = "chaos"
+PREFIX = "celery_leader"
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    path = tmp_path / "leases"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def cluster(procs: Procs, tmp_path: Path, store: Path):
+    made = LeaseCluster(procs, tmp_path, f"file://{store}", ttl=TTL, renew=RENEW, settle_follows=1)
+    yield made
+    made.close()
+
+
+def start_pair(cluster: LeaseCluster) -> tuple[Member, Member]:
+    a = cluster.spawn(0)
+    assert cluster.wait_leader(STARTUP) is a
+    b = cluster.spawn(1)
+    cluster.wait_settled(b, 0.0, STARTUP)
+    return a, b
+
+
+# -- hand-over -------------------------------------------------------------------------
+
+
+def test_sigkill_of_the_holder_hands_over_at_once(cluster: LeaseCluster) -> None:
+    leader, _ = start_pair(cluster)
+    cluster.wait_settled(cluster.spawn(2), 0.0, STARTUP)
+    handovers = []
+    with cluster.sampling() as samples:
+        for _ in range(5):
+            at = cluster.kill(leader)
+            term = cluster.wait_term_after(at, 3, other_than=leader)
+            handovers.append(term.start - at)
+            replacement = cluster.spawn(leader.slot)
+            leader = cluster.wait_leader(5)
+            cluster.wait_settled(replacement, 0.0, STARTUP)
+    print(f"\nHANDOVER file SIGKILL: {stats(handovers)}")
+    assert max(handovers) <= 0.5
+    assert not samples.several()
+    cluster.check_terms()
+
+
+def test_graceful_stop_hands_over_within_half_a_second(cluster: LeaseCluster) -> None:
+    leader, _ = start_pair(cluster)
+    handovers = []
+    with cluster.sampling() as samples:
+        for _ in range(3):
+            at = cluster.terminate(leader)
+            term = cluster.wait_term_after(at, 3, other_than=leader)
+            handovers.append(term.start - at)
+            assert leader.proc.wait(timeout=10) == 0
+            replacement = cluster.spawn(leader.slot)
+            leader = cluster.wait_leader(5)
+            cluster.wait_settled(replacement, 0.0, STARTUP)
+    print(f"\nHANDOVER file graceful stop(): {stats(handovers)}")
+    assert max(handovers) <= 0.5
+    assert not samples.several()
+    cluster.check_terms()
+
+
+@pytest.mark.slow
+def test_three_processes_exactly_one_leads(cluster: LeaseCluster) -> None:
+    limits = {"kill": 0.5, "term": 0.5}
+    result = run_chaos(
+        cluster,
+        size=3,
+        duration=8.0,
+        faults=["kill", "term", "kill_follower"],
+        handover_limits=limits,
+    )
+    print(f"\nCHAOS file 3 processes: {result.summary()}")
+    assert not result.samples.several()
+    assert not result.no_leader_unexplained, result.no_leader_unexplained[:5]
+    for kind, limit in limits.items():
+        assert result.handovers(kind) and max(result.handovers(kind)) <= limit
+
+
+def test_sigstop_holder_keeps_the_lock_then_steps_down_at_sigcont(cluster: LeaseCluster) -> None:
+    """A paused holder keeps its flock (the file store is only as live as its holder),
+    but its belief ends at its deadline; after SIGCONT it says so and hands over."""
+    a, b = start_pair(cluster)
+    with cluster.sampling() as samples:
+        paused = cluster.pause(a)
+        time.sleep(TTL + 0.3)  # the pause: well past the ttl
+        assert cluster.first_term_after(paused) is None, "nobody can take a held flock"
+        resumed = cluster.resume(a)
+        seen = a.wait_event("sigcont", 2, after=resumed)
+        demoted = a.wait_event("demoted", 2, after=resumed)
+        b_term = cluster.wait_term_after(resumed, 2, other_than=a)
+        rejoined = a.wait_event("follow", RENEW + 2, after=demoted["t"], holder_id=b.ident)
+    a_term = [t for t in cluster.terms() if t.member is a and t.start < paused][-1]
+    print(
+        f"\nSIGSTOP file: a's belief ended {a_term.end - paused:.3f} s into the pause; "
+        f"b led {(b_term.start - resumed) * 1000:.1f} ms after SIGCONT"
+    )
+    assert seen["is_leader"] is False
+    # Either the deadline had passed, or the lease thread (which woke up too) had
+    # already stepped down and zeroed it.
+    assert seen["valid_until"] == 0 or seen["now"] >= seen["valid_until"]
+    assert a_term.end <= paused + TTL
+    none_while_paused = [who for t, who in samples.snapshot() if a_term.end <= t < resumed]
+    assert none_while_paused and not any(none_while_paused)
+    assert b_term.member is b and b_term.start - resumed <= 0.5
+    assert rejoined["holder_epoch"] == b_term.epoch
+    assert not samples.several()
+    cluster.check_terms()
+
+
+def test_blocked_follower_takes_the_kernel_lock_at_once(procs: Procs, store: Path) -> None:
+    """A holder process dies; the kernel gives its flock to the follower's waiting thread."""
+    lock = store / f"{PREFIX}.{ELECTION}.lock"
+    holder = procs.spawn_python(
+        "import fcntl, os, sys, time\n"
+        "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "print('locked', flush=True)\n"
+        "time.sleep(120)\n",
+        str(lock),
+    )
+    holder.wait_for_line("^locked$", STARTUP)
+    backend = FileBackend(f"file://{store}", PREFIX, 1.0)
+    assert backend.acquire(ELECTION, "me", TTL, 0).tenure is None
+    woke: list[float] = []
+    cancel = threading.Event()
+    waiting = threading.Thread(
+        target=lambda: (backend.wait(ELECTION, 30, cancel), woke.append(time.monotonic()))
+    )
+    waiting.start()
+    wait_for(
+        lambda: any(t.name == f"celery-leader-flock:{lock.name}" for t in threading.enumerate()),
+        2,
+    )
+    time.sleep(0.1)  # let the flock thread block in flock()
+    assert not woke
+    killed = time.monotonic()
+    send_signal(holder, signal.SIGKILL)
+    wait_for(lambda: woke, 2, message="the follower did not get the lock")
+    took = woke[0] - killed
+    got = backend.acquire(ELECTION, "me", TTL, 0)
+    print(f"\nFILE kernel lock to the blocked follower {took * 1000:.1f} ms after SIGKILL")
+    assert took < 0.1
+    assert got.tenure is not None and got.tenure.epoch == 1
+    holder_info = backend.holder(ELECTION)
+    assert holder_info is not None and holder_info.instance_id == "me"
+    backend.release(ELECTION, got.tenure)
+    assert backend.holder(ELECTION) is None
+    cancel.set()
+    waiting.join(5)
+
+
+# -- the lock file is deleted under a holder ------------------------------------------------
+
+
+def _lease(store: Path, ident: str, **kwargs) -> Lease:
+    return Lease(
+        ELECTION,
+        FileBackend(f"file://{store}", PREFIX, 0.3),
+        ttl=1.0,
+        renew_interval=0.3,
+        instance_id=ident,
+        **kwargs,
+    )
+
+
+def test_holder_whose_lock_file_was_deleted_loses(store: Path) -> None:
+    demoted: list[float] = []
+    a = _lease(store, "a", on_demoted=lambda _: demoted.append(time.monotonic()))
+    a.start()
+    try:
+        wait_for(a.is_leader, 5)
+        tenure = a.tenure
+        assert tenure is not None
+        deleted = time.monotonic()
+        (store / f"{PREFIX}.{ELECTION}.lock").unlink()
+        assert a.backend.renew(ELECTION, tenure, 1.0) is Renewal.LOST
+        wait_for(lambda: demoted, 0.3 + 0.3)
+        assert demoted[0] - deleted <= 0.3 + 0.1, "lost at its next renewal"
+        assert not a.is_leader() or a.epoch != tenure.epoch
+    finally:
+        a.stop()
+
+
+def test_deleted_lock_file_never_gives_two_leaders(store: Path) -> None:
+    a = _lease(store, "a")
+    c = _lease(store, "c")
+    a.start()
+    try:
+        wait_for(a.is_leader, 5)
+        (store / f"{PREFIX}.{ELECTION}.lock").unlink()
+        c.start()
+        both = 0
+        end = time.monotonic() + 0.3 + 0.2
+        while time.monotonic() < end:
+            both += a.is_leader() and c.is_leader()
+            time.sleep(0.001)
+        assert both == 0, f"{both} samples with two leaders"
+    finally:
+        a.stop()
+        c.stop()
+
+
+def test_follower_does_not_leak_threads_or_descriptors(store: Path) -> None:
+    a = Lease(
+        ELECTION, FileBackend(f"file://{store}", PREFIX, 0.1), ttl=0.3, renew_interval=0.1,
+        instance_id="a",
+    )  # fmt: skip
+    b = Lease(
+        ELECTION, FileBackend(f"file://{store}", PREFIX, 0.1), ttl=0.3, renew_interval=0.1,
+        instance_id="b",
+    )  # fmt: skip
+    a.start()
+    try:
+        wait_for(a.is_leader, 5)
+        b.start()
+        time.sleep(0.5)
+        fds_before = len(os.listdir("/proc/self/fd"))
+        time.sleep(6 * 0.3)  # six of b's ttl-long waits
+        flock_threads = [
+            t for t in threading.enumerate() if t.name.startswith("celery-leader-flock")
+        ]
+        fds_after = len(os.listdir("/proc/self/fd"))
+        assert len(flock_threads) <= 1, f"{len(flock_threads)} flock threads"
+        assert fds_after <= fds_before + 1, f"fds {fds_before} -> {fds_after}"
+    finally:
+        a.stop()
+        b.stop()
+
+
+# -- steady-state cost -------------------------------------------------------------------
+
+
+def test_steady_state_memory(cluster: LeaseCluster) -> None:
+    cluster.spawn(0, extra=["--tracemalloc"])
+    leader = cluster.wait_leader(STARTUP)
+    follower = cluster.spawn(1, extra=["--tracemalloc"])
+    cluster.wait_settled(follower, 0.0, STARTUP)
+    for member in (leader, follower):
+        began = time.monotonic()
+        send_signal(member.proc, signal.SIGUSR2)
+        member.wait_event("mem_begin", 5, after=began)
+    time.sleep(2 * TTL + 0.1)  # the observation window: two of the follower's waits
+    for member in (leader, follower):
+        send_signal(member.proc, signal.SIGUSR2)
+    mem = {m.ident: m.wait_event("mem", 5) for m in (leader, follower)}
+    print("\nSTEADY STATE file:")
+    for ident, sample in mem.items():
+        print(
+            f"  {ident}: traced heap {sample['end'] / 1024:.1f} KiB, "
+            f"{sample['without_imports'] / 1024:.1f} KiB of it not module imports "
+            f"(peak {sample['peak'] / 1024:.1f} KiB, "
+            f"+{(sample['end'] - sample['begin']) / 1024:.1f} KiB over the window), "
+            f"threads {sample['threads_begin']}->{sample['threads_end']}, "
+            f"fds {sample['fds_begin']}->{sample['fds_end']}, leader={sample['is_leader']}"
+        )
+    assert mem[leader.ident]["is_leader"] and not mem[follower.ident]["is_leader"]
+    for sample in mem.values():
+        assert sample["end"] < 512 * 1024, "well under 1 MB"
+        assert sample["peak"] < 512 * 1024
+        assert sample["without_imports"] < 256 * 1024
+        assert sample["end"] - sample["begin"] < 32 * 1024
