@@ -296,20 +296,20 @@ class LeaderSchedulerMixin:
             slot,
             epoch,
         )
-        # A copy, so the headers never stick to the entry (or its model row).
-        sent = copy.copy(entry)
-        sent.options = dict(entry.options)
-        sent.options["headers"] = {
-            **entry.options.get("headers", {}),
-            "leader_epoch": epoch,
-            "leader_slot": slot,
-        }
+        # Celery's apply_async reads the headers from entry.options; swap in a
+        # copy for this one call so they never stick to the entry (or its model
+        # row). Entries are not copied: django-celery-beat's cannot be.
+        options = entry.options
+        headers = {**options.get("headers", {}), "leader_epoch": epoch, "leader_slot": slot}
+        entry.options = {**options, "headers": headers}
         try:
-            self.apply_async(sent, producer=self.producer, advance=False)
+            self.apply_async(entry, producer=self.producer, advance=False)
         except Exception as exc:
             # The slot stays claimed: it is not sent twice, and the entry runs
             # again at its next slot.
             logger.error("celery-leader: could not send slot %s: %s", slot, exc, exc_info=True)
+        finally:
+            entry.options = options
 
     # -- lifecycle ----------------------------------------------------------
 
