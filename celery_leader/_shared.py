@@ -13,7 +13,7 @@ sets before its pool starts. Only the owner and its direct children trust the
 table (the header names the owner's pid): anything further down the process
 tree joins the election on its own.
 
-Layout (little-endian)::
+Layout (the header little-endian, the slots in native byte order)::
 
     0   magic  b"CLTAB001"
     8   u32    owner pid
@@ -24,12 +24,16 @@ Layout (little-endian)::
 
 ``store`` identifies the lease store (a hash of its URL and key prefix), so
 that an app with another store in the same process never reads this table.
-    ..  slots  32 bytes each: u64 seq, f64 valid_until, i64 epoch, 8 bytes pad
+    ..  slots  32 bytes each: i64 seq, f64 valid_until, i64 epoch, 8 bytes pad
 
-Each slot is a seqlock: the writer makes ``seq`` odd, writes the values, then
-makes it even again; a reader retries while ``seq`` is odd or changed under
-it, so it never uses a torn pair. A writer stopped half-way (SIGSTOP) leaves
-``seq`` odd: readers give up after a few tries and see "not leading".
+Slots are read and written as aligned 8-byte words through memoryviews (one
+machine load or store each; the ``struct`` module copies integers byte by
+byte). The leadership check reads ``valid_until`` alone: a single aligned
+word cannot be torn, on x86-64 or arm64, so the check needs no lock. The pair
+(valid_until, epoch) is kept consistent by a seqlock: the writer makes ``seq``
+odd, writes both, then makes it even again, and :meth:`DeadlineTable.read`
+retries while ``seq`` is odd or changed under it (giving up with "not
+leading" if a writer stopped half-way, say by SIGSTOP).
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 #: Environment variable naming the table file, for spawned pool processes.
@@ -53,8 +58,6 @@ ENV_VAR = "CELERY_LEADER_TABLE"
 
 _MAGIC = b"CLTAB001"
 _HEADER = struct.Struct("<8sIIII")
-_SEQ = struct.Struct("<Q")
-_VALUE = struct.Struct("<dq")
 _SLOT_SIZE = 32
 _ALIGN = 64
 #: Reads of a slot that is being written before the reader gives up.
@@ -81,7 +84,7 @@ class DeadlineTable:
     """A mapped deadline table; see the module docstring.
 
     Build one with :meth:`create` (the publishing process) or :meth:`open`
-    (a reader). Readers use :meth:`leads` on the hot path.
+    (a reader). Readers use :meth:`checker` on the hot path.
     """
 
     def __init__(
@@ -91,7 +94,9 @@ class DeadlineTable:
         self.owner_pid = owner_pid
         self.store = store
         self.names = names
-        self._buf = buf
+        # Two views of the same words: seq and epoch as int64, valid_until as float64.
+        self._ints = memoryview(buf).cast("q")
+        self._floats = memoryview(buf).cast("d")
         self._slots_at = _slots_offset(len(_encode_header(store, names)))
         self._index = {name: i for i, name in enumerate(names)}
         self._write_lock = threading.Lock()
@@ -133,13 +138,14 @@ class DeadlineTable:
 
     def publish(self, name: str, valid_until: float, epoch: int) -> None:
         """Write one election's deadline and epoch (owner only)."""
-        base = self._slots_at + self._index[name] * _SLOT_SIZE
-        buf = self._buf
+        word = self._word(self._index[name])
+        ints = self._ints
         with self._write_lock:
-            seq = _SEQ.unpack_from(buf, base)[0]
-            _SEQ.pack_into(buf, base, seq + 1)
-            _VALUE.pack_into(buf, base + 8, valid_until, epoch)
-            _SEQ.pack_into(buf, base, seq + 2)
+            seq = ints[word]
+            ints[word] = seq + 1
+            self._floats[word + 1] = valid_until
+            ints[word + 2] = epoch
+            ints[word] = seq + 2
 
     def remove(self) -> None:
         """Unlink the file and drop the lock (owner only).
@@ -168,6 +174,8 @@ class DeadlineTable:
         names = header.get("names") if isinstance(header, dict) else None
         if not isinstance(names, list) or len(names) != count:
             raise ValueError(f"{path} is not a celery-leader table (bad header)")
+        if len(buf) != _slots_offset(header_len) + _SLOT_SIZE * count:
+            raise ValueError(f"{path} is not a celery-leader table (size {len(buf)})")
         return cls(Path(path), buf, owner, str(header.get("store")), [str(n) for n in names])
 
     def trusted_here(self) -> bool:
@@ -180,20 +188,33 @@ class DeadlineTable:
 
     def read(self, index: int) -> tuple[float, int]:
         """``(valid_until, epoch)`` of slot ``index``; ``(0.0, 0)`` if it stays busy."""
-        base = self._slots_at + index * _SLOT_SIZE
-        buf = self._buf
+        word = self._word(index)
+        ints = self._ints
         for _ in range(_READ_TRIES):
-            seq = _SEQ.unpack_from(buf, base)[0]
+            seq = ints[word]
             if seq & 1:
                 continue
-            valid_until, epoch = _VALUE.unpack_from(buf, base + 8)
-            if _SEQ.unpack_from(buf, base)[0] == seq:
+            valid_until, epoch = self._floats[word + 1], ints[word + 2]
+            if ints[word] == seq:
                 return valid_until, epoch
         return 0.0, 0
 
-    def leads(self, index: int) -> bool:
-        """True while the deadline in slot ``index`` lies ahead."""
-        return time.monotonic() < self.read(index)[0]
+    def checker(self, index: int) -> Callable[[], bool]:
+        """A function telling whether the deadline in slot ``index`` lies ahead.
+
+        ``@leader_only``'s hot path: one clock read and one aligned word.
+        """
+        floats = self._floats
+        word = self._word(index) + 1
+        monotonic = time.monotonic
+
+        def leads() -> bool:
+            return monotonic() < floats[word]
+
+        return leads
+
+    def _word(self, index: int) -> int:
+        return (self._slots_at + index * _SLOT_SIZE) // 8
 
 
 def _encode_header(store: str, names: list[str]) -> bytes:

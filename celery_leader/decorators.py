@@ -78,7 +78,6 @@ class LeaderOnly:
 # Elections named by decorated functions in this process; the worker
 # bootstep joins them all (plus leader_worker_election) when it starts.
 _named_elections: set[str] = set()
-_decorated = threading.Event()  # set once any function is decorated
 
 
 @overload
@@ -170,7 +169,6 @@ def _decorate(spec: LeaderOnly, fn: Any) -> Any:
     _check_target(fn)
     if spec.election is not None:
         _named_elections.add(spec.election)
-    _decorated.set()
     key = spec.election
 
     @functools.wraps(fn)
@@ -205,6 +203,11 @@ def _check_target(fn: object) -> None:
         )
     if not callable(fn):
         raise TypeError(f"@leader_only decorates functions (got {kind.__name__} {fn!r})")
+
+
+def spec_of(task: Any) -> LeaderOnly | None:
+    """The ``@leader_only`` settings of a Celery task's body, if it has any."""
+    return getattr(getattr(task, "run", None), "__leader_only__", None)
 
 
 def _name_of(task: Any) -> str:
@@ -260,7 +263,7 @@ def _view(app: Any, key: str | None) -> Callable[[], bool]:
             table = None  # another app's worker: its leases are not ours
         index = None if table is None else table.index(election)
         if table is not None and index is not None:
-            view = functools.partial(table.leads, index)
+            view = table.checker(index)
         else:
             view = _local_lease(app, election).is_leader
         _views[app, key] = view
@@ -346,7 +349,7 @@ def _follower(spec: LeaderOnly, app: Any) -> Any:
         or request.is_eager
         # A plain decorated function that a task body calls: only the caller
         # is told "not the leader"; the enclosing task is not ours to stop.
-        or getattr(task.run, "__leader_only__", None) is not spec
+        or spec_of(task) is not spec
     ):
         return None
     config = config_of(app)
@@ -400,12 +403,13 @@ def _retry(task: Any, request: Any, spec: LeaderOnly, election: str, config: Lea
 
 
 def _auto_install(sender: Any = None, **_: Any) -> None:
-    """Add the worker bootsteps to a starting worker's app if ``@leader_only`` is used.
+    """Add the worker bootsteps to a starting worker whose app has a ``@leader_only`` task.
 
     ``worker_init`` is sent after the worker imported the task modules and
-    before it builds its bootstep blueprint from ``app.steps``.
+    before it builds its bootstep blueprint from ``app.steps``. Workers of
+    other apps in the same process are left alone.
     """
-    if _decorated.is_set() and sender is not None:
+    if sender is not None and any(spec_of(t) is not None for t in sender.app.tasks.values()):
         from .worker import install
 
         install(sender.app)

@@ -7,11 +7,12 @@ lease's validity deadline into the deadline table that pool processes read
 task messages whose ``leader_epoch`` header is older than the beat election's
 current epoch, when ``leader_fence_tasks`` is on.
 
-Nothing needs wiring by hand: importing ``celery_leader`` connects a
-``worker_init`` receiver that calls :func:`install` on the worker's app as
-soon as any function in the process is decorated with ``@leader_only``.
-:func:`install` is there for workers that want the steps anyway (say, to call
-:func:`celery_leader.is_leader` without the decorator).
+Nothing needs wiring by hand: importing :mod:`celery_leader.decorators` connects a
+``worker_init`` receiver that calls :func:`install` on a starting worker's app
+when one of its tasks is decorated with ``@leader_only``. :func:`install` is
+there for workers that want the steps anyway (say, to call
+:func:`celery_leader.is_leader` or decorated plain functions from undecorated
+tasks).
 """
 
 from __future__ import annotations
@@ -297,7 +298,7 @@ class _FencedStrategies(dict[str, Callable[..., Any]]):
 def _elections(app: Any, config: LeaderConfig) -> list[str]:
     names = {config.worker_election} | decorators._named_elections
     for task in app.tasks.values():
-        spec = getattr(getattr(task, "run", None), "__leader_only__", None)
+        spec = decorators.spec_of(task)
         if spec is not None and spec.election is not None:
             names.add(spec.election)
     return sorted(names)
@@ -305,7 +306,7 @@ def _elections(app: Any, config: LeaderConfig) -> list[str]:
 
 def _warn_reject_without_acks_late(app: Any) -> None:
     for task in app.tasks.values():
-        spec = getattr(getattr(task, "run", None), "__leader_only__", None)
+        spec = decorators.spec_of(task)
         if spec is not None and spec.on_follower == "reject" and not task.acks_late:
             logger.warning(
                 "celery-leader: task %s uses @leader_only(on_follower='reject') without "

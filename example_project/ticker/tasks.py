@@ -8,8 +8,10 @@ import json
 import os
 import time
 
-from celery import shared_task
+from celery import current_task, shared_task
 from django.conf import settings
+
+from celery_leader import leader_only
 
 
 def _record(task: str, request: object) -> None:
@@ -40,3 +42,13 @@ def heartbeat(self) -> None:
 def db_tick(self) -> None:
     """Scheduled from django-celery-beat's tables (see migration 0001)."""
     _record("db_tick", self.request)
+
+
+@shared_task
+@leader_only
+def nightly_report() -> None:
+    """Runs only on the worker that leads the ``worker`` election; others skip it.
+
+    Send it to every worker (or from beat): the body runs once, on the leader.
+    """
+    _record("nightly_report", current_task.request)

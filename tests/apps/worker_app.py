@@ -1,0 +1,83 @@
+"""A Celery app for worker tests: everything comes from environment variables.
+
+BROKER_URL (Redis: broker, result backend, leader store and the record of who
+ran what), LEADER_TTL, and optionally POOL_START_METHOD ("fork" or "spawn") and
+FENCE ("1" turns on leader_fence_tasks).
+
+Tasks record each run in Redis: ``ran:<tag>`` gets the node name once per run
+of the body, ``runs`` gets ``<tag> <node> <monotonic time>``, and ``done:<tag>``
+gets ``<state> <node>`` whenever an attempt ends (SUCCESS, IGNORED, RETRY...).
+CLOCK_MONOTONIC is one clock for the whole machine, so the test compares it
+with its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import redis
+from celery import Celery, current_task, signals
+
+from celery_leader.decorators import is_leader, leader_only
+
+BROKER_URL = os.environ["BROKER_URL"]
+
+app = Celery("worker_app", broker=BROKER_URL, backend=BROKER_URL)
+app.conf.leader_ttl = float(os.environ.get("LEADER_TTL", "2"))
+app.conf.leader_fence_tasks = os.environ.get("FENCE") == "1"
+app.conf.worker_pool_start_method = os.environ.get("POOL_START_METHOD", "fork")
+# One message at a time per pool slot: a node does not hoard what another could run.
+app.conf.worker_prefetch_multiplier = 1
+app.conf.broker_connection_retry_on_startup = True
+
+_redis = redis.Redis.from_url(BROKER_URL)
+
+
+def _record(tag: str) -> None:
+    node = current_task.request.hostname
+    _redis.rpush(f"ran:{tag}", node)
+    _redis.rpush("runs", f"{tag} {node} {time.monotonic():.6f}")
+
+
+@app.task
+@leader_only
+def skip_task(tag: str) -> None:
+    _record(tag)
+
+
+@app.task
+@leader_only(on_follower="retry", retry_backoff=0.2)
+def retry_task(tag: str) -> None:
+    _record(tag)
+
+
+@app.task
+def plain_task(tag: str) -> None:
+    """Not gated itself: lets the fencing tests see which messages ran."""
+    _record(tag)
+
+
+@app.task
+def sleep_task(tag: str, seconds: float) -> None:
+    """Keeps a pool slot busy, to show what a shutdown does while tasks run."""
+    _redis.rpush(f"started:{tag}", current_task.request.hostname)
+    time.sleep(seconds)
+    _record(tag)
+
+
+@app.task
+def probe(tag: str, seconds: float) -> None:
+    """Sample this pool process's view of leadership every 10 ms for ``seconds``."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        _redis.rpush(f"probe:{tag}", json.dumps([time.monotonic(), is_leader()]))
+        time.sleep(0.01)
+
+
+@signals.task_postrun.connect
+def _done(task: object = None, args: tuple[object, ...] = (), state: str = "", **_: object) -> None:
+    if args:
+        node = current_task.request.hostname
+        _redis.rpush(f"done:{args[0]}", f"{state} {node}")

@@ -1,0 +1,195 @@
+"""``@leader_only`` and ``is_leader`` in one process: bad input, plain functions, nesting.
+
+The in-memory store keeps these fast; every test gets its own store (a unique
+``memory://`` URL), and a second :class:`Lease` on the same store plays "the
+other node".
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from celery import Celery
+
+from celery_leader import decorators
+from celery_leader.backends import create_backend
+from celery_leader.config import LeaderConfig
+from celery_leader.decorators import is_leader, leader_only
+from celery_leader.exceptions import ConfigError
+from celery_leader.lease import Lease
+from tests.support.waiting import wait_for
+
+
+@pytest.fixture
+def app() -> Iterator[Celery]:
+    app = Celery("decorator_tests", broker="memory://", backend="cache+memory://")
+    app.conf.leader_url = f"memory://{uuid.uuid4().hex}"
+    app.conf.leader_ttl = 2
+    app.set_current()
+    yield app
+    decorators._stop_local_leases()
+
+
+def rival(app: Celery, election: str) -> Lease:
+    """Another instance that holds ``election`` before this process asks."""
+    config = LeaderConfig.from_app(app)
+    lease = Lease.from_config(election, config, create_backend(config))
+    lease.start()
+    wait_for(lease.is_leader, 2, message=f"rival leads {election!r}")
+    return lease
+
+
+# -- bad input fails at import time ------------------------------------------
+
+
+def test_misspelled_on_follower_names_the_choices_and_a_guess() -> None:
+    with pytest.raises(ConfigError, match=r"on_follower must be one of .*did you mean 'retry'"):
+
+        @leader_only(on_follower="retyr")  # type: ignore[arg-type]
+        def f() -> None: ...
+
+
+@pytest.mark.parametrize("name", ["", "has space", "{braces}"])
+def test_bad_election_name(name: str) -> None:
+    with pytest.raises(ConfigError, match="election must be a non-empty string"):
+        leader_only(election=name)
+
+
+def test_on_a_class() -> None:
+    with pytest.raises(TypeError, match="decorates functions, not classes"):
+
+        @leader_only
+        class Job:
+            pass
+
+
+def test_on_a_class_with_arguments() -> None:
+    with pytest.raises(TypeError, match="not classes"):
+
+        @leader_only(election="reports")
+        class Job:
+            pass
+
+
+def test_above_a_lazy_task_says_to_put_it_below(app: Celery) -> None:
+    with pytest.raises(TypeError, match=r"put it below\s+@app.task"):
+
+        @leader_only
+        @app.task(shared=False)
+        def job() -> None: ...
+
+
+def test_above_a_finalized_task(app: Celery) -> None:
+    app.finalize()
+    with pytest.raises(TypeError, match=r"is applied to the Celery task 'x\.job'"):
+
+        @leader_only(on_follower="retry")
+        @app.task(shared=False, name="x.job")
+        def job() -> None: ...
+
+
+def test_not_callable() -> None:
+    with pytest.raises(TypeError, match="decorates functions"):
+        leader_only(42)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_retries": 5}, "apply only to on_follower='retry'"),
+        ({"on_follower": "reject", "retry_backoff": 2}, "apply only to on_follower='retry'"),
+        ({"on_follower": "retry", "max_retries": -1}, "max_retries must be None"),
+        ({"on_follower": "retry", "max_retries": True}, "max_retries must be None"),
+        ({"on_follower": "retry", "retry_backoff": 0}, "retry_backoff must be a number"),
+        ({"on_follower": "retry", "retry_backoff_max": -1}, "retry_backoff_max must be"),
+    ],
+)
+def test_bad_retry_options(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        leader_only(**kwargs)  # type: ignore[call-overload]
+
+
+def test_keeps_name_and_doc() -> None:
+    @leader_only
+    def nightly() -> None:
+        """Docs."""
+
+    assert nightly.__name__ == "nightly"
+    assert nightly.__doc__ == "Docs."
+    assert nightly.__leader_only__.on_follower == "skip"  # type: ignore[attr-defined]
+
+
+# -- plain functions: join lazily, a follower's call returns None ------------
+
+
+def test_plain_function_runs_on_the_leader(app: Celery) -> None:
+    calls = []
+
+    @leader_only
+    def job(x: int) -> int:
+        calls.append(x)
+        return x * 2
+
+    assert job(21) == 42  # the first call joins and waits for the outcome
+    assert calls == [21]
+    assert is_leader()
+    assert is_leader("worker", app=app)
+
+
+def test_plain_function_on_a_follower_returns_none(app: Celery) -> None:
+    other = rival(app, "reports")
+    calls = []
+
+    @leader_only(election="reports", on_follower="retry")
+    def job() -> str:
+        calls.append(1)
+        return "ran"
+
+    assert job() is None
+    assert calls == []
+    assert not is_leader("reports")
+
+    other.stop()  # released: this process takes over without waiting for the ttl
+    wait_for(lambda: is_leader("reports"), 2, message="took over after the release")
+    assert job() == "ran"
+
+
+def test_default_election_follows_the_setting(app: Celery) -> None:
+    app.conf.leader_worker_election = "crons"
+    other = rival(app, "crons")
+
+    @leader_only
+    def job() -> str:
+        return "ran"
+
+    assert job() is None
+    assert is_leader("worker")  # an election nobody else holds
+    other.stop()
+
+
+def test_task_called_directly_behaves_like_a_plain_function(app: Celery) -> None:
+    other = rival(app, "worker")
+
+    @app.task(shared=False)
+    @leader_only(on_follower="retry")
+    def job() -> str:
+        return "ran"
+
+    # Neither a direct call nor an eager apply is a worker run: no retry loop.
+    assert job() is None
+    assert job.apply().get() is None
+    other.stop()
+    wait_for(is_leader, 2, message="took over")
+    assert job() == "ran"
+
+
+def test_bad_settings_fail_on_first_use_naming_the_setting(app: Celery) -> None:
+    app.conf.leader_ttl = -1
+
+    @leader_only
+    def job() -> None: ...
+
+    with pytest.raises(ConfigError, match="leader_ttl"):
+        job()

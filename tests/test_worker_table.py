@@ -1,0 +1,160 @@
+"""The deadline table that carries leadership from a worker to its pool processes."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from celery_leader import _shared
+from celery_leader._shared import DeadlineTable
+
+SPAWN = multiprocessing.get_context("spawn")
+FORK = multiprocessing.get_context("fork")
+
+
+@pytest.fixture
+def table() -> Iterator[DeadlineTable]:
+    table = DeadlineTable.create("store", ["beat", "worker"])
+    yield table
+    table.remove()
+
+
+def test_new_slots_say_not_leading(table: DeadlineTable) -> None:
+    assert table.read(0) == (0.0, 0)
+    assert not table.checker(0)()
+    assert table.index("worker") == 1
+    assert table.index("other") is None
+
+
+def test_deadline_decides(table: DeadlineTable) -> None:
+    table.publish("worker", time.monotonic() + 60, 7)
+    assert table.checker(1)()
+    assert table.read(1)[1] == 7
+    table.publish("worker", time.monotonic() - 0.001, 7)
+    assert not table.checker(1)()
+
+
+def test_file_is_private_and_removed(table: DeadlineTable) -> None:
+    assert table.path.stat().st_mode & 0o777 == 0o600
+    table.remove()
+    assert not table.path.exists()
+    table.publish("beat", 1.0, 1)  # the mapping stays usable for those who have it
+    assert table.read(0) == (1.0, 1)
+
+
+def _read_in_child(path: str, index: int, out: multiprocessing.SimpleQueue) -> None:  # type: ignore[type-arg]
+    table = DeadlineTable.open(path)
+    out.put((table.store, table.names, table.read(index), table.checker(index)()))
+
+
+def test_a_spawned_process_reads_by_path(table: DeadlineTable) -> None:
+    deadline = time.monotonic() + 60
+    table.publish("worker", deadline, 3)
+    out = SPAWN.SimpleQueue()
+    child = SPAWN.Process(target=_read_in_child, args=(str(table.path), 1, out))
+    child.start()
+    child.join(30)
+    # CLOCK_MONOTONIC is machine-wide: the child agrees the deadline is ahead.
+    assert out.get() == ("store", ["beat", "worker"], (deadline, 3), True)
+
+
+def _check_pairs(path: str, seconds: float, out: multiprocessing.SimpleQueue) -> None:  # type: ignore[type-arg]
+    table = DeadlineTable.open(path)
+    reads = torn = 0
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        valid_until, epoch = table.read(0)
+        reads += 1
+        torn += valid_until != float(epoch)
+    out.put((reads, torn))
+
+
+def test_readers_never_see_a_torn_pair(table: DeadlineTable) -> None:
+    out = SPAWN.SimpleQueue()
+    child = SPAWN.Process(target=_check_pairs, args=(str(table.path), 1.0, out))
+    child.start()
+    n = 0
+    while child.is_alive():
+        n += 1
+        table.publish("beat", float(n), n)  # every consistent pair has value == epoch
+    child.join()
+    reads, torn = out.get()
+    assert n > 100, "the writer hardly ran while the reader read"
+    assert reads > 100
+    assert torn == 0, f"{torn} torn pairs in {reads} reads"
+
+
+def test_a_writer_stopped_mid_write(table: DeadlineTable) -> None:
+    deadline = time.monotonic() + 60
+    table.publish("worker", deadline, 1)
+    word = table._word(1)
+    table._ints[word] += 1  # the odd sequence number SIGSTOP mid-publish leaves
+    # No consistent pair to be had; the deadline word alone is never torn.
+    assert table.read(1) == (0.0, 0)
+    assert table.checker(1)()
+    table._floats[word + 1] = 0.0
+    assert not table.checker(1)()
+
+
+def _create_and_wait(out: multiprocessing.SimpleQueue) -> None:  # type: ignore[type-arg]
+    table = DeadlineTable.create("store", ["worker"])
+    out.put(str(table.path))
+    time.sleep(60)
+
+
+def test_tables_of_killed_owners_are_swept(table: DeadlineTable) -> None:
+    out = SPAWN.SimpleQueue()
+    child = SPAWN.Process(target=_create_and_wait, args=(out,))
+    child.start()
+    orphan = Path(out.get())
+    assert orphan.exists()
+    DeadlineTable.create("store", ["x"]).remove()
+    assert orphan.exists(), "a live owner's table was swept"
+    os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
+    child.join()
+    DeadlineTable.create("store", ["x"]).remove()
+    assert not orphan.exists()
+    assert table.path.exists()
+
+
+def _trust(out: multiprocessing.SimpleQueue, depth: int) -> None:  # type: ignore[type-arg]
+    if depth:
+        grandchild = FORK.Process(target=_trust, args=(out, depth - 1))
+        grandchild.start()
+        grandchild.join()
+        return
+    table = _shared.process_table()
+    out.put(None if table is None else table.names)
+
+
+@pytest.mark.parametrize("context", [FORK, SPAWN], ids=["fork", "spawn"])
+def test_only_the_owner_and_its_children_trust_the_table(
+    table: DeadlineTable, context: multiprocessing.context.BaseContext
+) -> None:
+    _shared.install(table)
+    try:
+        assert _shared.process_table() is table
+        assert os.environ[_shared.ENV_VAR] == str(table.path)
+        out = context.SimpleQueue()
+        for depth, expected in ((0, ["beat", "worker"]), (1, None)):
+            child = context.Process(target=_trust, args=(out, depth))  # type: ignore[attr-defined]
+            child.start()
+            child.join(30)
+            assert out.get() == expected
+    finally:
+        _shared.install(None)
+    assert _shared.ENV_VAR not in os.environ
+    assert _shared.process_table() is None
+
+
+def test_open_refuses_other_files(tmp_path: Path) -> None:
+    path = tmp_path / "x.table"
+    path.write_bytes(b"something else entirely, long enough for a header")
+    with pytest.raises(ValueError, match="not a celery-leader table"):
+        DeadlineTable.open(path)
