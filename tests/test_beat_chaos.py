@@ -1,10 +1,12 @@
-"""Chaos: real ``celery beat`` and ``celery worker -B`` replicas, real Redis, real faults.
+"""Chaos: real ``celery beat`` and ``celery worker -B`` replicas, real stores, real faults.
 
 Three replicas of the beat test app (tests/apps/beat_app.py) share a broker and a lease
-store, two separate redis-servers, so the store can be killed and come back empty while
-the messages already published stay in the broker. Faults: SIGKILL, SIGSTOP past the ttl,
-SIGTERM, a TCP proxy that stalls one replica's store traffic past the ttl, and a store
-restart. A replica that exits is replaced, so three are running at any time.
+store, two separate servers, so the store can be killed and come back (empty, for Redis;
+with its tables, for PostgreSQL) while the messages already published stay in the broker.
+Faults: SIGKILL, SIGSTOP past the ttl, SIGTERM, a TCP proxy that stalls one replica's
+store traffic past the ttl, and a store restart. A replica that exits is replaced, so
+three are running at any time. Who leads is asked of the store through the library's
+own backend.
 
 How dispatch is measured: the test is the only consumer of the broker's ``celery`` list.
 A thread takes every message off as soon as it lands (polling every 5 ms) and notes when;
@@ -33,13 +35,17 @@ from datetime import datetime, timezone
 from itertools import pairwise
 from pathlib import Path
 
+import psycopg
 import pytest
 import redis
 
+from celery_leader.backends import Claim, HolderInfo, create_backend
+from celery_leader.config import LeaderConfig
+from celery_leader.exceptions import StoreUnavailable
 from tests.support.procs import Proc, Procs
 from tests.support.procs import signal as send_signal
 from tests.support.proxy import TcpProxy
-from tests.support.servers import RedisServer
+from tests.support.servers import PostgresServer, RedisServer
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
@@ -48,7 +54,6 @@ CELERY = Path(sys.executable).with_name("celery")
 REPO = Path(__file__).resolve().parents[1]
 #: The suite's own PYTHONPATH goes first for the replicas too, so they import what it does.
 PYTHONPATH = os.environ.get("PYTHONPATH")
-LOCK_KEY = "{celery_leader:beat}:lock"
 BEAT = ["-A", "tests.apps.beat_app", "beat", "-S", "leader", "-l", "info"]
 READY = r"beat: Starting\.\.\."
 
@@ -60,6 +65,9 @@ HOLD = 2.5 * TTL
 #: because the fault may strike just before a slot, which then waits for the new leader.
 GRACEFUL = 0.5 + EVERY
 FAILOVER = TTL + 0.5 + EVERY
+
+#: Asks the lease store who holds the beat election; ``None`` while it cannot say.
+Holder = Callable[[], HolderInfo | None]
 
 
 @dataclass(frozen=True)
@@ -133,14 +141,14 @@ class Replicas:
         command: list[str],
         env: dict[str, str],
         store_urls: list[str],
-        store: RedisServer,
+        holder: Holder,
     ) -> None:
         self._procs = procs
         self._workdir = workdir
         self._command = command
         self._env = env
         self._store_urls = store_urls
-        self._store = store.client(socket_timeout=1, decode_responses=True)
+        self._holder = holder
         self._spawned = 0
         self._by_instance: dict[str, tuple[int, Proc]] = {}
         self.current: list[Proc] = []
@@ -177,15 +185,12 @@ class Replicas:
         """Place, process and epoch of the holder of the beat election (waits for one)."""
 
         def holder() -> tuple[int, Proc, int] | None:
-            try:
-                raw = self._store.get(LOCK_KEY)
-            except redis.RedisError:
+            info = self._holder()
+            # "?": a PostgreSQL session got the lock and has not written its term yet.
+            if info is None or info.instance_id == "?":
                 return None
-            if raw is None:
-                return None
-            term = json.loads(raw)
-            place, proc = self._by_instance[term["holder"]]
-            return place, proc, term["epoch"]
+            place, proc = self._by_instance[info.instance_id]
+            return place, proc, info.epoch
 
         return wait_for(holder, timeout, interval=0.02, message="nobody holds the beat election")
 
@@ -324,27 +329,61 @@ def tap(redis_server: RedisServer, redis_url: str) -> Iterator[BrokerTap]:
     tap.close()
 
 
+@pytest.fixture
+def beat_holder() -> Iterator[Callable[[str], Holder]]:
+    """Factory ``beat_holder(url) -> Holder``: the library's own backend for that store,
+    asked who holds the beat election; every backend is closed at teardown."""
+    backends = []
+
+    def make(url: str) -> Holder:
+        backend = create_backend(LeaderConfig.from_mapping({"leader_url": url, "leader_ttl": TTL}))
+        backends.append(backend)
+
+        def holder() -> HolderInfo | None:
+            try:
+                return backend.holder("beat")
+            except StoreUnavailable:
+                return None
+
+        return holder
+
+    yield make
+    for backend in backends:
+        backend.close()
+
+
 def beat_env(broker_url: str, ttl: float = TTL, **extra: str) -> dict[str, str]:
     return {"BROKER_URL": broker_url, "LEADER_TTL": str(ttl), "BEAT_EVERY": str(EVERY), **extra}
 
 
-def test_three_beats_keep_one_dispatcher_through_every_fault(
-    redis_url: str,
-    lease_store: RedisServer,
+def every_fault(
+    store: RedisServer | PostgresServer,
+    store_url: str,
+    crash_budget: float,
+    restarted: str,
+    *,
+    env: dict[str, str],
+    holder: Holder,
     tcp_proxy: Callable[[str, int], TcpProxy],
     procs: Procs,
     tap: BrokerTap,
-    tmp_path: Path,
+    workdir: Path,
 ) -> None:
+    """Three `celery beat` replicas through every fault, the lease store behind a proxy each.
+
+    ``crash_budget`` is the longest silence allowed after a SIGKILL; ``restarted`` names
+    the store restart in the table (what the store has kept through a SIGKILL); ``env``
+    is the replicas' (see :func:`beat_env`).
+    """
     # The broker is reached directly; only the lease store goes through a proxy per replica.
-    proxies = [tcp_proxy("127.0.0.1", lease_store.port) for _ in range(3)]
+    proxies = [tcp_proxy("127.0.0.1", store.port) for _ in range(3)]
     beats = Replicas(
         procs,
-        tmp_path,
+        workdir,
         BEAT,
-        beat_env(redis_url),
-        [proxy.url_for(lease_store.url) for proxy in proxies],
-        lease_store,
+        env,
+        [proxy.url_for(store_url) for proxy in proxies],
+        holder,
     )
     rows: list[Row] = []
     problems: list[str] = []
@@ -355,7 +394,7 @@ def test_three_beats_keep_one_dispatcher_through_every_fault(
         place, proc, epoch = beats.leader()
         at = time.monotonic()
         send_signal(proc, signal.SIGKILL)
-        rows.append(measure(tap, "crash (SIGKILL)", at, epoch, FAILOVER))
+        rows.append(measure(tap, "crash (SIGKILL)", at, epoch, crash_budget))
         beats.replace(place)
         steady(tap)
 
@@ -398,17 +437,17 @@ def test_three_beats_keep_one_dispatcher_through_every_fault(
 
         _, _, epoch = beats.leader()
         killed = time.monotonic()
-        lease_store.kill()
+        store.kill()
         hold_fault_until(killed + TTL + 1.0)
-        # The stale replica reaches the empty store first (the others' store traffic is
-        # held until it leads): the order in which falling back on local state would
-        # resend a slot.
+        # The stale replica reaches the store first (the others' store traffic is held
+        # until it leads): the order in which trusting its own memory of the schedule
+        # over the store's would resend a slot.
         others = [p for p in range(3) if p != stale]
         for p in others:
             proxies[p].hold()
-        lease_store.start()
+        store.start()
         back = time.monotonic()
-        rows.append(measure(tap, "store killed, back empty", back, None, FAILOVER, on="first"))
+        rows.append(measure(tap, restarted, back, None, FAILOVER, on="first"))
         new_place, _, new_epoch = beats.leader()
         for p in others:
             proxies[p].release()
@@ -425,12 +464,111 @@ def test_three_beats_keep_one_dispatcher_through_every_fault(
         if dead:
             problems.append(f"replicas exited: {dead}")
     finally:
-        problems += report("three `celery beat` replicas", rows, tap)
+        problems += report(f"three `celery beat` replicas, {store.name} store", rows, tap)
     assert not problems, "\n".join(problems)
 
 
+def test_three_beats_keep_one_dispatcher_through_every_fault(
+    redis_url: str,
+    lease_store: RedisServer,
+    beat_holder: Callable[[str], Holder],
+    tcp_proxy: Callable[[str, int], TcpProxy],
+    procs: Procs,
+    tap: BrokerTap,
+    tmp_path: Path,
+) -> None:
+    # A crashed holder's key lives out its ttl.
+    every_fault(
+        lease_store,
+        lease_store.url,
+        FAILOVER,
+        "store killed, back empty",
+        env=beat_env(redis_url),
+        holder=beat_holder(lease_store.url),
+        tcp_proxy=tcp_proxy,
+        procs=procs,
+        tap=tap,
+        workdir=tmp_path,
+    )
+
+
+@pytest.mark.postgres
+def test_three_beats_on_postgres_never_send_a_slot_twice(
+    redis_url: str,
+    postgres_server: PostgresServer,
+    postgres_url: str,
+    beat_holder: Callable[[str], Holder],
+    tcp_proxy: Callable[[str, int], TcpProxy],
+    procs: Procs,
+    tap: BrokerTap,
+    tmp_path: Path,
+) -> None:
+    # The server frees a crashed holder's lock when its session's socket closes, and a
+    # paused or cut-off one's when idle_session_timeout (the ttl) ends the session. A
+    # killed server recovers its tables: epochs and schedule state survive the restart,
+    # provided the commits reached the WAL. The suite's server runs with
+    # synchronous_commit=off, and the backend does not turn it on for its own sessions
+    # yet (test_a_claim_acknowledged_by_postgres_survives_a_crash), so libpq's PGOPTIONS
+    # does, as the fix would.
+    every_fault(
+        postgres_server,
+        postgres_url,
+        GRACEFUL,
+        "store killed, back with its data",
+        env=beat_env(redis_url),
+        holder=beat_holder(postgres_url),
+        tcp_proxy=tcp_proxy,
+        procs=procs,
+        tap=tap,
+        workdir=tmp_path,
+    )
+
+
+@pytest.mark.postgres
+def test_a_claim_acknowledged_by_postgres_survives_a_crash(
+    postgres_server: PostgresServer, postgres_url: str
+) -> None:
+    """A leader publishes a slot once its claim is acknowledged: the claim must outlive a crash.
+
+    With ``synchronous_commit=off`` (the suite's server, and a common tuning) PostgreSQL
+    acknowledges a commit before its WAL is written, and a SIGKILLed server loses it; a
+    leader after the restart then finds the entry's previous state and sends the slot
+    again (the PostgreSQL chaos test saw it in about half its runs). Here the WAL writer
+    waits 10 s instead of 0.2 s, so the loss does not depend on timing.
+    """
+    backend = create_backend(
+        LeaderConfig.from_mapping({"leader_url": postgres_url, "leader_ttl": TTL})
+    )
+
+    def admin(*statements: str) -> None:
+        with psycopg.connect(postgres_server.superuser_url, autocommit=True) as conn:
+            for statement in statements:
+                conn.execute(statement)
+
+    try:
+        tenure = backend.acquire("beat", "r0.1", TTL, 0).tenure
+        assert tenure is not None
+        # Everything so far (tables, term) is on disk; the WAL writer now sleeps 10 s.
+        admin("ALTER SYSTEM SET wal_writer_delay = '10s'", "SELECT pg_reload_conf()", "CHECKPOINT")
+        time.sleep(0.5)
+        assert backend.claim("beat", tenure, [Claim("tick", None, "slot sent")]) == [True]
+        postgres_server.kill()
+        postgres_server.start()
+        assert backend.load_state("beat") == {"tick": "slot sent"}
+    finally:
+        backend.close()
+        if not postgres_server.running:
+            postgres_server.start()
+        admin("ALTER SYSTEM RESET wal_writer_delay", "SELECT pg_reload_conf()")
+
+
 def test_embedded_beat_in_three_workers(
-    redis_url: str, lease_store: RedisServer, procs: Procs, tap: BrokerTap, tmp_path: Path
+    redis_url: str,
+    lease_store: RedisServer,
+    beat_holder: Callable[[str], Holder],
+    procs: Procs,
+    tap: BrokerTap,
+    tmp_path: Path,
 ) -> None:
     # `worker -S` is --statedb; the embedded beat's scheduler is --scheduler. The workers
     # consume a queue nobody publishes to, so the tap sees every task beat sends.
@@ -444,7 +582,7 @@ def test_embedded_beat_in_three_workers(
         ],
         beat_env(redis_url),
         [lease_store.url] * 3,
-        lease_store,
+        beat_holder(lease_store.url),
     )
     rows: list[Row] = []
     problems: list[str] = []
@@ -470,7 +608,12 @@ def test_embedded_beat_in_three_workers(
 
 
 def test_a_crontab_slot_across_a_failover_is_sent_exactly_once(
-    redis_url: str, lease_store: RedisServer, procs: Procs, tap: BrokerTap, tmp_path: Path
+    redis_url: str,
+    lease_store: RedisServer,
+    beat_holder: Callable[[str], Holder],
+    procs: Procs,
+    tap: BrokerTap,
+    tmp_path: Path,
 ) -> None:
     ttl = 2.0
     # The failover straddles the crontab entry's first slot since the replicas started,
@@ -486,7 +629,7 @@ def test_a_crontab_slot_across_a_failover_is_sent_exactly_once(
         BEAT,
         beat_env(redis_url, ttl=ttl, BEAT_CRONTAB="*"),
         [lease_store.url] * 3,
-        lease_store,
+        beat_holder(lease_store.url),
     )
     beats.start()
     steady(tap)

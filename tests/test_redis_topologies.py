@@ -27,27 +27,12 @@ TTL = 2.0
 
 
 class _Node(RedisServer):
-    """A redis-server with extra command-line options."""
+    """A redis-server whose ports leave room for the cluster bus (port + 10000)."""
 
     def __init__(self, *extra: str) -> None:
-        super().__init__()
-        self.extra = list(extra)
-        # Cluster nodes also listen on port + 10000 (the cluster bus).
+        super().__init__(*extra)
         while self.port + 10000 > 65535:
             self.port = free_port()
-
-    def _launch(self) -> None:
-        self._popen(
-            [
-                "redis-server",
-                "--port", str(self.port),
-                "--bind", "127.0.0.1",
-                "--save", "",
-                "--appendonly", "no",
-                "--dir", str(self.root),
-                *self.extra,
-            ]
-        )  # fmt: skip
 
 
 class _TlsNode(_Node):
@@ -56,22 +41,18 @@ class _TlsNode(_Node):
     def __init__(self, cert: Path, key: Path) -> None:
         super().__init__()
         self.cert = cert
-        self.extra = [
+        self.extra_args = [
             "--tls-port", str(self.port),
             "--tls-cert-file", str(cert),
             "--tls-key-file", str(key),
             "--tls-ca-cert-file", str(cert),
             "--tls-auth-clients", "no",
+            "--port", "0",  # after the plain --port: TLS only
         ]  # fmt: skip
 
     @property
     def url(self) -> str:
         return f"rediss://127.0.0.1:{self.port}/0?ssl_cert_reqs=required&ssl_ca_certs={self.cert}"
-
-    def _launch(self) -> None:
-        # The plain port must be 0; _Node puts --port first, a later --port 0 wins.
-        self.extra = [*self.extra, "--port", "0"]
-        super()._launch()
 
     def _is_accepting(self) -> bool:
         try:

@@ -74,6 +74,21 @@ class Claim:
     new: str
 
 
+def apply_claims(state: dict[str, str], claims: Sequence[Claim]) -> list[bool]:
+    """Compare-and-set ``claims`` on ``state`` in place, in order; one result each.
+
+    For stores that hold the state in process memory while fenced by a lock
+    they already checked (memory, file).
+    """
+    results = []
+    for c in claims:
+        ok = state.get(c.entry) == c.expected
+        if ok:
+            state[c.entry] = c.new
+        results.append(ok)
+    return results
+
+
 class Backend(ABC):
     """A lease store. One instance may serve several elections and threads."""
 

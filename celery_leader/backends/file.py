@@ -27,7 +27,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from ..exceptions import ConfigError, StoreUnavailable
-from .base import Acquired, Backend, Claim, HolderInfo, Renewal, Tenure
+from .base import Acquired, Backend, Claim, HolderInfo, Renewal, Tenure, apply_claims
 
 
 class _Waiter:
@@ -235,12 +235,7 @@ class FileBackend(Backend):
         if self._holds(election, tenure) is None:
             return [False] * len(claims)
         state = self.load_state(election)
-        results = []
-        for c in claims:
-            ok = state.get(c.entry) == c.expected
-            if ok:
-                state[c.entry] = c.new
-            results.append(ok)
+        results = apply_claims(state, claims)
         if any(results):
             try:
                 _write(self._path(election, "state"), json.dumps(state))

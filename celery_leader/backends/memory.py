@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .base import Acquired, Backend, Claim, HolderInfo, Renewal, Tenure
+from .base import Acquired, Backend, Claim, HolderInfo, Renewal, Tenure, apply_claims
 
 
 @dataclass
@@ -124,14 +124,7 @@ class MemoryBackend(Backend):
             current = store.live(election)
             if current is None or current.token != tenure.token:
                 return [False] * len(claims)
-            state = store.state.setdefault(election, {})
-            results = []
-            for c in claims:
-                ok = state.get(c.entry) == c.expected
-                if ok:
-                    state[c.entry] = c.new
-                results.append(ok)
-            return results
+            return apply_claims(store.state.setdefault(election, {}), claims)
 
 
 def _info(record: _Record) -> HolderInfo:

@@ -140,11 +140,19 @@ CREATE TABLE IF NOT EXISTS celery_leader_state (
 
 # Every connection: the pid identifies the server session; the settings are
 # the server-side half of the lease (see the module docstring).
+# synchronous_commit: a claim or epoch bump the server confirmed must survive
+# a server crash, or a new leader reads older state and sends a slot again.
+# Servers tuned with synchronous_commit = off get it back on for our sessions;
+# stricter settings (remote_apply, ...) are kept.
 _SETUP = """
 SELECT pg_backend_pid(),
        set_config('statement_timeout', %(statement_ms)s, false),
        set_config('idle_session_timeout', %(idle_ms)s, false),
-       set_config('idle_in_transaction_session_timeout', %(idle_ms)s, false)
+       set_config('idle_in_transaction_session_timeout', %(idle_ms)s, false),
+       set_config('synchronous_commit',
+                  CASE current_setting('synchronous_commit')
+                      WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END,
+                  false)
 """
 
 _TRY_LOCK = """

@@ -234,20 +234,21 @@ class RedisBackend(Backend):
             except redis.RedisError:
                 pass  # the connection is gone already; nothing to tidy
 
-    def holder(self, election: str) -> HolderInfo | None:
+    def _term(self, election: str) -> tuple[str | None, int]:
+        """The stored term of ``election`` and its PTTL, in one round trip."""
         key = self._key(election, "lock")
         pipe = self._redis.pipeline()
         pipe.get(key)
         pipe.pttl(key)
         value, pttl = self._call(pipe.execute)
+        return value, pttl
+
+    def holder(self, election: str) -> HolderInfo | None:
+        value, pttl = self._term(election)
         return None if value is None else _holder_info(value, pttl)
 
     def request_resign(self, election: str) -> HolderInfo | None:
-        key = self._key(election, "lock")
-        pipe = self._redis.pipeline()
-        pipe.get(key)
-        pipe.pttl(key)
-        value, pttl = self._call(pipe.execute)
+        value, pttl = self._term(election)
         if value is None:
             return None
         # Expires with the term it names, so a stale request never lingers.

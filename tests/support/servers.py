@@ -155,8 +155,10 @@ class RedisServer(_Server):
 
     name = "redis"
 
-    def __init__(self) -> None:
+    def __init__(self, *extra_args: str) -> None:
         super().__init__("celery-leader-redis-")
+        #: More redis-server options (cluster mode, a unix socket, TLS ...).
+        self.extra_args = list(extra_args)
 
     @property
     def url(self) -> str:
@@ -185,6 +187,7 @@ class RedisServer(_Server):
                 "--appendonly", "no",
                 "--dir", str(self.root),
                 "--daemonize", "no",
+                *self.extra_args,
             ]
         )  # fmt: skip
 
