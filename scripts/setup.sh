@@ -12,6 +12,8 @@ set -euo pipefail
     missing=()
     [[ -x /usr/bin/redis-server ]] || missing+=(redis-server)
     [[ -x /usr/lib/postgresql/15/bin/postgres ]] || missing+=(postgresql-15)
+    # The TLS test makes its own certificate.
+    command -v openssl >/dev/null || missing+=(openssl)
     # Debian's python3 has no venv module without this package.
     command -v python3 >/dev/null && python3 -c 'import ensurepip, venv' 2>/dev/null \
         || missing+=(python3 python3-venv)
