@@ -1,0 +1,110 @@
+"""Child processes of the benchmarks: each in a process group of its own, all killed at the end.
+
+Every beat replica, single-beat wrapper and lease-holder process is started in a
+new session, so one ``killpg`` reaches whatever it forked (single-beat's
+``celery beat`` child, for one) and nothing outlives the benchmark.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(os.environ.get("VIRTUAL_ENV", ROOT / ".venv")) / "bin"
+
+
+class Child:
+    """One started process group whose output goes to ``log_path``."""
+
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path):
+        self.log_path = log_path
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT), **env}
+        with log_path.open("ab") as log:
+            self.popen = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=full_env,
+                cwd=cwd,
+                start_new_session=True,
+            )
+        _ALL.append(self)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def signal(self, sig: int, group: bool = True) -> None:
+        try:
+            if group:
+                os.killpg(self.pid, sig)
+            else:
+                os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass  # exited already; its group went with it
+
+    def kill(self) -> None:
+        """SIGKILL the whole group (stopped members too) and reap the leader."""
+        self.signal(signal.SIGKILL)
+        self.popen.wait()
+
+
+_ALL: list[Child] = []
+
+
+def kill_all() -> None:
+    """Kill every process group any benchmark started, including those that already exited:
+    a dead group leader may have left children (single-beat's beat) behind."""
+    for child in _ALL:
+        child.kill()
+    _ALL.clear()
+
+
+def _fields(stat: str) -> list[str]:
+    # The command name may contain spaces and parentheses; fields resume after the last ")".
+    # Index 0 is the state, 2 the process group, 11-14 utime, stime, cutime, cstime.
+    return stat[stat.rindex(")") + 2 :].split()
+
+
+def _all_fields() -> Iterator[list[str]]:
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                yield _fields((entry / "stat").read_text())
+            except OSError:
+                continue  # exited while we looked
+
+
+def pgrp_of(pid: int) -> int | None:
+    """Process group of ``pid``, or ``None`` once it is gone."""
+    try:
+        return int(_fields(Path(f"/proc/{pid}/stat").read_text())[2])
+    except OSError:
+        return None
+
+
+def group_alive(pgid: int) -> bool:
+    """True while any process of the group is alive (zombies aside)."""
+    return any(int(f[2]) == pgid and f[0] != "Z" for f in _all_fields())
+
+
+def group_cpu_seconds(pgid: int) -> float:
+    """CPU time used by the live members of a process group plus the children they reaped.
+
+    PostgreSQL's postmaster reaps every backend that exits, so their CPU lands in
+    its cutime and cstime.
+    """
+    ticks = sum(sum(int(x) for x in f[11:15]) for f in _all_fields() if int(f[2]) == pgid)
+    return ticks / os.sysconf("SC_CLK_TCK")

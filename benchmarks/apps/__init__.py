@@ -1,0 +1,1 @@
+"""Celery apps the benchmarks run as real ``celery beat`` processes."""

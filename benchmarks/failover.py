@@ -1,0 +1,657 @@
+"""Hand-over, duplicates and survivors: three beat replicas per system, one fault at a time.
+
+Every system runs the same Celery app (``benchmarks/apps/bench_app.py``) with one
+entry due every ``PERIOD`` seconds, as three real ``celery beat`` processes (for
+single-beat: three ``single-beat celery beat`` wrappers, of which one runs its
+child). A thread here pops every published message off the broker's Redis list
+and stamps its arrival, so gaps are measured where a worker would see them.
+
+Each replica reaches its lock store through a TCP proxy of its own, so a
+partition cuts one replica off from the store while it still reaches the broker:
+the split that lets a stale leader keep publishing.
+
+Faults, applied to whichever replica is publishing at the time:
+
+* ``graceful``: SIGTERM to the beat (single-beat: to the wrapper, as ``docker stop`` does)
+* ``sigkill``: SIGKILL to its process group
+* ``sigstop``: SIGSTOP for ``PAUSE`` seconds (past the ttl), then SIGCONT
+* ``partition``: its store proxy holds all traffic for ``PARTITION`` seconds
+* ``store-restart``: the lock store itself is stopped and started again (once per system)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import random
+import shutil
+import signal
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+from benchmarks._procs import VENV_BIN, Child, group_alive, pgrp_of
+from tests.support.proxy import TcpProxy
+from tests.support.servers import PostgresServer, RedisServer
+
+#: Seconds between runs of the one schedule entry.
+PERIOD = 0.1
+#: Lease ttl for celery-leader, ``redbeat_lock_timeout`` and ``SINGLE_BEAT_LOCK_TIME``.
+TTL = 3
+#: How long a paused leader stays stopped: past the ttl, so the others may take over.
+PAUSE = TTL + 2.0
+#: How long a partitioned leader is cut off from its store.
+PARTITION = 7.0
+#: Watched after the hand-over and after the fault ends: long enough for a resumed
+#: stale leader to send what it will and for single-beat's 1 s heartbeat to react.
+SETTLE = 1.5
+#: A hand-over not seen this long after the fault ended counts as none at all.
+GIVE_UP = 15.0
+REPLICAS = 3
+
+FAULTS = ("graceful", "sigkill", "sigstop", "partition", "store-restart")
+FAULT_LABELS = {
+    "graceful": "graceful stop",
+    "sigkill": "SIGKILL",
+    "sigstop": f"SIGSTOP {PAUSE:g} s",
+    "partition": f"partition {PARTITION:g} s",
+    "store-restart": "store restart",
+}
+
+
+@dataclass(frozen=True)
+class System:
+    key: str
+    label: str
+    kind: str  # "leader", "redbeat" or "single-beat"
+    store: str  # "redis", "postgres" or "file"
+
+    def faults(self, quick: bool) -> tuple[str, ...]:
+        if quick:
+            return ("graceful", "sigkill", "partition") if self.store != "file" else FAULTS[:2]
+        # A flock has no network link to cut and no server to restart.
+        return FAULTS if self.store != "file" else FAULTS[:3]
+
+    def unavailable(self) -> str | None:
+        """Why this system cannot run here, or ``None``."""
+        if (
+            self.kind == "leader"
+            and importlib.util.find_spec(f"celery_leader.backends.{self.store}") is None
+        ):
+            return f"celery_leader.backends.{self.store} does not exist yet"
+        if self.kind == "single-beat" and not (VENV_BIN / "single-beat").exists():
+            return "single-beat is not installed (pip install single-beat)"
+        if self.kind == "redbeat" and importlib.util.find_spec("redbeat") is None:
+            return "celery-redbeat is not installed"
+        return None
+
+
+SYSTEMS = (
+    System("leader-redis", "celery-leader, Redis", "leader", "redis"),
+    System("leader-postgres", "celery-leader, PostgreSQL", "leader", "postgres"),
+    System("leader-file", "celery-leader, file", "leader", "file"),
+    System("redbeat", "celery-redbeat", "redbeat", "redis"),
+    System("single-beat", "single-beat", "single-beat", "redis"),
+)
+
+
+@dataclass
+class Message:
+    t: float  # time.monotonic() when the recorder popped it off the queue
+    sent: float  # wall-clock send time, from the bench_sent header
+    replica: int | None
+    slot: str | None  # None: the system has no shared notion of a slot
+    dup: bool = False
+
+
+@dataclass
+class Trial:
+    fault: str
+    rep: int
+    t0: float
+    fault_end: float
+    t_end: float
+    leader: int
+    gap: float
+    #: When a replica other than the one hit (or any, once the fault was over)
+    #: first published; None: nothing within GIVE_UP, and the gap is a lower bound.
+    recovered: float | None
+    alive: int
+    expected_alive: int
+    #: Beats still running although the replica's wrapper died (single-beat's child).
+    orphans: int
+    #: Publishes from a second before the fault to the end, for the plot.
+    messages: list[Message] = field(default_factory=list)
+    #: Plot row of each publisher: the leader hit by the fault is row 0.
+    rows: dict[int | None, int] = field(default_factory=dict)
+    dups: int = 0
+
+    @property
+    def censored(self) -> bool:
+        return self.recovered is None
+
+
+@dataclass
+class SystemResult:
+    system: System
+    trials: list[Trial] = field(default_factory=list)
+    skipped: str | None = None
+    dup_method: str = "slot"  # "slot" or "period"
+    #: Duplicates outside any fault (while the cluster started): should be 0.
+    stray_dups: int = 0
+
+    def of(self, fault: str) -> list[Trial]:
+        return [t for t in self.trials if t.fault == fault]
+
+
+class Recorder:
+    """Pops every message off the broker queue and notes when and from whom it came."""
+
+    def __init__(self, broker_url: str, replica_of: Callable[[int], int | None]) -> None:
+        self._redis = redis.Redis.from_url(broker_url)
+        self._replica_of = replica_of
+        self._lock = threading.Lock()
+        self.messages: list[Message] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="recorder", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            item = self._redis.brpop(["celery"], timeout=0.2)
+            if item is None:
+                continue
+            t = time.monotonic()
+            headers = json.loads(item[1])["headers"]
+            # Celery's ``origin`` header is "gen<pid>@<host>" of the publishing process.
+            pid = int(headers["origin"].split("@")[0].removeprefix("gen"))
+            slot = headers.get("leader_slot") or headers.get("bench_slot")
+            message = Message(t, float(headers["bench_sent"]), self._replica_of(pid), slot)
+            with self._lock:
+                self.messages.append(message)
+
+    def since(self, t: float) -> list[Message]:
+        with self._lock:
+            return [m for m in self.messages if m.t > t]
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._redis.close()
+
+
+class Store:
+    """The lock store of one system: a server on loopback, or a directory."""
+
+    def __init__(self, kind: str, pg: PostgresServer | None) -> None:
+        self.server: RedisServer | PostgresServer | None = None
+        self.directory: Path | None = None
+        if kind == "redis":
+            self.server = RedisServer()
+            self.server.start()
+        elif kind == "postgres":
+            assert pg is not None
+            pg.reset()
+            self.server = pg
+        else:
+            self.directory = Path(tempfile.mkdtemp(prefix="bench-file-store-"))
+
+    def url_via(self, proxy: TcpProxy | None) -> str:
+        if self.server is None:
+            return f"file://{self.directory}"
+        assert proxy is not None
+        return proxy.url_for(self.server.url)
+
+    def restart(self) -> None:
+        assert self.server is not None
+        self.server.stop()
+        self.server.start()
+
+    def close(self) -> None:
+        if isinstance(self.server, RedisServer):
+            self.server.close()
+        if self.directory is not None:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+
+@dataclass
+class Replica:
+    index: int
+    child: Child
+    proxy: TcpProxy | None
+    started: float
+    retired: bool = False  # out of the cluster: stopped or killed on purpose, or found dead
+    ready: bool = False
+
+
+class Cluster:
+    """The beat replicas of one system, topped up to ``REPLICAS`` live ones between faults."""
+
+    def __init__(self, system: System, store: Store, broker_url: str, workdir: Path) -> None:
+        self.system = system
+        self.store = store
+        self.broker_url = broker_url
+        self.workdir = workdir
+        self.replicas: list[Replica] = []
+        self._pid_cache: dict[int, int | None] = {}
+        self.recorder = Recorder(broker_url, self.replica_of)
+
+    def replica_of(self, pid: int) -> int | None:
+        if pid not in self._pid_cache:
+            by_group = {r.child.pid: r.index for r in self.replicas}
+            # single-beat's beat is a child in the wrapper's process group.
+            self._pid_cache[pid] = by_group.get(pid, by_group.get(pgrp_of(pid) or -1))
+        return self._pid_cache[pid]
+
+    def live(self) -> list[Replica]:
+        return [r for r in self.replicas if not r.retired and r.child.alive]
+
+    def spawn(self) -> Replica:
+        index = len(self.replicas)
+        home = self.workdir / f"replica{index}"
+        home.mkdir()
+        proxy = None
+        if self.store.server is not None:
+            proxy = TcpProxy("127.0.0.1", self.store.server.port)
+        store_url = self.store.url_via(proxy)
+        env = {"BROKER_URL": self.broker_url, "LEADER_TTL": str(TTL), "BEAT_EVERY": str(PERIOD)}
+        beat = [str(VENV_BIN / "celery"), "-A", "benchmarks.apps.bench_app", "beat", "-l", "INFO"]
+        beat += ["-s", str(home / "celerybeat-schedule")]
+        if self.system.kind == "leader":
+            argv = [*beat, "-S", "celery_leader.LeaderScheduler"]
+            env |= {"LEADER_URL": store_url, "INSTANCE_ID": f"replica{index}"}
+        elif self.system.kind == "redbeat":
+            argv = [*beat, "-S", "benchmarks.apps.redbeat_slots:SlotRedBeatScheduler"]
+            env |= {"REDBEAT_URL": store_url}
+        else:
+            argv = [str(VENV_BIN / "single-beat"), *beat]
+            env |= {
+                "SINGLE_BEAT_REDIS_SERVER": store_url,
+                "SINGLE_BEAT_LOCK_TIME": str(TTL),
+                # Must be below LOCK_TIME / 2, and it is an integer: 1 s is the fastest.
+                "SINGLE_BEAT_HEARTBEAT_INTERVAL": "1",
+                # The default identifier is built from the command line, which differs
+                # per replica (the schedule file); all replicas must share one lock.
+                "SINGLE_BEAT_IDENTIFIER": "bench-beat",
+                "SINGLE_BEAT_LOG_LEVEL": "info",
+            }
+        child = Child(argv, env, home, home / "out.log")
+        replica = Replica(index, child, proxy, time.monotonic())
+        self.replicas.append(replica)
+        return replica
+
+    def wait_ready(self, replica: Replica, timeout: float = 30.0) -> None:
+        """Until the replica is past start-up and competing for the lock."""
+        deadline = time.monotonic() + timeout
+        while not replica.ready and time.monotonic() < deadline:
+            if not replica.child.alive:
+                return  # measured as it is: a replica that cannot start does not survive
+            if self.system.kind == "single-beat":
+                # A waiting wrapper prints nothing; it tries the lock at once, then every 1 s.
+                replica.ready = time.monotonic() - replica.started > 1.5
+            elif "beat: Starting..." in replica.child.output():
+                time.sleep(0.3)  # past the banner: joining the election or taking the lock
+                replica.ready = True
+            time.sleep(0.05)
+        if not replica.ready:
+            raise RuntimeError(f"{self.system.label}: replica {replica.index} did not start")
+
+    def top_up(self) -> None:
+        """Replace the replicas that died, and wait until every live one is ready.
+
+        A dead replica's process group is killed first, as a container runtime or
+        systemd would when the main process exits: a wrapper that died may have
+        left its beat running (an "orphaned beat").
+        """
+        for replica in self.replicas:
+            if not replica.child.alive:
+                replica.child.kill()
+                replica.retired = True
+        while len(self.live()) < REPLICAS:
+            self.spawn()
+        for replica in self.live():
+            self.wait_ready(replica)
+
+    def wait_steady(self, timeout: float = 30.0) -> Replica:
+        """Until one live replica has published steadily for a second; return it."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            recent = self.recorder.since(time.monotonic() - 1.0)
+            if len(recent) >= 0.5 / PERIOD and time.monotonic() - recent[-1].t < 3 * PERIOD:
+                index = recent[-1].replica
+                replica = self.replicas[index] if index is not None else None
+                if replica is not None and replica.child.alive and not replica.retired:
+                    return replica
+            time.sleep(0.05)
+        raise RuntimeError(f"{self.system.label}: no replica publishes steadily")
+
+    def close(self) -> None:
+        self.recorder.close()
+        for replica in self.replicas:
+            replica.child.kill()
+            if replica.proxy is not None:
+                replica.proxy.close()
+
+
+def _sleep_until(t: float) -> None:
+    time.sleep(max(0.0, t - time.monotonic()))
+
+
+def run_trial(cluster: Cluster, fault: str, rep: int) -> Trial:
+    cluster.top_up()
+    # The previous hand-over set the new leader's renew and poll cycles going at a
+    # fixed offset from here; a random wait puts the fault anywhere in them.
+    time.sleep(random.uniform(0, 1.0))
+    leader = cluster.wait_steady()
+    before = {r.index for r in cluster.live()}
+    t0 = time.monotonic()
+    if fault == "graceful":
+        leader.child.signal(signal.SIGTERM, group=False)
+        leader.retired = True
+        fault_end = t0
+    elif fault == "sigkill":
+        leader.child.kill()
+        leader.retired = True
+        fault_end = t0
+    elif fault == "sigstop":
+        leader.child.signal(signal.SIGSTOP)
+        fault_end = t0 + PAUSE
+        _sleep_until(fault_end)
+        leader.child.signal(signal.SIGCONT)
+    elif fault == "partition":
+        assert leader.proxy is not None
+        leader.proxy.hold()
+        fault_end = t0 + PARTITION
+        _sleep_until(fault_end)
+        leader.proxy.release()
+    else:
+        cluster.store.restart()
+        fault_end = time.monotonic()
+
+    # Recovered: another replica publishes, or anyone does once the fault is over
+    # (a file lock stays with a paused holder; a store restart may keep the leader).
+    recovered = None
+    while recovered is None and time.monotonic() < fault_end + GIVE_UP:
+        for m in cluster.recorder.since(t0):
+            if m.replica != leader.index or m.t > fault_end:
+                recovered = m.t
+                break
+        else:
+            time.sleep(0.05)
+    if recovered is None:
+        t_end = time.monotonic()
+    else:
+        if fault in ("graceful", "sigkill"):
+            # The replacement boots while the hand-over settles, as an orchestrator's
+            # would; it is not competing yet when the next fault starts.
+            cluster.spawn()
+        t_end = max(fault_end, recovered) + SETTLE
+        _sleep_until(t_end)
+    if fault == "graceful" and leader.child.alive:
+        time.sleep(2.0)  # a beat that ignored SIGTERM would distort the next fault
+        leader.child.kill()
+
+    window = [m for m in cluster.recorder.since(t0 - 2.0) if m.t <= t_end]
+    prior = [m.t for m in window if m.t <= t0]
+    after = [m.t for m in window if m.t > t0]
+    times = prior[-1:] + after
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    if recovered is None:
+        gaps.append(t_end - times[-1])
+    shown = [m for m in window if m.t >= t0 - 1.0]
+    rows: dict[int | None, int] = {leader.index: 0}
+    for m in shown:
+        rows.setdefault(m.replica, len(rows))
+    expected = len(before) - (1 if fault in ("graceful", "sigkill") else 0)
+    alive = sum(
+        1 for r in cluster.replicas if r.index in before and not r.retired and r.child.alive
+    )
+    orphans = sum(
+        1
+        for r in cluster.replicas
+        if r.index in before and not r.child.alive and group_alive(r.child.pid)
+    )
+    return Trial(
+        fault, rep, t0, fault_end, t_end, leader.index, max(gaps), recovered, alive, expected,
+        orphans, messages=shown, rows=rows,
+    )  # fmt: skip
+
+
+def mark_duplicates(messages: list[Message], by_slot: bool) -> None:
+    """Flag every publish of a slot that went out before.
+
+    With slots (celery-leader's ``leader_slot``, redbeat's entry + ``last_run_at``)
+    a repeat is exact. Without them (single-beat), publishes are ordered by send
+    time and one sent less than half a period after the last counted one is a
+    repeat: one publisher never sends that fast, two publishers do it once per period.
+    """
+    if by_slot:
+        seen: set[str | None] = set()
+        for m in sorted(messages, key=lambda m: m.t):
+            m.dup = m.slot in seen
+            seen.add(m.slot)
+        return
+    last = float("-inf")
+    for m in sorted(messages, key=lambda m: m.sent):
+        m.dup = m.sent - last < PERIOD / 2
+        if not m.dup:
+            last = m.sent
+
+
+def _attribute_duplicates(result: SystemResult, messages: list[Message]) -> None:
+    """Count each duplicate against the fault it followed (until the next one began)."""
+    trials = sorted(result.trials, key=lambda t: t.t0)
+    for m in messages:
+        if not m.dup:
+            continue
+        owner = None
+        for trial in trials:
+            if trial.t0 - 1.0 <= m.t:
+                owner = trial
+        if owner is None:
+            result.stray_dups += 1
+        else:
+            owner.dups += 1
+
+
+def run_system(
+    system: System,
+    reps: int,
+    quick: bool,
+    broker: RedisServer,
+    pg: PostgresServer | None,
+    log: Callable[[str], None],
+) -> SystemResult:
+    result = SystemResult(system, dup_method="period" if system.kind == "single-beat" else "slot")
+    reason = system.unavailable()
+    if reason is None and system.store == "postgres" and pg is None:
+        reason = "PostgreSQL did not start"
+    if reason is not None:
+        result.skipped = reason
+        log(f"  skipped {system.label}: {reason}")
+        return result
+    with broker.client() as client:
+        client.flushall()
+    workdir = Path(tempfile.mkdtemp(prefix=f"bench-{system.key}-"))
+    store = Store(system.store, pg)
+    cluster = Cluster(system, store, broker.url, workdir)
+    try:
+        faults = system.faults(quick)
+        plan = [(f, rep) for rep in range(reps) for f in faults if f != "store-restart"]
+        # Once at the end: redbeat's beats do not survive it, and nothing after should
+        # start from a wiped store.
+        plan += [("store-restart", 0)] if "store-restart" in faults else []
+        for fault, rep in plan:
+            trial = run_trial(cluster, fault, rep)
+            result.trials.append(trial)
+            log(
+                f"  {system.label:27} {FAULT_LABELS[fault]:15} rep {rep + 1}: gap "
+                f"{'>' if trial.censored else ''}{trial.gap:.2f} s, "
+                f"alive {trial.alive}/{trial.expected_alive}"
+            )
+        time.sleep(0.5)  # let the last messages reach the recorder
+    except RuntimeError as exc:
+        result.skipped = f"stopped early: {exc}"
+        log(f"  {system.label}: {result.skipped}; logs in {workdir}")
+    finally:
+        cluster.close()
+        store.close()
+    messages = cluster.recorder.messages
+    mark_duplicates(messages, by_slot=result.dup_method == "slot")
+    _attribute_duplicates(result, messages)
+    for trial in result.trials:
+        if trial.dups:
+            log(f"  {system.label}: {trial.dups} duplicate(s) after {trial.fault} #{trial.rep + 1}")
+    if result.skipped is None:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return result
+
+
+def run(
+    reps: int, quick: bool, log: Callable[[str], None], systems: tuple[System, ...] = SYSTEMS
+) -> list[SystemResult]:
+    broker = RedisServer()
+    broker.start()
+    pg: PostgresServer | None = None
+    if any(s.store == "postgres" and s.unavailable() is None for s in systems):
+        pg = PostgresServer()
+        try:
+            pg.start()
+        except (AssertionError, RuntimeError) as exc:
+            log(f"  PostgreSQL did not start: {exc}")
+            pg.close()
+            pg = None
+    try:
+        return [run_system(s, reps, quick, broker, pg, log) for s in systems]
+    finally:
+        broker.close()
+        if pg is not None:
+            pg.close()
+
+
+# -- reporting ---------------------------------------------------------------
+
+
+def _seconds(trials: list[Trial]) -> str:
+    if not trials:
+        return "n/a"
+    gaps = [t.gap for t in trials]
+    mark = ">" if any(t.censored for t in trials) else ""
+    if len(trials) == 1:
+        return f"{mark}{gaps[0]:.2f}"
+    return f"{statistics.median(gaps):.2f} / {mark}{max(gaps):.2f}"
+
+
+def handover_table(results: list[SystemResult]) -> str:
+    faults = [f for f in FAULTS if any(r.of(f) for r in results)]
+    lines = [
+        "| system | " + " | ".join(FAULT_LABELS[f] for f in faults) + " |",
+        "|---" * (len(faults) + 1) + "|",
+    ]
+    for r in results:
+        if r.skipped and not r.trials:
+            cells = [f"skipped: {r.skipped}"] + [""] * (len(faults) - 1)
+        else:
+            cells = [_seconds(r.of(f)) for f in faults]
+        lines.append(f"| {r.system.label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def safety_table(results: list[SystemResult]) -> str:
+    faults = [f for f in FAULTS if any(r.of(f) for r in results)]
+    lines = [
+        "| system | " + " | ".join(FAULT_LABELS[f] for f in faults) + " |",
+        "|---" * (len(faults) + 1) + "|",
+    ]
+    for r in results:
+        if r.skipped and not r.trials:
+            continue
+        cells = []
+        for f in faults:
+            trials = r.of(f)
+            if not trials:
+                cells.append("n/a")
+                continue
+            dups = sum(t.dups for t in trials)
+            alive = sum(t.alive for t in trials)
+            expected = sum(t.expected_alive for t in trials)
+            orphans = sum(t.orphans for t in trials)
+            cells.append(
+                f"{dups} dup, {alive}/{expected} alive"
+                + (f", {orphans} orphaned beat" if orphans else "")
+            )
+        mark = " (by period)" if r.dup_method == "period" else ""
+        lines.append(f"| {r.system.label}{mark} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(results: list[SystemResult], path: Path) -> None:
+    """One row per system, one column per fault: the first repetition's publishes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [r for r in results if r.trials]
+    faults = [f for f in FAULTS if any(r.of(f) for r in shown)]
+    if not shown:
+        return
+    fig, axes = plt.subplots(
+        len(shown), len(faults), figsize=(3.3 * len(faults), 1.5 * len(shown) + 0.8),
+        squeeze=False, sharey=True,
+    )  # fmt: skip
+    # One time scale per column, so systems compare at a glance.
+    spans = {
+        f: max((r.of(f)[0].t_end - r.of(f)[0].t0 for r in shown if r.of(f)), default=1.0)
+        for f in faults
+    }
+    colors = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown")
+    for i, r in enumerate(shown):
+        for j, fault in enumerate(faults):
+            ax = axes[i][j]
+            trials = r.of(fault)
+            ax.set_yticks(range(REPLICAS), ["A", "B", "C"][:REPLICAS])
+            ax.set_ylim(-0.6, REPLICAS - 0.4)
+            ax.invert_yaxis()
+            if i == len(shown) - 1:
+                ax.set_xlabel("s after the fault")
+            if j == 0:
+                ax.set_ylabel(r.system.label.replace(", ", "\n"), fontsize=8)
+            if not trials:
+                ax.text(0.5, 0.5, "n/a", ha="center", va="center", transform=ax.transAxes)
+                ax.set_xticks([])
+                continue
+            trial = trials[0]
+            if trial.fault_end > trial.t0:
+                ax.axvspan(0, trial.fault_end - trial.t0, color="0.9")
+            ax.axvline(0, color="k", lw=0.8)
+            for m in trial.messages:
+                row, dt = trial.rows[m.replica], m.t - trial.t0
+                ax.plot(
+                    [dt, dt], [row - 0.35, row + 0.35],
+                    color="red" if m.dup else colors[row % len(colors)], lw=1.4 if m.dup else 0.9,
+                )  # fmt: skip
+            ax.set_xlim(-1.0, spans[fault])
+            title = f"gap {'>' if trial.censored else ''}{trial.gap:.2f} s"
+            if trial.dups:
+                title += f", {trial.dups} dup"
+            if i == 0:
+                title = f"{FAULT_LABELS[fault]}\n{title}"
+            ax.set_title(title, fontsize=8)
+            ax.tick_params(labelsize=7)
+    fig.suptitle(
+        f"One fail-over per system: each tick is a publish; A is the leader hit at 0 s; "
+        f"grey: fault; red: duplicate (ttl {TTL} s, entry every {PERIOD} s)",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

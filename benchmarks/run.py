@@ -1,0 +1,440 @@
+"""Every benchmark in one command; prints one Markdown report.
+
+    .venv/bin/python benchmarks/run.py [--quick] [--reps N] [--publish]
+
+Writes ``benchmarks/results/latest.md`` and ``benchmarks/results/failover.png``;
+with ``--publish`` also ``docs/benchmarks.md`` and ``docs/img/failover.png``.
+Everything runs on loopback: real redis-server and PostgreSQL processes, real
+``celery beat`` processes. Every process started is killed before it exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import os
+import platform
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run as a script: make ``benchmarks`` and ``tests`` importable
+
+from benchmarks import failover, store_load  # noqa: E402
+from benchmarks._procs import kill_all  # noqa: E402
+from tests.support.servers import PG_BIN  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+DOCS = ROOT / "docs"
+COMMAND = ".venv/bin/python benchmarks/run.py"
+
+#: Benchmarks written as scripts of their own: module, extra arguments for --quick.
+EXTERNAL = (
+    ("3. `@leader_only` cost", "bench_leader_only", ()),
+    ("4. Dispatch rate, 10,000 entries due at once", "bench_dispatch", ("--rounds", "1")),
+)
+EXTERNAL_TIMEOUT = 300
+
+#: What the issue measured for redbeat and single-beat with ttl 3 s: the numbers to beat.
+GOALS = {"redbeat": {"graceful": 0.8, "sigkill": 3.6}, "single-beat": {"graceful": 4.0}}
+GOAL_PARTITION_DUPS = 75
+
+
+_START = time.monotonic()
+
+
+def log(line: str) -> None:
+    elapsed = int(time.monotonic() - _START)
+    print(f"[{elapsed // 60:02d}:{elapsed % 60:02d}] {line}", file=sys.stderr, flush=True)
+
+
+def run_external(module: str, quick_args: tuple[str, ...], quick: bool) -> str:
+    """The Markdown a benchmark script prints, or one line saying why there is none."""
+    if not (ROOT / "benchmarks" / f"{module}.py").exists():
+        line = f"_Skipped: benchmarks/{module}.py does not exist yet._"
+        log(f"  {line}")
+        return line
+    argv = [sys.executable, "-m", f"benchmarks.{module}", *(quick_args if quick else ())]
+    proc = subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its servers and children die with its group on timeout
+    )
+    try:
+        out, _ = proc.communicate(timeout=EXTERNAL_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return f"_Failed: benchmarks/{module}.py took more than {EXTERNAL_TIMEOUT} s._"
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever it left behind
+        except ProcessLookupError:
+            pass
+    if proc.returncode != 0:
+        return f"_Failed: benchmarks/{module}.py exited with {proc.returncode}._\n\n{out.strip()}"
+    return out.strip()
+
+
+def _median(result: failover.SystemResult | None, fault: str) -> float | None:
+    trials = result.of(fault) if result is not None else []
+    return statistics.median(t.gap for t in trials) if trials else None
+
+
+def claims_table(results: list[failover.SystemResult]) -> str:
+    """The guarantees page's liveness and safety claims against the worst run of each.
+
+    A publish happens only when the entry is due, so a gap may exceed the
+    hand-over itself by up to one period. After a store restart the claim
+    counts from the moment the store answers again.
+    """
+    ttl, slack, renew = failover.TTL, failover.PERIOD, failover.TTL / 3
+    by_key = {r.system.key: r for r in results}
+    bounds = {
+        "leader-redis": {
+            "graceful": 0.5,
+            "sigkill": ttl + 0.5,
+            "sigstop": ttl + 0.5,
+            "partition": ttl + 0.5,
+            "store-restart": renew + 0.5,
+        },
+        "leader-postgres": {
+            "graceful": 0.5,
+            "sigkill": 0.5,
+            "sigstop": ttl + 0.5,
+            "partition": ttl + 0.5,
+            "store-restart": renew + 0.5,
+        },
+        "leader-file": {"graceful": 0.5, "sigkill": 0.5},
+    }
+    lines = [
+        f"| celery-leader claim (guarantees page) | bound + one period ({slack:g} s) "
+        "| worst run | slots sent twice | holds |",
+        "|---|---|---|---|---|",
+    ]
+    for key, faults in bounds.items():
+        result = by_key.get(key)
+        for fault, bound in faults.items():
+            trials = result.of(fault) if result is not None else []
+            if result is None or not trials:
+                continue
+            if fault == "store-restart":
+                waits = [None if t.censored else t.recovered - t.fault_end for t in trials]
+            else:
+                waits = [None if t.censored else t.gap for t in trials]
+            worst = None if None in waits else max(waits)
+            dups = sum(t.dups for t in trials)
+            ok = worst is not None and worst <= bound + slack and dups == 0
+            lines.append(
+                f"| {result.system.label}: {failover.FAULT_LABELS[fault]} | {bound + slack:.2f} s "
+                f"| {'none' if worst is None else f'{worst:.2f} s'} | {dups} "
+                f"| {'yes' if ok else '**no**'} |"
+            )
+    return "\n".join(lines)
+
+
+def _trials(results: list[failover.SystemResult], faults: tuple[str, ...]) -> list[failover.Trial]:
+    return [t for r in results for t in r.trials if t.fault in faults]
+
+
+def _alive(trials: list[failover.Trial]) -> str:
+    return f"{sum(t.alive for t in trials)}/{sum(t.expected_alive for t in trials)} alive"
+
+
+def goals_table(results: list[failover.SystemResult]) -> str:
+    """The issue's targets, measured there for redbeat and single-beat with ttl 3 s."""
+    by_key = {r.system.key: r for r in results}
+    ours = [r for r in results if r.system.kind == "leader" and r.trials]
+    lines = [
+        "| goal | others, this run | celery-leader, this run | met |",
+        "|---|---|---|---|",
+    ]
+    for key, goals in GOALS.items():
+        for fault, target in goals.items():
+            theirs = _median(by_key.get(key), fault)
+            mine = [(m, r.system.label) for r in ours if (m := _median(r, fault)) is not None]
+            if not mine:
+                continue
+            slowest, label = max(mine)
+            met = slowest < target and (theirs is None or slowest < theirs)
+            lines.append(
+                f"| faster {failover.FAULT_LABELS[fault]} hand-over than {key}'s {target:g} s "
+                f"| {key}: {'not run' if theirs is None else f'{theirs:.2f} s'} "
+                f"| slowest: {label}, {slowest:.2f} s | {'yes' if met else '**no**'} |"
+            )
+    partition = _trials(ours, ("partition",))
+    single = _trials([r for r in results if r.system.kind == "single-beat"], ("partition",))
+    if partition:
+        mine_dups = sum(t.dups for t in partition)
+        lines.append(
+            f"| fewer duplicates than single-beat's {GOAL_PARTITION_DUPS} in a "
+            f"{failover.PARTITION:g} s partition "
+            f"| single-beat: {sum(t.dups for t in single)} in {len(single)} runs "
+            f"| {mine_dups} in {len(partition)} runs | {'yes' if mine_dups == 0 else '**no**'} |"
+        )
+    lost = ("sigstop", "partition", "store-restart")
+    mine_lost = _trials(ours, lost)
+    if mine_lost:
+        redbeat = _trials([r for r in results if r.system.kind == "redbeat"], lost)
+        kept = all(t.alive == t.expected_alive for t in mine_lost)
+        lines.append(
+            "| no beat dies after a lost lock or a store restart (all of redbeat's do) "
+            f"| redbeat: {_alive(redbeat)} | {_alive(mine_lost)} | {'yes' if kept else '**no**'} |"
+        )
+    return "\n".join(lines)
+
+
+def summary(results: list[failover.SystemResult]) -> str:
+    """Ratios rather than seconds: they carry over from this noisy machine to others."""
+    by_key = {r.system.key: r for r in results}
+    out = []
+    for fault in ("graceful", "sigkill"):
+        ours = {
+            k: _median(by_key.get(k), fault)
+            for k in ("leader-redis", "leader-postgres", "leader-file")
+        }
+        others = {k: _median(by_key.get(k), fault) for k in ("redbeat", "single-beat")}
+        parts = []
+        for key, mine in ours.items():
+            if mine is None:
+                continue
+            ratios = [
+                f"{by_key[other].system.label} {theirs / mine:.1f}x that"
+                for other, theirs in others.items()
+                if theirs is not None
+            ]
+            parts.append(f"{by_key[key].system.label} {mine:.2f} s ({', '.join(ratios)})")
+        if parts:
+            out.append(f"* {failover.FAULT_LABELS[fault]}, median gap: " + "; ".join(parts) + ".")
+    for result in results:
+        if result.trials:
+            dups = sum(t.dups for t in result.trials)
+            orphans = sum(t.orphans for t in result.trials)
+            extra = f", {orphans} orphaned beat(s) left publishing" if orphans else ""
+            if result.stray_dups:
+                extra += f", {result.stray_dups} more while the cluster started"
+            out.append(
+                f"* {result.system.label}: {dups} duplicate publishes in {len(result.trials)} "
+                f"faults{extra}."
+            )
+    return "\n".join(out)
+
+
+def environment() -> str:
+    redis_version = (
+        subprocess.run(["redis-server", "--version"], capture_output=True, text=True, check=False)
+        .stdout.split()[2]
+        .removeprefix("v=")
+    )
+    pg_version = subprocess.run(
+        [str(PG_BIN / "postgres"), "--version"], capture_output=True, text=True, check=False
+    ).stdout.split()[2]
+    versions = ", ".join(
+        f"{name} {importlib.metadata.version(name)}"
+        for name in ("celery", "redis", "celery-redbeat", "single-beat")
+        if _installed(name)
+    )
+    return (
+        f"{datetime.date.today().isoformat()}; {os.cpu_count()} CPUs, "
+        f"load {os.getloadavg()[0]:.2f} at start; Python {platform.python_version()}, "
+        f"{versions}; redis-server {redis_version}, PostgreSQL {pg_version}"
+    )
+
+
+def _installed(name: str) -> bool:
+    try:
+        importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def report(args: argparse.Namespace, image: str) -> str:
+    started = time.monotonic()
+    env = environment()
+    sections = []
+    log("1-2. hand-over, duplicates and survivors")
+    results = failover.run(args.reps, args.quick, log)
+    failover.plot(results, RESULTS / "failover.png")
+    runs = "1 run" if args.reps == 1 else f"median / max of {args.reps} runs"
+    if any(r.of("store-restart") for r in results):
+        runs += "; store restart: 1 run"
+    sections.append(
+        f"## 1. Hand-over gap, seconds ({runs})\n\n"
+        "The longest silence between two publishes around the fault, as the broker saw "
+        f"them; the entry is due every {failover.PERIOD:g} s, so that is the floor. "
+        "`>`: nothing was published again before the benchmark gave up.\n\n"
+        f"{failover.handover_table(results)}\n\n![One fail-over per system]({image})"
+    )
+    sections.append(
+        "## 2. Duplicates and survivors (sum over the runs)\n\n"
+        "Slots sent twice, and beat replicas still running at the end of the fault "
+        "(out of those that should be: the stopped or killed leader is not counted).\n\n"
+        f"{failover.safety_table(results)}\n\n{summary(results)}\n\n"
+        f"### Goals\n\n{goals_table(results)}\n\n"
+        f"### celery-leader's own claims\n\n{claims_table(results)}"
+    )
+    for title, module, quick_args in EXTERNAL:
+        log(title)
+        sections.append(f"## {title}\n\n{run_external(module, quick_args, args.quick)}")
+    log("5. store load")
+    loads = store_load.run(args.quick, log)
+    sections.append(
+        f"## 5. Store load: {store_load.HOLDERS} lease holders, {store_load.ELECTIONS} "
+        f"elections, ttl {store_load.TTL:g} s\n\n{store_load.table(loads)}"
+    )
+    minutes = (time.monotonic() - started) / 60
+    head = (
+        f"_`{COMMAND}{' --quick' if args.quick else ''}` on {env}; "
+        f"ttl {failover.TTL} s everywhere; took {minutes:.1f} min._"
+    )
+    return head + "\n\n" + "\n\n".join(sections) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="1 run, fewer faults (~3 min)")
+    parser.add_argument("--reps", type=int, help="runs of each fault (default 5; --quick: 1)")
+    parser.add_argument(
+        "--publish", action="store_true", help="also write docs/benchmarks.md and its plot"
+    )
+    args = parser.parse_args()
+    args.reps = args.reps or (1 if args.quick else 5)
+    # SIGTERM unwinds like Ctrl-C, so the servers and beats below are stopped too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    try:
+        body = report(args, "failover.png")
+    finally:
+        kill_all()
+    (RESULTS / "latest.md").write_text("# Benchmark results\n\n" + body)
+    print(body)
+    if args.publish:
+        (DOCS / "img").mkdir(exist_ok=True)
+        shutil.copyfile(RESULTS / "failover.png", DOCS / "img" / "failover.png")
+        page = PAGE.format(
+            command=COMMAND,
+            pause=failover.PAUSE,
+            partition=failover.PARTITION,
+            # One heading level down: the results sit under the page's own sections.
+            results=re.sub(r"(?m)^(#{2,}) ", r"#\1 ", body).replace(
+                "(failover.png)", "(img/failover.png)"
+            ),
+        )
+        (DOCS / "benchmarks.md").write_text(page)
+        log("wrote docs/benchmarks.md and docs/img/failover.png")
+    return 0
+
+
+PAGE = """# Benchmarks
+
+One command runs them all, on one machine, with real servers and real processes
+on loopback (no Docker):
+
+```bash
+{command}            # ~15 min; --quick: ~3 min, 1 run, fewer faults
+{command} --publish  # also rewrites this page and its plot
+```
+
+It prints the Markdown below and writes it to `benchmarks/results/latest.md`.
+Read the numbers as ratios: the machine is shared and noisy, so absolute
+seconds move from run to run; who is faster by how much does not.
+
+## How the fail-over benchmark works
+
+* **Systems**, all with a 3 s lock: celery-leader's `LeaderScheduler` on Redis,
+  PostgreSQL and a file lock (`leader_ttl = 3`, renewing every 1 s);
+  celery-redbeat (`redbeat_lock_timeout = 3`, `beat_max_loop_interval = 1`,
+  so standbys retry the lock every second); single-beat wrapping the stock
+  `celery beat` (`SINGLE_BEAT_LOCK_TIME=3`, `SINGLE_BEAT_HEARTBEAT_INTERVAL=1`,
+  the smallest it accepts). The app is `benchmarks/apps/bench_app.py`.
+* **Three replicas per system**, each a real `celery beat` process (or
+  `single-beat celery beat`), with one entry due every 0.1 s. A dead replica
+  is replaced before the next fault, as an orchestrator would; its whole
+  process group is killed first.
+* **Gaps are measured at the broker**: a thread pops every message off the
+  Redis queue and stamps it; Celery's `origin` header names the publishing
+  process. The gap is the longest interval between consecutive publishes from
+  just before the fault until the hand-over has settled.
+* **Faults**, applied to whichever replica is publishing: `SIGTERM` to the main
+  process (what `docker stop` does); `SIGKILL` to its process group; `SIGSTOP`
+  for {pause:g} s (past the ttl) then `SIGCONT`; a partition, where the replica's
+  own TCP proxy to the lock store holds all traffic for {partition:g} s while the
+  broker stays reachable (the split in which a stale leader can keep
+  publishing); and a restart of the lock store itself (once per system; Redis
+  runs without persistence, so it comes back empty). A file lock has no network
+  to cut and no server to restart.
+* **Duplicates**: celery-leader stamps each message with its slot
+  (`leader_slot`, entry + due time); a slot seen twice is a duplicate. For
+  redbeat the benchmark's scheduler subclass stamps the entry and the
+  `last_run_at` it was due after, read from redbeat's shared schedule, which
+  is the same thing. single-beat's beats share no schedule, so its
+  duplicates are counted per period: ordered by send time, a publish less than
+  half a period after the previous one is a second copy of that period's run
+  (one beat never sends that fast; two beats do it once per period). Counted
+  that way, celery-leader and redbeat show no duplicates either.
+* **Survivors**: beat replicas still running when the fault has settled.
+  An *orphaned beat* is a `celery beat` still running after its single-beat
+  wrapper died.
+
+## How the store-load benchmark works
+
+200 leases (one backend, so one set of connections, each: as 200 processes
+would have) in 20 elections run in 4 processes against one Redis and one
+PostgreSQL, with ttl 3 s. Once every election is led, the store's work is
+counted over a window: Redis commands from `INFO commandstats` (which counts
+the commands inside each Lua script too; every request of the backend is one
+script call, a round trip); PostgreSQL
+statements from `pg_stat_statements`, plus the failed ones from the server log
+(a queued follower's lock wait ends with `lock_timeout` once per ttl and starts
+again). Server CPU is Redis' `used_cpu_user + used_cpu_sys`, or the CPU of
+every PostgreSQL process. Then every holder process is killed at once and a
+new fleet started, and the time until all 20 elections have a leader from the
+new fleet is measured from the kill (and likewise after SIGTERM, when every
+holder releases first). Load scales with `1 / leader_ttl`: the default ttl of
+15 s costs a fifth of this.
+
+## Reading the results
+
+* **Graceful stop** is a release plus a wake-up for celery-leader on every
+  store (Redis pub/sub, a queued `pg_advisory_lock`, a blocked `flock`), so
+  the gap is about one schedule period. redbeat releases too, but its standbys
+  only look once per `beat_max_loop_interval`; single-beat never releases, so
+  its standbys wait out the lock.
+* **SIGKILL**: PostgreSQL and the kernel free a dead process's lock at once;
+  Redis cannot tell dead from slow, so celery-leader on Redis waits out the
+  rest of the ttl (less than the ttl: the term was renewed up to 1 s before),
+  and its followers wake when the key expires rather than on a polling tick.
+* **SIGSTOP and partition**: celery-leader's paused or cut-off leader stops
+  believing before its term can pass to anyone, and its slot claims are fenced,
+  so nothing is sent twice and it rejoins as a follower. A file lock stays with
+  a paused holder (documented: it is safe, not live). redbeat's old leader
+  crashes when it finds its lock gone. single-beat's child keeps publishing
+  while its wrapper is cut off; the wrapper then dies of the Redis read timeout
+  (redis-py 8 times reads out after 5 s by default) without stopping its
+  child, which keeps publishing until something kills its process group. After
+  a pause, single-beat's two beats publish side by side until a heartbeat
+  sorts them out, and sometimes it is the new leader that is terminated: every
+  holder counts its fence token from 0, and the check is a GET followed by a
+  separate SET.
+* **Store restart**: Redis comes back empty. celery-leader re-elects and
+  carries on (epochs keep growing); redbeat's schedule was in that Redis, so
+  its new leader has nothing to send until a beat restarts.
+
+## Latest results
+
+{results}"""
+
+
+if __name__ == "__main__":
+    sys.exit(main())
