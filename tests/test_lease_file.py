@@ -63,9 +63,7 @@ def test_sigkill_of_the_holder_hands_over_at_once(cluster: LeaseCluster) -> None
             at = cluster.kill(leader)
             term = cluster.wait_term_after(at, 3, other_than=leader)
             handovers.append(term.start - at)
-            replacement = cluster.spawn(leader.slot)
-            leader = cluster.wait_leader(5)
-            cluster.wait_settled(replacement, 0.0, STARTUP)
+            leader = cluster.replace(leader, STARTUP)
     print(f"\nHANDOVER file SIGKILL: {stats(handovers)}")
     assert max(handovers) <= 0.5
     assert not samples.several()
@@ -81,9 +79,7 @@ def test_graceful_stop_hands_over_within_half_a_second(cluster: LeaseCluster) ->
             term = cluster.wait_term_after(at, 3, other_than=leader)
             handovers.append(term.start - at)
             assert leader.proc.wait(timeout=10) == 0
-            replacement = cluster.spawn(leader.slot)
-            leader = cluster.wait_leader(5)
-            cluster.wait_settled(replacement, 0.0, STARTUP)
+            leader = cluster.replace(leader, STARTUP)
     print(f"\nHANDOVER file graceful stop(): {stats(handovers)}")
     assert max(handovers) <= 0.5
     assert not samples.several()

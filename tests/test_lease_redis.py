@@ -104,9 +104,7 @@ def test_sigkill_of_the_holder_follower_leads_within_ttl(cluster: LeaseCluster) 
             at = cluster.kill(leader)
             term = cluster.wait_term_after(at, TTL + 3, other_than=leader)
             handovers.append(term.start - at)
-            replacement = cluster.spawn(leader.slot)
-            leader = cluster.wait_leader(5)
-            cluster.wait_settled(replacement, 0.0, STARTUP)
+            leader = cluster.replace(leader, STARTUP)
     report("SIGKILL (ttl 2 s)", handovers)
     assert max(handovers) <= TTL + 0.5
     assert not samples.several()
@@ -124,9 +122,7 @@ def test_graceful_stop_hands_over_within_half_a_second(cluster: LeaseCluster) ->
             assert leader.proc.wait(timeout=10) == 0
             stopped = leader.find("stopped")
             assert stopped is not None and stopped["is_leader"] is False
-            replacement = cluster.spawn(leader.slot)
-            leader = cluster.wait_leader(5)
-            cluster.wait_settled(replacement, 0.0, STARTUP)
+            leader = cluster.replace(leader, STARTUP)
     report("graceful stop()", handovers)
     assert max(handovers) <= 0.5
     assert not samples.several()

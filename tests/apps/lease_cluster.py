@@ -250,6 +250,13 @@ class LeaseCluster:
 
         wait_for(settled, timeout, message=lambda: f"{member} did not settle; {self.describe()}")
 
+    def replace(self, gone: Member, timeout: float) -> Member:
+        """Start a successor in ``gone``'s slot; return the leader once it has settled."""
+        successor = self.spawn(gone.slot)
+        leader = self.wait_leader(5)
+        self.wait_settled(successor, 0.0, timeout)
+        return leader
+
     @contextmanager
     def sampling(self, interval: float = SAMPLE_INTERVAL) -> Iterator[Samples]:
         """Sample the believers every ``interval`` seconds in a thread, for the block."""
