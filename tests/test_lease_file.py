@@ -158,7 +158,8 @@ def test_blocked_follower_takes_the_kernel_lock_at_once(procs: Procs, store: Pat
         lambda: any(t.name == f"celery-leader-flock:{lock.name}" for t in threading.enumerate()),
         2,
     )
-    time.sleep(0.1)  # let the flock thread block in flock()
+    # /proc/locks marks a request blocked behind a holder with "->".
+    wait_for(lambda: "->" in Path("/proc/locks").read_text(), 2, message="flock not blocked")
     assert not woke
     killed = time.monotonic()
     send_signal(holder, signal.SIGKILL)
