@@ -549,12 +549,18 @@ def _seconds(trials: list[Trial]) -> str:
     return f"{statistics.median(gaps):.2f} / {mark}{max(gaps):.2f}"
 
 
-def handover_table(results: list[SystemResult]) -> str:
+def _table_head(results: list[SystemResult]) -> tuple[list[str], list[str]]:
+    """The faults any system ran, and the Markdown header of a table with one column each."""
     faults = [f for f in FAULTS if any(r.of(f) for r in results)]
     lines = [
         "| system | " + " | ".join(FAULT_LABELS[f] for f in faults) + " |",
         "|---" * (len(faults) + 1) + "|",
     ]
+    return faults, lines
+
+
+def handover_table(results: list[SystemResult]) -> str:
+    faults, lines = _table_head(results)
     for r in results:
         if r.skipped and not r.trials:
             cells = [f"skipped: {r.skipped}"] + [""] * (len(faults) - 1)
@@ -565,11 +571,7 @@ def handover_table(results: list[SystemResult]) -> str:
 
 
 def safety_table(results: list[SystemResult]) -> str:
-    faults = [f for f in FAULTS if any(r.of(f) for r in results)]
-    lines = [
-        "| system | " + " | ".join(FAULT_LABELS[f] for f in faults) + " |",
-        "|---" * (len(faults) + 1) + "|",
-    ]
+    faults, lines = _table_head(results)
     for r in results:
         if r.skipped and not r.trials:
             continue

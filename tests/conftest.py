@@ -25,23 +25,15 @@ _SERVER_FIXTURES = ("redis_server", "postgres_server")
 
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer()
-    try:
-        server.start()
+    with RedisServer() as server:
         yield server
-    finally:
-        server.close()
 
 
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[PostgresServer]:
     # No skip on failure: a suite that silently skips its PostgreSQL tests looks green.
-    server = PostgresServer()
-    try:
-        server.start()
+    with PostgresServer() as server:
         yield server
-    finally:
-        server.close()
 
 
 @pytest.fixture(autouse=True)

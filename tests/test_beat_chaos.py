@@ -313,12 +313,8 @@ def slot_problems(published: list[Publish]) -> list[str]:
 @pytest.fixture
 def lease_store() -> Iterator[RedisServer]:
     """A redis-server for the lease alone, so restarting it empty keeps the broker's messages."""
-    server = RedisServer()
-    try:
-        server.start()
+    with RedisServer() as server:
         yield server
-    finally:
-        server.close()
 
 
 @pytest.fixture
@@ -506,10 +502,8 @@ def test_three_beats_on_postgres_never_send_a_slot_twice(
     # The server frees a crashed holder's lock when its session's socket closes, and a
     # paused or cut-off one's when idle_session_timeout (the ttl) ends the session. A
     # killed server recovers its tables: epochs and schedule state survive the restart,
-    # provided the commits reached the WAL. The suite's server runs with
-    # synchronous_commit=off, and the backend does not turn it on for its own sessions
-    # yet (test_a_claim_acknowledged_by_postgres_survives_a_crash), so libpq's PGOPTIONS
-    # does, as the fix would.
+    # because the backend turns synchronous_commit on for its sessions (the suite's server
+    # runs with it off; see test_a_claim_acknowledged_by_postgres_survives_a_crash).
     every_fault(
         postgres_server,
         postgres_url,

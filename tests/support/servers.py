@@ -14,7 +14,7 @@ import socket
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import psycopg
 import redis
@@ -100,6 +100,18 @@ class _Server:
         if self.running:
             self.stop()
         shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> Self:
+        """Start; the ``with`` block's end stops it and removes its data, even on failure."""
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _launch(self) -> None:
         raise NotImplementedError
