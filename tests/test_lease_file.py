@@ -51,19 +51,18 @@ def start_pair(cluster: LeaseCluster) -> tuple[Member, Member]:
     return a, b
 
 
+def exited_cleanly(member: Member) -> None:
+    assert member.proc.wait(timeout=10) == 0
+
+
 # -- hand-over -------------------------------------------------------------------------
 
 
 def test_sigkill_of_the_holder_hands_over_at_once(cluster: LeaseCluster) -> None:
     leader, _ = start_pair(cluster)
     cluster.wait_settled(cluster.spawn(2), 0.0, STARTUP)
-    handovers = []
     with cluster.sampling() as samples:
-        for _ in range(5):
-            at = cluster.kill(leader)
-            term = cluster.wait_term_after(at, 3, other_than=leader)
-            handovers.append(term.start - at)
-            leader = cluster.replace(leader, STARTUP)
+        handovers = cluster.hand_overs(leader, cluster.kill, 5, 3, STARTUP)
     print(f"\nHANDOVER file SIGKILL: {stats(handovers)}")
     assert max(handovers) <= 0.5
     assert not samples.several()
@@ -72,14 +71,8 @@ def test_sigkill_of_the_holder_hands_over_at_once(cluster: LeaseCluster) -> None
 
 def test_graceful_stop_hands_over_within_half_a_second(cluster: LeaseCluster) -> None:
     leader, _ = start_pair(cluster)
-    handovers = []
     with cluster.sampling() as samples:
-        for _ in range(3):
-            at = cluster.terminate(leader)
-            term = cluster.wait_term_after(at, 3, other_than=leader)
-            handovers.append(term.start - at)
-            assert leader.proc.wait(timeout=10) == 0
-            leader = cluster.replace(leader, STARTUP)
+        handovers = cluster.hand_overs(leader, cluster.terminate, 3, 3, STARTUP, exited_cleanly)
     print(f"\nHANDOVER file graceful stop(): {stats(handovers)}")
     assert max(handovers) <= 0.5
     assert not samples.several()

@@ -98,13 +98,8 @@ def test_five_processes_exactly_one_leads(cluster: LeaseCluster) -> None:
 def test_sigkill_of_the_holder_follower_leads_within_ttl(cluster: LeaseCluster) -> None:
     leader, _ = start_pair(cluster)
     cluster.wait_settled(cluster.spawn(2), 0.0, STARTUP)
-    handovers = []
     with cluster.sampling() as samples:
-        for _ in range(3):
-            at = cluster.kill(leader)
-            term = cluster.wait_term_after(at, TTL + 3, other_than=leader)
-            handovers.append(term.start - at)
-            leader = cluster.replace(leader, STARTUP)
+        handovers = cluster.hand_overs(leader, cluster.kill, 3, TTL + 3, STARTUP)
     report("SIGKILL (ttl 2 s)", handovers)
     assert max(handovers) <= TTL + 0.5
     assert not samples.several()
@@ -113,16 +108,16 @@ def test_sigkill_of_the_holder_follower_leads_within_ttl(cluster: LeaseCluster) 
 
 def test_graceful_stop_hands_over_within_half_a_second(cluster: LeaseCluster) -> None:
     leader, _ = start_pair(cluster)
-    handovers = []
+
+    def stopped_as_follower(member: Member) -> None:
+        assert member.proc.wait(timeout=10) == 0
+        stopped = member.find("stopped")
+        assert stopped is not None and stopped["is_leader"] is False
+
     with cluster.sampling() as samples:
-        for _ in range(3):
-            at = cluster.terminate(leader)
-            term = cluster.wait_term_after(at, 3, other_than=leader)
-            handovers.append(term.start - at)
-            assert leader.proc.wait(timeout=10) == 0
-            stopped = leader.find("stopped")
-            assert stopped is not None and stopped["is_leader"] is False
-            leader = cluster.replace(leader, STARTUP)
+        handovers = cluster.hand_overs(
+            leader, cluster.terminate, 3, 3, STARTUP, stopped_as_follower
+        )
     report("graceful stop()", handovers)
     assert max(handovers) <= 0.5
     assert not samples.several()

@@ -27,7 +27,7 @@ import signal
 import statistics
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -256,6 +256,29 @@ class LeaseCluster:
         leader = self.wait_leader(5)
         self.wait_settled(successor, 0.0, timeout)
         return leader
+
+    def hand_overs(
+        self,
+        leader: Member,
+        fault: Callable[[Member], float],
+        rounds: int,
+        timeout: float,
+        startup: float,
+        check: Callable[[Member], None] = lambda gone: None,
+    ) -> list[float]:
+        """Hit the leader with ``fault`` ``rounds`` times, replacing it each time.
+
+        Returns, per round, the seconds from the fault to the next member's term;
+        ``check`` looks at the member that was hit before it is replaced.
+        """
+        taken = []
+        for _ in range(rounds):
+            at = fault(leader)
+            term = self.wait_term_after(at, timeout, other_than=leader)
+            taken.append(term.start - at)
+            check(leader)
+            leader = self.replace(leader, startup)
+        return taken
 
     @contextmanager
     def sampling(self, interval: float = SAMPLE_INTERVAL) -> Iterator[Samples]:
