@@ -17,7 +17,7 @@ import pytest
 from celery_leader import Lease
 from celery_leader.backends.base import Renewal
 from celery_leader.backends.file import FileBackend
-from tests.apps.lease_cluster import LeaseCluster, Member, run_chaos, stats
+from tests.apps.lease_cluster import LeaseCluster, Member, describe_memory, run_chaos, stats
 from tests.support.procs import Procs
 from tests.support.procs import signal as send_signal
 from tests.support.waiting import wait_for
@@ -266,14 +266,7 @@ def test_steady_state_memory(cluster: LeaseCluster) -> None:
     mem = {m.ident: m.wait_event("mem", 5) for m in (leader, follower)}
     print("\nSTEADY STATE file:")
     for ident, sample in mem.items():
-        print(
-            f"  {ident}: traced heap {sample['end'] / 1024:.1f} KiB, "
-            f"{sample['without_imports'] / 1024:.1f} KiB of it not module imports "
-            f"(peak {sample['peak'] / 1024:.1f} KiB, "
-            f"+{(sample['end'] - sample['begin']) / 1024:.1f} KiB over the window), "
-            f"threads {sample['threads_begin']}->{sample['threads_end']}, "
-            f"fds {sample['fds_begin']}->{sample['fds_end']}, leader={sample['is_leader']}"
-        )
+        print(f"  {ident}: {describe_memory(sample)}")
     assert mem[leader.ident]["is_leader"] and not mem[follower.ident]["is_leader"]
     for sample in mem.values():
         assert sample["end"] < 512 * 1024, "well under 1 MB"

@@ -25,7 +25,7 @@ import redis
 from celery_leader import LeaderConfig, Lease
 from celery_leader.backends import create_backend
 from celery_leader.backends.redis import RedisBackend
-from tests.apps.lease_cluster import LeaseCluster, Member, run_chaos, stats
+from tests.apps.lease_cluster import LeaseCluster, Member, describe_memory, run_chaos, stats
 from tests.support.procs import Procs
 from tests.support.procs import signal as send_signal
 from tests.support.servers import RedisServer, free_port
@@ -426,14 +426,7 @@ def test_steady_state_memory_and_commands(
     lua = sorted({cmd for _, addr, cmd in in_window if addr == "lua"})
     print(f"  (inside Lua, not sent by clients: {lua}; commandstats: {command_stats})")
     for ident, sample in mem.items():
-        print(
-            f"  {ident}: traced heap {sample['end'] / 1024:.1f} KiB, "
-            f"{sample['without_imports'] / 1024:.1f} KiB of it not module imports "
-            f"(peak {sample['peak'] / 1024:.1f} KiB, "
-            f"+{(sample['end'] - sample['begin']) / 1024:.1f} KiB over the window), "
-            f"threads {sample['threads_begin']}->{sample['threads_end']}, "
-            f"fds {sample['fds_begin']}->{sample['fds_end']}, leader={sample['is_leader']}"
-        )
+        print(f"  {ident}: {describe_memory(sample)}")
 
     lease_clients = {k: v for k, v in by_client.items() if k.startswith("lease-")}
     # The only other connections are this test's own short-lived ones (gone from

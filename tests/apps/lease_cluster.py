@@ -528,3 +528,15 @@ def run_chaos(
         begin=begin,
         end=stop_at,
     )
+
+
+def describe_memory(sample: dict[str, Any]) -> str:
+    """One line for a member's "mem" event (its tracemalloc window)."""
+    return (
+        f"traced heap {sample['end'] / 1024:.1f} KiB, "
+        f"{sample['without_imports'] / 1024:.1f} KiB of it not module imports "
+        f"(peak {sample['peak'] / 1024:.1f} KiB, "
+        f"+{(sample['end'] - sample['begin']) / 1024:.1f} KiB over the window), "
+        f"threads {sample['threads_begin']}->{sample['threads_end']}, "
+        f"fds {sample['fds_begin']}->{sample['fds_end']}, leader={sample['is_leader']}"
+    )
