@@ -161,14 +161,7 @@ class LeaderSchedulerMixin:
                 Claim(
                     entry.name,
                     None,
-                    json.dumps(
-                        {
-                            "last_run_at": entry.last_run_at.isoformat(),
-                            "total_run_count": entry.total_run_count,
-                            "epoch": tenure.epoch,
-                            "by": lease.instance_id,
-                        }
-                    ),
+                    _dump_state(entry, tenure.epoch, lease.instance_id),
                 )
             )
         if anchors:
@@ -255,15 +248,7 @@ class LeaderSchedulerMixin:
         for _, entry, _ in due:
             slot = f"{entry.name}@{_due_time(entry).isoformat(timespec='milliseconds')}"
             next_entry = self.reserve(entry)
-            new = json.dumps(
-                {
-                    "last_run_at": next_entry.last_run_at.isoformat(),
-                    "total_run_count": next_entry.total_run_count,
-                    "slot": slot,
-                    "epoch": tenure.epoch,
-                    "by": lease.instance_id,
-                }
-            )
+            new = _dump_state(next_entry, tenure.epoch, lease.instance_id, slot)
             slots.append(slot)
             nexts.append(next_entry)
             claims.append(Claim(entry.name, self._shared.get(entry.name), new))
@@ -367,6 +352,23 @@ def _due_time(entry: ScheduleEntry) -> datetime:
         return now + sched.remaining_estimate(entry.last_run_at)  # type: ignore[no-any-return]
     except (AttributeError, NotImplementedError):
         return now  # type: ignore[no-any-return]
+
+
+def _dump_state(entry: ScheduleEntry, epoch: int, by: str, slot: str | None = None) -> str:
+    """The shared state of ``entry`` as stored: JSON, read back by :func:`_parse_state`.
+
+    ``slot``, ``epoch`` and ``by`` are for people reading the store; only
+    ``last_run_at`` and ``total_run_count`` are read back.
+    """
+    state = {
+        "last_run_at": entry.last_run_at.isoformat(),
+        "total_run_count": entry.total_run_count,
+        "epoch": epoch,
+        "by": by,
+    }
+    if slot is not None:
+        state["slot"] = slot
+    return json.dumps(state)
 
 
 def _parse_state(raw: str) -> tuple[datetime, int] | None:
