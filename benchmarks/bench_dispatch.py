@@ -43,8 +43,8 @@ from celery.beat import PersistentScheduler, Scheduler
 from celery_leader import LeaderScheduler
 from celery_leader.backends import Claim, create_backend
 from celery_leader.config import LeaderConfig
-from tests.support.servers import RedisServer
-from tests.support.waiting import wait_for
+from harness.servers import RedisServer
+from harness.waiting import wait_for
 
 QUEUE = "celery"
 TASK = "bench.noop"

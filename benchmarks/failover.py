@@ -37,9 +37,9 @@ from pathlib import Path
 
 import redis
 
-from benchmarks._procs import VENV_BIN, Child, group_alive, pgrp_of
-from tests.support.proxy import TcpProxy
-from tests.support.servers import PostgresServer, RedisServer
+from harness.groups import VENV_BIN, Child, group_alive, pgrp_of
+from harness.proxy import TcpProxy
+from harness.servers import PostgresServer, RedisServer
 
 #: Seconds between runs of the one schedule entry.
 PERIOD = 0.1

@@ -28,8 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script: make ``benchmarks`` and ``tests`` importable
 
 from benchmarks import failover, store_load  # noqa: E402
-from benchmarks._procs import kill_all  # noqa: E402
-from tests.support.servers import PG_BIN  # noqa: E402
+from harness.groups import kill_all  # noqa: E402
+from harness.servers import PG_BIN  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 DOCS = ROOT / "docs"

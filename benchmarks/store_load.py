@@ -28,11 +28,11 @@ from pathlib import Path
 
 import psycopg
 
-from benchmarks._procs import Child, group_cpu_seconds
+from harness.groups import Child, group_cpu_seconds
 from celery_leader.backends import create_backend
 from celery_leader.config import LeaderConfig
 from celery_leader.lease import Lease
-from tests.support.servers import PostgresServer, RedisServer
+from harness.servers import PostgresServer, RedisServer
 
 HOLDERS = 200
 ELECTIONS = 20

@@ -1,13 +1,43 @@
-"""celery-leader: leader election for Celery beat and workers."""
+"""celery-leader: leader election for Celery beat and workers (and Dramatiq).
+
+The base install needs neither Celery nor a store client. The Celery parts
+(``LeaderScheduler``, ``leader_only``, ...) are imported on first use, so that
+``import celery_leader`` works for Dramatiq users; without Celery, using one of
+them fails in one line that names ``celery-leader[celery]``.
+"""
 
 from __future__ import annotations
 
-from .beat import LeaderScheduler, LeaderSchedulerMixin
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .config import LeaderConfig
-from .decorators import is_leader, leader_only
-from .exceptions import ConfigError, LeaderError, StoreUnavailable
+from .exceptions import ConfigError, LeaderError, MissingExtra, StoreUnavailable
 from .lease import Lease
-from .worker import install
+
+if TYPE_CHECKING:
+    from .beat import LeaderScheduler, LeaderSchedulerMixin
+    from .decorators import is_leader, leader_only
+    from .worker import install
+
+#: Public name -> module that defines it, for the names that need Celery.
+_CELERY_NAMES = {
+    "LeaderScheduler": ".beat",
+    "LeaderSchedulerMixin": ".beat",
+    "is_leader": ".decorators",
+    "leader_only": ".decorators",
+    "install": ".worker",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _CELERY_NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "ConfigError",
@@ -16,6 +46,7 @@ __all__ = [
     "LeaderScheduler",
     "LeaderSchedulerMixin",
     "Lease",
+    "MissingExtra",
     "StoreUnavailable",
     "install",
     "is_leader",

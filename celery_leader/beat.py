@@ -22,13 +22,17 @@ import logging
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from celery.beat import ScheduleEntry, Scheduler, event_t
-from celery.schedules import crontab, schedule
-
 from .backends import Backend, Claim, create_backend
 from .config import LeaderConfig
-from .exceptions import StoreUnavailable
+from .exceptions import StoreUnavailable, missing_extra
 from .lease import Lease
+from .signals import elected as _elected  # noqa: F401 - importing it connects the signals
+
+try:
+    from celery.beat import ScheduleEntry, Scheduler, event_t
+    from celery.schedules import crontab, schedule
+except ModuleNotFoundError as exc:
+    raise missing_extra(exc, "celery") from None
 
 logger = logging.getLogger("celery_leader.beat")
 

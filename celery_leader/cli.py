@@ -10,11 +10,14 @@ import json
 import time
 from typing import Any
 
-import click
-
 from .backends import Backend, HolderInfo, create_backend
 from .config import LeaderConfig, validate_name
-from .exceptions import ConfigError, StoreUnavailable
+from .exceptions import ConfigError, StoreUnavailable, missing_extra
+
+try:
+    import click
+except ModuleNotFoundError as exc:
+    raise missing_extra(exc, "celery") from None
 
 
 def _setup(ctx: click.Context) -> tuple[LeaderConfig, Backend]:

@@ -36,18 +36,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, overload
 
-from celery import signals
-from celery._state import get_current_app, get_current_task
-from celery.app.task import Task
-from celery.exceptions import Ignore, Reject
-from celery.local import Proxy
-
 from . import _shared
 from .backends import create_backend
 from .backends.base import Backend
 from .config import LeaderConfig, validate_name
-from .exceptions import ConfigError, StoreUnavailable
+from .exceptions import ConfigError, StoreUnavailable, missing_extra
 from .lease import Lease
+from .signals import elected as _elected  # noqa: F401 - importing it connects the signals
+
+try:
+    from celery import signals
+    from celery._state import get_current_app, get_current_task
+    from celery.app.task import Task
+    from celery.exceptions import Ignore, Reject
+    from celery.local import Proxy
+except ModuleNotFoundError as exc:
+    raise missing_extra(exc, "celery") from None
 
 __all__ = ["OnFollower", "is_leader", "leader_only"]
 

@@ -11,6 +11,18 @@ class ConfigError(LeaderError, ValueError):
     """A ``leader_*`` setting is invalid; the message names the setting."""
 
 
+class MissingExtra(LeaderError, ImportError):
+    """An optional dependency is not installed; the message names the extra."""
+
+
+def missing_extra(exc: ModuleNotFoundError, extra: str) -> MissingExtra:
+    """The one-line error for a missing optional dependency (raise it ``from None``)."""
+    return MissingExtra(
+        f"celery-leader needs {exc.name!r} for this, and it is not installed: "
+        f"pip install 'celery-leader[{extra}]'"
+    )
+
+
 class StoreUnavailable(LeaderError):
     """The lease store could not be reached or did not answer in time.
 

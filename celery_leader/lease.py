@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import signals
 from ._urls import mask_url
 from .backends.base import Backend, HolderInfo, Renewal, Tenure
 from .config import LeaderConfig, check_timing, validate_name, validity
@@ -31,6 +30,19 @@ logger = logging.getLogger("celery_leader.lease")
 FOLLOWER_SLACK = 0.005
 
 Callback = Callable[["Lease"], Any]
+
+#: Called as ``hook(event, lease, epoch)`` after every announced transition,
+#: ``event`` being ``"elected"`` or ``"demoted"``. :mod:`celery_leader.signals`
+#: adds Celery's signals here; the lease itself needs no task queue.
+transition_hooks: list[Callable[[str, Lease, int], None]] = []
+
+
+def _notify(event: str, lease: Lease, epoch: int) -> None:
+    for hook in list(transition_hooks):
+        try:
+            hook(event, lease, epoch)
+        except Exception:
+            logger.exception("celery-leader: %s hook of %r failed", event, lease.election)
 
 
 class Lease:
@@ -286,9 +298,7 @@ class Lease:
             if self.on_demoted is not None:
                 self.on_demoted(self)
             return
-        signals.elected.send(
-            sender=self.election, lease=self, epoch=tenure.epoch, instance_id=self.instance_id
-        )
+        _notify("elected", self, tenure.epoch)
 
     def _step_down(self, reason: str, *, graceful: bool = False, sit_out: float = 0.0) -> None:
         """Stop believing, tell the callbacks, then release the term in the store.
@@ -316,9 +326,7 @@ class Lease:
                     self.on_demoted(self)
             except Exception:
                 logger.exception("celery-leader: on_demoted callback of %r failed", self.election)
-            signals.demoted.send(
-                sender=self.election, lease=self, epoch=tenure.epoch, instance_id=self.instance_id
-            )
+            _notify("demoted", self, tenure.epoch)
         if tenure is not None:
             try:
                 self.backend.release(self.election, tenure)

@@ -23,13 +23,17 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from celery import bootsteps, signals
-
 from . import _shared, decorators
 from .backends import create_backend
 from .config import LeaderConfig
-from .exceptions import StoreUnavailable
+from .exceptions import StoreUnavailable, missing_extra
 from .lease import Lease
+from .signals import elected as _elected  # noqa: F401 - importing it connects the signals
+
+try:
+    from celery import bootsteps, signals
+except ModuleNotFoundError as exc:
+    raise missing_extra(exc, "celery") from None
 
 __all__ = ["FenceStep", "LeaderNode", "LeaderStep", "install"]
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what the tests and the demo need on a fresh Debian 12 machine (run as root):
-# redis-server, PostgreSQL 15, and the venv with the package and its dev extras.
+# redis-server, PostgreSQL 15, and the venv with the package, every extra and the dev dependency group.
 # Idempotent and quick when nothing changed. The tests start their own servers on
 # random ports, so no system-wide server is left running.
 set -euo pipefail
@@ -53,8 +53,9 @@ set -euo pipefail
     stamp=.venv/.celery-leader-pyproject.sha256
     wanted=$(sha256sum pyproject.toml | cut -d' ' -f1)
     if [[ ! -f $stamp || $(<"$stamp") != "$wanted" ]]; then
-        echo "setup: installing the package and its dev extras into .venv"
-        .venv/bin/pip install -q --disable-pip-version-check -e '.[dev]'
+        echo "setup: installing the package with every extra and the dev group into .venv"
+        .venv/bin/pip install -q --disable-pip-version-check 'pip>=25.1'
+        .venv/bin/pip install -q --disable-pip-version-check -e '.[celery,dramatiq,redis,postgres,django,metrics]' --group dev
         echo "$wanted" >"$stamp"
     fi
 )

@@ -1,1 +1,1 @@
-"""Test suite; a package so that tests import helpers as ``tests.support``."""
+"""Test suite; a package so that tests import their apps as ``tests.apps``."""

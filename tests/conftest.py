@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.procs import Procs
-from tests.support.proxy import TcpProxy
-from tests.support.servers import PostgresServer, RedisServer
+from harness.procs import Procs
+from harness.proxy import TcpProxy
+from harness.servers import PostgresServer, RedisServer
 
 # pytest-celery, when installed, makes ``celery_worker`` a Docker fixture; this plugin
 # puts back Celery's own in-process worker fixtures, and nothing here may need Docker.

@@ -42,11 +42,11 @@ import redis
 from celery_leader.backends import Claim, HolderInfo, create_backend
 from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import StoreUnavailable
-from tests.support.procs import Proc, Procs
-from tests.support.procs import signal as send_signal
-from tests.support.proxy import TcpProxy
-from tests.support.servers import PostgresServer, RedisServer
-from tests.support.waiting import wait_for
+from harness.procs import Proc, Procs
+from harness.procs import signal as send_signal
+from harness.proxy import TcpProxy
+from harness.servers import PostgresServer, RedisServer
+from harness.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 

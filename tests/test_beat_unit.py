@@ -29,8 +29,8 @@ from celery_leader.backends.memory import MemoryBackend
 from celery_leader.beat import FOLLOWER_INTERVAL, LeaderScheduler
 from celery_leader.config import LeaderConfig
 from celery_leader.lease import Lease
-from tests.support.servers import RedisServer
-from tests.support.waiting import wait_for
+from harness.servers import RedisServer
+from harness.waiting import wait_for
 
 ELECTION = "beat"
 SLOT = re.compile(r"^(?P<name>[^@]+)@(?P<due>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00)$")

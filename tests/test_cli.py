@@ -14,8 +14,8 @@ import pytest
 from celery_leader.backends import create_backend
 from celery_leader.config import LeaderConfig
 from celery_leader.lease import Lease
-from tests.support.servers import RedisServer
-from tests.support.waiting import wait_for
+from harness.servers import RedisServer
+from harness.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 CELERY_MAIN = "from celery.__main__ import main; main()"

@@ -18,8 +18,8 @@ from celery_leader.backends.file import FileBackend
 from celery_leader.backends.memory import MemoryBackend
 from celery_leader.backends.redis import RedisBackend
 from celery_leader.config import DEFAULT_KEY_PREFIX, DEFAULT_TTL, DRIFT, MARGIN
-from tests.support.servers import free_port
-from tests.support.waiting import wait_for
+from harness.servers import free_port
+from harness.waiting import wait_for
 
 SECRET = "s3cr3t-Pw"
 

@@ -19,7 +19,7 @@ from celery_leader.config import LeaderConfig
 from celery_leader.decorators import is_leader, leader_only
 from celery_leader.exceptions import ConfigError
 from celery_leader.lease import Lease
-from tests.support.waiting import wait_for
+from harness.waiting import wait_for
 
 
 @pytest.fixture

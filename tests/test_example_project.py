@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.support.procs import Proc, Procs
-from tests.support.waiting import wait_for
+from harness.procs import Proc, Procs
+from harness.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = ROOT / "example_project"

@@ -11,10 +11,10 @@ import psycopg
 import pytest
 import redis
 
-from tests.support.procs import Procs
-from tests.support.procs import signal as send_signal
-from tests.support.servers import PostgresServer, RedisServer
-from tests.support.waiting import wait_for
+from harness.procs import Procs
+from harness.procs import signal as send_signal
+from harness.servers import PostgresServer, RedisServer
+from harness.waiting import wait_for
 
 
 def test_redis_url_is_empty_and_usable(redis_url: str) -> None:

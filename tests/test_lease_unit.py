@@ -17,7 +17,7 @@ from celery_leader import Lease, StoreUnavailable, signals
 from celery_leader.backends.base import Renewal, Tenure
 from celery_leader.backends.memory import _STORES, MemoryBackend
 from celery_leader.config import DRIFT, MARGIN
-from tests.support.waiting import wait_for
+from harness.waiting import wait_for
 
 TTL = 0.5
 RENEW = 0.15

@@ -27,11 +27,11 @@ from celery_leader.backends.base import Claim, Renewal
 from celery_leader.backends.postgres import PostgresBackend, advisory_key
 from celery_leader.config import DRIFT, MARGIN
 from celery_leader.exceptions import ConfigError, StoreUnavailable
-from tests.support.procs import Proc, Procs
-from tests.support.procs import signal as send_signal
-from tests.support.proxy import TcpProxy
-from tests.support.servers import PostgresServer
-from tests.support.waiting import wait_for
+from harness.procs import Proc, Procs
+from harness.procs import signal as send_signal
+from harness.proxy import TcpProxy
+from harness.servers import PostgresServer
+from harness.waiting import wait_for
 
 pytestmark = pytest.mark.postgres
 

@@ -20,8 +20,8 @@ from celery_leader.backends import create_backend
 from celery_leader.backends.base import Claim
 from celery_leader.config import LeaderConfig
 from celery_leader.lease import Lease
-from tests.support.servers import RedisServer, free_port
-from tests.support.waiting import wait_for
+from harness.servers import RedisServer, free_port
+from harness.waiting import wait_for
 
 TTL = 2.0
 

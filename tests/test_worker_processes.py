@@ -24,8 +24,8 @@ from celery import Celery
 from celery_leader.backends import create_backend
 from celery_leader.backends.base import Backend
 from celery_leader.config import LeaderConfig
-from tests.support.procs import Proc, Procs
-from tests.support.waiting import wait_for
+from harness.procs import Proc, Procs
+from harness.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 CELERY = Path(sys.executable).parent / "celery"

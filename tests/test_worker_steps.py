@@ -28,7 +28,7 @@ from celery_leader.config import LeaderConfig
 from celery_leader.decorators import leader_only
 from celery_leader.lease import Lease
 from celery_leader.worker import FenceStep, LeaderNode, LeaderStep, _FencedStrategies, install
-from tests.support.waiting import wait_for
+from harness.waiting import wait_for
 
 
 @pytest.fixture

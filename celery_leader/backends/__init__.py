@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING
 
+from ..exceptions import missing_extra
 from .base import Acquired, Backend, Claim, HolderInfo, Renewal, Tenure
 
 if TYPE_CHECKING:
@@ -22,22 +24,28 @@ def store_timeout(ttl: float, renew_interval: float) -> float:
     return max(0.05, min(renew_interval, ttl - renew_interval))
 
 
+#: Store kind -> (module, class) of its backend, and the extra that installs its client.
+_BACKENDS = {
+    "redis": (".redis", "RedisBackend", "redis"),
+    "postgres": (".postgres", "PostgresBackend", "postgres"),
+    "file": (".file", "FileBackend", None),
+    "memory": (".memory", "MemoryBackend", None),
+}
+
+
 def create_backend(config: LeaderConfig) -> Backend:
-    """Build the backend that ``config.url`` selects."""
-    timeout = store_timeout(config.ttl, config.renew_interval)
-    kind = config.store_kind
-    if kind == "redis":
-        from .redis import RedisBackend
+    """Build the backend that ``config.url`` selects.
 
-        return RedisBackend(config.url, config.key_prefix, timeout)
-    if kind == "postgres":
-        from .postgres import PostgresBackend
-
-        return PostgresBackend(config.url, config.key_prefix, timeout)
-    if kind == "file":
-        from .file import FileBackend
-
-        return FileBackend(config.url, config.key_prefix, timeout)
-    from .memory import MemoryBackend
-
-    return MemoryBackend(config.url, config.key_prefix, timeout)
+    A store whose client is not installed fails in one line naming its extra.
+    """
+    module_name, class_name, extra = _BACKENDS[config.store_kind]
+    try:
+        module = importlib.import_module(module_name, __name__)
+    except ModuleNotFoundError as exc:
+        if extra is None:
+            raise
+        raise missing_extra(exc, extra) from None
+    backend: Backend = getattr(module, class_name)(
+        config.url, config.key_prefix, store_timeout(config.ttl, config.renew_interval)
+    )
+    return backend

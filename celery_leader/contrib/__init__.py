@@ -1,1 +1,1 @@
-"""Integrations with other packages (Django, Dramatiq)."""
+"""Integrations with other packages: Django (``celery_leader.contrib.django``)."""

@@ -16,9 +16,13 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from django_celery_beat.schedulers import DatabaseScheduler
-
 from ..beat import LeaderSchedulerMixin
+from ..exceptions import missing_extra
+
+try:
+    from django_celery_beat.schedulers import DatabaseScheduler
+except ModuleNotFoundError as exc:
+    raise missing_extra(exc, "django") from None
 
 
 class LeaderDatabaseScheduler(LeaderSchedulerMixin, DatabaseScheduler):  # type: ignore[misc]

@@ -61,6 +61,8 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     # one folder; a short polling interval keeps the demo's timeline live.
     "data_folder_in": str(BROKER_DIR),
     "data_folder_out": str(BROKER_DIR),
+    # Without this the transport writes its control exchanges to ./control.
+    "control_folder": str(BROKER_DIR / "control"),
     "polling_interval": 0.1,
 }
 CELERY_LEADER_URL = os.environ.get("CELERY_LEADER_URL", f"file://{DATA / 'leader'}")

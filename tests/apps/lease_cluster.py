@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from tests.apps.lease_proc import INF, SLOT_SIZE, read_slot
-from tests.support.procs import Proc, Procs
-from tests.support.procs import signal as send_signal
-from tests.support.waiting import wait_for
+from harness.procs import Proc, Procs
+from harness.procs import signal as send_signal
+from harness.waiting import wait_for
 
 SCRIPT = Path(__file__).with_name("lease_proc.py")
 SAMPLE_INTERVAL = 0.01

@@ -1,1 +1,0 @@
-"""Helpers the test suite uses to run real servers, processes and faults."""
