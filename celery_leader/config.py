@@ -12,6 +12,7 @@ import math
 import os
 import re
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,6 +78,31 @@ class LeaderConfig:
         return cls.from_mapping({k: conf.get(k) for k in _KEYS}, broker_url=conf.get("broker_url"))
 
     @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> LeaderConfig:
+        """Read ``CELERY_LEADER_*`` environment variables, for processes without Celery.
+
+        ``overrides`` (``leader_ttl=...``, keyed like the settings) win over the
+        environment; ``None`` means "not given". Errors name the variable.
+        """
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {key: environ.get(env_name(key)) for key in _KEYS}
+        values.update((k, v) for k, v in overrides.items() if v is not None)
+        if values.get("leader_url") in (None, ""):
+            raise ConfigError(
+                f"{env_name('leader_url')} is not set: set it to redis://, postgresql://, "
+                "file:///dir or memory://"
+            )
+        try:
+            return cls.from_mapping(values)
+        except ConfigError as exc:
+            named = re.sub(
+                r"\bleader_[a-z_]+",
+                lambda m: env_name(m[0]) if m[0] not in overrides else m[0],
+                str(exc),
+            )
+            raise ConfigError(named) from None
+
+    @classmethod
     def from_mapping(cls, values: dict[str, Any], broker_url: str | None = None) -> LeaderConfig:
         """Validate raw setting values (``None`` means "not set")."""
         url = _url(values.get("leader_url"), broker_url)
@@ -111,6 +137,11 @@ _KEYS = (
     "leader_instance_id",
     "leader_fence_tasks",
 )
+
+
+def env_name(setting: str) -> str:
+    """The environment variable (and Django setting) of ``setting``: ``CELERY_LEADER_TTL``."""
+    return f"CELERY_{setting.upper()}"
 
 
 def validity(ttl: float) -> float:

@@ -368,3 +368,22 @@ def test_unreachable_store_at_start_logs_masked_url_and_keeps_trying(caplog) -> 
         assert SECRET not in caplog.text
     finally:
         lease.stop()
+
+
+def test_from_env_reads_celery_leader_variables() -> None:
+    config = LeaderConfig.from_env(
+        {"CELERY_LEADER_URL": "memory://", "CELERY_LEADER_TTL": "4", "CELERY_LEADER_KEY_PREFIX": "p"}
+    )
+    assert (config.url, config.ttl, config.key_prefix) == ("memory://", 4.0, "p")
+    assert config.renew_interval == pytest.approx(4 / 3)
+
+
+def test_from_env_overrides_win_and_errors_name_the_variable() -> None:
+    env = {"CELERY_LEADER_URL": "memory://", "CELERY_LEADER_TTL": "x"}
+    assert LeaderConfig.from_env(env, leader_ttl=6).ttl == 6
+    with pytest.raises(ConfigError, match=r"^CELERY_LEADER_TTL must be a number"):
+        LeaderConfig.from_env(env)
+    with pytest.raises(ConfigError, match=r"^leader_ttl must be a number of seconds greater"):
+        LeaderConfig.from_env({"CELERY_LEADER_URL": "memory://"}, leader_ttl=-1)
+    with pytest.raises(ConfigError, match=r"^CELERY_LEADER_URL is not set"):
+        LeaderConfig.from_env({})
