@@ -28,10 +28,10 @@ from pathlib import Path
 
 import psycopg
 
-from harness.groups import Child, group_cpu_seconds
 from celery_leader.backends import create_backend
 from celery_leader.config import LeaderConfig
 from celery_leader.lease import Lease
+from harness.groups import Child, group_cpu_seconds
 from harness.servers import PostgresServer, RedisServer
 
 HOLDERS = 200

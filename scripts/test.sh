@@ -12,7 +12,7 @@ fail() {
 bash scripts/setup.sh || fail "setup (scripts/setup.sh)"
 
 lint_dirs=()
-for dir in celery_leader tests benchmarks example_project; do
+for dir in celery_leader tests harness benchmarks example_project; do
     [[ -d $dir ]] && lint_dirs+=("$dir")
 done
 echo "==> ruff check ${lint_dirs[*]}"

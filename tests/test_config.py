@@ -372,7 +372,11 @@ def test_unreachable_store_at_start_logs_masked_url_and_keeps_trying(caplog) -> 
 
 def test_from_env_reads_celery_leader_variables() -> None:
     config = LeaderConfig.from_env(
-        {"CELERY_LEADER_URL": "memory://", "CELERY_LEADER_TTL": "4", "CELERY_LEADER_KEY_PREFIX": "p"}
+        {
+            "CELERY_LEADER_URL": "memory://",
+            "CELERY_LEADER_TTL": "4",
+            "CELERY_LEADER_KEY_PREFIX": "p",
+        }
     )
     assert (config.url, config.ttl, config.key_prefix) == ("memory://", 4.0, "p")
     assert config.renew_interval == pytest.approx(4 / 3)

@@ -17,10 +17,10 @@ import pytest
 from celery_leader import Lease
 from celery_leader.backends.base import Renewal
 from celery_leader.backends.file import FileBackend
-from tests.apps.lease_cluster import LeaseCluster, Member, describe_memory, run_chaos, stats
 from harness.procs import Procs
 from harness.procs import signal as send_signal
 from harness.waiting import wait_for
+from tests.apps.lease_cluster import LeaseCluster, Member, describe_memory, run_chaos, stats
 
 TTL = 2.0
 RENEW = TTL / 3

@@ -25,11 +25,11 @@ import redis
 from celery_leader import LeaderConfig, Lease
 from celery_leader.backends import create_backend
 from celery_leader.backends.redis import RedisBackend
-from tests.apps.lease_cluster import LeaseCluster, Member, describe_memory, run_chaos, stats
 from harness.procs import Procs
 from harness.procs import signal as send_signal
 from harness.servers import RedisServer, free_port
 from harness.waiting import wait_for
+from tests.apps.lease_cluster import LeaseCluster, Member, describe_memory, run_chaos, stats
 
 TTL = 2.0
 RENEW = TTL / 3

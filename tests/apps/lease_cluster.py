@@ -33,10 +33,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.apps.lease_proc import INF, SLOT_SIZE, read_slot
 from harness.procs import Proc, Procs
 from harness.procs import signal as send_signal
 from harness.waiting import wait_for
+from tests.apps.lease_proc import INF, SLOT_SIZE, read_slot
 
 SCRIPT = Path(__file__).with_name("lease_proc.py")
 SAMPLE_INTERVAL = 0.01
