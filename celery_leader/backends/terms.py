@@ -1,0 +1,110 @@
+"""The term record every store keeps, and the one policy for values it cannot read.
+
+A term is stored as the JSON object ``{"token", "epoch", "holder"}`` (a store
+may add fields of its own, like the file store's ``pid``): ``token`` is random
+per term, so the exact string names one term of one holder; ``epoch`` is the
+fencing token; ``holder`` is the instance id. Memory and file build it with
+:func:`new_term`; Redis (in Lua) and PostgreSQL (in SQL) build the same object
+server-side, where the epoch is decided. Every store reads it with
+:func:`parse_term`.
+
+**Foreign values.** A value celery-leader did not write (not its JSON, not an
+integer epoch, a Redis key of another type) is never taken for "free" and never
+silently overwritten:
+
+* where a *term* or an *epoch* should be, every call that needs it raises
+  :class:`~celery_leader.exceptions.StoreUnavailable` naming the key or file
+  and what was expected. The lease retries it like an outage: nobody leads
+  that election until the value expires or an operator removes it. Taking over
+  would mean overwriting what may be someone's lock, or restarting epochs.
+  (Where the store's own lock is free - no flock, no advisory lock - a left-over
+  record is stale by definition, and the next term replaces it.)
+* in the *schedule state*, an unreadable record or entry is logged at ERROR,
+  naming the key and entry, and read as absent: the leader's next fenced claim
+  replaces it. The state is only ever written by fenced claims, so this can
+  skip a slot but never send one twice.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from ..exceptions import StoreUnavailable
+from .base import HolderInfo, Tenure
+
+logger = logging.getLogger("celery_leader.backends")
+
+
+def new_term(epoch: int, instance_id: str, **extra: object) -> Tenure:
+    """A fresh term of ``instance_id`` with ``epoch``, for stores that build it client-side."""
+    token = {"token": uuid.uuid4().hex, "epoch": epoch, "holder": instance_id, **extra}
+    return Tenure(json.dumps(token), epoch)
+
+
+def foreign(where: str, found: object, expected: str) -> StoreUnavailable:
+    """The error for a value celery-leader cannot read where it keeps a term or an epoch."""
+    shown = found[:80] if isinstance(found, str) else found
+    return StoreUnavailable(
+        f"{where} holds {shown!r}, not {expected}: celery-leader did not write it; "
+        "nobody can lead this election until it expires or is removed"
+    )
+
+
+def parse_term(value: str, where: str) -> dict[str, Any]:
+    """The stored term ``value`` read from ``where`` (a key or file, for the error)."""
+    try:
+        data = json.loads(value)
+    except ValueError:
+        data = None
+    if (
+        not isinstance(data, dict)
+        or not isinstance(data.get("epoch"), int)
+        or not isinstance(data.get("token"), str)
+    ):
+        raise foreign(where, value, "a celery-leader term (JSON with token and integer epoch)")
+    return data
+
+
+def holder_info(value: str, where: str, ttl_remaining: float | None) -> HolderInfo:
+    """:class:`HolderInfo` of the stored term ``value``."""
+    data = parse_term(value, where)
+    return HolderInfo(str(data.get("holder", "?")), data["epoch"], ttl_remaining)
+
+
+def parse_epoch(text: str, where: str) -> int:
+    """A stored epoch counter; anything but a non-negative integer is foreign."""
+    try:
+        epoch = int(text)
+    except ValueError:
+        epoch = -1
+    if epoch < 0:
+        raise foreign(where, text, "an epoch counter (a non-negative integer)")
+    return epoch
+
+
+def readable_state(items: Mapping[Any, Any], where: str) -> dict[str, str]:
+    """Entries of a stored schedule state, without those that are not JSON strings."""
+    state: dict[str, str] = {}
+    for entry, value in items.items():
+        if isinstance(entry, str) and isinstance(value, str) and _is_json(value):
+            state[entry] = value
+        else:
+            logger.error(
+                "celery-leader: %s entry %r holds %r, not JSON; the next claim replaces it",
+                where,
+                entry,
+                value if not isinstance(value, str) else value[:80],
+            )
+    return state
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
