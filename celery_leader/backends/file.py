@@ -32,7 +32,7 @@ from urllib.parse import unquote, urlsplit
 
 from ..exceptions import ConfigError, StoreUnavailable
 from .base import Acquired, Backend, Claim, HolderInfo, Renewal, Tenure, apply_claims
-from .terms import holder_info, new_term, parse_epoch, readable_state
+from .terms import holder_info, new_term, parse_epoch, unreadable_state
 from .waiting import LockWaiter, wait_sliced
 
 
@@ -230,9 +230,9 @@ class FileBackend(Backend):
             data = json.loads(text)
         except ValueError:
             data = None
-        if not isinstance(data, dict):
-            data = {"(the whole file)": text}
-        return readable_state(data, str(path))
+        if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
+            return unreadable_state(str(path), text)
+        return data
 
     def claim(self, election: str, tenure: Tenure, claims: Sequence[Claim]) -> list[bool]:
         # Only the flock holder writes the state file, so read-compare-write

@@ -44,7 +44,7 @@ from redis.sentinel import Sentinel
 from .._urls import mask_url
 from ..exceptions import ConfigError, StoreMisconfigured, StoreUnavailable
 from .base import Acquired, Backend, Claim, HolderInfo, Renewal, Tenure
-from .terms import foreign, holder_info, parse_term, readable_state
+from .terms import foreign, holder_info, parse_term, unreadable_state
 from .waiting import wait_sliced
 
 # Every script reports a key of the wrong type as {'foreign', key, what it holds}.
@@ -388,17 +388,10 @@ class RedisBackend(Backend):
     def load_state(self, election: str) -> dict[str, str]:
         key = self._key(election, "state")
         reply = self._script("load_state", [key], [])
-        where = f"Redis key {key!r}"
         if reply[0] == 0:
-            logger.error(
-                "celery-leader: %s is a %s, not a hash of schedule state; the next claim "
-                "replaces it",
-                where,
-                reply[1],
-            )
-            return {}
+            return unreadable_state(f"Redis key {key!r}", f"a {reply[1]}")
         flat = reply[1:]
-        return readable_state(dict(zip(flat[::2], flat[1::2], strict=True)), where)
+        return dict(zip(flat[::2], flat[1::2], strict=True))
 
     def claim(self, election: str, tenure: Tenure, claims: Sequence[Claim]) -> list[bool]:
         keys = [self._key(election, "lock"), self._key(election, "state")]

@@ -19,10 +19,13 @@ silently overwritten:
   would mean overwriting what may be someone's lock, or restarting epochs.
   (Where the store's own lock is free - no flock, no advisory lock - a left-over
   record is stale by definition, and the next term replaces it.)
-* in the *schedule state*, an unreadable record or entry is logged at ERROR,
-  naming the key and entry, and read as absent: the leader's next fenced claim
-  replaces it. The state is only ever written by fenced claims, so this can
-  skip a slot but never send one twice.
+* the *schedule state* is returned as stored, entry -> string: beat judges the
+  values, and overwrites one it cannot read with a fenced claim that expects
+  exactly what it read. A state *container* celery-leader cannot read (a Redis
+  key of another type, a file that is not a JSON object of strings) is logged
+  at ERROR naming it and read as empty; the leader's next fenced claim replaces
+  it. The state is only ever written by fenced claims, so this can skip a slot
+  but never send one twice.
 """
 
 from __future__ import annotations
@@ -30,7 +33,6 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Mapping
 from typing import Any
 
 from ..exceptions import StoreUnavailable
@@ -86,25 +88,12 @@ def parse_epoch(text: str, where: str) -> int:
     return epoch
 
 
-def readable_state(items: Mapping[Any, Any], where: str) -> dict[str, str]:
-    """Entries of a stored schedule state, without those that are not JSON strings."""
-    state: dict[str, str] = {}
-    for entry, value in items.items():
-        if isinstance(entry, str) and isinstance(value, str) and _is_json(value):
-            state[entry] = value
-        else:
-            logger.error(
-                "celery-leader: %s entry %r holds %r, not JSON; the next claim replaces it",
-                where,
-                entry,
-                value if not isinstance(value, str) else value[:80],
-            )
-    return state
-
-
-def _is_json(text: str) -> bool:
-    try:
-        json.loads(text)
-    except ValueError:
-        return False
-    return True
+def unreadable_state(where: str, found: object) -> dict[str, str]:
+    """Log a schedule state container celery-leader cannot read; it reads as empty."""
+    logger.error(
+        "celery-leader: %s holds %.80r, not schedule state (entry -> JSON string); "
+        "reading it as empty, the next claim replaces it",
+        where,
+        found,
+    )
+    return {}
