@@ -5,8 +5,9 @@ may add fields of its own, like the file store's ``pid``): ``token`` is random
 per term, so the exact string names one term of one holder; ``epoch`` is the
 fencing token; ``holder`` is the instance id. Memory and file build it with
 :func:`new_term`; Redis (in Lua) and PostgreSQL (in SQL) build the same object
-server-side, where the epoch is decided. Every store reads it with
-:func:`parse_term`.
+server-side, where the epoch is decided. Redis and the file store read it back
+with :func:`holder_info` / :func:`parse_term`; memory and PostgreSQL keep its
+fields beside it (in process memory, in typed columns).
 
 **Foreign values.** A value celery-leader did not write (not its JSON, not an
 integer epoch, a Redis key of another type) is never taken for "free" and never
