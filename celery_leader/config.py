@@ -62,7 +62,8 @@ class LeaderConfig:
     def store(self) -> Store:
         """The store ``url`` selects (validated, so always known)."""
         store = store_for(scheme_of(self.url))
-        assert store is not None
+        if store is None:  # only a LeaderConfig built by hand, not by from_mapping
+            raise ConfigError(f"leader_url {mask_url(self.url)!r} names no known store")
         return store
 
     @property

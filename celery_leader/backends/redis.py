@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -333,6 +334,7 @@ class RedisBackend(Backend):
         )
 
     def wait(self, election: str, timeout: float, cancel: threading.Event) -> None:
+        deadline = time.monotonic() + timeout
         with self._lock:
             pubsub = self._pubsubs.get(election)
         try:
@@ -348,7 +350,7 @@ class RedisBackend(Backend):
             wait_sliced(lambda s: pubsub.get_message(timeout=s) is not None, timeout, cancel)
         except (redis.RedisError, RedisClusterException, StoreUnavailable):
             self._drop_pubsub(election)
-            cancel.wait(timeout)
+            cancel.wait(max(0.0, deadline - time.monotonic()))
 
     def _drop_pubsub(self, election: str) -> None:
         with self._lock:
