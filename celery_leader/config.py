@@ -17,20 +17,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._urls import mask_url, scheme_of
+from .backends import STORES, Store, store_for
 from .exceptions import ConfigError
 
-#: Schemes ``leader_url`` accepts, and the backend each one selects.
-SCHEMES: dict[str, str] = {
-    "redis": "redis",
-    "rediss": "redis",
-    "unix": "redis",
-    "redis+sentinel": "redis",
-    "postgresql": "postgres",
-    "postgres": "postgres",
-    "django": "postgres",
-    "file": "file",
-    "memory": "memory",
-}
+#: Schemes ``leader_url`` accepts, and the kind of store each one selects
+#: (read from the one table of stores, :data:`celery_leader.backends.STORES`).
+SCHEMES: dict[str, str] = {scheme: store.kind for store in STORES for scheme in store.schemes}
 
 #: Broker schemes that name a Redis server we can reuse as the lease store.
 _REDIS_BROKER_SCHEMES = ("redis", "rediss")
@@ -67,9 +59,17 @@ class LeaderConfig:
         return mask_url(self.url)
 
     @property
+    def store(self) -> Store:
+        """The store ``url`` selects (validated, so always known)."""
+        store = store_for(scheme_of(self.url))
+        if store is None:  # only a LeaderConfig built by hand, not by from_mapping
+            raise ConfigError(f"leader_url {mask_url(self.url)!r} names no known store")
+        return store
+
+    @property
     def store_kind(self) -> str:
         """``"redis"``, ``"postgres"``, ``"file"`` or ``"memory"``."""
-        return SCHEMES[scheme_of(self.url)]
+        return self.store.kind
 
     @classmethod
     def from_app(cls, app: Any) -> LeaderConfig:
@@ -185,7 +185,7 @@ def _url(value: object, broker_url: object) -> str:
     if not isinstance(value, str):
         raise ConfigError(f"leader_url must be a string URL (got {type(value).__name__})")
     scheme = scheme_of(value)
-    if scheme not in SCHEMES:
+    if store_for(scheme) is None:
         raise ConfigError(
             f"leader_url has unknown scheme {scheme!r} in {mask_url(value)!r}; "
             f"use one of {', '.join(s + '://' for s in SCHEMES)}"

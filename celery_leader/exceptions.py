@@ -29,3 +29,15 @@ class StoreUnavailable(LeaderError):
     The lease treats this as "nobody can prove they lead": a leader keeps
     believing only until its validity deadline runs out.
     """
+
+
+class StoreMisconfigured(StoreUnavailable, ConfigError):
+    """The store answers, but cannot serve ``leader_url`` as configured.
+
+    Only the store can tell: a PostgreSQL older than 14, a pooler in
+    transaction mode, ``?cluster=true`` on a Redis without cluster support.
+    It is a :class:`StoreUnavailable`, so the lease retries it like an outage
+    (nobody leads meanwhile, and a fix on the store side needs no restart),
+    and a :class:`ConfigError`, whose one line names ``leader_url`` and what
+    to change.
+    """

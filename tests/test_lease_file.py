@@ -6,6 +6,7 @@ Run with ``-s`` to see the measured numbers.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import threading
@@ -17,6 +18,7 @@ import pytest
 from celery_leader import Lease
 from celery_leader.backends.base import Renewal
 from celery_leader.backends.file import FileBackend
+from celery_leader.exceptions import StoreUnavailable
 from harness.procs import Procs
 from harness.procs import signal as send_signal
 from harness.waiting import wait_for
@@ -273,3 +275,25 @@ def test_steady_state_memory(cluster: LeaseCluster) -> None:
         assert sample["peak"] < 512 * 1024
         assert sample["without_imports"] < 256 * 1024
         assert sample["end"] - sample["begin"] < 32 * 1024
+
+
+def test_file_system_errors_are_store_unavailable(store: Path) -> None:
+    """release and request_resign raise StoreUnavailable naming the file, never OSError."""
+    a = FileBackend(f"file://{store}", PREFIX, 0.5)
+    b = FileBackend(f"file://{store}", PREFIX, 0.5)
+    tenure = a.acquire(ELECTION, "a", TTL, 0).tenure
+    assert tenure is not None
+    resign = store / f"{PREFIX}.{ELECTION}.resign"
+    (resign / "in-the-way").mkdir(parents=True)  # a directory where the file goes
+    with pytest.raises(StoreUnavailable, match=f"{PREFIX}.{ELECTION}.resign"):
+        b.request_resign(ELECTION)
+    holder = store / f"{PREFIX}.{ELECTION}.holder"
+    holder.unlink()
+    (holder / "in-the-way").mkdir(parents=True)
+    with pytest.raises(StoreUnavailable, match=f"{PREFIX}.{ELECTION}.holder"):
+        a.release(ELECTION, tenure)
+    fd = os.open(store / f"{PREFIX}.{ELECTION}.lock", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the flock went all the same
+    finally:
+        os.close(fd)

@@ -24,7 +24,9 @@ import redis
 
 from celery_leader import LeaderConfig, Lease
 from celery_leader.backends import create_backend
+from celery_leader.backends.base import Claim
 from celery_leader.backends.redis import RedisBackend
+from celery_leader.exceptions import StoreUnavailable
 from harness.procs import Procs
 from harness.procs import signal as send_signal
 from harness.servers import RedisServer, free_port
@@ -453,3 +455,69 @@ def test_steady_state_memory_and_commands(
 
 def send_usr2(member: Member) -> None:
     send_signal(member.proc, signal.SIGUSR2)
+
+
+def test_a_claim_batch_is_one_round_trip_without_script_exists(
+    redis_url: str, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EVALSHA, pipelined: one socket write per batch, one EVALSHA per 500 claims.
+
+    redis-py's pipelined Script objects send SCRIPT EXISTS before every
+    execute; the backend sends EVALSHA itself and falls back to EVAL only when
+    the server answers NOSCRIPT (after a start or SCRIPT FLUSH).
+    """
+    backend = RedisBackend(redis_url, "count", 1.0)
+    sends: list[int] = []
+    real_send = redis.connection.AbstractConnection.send_packed_command
+
+    def counted(self, *args, **kwargs):
+        sends.append(1)
+        return real_send(self, *args, **kwargs)
+
+    def batch(n: int, tag: str) -> list[bool]:
+        claims = [Claim(f"{tag}{j}", None, "1") for j in range(n)]
+        sends.clear()
+        with monkeypatch.context() as patch:
+            patch.setattr(redis.connection.AbstractConnection, "send_packed_command", counted)
+            results = backend.claim("beat", tenure, claims)
+        assert results == [True] * n
+        return results
+
+    try:
+        tenure = backend.acquire("beat", "me", TTL, 0).tenure
+        assert tenure is not None
+        batch(1, "warm")  # the server's script cache is empty: NOSCRIPT, then EVAL
+        for n, chunks in ((1, 1), (200, 1), (1200, 3)):
+            redis_server.reset_stats()
+            batch(n, f"b{n}-")
+            stats = redis_server.commandstats()
+            print(f"\nCLAIM BATCH of {n}: {len(sends)} round trip(s), commandstats {stats}")
+            assert len(sends) == 1, "one round trip"
+            assert stats.get("evalsha") == chunks
+            assert not {"script|exists", "script|load", "eval"} & set(stats)
+        with redis_server.client() as client:
+            client.script_flush()
+        redis_server.reset_stats()
+        batch(1, "flushed")
+        assert redis_server.commandstats().get("eval") == 1, "NOSCRIPT falls back to EVAL once"
+    finally:
+        backend.close()
+
+
+def test_wrong_key_types_are_named(redis_url: str) -> None:
+    """A key of the wrong type at the lease or epoch key: the error names it."""
+    backend = RedisBackend(redis_url, "typed", 1.0)
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        client.hset("{typed:beat}:epoch", "x", "1")
+        with pytest.raises(StoreUnavailable, match=r"'\{typed:beat\}:epoch' holds 'hash'"):
+            backend.acquire("beat", "me", TTL, 0)
+        client.delete("{typed:beat}:epoch")
+        client.sadd("{typed:beat}:lock", "x")
+        with pytest.raises(StoreUnavailable, match=r"'\{typed:beat\}:lock' holds 'set'"):
+            backend.acquire("beat", "me", TTL, 0)
+        with pytest.raises(StoreUnavailable, match=r"'\{typed:beat\}:lock' holds 'set'"):
+            backend.holder("beat")
+    finally:
+        backend.close()
+        client.close()

@@ -1,4 +1,5 @@
-"""PostgresBackend against a real PostgreSQL 15: the protocol, then real processes and faults.
+"""PostgresBackend against a real PostgreSQL 15: what only this store does, then real
+processes and faults. The protocol itself is in tests/test_backend_contract.py.
 
 Times are ``time.monotonic()`` (CLOCK_MONOTONIC, system-wide on Linux), so the
 times lease processes print compare directly with the test's own.
@@ -26,7 +27,7 @@ from celery_leader.backends import store_timeout
 from celery_leader.backends.base import Claim, Renewal
 from celery_leader.backends.postgres import PostgresBackend, advisory_key
 from celery_leader.config import DRIFT, MARGIN
-from celery_leader.exceptions import ConfigError, StoreUnavailable
+from celery_leader.exceptions import ConfigError, StoreMisconfigured, StoreUnavailable
 from harness.procs import Proc, Procs
 from harness.procs import signal as send_signal
 from harness.proxy import TcpProxy
@@ -60,67 +61,6 @@ def superuser(server: PostgresServer) -> psycopg.Connection[Any]:
 
 
 # -- the protocol ---------------------------------------------------------------
-
-
-def test_protocol(backends: Callable[..., PostgresBackend]) -> None:
-    a, b, observer = backends(), backends(), backends()
-    assert observer.holder(ELECTION) is None
-
-    first = a.acquire(ELECTION, "a", 5.0, 0)
-    assert first.tenure is not None and first.tenure.epoch == 1
-    assert json.loads(first.tenure.token)["holder"] == "a"
-    lost = b.acquire(ELECTION, "b", 5.0, 0)
-    assert lost.tenure is None
-    assert lost.holder is not None and (lost.holder.instance_id, lost.holder.epoch) == ("a", 1)
-    holder = observer.holder(ELECTION)
-    assert holder is not None and (holder.instance_id, holder.epoch) == ("a", 1)
-    assert holder.ttl_remaining is None  # held as long as the session lives
-    assert a.renew(ELECTION, first.tenure, 5.0) is Renewal.RENEWED
-
-    # Compare-and-set, applied in order: a repeated entry sees the earlier claim.
-    claims = [
-        Claim("x", None, '"1"'),  # nothing stored: taken
-        Claim("x", None, '"2"'),  # now stored: fails
-        Claim("y", '"0"', '"1"'),  # expects a value that is not there: fails
-        Claim("x", '"1"', '"3"'),  # matches the first claim's value: taken
-        Claim("z", None, '"1"'),
-    ]
-    assert a.claim(ELECTION, first.tenure, claims) == [True, False, False, True, True]
-    assert observer.load_state(ELECTION) == {"x": '"3"', "z": '"1"'}
-    assert a.claim(ELECTION, first.tenure, [Claim("z", '"9"', '"2"')]) == [False]
-    assert a.claim(ELECTION, first.tenure, []) == []
-
-    # A resign request reaches the holder at its next renewal.
-    asked = observer.request_resign(ELECTION)
-    assert asked is not None and (asked.instance_id, asked.epoch) == ("a", 1)
-    assert a.renew(ELECTION, first.tenure, 5.0) is Renewal.RESIGN
-
-    # Release: the queued follower is woken at once and takes the next epoch.
-    assert b.acquire(ELECTION, "b", 5.0, 0).tenure is None  # (re)queues b's waiter
-    cancel = threading.Event()
-    woke = threading.Thread(target=b.wait, args=(ELECTION, 5.0, cancel))
-    woke.start()
-    a.release(ELECTION, first.tenure)
-    released = time.monotonic()
-    woke.join()
-    assert time.monotonic() - released < 0.2
-    second = b.acquire(ELECTION, "b", 5.0, 0)
-    assert second.tenure is not None and second.tenure.epoch == 2
-
-    # The old term is over for good.
-    assert a.renew(ELECTION, first.tenure, 5.0) is Renewal.LOST
-    assert a.claim(ELECTION, first.tenure, [Claim("w", None, "1")]) == [False]
-    holder = observer.holder(ELECTION)
-    assert holder is not None and (holder.instance_id, holder.epoch) == ("b", 2)
-
-    # Epochs grow past the highest one the caller has seen.
-    b.release(ELECTION, second.tenure)
-    assert observer.holder(ELECTION) is None
-    third = a.acquire(ELECTION, "a", 5.0, 41)
-    assert third.tenure is not None and third.tenure.epoch == 42
-    assert observer.request_resign("nobody") is None
-    assert observer.elections() == [ELECTION]
-    a.release(ELECTION, third.tenure)
 
 
 def test_lock_key_is_documented_and_visible_in_pg_locks(
@@ -204,24 +144,6 @@ def test_a_follower_that_leaves_holds_nothing(backends: Callable[..., PostgresBa
     assert got.epoch == 2
 
 
-def test_cancel_is_seen_within_a_tenth_of_a_second(
-    backends: Callable[..., PostgresBackend],
-) -> None:
-    a, b = backends(), backends()
-    assert a.acquire(ELECTION, "a", 5.0, 0).tenure is not None
-    assert b.acquire(ELECTION, "b", 5.0, 0).tenure is None
-    cancel = threading.Event()
-    set_at: list[float] = []
-
-    def fire() -> None:
-        set_at.append(time.monotonic())
-        cancel.set()
-
-    threading.Timer(0.2, fire).start()
-    b.wait(ELECTION, 5.0, cancel)
-    assert time.monotonic() - set_at[0] < 0.1
-
-
 def test_a_pooled_connection_is_refused(backends: Callable[..., PostgresBackend]) -> None:
     a = backends()
     term = a.acquire(ELECTION, "a", 5.0, 0).tenure
@@ -231,7 +153,7 @@ def test_a_pooled_connection_is_refused(backends: Callable[..., PostgresBackend]
     seat = a._seats[ELECTION]
     assert seat.session is not None
     seat.session.pid += 1
-    with pytest.raises(ConfigError, match="PgBouncer"):
+    with pytest.raises(StoreMisconfigured, match="PgBouncer"):
         a.renew(ELECTION, term, 5.0)
 
 
@@ -274,11 +196,11 @@ def test_store_errors_are_one_clear_line(
     assert "leaderpw" not in message
 
 
-def test_server_older_than_14_is_a_config_error(
+def test_server_older_than_14_is_refused_in_one_line(
     backends: Callable[..., PostgresBackend], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(psycopg.ConnectionInfo, "server_version", property(lambda self: 130011))
-    with pytest.raises(ConfigError) as info:
+    with pytest.raises(StoreMisconfigured) as info:
         backends().acquire(ELECTION, "a", 5.0, 0)
     _one_clear_line(info.value, "PostgreSQL 13", "idle_session_timeout", "14 or later")
 

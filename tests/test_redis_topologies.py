@@ -3,12 +3,15 @@
 Each topology runs the same check: three leases on separate connections elect
 exactly one leader, a graceful stop hands over at once, epochs grow, and a
 fenced claim of many entries works (in Cluster, where pipelines refuse
-scripts, too).
+scripts, too). Then ``?cluster=true`` where there is no cluster: refused in one
+line by a server without cluster support, an outage when nothing listens.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,11 +22,15 @@ import redis
 from celery_leader.backends import create_backend
 from celery_leader.backends.base import Claim
 from celery_leader.config import LeaderConfig
+from celery_leader.exceptions import StoreMisconfigured, StoreUnavailable
 from celery_leader.lease import Lease
+from harness.procs import Procs
 from harness.servers import RedisServer, free_port
 from harness.waiting import wait_for
 
 TTL = 2.0
+CELERY = Path(sys.executable).with_name("celery")
+REPO = Path(__file__).resolve().parents[1]
 
 
 class _Node(RedisServer):
@@ -179,3 +186,58 @@ def test_cluster() -> None:
     finally:
         for node in nodes:
             node.close()
+
+
+# -- ?cluster=true where there is no cluster -----------------------------------------
+
+
+def test_cluster_url_on_a_plain_redis_is_refused_in_one_line(redis_url: str) -> None:
+    url = f"{redis_url}?cluster=true"
+    config = LeaderConfig.from_mapping({"leader_url": url, "leader_ttl": TTL})
+    backend = create_backend(config)  # connects to nothing yet
+    try:
+        with pytest.raises(StoreMisconfigured) as info:
+            backend.acquire("topo", "i0", TTL, 0)
+    finally:
+        backend.close()
+    message = str(info.value)
+    assert "\n" not in message and "leader_url" in message and "cluster support disabled" in message
+    assert isinstance(info.value, StoreUnavailable), "retried like an outage"
+
+
+def test_cluster_url_with_nothing_listening_is_an_outage() -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0?cluster=true"
+    backend = create_backend(LeaderConfig.from_mapping({"leader_url": url, "leader_ttl": TTL}))
+    try:
+        with pytest.raises(StoreUnavailable) as info:
+            backend.acquire("topo", "i0", TTL, 0)
+    finally:
+        backend.close()
+    assert not isinstance(info.value, StoreMisconfigured)
+    assert "\n" not in str(info.value)
+
+
+def test_beat_with_a_cluster_url_on_a_plain_redis_says_so_once_and_keeps_running(
+    redis_url: str, procs: Procs, tmp_path: Path
+) -> None:
+    """Beat does not die: one line names leader_url, and nobody leads through that URL."""
+    renew = TTL / 3
+    proc = procs.spawn_python(
+        CELERY,
+        *("-A", "tests.apps.beat_app", "beat", "-S", "leader", "-l", "info"),
+        env={
+            "BROKER_URL": redis_url,
+            "LEADER_URL": f"{redis_url}?cluster=true",
+            "LEADER_TTL": str(TTL),
+            "PYTHONPATH": os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(REPO)])),
+        },
+        cwd=tmp_path,
+    )
+    proc.wait_for_line("cluster support disabled", 30)
+    time.sleep(4 * renew)  # four more attempts, which must say nothing new
+    assert proc.alive
+    said = [line for line in proc.lines() if "cluster support disabled" in line]
+    assert len(said) == 1, said
+    assert "leader_url" in said[0]
+    assert "Traceback" not in proc.output()
+    assert "elected" not in proc.output()

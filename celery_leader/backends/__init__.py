@@ -1,8 +1,15 @@
-"""Lease stores. Only modules in this package talk to a store."""
+"""Lease stores. Only modules in this package talk to a store.
+
+:data:`STORES` is the one table of stores: the URL schemes that select each
+one, where its backend lives, and the extra that installs its client.
+:mod:`celery_leader.config` validates ``leader_url`` against it, and
+:func:`create_backend` builds from it.
+"""
 
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..exceptions import missing_extra
@@ -11,7 +18,49 @@ from .base import Acquired, Backend, Claim, HolderInfo, Renewal, Tenure
 if TYPE_CHECKING:
     from ..config import LeaderConfig
 
-__all__ = ["Acquired", "Backend", "Claim", "HolderInfo", "Renewal", "Tenure", "create_backend"]
+__all__ = [
+    "STORES",
+    "Acquired",
+    "Backend",
+    "Claim",
+    "HolderInfo",
+    "Renewal",
+    "Store",
+    "Tenure",
+    "create_backend",
+    "store_for",
+]
+
+
+@dataclass(frozen=True)
+class Store:
+    """One kind of lease store."""
+
+    kind: str
+    schemes: tuple[str, ...]
+    module: str
+    class_name: str
+    #: The extra (``pip install 'celery-leader[<extra>]'``) that installs its client.
+    extra: str | None = None
+
+
+STORES: tuple[Store, ...] = (
+    Store(
+        "redis", ("redis", "rediss", "unix", "redis+sentinel"), ".redis", "RedisBackend", "redis"
+    ),
+    Store(
+        "postgres", ("postgresql", "postgres", "django"), ".postgres", "PostgresBackend", "postgres"
+    ),
+    Store("file", ("file",), ".file", "FileBackend"),
+    Store("memory", ("memory",), ".memory", "MemoryBackend"),
+)
+
+_BY_SCHEME = {scheme: store for store in STORES for scheme in store.schemes}
+
+
+def store_for(scheme: str) -> Store | None:
+    """The store that URLs of ``scheme`` (lower case) select, if any."""
+    return _BY_SCHEME.get(scheme)
 
 
 def store_timeout(ttl: float, renew_interval: float) -> float:
@@ -24,28 +73,19 @@ def store_timeout(ttl: float, renew_interval: float) -> float:
     return max(0.05, min(renew_interval, ttl - renew_interval))
 
 
-#: Store kind -> (module, class) of its backend, and the extra that installs its client.
-_BACKENDS = {
-    "redis": (".redis", "RedisBackend", "redis"),
-    "postgres": (".postgres", "PostgresBackend", "postgres"),
-    "file": (".file", "FileBackend", None),
-    "memory": (".memory", "MemoryBackend", None),
-}
-
-
 def create_backend(config: LeaderConfig) -> Backend:
-    """Build the backend that ``config.url`` selects.
+    """Build the backend that ``config.url`` selects. It does not contact the store yet.
 
     A store whose client is not installed fails in one line naming its extra.
     """
-    module_name, class_name, extra = _BACKENDS[config.store_kind]
+    store = config.store
     try:
-        module = importlib.import_module(module_name, __name__)
+        module = importlib.import_module(store.module, __name__)
     except ModuleNotFoundError as exc:
-        if extra is None:
+        if store.extra is None:
             raise
-        raise missing_extra(exc, extra) from None
-    backend: Backend = getattr(module, class_name)(
+        raise missing_extra(exc, store.extra) from None
+    backend: Backend = getattr(module, store.class_name)(
         config.url, config.key_prefix, store_timeout(config.ttl, config.renew_interval)
     )
     return backend

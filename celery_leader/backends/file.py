@@ -12,6 +12,10 @@ The kernel drops a flock when its holder's process dies, and a follower
 blocked in ``flock`` wakes up holding it: a crash hands over at once, with no
 ttl to wait out. A paused (SIGSTOP) holder keeps the lock: the file store is
 safe, but only as live as its holder process.
+
+Every ``OSError`` becomes :class:`~celery_leader.exceptions.StoreUnavailable`
+naming the file. A holder or epoch file celery-leader cannot read is foreign
+(see :mod:`celery_leader.backends.terms`).
 """
 
 from __future__ import annotations
@@ -20,59 +24,41 @@ import fcntl
 import json
 import os
 import threading
-import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from ..exceptions import ConfigError, StoreUnavailable
 from .base import Acquired, Backend, Claim, HolderInfo, Renewal, Tenure, apply_claims
+from .terms import holder_info, new_term, parse_epoch, unreadable_state
+from .waiting import LockWaiter, wait_sliced
 
 
-class _Waiter:
-    """A thread blocked in ``flock`` on behalf of a follower.
+@contextmanager
+def _io(path: Path) -> Iterator[None]:
+    """Turn an ``OSError`` on ``path`` into :class:`StoreUnavailable` naming it."""
+    try:
+        yield
+    except OSError as exc:
+        raise StoreUnavailable(f"{path}: {exc.strerror or exc}") from exc
 
-    When the lock comes free the kernel hands it to this thread, which parks
-    the open descriptor for the follower's next ``acquire``. A waiter whose
-    follower left closes the descriptor at once, so it never sits on the lock.
-    """
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.won = threading.Event()
-        self.fd: int | None = None
-        self.cancelled = False
-        self._lock = threading.Lock()
-        threading.Thread(
-            target=self._run, name=f"celery-leader-flock:{path.name}", daemon=True
-        ).start()
-
-    def _run(self) -> None:
-        try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        except OSError:
-            self.won.set()  # let the follower retry and see the error itself
-            return
+def _flock(fd: int, cancelled: threading.Event) -> bool:
+    """Block in ``flock`` until the kernel grants the lock (a follower's waiter)."""
+    try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        with self._lock:
-            if self.cancelled:
-                os.close(fd)
-                return
-            self.fd = fd
-        self.won.set()
+    except OSError:
+        return False  # the follower's next acquire tries afresh and reports it
+    return True
 
-    def take(self) -> int | None:
-        with self._lock:
-            fd, self.fd = self.fd, None
-            return fd
 
-    def cancel(self) -> None:
-        with self._lock:
-            self.cancelled = True
-            fd, self.fd = self.fd, None
-        if fd is not None:
-            os.close(fd)
+def _close(fd: int) -> None:
+    try:
+        os.close(fd)  # closing the last descriptor drops the flock
+    except OSError:
+        pass  # closed already: the flock is gone with it
 
 
 class FileBackend(Backend):
@@ -80,17 +66,15 @@ class FileBackend(Backend):
 
     def __init__(self, url: str, key_prefix: str, timeout: float) -> None:
         super().__init__(url, key_prefix, timeout)
-        parts = urlsplit(url)
-        if parts.netloc not in ("", "localhost"):
-            raise ConfigError(f"leader_url {url!r}: a file:// URL must name a local directory")
-        self.directory = Path(unquote(parts.path))
+        # config checked the form (file:///absolute/dir); only the path is ours to read.
+        self.directory = Path(unquote(urlsplit(url).path))
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ConfigError(f"leader_url {url!r}: cannot create the directory: {exc}") from exc
         self._lock = threading.Lock()
         self._held: dict[str, tuple[int, Tenure]] = {}
-        self._waiters: dict[str, _Waiter] = {}
+        self._waiters: dict[str, LockWaiter[int]] = {}
 
     def _path(self, election: str, kind: str) -> Path:
         return self.directory / f"{self.key_prefix}.{election}.{kind}"
@@ -99,13 +83,13 @@ class FileBackend(Backend):
         lock_path = self._path(election, "lock")
         with self._lock:
             waiter = self._waiters.get(election)
-            if waiter is not None and waiter.won.is_set():
+            if waiter is not None and waiter.done.is_set():
                 del self._waiters[election]
-        if waiter is not None and not waiter.won.is_set():
+        if waiter is not None and not waiter.done.is_set():
             # Our waiter is queued in flock: the kernel hands it the lock first.
             return Acquired(None, self._read_holder(election), ttl)
-        fd = waiter.take() if waiter is not None else None  # None: its open failed
-        try:
+        fd = waiter.take() if waiter is not None else None  # None: its wait failed
+        with _io(lock_path):
             if fd is None:
                 fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
                 try:
@@ -113,36 +97,40 @@ class FileBackend(Backend):
                 except BlockingIOError:
                     os.close(fd)
                     return Acquired(None, self._read_holder(election), ttl)
-            inode = os.fstat(fd).st_ino
-            if inode != os.stat(lock_path).st_ino:
-                # The lock file was replaced while we waited: this lock guards nothing.
+            try:
+                result = self._take_office(election, fd, instance_id, ttl, min_epoch)
+            except BaseException:
                 os.close(fd)
-                return Acquired(None, None, 0.0)
-            previous = _read_json(self._path(election, "holder"))
-            if _believes_elsewhere(previous, inode):
-                # The last holder locked a lock file that has since been deleted
-                # and may still believe it leads: it finds out at its next
-                # renewal and releases (removing its holder file). Until then,
-                # taking this new lock would make two leaders.
-                os.close(fd)
-                return Acquired(None, self._read_holder(election), self.timeout)
-            epoch = max(_read_int(self._path(election, "epoch")), min_epoch) + 1
-            _write(self._path(election, "epoch"), str(epoch))
-            token = json.dumps(
-                {
-                    "token": uuid.uuid4().hex,
-                    "epoch": epoch,
-                    "holder": instance_id,
-                    "pid": os.getpid(),
-                    "inode": inode,
-                }
-            )
-            _write(self._path(election, "holder"), token)
-        except OSError as exc:
-            raise StoreUnavailable(f"{lock_path}: {exc}") from exc
-        tenure = Tenure(token, epoch)
+                raise
+        if result.tenure is None:
+            _close(fd)
+            return result
         with self._lock:
-            self._held[election] = (fd, tenure)
+            self._held[election] = (fd, result.tenure)
+        return result
+
+    def _take_office(
+        self, election: str, fd: int, instance_id: str, ttl: float, min_epoch: int
+    ) -> Acquired:
+        """Write a new term under the flock on ``fd``, unless this lock guards nothing."""
+        lock_path = self._path(election, "lock")
+        inode = os.fstat(fd).st_ino
+        if inode != os.stat(lock_path).st_ino:
+            # The lock file was replaced while we waited: this lock guards nothing.
+            return Acquired(None, None, 0.0)
+        previous = _read_json(self._path(election, "holder"))
+        if _believes_elsewhere(previous, inode):
+            # The last holder locked a lock file that has since been deleted
+            # and may still believe it leads: it finds out at its next
+            # renewal and releases (removing its holder file). Until then,
+            # taking this new lock would make two leaders.
+            return Acquired(None, self._read_holder(election), self.timeout)
+        epoch_path = self._path(election, "epoch")
+        text = _read_text(epoch_path)
+        epoch = max(parse_epoch(text, str(epoch_path)) if text else 0, min_epoch) + 1
+        _write(epoch_path, str(epoch))
+        tenure = new_term(epoch, instance_id, pid=os.getpid(), inode=inode)
+        _write(self._path(election, "holder"), tenure.token)
         return Acquired(tenure, None, ttl)
 
     def _holds(self, election: str, tenure: Tenure) -> int | None:
@@ -164,7 +152,8 @@ class FileBackend(Backend):
             return Renewal.LOST
         resign = self._path(election, "resign")
         if _read_text(resign) == tenure.token:
-            resign.unlink(missing_ok=True)
+            with _io(resign):
+                resign.unlink(missing_ok=True)
             return Renewal.RESIGN
         return Renewal.RENEWED
 
@@ -174,39 +163,48 @@ class FileBackend(Backend):
             if held is None or held[1] != tenure:
                 return
             del self._held[election]
-        if _read_text(self._path(election, "holder")) == tenure.token:
-            self._path(election, "holder").unlink(missing_ok=True)
-        os.close(held[0])  # closing the last descriptor drops the flock
+        holder = self._path(election, "holder")
+        try:
+            if _read_text(holder) == tenure.token:
+                with _io(holder):
+                    holder.unlink(missing_ok=True)
+        finally:
+            _close(held[0])
 
     def wait(self, election: str, timeout: float, cancel: threading.Event) -> None:
         with self._lock:
             waiter = self._waiters.get(election)
-            if waiter is None:
-                waiter = self._waiters[election] = _Waiter(self._path(election, "lock"))
-        end = timeout
-        while end > 0 and not cancel.is_set():
-            if waiter.won.wait(min(end, 0.1)):
-                return
-            end -= 0.1
+        if waiter is None:
+            lock_path = self._path(election, "lock")
+            try:
+                fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+            except OSError:
+                return  # the next acquire meets the same error and reports it
+            waiter = LockWaiter(fd, _flock, _close, name=f"celery-leader-flock:{lock_path.name}")
+            with self._lock:
+                self._waiters[election] = waiter
+        wait_sliced(waiter.done.wait, timeout, cancel)
 
     def holder(self, election: str) -> HolderInfo | None:
-        try:
-            fd = os.open(self._path(election, "lock"), os.O_RDWR)
-        except FileNotFoundError:
-            return None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return self._read_holder(election)
-        finally:
-            os.close(fd)  # if we got the lock, this drops it again at once
+        lock_path = self._path(election, "lock")
+        with _io(lock_path):
+            try:
+                fd = os.open(lock_path, os.O_RDWR)
+            except FileNotFoundError:
+                return None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return self._read_holder(election)
+            finally:
+                os.close(fd)  # if we got the lock, this drops it again at once
         return None
 
     def _read_holder(self, election: str) -> HolderInfo | None:
-        data = _read_json(self._path(election, "holder"))
-        if not isinstance(data, dict) or not isinstance(data.get("epoch"), int):
-            return None
-        return HolderInfo(str(data.get("holder", "?")), data["epoch"], None)
+        """The term of the flock's holder; None while it has not written one yet."""
+        path = self._path(election, "holder")
+        text = _read_text(path)
+        return None if text is None else holder_info(text, str(path), None)
 
     def request_resign(self, election: str) -> HolderInfo | None:
         info = self.holder(election)
@@ -224,10 +222,17 @@ class FileBackend(Backend):
         )
 
     def load_state(self, election: str) -> dict[str, str]:
-        data = _read_json(self._path(election, "state"))
-        if not isinstance(data, dict):
+        path = self._path(election, "state")
+        text = _read_text(path)
+        if text is None:
             return {}
-        return {str(k): v for k, v in data.items() if isinstance(v, str)}
+        try:
+            data = json.loads(text)
+        except ValueError:
+            data = None
+        if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
+            return unreadable_state(str(path), text)
+        return data
 
     def claim(self, election: str, tenure: Tenure, claims: Sequence[Claim]) -> list[bool]:
         # Only the flock holder writes the state file, so read-compare-write
@@ -237,10 +242,7 @@ class FileBackend(Backend):
         state = self.load_state(election)
         results = apply_claims(state, claims)
         if any(results):
-            try:
-                _write(self._path(election, "state"), json.dumps(state))
-            except OSError as exc:
-                raise StoreUnavailable(f"cannot write schedule state: {exc}") from exc
+            _write(self._path(election, "state"), json.dumps(state))
         return results
 
     def leave(self, election: str) -> None:
@@ -273,28 +275,24 @@ def _believes_elsewhere(previous: Any, inode: int) -> bool:
 def _write(path: Path, text: str) -> None:
     """Replace ``path`` atomically, so a reader never sees half a file."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    with _io(path):
+        tmp.write_text(text)
+        os.replace(tmp, path)
 
 
 def _read_text(path: Path) -> str | None:
-    try:
-        return path.read_text()
-    except OSError:
-        return None
+    """The content of ``path``; None when there is no such file."""
+    with _io(path):
+        try:
+            return path.read_text()
+        except FileNotFoundError:
+            return None
 
 
 def _read_json(path: Path) -> Any:
+    """Lenient read, for a record left under a free lock (stale, whatever it holds)."""
     text = _read_text(path)
     try:
         return None if text is None else json.loads(text)
     except ValueError:
         return None
-
-
-def _read_int(path: Path) -> int:
-    text = _read_text(path)
-    try:
-        return int(text) if text else 0
-    except ValueError:
-        return 0

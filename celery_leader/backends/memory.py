@@ -7,14 +7,14 @@ compete. With a single lease per election it always leads.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .base import Acquired, Backend, Claim, HolderInfo, Renewal, Tenure, apply_claims
+from .terms import new_term
+from .waiting import wait_sliced
 
 
 @dataclass
@@ -61,9 +61,11 @@ class MemoryBackend(Backend):
                 return Acquired(None, _info(current), current.expires - time.monotonic())
             epoch = max(store.epochs.get(election, 0), min_epoch) + 1
             store.epochs[election] = epoch
-            token = json.dumps({"token": uuid.uuid4().hex, "epoch": epoch, "holder": instance_id})
-            store.records[election] = _Record(token, epoch, instance_id, time.monotonic() + ttl)
-            return Acquired(Tenure(token, epoch), None, ttl)
+            tenure = new_term(epoch, instance_id)
+            store.records[election] = _Record(
+                tenure.token, epoch, instance_id, time.monotonic() + ttl
+            )
+            return Acquired(tenure, None, ttl)
 
     def renew(self, election: str, tenure: Tenure, ttl: float) -> Renewal:
         store = self._store
@@ -87,15 +89,16 @@ class MemoryBackend(Backend):
 
     def wait(self, election: str, timeout: float, cancel: threading.Event) -> None:
         store = self._store
-        deadline = time.monotonic() + timeout
+
+        def free(seconds: float) -> bool:
+            # The condition is notified on every release.
+            if store.live(election) is None:
+                return True
+            store.cond.wait(seconds)
+            return store.live(election) is None
+
         with store.cond:
-            # Short slices so that ``cancel`` is seen promptly; the condition is
-            # notified on every release.
-            while store.live(election) is not None and not cancel.is_set():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return
-                store.cond.wait(min(left, 0.05))
+            wait_sliced(free, timeout, cancel)
 
     def holder(self, election: str) -> HolderInfo | None:
         with self._store.cond:

@@ -12,41 +12,62 @@ script touches a single Redis Cluster slot:
 
 Releases are announced on the channel ``{p:e}:released`` so that followers
 take over at once instead of waiting out the ttl.
+
+Every operation is one Lua script, sent with ``EVALSHA``; only when the server
+answers ``NOSCRIPT`` (its script cache is empty after a start or a flush) is
+the script sent once more in full with ``EVAL``, which caches it. Scripts
+check the types of the keys they read and report a key of the wrong type by
+name (``{"foreign", key, what}``) instead of failing with Redis's ``WRONGTYPE``.
+Nothing connects before the first call, so a Redis that is down at start-up
+(or a Cluster seed node) is an outage the lease retries, not a crash.
 """
 
 from __future__ import annotations
 
-import json
+import hashlib
 import logging
 import threading
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 import redis
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
+from redis.connection import parse_url
+from redis.exceptions import NoScriptError, RedisClusterException
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from .._urls import mask_url
-from ..exceptions import ConfigError, StoreUnavailable
+from ..exceptions import ConfigError, StoreMisconfigured, StoreUnavailable
 from .base import Acquired, Backend, Claim, HolderInfo, Renewal, Tenure
+from .terms import foreign, holder_info, parse_term, unreadable_state
+from .waiting import wait_sliced
+
+# Every script reports a key of the wrong type as {'foreign', key, what it holds}.
+# redis.pcall returns an error as a table instead of aborting the script.
 
 # KEYS: lock, epoch. ARGV: nonce, instance id, ttl ms, lowest acceptable epoch - 1.
 # Returns {1, value, ttl ms} when taken, {0, holder value, pttl} when held.
 _ACQUIRE = """
-local cur = redis.call('GET', KEYS[1])
+local cur = redis.pcall('GET', KEYS[1])
+if type(cur) == 'table' then return {'foreign', KEYS[1], redis.call('TYPE', KEYS[1]).ok} end
 if cur then return {0, cur, redis.call('PTTL', KEYS[1])} end
-if redis.call('EXISTS', KEYS[2]) == 0 then
+local kind = redis.call('TYPE', KEYS[2]).ok
+if kind == 'none' then
   -- First term, or the store lost its data: start from the server's clock in ms
   -- so that epochs still grow past any term handed out before.
   local t = redis.call('TIME')
   redis.call('SET', KEYS[2], t[1] * 1000 + math.floor(t[2] / 1000))
+elseif kind ~= 'string' then
+  return {'foreign', KEYS[2], kind}
 end
-local epoch = redis.call('INCR', KEYS[2])
+local epoch = redis.pcall('INCR', KEYS[2])
+if type(epoch) == 'table' then return {'foreign', KEYS[2], redis.call('GET', KEYS[2])} end
 local floor = tonumber(ARGV[4])
 if epoch <= floor then
   epoch = floor + 1
@@ -58,10 +79,11 @@ return {1, value, tonumber(ARGV[3])}
 """
 
 # KEYS: lock, resign. ARGV: our exact value, ttl ms. 0 lost, 1 renewed, 2 resign.
+# A lock or resign key of another type cannot hold our value: lost, no resign.
 _RENEW = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
-if redis.call('GET', KEYS[2]) == ARGV[1] then
+if redis.pcall('GET', KEYS[2]) == ARGV[1] then
   redis.call('DEL', KEYS[2])
   return 2
 end
@@ -70,7 +92,7 @@ return 1
 
 # KEYS: lock. ARGV: our exact value, release channel.
 _RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+if redis.pcall('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
   redis.call('PUBLISH', ARGV[2], 'released')
   return 1
@@ -78,10 +100,27 @@ end
 return 0
 """
 
+# KEYS: lock. Returns {value or nil, pttl}.
+_TERM = """
+local cur = redis.pcall('GET', KEYS[1])
+if type(cur) == 'table' then return {'foreign', KEYS[1], redis.call('TYPE', KEYS[1]).ok} end
+return {cur, redis.call('PTTL', KEYS[1])}
+"""
+
+# KEYS: state. Returns {1, field, value, ...}, or {0, type} when it is no hash.
+_LOAD_STATE = """
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind ~= 'hash' and kind ~= 'none' then return {0, kind} end
+local out = redis.call('HGETALL', KEYS[1])
+table.insert(out, 1, 1)
+return out
+"""
+
 # KEYS: lock, state. ARGV: our exact value, then per claim: entry, has-expected
 # ("0"/"1"), expected, new. Returns one 0/1 per claim; {} when the term is gone.
+# A state of another type is not ours to keep: the fenced claim replaces it.
 _CLAIM = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {} end
+if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then return {} end
 local kind = redis.call('TYPE', KEYS[2]).ok
 if kind ~= 'hash' and kind ~= 'none' then redis.call('DEL', KEYS[2]) end
 local out = {}
@@ -105,9 +144,37 @@ logger = logging.getLogger("celery_leader.backends.redis")
 #: still go out in one pipelined round trip.
 _CLAIM_CHUNK = 500
 
+#: What each key is meant to hold, for errors about a key of the wrong type.
+_EXPECTED = {
+    "lock": "a celery-leader term (a JSON string)",
+    "epoch": "an epoch counter (an integer string)",
+}
 
-def _client(url: str, timeout: float) -> Any:
-    """A redis-py client for ``url`` whose every call gives up after ``timeout``.
+
+@dataclass(frozen=True)
+class _Script:
+    source: str
+
+    @property
+    def sha(self) -> str:
+        return hashlib.sha1(self.source.encode()).hexdigest()  # noqa: S324 - Redis's script id
+
+
+_SCRIPTS = {
+    name: _Script(source)
+    for name, source in (
+        ("acquire", _ACQUIRE),
+        ("renew", _RENEW),
+        ("release", _RELEASE),
+        ("term", _TERM),
+        ("load_state", _LOAD_STATE),
+        ("claim", _CLAIM),
+    )
+}
+
+
+def _options(url: str, timeout: float) -> dict[str, Any]:
+    """Client options for ``url`` whose every call gives up after ``timeout``.
 
     redis-py's own retries are off: the lease decides when to retry, and a
     silently retried renewal would only eat into the lease's validity.
@@ -118,13 +185,23 @@ def _client(url: str, timeout: float) -> Any:
         "retry": Retry(NoBackoff(), 0),
         "decode_responses": True,
     }
-    parts = urlsplit(url)
-    if parts.scheme.lower() != "unix":  # unix socket connections take no TCP options
+    if urlsplit(url).scheme.lower() != "unix":  # unix socket connections take no TCP options
         options["socket_keepalive"] = True
+    return options
+
+
+def _cluster_url(url: str) -> str | None:
+    """``url`` without ``cluster=true`` when it asks for Redis Cluster, else None."""
+    parts = urlsplit(url)
     query = dict(parse_qsl(parts.query))
-    if query.pop("cluster", "").lower() in ("1", "true", "yes"):
-        plain = urlunsplit(parts._replace(query=urlencode(query)))
-        return RedisCluster.from_url(plain, **options)
+    if query.pop("cluster", "").lower() not in ("1", "true", "yes"):
+        return None
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+def _client(url: str, options: dict[str, Any]) -> Any:
+    """A client for a standalone or Sentinel-managed Redis; neither connects yet."""
+    parts = urlsplit(url)
     if parts.scheme.lower() != "redis+sentinel":
         return redis.Redis.from_url(url, **options)
     path = [p for p in parts.path.split("/") if p]
@@ -139,6 +216,7 @@ def _client(url: str, timeout: float) -> Any:
         hosts.append((host, int(port or 26379)))
     password = unquote(parts.password) if parts.password else None
     sentinel_kwargs = {k: v for k, v in options.items() if k != "decode_responses"}
+    query = dict(parse_qsl(parts.query))
     if "sentinel_password" in query:
         sentinel_kwargs["password"] = query["sentinel_password"]
     sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_kwargs, **options)  # type: ignore[no-untyped-call]
@@ -147,57 +225,112 @@ def _client(url: str, timeout: float) -> Any:
 
 
 class RedisBackend(Backend):
-    """Lease store on one Redis (standalone, Sentinel-managed, or behind TLS)."""
+    """Lease store on one Redis (standalone, Sentinel-managed, Cluster, or behind TLS)."""
 
     def __init__(self, url: str, key_prefix: str, timeout: float) -> None:
         super().__init__(url, key_prefix, timeout)
+        self._options = _options(url, timeout)
+        self._cluster_url = _cluster_url(url)
+        self._redis: Any = None
         try:
-            self._redis = _client(url, timeout)
+            if self._cluster_url is None:
+                self._redis = _client(url, self._options)
+            else:
+                # Only checked here: a cluster client connects when it is built,
+                # which waits for the first call (see _client_now).
+                parse_url(self._cluster_url)  # type: ignore[no-untyped-call]
         except (ValueError, TypeError) as exc:
             raise ConfigError(
                 f"leader_url {mask_url(url)!r} is not a valid Redis URL: {exc}"
             ) from exc
-        self._acquire = self._redis.register_script(_ACQUIRE)
-        self._renew = self._redis.register_script(_RENEW)
-        self._release = self._redis.register_script(_RELEASE)
-        self._claim = self._redis.register_script(_CLAIM)
         self._pubsubs: dict[str, Any] = {}
         self._lock = threading.Lock()
+
+    # -- talking to Redis -----------------------------------------------------
+
+    def _client_now(self) -> Any:
+        """The client; a Cluster client is built (and so connects) on first use."""
+        client = self._redis
+        if client is not None:
+            return client
+        assert self._cluster_url is not None
+        with self._lock:
+            if self._redis is None:
+                self._redis = self._connect_cluster(self._cluster_url)
+            return self._redis
+
+    def _connect_cluster(self, url: str) -> RedisCluster:
+        # Ask the seed node first: a server without cluster support makes
+        # redis-py fail with a long trace, and retrying cannot help.
+        probe = redis.Redis.from_url(url, **self._options)
+        try:
+            enabled = probe.info("cluster").get("cluster_enabled")
+        finally:
+            probe.close()
+        if not enabled:
+            parts = urlsplit(url)
+            raise StoreMisconfigured(
+                f"leader_url {mask_url(self.url)!r} asks for Redis Cluster (?cluster=true), "
+                f"but the server at {parts.hostname}:{parts.port or 6379} has cluster support "
+                "disabled: drop ?cluster=true, or point leader_url at a cluster node"
+            )
+        return RedisCluster.from_url(url, **self._options)
+
+    def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """``fn(client, ...)``; every redis-py error becomes StoreUnavailable in one line."""
+        try:
+            return fn(self._client_now(), *args, **kwargs)
+        except (redis.RedisError, RedisClusterException) as exc:
+            raise StoreUnavailable(_describe(exc)) from exc
+
+    def _script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """Run script ``name`` (one round trip once the server has cached it)."""
+
+        def run(client: Any) -> Any:
+            return _eval(client, _SCRIPTS[name], keys, args)
+
+        return self._checked(self._call(run))
+
+    def _checked(self, reply: Any) -> Any:
+        """``reply``, or the error naming the key a script found of the wrong type."""
+        if isinstance(reply, list) and reply and reply[0] == "foreign":
+            key, found = reply[1], reply[2]
+            expected = _EXPECTED.get(key.rsplit(":", 1)[-1], "a celery-leader value")
+            raise foreign(f"Redis key {key!r}", found, expected)
+        return reply
 
     def _key(self, election: str, name: str) -> str:
         return f"{{{self.key_prefix}:{election}}}:{name}"
 
-    def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except redis.RedisError as exc:
-            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
+    # -- the protocol ---------------------------------------------------------
 
     def acquire(self, election: str, instance_id: str, ttl: float, min_epoch: int) -> Acquired:
         ttl_ms = max(1, int(ttl * 1000))
-        taken, value, pttl = self._call(
-            self._acquire,
-            keys=[self._key(election, "lock"), self._key(election, "epoch")],
-            args=[uuid.uuid4().hex, instance_id, ttl_ms, min_epoch],
+        lock = self._key(election, "lock")
+        taken, value, pttl = self._script(
+            "acquire",
+            [lock, self._key(election, "epoch")],
+            [uuid.uuid4().hex, instance_id, ttl_ms, min_epoch],
         )
         if taken:
-            return Acquired(Tenure(value, _parse(value)["epoch"]), None, ttl)
-        info = _holder_info(value, pttl)
+            epoch = parse_term(value, f"Redis key {lock!r}")["epoch"]
+            return Acquired(Tenure(value, epoch), None, ttl)
+        info = _holder(value, pttl, lock)
         return Acquired(None, info, ttl if pttl < 0 else pttl / 1000)
 
     def renew(self, election: str, tenure: Tenure, ttl: float) -> Renewal:
-        code = self._call(
-            self._renew,
-            keys=[self._key(election, "lock"), self._key(election, "resign")],
-            args=[tenure.token, max(1, int(ttl * 1000))],
+        code = self._script(
+            "renew",
+            [self._key(election, "lock"), self._key(election, "resign")],
+            [tenure.token, max(1, int(ttl * 1000))],
         )
         return {0: Renewal.LOST, 1: Renewal.RENEWED, 2: Renewal.RESIGN}[int(code)]
 
     def release(self, election: str, tenure: Tenure) -> None:
-        self._call(
-            self._release,
-            keys=[self._key(election, "lock")],
-            args=[tenure.token, self._key(election, "released")],
+        self._script(
+            "release",
+            [self._key(election, "lock")],
+            [tenure.token, self._key(election, "released")],
         )
 
     def wait(self, election: str, timeout: float, cancel: threading.Event) -> None:
@@ -206,22 +339,16 @@ class RedisBackend(Backend):
             pubsub = self._pubsubs.get(election)
         try:
             if pubsub is None:
-                pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+                pubsub = self._client_now().pubsub(ignore_subscribe_messages=True)
                 pubsub.subscribe(self._key(election, "released"))
                 with self._lock:
                     self._pubsubs[election] = pubsub
                 # A release may have happened before the subscription took
                 # effect: return so the caller tries once more, now covered.
                 return
-            # Slices keep ``cancel`` responsive; reading the subscription
-            # socket sends nothing to Redis.
-            while not cancel.is_set():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return
-                if pubsub.get_message(timeout=min(left, 0.1)) is not None:
-                    return
-        except redis.RedisError:
+            # Reading the subscription socket sends nothing to Redis.
+            wait_sliced(lambda s: pubsub.get_message(timeout=s) is not None, timeout, cancel)
+        except (redis.RedisError, RedisClusterException, StoreUnavailable):
             self._drop_pubsub(election)
             cancel.wait(max(0.0, deadline - time.monotonic()))
 
@@ -236,43 +363,37 @@ class RedisBackend(Backend):
 
     def _term(self, election: str) -> tuple[str | None, int]:
         """The stored term of ``election`` and its PTTL, in one round trip."""
-        key = self._key(election, "lock")
-        pipe = self._redis.pipeline()
-        pipe.get(key)
-        pipe.pttl(key)
-        value, pttl = self._call(pipe.execute)
+        value, pttl = self._script("term", [self._key(election, "lock")], [])
         return value, pttl
 
     def holder(self, election: str) -> HolderInfo | None:
         value, pttl = self._term(election)
-        return None if value is None else _holder_info(value, pttl)
+        return None if value is None else _holder(value, pttl, self._key(election, "lock"))
 
     def request_resign(self, election: str) -> HolderInfo | None:
         value, pttl = self._term(election)
         if value is None:
             return None
+        info = _holder(value, pttl, self._key(election, "lock"))
         # Expires with the term it names, so a stale request never lingers.
-        self._call(self._redis.set, self._key(election, "resign"), value, px=max(1, pttl))
-        return _holder_info(value, pttl)
+        self._call(lambda c: c.set(self._key(election, "resign"), value, px=max(1, pttl)))
+        return info
 
     def elections(self) -> list[str]:
         names = set()
         for suffix in ("epoch", "state"):
             pattern = f"{{{self.key_prefix}:*}}:{suffix}"
-            for key in self._call(lambda p=pattern: list(self._redis.scan_iter(match=p))):
+            for key in self._call(lambda c, p=pattern: list(c.scan_iter(match=p))):
                 names.add(key[len(self.key_prefix) + 2 : -len(suffix) - 2])
         return sorted(names)
 
     def load_state(self, election: str) -> dict[str, str]:
         key = self._key(election, "state")
-        try:
-            return dict(self._call(self._redis.hgetall, key))
-        except StoreUnavailable as exc:
-            if "WRONGTYPE" not in str(exc):
-                raise
-            # Not ours (or mangled): the next fenced claim replaces it.
-            logger.error("celery-leader: %s is not schedule state (%s); replacing it", key, exc)
-            return {}
+        reply = self._script("load_state", [key], [])
+        if reply[0] == 0:
+            return unreadable_state(f"Redis key {key!r}", f"a {reply[1]}")
+        flat = reply[1:]
+        return dict(zip(flat[::2], flat[1::2], strict=True))
 
     def claim(self, election: str, tenure: Tenure, claims: Sequence[Claim]) -> list[bool]:
         keys = [self._key(election, "lock"), self._key(election, "state")]
@@ -283,17 +404,11 @@ class RedisBackend(Backend):
             for c in chunk:
                 args += [c.entry, "0" if c.expected is None else "1", c.expected or "", c.new]
             calls.append(args)
-        if isinstance(self._redis, RedisCluster):
-            # Cluster pipelines refuse scripts; all chunks hit one slot anyway.
-            replies = [self._call(self._claim, keys=keys, args=args) for args in calls]
-        else:
-            pipe = self._redis.pipeline(transaction=False)
-            for args in calls:
-                self._claim(keys=keys, args=args, client=pipe)
-            replies = self._call(pipe.execute)
+        replies = self._call(_claim_round_trip, keys, calls)
         results: list[bool] = []
         for chunk, reply in zip(chunks, replies, strict=True):
             # An empty reply: our term was gone, so nothing in the chunk was claimed.
+            reply = self._checked(reply)
             results += [bool(r) for r in reply] if reply else [False] * len(chunk)
         return results
 
@@ -303,21 +418,44 @@ class RedisBackend(Backend):
     def close(self) -> None:
         for election in list(self._pubsubs):
             self._drop_pubsub(election)
-        self._redis.close()
+        if self._redis is not None:
+            self._redis.close()
 
 
-def _parse(value: str) -> dict[str, Any]:
+def _eval(client: Any, script: _Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
     try:
-        data = json.loads(value)
-    except ValueError:
-        data = None
-    if not isinstance(data, dict) or not isinstance(data.get("epoch"), int):
-        raise StoreUnavailable(f"foreign data under the lease key: {value[:80]!r}")
-    return data
+        return client.evalsha(script.sha, len(keys), *keys, *args)
+    except NoScriptError:
+        # The server's script cache is empty (a start or SCRIPT FLUSH): EVAL
+        # runs the script and caches it, so the next EVALSHA finds it.
+        return client.eval(script.source, len(keys), *keys, *args)
 
 
-def _holder_info(value: str, pttl: int) -> HolderInfo:
-    data = _parse(value)
-    return HolderInfo(
-        str(data.get("holder", "?")), data["epoch"], None if pttl < 0 else pttl / 1000
-    )
+def _claim_round_trip(client: Any, keys: list[str], calls: list[list[str]]) -> list[Any]:
+    """Every claim chunk in one pipelined round trip (one call each in Cluster)."""
+    script = _SCRIPTS["claim"]
+    if isinstance(client, RedisCluster):
+        # Cluster pipelines refuse scripts; all chunks hit one slot anyway.
+        return [_eval(client, script, keys, args) for args in calls]
+    pipe = client.pipeline(transaction=False)
+    for args in calls:
+        pipe.evalsha(script.sha, len(keys), *keys, *args)
+    replies = pipe.execute(raise_on_error=False)
+    for i, reply in enumerate(replies):
+        # A NOSCRIPT chunk did not run (the first use after a server start or
+        # SCRIPT FLUSH): it runs now, in full, which caches the script.
+        if isinstance(reply, NoScriptError):
+            replies[i] = client.eval(script.source, len(keys), *keys, *calls[i])
+        elif isinstance(reply, Exception):
+            raise reply
+    return list(replies)
+
+
+def _holder(value: str, pttl: int, key: str) -> HolderInfo:
+    return holder_info(value, f"Redis key {key!r}", None if pttl < 0 else pttl / 1000)
+
+
+def _describe(exc: BaseException) -> str:
+    """One line from a redis-py error (Cluster errors can run to many lines)."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0][:300] if lines else ''}"

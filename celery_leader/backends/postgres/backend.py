@@ -1,0 +1,300 @@
+"""The PostgreSQL backend: terms held as session advisory locks (see the package docstring)."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg.rows import TupleRow
+
+from ..base import Acquired, Backend, Claim, HolderInfo, Renewal, Tenure
+from ..waiting import LockWaiter, wait_sliced
+from .params import connection_params
+from .session import Connector, Session, SessionGone, queue_for_lock
+from .sql import (
+    CLAIM,
+    ELECTIONS,
+    HOLDER,
+    LOAD_STATE,
+    RELEASE,
+    RENEW,
+    REQUEST_RESIGN,
+    TAKE_OFFICE,
+    TRY_LOCK,
+    advisory_key,
+    lock_ids,
+    ms,
+)
+
+
+@dataclass
+class _Seat:
+    """What this backend keeps for one election."""
+
+    tenure: Tenure | None = None
+    session: Session | None = None  # holds the lock while ``tenure`` is current
+    waiter: LockWaiter[Session] | None = None
+    left: bool = False
+
+
+class PostgresBackend(Backend):
+    """Lease store on one PostgreSQL database (>= 14); see the package docstring."""
+
+    #: No hold-off. The lease trusts a term until ``t_sent + ttl * 0.99 - 0.005``
+    #: (``t_sent``: when it sent the acquire or renew). The server receives that
+    #: statement at or after ``t_sent``, finishes it later still, and only then
+    #: starts counting ``idle_session_timeout`` (ttl, rounded up to whole ms).
+    #: So the session, and with it the lock, ends no earlier than
+    #: ``t_sent + ttl`` by the server's clock, which is ``>= t_sent + ttl * 0.99``
+    #: by ours while the clocks' rates differ by less than 1 %; the 5 ms margin
+    #: covers timer rounding. The old holder's belief ends first.
+    holdoff = 0.0
+
+    def __init__(self, url: str, key_prefix: str, timeout: float) -> None:
+        super().__init__(url, key_prefix, timeout)
+        self._db = Connector(*connection_params(url, timeout), timeout)
+        self._lock = threading.Lock()
+        self._seats: dict[str, _Seat] = {}
+
+    # -- the protocol ---------------------------------------------------------
+
+    def acquire(self, election: str, instance_id: str, ttl: float, min_epoch: int) -> Acquired:
+        key = advisory_key(self.key_prefix, election)
+        with self._lock:
+            seat = self._seats.setdefault(election, _Seat())
+            waiter = seat.waiter
+            if waiter is not None and not waiter.done.is_set():
+                # Still queued for the lock: somebody holds it and is alive.
+                return Acquired(None, None, ttl)
+            seat.waiter = None
+        session = waiter.take() if waiter is not None else None
+        if session is None:
+            session = self._db.connect(ttl)
+            try:
+                self._db.ensure_schema(session)
+                ((pid, got, holder_id, holder_epoch),) = self._db.execute(
+                    session, TRY_LOCK, {"key": key, **self._names(election)}
+                )
+                self._db.check_pid(session, pid)
+            except Exception:
+                session.close()
+                raise
+            if not got:
+                waiter = queue_for_lock(self._db, session, key, ttl)
+                if not self._seat_back(election, seat, waiter=waiter):
+                    waiter.cancel()
+                holder = None if holder_id is None else HolderInfo(holder_id, holder_epoch, None)
+                return Acquired(None, holder, ttl)
+        try:
+            ((pid, epoch, token),) = self._db.execute(
+                session,
+                TAKE_OFFICE,
+                {
+                    **self._names(election),
+                    "floor": min_epoch,
+                    "nonce": uuid.uuid4().hex,
+                    "instance": instance_id,
+                },
+            )
+            self._db.check_pid(session, pid)
+        except Exception:
+            session.close()
+            raise
+        tenure = Tenure(token, epoch)
+        if not self._seat_back(election, seat, tenure=tenure, session=session):
+            session.close()
+            return Acquired(None, None, ttl)
+        return Acquired(tenure, None, ttl)
+
+    def renew(self, election: str, tenure: Tenure, ttl: float) -> Renewal:
+        session = self._holding(election, tenure)
+        if session is None:
+            return Renewal.LOST
+        try:
+            ((pid, _, held, resign),) = self._db.execute(
+                session,
+                RENEW,
+                {
+                    **self._names(election),
+                    **lock_ids(advisory_key(self.key_prefix, election)),
+                    "idle_ms": ms(ttl),
+                    "token": tenure.token,
+                },
+            )
+            self._db.check_pid(session, pid)
+        except SessionGone:
+            # The lock went with the session: the server may hand it to a
+            # follower any moment, so stop believing now, not at the ttl.
+            self._drop_session(election, session)
+            return Renewal.LOST
+        if not held:
+            self._drop_session(election, session)
+            return Renewal.LOST
+        return Renewal.RESIGN if resign else Renewal.RENEWED
+
+    def release(self, election: str, tenure: Tenure) -> None:
+        with self._lock:
+            seat = self._seats.get(election)
+            if seat is None or seat.tenure != tenure:
+                return
+            session, seat.session, seat.tenure = seat.session, None, None
+        if session is None:
+            return  # the session ended already, and the lock with it
+        try:
+            # Unlocking first makes the hand-over synchronous: a queued
+            # follower has the lock before this returns.
+            self._db.execute(session, RELEASE, {"key": advisory_key(self.key_prefix, election)})
+        except SessionGone:
+            # Nothing left to release: the server freed the lock with the
+            # session, or frees it when our cut reaches it (at the latest
+            # after its idle timeout, one ttl).
+            pass
+        finally:
+            session.close()
+
+    def wait(self, election: str, timeout: float, cancel: threading.Event) -> None:
+        with self._lock:
+            seat = self._seats.get(election)
+            waiter = seat.waiter if seat is not None else None
+        # Without a queued waiter there is nothing to be woken by but cancel.
+        event = waiter.done if waiter is not None else cancel
+        wait_sliced(event.wait, timeout, cancel)
+
+    def holder(self, election: str) -> HolderInfo | None:
+        params = {**self._names(election), **lock_ids(advisory_key(self.key_prefix, election))}
+        rows = self._admin(HOLDER, params)
+        if not rows:
+            return None
+        instance_id, epoch, current = rows[0]
+        if not current:
+            # Locked by a session that has not written its term yet (a
+            # follower that was just granted the lock), or by a stranger.
+            return HolderInfo("?", epoch or 0, None)
+        return HolderInfo(instance_id, epoch, None)
+
+    def request_resign(self, election: str) -> HolderInfo | None:
+        params = {**self._names(election), **lock_ids(advisory_key(self.key_prefix, election))}
+        rows = self._admin(REQUEST_RESIGN, params)
+        return HolderInfo(rows[0][0], rows[0][1], None) if rows else None
+
+    def elections(self) -> list[str]:
+        return [name for (name,) in self._admin(ELECTIONS, {"prefix": self.key_prefix})]
+
+    def load_state(self, election: str) -> dict[str, str]:
+        return dict(self._admin(LOAD_STATE, self._names(election)))
+
+    def claim(self, election: str, tenure: Tenure, claims: Sequence[Claim]) -> list[bool]:
+        """Apply ``claims`` on the lock-holding session (one round trip).
+
+        The statement checks ``pg_locks`` for the lock first, so nothing is
+        written unless this very session holds it. When the session has ended,
+        every claim fails, even if the server applied it before the
+        connection broke: a slot is then skipped, never published twice.
+        Claims naming the same entry again are applied in order, in one more
+        round trip per repetition.
+        """
+        results = [False] * len(claims)
+        session = self._holding(election, tenure)
+        if session is None or not claims:
+            return results
+        base = {**self._names(election), **lock_ids(advisory_key(self.key_prefix, election))}
+        try:
+            for indexes in _rounds(claims):
+                batch = [claims[i] for i in indexes]
+                rows = self._db.execute(
+                    session,
+                    CLAIM,
+                    {
+                        **base,
+                        "entries": [c.entry for c in batch],
+                        "expected": [c.expected for c in batch],
+                        "new": [c.new for c in batch],
+                    },
+                )
+                won = {entry for (entry,) in rows}
+                for i in indexes:
+                    results[i] = claims[i].entry in won
+        except SessionGone:
+            self._drop_session(election, session)
+            return [False] * len(claims)
+        return results
+
+    def leave(self, election: str) -> None:
+        with self._lock:
+            seat = self._seats.pop(election, None)
+            if seat is None:
+                return
+            seat.left = True
+            waiter, session = seat.waiter, seat.session
+            seat.waiter = seat.session = None
+        if waiter is not None:
+            waiter.cancel()
+        if session is not None:
+            session.close()
+
+    def close(self) -> None:
+        with self._lock:
+            elections = list(self._seats)
+        for election in elections:
+            self.leave(election)
+
+    # -- helpers ------------------------------------------------------------
+
+    def _names(self, election: str) -> dict[str, str]:
+        return {"prefix": self.key_prefix, "election": election}
+
+    def _seat_back(
+        self,
+        election: str,
+        seat: _Seat,
+        *,
+        waiter: LockWaiter[Session] | None = None,
+        tenure: Tenure | None = None,
+        session: Session | None = None,
+    ) -> bool:
+        """Record what acquire got; False if the election was left meanwhile."""
+        with self._lock:
+            if seat.left:
+                return False
+            seat.waiter, seat.tenure, seat.session = waiter, tenure, session
+            return True
+
+    def _holding(self, election: str, tenure: Tenure) -> Session | None:
+        """The session holding ``tenure``'s lock, or None when the term is over."""
+        with self._lock:
+            seat = self._seats.get(election)
+            if seat is None or seat.tenure != tenure:
+                return None
+            return seat.session
+
+    def _drop_session(self, election: str, session: Session) -> None:
+        with self._lock:
+            seat = self._seats.get(election)
+            if seat is not None and seat.session is session:
+                seat.session = None
+        session.close()
+
+    def _admin(self, query: str, params: Mapping[str, Any]) -> list[TupleRow]:
+        """Run one statement on a short-lived connection of its own."""
+        session = self._db.connect(None)
+        try:
+            self._db.ensure_schema(session)
+            return self._db.execute(session, query, params)
+        finally:
+            session.close()
+
+
+def _rounds(claims: Sequence[Claim]) -> list[list[int]]:
+    """Claim indexes in rounds: the n-th claim of every entry goes in round n."""
+    rounds: list[list[int]] = []
+    seen: dict[str, int] = {}
+    for i, c in enumerate(claims):
+        n = seen.get(c.entry, 0)
+        seen[c.entry] = n + 1
+        if n == len(rounds):
+            rounds.append([])
+        rounds[n].append(i)
+    return rounds

@@ -1,0 +1,240 @@
+"""Dedicated sessions: connecting, running one statement under the store deadline,
+and queueing a follower's session for the election's lock."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import socket
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import psycopg
+from psycopg import errors
+from psycopg.rows import TupleRow
+
+from ..._urls import mask_url
+from ...exceptions import StoreMisconfigured, StoreUnavailable
+from ..waiting import LockWaiter
+from .sql import (
+    CLIENT_CHECK_MS,
+    CREATE_SCHEMA,
+    MIN_SERVER_VERSION,
+    SCHEMA_EXISTS,
+    SETUP,
+    WAIT_DONE,
+    WAIT_LOCK,
+    WAIT_SETUP,
+    ms,
+)
+
+logger = logging.getLogger("celery_leader.backends.postgres")
+
+
+class SessionGone(StoreUnavailable):
+    """The session is over (closed by the server, the network or our deadline).
+
+    Whatever it held is released, or will be as soon as the server notices,
+    so a term that lived in it is lost for good.
+    """
+
+
+class Session:
+    """A dedicated connection and the server process (pid) behind it."""
+
+    def __init__(self, conn: psycopg.Connection[TupleRow], pid: int) -> None:
+        self.conn = conn
+        self.pid = pid
+        #: One statement at a time, and ``close()`` never races a statement
+        #: (psycopg's ``close`` does not wait for one running in another thread).
+        self.lock = threading.Lock()
+
+    def close(self) -> None:
+        with self.lock:
+            self.conn.close()
+
+
+class _Watchdog:
+    """Cuts a connection off when a statement outlives the store deadline.
+
+    psycopg has no client-side statement timeout, and the server's
+    ``statement_timeout`` cannot help when the server or the network is what
+    hangs. Shutting the socket down wakes the blocked call with an error at
+    once; the session is lost with it, as it should be: a holder that missed a
+    renewal deadline cannot trust its session any more.
+    """
+
+    def __init__(self, conn: psycopg.Connection[TupleRow], timeout: float) -> None:
+        self._conn = conn
+        self._lock = threading.Lock()
+        self._armed = True
+        self._fired = False
+        self._timer = threading.Timer(timeout, self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _fire(self) -> None:
+        # Under the lock, so the statement cannot finish and its connection
+        # close (freeing the descriptor number for reuse) while we shut it down.
+        with self._lock:
+            if not self._armed:
+                return
+            self._fired = True
+            try:
+                with socket.socket(fileno=os.dup(self._conn.fileno())) as sock:
+                    sock.shutdown(socket.SHUT_RDWR)
+            except (OSError, psycopg.Error):
+                pass  # the connection is closed already: the call fails by itself
+
+    def stop(self) -> bool:
+        """Disarm; True when the deadline had passed and the socket was cut."""
+        with self._lock:
+            self._armed = False
+        self._timer.cancel()
+        return self._fired
+
+
+class Connector:
+    """Opens sessions to one database and runs statements on them.
+
+    Every statement runs under the store deadline: the server cancels it a
+    little before (``statement_timeout``), and the client cuts the connection
+    when the deadline passes all the same. psycopg errors become
+    :class:`StoreUnavailable` in one line, with the password masked.
+    """
+
+    def __init__(self, params: Mapping[str, Any], target: str, timeout: float) -> None:
+        self.params = dict(params)
+        #: The database as messages name it: the URL with its password masked.
+        self.target = target
+        self.timeout = timeout
+        self._password = str(params.get("password") or "")
+        # The server cancels a slow statement a little before our own deadline
+        # cuts the connection: a merely slow server then costs one failed call,
+        # not the session and the term held in it.
+        self.statement_ms = ms(timeout * 0.9)
+        self._schema_ready = False
+
+    def connect(self, ttl: float | None) -> Session:
+        """A new dedicated session; ``ttl`` set means it may hold a lock."""
+        try:
+            conn = psycopg.connect(**self.params, autocommit=True)
+        except psycopg.Error as exc:
+            raise StoreUnavailable(
+                f"cannot connect to {self.target}: {self.describe(exc)}"
+            ) from exc
+        try:
+            self._require_server_version(conn.info.server_version)
+            session = Session(conn, 0)
+            idle_ms = "0" if ttl is None else ms(ttl)
+            rows = self.execute(
+                session, SETUP, {"statement_ms": self.statement_ms, "idle_ms": idle_ms}
+            )
+            session.pid = rows[0][0]
+        except Exception:
+            conn.close()
+            raise
+        return session
+
+    def ensure_schema(self, session: Session) -> None:
+        """Create the tables on first use (a role without CREATE can use an admin's)."""
+        if self._schema_ready:
+            return
+        ((exists,),) = self.execute(session, SCHEMA_EXISTS)
+        if not exists:
+            self.execute(session, CREATE_SCHEMA)
+        self._schema_ready = True
+
+    def execute(
+        self, session: Session, query: str, params: Mapping[str, Any] | None = None
+    ) -> list[TupleRow]:
+        """Run ``query`` under the store deadline; psycopg errors become StoreUnavailable."""
+        with session.lock:
+            watchdog = _Watchdog(session.conn, self.timeout)
+            try:
+                cursor = session.conn.execute(query, params)
+                return cursor.fetchall() if cursor.description is not None else []
+            except psycopg.Error as exc:
+                cut = watchdog.stop()
+                if isinstance(exc, errors.UndefinedTable):
+                    self._schema_ready = False  # dropped behind our back: make it again
+                if cut:
+                    raise SessionGone(
+                        f"{self.target}: no answer within {self.timeout:g} s"
+                    ) from exc
+                message = f"{self.target}: {self.describe(exc)}"
+                if session.conn.closed:
+                    raise SessionGone(message) from exc
+                raise StoreUnavailable(message) from exc
+            finally:
+                watchdog.stop()
+
+    def check_pid(self, session: Session, pid: int) -> None:
+        """Refuse a pooler that runs our statements in more than one server session."""
+        if pid != session.pid:
+            raise StoreMisconfigured(
+                f"leader_url {self.target}: statements on one connection ran in two server "
+                "sessions; a connection pooler in transaction or statement mode (PgBouncer "
+                "pool_mode=transaction?) is in the way. celery-leader holds a session lock: "
+                "connect to PostgreSQL directly or through session pooling"
+            )
+
+    def describe(self, exc: BaseException) -> str:
+        """One line from a psycopg error, without libpq's noise or any password."""
+        lines = str(exc).strip().splitlines()
+        text = lines[0] if lines else type(exc).__name__
+        text = re.sub(r"^connection failed: ", "", text)
+        text = re.sub(r'^connection to server (?:at|on) "[^"]*".*? failed: ', "", text)
+        text = re.sub(r"^FATAL:\s+", "", text)
+        if self._password:
+            text = text.replace(self._password, "***")
+        return mask_url(text)
+
+    def _require_server_version(self, version: int) -> None:
+        """Refuse a server without ``idle_session_timeout`` (before 14)."""
+        if version < MIN_SERVER_VERSION:
+            major = version // 10000 if version >= 100000 else version / 10000
+            raise StoreMisconfigured(
+                f"leader_url {self.target}: PostgreSQL {major:g} has no idle_session_timeout, "
+                "which ends a paused or cut-off leader's session on time; celery-leader needs "
+                "PostgreSQL 14 or later"
+            )
+
+
+def queue_for_lock(
+    connector: Connector, session: Session, key: int, ttl: float
+) -> LockWaiter[Session]:
+    """Queue ``session`` for the advisory lock ``key`` in a thread of its own.
+
+    PostgreSQL grants the lock to it the moment the holder unlocks or its
+    session ends, so a crashed holder is replaced without any polling.
+    """
+
+    def wait(session: Session, cancelled: threading.Event) -> bool:
+        try:
+            with session.lock:
+                conn = session.conn
+                conn.execute(WAIT_SETUP, {"slice_ms": ms(ttl), "check_ms": CLIENT_CHECK_MS})
+                while not cancelled.is_set():
+                    try:
+                        conn.execute(WAIT_LOCK, {"key": key})
+                    except errors.LockNotAvailable:
+                        continue  # end of a slice: queue again with a fresh snapshot
+                    conn.execute(WAIT_DONE, {"statement_ms": connector.statement_ms})
+                    return True
+        except psycopg.Error as exc:
+            # The follower's next acquire connects afresh and reports errors itself.
+            logger.debug("celery-leader: lock waiter stopped: %s", exc)
+        return False
+
+    def interrupt(session: Session) -> None:
+        try:
+            session.conn.cancel_safe(timeout=connector.timeout)
+        except psycopg.Error:
+            pass  # unreachable server: keepalives end the wait
+
+    return LockWaiter(
+        session, wait, Session.close, name="celery-leader-pg-waiter", interrupt=interrupt
+    )

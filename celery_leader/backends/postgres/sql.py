@@ -1,0 +1,201 @@
+"""The SQL of the PostgreSQL store, and the advisory-lock key of an election.
+
+Every value travels as a parameter; the few queries that splice in another
+constant are built from constants only (hence their S608 waivers).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+#: ``idle_session_timeout`` appeared in PostgreSQL 14.
+MIN_SERVER_VERSION = 140000
+
+#: How often a queued follower's server process checks that its client is
+#: still there (``client_connection_check_interval``), so that a dead
+#: follower leaves the lock queue instead of being granted the lock first.
+CLIENT_CHECK_MS = "1000"
+
+
+def advisory_key(key_prefix: str, election: str) -> int:
+    """The advisory-lock key of ``election``: SHA-256 of ``"<prefix>:<election>"``,
+    first 8 bytes, big-endian, signed (PostgreSQL's ``bigint``)."""
+    digest = hashlib.sha256(f"{key_prefix}:{election}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def lock_ids(key: int) -> dict[str, int]:
+    """``pg_locks`` shows a ``bigint`` advisory key split in two unsigned halves."""
+    return {"classid": (key >> 32) & 0xFFFFFFFF, "objid": key & 0xFFFFFFFF}
+
+
+#: Serializes table creation between processes. The space keeps it apart from
+#: every election key: election names and key prefixes cannot contain one.
+SCHEMA_KEY = advisory_key("celery_leader", "schema ddl")
+
+SCHEMA_EXISTS = (
+    "SELECT to_regclass('celery_leader_lease') IS NOT NULL"
+    " AND to_regclass('celery_leader_state') IS NOT NULL"
+)
+
+# Sent as one simple-protocol query: one round trip, one implicit transaction,
+# so the transaction-level advisory lock covers both statements. Checking
+# SCHEMA_EXISTS first lets a role without CREATE use tables an admin made.
+CREATE_SCHEMA = f"""
+SELECT pg_advisory_xact_lock({SCHEMA_KEY});
+CREATE TABLE IF NOT EXISTS celery_leader_lease (
+    prefix      text    NOT NULL,
+    election    text    NOT NULL,
+    epoch       bigint  NOT NULL,
+    token       text,
+    instance_id text,
+    pid         integer,
+    resign      text,
+    PRIMARY KEY (prefix, election)
+);
+CREATE TABLE IF NOT EXISTS celery_leader_state (
+    prefix   text NOT NULL,
+    election text NOT NULL,
+    entry    text NOT NULL,
+    value    text NOT NULL,
+    PRIMARY KEY (prefix, election, entry)
+)
+"""
+
+# Every connection: the pid identifies the server session; the settings are
+# the server-side half of the lease (see :mod:`celery_leader.backends.postgres`).
+# synchronous_commit: a claim or epoch bump the server confirmed must survive
+# a server crash, or a new leader reads older state and sends a slot again.
+# Servers tuned with synchronous_commit = off get it back on for our sessions;
+# stricter settings (remote_apply, ...) are kept.
+SETUP = """
+SELECT pg_backend_pid(),
+       set_config('statement_timeout', %(statement_ms)s, false),
+       set_config('idle_session_timeout', %(idle_ms)s, false),
+       set_config('idle_in_transaction_session_timeout', %(idle_ms)s, false),
+       set_config('synchronous_commit',
+                  CASE current_setting('synchronous_commit')
+                      WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END,
+                  false)
+"""
+
+TRY_LOCK = """
+SELECT pg_backend_pid(), pg_try_advisory_lock(%(key)s::bigint), t.instance_id, t.epoch
+FROM (VALUES (1)) AS one (x)
+LEFT JOIN celery_leader_lease AS t ON t.prefix = %(prefix)s AND t.election = %(election)s
+"""
+
+# Runs on the session that holds the lock, so two processes can never bump the
+# epoch of one election at the same time.
+TAKE_OFFICE = """
+INSERT INTO celery_leader_lease AS t (prefix, election, epoch, token, instance_id, pid)
+VALUES (
+    %(prefix)s, %(election)s, %(floor)s::bigint + 1,
+    jsonb_build_object('token', %(nonce)s::text, 'epoch', %(floor)s::bigint + 1,
+                       'holder', %(instance)s::text)::text,
+    %(instance)s, pg_backend_pid()
+)
+ON CONFLICT (prefix, election) DO UPDATE SET
+    epoch = GREATEST(t.epoch, %(floor)s::bigint) + 1,
+    token = jsonb_build_object('token', %(nonce)s::text,
+                               'epoch', GREATEST(t.epoch, %(floor)s::bigint) + 1,
+                               'holder', %(instance)s::text)::text,
+    instance_id = EXCLUDED.instance_id,
+    pid = EXCLUDED.pid,
+    resign = NULL
+RETURNING pg_backend_pid(), epoch, token
+"""
+
+# "This session holds the election's lock", for statements on the holder's session.
+# The queries below that splice in this and LOCKED_BY are built from constants
+# only (hence the S608 waivers); every value travels as a parameter.
+I_HOLD = """
+    SELECT FROM pg_locks
+    WHERE locktype = 'advisory' AND pid = pg_backend_pid()
+      AND classid = %(classid)s::oid AND objid = %(objid)s::oid AND objsubid = 1 AND granted
+"""
+
+RENEW = f"""
+SELECT pg_backend_pid(),
+       set_config('idle_session_timeout', %(idle_ms)s, false),
+       EXISTS ({I_HOLD}),
+       EXISTS (SELECT FROM celery_leader_lease
+               WHERE prefix = %(prefix)s AND election = %(election)s AND resign = %(token)s)
+"""  # noqa: S608
+
+RELEASE = "SELECT pg_advisory_unlock(%(key)s::bigint)"
+
+# The claims of one round name distinct entries, so their order does not matter.
+CLAIM = f"""
+WITH claim AS (
+    SELECT * FROM unnest(%(entries)s::text[], %(expected)s::text[], %(new)s::text[])
+        AS c (entry, expected, new)
+    WHERE EXISTS ({I_HOLD})
+), inserted AS (
+    INSERT INTO celery_leader_state (prefix, election, entry, value)
+    SELECT %(prefix)s, %(election)s, entry, new FROM claim WHERE expected IS NULL
+    ON CONFLICT (prefix, election, entry) DO NOTHING
+    RETURNING entry
+), updated AS (
+    UPDATE celery_leader_state AS s SET value = claim.new
+    FROM claim
+    WHERE s.prefix = %(prefix)s AND s.election = %(election)s
+      AND s.entry = claim.entry AND s.value = claim.expected
+    RETURNING s.entry
+)
+SELECT entry FROM inserted UNION ALL SELECT entry FROM updated
+"""  # noqa: S608
+
+# A queued follower: no statement deadline for the lock wait itself, but a
+# lock_timeout slice, because a waiting statement holds a snapshot and would
+# hold back VACUUM's horizon for as long as it waits.
+WAIT_SETUP = """
+SELECT set_config('statement_timeout', '0', false),
+       set_config('lock_timeout', %(slice_ms)s, false),
+       set_config('client_connection_check_interval', %(check_ms)s, false)
+"""
+WAIT_LOCK = "SELECT pg_advisory_lock(%(key)s::bigint)"
+WAIT_DONE = """
+SELECT set_config('statement_timeout', %(statement_ms)s, false),
+       set_config('lock_timeout', '0', false),
+       set_config('client_connection_check_interval', '0', false)
+"""
+
+# Whoever holds the election's lock in this database, from any connection.
+LOCKED_BY = """
+    l.locktype = 'advisory'
+    AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+    AND l.classid = %(classid)s::oid AND l.objid = %(objid)s::oid AND l.objsubid = 1
+    AND l.granted
+"""
+
+HOLDER = f"""
+SELECT t.instance_id, t.epoch, t.pid IS NOT DISTINCT FROM l.pid
+FROM pg_locks AS l
+LEFT JOIN celery_leader_lease AS t ON t.prefix = %(prefix)s AND t.election = %(election)s
+WHERE {LOCKED_BY}
+"""  # noqa: S608
+
+REQUEST_RESIGN = f"""
+UPDATE celery_leader_lease AS t SET resign = t.token
+FROM pg_locks AS l
+WHERE t.prefix = %(prefix)s AND t.election = %(election)s AND l.pid = t.pid AND {LOCKED_BY}
+RETURNING t.instance_id, t.epoch
+"""  # noqa: S608
+
+ELECTIONS = """
+SELECT election FROM celery_leader_lease WHERE prefix = %(prefix)s
+UNION
+SELECT election FROM celery_leader_state WHERE prefix = %(prefix)s
+ORDER BY 1
+"""
+
+LOAD_STATE = """
+SELECT entry, value FROM celery_leader_state WHERE prefix = %(prefix)s AND election = %(election)s
+"""
+
+
+def ms(seconds: float) -> str:
+    """A duration setting in whole milliseconds, rounded up so it never shrinks."""
+    return str(max(1, math.ceil(seconds * 1000)))

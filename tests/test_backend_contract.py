@@ -1,0 +1,370 @@
+"""One contract, every store: the same cases against memory, file, Redis and PostgreSQL.
+
+Each case talks to the store through several backend instances, as separate
+processes would (separate connections; for ``memory://`` one process-wide store).
+What truly differs between stores is said by :class:`Store` (does a term carry a
+ttl, can a foreign value be planted, can the store be down) and tested in the
+store's own test module.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import redis
+
+from celery_leader.backends import Backend, Claim, Renewal, Tenure, create_backend
+from celery_leader.config import LeaderConfig
+from celery_leader.exceptions import StoreUnavailable
+from harness.servers import free_port
+from harness.waiting import wait_for
+
+PREFIX = "contract"
+ELECTION = "beat"
+TTL = 5.0
+TIMEOUT = 0.5
+
+
+@dataclass
+class Store:
+    """One store under test: how to build backends on it, and what is particular to it."""
+
+    kind: str
+    url: str
+    #: A term carries a ttl the store counts down (Redis, memory), rather than
+    #: lasting as long as the holder's process or session (file, PostgreSQL).
+    expires: bool
+    #: Plant a value celery-leader did not write: ``plant(what)`` with ``what`` one of
+    #: "term", "epoch", "state"; returns the name the error must carry, or None
+    #: when the store cannot hold such a value (typed columns, process memory).
+    plant: Callable[[str], str | None]
+    #: A URL of this kind where nothing answers; None for a store that cannot be down.
+    down_url: str | None
+    made: list[Backend] = field(default_factory=list)
+
+    def backend(self, url: str | None = None) -> Backend:
+        """A backend as ``create_backend`` builds it from settings (store deadline 0.5 s)."""
+        config = LeaderConfig.from_mapping(
+            {"leader_url": url or self.url, "leader_key_prefix": PREFIX,
+             "leader_ttl": 1.5, "leader_renew_interval": TIMEOUT}
+        )  # fmt: skip
+        backend = create_backend(config)
+        assert config.store_kind == self.kind and backend.timeout == TIMEOUT
+        self.made.append(backend)
+        return backend
+
+
+def _redis_store(url: str) -> Store:
+    client = redis.Redis.from_url(url, decode_responses=True)
+
+    def plant(what: str) -> str:
+        name = {"term": "lock", "epoch": "epoch", "state": "state"}[what]
+        key = f"{{{PREFIX}:{ELECTION}}}:{name}"
+        client.delete(key)
+        if what == "epoch":
+            client.set(key, "not a number")
+        else:
+            client.rpush(key, "not ours")  # the wrong type altogether
+        return key
+
+    return Store("redis", url, True, plant, f"redis://127.0.0.1:{free_port()}/0")
+
+
+def _file_store(directory: Path) -> Store:
+    def plant(what: str) -> str:
+        name = {"term": "holder", "epoch": "epoch", "state": "state"}[what]
+        path = directory / f"{PREFIX}.{ELECTION}.{name}"
+        path.write_text("{not json" if what != "state" else '{"x": 1}')
+        return str(path)
+
+    # Down: the directory is replaced by a file after the backend was built.
+    return Store("file", f"file://{directory}", False, plant, f"file://{directory}/down")
+
+
+def _postgres_store(url: str) -> Store:
+    def plant(what: str) -> str | None:
+        return None  # typed columns, written only by the holder's own statements
+
+    host, port = "127.0.0.1", free_port()
+    down = f"postgresql://leader:pw@{host}:{port}/leader"
+    return Store("postgres", url, False, plant, down)
+
+
+def _memory_store() -> Store:
+    return Store("memory", f"memory://contract-{uuid.uuid4().hex}", True, lambda what: None, None)
+
+
+@pytest.fixture(
+    params=["memory", "file", "redis", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    kind = request.param
+    if kind == "memory":
+        made = _memory_store()
+    elif kind == "file":
+        made = _file_store(tmp_path / "leases")
+    elif kind == "redis":
+        made = _redis_store(request.getfixturevalue("redis_url"))
+    else:
+        made = _postgres_store(request.getfixturevalue("postgres_url"))
+    yield made
+    for backend in made.made:
+        backend.close()
+
+
+def take(backend: Backend, instance_id: str, min_epoch: int = 0) -> Tenure:
+    result = backend.acquire(ELECTION, instance_id, TTL, min_epoch)
+    assert result.tenure is not None, result
+    return result.tenure
+
+
+# -- acquire, renew, release --------------------------------------------------------
+
+
+def test_acquire_renew_release(store: Store) -> None:
+    a, b, observer = store.backend(), store.backend(), store.backend()
+    assert observer.holder(ELECTION) is None
+
+    tenure = take(a, "a")
+    term = json.loads(tenure.token)
+    assert term["holder"] == "a" and term["epoch"] == tenure.epoch > 0 and term["token"]
+
+    lost = b.acquire(ELECTION, "b", TTL, 0)
+    assert lost.tenure is None
+    assert lost.holder is not None and (lost.holder.instance_id, lost.holder.epoch) == (
+        "a",
+        tenure.epoch,
+    )
+    assert 0 < lost.retry_after <= TTL
+
+    holder = observer.holder(ELECTION)
+    assert holder is not None and (holder.instance_id, holder.epoch) == ("a", tenure.epoch)
+    if store.expires:
+        assert holder.ttl_remaining is not None and 0 < holder.ttl_remaining <= TTL
+    else:
+        assert holder.ttl_remaining is None  # held as long as the holder lives
+
+    assert a.renew(ELECTION, tenure, TTL) is Renewal.RENEWED
+    b.leave(ELECTION)  # a PostgreSQL follower stays queued for the lock until it leaves
+    a.release(ELECTION, tenure)
+    assert observer.holder(ELECTION) is None
+
+    second = take(b, "b")
+    assert second.epoch > tenure.epoch
+    assert ELECTION in observer.elections()
+
+
+def test_epochs_grow_past_the_highest_one_seen(store: Store) -> None:
+    a = store.backend()
+    first = take(a, "a", min_epoch=41)
+    assert first.epoch >= 42
+    a.release(ELECTION, first)
+    assert take(a, "a").epoch > first.epoch
+
+
+def test_a_lost_term_is_over_for_good(store: Store) -> None:
+    a, b = store.backend(), store.backend()
+    old = take(a, "a")
+    assert a.claim(ELECTION, old, [Claim("x", None, '"old"')]) == [True]
+    a.release(ELECTION, old)
+    new = take(b, "b")
+
+    assert a.renew(ELECTION, old, TTL) is Renewal.LOST
+    assert a.claim(ELECTION, old, [Claim("x", '"old"', '"stale"'), Claim("y", None, "1")]) == [
+        False,
+        False,
+    ], "a stale tenure fails every claim"
+    a.release(ELECTION, old)  # harmless: it never frees the new term
+    holder = b.holder(ELECTION)
+    assert holder is not None and holder.epoch == new.epoch
+    assert b.renew(ELECTION, new, TTL) is Renewal.RENEWED
+    assert b.load_state(ELECTION) == {"x": '"old"'}
+
+
+# -- claims and state ---------------------------------------------------------------
+
+
+def test_claims_are_fenced_compare_and_sets_in_order(store: Store) -> None:
+    a, observer = store.backend(), store.backend()
+    tenure = take(a, "a")
+    claims = [
+        Claim("x", None, '"1"'),  # nothing stored: taken
+        Claim("x", None, '"2"'),  # now stored: fails
+        Claim("y", '"0"', '"1"'),  # expects a value that is not there: fails
+        Claim("x", '"1"', '"3"'),  # matches the first claim's value: taken
+        Claim("z", None, '"1"'),
+    ]
+    assert a.claim(ELECTION, tenure, claims) == [True, False, False, True, True]
+    assert observer.load_state(ELECTION) == {"x": '"3"', "z": '"1"'}
+    assert a.claim(ELECTION, tenure, [Claim("z", '"9"', '"2"')]) == [False]
+    assert a.claim(ELECTION, tenure, []) == []
+    many = [Claim(f"e{i}", None, str(i)) for i in range(1200)]  # more than one Redis chunk
+    assert a.claim(ELECTION, tenure, many) == [True] * 1200
+    assert len(observer.load_state(ELECTION)) == 1202
+    assert observer.load_state("other") == {}
+
+
+# -- resign ---------------------------------------------------------------------------
+
+
+def test_resign_reaches_the_holder_at_its_next_renewal(store: Store) -> None:
+    a, observer = store.backend(), store.backend()
+    assert observer.request_resign(ELECTION) is None, "nobody to ask"
+    tenure = take(a, "a")
+    asked = observer.request_resign(ELECTION)
+    assert asked is not None and (asked.instance_id, asked.epoch) == ("a", tenure.epoch)
+    assert a.renew(ELECTION, tenure, TTL) is Renewal.RESIGN
+
+
+# -- wait and wake-up -----------------------------------------------------------------
+
+
+class Follower:
+    """A follower's loop as the lease runs it: acquire, else wait; until it holds a term."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.cancel = threading.Event()
+        self.waits = 0  # waits entered
+        self.tenure: Tenure | None = None
+        self.took_at = 0.0
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self.cancel.is_set():
+            result = self.backend.acquire(ELECTION, "b", TTL, 0)
+            if result.tenure is not None:
+                self.tenure, self.took_at = result.tenure, time.monotonic()
+                return
+            self.waits += 1
+            self.backend.wait(ELECTION, result.retry_after, self.cancel)
+
+    def stop(self) -> None:
+        self.cancel.set()
+        self._thread.join(5)
+
+
+def test_a_waiting_follower_wakes_promptly_on_release(store: Store) -> None:
+    a = store.backend()
+    tenure = take(a, "a")
+    follower = Follower(store.backend())
+    try:
+        # Settled in its wait (a Redis follower's first wait only subscribes).
+        wait_for(lambda: follower.waits >= 1, 5, message="the follower never waited")
+        time.sleep(0.3)
+        assert follower.tenure is None, "took a held election"
+        released = time.monotonic()
+        a.release(ELECTION, tenure)
+        wait_for(lambda: follower.tenure is not None, 2, message="the follower never woke")
+        took = follower.took_at - released
+        print(f"\nCONTRACT {store.kind}: follower took over {took * 1000:.1f} ms after release")
+        assert took < 0.5
+        assert follower.tenure is not None and follower.tenure.epoch > tenure.epoch
+    finally:
+        follower.stop()
+
+
+def test_wait_ends_at_its_timeout_or_at_cancel(store: Store) -> None:
+    a, b = store.backend(), store.backend()
+    take(a, "a")
+    assert b.acquire(ELECTION, "b", TTL, 0).tenure is None
+    b.wait(ELECTION, 0.1, threading.Event())  # first wait may only set up (subscribe)
+    began = time.monotonic()
+    b.wait(ELECTION, 0.3, threading.Event())
+    waited = time.monotonic() - began
+    assert 0.25 <= waited < 0.8, waited
+
+    cancel = threading.Event()
+    set_at: list[float] = []
+
+    def fire() -> None:
+        set_at.append(time.monotonic())
+        cancel.set()
+
+    threading.Timer(0.2, fire).start()
+    b.wait(ELECTION, 10.0, cancel)
+    assert time.monotonic() - set_at[0] < 0.1, "a stopping lease is not held up"
+
+
+# -- foreign values: never taken for free, always named -------------------------------
+
+
+def test_a_foreign_term_is_never_taken_and_names_where_it_is(store: Store) -> None:
+    a, b = store.backend(), store.backend()
+    held = take(a, "a")  # the file store keeps its term record beside a held lock
+    where = store.plant("term")
+    if where is None:
+        pytest.skip(f"{store.kind} keeps no term it did not write")
+    with pytest.raises(StoreUnavailable, match="not a celery-leader term") as info:
+        b.acquire(ELECTION, "b", TTL, 0)
+    assert where in str(info.value) and "\n" not in str(info.value)
+    with pytest.raises(StoreUnavailable, match="not a celery-leader term"):
+        b.holder(ELECTION)
+    if store.kind == "file":  # the flock, not the record, is the lock: still ours
+        assert a.renew(ELECTION, held, TTL) is Renewal.RENEWED
+
+
+def test_a_foreign_epoch_counter_is_never_restarted(store: Store) -> None:
+    a = store.backend()
+    where = store.plant("epoch")
+    if where is None:
+        pytest.skip(f"{store.kind} keeps its epoch in a typed column or in memory")
+    with pytest.raises(StoreUnavailable, match="not an epoch counter") as info:
+        a.acquire(ELECTION, "a", TTL, 0)
+    assert where in str(info.value) and "\n" not in str(info.value)
+
+
+def test_foreign_schedule_state_reads_as_empty_and_the_next_claim_replaces_it(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    a = store.backend()
+    tenure = take(a, "a")
+    where = store.plant("state")
+    if where is None:
+        pytest.skip(f"{store.kind} keeps its state in typed rows or in process memory")
+    assert a.load_state(ELECTION) == {}
+    assert where in caplog.text, "logged, naming where"
+    assert a.claim(ELECTION, tenure, [Claim("x", None, '"mine"')]) == [True]
+    assert a.load_state(ELECTION) == {"x": '"mine"'}
+
+
+# -- the store is down ------------------------------------------------------------------
+
+
+def test_a_store_that_is_down_raises_store_unavailable_only(store: Store) -> None:
+    if store.down_url is None:
+        pytest.skip(f"{store.kind} lives in this process and cannot be down")
+    backend = store.backend(store.down_url)  # building it does not contact the store
+    if store.kind == "file":
+        shutil.rmtree(Path(store.down_url.removeprefix("file://")))
+        Path(store.down_url.removeprefix("file://")).write_text("a file, not a directory")
+    fake = Tenure(json.dumps({"token": "t", "epoch": 1, "holder": "x"}), 1)
+    with pytest.raises(StoreUnavailable) as info:
+        backend.acquire(ELECTION, "a", TTL, 0)
+    assert "\n" not in str(info.value)
+    calls: list[Callable[[], object]] = [
+        lambda: backend.renew(ELECTION, fake, TTL),
+        lambda: backend.release(ELECTION, fake),
+        lambda: backend.holder(ELECTION),
+        lambda: backend.request_resign(ELECTION),
+        lambda: backend.elections(),
+        lambda: backend.load_state(ELECTION),
+        lambda: backend.claim(ELECTION, fake, [Claim("x", None, "1")]),
+    ]
+    for call in calls:
+        try:
+            call()
+        except StoreUnavailable:
+            pass  # the only error a store call may raise
+    began = time.monotonic()
+    backend.wait(ELECTION, 0.2, threading.Event())  # never raises; waits its time at most
+    assert time.monotonic() - began < 0.2 + TIMEOUT + 0.2
