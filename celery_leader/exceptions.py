@@ -29,3 +29,11 @@ class StoreUnavailable(LeaderError):
     The lease treats this as "nobody can prove they lead": a leader keeps
     believing only until its validity deadline runs out.
     """
+
+
+class NotLeader(LeaderError):
+    """Raised by ``ensure_leader()``: this process does not lead the election (any more).
+
+    A long task body that calls it between steps stops before a side effect
+    that another leader may be making at the same time.
+    """

@@ -13,11 +13,11 @@ from collections.abc import Iterator
 import pytest
 from celery import Celery
 
-from celery_leader import decorators
+from celery_leader import leadership
 from celery_leader.backends import create_backend
 from celery_leader.config import LeaderConfig
-from celery_leader.decorators import is_leader, leader_only
-from celery_leader.exceptions import ConfigError
+from celery_leader import current_epoch, ensure_leader, is_leader, leader_only
+from celery_leader.exceptions import ConfigError, NotLeader
 from celery_leader.lease import Lease
 from harness.waiting import wait_for
 
@@ -29,7 +29,7 @@ def app() -> Iterator[Celery]:
     app.conf.leader_ttl = 2
     app.set_current()
     yield app
-    decorators._stop_local_leases()
+    leadership.stop_local_leases()
 
 
 def rival(app: Celery, election: str) -> Lease:
@@ -118,7 +118,7 @@ def test_keeps_name_and_doc() -> None:
 
     assert nightly.__name__ == "nightly"
     assert nightly.__doc__ == "Docs."
-    assert nightly.__leader_only__.on_follower == "skip"  # type: ignore[attr-defined]
+    assert nightly.__leader_only__.on_follower == "wait"  # type: ignore[attr-defined]
 
 
 # -- plain functions: join lazily, a follower's call returns None ------------

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from celery_leader import _shared
-from celery_leader._shared import DeadlineTable
+from celery_leader import deadline_table
+from celery_leader.deadline_table import DeadlineTable
 
 SPAWN = multiprocessing.get_context("spawn")
 FORK = multiprocessing.get_context("fork")
@@ -129,7 +129,7 @@ def _trust(out: multiprocessing.SimpleQueue, depth: int) -> None:  # type: ignor
         grandchild.start()
         grandchild.join()
         return
-    table = _shared.process_table()
+    table = deadline_table.process_table()
     out.put(None if table is None else table.names)
 
 
@@ -137,10 +137,10 @@ def _trust(out: multiprocessing.SimpleQueue, depth: int) -> None:  # type: ignor
 def test_only_the_owner_and_its_children_trust_the_table(
     table: DeadlineTable, context: multiprocessing.context.BaseContext
 ) -> None:
-    _shared.install(table)
+    deadline_table.set_process_table(table)
     try:
-        assert _shared.process_table() is table
-        assert os.environ[_shared.ENV_VAR] == str(table.path)
+        assert deadline_table.process_table() is table
+        assert os.environ[deadline_table.ENV_VAR] == str(table.path)
         out = context.SimpleQueue()
         for depth, expected in ((0, ["beat", "worker"]), (1, None)):
             child = context.Process(target=_trust, args=(out, depth))  # type: ignore[attr-defined]
@@ -148,9 +148,9 @@ def test_only_the_owner_and_its_children_trust_the_table(
             child.join(30)
             assert out.get() == expected
     finally:
-        _shared.install(None)
-    assert _shared.ENV_VAR not in os.environ
-    assert _shared.process_table() is None
+        deadline_table.set_process_table(None)
+    assert deadline_table.ENV_VAR not in os.environ
+    assert deadline_table.process_table() is None
 
 
 def test_open_refuses_other_files(tmp_path: Path) -> None:
