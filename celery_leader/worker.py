@@ -40,7 +40,14 @@ try:
 except ModuleNotFoundError as exc:
     raise missing_extra(exc, "celery") from None
 
-__all__ = ["FenceStep", "FencedStrategies", "LeaderNode", "LeaderQueueStep", "LeaderStep", "install"]
+__all__ = [
+    "FenceStep",
+    "FencedStrategies",
+    "LeaderNode",
+    "LeaderQueueStep",
+    "LeaderStep",
+    "install",
+]
 
 logger = logging.getLogger("celery_leader.worker")
 

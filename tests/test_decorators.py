@@ -13,10 +13,9 @@ from collections.abc import Iterator
 import pytest
 from celery import Celery
 
-from celery_leader import leadership
+from celery_leader import current_epoch, ensure_leader, is_leader, leader_only, leadership
 from celery_leader.backends import create_backend
 from celery_leader.config import LeaderConfig
-from celery_leader import current_epoch, ensure_leader, is_leader, leader_only
 from celery_leader.exceptions import ConfigError, NotLeader
 from celery_leader.lease import Lease
 from harness.waiting import wait_for
@@ -193,3 +192,21 @@ def test_bad_settings_fail_on_first_use_naming_the_setting(app: Celery) -> None:
 
     with pytest.raises(ConfigError, match="leader_ttl"):
         job()
+
+
+# -- long bodies: current_epoch and ensure_leader -----------------------------
+
+
+def test_current_epoch_and_ensure_leader_follow_the_term(app: Celery) -> None:
+    epoch = current_epoch()  # joins the election, which nobody else holds
+    assert isinstance(epoch, int)
+    ensure_leader()
+    other = rival(app, "reports")
+    assert current_epoch("reports") is None
+    with pytest.raises(NotLeader, match="does not lead 'reports'"):
+        ensure_leader("reports")
+    rival_epoch = other.epoch
+    assert rival_epoch is not None
+    other.stop()
+    mine = wait_for(lambda: current_epoch("reports"), 2, message="took over after the release")
+    assert mine > rival_epoch  # a later term, a larger fencing token
