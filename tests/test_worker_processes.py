@@ -351,6 +351,10 @@ def test_every_beat_slot_runs_once_on_the_leader(
     assert sorted(run["slot"] for run in runs) == sorted(sent), "a slot ran twice"
     assert {run["node"].partition("@")[0] for run in runs} == {leader}
     # Steady state: every message went straight to the leader, nothing bounced.
+    print(
+        f"MEASURED {pool}/{start_method}: {len(runs)} of {len(sent)} slots ran once, "
+        f"{len(cluster.deliveries()) - len(sent)} extra deliveries"
+    )
     assert len(cluster.deliveries()) == len(sent)
     # Only the leader ever consumed the leader queue.
     other = "nodeB" if leader == "nodeA" else "nodeA"
@@ -383,6 +387,10 @@ def test_slots_due_while_the_leader_is_killed_run_late_on_the_next_one(cluster: 
     assert len(during) >= TTL + 3
     assert {run["node"].partition("@")[0] for run in during} == {survivor}
     late = max(run["at"] - _due(run["slot"]) for run in during)
+    print(
+        f"MEASURED kill: {len(runs)} of {len(sent)} slots ran once; {len(during)} due after "
+        f"the kill ran on the survivor, at most {late:.2f} s late (ttl {TTL:g} s)"
+    )
     assert late <= TTL + 1, f"a slot due during the hand-over ran {late:.2f} s late"
 
 
@@ -417,6 +425,11 @@ def test_fencing_keeps_retries_across_a_graceful_beat_handover(cluster: Cluster)
     assert any(run["epoch"] == before.epoch and run["at"] > handed_over_at for run in runs), runs
     for proc in cluster.nodes.values():
         assert "dropped task" not in proc.output()
+    crossed = sum(run["epoch"] == before.epoch and run["at"] > handed_over_at for run in runs)
+    print(
+        f"MEASURED fence: {len(runs)} of {len(sent)} slots ran once, {crossed} retried "
+        "across the hand-over"
+    )
 
 
 def _cpu_seconds(proc: Proc) -> float:
@@ -448,6 +461,7 @@ def test_reject_backs_off_while_nobody_leads(cluster: Cluster) -> None:
     time.sleep(20)
     cpu = sum(_cpu_seconds(p) for p in cluster.nodes.values()) - cpu
     deliveries = len(cluster.deliveries())
+    print(f"MEASURED reject, nobody leads for 20 s: {deliveries} deliveries, {cpu / 20:.1%} CPU")
     assert deliveries < 50, f"{deliveries} deliveries in 20 s"
     assert cpu / 20 < 0.10, f"{cpu / 20:.1%} of a core"
     assert all(cluster.ran(tag) == [] for tag in tags)
