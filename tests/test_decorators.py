@@ -13,7 +13,14 @@ from collections.abc import Iterator
 import pytest
 from celery import Celery
 
-from celery_leader import current_epoch, ensure_leader, is_leader, leader_only, leadership
+from celery_leader import (
+    current_epoch,
+    ensure_leader,
+    is_leader,
+    leader_only,
+    leader_queue,
+    leadership,
+)
 from celery_leader.backends import create_backend
 from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import ConfigError, NotLeader
@@ -210,3 +217,27 @@ def test_current_epoch_and_ensure_leader_follow_the_term(app: Celery) -> None:
     other.stop()
     mine = wait_for(lambda: current_epoch("reports"), 2, message="took over after the release")
     assert mine > rival_epoch  # a later term, a larger fencing token
+
+
+# -- routing: wait-mode tasks go to their leader queue -------------------------
+
+
+def test_wait_mode_tasks_are_routed_to_their_leader_queue(app: Celery) -> None:
+    @app.task(shared=False)
+    @leader_only(election="reports")
+    def job() -> None: ...
+
+    @app.task(shared=False)
+    @leader_only(on_follower="skip")
+    def broadcast() -> None: ...
+
+    @app.task(shared=False)
+    def plain() -> None: ...
+
+    router = app.amqp.router  # the app is configured only now, after the decorator
+    assert leader_queue("reports", app=app) == "celery_leader.leader.reports"
+    assert router.route({}, job.name, task_type=job)["queue"].name == "celery_leader.leader.reports"
+    for other in (broadcast, plain):
+        assert router.route({}, other.name, task_type=other)["queue"].name == "celery"
+    # An explicit queue still wins, as for any Celery router.
+    assert router.route({"queue": "x"}, job.name, task_type=job)["queue"].name == "x"

@@ -199,6 +199,15 @@ def test_only_the_leader_runs_and_a_crash_hands_over(
         for state, node in cluster.done(tag):
             assert (state, node) in (("SUCCESS", leader), ("IGNORED", survivor))
 
+    # Wait mode, sent by name from a process without the task (so into the
+    # ordinary queue): a follower forwards what it gets to the leader queue.
+    tags = [f"wait-{i}" for i in range(N)]
+    cluster.send("wait_task", tags)
+    cluster.wait_done(tags, {"SUCCESS"}, timeout=30)
+    assert {t: cluster.ran(t) for t in tags} == {t: [leader] for t in tags}
+    for tag in tags:
+        assert set(cluster.done(tag)) <= {("SUCCESS", leader), ("RETRY", survivor)}
+
     # Retry mode: every task runs, once, on the leader.
     tags = [f"retry-{i}" for i in range(N)]
     cluster.send("retry_task", tags)

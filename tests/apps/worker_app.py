@@ -92,6 +92,12 @@ def retry_once_task(self: Any) -> None:
     _record_slot()
 
 
+@app.task
+@leader_only
+def wait_task(tag: str) -> None:
+    _record(tag)
+
+
 @app.task(acks_late=True)
 @leader_only(on_follower="reject")
 def reject_task(tag: str) -> None:
