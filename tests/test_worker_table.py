@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import mmap
 import multiprocessing
 import os
 import signal
+import struct
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -90,15 +92,24 @@ def test_readers_never_see_a_torn_pair(table: DeadlineTable) -> None:
     assert torn == 0, f"{torn} torn pairs in {reads} reads"
 
 
+def _slot_words(table: DeadlineTable, index: int) -> memoryview:
+    """Slot ``index`` of the table file as int64 words, at the documented layout."""
+    with open(table.path, "r+b") as f:
+        buf = mmap.mmap(f.fileno(), 0)
+    header_len = struct.unpack_from("<I", buf, 16)[0]
+    slots_at = (24 + header_len + 63) // 64 * 64
+    return memoryview(buf)[slots_at + 32 * index : slots_at + 32 * (index + 1)].cast("q")
+
+
 def test_a_writer_stopped_mid_write(table: DeadlineTable) -> None:
     deadline = time.monotonic() + 60
     table.publish("worker", deadline, 1)
-    word = table._word(1)
-    table._ints[word] += 1  # the odd sequence number SIGSTOP mid-publish leaves
+    words = _slot_words(table, 1)
+    words[0] += 1  # the odd sequence number SIGSTOP mid-publish leaves
     # No consistent pair to be had; the deadline word alone is never torn.
     assert table.read(1) == (0.0, 0)
     assert table.checker(1)()
-    table._floats[word + 1] = 0.0
+    words.cast("B").cast("d")[1] = 0.0
     assert not table.checker(1)()
 
 
