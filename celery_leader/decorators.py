@@ -311,6 +311,11 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
     except ConfigError as exc:
         print(f"celery-leader: cannot start worker {sender.hostname}: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
+    # Without -Q a worker consumes every queue the app knows, and sending a
+    # wait-mode task adds its leader queue to them: name today's queues, so
+    # that a consumer restarting later does not pick up a leader queue.
+    queues = app.amqp.queues
+    queues.select(list(queues.consume_from))
 
 
 def add_steps(app: Any) -> None:

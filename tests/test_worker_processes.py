@@ -72,13 +72,19 @@ class Cluster:
         self.beats: dict[str, Proc] = {}
 
     def start(
-        self, name: str, pool: str = "prefork", start_method: str = "fork", **env: str
+        self,
+        name: str,
+        pool: str = "prefork",
+        start_method: str = "fork",
+        own_queue: bool = True,
+        **env: str,
     ) -> Proc:
+        """A worker node consuming ``celery`` and, with ``own_queue``, a queue of its name."""
         proc = self.procs.spawn_python(
             CELERY,
             *("-A", APP, "worker", "-P", pool, "-c", "2", "-n", f"{name}@%h", "-l", "INFO"),
             *("--without-gossip", "--without-mingle", "--without-heartbeat"),
-            *("-Q", f"celery,{name}"),
+            *(("-Q", f"celery,{name}") if own_queue else ()),
             env={
                 "BROKER_URL": self.url,
                 "LEADER_TTL": str(TTL),
@@ -505,3 +511,28 @@ def test_a_worker_with_bad_settings_fails_in_one_line(
     assert ours[0].startswith("celery-leader: cannot start worker ")
     assert message in ours[0]
     assert proc.lines()[-1] == ours[0]
+
+
+_DELAY = """
+import sys
+from tests.apps.worker_app import wait_task
+for tag in sys.argv[1:]:
+    wait_task.delay(tag)
+"""
+
+
+@pytest.mark.slow
+def test_delay_from_a_plain_process_goes_straight_to_the_leader(cluster: Cluster) -> None:
+    # No -Q: the nodes consume every queue the app knows, except leader queues.
+    cluster.start("nodeA", own_queue=False)
+    cluster.start("nodeB", own_queue=False)
+    cluster.wait_ready()
+    leader = cluster.wait_leader()
+    tags = [f"d{i}" for i in range(10)]
+    # A process that imports the task module and calls delay(): its app is
+    # never finalized, and the message still goes to the leader queue.
+    sender = cluster.procs.spawn_python(_DELAY, *tags, env={"BROKER_URL": cluster.url}, cwd=ROOT)
+    assert sender.wait(30) == 0, sender.output()
+    cluster.wait_done(tags, {"SUCCESS"}, timeout=20)
+    assert {t: cluster.ran(t) for t in tags} == {t: [leader] for t in tags}
+    assert len(cluster.deliveries()) == len(tags)  # none went through a follower
