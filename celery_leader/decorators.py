@@ -160,12 +160,16 @@ def _decorate(spec: LeaderOnly, fn: Any) -> Any:
         # The apps of this process send this task to its leader queue from now on.
         routing.route_existing_apps()
     key = spec.election
-    views = leadership.view
+    cached_check = leadership.cached_check
+    view = leadership.view
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         app = get_current_app()
-        if views(app, key).leads():
+        leads = cached_check((app, key))
+        if leads is None:
+            leads = view(app, key).leads
+        if leads():
             return fn(*args, **kwargs)
         return _follower(spec, app, fn, args, kwargs)
 

@@ -39,6 +39,7 @@ except ModuleNotFoundError as exc:
 
 __all__ = [
     "View",
+    "cached_check",
     "config_of",
     "current_epoch",
     "ensure_leader",
@@ -67,8 +68,14 @@ class View:
 # them all (plus leader_worker_election) when it starts.
 _named: set[str] = set()
 
-# (app, election as asked: None = the app's default) -> view.
+# (app, election as asked: None = the app's default) -> view, and its leads().
 _views: dict[tuple[Any, str | None], View] = {}
+_checks: dict[tuple[Any, str | None], Callable[[], bool]] = {}
+
+#: ``cached_check((app, election))``: the resolved ``leads()`` of a view, or
+#: ``None`` before :func:`view` resolved it. ``@leader_only``'s hot path: one
+#: dict lookup in C, no Python frame.
+cached_check = _checks.get
 _configs: dict[Any, LeaderConfig] = {}
 _local_leases: dict[tuple[Any, str], Lease] = {}
 _local_backends: dict[Any, Backend] = {}
@@ -140,6 +147,7 @@ def forget_views() -> None:
     """Drop cached views so the next check resolves again (a table appeared or went)."""
     with _lock:
         _views.clear()
+        _checks.clear()
 
 
 def stop_local_leases() -> None:
@@ -148,6 +156,7 @@ def stop_local_leases() -> None:
         leases = list(_local_leases.values())
         _local_leases.clear()
         _views.clear()
+        _checks.clear()
     for lease in leases:
         try:
             lease.stop()
@@ -180,6 +189,7 @@ def _resolve(app: Any, key: str | None) -> View:
             lease = _local_lease(app, election)
             found = View(lease.is_leader, lambda: lease.epoch)
         _views[app, key] = found
+        _checks[app, key] = found.leads
         return found
 
 
@@ -223,6 +233,7 @@ def _after_fork_in_child() -> None:
     global _lock
     _lock = threading.RLock()
     _views.clear()
+    _checks.clear()
     _local_leases.clear()
     _local_backends.clear()
 
