@@ -536,3 +536,29 @@ def test_delay_from_a_plain_process_goes_straight_to_the_leader(cluster: Cluster
     cluster.wait_done(tags, {"SUCCESS"}, timeout=20)
     assert {t: cluster.ran(t) for t in tags} == {t: [leader] for t in tags}
     assert len(cluster.deliveries()) == len(tags)  # none went through a follower
+
+
+@pytest.mark.slow
+def test_messages_prefetched_by_a_demoted_leader_run_on_the_next_one(cluster: Cluster) -> None:
+    cluster.start("nodeA")
+    cluster.start("nodeB")
+    cluster.wait_ready()
+    leader = cluster.wait_leader()
+    other = "nodeB" if leader == "nodeA" else "nodeA"
+    # Both pool processes of the leader busy: what it fetches now waits in its hands.
+    cluster.send("sleep_task", ["busy1", "busy2"], kwargs={"seconds": 3}, queue=leader)
+    wait_for(lambda: len(cluster.redis.lrange("started:busy1", 0, -1)) == 1, 10, message="busy")
+    wait_for(lambda: len(cluster.redis.lrange("started:busy2", 0, -1)) == 1, 10, message="busy")
+    tags = [f"held-{i}" for i in range(4)]
+    cluster.send("wait_task", tags, queue="celery_leader.leader.worker")
+    wait_for(
+        lambda: cluster.nodes[leader].output().count("wait_task[") >= 2, 10, message="prefetched"
+    )
+    cluster.store.request_resign("worker")
+    wait_for(lambda: cluster.holder() == other, 10, message="the other node leads")
+    cluster.wait_done(tags, {"SUCCESS"}, timeout=20)
+    # Nothing lost, nothing run on the demoted node: what it held went back to
+    # the leader queue when its turn came, and ran once, on the new leader.
+    assert {t: cluster.ran(t) for t in tags} == {t: [other] for t in tags}
+    forwarded = [t for t in tags if ("RETRY", leader) in cluster.done(t)]
+    assert forwarded, "the demoted node held none of the messages"
