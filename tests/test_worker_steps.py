@@ -143,6 +143,26 @@ def test_skip_drops_the_task(app: Celery) -> None:
         other.stop()
 
 
+def test_wait_holds_the_task_until_this_node_leads(app: Celery) -> None:
+    other = rival(app)
+    runs: list[str] = []
+
+    @app.task(shared=False)
+    @leader_only
+    def job() -> str:
+        runs.append(current_task.request.delivery_info["routing_key"])
+        return "ran"
+
+    with worker(app) as w:
+        result = job.delay()
+        time.sleep(0.5)  # a follower does not even receive it
+        assert runs == []
+        assert not w.consumer.task_consumer.consuming_from("celery_leader.leader.worker")
+        other.stop()  # this node is elected, consumes the leader queue, runs it
+        assert result.get(timeout=10) == "ran"
+    assert runs == ["celery_leader.leader.worker"]
+
+
 def test_retry_goes_on_past_celerys_default_of_three(app: Celery) -> None:
     other = rival(app)
     retries: list[int] = []
@@ -349,7 +369,11 @@ def test_fence_drops_older_epochs_and_learns_newer_ones(app: Celery) -> None:
         deliver("c")  # not from beat: never fenced
         deliver("d", leader_epoch=3)
         deliver("e", leader_epoch="3")  # not an epoch we wrote: ignored
-        assert seen == ["a", "c", "d", "e"]
+        # A retry, or a message the broker delivers again, of a slot that was
+        # admitted before epoch 3 began: never dropped.
+        deliver("f", leader_epoch=2, retries=1)
+        deliver("g", leader_epoch=2, redelivered=True)
+        assert seen == ["a", "c", "d", "e", "f", "g"]
         assert acked == ["b"]
     finally:
         node.stop()
