@@ -37,6 +37,7 @@ __all__ = [
     "leader_queue",
     "leader_queues",
     "route",
+    "route_existing_apps",
     "route_leader_tasks",
     "spec_of",
 ]

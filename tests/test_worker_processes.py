@@ -107,6 +107,24 @@ class Cluster:
         self.beats[name] = proc
         return proc
 
+    def stop_beats(self) -> None:
+        """SIGTERM every beat half-way between two sends, and wait for them to exit.
+
+        Not while one publishes: a SIGTERM that lands between a slot's claim and
+        its publish loses that slot (beat's shutdown, not the workers').
+        """
+        while True:
+            last = max(_due(slot) for slot in self.sent_slots())
+            wait = last + 0.5 - time.time()
+            if wait >= 0:
+                time.sleep(wait)
+                break
+            time.sleep(max(0.0, last + 1.2 - time.time()))
+        for proc in self.beats.values():
+            signal_proc(proc, signal.SIGTERM)
+        for proc in self.beats.values():
+            proc.wait(15)
+
     def sent_slots(self) -> dict[str, int]:
         """Slot -> epoch of every slot the beats sent, from their logs."""
         sent: dict[str, int] = {}
@@ -354,11 +372,10 @@ def test_every_beat_slot_runs_once_on_the_leader(
     cluster.start("nodeB", pool, start_method)
     cluster.wait_ready()
     leader = cluster.wait_leader()
-    beat = cluster.start_beat("beat", "slot_task")
+    cluster.start_beat("beat", "slot_task")
     wait_for(cluster.sent_slots, 30, message="beat sends")
     time.sleep(seconds)  # the run being measured: beat sends once a second meanwhile
-    signal_proc(beat, signal.SIGTERM)
-    beat.wait(15)
+    cluster.stop_beats()
     sent = cluster.sent_slots()
     assert len(sent) >= seconds, f"beat sent {len(sent)} slots in {seconds} s"
     cluster.wait_slots_ran(sent, 10)
@@ -392,8 +409,7 @@ def test_slots_due_while_the_leader_is_killed_run_late_on_the_next_one(cluster: 
     killed_at = time.time()
     cluster.nodes[leader].kill_group()
     time.sleep(TTL + 4)
-    signal_proc(cluster.beats["beat"], signal.SIGTERM)
-    cluster.beats["beat"].wait(15)
+    cluster.stop_beats()
     sent = cluster.sent_slots()
     cluster.wait_slots_ran(sent, 10)
     runs = cluster.slot_runs()
@@ -428,9 +444,7 @@ def test_fencing_keeps_retries_across_a_graceful_beat_handover(cluster: Cluster)
     )
     handed_over_at = time.time()
     time.sleep(4)
-    for proc in cluster.beats.values():
-        signal_proc(proc, signal.SIGTERM)
-        proc.wait(15)
+    cluster.stop_beats()
     sent = cluster.sent_slots()
     assert len(set(sent.values())) == 2, f"one epoch only: {sent}"
     cluster.wait_slots_ran(sent, 15)
