@@ -27,8 +27,7 @@ from typing import Any
 import redis
 from celery import Celery
 
-from celery_leader import _shared, decorators
-from celery_leader.decorators import leader_only
+from celery_leader import deadline_table, leader_only, leadership
 
 ROUNDS = 5
 GOAL = 0.05
@@ -108,15 +107,15 @@ def main() -> None:
         app.conf.leader_url = url
         app.set_current()
         app.set_default()
-        config = decorators.config_of(app)
+        config = leadership.config_of(app)
         # What the worker bootstep does before its pool starts: a table that
         # says this node leads "worker" (for the next hour).
-        table = _shared.DeadlineTable.create(
-            _shared.store_id(config.url, config.key_prefix), [config.worker_election]
+        table = deadline_table.DeadlineTable.create(
+            deadline_table.store_id(config.url, config.key_prefix), [config.worker_election]
         )
         table.publish(config.worker_election, time.monotonic() + 3600, 1)
-        _shared.install(table)
-        decorators._forget_views()
+        deadline_table.set_process_table(table)
+        leadership.forget_views()
         assert gated(1) == 1
 
         client = redis.Redis.from_url(url)

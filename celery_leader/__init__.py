@@ -12,20 +12,25 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from .config import LeaderConfig
-from .exceptions import ConfigError, LeaderError, MissingExtra, StoreUnavailable
+from .exceptions import ConfigError, LeaderError, MissingExtra, NotLeader, StoreUnavailable
 from .lease import Lease
 
 if TYPE_CHECKING:
     from .beat import LeaderScheduler, LeaderSchedulerMixin
-    from .decorators import is_leader, leader_only
+    from .decorators import leader_only
+    from .leadership import current_epoch, ensure_leader, is_leader
+    from .routing import leader_queue
     from .worker import install
 
 #: Public name -> module that defines it, for the names that need Celery.
 _CELERY_NAMES = {
     "LeaderScheduler": ".beat",
     "LeaderSchedulerMixin": ".beat",
-    "is_leader": ".decorators",
+    "current_epoch": ".leadership",
+    "ensure_leader": ".leadership",
+    "is_leader": ".leadership",
     "leader_only": ".decorators",
+    "leader_queue": ".routing",
     "install": ".worker",
 }
 
@@ -47,9 +52,13 @@ __all__ = [
     "LeaderSchedulerMixin",
     "Lease",
     "MissingExtra",
+    "NotLeader",
     "StoreUnavailable",
+    "current_epoch",
+    "ensure_leader",
     "install",
     "is_leader",
     "leader_only",
+    "leader_queue",
 ]
 __version__ = "0.1.0"

@@ -7,41 +7,31 @@ Contract::
     def refresh_prices(): ...
 
     @app.task
-    @leader_only(election="reports", on_follower="retry")
+    @leader_only(election="reports", on_follower="skip")
     def build_report(day): ...
 
-Where leadership comes from, in the order tried:
-
-1. the worker's deadline table (:mod:`celery_leader._shared`), which the
-   worker bootstep (:mod:`celery_leader.worker`) fills for every election named
-   by a decorated function when the worker starts: a pool process reads one
-   float from shared memory, no round trip;
-2. otherwise a lease that this process joins on first use, with the settings
-   of the current Celery app (a plain function in a web process, a script, or
-   an election first named after the worker started).
+Leadership comes from :mod:`celery_leader.leadership`; where ``wait``-mode
+tasks are sent, from :mod:`celery_leader.routing`. Importing this module
+connects a ``worker_init`` receiver that adds the worker bootsteps
+(:mod:`celery_leader.worker`, named by path) to a starting worker whose app
+has a decorated task, and checks the worker's settings first.
 """
 
 from __future__ import annotations
 
-import atexit
 import difflib
 import functools
 import logging
-import os
 import random
 import sys
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, TypeVar, overload
 
-from . import _shared
-from .backends import create_backend
-from .backends.base import Backend
-from .config import LeaderConfig, validate_name
-from .exceptions import ConfigError, StoreUnavailable, missing_extra
-from .lease import Lease
+from . import leadership, routing
+from .config import validate_name
+from .exceptions import ConfigError, missing_extra
+from .routing import ON_FOLLOWER, LeaderOnly, OnFollower, spec_of
 from .signals import elected as _elected  # noqa: F401 - importing it connects the signals
 
 try:
@@ -53,35 +43,21 @@ try:
 except ModuleNotFoundError as exc:
     raise missing_extra(exc, "celery") from None
 
-__all__ = ["OnFollower", "is_leader", "leader_only"]
+__all__ = ["CONSUMER_STEPS", "WORKER_STEP", "OnFollower", "add_steps", "leader_only"]
 
 logger = logging.getLogger("celery_leader.decorators")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: What a follower does with a task it received.
-OnFollower = Literal["skip", "retry", "reject"]
-_ON_FOLLOWER = ("skip", "retry", "reject")
+#: The worker bootsteps, by path: Celery loads them when it builds the
+#: worker, so this module needs no import of :mod:`celery_leader.worker`.
+WORKER_STEP = "celery_leader.worker:LeaderStep"
+CONSUMER_STEPS = ("celery_leader.worker:LeaderQueueStep", "celery_leader.worker:FenceStep")
 
-
-@dataclass(frozen=True, eq=False)
-class LeaderOnly:
-    """How one decorated function behaves; kept as ``fn.__leader_only__``.
-
-    Compared by identity: the follower path uses it to tell "I am the body of
-    the task being executed" from "I am a plain function that task called".
-    """
-
-    election: str | None
-    on_follower: OnFollower
-    max_retries: int | None
-    retry_backoff: float
-    retry_backoff_max: float | None
-
-
-# Elections named by decorated functions in this process; the worker
-# bootstep joins them all (plus leader_worker_election) when it starts.
-_named_elections: set[str] = set()
+#: How long a follower holds a message before ``on_follower="reject"`` hands
+#: it back, unless this node is elected meanwhile (then it runs it). It bounds
+#: the redelivery rate while nobody leads: one per message per second.
+REJECT_HOLD = 1.0
 
 
 @overload
@@ -92,7 +68,7 @@ def leader_only(fn: F, /) -> F: ...
 def leader_only(
     *,
     election: str | None = None,
-    on_follower: OnFollower = "skip",
+    on_follower: OnFollower = "wait",
     max_retries: int | None = None,
     retry_backoff: float = 1.0,
     retry_backoff_max: float | None = None,
@@ -104,27 +80,34 @@ def leader_only(
     /,
     *,
     election: str | None = None,
-    on_follower: OnFollower = "skip",
+    on_follower: OnFollower = "wait",
     max_retries: int | None = None,
     retry_backoff: float = 1.0,
     retry_backoff_max: float | None = None,
 ) -> Any:
     """Run the decorated function only while this process leads ``election``.
 
-    Put it *below* ``@app.task``. On a follower, a task body does not run:
+    Put it *below* ``@app.task``. What a task does on a node that does not lead:
 
-    * ``on_follower="skip"`` (default): log at INFO and raise
-      :class:`celery.exceptions.Ignore` (the task is dropped, no result stored);
+    * ``on_follower="wait"`` (default): nothing is lost and nothing runs on a
+      follower. The task is sent to the election's leader queue
+      (:func:`celery_leader.leader_queue`), which only the leading node
+      consumes; a message that reaches a follower anyway (sent by name
+      elsewhere, or prefetched when the node was demoted) is forwarded there
+      as a retry with no countdown, and runs on the next leader.
+    * ``"skip"``: log at INFO and raise :class:`celery.exceptions.Ignore`
+      (the task is dropped). For broadcast/fan-out, where every node gets its
+      own copy and only the leader's should act.
     * ``"retry"``: retry with exponential backoff and jitter, so that the
       leader can take the task. The first delay is ``retry_backoff`` seconds,
       doubling up to ``retry_backoff_max`` (default: the election's ttl, by
       which a crashed leader has been replaced). ``max_retries=None`` (default)
       retries without limit; with a number, the task fails with
       :class:`celery.exceptions.MaxRetriesExceededError` when it runs out.
-      Follower retries count in ``self.request.retries`` like any other retry.
-    * ``"reject"``: raise ``Reject(requeue=True)`` so the broker redelivers the
-      message; the task needs ``acks_late=True`` (the worker warns at startup
-      when it lacks it).
+    * ``"reject"``: hold the message up to :data:`REJECT_HOLD` (running it if
+      this node is elected meanwhile), then raise ``Reject(requeue=True)`` so
+      the broker redelivers it; the task needs ``acks_late=True`` (the worker
+      warns at startup when it lacks it).
 
     Called outside a worker (a plain function, a task called directly or
     eagerly), a follower's call returns ``None`` without running the body.
@@ -135,11 +118,11 @@ def leader_only(
     """
     if election is not None:
         validate_name("election", election)
-    if on_follower not in _ON_FOLLOWER:
-        close = difflib.get_close_matches(str(on_follower), _ON_FOLLOWER, n=1)
+    if on_follower not in ON_FOLLOWER:
+        close = difflib.get_close_matches(str(on_follower), ON_FOLLOWER, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise ConfigError(
-            f"@leader_only: on_follower must be one of 'skip', 'retry', 'reject' "
+            f"@leader_only: on_follower must be one of {', '.join(map(repr, ON_FOLLOWER))} "
             f"(got {on_follower!r}){hint}"
         )
     if on_follower != "retry" and (
@@ -172,19 +155,23 @@ def leader_only(
 def _decorate(spec: LeaderOnly, fn: Any) -> Any:
     _check_target(fn)
     if spec.election is not None:
-        _named_elections.add(spec.election)
+        leadership.name_election(spec.election)
+    if spec.on_follower == "wait":
+        # The apps of this process send this task to its leader queue from now on.
+        routing.route_existing_apps()
     key = spec.election
+    cached_check = leadership.cached_check
+    view = leadership.view
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         app = get_current_app()
-        try:
-            leads = _views[app, key]
-        except KeyError:
-            leads = _view(app, key)
+        leads = cached_check((app, key))
+        if leads is None:
+            leads = view(app, key).leads
         if leads():
             return fn(*args, **kwargs)
-        return _follower(spec, app)
+        return _follower(spec, app, fn, args, kwargs)
 
     wrapper.__leader_only__ = spec  # type: ignore[attr-defined]
     return wrapper
@@ -209,142 +196,15 @@ def _check_target(fn: object) -> None:
         raise TypeError(f"@leader_only decorates functions (got {kind.__name__} {fn!r})")
 
 
-def spec_of(task: Any) -> LeaderOnly | None:
-    """The ``@leader_only`` settings of a Celery task's body, if it has any."""
-    return getattr(getattr(task, "run", None), "__leader_only__", None)
-
-
 def _name_of(task: Any) -> str:
     # A lazy proxy's attributes would evaluate it; its repr does not.
     return str(task.name) if issubclass(type(task), Task) else repr(task)
 
 
-def is_leader(election: str | None = None, *, app: Any = None) -> bool:
-    """True while this process (or its worker) leads ``election``.
-
-    The same check ``@leader_only`` makes: in a worker's pool process it reads
-    the deadline the worker published; elsewhere it joins the election on the
-    first call. ``election`` defaults to ``leader_worker_election`` and
-    ``app`` to the current Celery app.
-    """
-    if election is not None:
-        validate_name("election", election)
-    app = get_current_app() if app is None else app
-    try:
-        leads = _views[app, election]
-    except KeyError:
-        leads = _view(app, election)
-    return leads()
-
-
-# -- where leadership comes from --------------------------------------------
-
-# (app, election as decorated: None = default) -> zero-argument check.
-_views: dict[tuple[Any, str | None], Callable[[], bool]] = {}
-_configs: dict[Any, LeaderConfig] = {}
-_local_leases: dict[tuple[Any, str], Lease] = {}
-_local_backends: dict[Any, Backend] = {}
-_lock = threading.RLock()
-
-
-def config_of(app: Any) -> LeaderConfig:
-    """The validated settings of ``app``, read once per process."""
-    config = _configs.get(app)
-    if config is None:
-        config = _configs[app] = LeaderConfig.from_app(app)
-    return config
-
-
-def _view(app: Any, key: str | None) -> Callable[[], bool]:
-    with _lock:
-        view = _views.get((app, key))
-        if view is not None:
-            return view
-        config = config_of(app)
-        election = config.worker_election if key is None else key
-        table = _shared.process_table()
-        if table is not None and table.store != _shared.store_id(config.url, config.key_prefix):
-            table = None  # another app's worker: its leases are not ours
-        index = None if table is None else table.index(election)
-        if table is not None and index is not None:
-            view = table.checker(index)
-        else:
-            view = _local_lease(app, election).is_leader
-        _views[app, key] = view
-        return view
-
-
-def _local_lease(app: Any, election: str) -> Lease:
-    """Join ``election`` from this process, once, and wait for the first outcome.
-
-    Waiting (at most one store timeout) means the first call already knows
-    whether it leads, instead of always answering "no".
-    """
-    lease = _local_leases.get((app, election))
-    if lease is not None:
-        return lease
-    config = config_of(app)
-    backend = _local_backends.get(app)
-    if backend is None:
-        backend = _local_backends[app] = create_backend(config)
-    decided = threading.Event()
-    lease = Lease.from_config(election, config, backend, on_elected=lambda _lease: decided.set())
-    _local_leases[app, election] = lease
-    logger.info(
-        "celery-leader: %s joins election %r from this process (store %s)",
-        config.instance_id,
-        election,
-        config.display_url,
-    )
-    lease.start()
-    deadline = time.monotonic() + backend.timeout
-    while not decided.wait(0.01) and time.monotonic() < deadline:
-        try:
-            holder = lease.holder()
-        except StoreUnavailable:
-            break
-        if holder is not None and holder.instance_id != config.instance_id:
-            break
-    return lease
-
-
-def _forget_views() -> None:
-    """Drop cached checks so the next call resolves again (a new table appeared)."""
-    with _lock:
-        _views.clear()
-
-
-def _after_fork_in_child() -> None:
-    # The parent's lease threads do not exist here and their deadlines would
-    # freeze; the child resolves again (table if trusted, else its own lease).
-    global _lock
-    _lock = threading.RLock()
-    _views.clear()
-    _local_leases.clear()
-    _local_backends.clear()
-
-
-def _stop_local_leases() -> None:
-    # Release at exit so another process takes over at once, not after the ttl.
-    with _lock:
-        leases = list(_local_leases.values())
-        _local_leases.clear()
-        _views.clear()
-    for lease in leases:
-        try:
-            lease.stop()
-        except Exception:  # best effort: the interpreter is exiting
-            logger.debug("celery-leader: could not stop %r at exit", lease.election, exc_info=True)
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-atexit.register(_stop_local_leases)
-
-
 # -- the follower path -------------------------------------------------------
 
 
-def _follower(spec: LeaderOnly, app: Any) -> Any:
+def _follower(spec: LeaderOnly, app: Any, fn: Any, args: Any, kwargs: Any) -> Any:
     task = get_current_task()
     request = None if task is None else task.request
     if (
@@ -356,8 +216,18 @@ def _follower(spec: LeaderOnly, app: Any) -> Any:
         or spec_of(task) is not spec
     ):
         return None
-    config = config_of(app)
+    config = leadership.config_of(app)
     election = config.worker_election if spec.election is None else spec.election
+    if spec.on_follower == "wait":
+        queue = routing.leader_queue(election, app=app)
+        logger.info(
+            "celery-leader: forwarded %s[%s] to %s: this worker does not lead %r",
+            task.name,
+            request.id,
+            queue,
+            election,
+        )
+        raise _retry(task, None, queue=queue, countdown=0)
     if spec.on_follower == "skip":
         logger.info(
             "celery-leader: skipped %s[%s]: this worker does not lead %r",
@@ -367,6 +237,14 @@ def _follower(spec: LeaderOnly, app: Any) -> Any:
         )
         raise Ignore()
     if spec.on_follower == "reject":
+        # Hold the message a while instead of bouncing it between followers
+        # at broker speed while nobody leads; run it if elected meanwhile.
+        leads = leadership.view(app, spec.election).leads
+        deadline = time.monotonic() + REJECT_HOLD
+        while time.monotonic() < deadline:
+            time.sleep(0.01)
+            if leads():
+                return fn(*args, **kwargs)
         logger.info(
             "celery-leader: requeued %s[%s]: this worker does not lead %r",
             task.name,
@@ -374,10 +252,6 @@ def _follower(spec: LeaderOnly, app: Any) -> Any:
             election,
         )
         raise Reject(f"not the leader of {election!r}", requeue=True)
-    raise _retry(task, request, spec, election, config)
-
-
-def _retry(task: Any, request: Any, spec: LeaderOnly, election: str, config: LeaderConfig) -> Any:
     cap = config.ttl if spec.retry_backoff_max is None else spec.retry_backoff_max
     delay = min(cap, spec.retry_backoff * 2.0 ** min(request.retries, 32))
     # Equal jitter: never zero (followers would bounce the task between
@@ -390,15 +264,20 @@ def _retry(task: Any, request: Any, spec: LeaderOnly, election: str, config: Lea
         countdown,
         election,
     )
+    raise _retry(task, spec.max_retries, countdown=countdown)
+
+
+def _retry(task: Any, max_retries: int | None, **options: Any) -> Any:
+    """``task.retry(**options)``, where ``max_retries=None`` means no limit."""
     # Task.retry(max_retries=None) means "the task's default" (3), not "no
     # limit"; a limit no task reaches does mean it. retry() also stores the
     # value on the shared task object, where autoretry_for would pick it up
     # for the user's own retries: put back what was there.
-    limit = sys.maxsize if spec.max_retries is None else spec.max_retries
+    limit = sys.maxsize if max_retries is None else max_retries
     missing = object()
     saved = task.__dict__.get("override_max_retries", missing)
     try:
-        return task.retry(countdown=countdown, max_retries=limit)
+        return task.retry(max_retries=limit, **options)
     finally:
         if saved is missing:
             task.__dict__.pop("override_max_retries", None)
@@ -406,30 +285,47 @@ def _retry(task: Any, request: Any, spec: LeaderOnly, election: str, config: Lea
             task.override_max_retries = saved
 
 
-def _auto_install(sender: Any = None, **_: Any) -> None:
-    """Add the worker bootsteps to a starting worker whose app has a ``@leader_only`` task.
+# -- the worker --------------------------------------------------------------
+
+
+def _on_worker_init(sender: Any = None, **_: Any) -> None:
+    """Prepare a starting worker: add the bootsteps if needed, check the settings.
 
     ``worker_init`` is sent after the worker imported the task modules and
-    before it builds its bootstep blueprint from ``app.steps``. Workers of
-    other apps in the same process are left alone.
+    selected its queues, and before it builds its bootstep blueprint from
+    ``app.steps``: steps added here are built, and an error here stops the
+    worker before anything started. A bad setting ends the process with one
+    line and exit status 1, not a traceback through Celery's bootsteps.
+    Workers of other apps in the same process are left alone.
     """
-    if sender is not None and any(spec_of(t) is not None for t in sender.app.tasks.values()):
-        from .worker import install
+    if sender is None:
+        return
+    app = sender.app
+    if any(spec_of(t) is not None for t in list(app.tasks.values())):
+        add_steps(app)
+    if WORKER_STEP not in app.steps["worker"]:
+        return
+    try:
+        config = leadership.config_of(app)
+        routing.check_consumed_queues(
+            app,
+            routing.leader_queues(app, config.worker_election),
+            app.amqp.queues.consume_from,
+        )
+    except ConfigError as exc:
+        print(f"celery-leader: cannot start worker {sender.hostname}: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+    # Without -Q a worker consumes every queue the app knows, and sending a
+    # wait-mode task adds its leader queue to them: name today's queues, so
+    # that a consumer restarting later does not pick up a leader queue.
+    queues = app.amqp.queues
+    queues.select(list(queues.consume_from))
 
-        install(sender.app)
+
+def add_steps(app: Any) -> None:
+    """Add the celery-leader bootsteps to ``app``'s workers. Idempotent."""
+    app.steps["worker"].add(WORKER_STEP)
+    app.steps["consumer"].update(CONSUMER_STEPS)
 
 
-def _open_table(**_: Any) -> None:
-    """Map the worker's table as a pool process starts.
-
-    Then a spawned process keeps its mapping even if the worker removes the
-    file while shutting down.
-    """
-    _shared.process_table()
-    _forget_views()
-
-
-signals.worker_init.connect(_auto_install, weak=False, dispatch_uid="celery_leader.auto_install")
-signals.worker_process_init.connect(
-    _open_table, weak=False, dispatch_uid="celery_leader.open_table"
-)
+signals.worker_init.connect(_on_worker_init, weak=False, dispatch_uid="celery_leader.worker_init")

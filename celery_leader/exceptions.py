@@ -41,3 +41,11 @@ class StoreMisconfigured(StoreUnavailable, ConfigError):
     and a :class:`ConfigError`, whose one line names ``leader_url`` and what
     to change.
     """
+
+
+class NotLeader(LeaderError):
+    """Raised by ``ensure_leader()``: this process does not lead the election (any more).
+
+    A long task body that calls it between steps stops before a side effect
+    that another leader may be making at the same time.
+    """

@@ -3,31 +3,36 @@
 :class:`LeaderStep` (worker blueprint) joins ``leader_worker_election`` and
 every election named by a ``@leader_only`` function, and publishes each
 lease's validity deadline into the deadline table that pool processes read
-(:mod:`celery_leader._shared`). :class:`FenceStep` (consumer blueprint) drops
-task messages whose ``leader_epoch`` header is older than the beat election's
-current epoch, when ``leader_fence_tasks`` is on.
+(:mod:`celery_leader.deadline_table`). :class:`LeaderQueueStep` (consumer
+blueprint) consumes the leader queue of each election with ``wait``-mode
+tasks while, and only while, the node leads it (:mod:`celery_leader.routing`).
+:class:`FenceStep` (consumer blueprint) drops task messages whose
+``leader_epoch`` header is older than the beat election's current epoch, when
+``leader_fence_tasks`` is on.
 
-Nothing needs wiring by hand: importing :mod:`celery_leader.decorators` connects a
-``worker_init`` receiver that calls :func:`install` on a starting worker's app
-when one of its tasks is decorated with ``@leader_only``. :func:`install` is
-there for workers that want the steps anyway (say, to call
-:func:`celery_leader.is_leader` or decorated plain functions from undecorated
-tasks).
+Nothing needs wiring by hand: importing :mod:`celery_leader.decorators`
+connects a ``worker_init`` receiver that adds these steps (by path) to a
+starting worker's app when one of its tasks is decorated with
+``@leader_only``. :func:`install` is there for workers that want the steps
+anyway (say, to call :func:`celery_leader.is_leader` or decorated plain
+functions from undecorated tasks).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from . import _shared, decorators
+from . import deadline_table, decorators, leadership, routing
 from .backends import create_backend
 from .config import LeaderConfig
 from .exceptions import StoreUnavailable, missing_extra
 from .lease import Lease
+from .routing import spec_of
 from .signals import elected as _elected  # noqa: F401 - importing it connects the signals
 
 try:
@@ -35,7 +40,14 @@ try:
 except ModuleNotFoundError as exc:
     raise missing_extra(exc, "celery") from None
 
-__all__ = ["FenceStep", "LeaderNode", "LeaderStep", "install"]
+__all__ = [
+    "FenceStep",
+    "FencedStrategies",
+    "LeaderNode",
+    "LeaderQueueStep",
+    "LeaderStep",
+    "install",
+]
 
 logger = logging.getLogger("celery_leader.worker")
 
@@ -44,6 +56,11 @@ logger = logging.getLogger("celery_leader.worker")
 #: still ``ttl - renew_interval`` away when the renewal lands.
 MAX_PUBLISH_INTERVAL = 0.25
 
+#: How often the consumer compares what it consumes with what the node leads.
+#: A local clock compare, in the consumer's own thread (kombu connections are
+#: not thread-safe): a new leader starts consuming its leader queue within this.
+QUEUE_SYNC_INTERVAL = 0.1
+
 
 def install(app: Any) -> None:
     """Add the celery-leader bootsteps to ``app``'s workers. Idempotent.
@@ -51,8 +68,7 @@ def install(app: Any) -> None:
     Must run before the worker builds its blueprint: at import time of the
     app module, or from a ``worker_init`` receiver.
     """
-    app.steps["worker"].add(LeaderStep)
-    app.steps["consumer"].add(FenceStep)
+    decorators.add_steps(app)
 
 
 class LeaderNode:
@@ -62,11 +78,18 @@ class LeaderNode:
     table exists when pool processes fork or spawn.
     """
 
-    def __init__(self, config: LeaderConfig, elections: list[str]) -> None:
+    def __init__(
+        self,
+        config: LeaderConfig,
+        elections: list[str],
+        queues: Mapping[str, str] | None = None,
+    ) -> None:
         self.config = config
+        #: Election -> leader queue, for the elections with ``wait``-mode tasks.
+        self.queues = dict(queues or {})
         self.backend = create_backend(config)
-        self.table = _shared.DeadlineTable.create(
-            _shared.store_id(config.url, config.key_prefix), elections
+        self.table = deadline_table.DeadlineTable.create(
+            deadline_table.store_id(config.url, config.key_prefix), elections
         )
         self.leases = [
             Lease.from_config(
@@ -85,8 +108,13 @@ class LeaderNode:
         self._thread: threading.Thread | None = None
         self._beat_epoch = 0
         self._epoch_lock = threading.Lock()
-        _shared.install(self.table)
-        decorators._forget_views()
+        self._by_election = {lease.election: lease for lease in self.leases}
+        deadline_table.set_process_table(self.table)
+        leadership.forget_views()
+
+    def leads(self, election: str) -> bool:
+        """True while this node leads ``election`` (main process, no I/O)."""
+        return self._by_election[election].is_leader()
 
     def start(self) -> None:
         """Join every election and start publishing."""
@@ -141,9 +169,9 @@ class LeaderNode:
         than join an election on their own. A worker started later in the
         same process (tests) installs its own table.
         """
-        if _shared.installed() is self.table:
-            _shared.install(None)
-            decorators._forget_views()
+        if deadline_table.process_table() is self.table:
+            deadline_table.set_process_table(None)
+            leadership.forget_views()
 
     def admit(self, epoch: int) -> bool:
         """Fencing: False for an epoch older than the beat election's current one."""
@@ -205,13 +233,15 @@ class LeaderStep(bootsteps.StartStopStep):  # type: ignore[misc]  # celery is un
 
     def __init__(self, w: Any, **kwargs: Any) -> None:
         super().__init__(w, **kwargs)
-        config = decorators.config_of(w.app)
+        config = leadership.config_of(w.app)
         if w.app.conf.get("leader_instance_id") is None:
-            # The node name (name@host) is what operators know workers by.
-            config = dataclasses.replace(config, instance_id=w.hostname)
+            # The node name (name@host) is what operators know workers by; the
+            # pid tells apart two nodes started with the same -n by mistake.
+            config = dataclasses.replace(config, instance_id=f"{w.hostname}:{os.getpid()}")
         elections = _elections(w.app, config)
         _warn_reject_without_acks_late(w.app)
-        self.node = LeaderNode(config, elections)
+        queues = routing.leader_queues(w.app, config.worker_election)
+        self.node = LeaderNode(config, elections, queues)
         w.leader_node = self.node
         _nodes[w.hostname] = self.node
         logger.info(
@@ -236,6 +266,67 @@ class LeaderStep(bootsteps.StartStopStep):  # type: ignore[misc]  # celery is un
         self.node.uninstall()
 
 
+class LeaderQueueStep(bootsteps.StartStopStep):  # type: ignore[misc]  # celery is untyped
+    """Consumer bootstep: consume each leader queue while, and only while, the node leads.
+
+    Every :data:`QUEUE_SYNC_INTERVAL` (a timer of the consumer's event loop,
+    so in the consumer's thread) it adds the consumer of a leader queue whose
+    election the node now leads, and cancels the one of an election it no
+    longer leads. Messages this node had prefetched from a leader queue when
+    it was demoted are not run here: the task body sees "not leading" and
+    forwards them back to the leader queue.
+    """
+
+    label = "celery-leader queues"
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def __init__(self, c: Any, **kwargs: Any) -> None:
+        super().__init__(c, **kwargs)
+        self.node: LeaderNode | None = getattr(c.controller, "leader_node", None)
+        self._timer: Any = None
+
+    def start(self, c: Any) -> None:
+        """Start comparing leadership and consumption."""
+        if self.node is None or not self.node.queues or self._timer is not None:
+            return
+        self._sync(c)
+        self._timer = c.timer.call_repeatedly(QUEUE_SYNC_INTERVAL, self._sync, (c,))
+
+    def stop(self, c: Any) -> None:
+        """Stop the timer (the consumer cancels every queue itself)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    shutdown = stop
+
+    def _sync(self, c: Any) -> None:
+        node = self.node
+        consumer = c.task_consumer
+        if node is None or consumer is None:
+            return
+        for election, queue in node.queues.items():
+            leads = node.leads(election)
+            if leads == bool(consumer.consuming_from(queue)):
+                continue
+            if leads:
+                logger.info(
+                    "celery-leader: %s consumes %s: it leads %r",
+                    node.config.instance_id,
+                    queue,
+                    election,
+                )
+                c.add_task_queue(queue)
+            else:
+                logger.info(
+                    "celery-leader: %s stops consuming %s: it no longer leads %r",
+                    node.config.instance_id,
+                    queue,
+                    election,
+                )
+                c.cancel_task_queue(queue)
+
+
 class FenceStep(bootsteps.Step):  # type: ignore[misc]  # celery is untyped
     """Consumer bootstep: drops task messages sent under an older beat epoch.
 
@@ -244,6 +335,11 @@ class FenceStep(bootsteps.Step):  # type: ignore[misc]  # celery is untyped
     strategy table, so that strategies rebuilt later (reconnects, reloads) are
     wrapped too. A dropped message is acknowledged and logged at WARNING; the
     task never runs.
+
+    Only a slot's first delivery is judged. A retry (``retries`` > 0 in its
+    headers) or a redelivered message (requeued by a reject, restored by the
+    broker) comes from a delivery that was admitted: the slot was claimed by
+    a scheduler that led then, and dropping it now would lose the slot.
     """
 
     label = "celery-leader fence"
@@ -253,13 +349,13 @@ class FenceStep(bootsteps.Step):  # type: ignore[misc]  # celery is untyped
         node: LeaderNode | None = getattr(c.controller, "leader_node", None)
         if node is None or not node.config.fence_tasks:
             return
-        fenced = _FencedStrategies(node, c.connection_errors)
+        fenced = FencedStrategies(node, c.connection_errors)
         fenced.update(c.strategies)
         c.strategies = fenced
 
 
-class _FencedStrategies(dict[str, Callable[..., Any]]):
-    """The consumer's task-name -> strategy table, wrapping what is stored."""
+class FencedStrategies(dict[str, Callable[..., Any]]):
+    """The consumer's task-name -> strategy table, fencing every strategy stored in it."""
 
     def __init__(self, node: LeaderNode, connection_errors: tuple[type[Exception], ...]) -> None:
         super().__init__()
@@ -283,7 +379,7 @@ class _FencedStrategies(dict[str, Callable[..., Any]]):
         ) -> Any:
             headers = message.headers or {}
             epoch = headers.get("leader_epoch")
-            if type(epoch) is int and not node.admit(epoch):
+            if type(epoch) is int and _first_delivery(message, headers) and not node.admit(epoch):
                 logger.warning(
                     "celery-leader: dropped task %s[%s]: sent under beat epoch %d, but epoch "
                     "%d has started since (a deposed scheduler sent it late)",
@@ -299,10 +395,19 @@ class _FencedStrategies(dict[str, Callable[..., Any]]):
         return fenced
 
 
+def _first_delivery(message: Any, headers: Mapping[str, Any]) -> bool:
+    """False for a retry of a task, or a message the broker delivers again."""
+    retries = headers.get("retries")
+    if type(retries) is int and retries > 0:
+        return False
+    info = getattr(message, "delivery_info", None) or {}
+    return not (info.get("redelivered") or headers.get("redelivered"))
+
+
 def _elections(app: Any, config: LeaderConfig) -> list[str]:
-    names = {config.worker_election} | decorators._named_elections
+    names = {config.worker_election} | leadership.named_elections()
     for task in app.tasks.values():
-        spec = decorators.spec_of(task)
+        spec = spec_of(task)
         if spec is not None and spec.election is not None:
             names.add(spec.election)
     return sorted(names)
@@ -310,7 +415,7 @@ def _elections(app: Any, config: LeaderConfig) -> list[str]:
 
 def _warn_reject_without_acks_late(app: Any) -> None:
     for task in app.tasks.values():
-        spec = decorators.spec_of(task)
+        spec = spec_of(task)
         if spec is not None and spec.on_follower == "reject" and not task.acks_late:
             logger.warning(
                 "celery-leader: task %s uses @leader_only(on_follower='reject') without "

@@ -13,11 +13,17 @@ from collections.abc import Iterator
 import pytest
 from celery import Celery
 
-from celery_leader import decorators
+from celery_leader import (
+    current_epoch,
+    ensure_leader,
+    is_leader,
+    leader_only,
+    leader_queue,
+    leadership,
+)
 from celery_leader.backends import create_backend
 from celery_leader.config import LeaderConfig
-from celery_leader.decorators import is_leader, leader_only
-from celery_leader.exceptions import ConfigError
+from celery_leader.exceptions import ConfigError, NotLeader
 from celery_leader.lease import Lease
 from harness.waiting import wait_for
 
@@ -29,7 +35,7 @@ def app() -> Iterator[Celery]:
     app.conf.leader_ttl = 2
     app.set_current()
     yield app
-    decorators._stop_local_leases()
+    leadership.stop_local_leases()
 
 
 def rival(app: Celery, election: str) -> Lease:
@@ -118,7 +124,7 @@ def test_keeps_name_and_doc() -> None:
 
     assert nightly.__name__ == "nightly"
     assert nightly.__doc__ == "Docs."
-    assert nightly.__leader_only__.on_follower == "skip"  # type: ignore[attr-defined]
+    assert nightly.__leader_only__.on_follower == "wait"  # type: ignore[attr-defined]
 
 
 # -- plain functions: join lazily, a follower's call returns None ------------
@@ -193,3 +199,45 @@ def test_bad_settings_fail_on_first_use_naming_the_setting(app: Celery) -> None:
 
     with pytest.raises(ConfigError, match="leader_ttl"):
         job()
+
+
+# -- long bodies: current_epoch and ensure_leader -----------------------------
+
+
+def test_current_epoch_and_ensure_leader_follow_the_term(app: Celery) -> None:
+    epoch = current_epoch()  # joins the election, which nobody else holds
+    assert isinstance(epoch, int)
+    ensure_leader()
+    other = rival(app, "reports")
+    assert current_epoch("reports") is None
+    with pytest.raises(NotLeader, match="does not lead 'reports'"):
+        ensure_leader("reports")
+    rival_epoch = other.epoch
+    assert rival_epoch is not None
+    other.stop()
+    mine = wait_for(lambda: current_epoch("reports"), 2, message="took over after the release")
+    assert mine > rival_epoch  # a later term, a larger fencing token
+
+
+# -- routing: wait-mode tasks go to their leader queue -------------------------
+
+
+def test_wait_mode_tasks_are_routed_to_their_leader_queue(app: Celery) -> None:
+    @app.task(shared=False)
+    @leader_only(election="reports")
+    def job() -> None: ...
+
+    @app.task(shared=False)
+    @leader_only(on_follower="skip")
+    def broadcast() -> None: ...
+
+    @app.task(shared=False)
+    def plain() -> None: ...
+
+    router = app.amqp.router  # the app is configured only now, after the decorator
+    assert leader_queue("reports", app=app) == "celery_leader.leader.reports"
+    assert router.route({}, job.name, task_type=job)["queue"].name == "celery_leader.leader.reports"
+    for other in (broadcast, plain):
+        assert router.route({}, other.name, task_type=other)["queue"].name == "celery"
+    # An explicit queue still wins, as for any Celery router.
+    assert router.route({"queue": "x"}, job.name, task_type=job)["queue"].name == "x"

@@ -10,12 +10,15 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import signal
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -25,6 +28,7 @@ from celery_leader.backends import create_backend
 from celery_leader.backends.base import Backend
 from celery_leader.config import LeaderConfig
 from harness.procs import Proc, Procs
+from harness.procs import signal as signal_proc
 from harness.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,6 +36,7 @@ CELERY = Path(sys.executable).parent / "celery"
 TTL = 2.0
 APP = "tests.apps.worker_app"
 N = 30
+SENT = re.compile(r"Sending due task slot \(\S+\) slot (?P<slot>\S+) epoch (?P<epoch>\d+)")
 
 
 def _green(pool: str) -> object:
@@ -64,15 +69,22 @@ class Cluster:
         )
         self.sender = Celery("sender", broker=url)
         self.nodes: dict[str, Proc] = {}
+        self.beats: dict[str, Proc] = {}
 
     def start(
-        self, name: str, pool: str = "prefork", start_method: str = "fork", **env: str
+        self,
+        name: str,
+        pool: str = "prefork",
+        start_method: str = "fork",
+        own_queue: bool = True,
+        **env: str,
     ) -> Proc:
+        """A worker node consuming ``celery`` and, with ``own_queue``, a queue of its name."""
         proc = self.procs.spawn_python(
             CELERY,
             *("-A", APP, "worker", "-P", pool, "-c", "2", "-n", f"{name}@%h", "-l", "INFO"),
             *("--without-gossip", "--without-mingle", "--without-heartbeat"),
-            *("-Q", f"celery,{name}"),
+            *(("-Q", f"celery,{name}") if own_queue else ()),
             env={
                 "BROKER_URL": self.url,
                 "LEADER_TTL": str(TTL),
@@ -83,6 +95,58 @@ class Cluster:
         )
         self.nodes[name] = proc
         return proc
+
+    def start_beat(self, name: str, task: str, **env: str) -> Proc:
+        """``celery beat -S leader`` sending ``task`` every second (``BEAT_EVERY``)."""
+        proc = self.procs.spawn_python(
+            CELERY,
+            *("-A", APP, "beat", "-S", "leader", "-l", "INFO"),
+            env={"BROKER_URL": self.url, "LEADER_TTL": str(TTL), "BEAT_TASK": task, **env},
+            cwd=ROOT,
+        )
+        self.beats[name] = proc
+        return proc
+
+    def stop_beats(self) -> None:
+        """SIGTERM every beat half-way between two sends, and wait for them to exit.
+
+        Not while one publishes: a SIGTERM that lands between a slot's claim and
+        its publish loses that slot (beat's shutdown, not the workers').
+        """
+        while True:
+            last = max(_due(slot) for slot in self.sent_slots())
+            wait = last + 0.5 - time.time()
+            if wait >= 0:
+                time.sleep(wait)
+                break
+            time.sleep(max(0.0, last + 1.2 - time.time()))
+        for proc in self.beats.values():
+            signal_proc(proc, signal.SIGTERM)
+        for proc in self.beats.values():
+            proc.wait(15)
+
+    def sent_slots(self) -> dict[str, int]:
+        """Slot -> epoch of every slot the beats sent, from their logs."""
+        sent: dict[str, int] = {}
+        for proc in self.beats.values():
+            for match in SENT.finditer(proc.output()):
+                assert match["slot"] not in sent, f"slot {match['slot']} sent twice"
+                sent[match["slot"]] = int(match["epoch"])
+        return sent
+
+    def slot_runs(self) -> list[dict[str, Any]]:
+        return [json.loads(e) for e in self.redis.lrange("slots", 0, -1)]
+
+    def deliveries(self) -> list[str]:
+        return self.redis.lrange("deliveries", 0, -1)
+
+    def wait_slots_ran(self, slots: Iterable[str], timeout: float) -> None:
+        wanted = set(slots)
+
+        def missing() -> set[str]:
+            return wanted - {run["slot"] for run in self.slot_runs()}
+
+        wait_for(lambda: not missing(), timeout, 0.1, lambda: f"slots never ran: {missing()}")
 
     def wait_ready(self) -> None:
         for proc in self.nodes.values():
@@ -158,6 +222,15 @@ def test_only_the_leader_runs_and_a_crash_hands_over(
     for tag in tags:
         for state, node in cluster.done(tag):
             assert (state, node) in (("SUCCESS", leader), ("IGNORED", survivor))
+
+    # Wait mode, sent by name from a process without the task (so into the
+    # ordinary queue): a follower forwards what it gets to the leader queue.
+    tags = [f"wait-{i}" for i in range(N)]
+    cluster.send("wait_task", tags)
+    cluster.wait_done(tags, {"SUCCESS"}, timeout=30)
+    assert {t: cluster.ran(t) for t in tags} == {t: [leader] for t in tags}
+    for tag in tags:
+        assert set(cluster.done(tag)) <= {("SUCCESS", leader), ("RETRY", survivor)}
 
     # Retry mode: every task runs, once, on the leader.
     tags = [f"retry-{i}" for i in range(N)]
@@ -273,3 +346,233 @@ def test_fencing_drops_tasks_of_a_deposed_scheduler(cluster: Cluster) -> None:
     node.wait_for_line(
         rf"dropped task tests\.apps\.worker_app\.plain_task\[.*beat epoch {first.epoch}\b", 5
     )
+
+
+# -- @leader_only with default settings: beat's slots reach the leader ---------
+
+BEAT_POOLS = [
+    pytest.param("prefork", "fork", 30, id="prefork-fork"),
+    pytest.param("prefork", "spawn", 15, id="prefork-spawn"),
+    pytest.param("threads", "fork", 15, id="threads"),
+    pytest.param("solo", "fork", 15, id="solo"),
+]
+
+
+def _due(slot: str) -> float:
+    """Wall-clock due time of ``entry@ISO-8601`` as a timestamp."""
+    return datetime.fromisoformat(slot.partition("@")[2]).timestamp()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("pool", "start_method", "seconds"), BEAT_POOLS)
+def test_every_beat_slot_runs_once_on_the_leader(
+    cluster: Cluster, pool: str, start_method: str, seconds: int
+) -> None:
+    cluster.start("nodeA", pool, start_method)
+    cluster.start("nodeB", pool, start_method)
+    cluster.wait_ready()
+    leader = cluster.wait_leader()
+    cluster.start_beat("beat", "slot_task")
+    wait_for(cluster.sent_slots, 30, message="beat sends")
+    time.sleep(seconds)  # the run being measured: beat sends once a second meanwhile
+    cluster.stop_beats()
+    sent = cluster.sent_slots()
+    assert len(sent) >= seconds, f"beat sent {len(sent)} slots in {seconds} s"
+    cluster.wait_slots_ran(sent, 10)
+    runs = cluster.slot_runs()
+    assert sorted(run["slot"] for run in runs) == sorted(sent), "a slot ran twice"
+    assert {run["node"].partition("@")[0] for run in runs} == {leader}
+    # Steady state: every message went straight to the leader, nothing bounced.
+    print(
+        f"MEASURED {pool}/{start_method}: {len(runs)} of {len(sent)} slots ran once, "
+        f"{len(cluster.deliveries()) - len(sent)} extra deliveries"
+    )
+    assert len(cluster.deliveries()) == len(sent)
+    # Only the leader ever consumed the leader queue.
+    other = "nodeB" if leader == "nodeA" else "nodeA"
+    assert "consumes celery_leader.leader.worker" in cluster.nodes[leader].output()
+    assert "consumes celery_leader.leader.worker" not in cluster.nodes[other].output()
+
+
+@pytest.mark.slow
+def test_slots_due_while_the_leader_is_killed_run_late_on_the_next_one(cluster: Cluster) -> None:
+    cluster.start("nodeA")
+    cluster.start("nodeB")
+    cluster.wait_ready()
+    leader = cluster.wait_leader()
+    survivor = "nodeB" if leader == "nodeA" else "nodeA"
+    cluster.start_beat("beat", "slot_task")
+    wait_for(lambda: len(cluster.sent_slots()) >= 3, 30, message="beat sends")
+    # Kill between two slots, not while the leader runs one.
+    last = max(_due(slot) for slot in cluster.sent_slots())
+    time.sleep(max(0.0, last + 1.5 - time.time()))
+    killed_at = time.time()
+    cluster.nodes[leader].kill_group()
+    time.sleep(TTL + 4)
+    cluster.stop_beats()
+    sent = cluster.sent_slots()
+    cluster.wait_slots_ran(sent, 10)
+    runs = cluster.slot_runs()
+    assert sorted(run["slot"] for run in runs) == sorted(sent), "a slot ran twice"
+    during = [run for run in runs if _due(run["slot"]) > killed_at]
+    assert len(during) >= TTL + 3
+    assert {run["node"].partition("@")[0] for run in during} == {survivor}
+    late = max(run["at"] - _due(run["slot"]) for run in during)
+    print(
+        f"MEASURED kill: {len(runs)} of {len(sent)} slots ran once; {len(during)} due after "
+        f"the kill ran on the survivor, at most {late:.2f} s late (ttl {TTL:g} s)"
+    )
+    assert late <= TTL + 1, f"a slot due during the hand-over ran {late:.2f} s late"
+
+
+@pytest.mark.slow
+def test_fencing_keeps_retries_across_a_graceful_beat_handover(cluster: Cluster) -> None:
+    for name in ("nodeA", "nodeB"):
+        cluster.start(name, FENCE="1")
+    cluster.wait_ready()
+    cluster.wait_leader()
+    for name in ("beat1", "beat2"):
+        cluster.start_beat(name, "retry_once_task")
+    wait_for(lambda: len(cluster.sent_slots()) >= 3, 30, message="beat sends")
+    before = cluster.store.holder("beat")
+    assert before is not None
+    cluster.store.request_resign("beat")  # what `celery leader resign` does
+    wait_for(
+        lambda: (h := cluster.store.holder("beat")) is not None and h.epoch > before.epoch,
+        10,
+        message="beat handed over",
+    )
+    handed_over_at = time.time()
+    time.sleep(4)
+    cluster.stop_beats()
+    sent = cluster.sent_slots()
+    assert len(set(sent.values())) == 2, f"one epoch only: {sent}"
+    cluster.wait_slots_ran(sent, 15)
+    runs = cluster.slot_runs()
+    assert sorted(run["slot"] for run in runs) == sorted(sent), "a slot ran twice"
+    # The case that matters: retries of the old epoch ran after the new one began.
+    assert any(run["epoch"] == before.epoch and run["at"] > handed_over_at for run in runs), runs
+    for proc in cluster.nodes.values():
+        assert "dropped task" not in proc.output()
+    crossed = sum(run["epoch"] == before.epoch and run["at"] > handed_over_at for run in runs)
+    print(
+        f"MEASURED fence: {len(runs)} of {len(sent)} slots ran once, {crossed} retried "
+        "across the hand-over"
+    )
+
+
+def _cpu_seconds(proc: Proc) -> float:
+    """User + system CPU time of every process in ``proc``'s process group."""
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(fields[2]) == proc.pid:  # pgrp
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.slow
+def test_reject_backs_off_while_nobody_leads(cluster: Cluster) -> None:
+    # Someone else holds the election for the whole run: to these nodes,
+    # nobody leads.
+    rival = cluster.store.acquire("worker", "rival", 60, 0).tenure
+    assert rival is not None
+    cluster.start("nodeA")
+    cluster.start("nodeB")
+    cluster.wait_ready()
+    tags = ["r1", "r2"]
+    cluster.send("reject_task", tags)
+    wait_for(cluster.deliveries, 10, message="first delivery")
+    cpu = sum(_cpu_seconds(p) for p in cluster.nodes.values())
+    time.sleep(20)
+    cpu = sum(_cpu_seconds(p) for p in cluster.nodes.values()) - cpu
+    deliveries = len(cluster.deliveries())
+    print(f"MEASURED reject, nobody leads for 20 s: {deliveries} deliveries, {cpu / 20:.1%} CPU")
+    assert deliveries < 50, f"{deliveries} deliveries in 20 s"
+    assert cpu / 20 < 0.10, f"{cpu / 20:.1%} of a core"
+    assert all(cluster.ran(tag) == [] for tag in tags)
+    cluster.store.release("worker", rival)
+    cluster.wait_done(tags, {"SUCCESS"}, timeout=20)
+    assert all(len(cluster.ran(tag)) == 1 for tag in tags)
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        ((), {"LEADER_TTL": "-1"}, "leader_ttl must be a number of seconds greater than 0"),
+        (("-Q", "celery,celery_leader.leader.worker"), {}, "the leader queue of election"),
+    ],
+    ids=["bad-ttl", "leader-queue-in-Q"],
+)
+def test_a_worker_with_bad_settings_fails_in_one_line(
+    procs: Procs, redis_url: str, argv: tuple[str, ...], env: dict[str, str], message: str
+) -> None:
+    proc = procs.spawn_python(
+        CELERY,
+        *("-A", APP, "worker", "-P", "solo", "--without-gossip", "--without-mingle", *argv),
+        env={"BROKER_URL": redis_url, **env},
+        cwd=ROOT,
+    )
+    assert proc.wait(60) == 1
+    # Celery's own warning about running as root may come first; then ours, alone.
+    output = proc.output()
+    assert "Traceback" not in output, output
+    ours = [line for line in proc.lines() if "celery-leader" in line]
+    assert len(ours) == 1, output
+    assert ours[0].startswith("celery-leader: cannot start worker ")
+    assert message in ours[0]
+    assert proc.lines()[-1] == ours[0]
+
+
+_DELAY = """
+import sys
+from tests.apps.worker_app import wait_task
+for tag in sys.argv[1:]:
+    wait_task.delay(tag)
+"""
+
+
+@pytest.mark.slow
+def test_delay_from_a_plain_process_goes_straight_to_the_leader(cluster: Cluster) -> None:
+    # No -Q: the nodes consume every queue the app knows, except leader queues.
+    cluster.start("nodeA", own_queue=False)
+    cluster.start("nodeB", own_queue=False)
+    cluster.wait_ready()
+    leader = cluster.wait_leader()
+    tags = [f"d{i}" for i in range(10)]
+    # A process that imports the task module and calls delay(): its app is
+    # never finalized, and the message still goes to the leader queue.
+    sender = cluster.procs.spawn_python(_DELAY, *tags, env={"BROKER_URL": cluster.url}, cwd=ROOT)
+    assert sender.wait(30) == 0, sender.output()
+    cluster.wait_done(tags, {"SUCCESS"}, timeout=20)
+    assert {t: cluster.ran(t) for t in tags} == {t: [leader] for t in tags}
+    assert len(cluster.deliveries()) == len(tags)  # none went through a follower
+
+
+@pytest.mark.slow
+def test_messages_prefetched_by_a_demoted_leader_run_on_the_next_one(cluster: Cluster) -> None:
+    cluster.start("nodeA")
+    cluster.start("nodeB")
+    cluster.wait_ready()
+    leader = cluster.wait_leader()
+    other = "nodeB" if leader == "nodeA" else "nodeA"
+    # Both pool processes of the leader busy: what it fetches now waits in its hands.
+    cluster.send("sleep_task", ["busy1", "busy2"], kwargs={"seconds": 3}, queue=leader)
+    wait_for(lambda: len(cluster.redis.lrange("started:busy1", 0, -1)) == 1, 10, message="busy")
+    wait_for(lambda: len(cluster.redis.lrange("started:busy2", 0, -1)) == 1, 10, message="busy")
+    tags = [f"held-{i}" for i in range(4)]
+    cluster.send("wait_task", tags, queue="celery_leader.leader.worker")
+    wait_for(
+        lambda: cluster.nodes[leader].output().count("wait_task[") >= 2, 10, message="prefetched"
+    )
+    cluster.store.request_resign("worker")
+    wait_for(lambda: cluster.holder() == other, 10, message="the other node leads")
+    cluster.wait_done(tags, {"SUCCESS"}, timeout=20)
+    # Nothing lost, nothing run on the demoted node: what it held went back to
+    # the leader queue when its turn came, and ran once, on the new leader.
+    assert {t: cluster.ran(t) for t in tags} == {t: [other] for t in tags}
+    forwarded = [t for t in tags if ("RETRY", leader) in cluster.done(t)]
+    assert forwarded, "the demoted node held none of the messages"

@@ -9,6 +9,7 @@ behaviour is in ``test_worker_processes.py``.
 from __future__ import annotations
 
 import logging
+import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -22,12 +23,12 @@ from celery.contrib.testing.worker import start_worker
 from celery.exceptions import MaxRetriesExceededError
 from celery.worker import state as worker_state
 
-from celery_leader import _shared, decorators, signals
+from celery_leader import deadline_table, leadership, signals
 from celery_leader.backends import create_backend
 from celery_leader.config import LeaderConfig
-from celery_leader.decorators import leader_only
+from celery_leader.decorators import CONSUMER_STEPS, WORKER_STEP, leader_only
 from celery_leader.lease import Lease
-from celery_leader.worker import FenceStep, LeaderNode, LeaderStep, _FencedStrategies, install
+from celery_leader.worker import FencedStrategies, LeaderNode, install
 from harness.waiting import wait_for
 
 
@@ -39,7 +40,7 @@ def app() -> Iterator[Celery]:
     # The memory transport polls; its default of 1 s would dominate every test.
     app.conf.broker_transport_options = {"polling_interval": 0.01}
     yield app
-    decorators._stop_local_leases()
+    leadership.stop_local_leases()
 
 
 def rival(app: Celery, election: str = "worker", instance_id: str = "rival") -> Lease:
@@ -73,8 +74,8 @@ def test_step_is_added_by_the_decorator_alone(app: Celery) -> None:
         return "ran"
 
     with worker(app) as w:
-        assert LeaderStep in app.steps["worker"]
-        assert FenceStep in app.steps["consumer"]
+        assert WORKER_STEP in app.steps["worker"]
+        assert set(CONSUMER_STEPS) <= app.steps["consumer"]
         assert job.delay().get(timeout=10) == "ran"
         assert w.leader_node.leases[0].is_leader()
 
@@ -89,15 +90,15 @@ def test_workers_of_other_apps_are_left_alone(app: Celery) -> None:
 
     with worker(app) as w:
         assert job.delay().get(timeout=10) == "ran"
-        assert LeaderStep not in app.steps["worker"]
+        assert WORKER_STEP not in app.steps["worker"]
         assert not hasattr(w, "leader_node")
 
 
 def test_install_is_idempotent(app: Celery) -> None:
     install(app)
     install(app)
-    assert app.steps["worker"] == {LeaderStep}
-    assert app.steps["consumer"] == {FenceStep}
+    assert app.steps["worker"] == {WORKER_STEP}
+    assert app.steps["consumer"] == set(CONSUMER_STEPS)
 
 
 def test_joins_the_default_and_every_named_election(app: Celery) -> None:
@@ -113,8 +114,9 @@ def test_joins_the_default_and_every_named_election(app: Celery) -> None:
         names = {lease.election for lease in w.leader_node.leases}
         assert {"main-x", "reports-x", "plain-x"} <= names
         assert w.leader_node.table.names == sorted(names)
-        # The node name, not host:pid, is what `leader status` shows.
-        assert w.leader_node.leases[0].instance_id == w.hostname
+        # The node name, which operators know, and the pid, which tells apart
+        # two nodes started with the same -n by mistake.
+        assert w.leader_node.leases[0].instance_id == f"{w.hostname}:{os.getpid()}"
 
 
 def test_skip_drops_the_task(app: Celery) -> None:
@@ -122,7 +124,7 @@ def test_skip_drops_the_task(app: Celery) -> None:
     states: list[str] = []
 
     @app.task(shared=False)
-    @leader_only
+    @leader_only(on_follower="skip")
     def job() -> str:
         return "ran"
 
@@ -139,6 +141,26 @@ def test_skip_drops_the_task(app: Celery) -> None:
     finally:
         celery_signals.task_postrun.disconnect(postrun)
         other.stop()
+
+
+def test_wait_holds_the_task_until_this_node_leads(app: Celery) -> None:
+    other = rival(app)
+    runs: list[str] = []
+
+    @app.task(shared=False)
+    @leader_only
+    def job() -> str:
+        runs.append(current_task.request.delivery_info["routing_key"])
+        return "ran"
+
+    with worker(app) as w:
+        result = job.delay()
+        time.sleep(0.5)  # a follower does not even receive it
+        assert runs == []
+        assert not w.consumer.task_consumer.consuming_from("celery_leader.leader.worker")
+        other.stop()  # this node is elected, consumes the leader queue, runs it
+        assert result.get(timeout=10) == "ran"
+    assert runs == ["celery_leader.leader.worker"]
 
 
 def test_retry_goes_on_past_celerys_default_of_three(app: Celery) -> None:
@@ -303,14 +325,14 @@ def test_signals_fire_and_stop_releases_at_once(app: Celery) -> None:
         with worker(app) as w:
             wait_for(lambda: ("elected", "worker") in events, 5, message="elected")
             table = w.leader_node.table
-            assert _shared.installed() is table
+            assert deadline_table.process_table() is table
         assert ("demoted", "worker") in events
         # Released, not left to expire: another instance takes over immediately.
         other = rival(app, instance_id="next")
         assert other.holder().instance_id == "next"  # type: ignore[union-attr]
         other.stop()
         assert not table.path.exists()
-        assert _shared.installed() is None
+        assert deadline_table.process_table() is None
     finally:
         signals.elected.disconnect(elected)
         signals.demoted.disconnect(demoted)
@@ -330,7 +352,7 @@ def test_fence_drops_older_epochs_and_learns_newer_ones(app: Celery) -> None:
     try:
         seen: list[str] = []
         acked: list[str] = []
-        strategies = _FencedStrategies(node, ())
+        strategies = FencedStrategies(node, ())
         strategies["t"] = lambda message, *args, **kw: seen.append(message.headers["id"])
 
         def deliver(id_: str, **headers: Any) -> None:
@@ -347,7 +369,11 @@ def test_fence_drops_older_epochs_and_learns_newer_ones(app: Celery) -> None:
         deliver("c")  # not from beat: never fenced
         deliver("d", leader_epoch=3)
         deliver("e", leader_epoch="3")  # not an epoch we wrote: ignored
-        assert seen == ["a", "c", "d", "e"]
+        # A retry, or a message the broker delivers again, of a slot that was
+        # admitted before epoch 3 began: never dropped.
+        deliver("f", leader_epoch=2, retries=1)
+        deliver("g", leader_epoch=2, redelivered=True)
+        assert seen == ["a", "c", "d", "e", "f", "g"]
         assert acked == ["b"]
     finally:
         node.stop()
@@ -385,7 +411,7 @@ def test_fence_step_wraps_strategies_built_later(app: Celery) -> None:
     install(app)  # no @leader_only task here to add the steps by itself
     with worker(app) as w:
         strategies = w.consumer.strategies
-        assert isinstance(strategies, _FencedStrategies)
+        assert isinstance(strategies, FencedStrategies)
         w.leader_node.admit(5)
         job.apply_async(("old",), headers={"leader_epoch": 4})
         job.apply_async(("new",), headers={"leader_epoch": 5})

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import mmap
 import multiprocessing
 import os
 import signal
+import struct
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from celery_leader import _shared
-from celery_leader._shared import DeadlineTable
+from celery_leader import deadline_table
+from celery_leader.deadline_table import DeadlineTable
 
 SPAWN = multiprocessing.get_context("spawn")
 FORK = multiprocessing.get_context("fork")
@@ -90,15 +92,24 @@ def test_readers_never_see_a_torn_pair(table: DeadlineTable) -> None:
     assert torn == 0, f"{torn} torn pairs in {reads} reads"
 
 
+def _slot_words(table: DeadlineTable, index: int) -> memoryview:
+    """Slot ``index`` of the table file as int64 words, at the documented layout."""
+    with open(table.path, "r+b") as f:
+        buf = mmap.mmap(f.fileno(), 0)
+    header_len = struct.unpack_from("<I", buf, 16)[0]
+    slots_at = (24 + header_len + 63) // 64 * 64
+    return memoryview(buf)[slots_at + 32 * index : slots_at + 32 * (index + 1)].cast("q")
+
+
 def test_a_writer_stopped_mid_write(table: DeadlineTable) -> None:
     deadline = time.monotonic() + 60
     table.publish("worker", deadline, 1)
-    word = table._word(1)
-    table._ints[word] += 1  # the odd sequence number SIGSTOP mid-publish leaves
+    words = _slot_words(table, 1)
+    words[0] += 1  # the odd sequence number SIGSTOP mid-publish leaves
     # No consistent pair to be had; the deadline word alone is never torn.
     assert table.read(1) == (0.0, 0)
     assert table.checker(1)()
-    table._floats[word + 1] = 0.0
+    words.cast("B").cast("d")[1] = 0.0
     assert not table.checker(1)()
 
 
@@ -129,7 +140,7 @@ def _trust(out: multiprocessing.SimpleQueue, depth: int) -> None:  # type: ignor
         grandchild.start()
         grandchild.join()
         return
-    table = _shared.process_table()
+    table = deadline_table.process_table()
     out.put(None if table is None else table.names)
 
 
@@ -137,10 +148,10 @@ def _trust(out: multiprocessing.SimpleQueue, depth: int) -> None:  # type: ignor
 def test_only_the_owner_and_its_children_trust_the_table(
     table: DeadlineTable, context: multiprocessing.context.BaseContext
 ) -> None:
-    _shared.install(table)
+    deadline_table.set_process_table(table)
     try:
-        assert _shared.process_table() is table
-        assert os.environ[_shared.ENV_VAR] == str(table.path)
+        assert deadline_table.process_table() is table
+        assert os.environ[deadline_table.ENV_VAR] == str(table.path)
         out = context.SimpleQueue()
         for depth, expected in ((0, ["beat", "worker"]), (1, None)):
             child = context.Process(target=_trust, args=(out, depth))  # type: ignore[attr-defined]
@@ -148,9 +159,9 @@ def test_only_the_owner_and_its_children_trust_the_table(
             child.join(30)
             assert out.get() == expected
     finally:
-        _shared.install(None)
-    assert _shared.ENV_VAR not in os.environ
-    assert _shared.process_table() is None
+        deadline_table.set_process_table(None)
+    assert deadline_table.ENV_VAR not in os.environ
+    assert deadline_table.process_table() is None
 
 
 def test_open_refuses_other_files(tmp_path: Path) -> None:

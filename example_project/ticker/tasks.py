@@ -11,7 +11,7 @@ import time
 from celery import current_task, shared_task
 from django.conf import settings
 
-from celery_leader import leader_only
+from celery_leader import NotLeader, current_epoch, ensure_leader, leader_only
 
 
 def _record(task: str, request: object) -> None:
@@ -47,8 +47,45 @@ def db_tick(self) -> None:
 @shared_task
 @leader_only
 def nightly_report() -> None:
-    """Runs only on the worker that leads the ``worker`` election; others skip it.
+    """Runs once, on the worker that leads the ``worker`` election.
 
-    Send it to every worker (or from beat): the body runs once, on the leader.
+    Sent from anywhere (beat, ``delay()``), it goes to the election's leader
+    queue, which only the leading worker consumes.
     """
     _record("nightly_report", current_task.request)
+
+
+@shared_task
+@leader_only
+def rebuild_index(chunks: int = 10) -> int:
+    """A long body that checks, between chunks, that it still leads.
+
+    The check at the start of a body does not stop a body that is already
+    running when its worker loses leadership (paused, cut off, demoted).
+    ``ensure_leader()`` costs a clock read and a memory read: call it before
+    each side effect. ``current_epoch()`` is the fencing token of the term the
+    body started under; a store that keeps the highest token it has seen can
+    refuse a deposed leader's late write even if it slipped past the check.
+    Returns the number of chunks written.
+    """
+    epoch = current_epoch()
+    done = 0
+    try:
+        for chunk in range(chunks):
+            ensure_leader()  # raises NotLeader once leadership is gone
+            _write_chunk(chunk, epoch)
+            done += 1
+    except NotLeader:
+        # Stop here: the new leader runs the work from its own trigger.
+        pass
+    return done
+
+
+def _write_chunk(chunk: int, epoch: int | None) -> None:
+    line = json.dumps({"task": "rebuild_index", "chunk": chunk, "epoch": epoch})
+    fd = os.open(settings.DATA / "index.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+    time.sleep(0.1)  # stands for real work

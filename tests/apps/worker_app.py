@@ -1,12 +1,16 @@
 """A Celery app for worker tests: everything comes from environment variables.
 
 BROKER_URL (Redis: broker, result backend, leader store and the record of who
-ran what), LEADER_TTL, and optionally POOL_START_METHOD ("fork" or "spawn") and
-FENCE ("1" turns on leader_fence_tasks).
+ran what), LEADER_TTL, and optionally POOL_START_METHOD ("fork" or "spawn"),
+FENCE ("1" turns on leader_fence_tasks) and BEAT_TASK (``celery beat`` sends
+that task of this module every BEAT_EVERY seconds, default 1).
 
 Tasks record each run in Redis: ``ran:<tag>`` gets the node name once per run
 of the body, ``runs`` gets ``<tag> <node> <monotonic time>``, and ``done:<tag>``
 gets ``<state> <node>`` whenever an attempt ends (SUCCESS, IGNORED, RETRY...).
+Tasks sent by beat are tagged with their ``leader_slot``; every delivery of
+one (an attempt that starts, whatever it does) is pushed on ``deliveries``,
+and every run of its body on ``slots`` as JSON with the wall-clock time.
 CLOCK_MONOTONIC is one clock for the whole machine, so the test compares it
 with its own.
 """
@@ -16,11 +20,12 @@ from __future__ import annotations
 import json
 import os
 import time
+from typing import Any
 
 import redis
 from celery import Celery, current_task, signals
 
-from celery_leader.decorators import is_leader, leader_only
+from celery_leader import is_leader, leader_only
 
 BROKER_URL = os.environ["BROKER_URL"]
 
@@ -31,6 +36,13 @@ app.conf.worker_pool_start_method = os.environ.get("POOL_START_METHOD", "fork")
 # One message at a time per pool slot: a node does not hoard what another could run.
 app.conf.worker_prefetch_multiplier = 1
 app.conf.broker_connection_retry_on_startup = True
+if os.environ.get("BEAT_TASK"):
+    app.conf.beat_schedule = {
+        "slot": {
+            "task": f"worker_app.{os.environ['BEAT_TASK']}",
+            "schedule": float(os.environ.get("BEAT_EVERY", "1")),
+        }
+    }
 
 _redis = redis.Redis.from_url(BROKER_URL)
 
@@ -41,8 +53,59 @@ def _record(tag: str) -> None:
     _redis.rpush("runs", f"{tag} {node} {time.monotonic():.6f}")
 
 
+def _record_slot() -> None:
+    request = current_task.request
+    slot = request.leader_slot
+    _record(slot)
+    _redis.rpush(
+        "slots",
+        json.dumps(
+            {
+                "slot": slot,
+                "epoch": request.leader_epoch,
+                "node": request.hostname,
+                "at": time.time(),
+                "retries": request.retries,
+            }
+        ),
+    )
+
+
+@app.task(name="worker_app.slot_task")
+@leader_only
+def slot_task() -> None:
+    """Default settings: what beat sends runs once, on the leader."""
+    _record_slot()
+
+
+@app.task(name="worker_app.retry_once_task", bind=True)
+@leader_only
+def retry_once_task(self: Any) -> None:
+    """Works RETRY_AFTER seconds, then retries once (as after a flaky call) and runs.
+
+    The retry is published when the first attempt ends: a beat hand-over
+    meanwhile puts a retry of the old epoch in flight.
+    """
+    if self.request.retries == 0:
+        time.sleep(float(os.environ.get("RETRY_AFTER", "1.5")))
+        raise self.retry(countdown=0)
+    _record_slot()
+
+
 @app.task
 @leader_only
+def wait_task(tag: str) -> None:
+    _record(tag)
+
+
+@app.task(acks_late=True)
+@leader_only(on_follower="reject")
+def reject_task(tag: str) -> None:
+    _record(tag)
+
+
+@app.task
+@leader_only(on_follower="skip")
 def skip_task(tag: str) -> None:
     _record(tag)
 
@@ -74,6 +137,13 @@ def probe(tag: str, seconds: float) -> None:
     while time.monotonic() < end:
         _redis.rpush(f"probe:{tag}", json.dumps([time.monotonic(), is_leader()]))
         time.sleep(0.01)
+
+
+@signals.task_prerun.connect
+def _delivered(task: Any = None, args: tuple[object, ...] = (), **_: object) -> None:
+    request = current_task.request
+    tag = getattr(request, "leader_slot", None) or (args[0] if args else request.id)
+    _redis.rpush("deliveries", f"{tag} {request.hostname}")
 
 
 @signals.task_postrun.connect

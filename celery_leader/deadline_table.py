@@ -199,6 +199,17 @@ class DeadlineTable:
                 return valid_until, epoch
         return 0.0, 0
 
+    def epoch_reader(self, index: int) -> Callable[[], int | None]:
+        """A function: the epoch in slot ``index`` while its deadline lies ahead, else None."""
+        read = self.read
+        monotonic = time.monotonic
+
+        def epoch() -> int | None:
+            valid_until, value = read(index)
+            return value if monotonic() < valid_until else None
+
+        return epoch
+
     def checker(self, index: int) -> Callable[[], bool]:
         """A function telling whether the deadline in slot ``index`` lies ahead.
 
@@ -249,13 +260,18 @@ def sweep_stale(directory: Path) -> None:
             os.close(fd)
 
 
-_installed: DeadlineTable | None = None
+_current: DeadlineTable | None = None
 
 
-def install(table: DeadlineTable | None) -> None:
-    """Make ``table`` this process's table (the worker's main process), or forget it."""
-    global _installed
-    _installed = table
+def set_process_table(table: DeadlineTable | None) -> None:
+    """Serve ``table`` to this process and the pool processes it starts, or stop serving.
+
+    Called by the worker's main process before its pool starts (forked
+    children inherit the mapping, spawned ones open the file named by
+    :data:`ENV_VAR`), and with ``None`` once the pool has stopped.
+    """
+    global _current
+    _current = table
     if table is None:
         os.environ.pop(ENV_VAR, None)
     else:
@@ -263,26 +279,22 @@ def install(table: DeadlineTable | None) -> None:
         os.environ[ENV_VAR] = str(table.path)
 
 
-def installed() -> DeadlineTable | None:
-    """The table :func:`install` made current in this process, if any."""
-    return _installed
-
-
 def process_table() -> DeadlineTable | None:
     """The table this process may trust, if any.
 
-    The owner's table (inherited as is by forked children), else the file that
-    :data:`ENV_VAR` names (spawned children). ``None`` when neither exists or
-    this process is not the owner or one of its direct children.
+    The table :func:`set_process_table` gave (inherited as is by forked
+    children), else the file that :data:`ENV_VAR` names (spawned children).
+    ``None`` when neither exists or this process is not the owner or one of
+    its direct children.
     """
-    global _installed
-    table = _installed
+    global _current
+    table = _current
     if table is None:
         path = os.environ.get(ENV_VAR)
         if not path:
             return None
         try:
-            table = _installed = DeadlineTable.open(path)
+            table = _current = DeadlineTable.open(path)
         except (OSError, ValueError):
             return None
     return table if table.trusted_here() else None

@@ -1,0 +1,257 @@
+"""Who leads, as seen from this process: the registry behind ``is_leader()``.
+
+A check of leadership comes from one of two places, in the order tried:
+
+1. the worker's deadline table (:mod:`celery_leader.deadline_table`), which
+   the worker's main process fills for every election it joined when it
+   started: a pool process reads one float from shared memory, no round trip;
+2. otherwise a lease that this process joins on first use, with the settings
+   of the Celery app (a plain function in a web process, a script, or an
+   election first named after the worker started).
+
+Each (app, election) pair resolves once to a :class:`View` and is cached; the
+worker calls :func:`forget_views` when it serves a new table.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from . import deadline_table
+from .backends import create_backend
+from .backends.base import Backend
+from .config import LeaderConfig, validate_name
+from .exceptions import NotLeader, StoreUnavailable, missing_extra
+from .lease import Lease
+
+try:
+    from celery import signals
+    from celery._state import get_current_app
+except ModuleNotFoundError as exc:
+    raise missing_extra(exc, "celery") from None
+
+__all__ = [
+    "View",
+    "cached_check",
+    "config_of",
+    "current_epoch",
+    "ensure_leader",
+    "forget_views",
+    "is_leader",
+    "name_election",
+    "named_elections",
+    "stop_local_leases",
+    "view",
+]
+
+logger = logging.getLogger("celery_leader.leadership")
+
+
+@dataclass(frozen=True)
+class View:
+    """This process's view of one election: two cheap calls, no I/O."""
+
+    #: True while this process (or its worker) leads.
+    leads: Callable[[], bool]
+    #: The fencing token of the current term while leading, else None.
+    epoch: Callable[[], int | None]
+
+
+# Elections named by decorated functions in this process; the worker joins
+# them all (plus leader_worker_election) when it starts.
+_named: set[str] = set()
+
+# (app, election as asked: None = the app's default) -> view, and its leads().
+_views: dict[tuple[Any, str | None], View] = {}
+_checks: dict[tuple[Any, str | None], Callable[[], bool]] = {}
+
+#: ``cached_check((app, election))``: the resolved ``leads()`` of a view, or
+#: ``None`` before :func:`view` resolved it. ``@leader_only``'s hot path: one
+#: dict lookup in C, no Python frame.
+cached_check = _checks.get
+_configs: dict[Any, LeaderConfig] = {}
+_local_leases: dict[tuple[Any, str], Lease] = {}
+_local_backends: dict[Any, Backend] = {}
+_lock = threading.RLock()
+
+
+def name_election(election: str) -> None:
+    """Record that a function of this process uses ``election`` (the worker joins it)."""
+    _named.add(election)
+
+
+def named_elections() -> frozenset[str]:
+    """Elections named by decorated functions imported so far."""
+    return frozenset(_named)
+
+
+def config_of(app: Any) -> LeaderConfig:
+    """The validated settings of ``app``, read once per process."""
+    config = _configs.get(app)
+    if config is None:
+        config = _configs[app] = LeaderConfig.from_app(app)
+    return config
+
+
+def view(app: Any, election: str | None) -> View:
+    """The cached view of ``election`` (``None``: the app's default) for ``app``."""
+    try:
+        return _views[app, election]
+    except KeyError:
+        return _resolve(app, election)
+
+
+def is_leader(election: str | None = None, *, app: Any = None) -> bool:
+    """True while this process (or its worker) leads ``election``.
+
+    The same check ``@leader_only`` makes: in a worker's pool process it reads
+    the deadline the worker published; elsewhere it joins the election on the
+    first call. ``election`` defaults to ``leader_worker_election`` and
+    ``app`` to the current Celery app.
+    """
+    return _view_for(election, app).leads()
+
+
+def current_epoch(election: str | None = None, *, app: Any = None) -> int | None:
+    """The fencing token of this process's term of ``election``; ``None`` when not leading.
+
+    Epochs only grow: pass it with a write to a store that remembers the
+    highest one it has seen, and a deposed leader's late write is refused.
+    """
+    return _view_for(election, app).epoch()
+
+
+def ensure_leader(election: str | None = None, *, app: Any = None) -> None:
+    """Raise :class:`~celery_leader.exceptions.NotLeader` unless this process leads ``election``.
+
+    As cheap as :func:`is_leader` (a clock read and a memory read): call it
+    between the steps of a long task body, before each side effect.
+    """
+    app = get_current_app() if app is None else app
+    if not _view_for(election, app).leads():
+        name = config_of(app).worker_election if election is None else election
+        raise NotLeader(
+            f"this process does not lead {name!r} (any more): stop before the next "
+            "side effect; another instance may lead by now"
+        )
+
+
+def forget_views() -> None:
+    """Drop cached views so the next check resolves again (a table appeared or went)."""
+    with _lock:
+        _views.clear()
+        _checks.clear()
+
+
+def stop_local_leases() -> None:
+    """Leave the elections this process joined by itself: another takes over at once."""
+    with _lock:
+        leases = list(_local_leases.values())
+        _local_leases.clear()
+        _views.clear()
+        _checks.clear()
+    for lease in leases:
+        try:
+            lease.stop()
+        except Exception:  # best effort: often called while the interpreter exits
+            logger.debug("celery-leader: could not stop %r", lease.election, exc_info=True)
+
+
+def _view_for(election: str | None, app: Any) -> View:
+    if election is not None:
+        validate_name("election", election)
+    return view(get_current_app() if app is None else app, election)
+
+
+def _resolve(app: Any, key: str | None) -> View:
+    with _lock:
+        found = _views.get((app, key))
+        if found is not None:
+            return found
+        config = config_of(app)
+        election = config.worker_election if key is None else key
+        table = deadline_table.process_table()
+        if table is not None and table.store != deadline_table.store_id(
+            config.url, config.key_prefix
+        ):
+            table = None  # another app's worker: its leases are not ours
+        index = None if table is None else table.index(election)
+        if table is not None and index is not None:
+            found = View(table.checker(index), table.epoch_reader(index))
+        else:
+            lease = _local_lease(app, election)
+            found = View(lease.is_leader, lambda: lease.epoch)
+        _views[app, key] = found
+        _checks[app, key] = found.leads
+        return found
+
+
+def _local_lease(app: Any, election: str) -> Lease:
+    """Join ``election`` from this process, once, and wait for the first outcome.
+
+    Waiting (at most one store timeout) means the first call already knows
+    whether it leads, instead of always answering "no".
+    """
+    lease = _local_leases.get((app, election))
+    if lease is not None:
+        return lease
+    config = config_of(app)
+    backend = _local_backends.get(app)
+    if backend is None:
+        backend = _local_backends[app] = create_backend(config)
+    decided = threading.Event()
+    lease = Lease.from_config(election, config, backend, on_elected=lambda _lease: decided.set())
+    _local_leases[app, election] = lease
+    logger.info(
+        "celery-leader: %s joins election %r from this process (store %s)",
+        config.instance_id,
+        election,
+        config.display_url,
+    )
+    lease.start()
+    deadline = time.monotonic() + backend.timeout
+    while not decided.wait(0.01) and time.monotonic() < deadline:
+        try:
+            holder = lease.holder()
+        except StoreUnavailable:
+            break
+        if holder is not None and holder.instance_id != config.instance_id:
+            break
+    return lease
+
+
+def _after_fork_in_child() -> None:
+    # The parent's lease threads do not exist here and their deadlines would
+    # freeze; the child resolves again (table if trusted, else its own lease).
+    global _lock
+    _lock = threading.RLock()
+    _views.clear()
+    _checks.clear()
+    _local_leases.clear()
+    _local_backends.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+atexit.register(stop_local_leases)
+
+
+def _open_table(**_: Any) -> None:
+    """Map the worker's table as a pool process starts.
+
+    Then a spawned process keeps its mapping even if the worker removes the
+    file while shutting down.
+    """
+    deadline_table.process_table()
+    forget_views()
+
+
+signals.worker_process_init.connect(
+    _open_table, weak=False, dispatch_uid="celery_leader.open_table"
+)
