@@ -90,6 +90,7 @@ class HealthFile:
         self._lock = threading.Lock()
         self._last_write = 0.0
         self._last_facts: tuple[Any, ...] = ()
+        self._written_deadline = 0.0  # monotonic tick deadline in the file
 
     def snapshot(self) -> dict[str, Any]:
         """What the file holds: see docs/operations.md for each field."""
@@ -116,14 +117,22 @@ class HealthFile:
         return data
 
     def write(self, *, force: bool = True) -> None:
-        """Rewrite the file; with ``force=False`` skip it if only times changed lately."""
+        """Rewrite the file; with ``force=False`` skip it if only times changed lately
+        and the tick deadline in the file is not about to pass."""
         data = self.snapshot()
         facts = (data["role"], data["epoch"], data["store_reachable"])
         with self._lock:
             now = time.monotonic()
-            if not force and facts == self._last_facts and now - self._last_write < MIN_REWRITE:
+            deadline = now + (self.watchdog.remaining() if self.watchdog is not None else 0.0)
+            if (
+                not force
+                and facts == self._last_facts
+                and now - self._last_write < MIN_REWRITE
+                and (self.watchdog is None or self._written_deadline - now > MIN_REWRITE)
+            ):
                 return
             self._last_write, self._last_facts = now, facts
+            self._written_deadline = deadline
             try:
                 _atomic_write(self.path, json.dumps(data))
             except OSError:
