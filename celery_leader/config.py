@@ -225,7 +225,7 @@ def check_ttl(ttl: float, renew: float, ttl_name: str, renew_name: str) -> None:
     raised to it, a renewal can then outlast the leader's belief, and the lease
     flaps (ttl 0.01: 29 hand-overs in 9 s). High end: :data:`MAX_TTL`.
     """
-    if min(renew, ttl - renew) < STORE_TIMEOUT_FLOOR:
+    if min(renew, ttl - renew) < STORE_TIMEOUT_FLOOR - 1e-9:  # ttl / 3 rounds down
         raise ConfigError(
             f"{ttl_name} is too short: {renew_name} ({renew:g} s) and {ttl_name} less "
             f"{renew_name} ({ttl - renew:g} s) must each be at least the store call "
