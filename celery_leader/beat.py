@@ -321,6 +321,7 @@ class LeaderSchedulerMixin:
             return self.max_interval
         due: list[tuple[Any, ScheduleEntry, float]] = []
         later: list[Any] = []
+        now: datetime | None = None  # one reading of the clock for the whole pass
         while heap and len(due) < BATCH:
             event = heap[0]
             entry = event[2]
@@ -328,6 +329,13 @@ class LeaderSchedulerMixin:
                 break
             heapq.heappop(heap)
             self._adopt(entry)
+            now = now or entry.default_now()
+            wait = _until_due(entry, now)
+            if wait is not None and wait > 0:
+                # Entries of one slot are judged against the same instant, so the
+                # clock passing their due time mid-pass cannot split their batch.
+                later.append(event_t(self._when(entry, wait), event[1], entry))
+                continue
             try:
                 is_due, next_time = self.is_due(entry)
             except Exception:
@@ -686,6 +694,15 @@ def _on_grid(entry: ScheduleEntry) -> bool:
         and not sched.relative
         and sched.run_every.total_seconds() > 0
     )
+
+
+def _until_due(entry: ScheduleEntry, now: datetime) -> float | None:
+    """Seconds from ``now`` to the next slot of an interval entry; ``None`` when
+    ``is_due`` alone can tell (other schedules, or an ``is_due`` of its own)."""
+    sched = entry.schedule
+    if not _on_grid(entry) or type(sched).is_due is not schedule.is_due or not entry.last_run_at:
+        return None
+    return (_aware(entry, entry.last_run_at) + sched.run_every - _aware(entry, now)).total_seconds()  # type: ignore[no-any-return]
 
 
 def _anchor(entry: ScheduleEntry) -> datetime:

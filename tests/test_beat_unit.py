@@ -731,10 +731,10 @@ def test_interval_entries_sharing_a_period_stay_in_one_claim_round_trip(
     assert all(n == count for due, n in dues.items() if due != max(dues))
     assert all(round(due_of(f"x@{due}").timestamp() * 4, 6).is_integer() for due in dues)
     batches = [len(call[3]) for call in claims.calls]
-    # The anchors, then one claim per round (a round may split once in two, when the
-    # clock passes the due time while the entries are being looked at).
+    # The anchors, then one claim per round.
     assert batches[0] == count
-    assert len(batches) - 1 <= 2 * len(dues)
+    assert batches[1:] == [count] * (len(batches) - 1)
+    assert len(batches) - 1 <= len(dues)
 
 
 def test_health_file_follows_the_role_and_the_watchdog(
