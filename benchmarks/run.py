@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script: make ``benchmarks`` and ``tests`` importable
 
-from benchmarks import failover, store_load  # noqa: E402
+from benchmarks import beat_load, failover, store_load  # noqa: E402
 from harness.groups import kill_all  # noqa: E402
 from harness.servers import PG_BIN  # noqa: E402
 
@@ -292,6 +292,13 @@ def report(args: argparse.Namespace, image: str) -> str:
     sections.append(
         f"## 5. Store load: {store_load.HOLDERS} lease holders, {store_load.ELECTIONS} "
         f"elections, ttl {store_load.TTL:g} s\n\n{store_load.table(loads)}"
+    )
+    load_minutes = 1 if args.quick else 10
+    log(f"6. beat store load ({load_minutes} min)")
+    rows = beat_load.run(load_minutes, 200, 3, log)
+    sections.append(
+        f"## 6. Beat store load over {load_minutes} min: 3 beats, 200 entries every "
+        f"{beat_load.EVERY:g} s\n\n{beat_load.table(rows, 200, 3)}"
     )
     minutes = (time.monotonic() - started) / 60
     head = (
