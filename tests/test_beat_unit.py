@@ -763,3 +763,21 @@ def test_health_file_follows_the_role_and_the_watchdog(
     scheduler.tick()
     ok, line = check(path)
     assert ok and line.startswith("OK: follower of 'beat'"), line
+
+
+def test_a_term_lost_while_loading_the_state_is_named_as_such(
+    app: Celery,
+    make_scheduler: Callable[..., LeaderScheduler],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The store refuses every anchor claim at once: what it does when the term is gone.
+    app.conf.beat_schedule = {"a": every(5), "b": every(5)}
+    monkeypatch.setattr(
+        MemoryBackend, "claim", lambda self, election, tenure, claims: [False] * len(claims)
+    )
+    scheduler = make_scheduler()
+    wait_leading(scheduler)
+    assert scheduler.tick() == FOLLOWER_INTERVAL
+    assert "ended while loading the schedule state" in caplog.text
+    assert "changed while loading" not in caplog.text
