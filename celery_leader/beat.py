@@ -121,6 +121,8 @@ class LeaderSchedulerMixin:
         app = kwargs.get("app", args[0] if args else None)
         # Validate at start-up, so bad settings fail before beat runs.
         self.leader_config = LeaderConfig.from_app(app)
+        if self.leader_config.metrics_port is not None:
+            metrics.require()
         self._backend: Backend | None = None
         self._lease: Lease | None = None
         self._led_epoch: int | None = None  # epoch whose state we loaded

@@ -71,7 +71,8 @@ class Lease:
     """
 
     #: Why the last term ended: ``"expired"``, ``"lost"``, ``"resigned"``,
-    #: ``"stopping"``, ``"unhealthy"``, ``"stepped_down"`` or ``"error"``.
+    #: ``"stopping"``, ``"unhealthy"``, ``"error"``, or the ``kind`` given to
+    #: :meth:`step_down` (beat's ``"publish_failures"``).
     last_demotion: str | None = None
 
     def __init__(

@@ -109,6 +109,14 @@ _servers: dict[int, Any] = {}
 _lock = threading.Lock()
 
 
+def require() -> None:
+    """Fail now, in one line naming the ``[metrics]`` extra, if ``prometheus_client`` is missing."""
+    try:
+        import prometheus_client  # noqa: F401
+    except ModuleNotFoundError as exc:
+        raise missing_extra(exc, "metrics") from None
+
+
 def serve(port: int, addr: str = "0.0.0.0") -> None:  # noqa: S104 - probes come from outside
     """Create the metrics and serve them over HTTP on ``port`` (once per process and port).
 
