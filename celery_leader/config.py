@@ -146,7 +146,7 @@ class LeaderConfig:
             tick_timeout = _positive("leader_tick_timeout", tick_timeout, ttl)
         if tick_timeout is not None and tick_timeout > MAX_TTL:
             raise ConfigError(
-                f"leader_tick_timeout must be at most {MAX_TTL:g} s (got {tick_timeout:g})"
+                f"leader_tick_timeout must be at most {MAX_TTL:,.0f} s (got {tick_timeout:g})"
             )
         grace = values.get("leader_missed_slots_grace")
         return cls(
@@ -235,7 +235,7 @@ def check_ttl(ttl: float, renew: float, ttl_name: str, renew_name: str) -> None:
         )
     if ttl > MAX_TTL:
         raise ConfigError(
-            f"{ttl_name} must be at most {MAX_TTL:g} s (about 24.8 days, the longest ttl "
+            f"{ttl_name} must be at most {MAX_TTL:,.0f} s (about 24.8 days, the longest ttl "
             f"every store can represent; got {ttl:g})"
         )
 
