@@ -206,6 +206,58 @@ def test_broker_partition_of_the_leader_hands_over_and_loses_nothing(
 
 
 @pytest.mark.slow
+def test_a_leader_whose_broker_refuses_hands_back_and_resigns(
+    redis_server: RedisServer,
+    redis_url: str,
+    lease_store: RedisServer,
+    beat_holder: Callable[[str], Holder],
+    tcp_proxy: Callable[[str, int], TcpProxy],
+    procs: Procs,
+    tap: BrokerTap,
+    tmp_path: Path,
+) -> None:
+    # The leader's broker proxy stops listening: every publish is refused, nothing is
+    # sent, so each slot is handed back; after 3 failures in a row the leader resigns.
+    every = 0.5
+    proxies = [tcp_proxy("127.0.0.1", redis_server.port) for _ in range(3)]
+    beats = start_beats(
+        procs,
+        tmp_path,
+        env(redis_url, every, CELERY_LEADER_MISSED_SLOTS="all"),
+        lease_store,
+        beat_holder(lease_store.url),
+        place_env=[{"BROKER_URL": proxy.url_for(redis_url)} for proxy in proxies],
+    )
+    wait_for(lambda: len(tap.published()) >= 4, 15, message="no dispatch")
+    place, proc, epoch = beats.leader()
+    at_wall, at = time.time(), time.monotonic()
+    proxies[place].close()
+    first = first_of_other_term(tap, at, epoch, TTL + 10)
+    handover = first.seen - at
+    wait_for(lambda: len(tap.after(first.seen)) >= 6, 10, message="the new leader stalled")
+    end_wall = wall(first)
+    due_in = [
+        round((at_wall // every + k) * every, 3)
+        for k in range(1, 100)
+        if (at_wall // every + k) * every <= end_wall
+    ]
+    by_due = Counter(round(due(p), 3) for p in tap.published() if entry_of(p) == "tick")
+    output = proc.output()
+    handed_back = re.findall(r"handed back unsent slot\(s\) (tick@\S+?)[:,]? ", output)
+    print(
+        f"\nbroker refusing the leader, ttl {TTL:g} s, every {every:g} s: another replica "
+        f"dispatched after {handover:.2f} s; {len(due_in)} slots due meanwhile, sent once "
+        f"{sum(by_due[d] == 1 for d in due_in)}; handed back by the old leader: {handed_back}"
+    )
+    assert "3 publishes failed in a row" in output
+    assert len(handed_back) == 3
+    assert all(by_due[round(due(Publish(0, slot, 0, 0)), 3)] == 1 for slot in handed_back)
+    assert [d for d in due_in if by_due[d] != 1] == []
+    assert handover <= TTL + 2
+    assert_no_problems(tap)
+
+
+@pytest.mark.slow
 def test_a_hung_tick_hands_over_and_the_health_check_fails(
     redis_url: str,
     lease_store: RedisServer,
