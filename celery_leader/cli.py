@@ -1,18 +1,18 @@
-"""``celery -A proj leader status|resign``: see and steer the elections.
+"""``celery -A proj leader status|resign|check``: see and steer the elections.
 
 Registered through the ``celery.commands`` entry point, so it is a
 subcommand of Celery's own click CLI and gets ``-A`` and the app's settings.
+What each command does lives in :mod:`celery_leader.ops`, shared with
+``python -m celery_leader``.
 """
 
 from __future__ import annotations
 
-import json
-import time
-from typing import Any
+from typing import NoReturn
 
-from .backends import Backend, HolderInfo, create_backend
-from .config import LeaderConfig, validate_name
-from .exceptions import ConfigError, StoreUnavailable, missing_extra
+from . import ops
+from .config import LeaderConfig
+from .exceptions import ConfigError, missing_extra
 
 try:
     import click
@@ -20,56 +20,39 @@ except ModuleNotFoundError as exc:
     raise missing_extra(exc, "celery") from None
 
 
-def _setup(ctx: click.Context) -> tuple[LeaderConfig, Backend]:
-    app = ctx.obj.app
+def _config(ctx: click.Context) -> LeaderConfig:
     try:
-        config = LeaderConfig.from_app(app)
-        return config, create_backend(config)
+        return LeaderConfig.from_app(ctx.obj.app)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc
 
 
-def _row(election: str, info: HolderInfo | None) -> dict[str, Any]:
-    return {
-        "election": election,
-        "holder": None if info is None else info.instance_id,
-        "epoch": None if info is None else info.epoch,
-        "ttl_remaining": None if info is None else info.ttl_remaining,
-    }
+def _fail(exc: ops.OpsError) -> NoReturn:
+    click.echo(f"Error: {exc}", err=True)
+    raise SystemExit(exc.code)
 
 
 @click.group(name="leader")
 def leader() -> None:
-    """Leader elections of celery-leader: who leads, and hand-over."""
+    """Leader elections of celery-leader: who leads, hand-over, health."""
 
 
 @leader.command()
+@click.argument("elections", nargs=-1)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.pass_context
-def status(ctx: click.Context, as_json: bool) -> None:
-    """Print holder, epoch and time left on the lease of every election."""
-    config, backend = _setup(ctx)
+def status(ctx: click.Context, elections: tuple[str, ...], as_json: bool) -> None:
+    """Print holder, epoch and time left on the lease of every election (or of ELECTIONS).
+
+    Exits 0 when a leader exists (with ELECTIONS: when each of them has one),
+    3 when nobody leads, 2 when the store is unreachable.
+    """
+    config = _config(ctx)
     try:
-        names = sorted(set(backend.elections()) | {config.beat_election, config.worker_election})
-        rows = [_row(name, backend.holder(name)) for name in names]
-    except StoreUnavailable as exc:
-        raise click.ClickException(f"store {config.display_url} unreachable: {exc}") from exc
-    finally:
-        backend.close()
-    if as_json:
-        click.echo(json.dumps({"store": config.display_url, "elections": rows}, indent=2))
-        return
-    click.echo(f"store: {config.display_url}")
-    click.echo(f"{'ELECTION':<20} {'HOLDER':<32} {'EPOCH':>6} {'TTL LEFT':>9}")
-    for row in rows:
-        ttl = row["ttl_remaining"]
-        left = "-" if ttl is None else f"{ttl:.1f}s"
-        if row["holder"] is not None and ttl is None:
-            left = "held"  # a store that frees the lock only when the holder ends
-        click.echo(
-            f"{row['election']:<20} {row['holder'] or '(nobody)':<32} "
-            f"{row['epoch'] if row['epoch'] is not None else '-':>6} {left:>9}"
-        )
+        code = ops.status(config, click.echo, elections, as_json)
+    except ops.OpsError as exc:
+        _fail(exc)
+    raise SystemExit(code)
 
 
 @leader.command()
@@ -82,30 +65,23 @@ def resign(ctx: click.Context, election: str | None, wait: bool) -> None:
     The holder steps down at its next renewal and sits out one renew
     interval, so another instance takes over.
     """
-    config, backend = _setup(ctx)
-    name = election or config.beat_election
+    config = _config(ctx)
     try:
-        validate_name("election", name)
-        info = backend.request_resign(name)
-        if info is None:
-            raise click.ClickException(f"nobody leads {name!r}; nothing to resign")
-        click.echo(f"asked {info.instance_id} (epoch {info.epoch}) to hand over {name!r}")
-        if not wait:
-            return
-        # The holder acts at its next renewal; a follower then needs up to one
-        # more renew interval (plus the ttl if a release goes unannounced).
-        patience = 2 * config.renew_interval + config.ttl
-        deadline = time.monotonic() + patience
-        while time.monotonic() < deadline:
-            now = backend.holder(name)
-            if now is not None and now.epoch > info.epoch:
-                click.echo(f"{now.instance_id} leads {name!r} now (epoch {now.epoch})")
-                return
-            time.sleep(0.05)
-        raise click.ClickException(f"no new holder of {name!r} within {patience:g} s")
-    except ConfigError as exc:
-        raise click.UsageError(str(exc)) from exc
-    except StoreUnavailable as exc:
-        raise click.ClickException(f"store {config.display_url} unreachable: {exc}") from exc
-    finally:
-        backend.close()
+        ops.resign(config, click.echo, election, wait)
+    except ops.OpsError as exc:
+        _fail(exc)
+
+
+@leader.command()
+@click.option("--max-age", type=float, help="Fail when the file is older (default: its own bound).")
+@click.option("--file", "path", help="Health file (default: the leader_health_file setting).")
+@click.pass_context
+def check(ctx: click.Context, max_age: float | None, path: str | None) -> None:
+    """Liveness probe: read the health file, print one line, exit 0 (healthy) or 1."""
+    if path is None:
+        try:
+            path = LeaderConfig.from_app(ctx.obj.app).health_file
+        except ConfigError as exc:
+            click.echo(f"UNHEALTHY: {exc}")
+            raise SystemExit(ops.EXIT_FAILED) from exc
+    raise SystemExit(ops.check(path, click.echo, max_age))

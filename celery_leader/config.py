@@ -39,6 +39,18 @@ MARGIN = 0.005
 DEFAULT_TTL = 15.0
 DEFAULT_KEY_PREFIX = "celery_leader"
 
+#: The shortest deadline a store call gets (``backends.store_timeout`` never
+#: goes below it): under it a healthy store on a busy host misses deadlines.
+STORE_TIMEOUT_FLOOR = 0.05
+#: The longest ttl every store can represent: PostgreSQL's
+#: ``idle_session_timeout`` (the ttl there) is a 32-bit count of milliseconds.
+MAX_TTL = 2_147_483.0
+
+#: ``leader_missed_slots`` values: what a leader sends for the slots of an
+#: entry that fell due while nobody dispatched (see docs/operations.md).
+MISSED_SLOTS = ("once", "skip", "all")
+DEFAULT_MAX_PUBLISH_FAILURES = 3
+
 
 @dataclass(frozen=True)
 class LeaderConfig:
@@ -52,6 +64,18 @@ class LeaderConfig:
     worker_election: str
     instance_id: str
     fence_tasks: bool
+    #: Beat's tick watchdog: a scheduler that has not finished a tick for this
+    #: long stops renewing and hands over (``None``: the ttl).
+    tick_timeout: float | None = None
+    #: Consecutive failed publishes after which a beat leader resigns.
+    max_publish_failures: int = DEFAULT_MAX_PUBLISH_FAILURES
+    #: File rewritten with this instance's health (``None``: none).
+    health_file: str | None = None
+    #: Port of the Prometheus endpoint (``None``: no endpoint).
+    metrics_port: int | None = None
+    missed_slots: str = "once"
+    #: A missed slot due longer ago than this is never sent (``None``: no limit).
+    missed_slots_grace: float | None = None
 
     @property
     def display_url(self) -> str:
@@ -65,6 +89,11 @@ class LeaderConfig:
         if store is None:  # only a LeaderConfig built by hand, not by from_mapping
             raise ConfigError(f"leader_url {mask_url(self.url)!r} names no known store")
         return store
+
+    @property
+    def watchdog_timeout(self) -> float:
+        """``tick_timeout``, or the ttl when it is not set."""
+        return self.ttl if self.tick_timeout is None else self.tick_timeout
 
     @property
     def store_kind(self) -> str:
@@ -111,6 +140,15 @@ class LeaderConfig:
         # one before the lease runs out (the seeds' 5 s / 15 s split).
         renew = _positive("leader_renew_interval", values.get("leader_renew_interval"), ttl / 3)
         check_timing(ttl, renew, "leader_ttl", "leader_renew_interval")
+        check_ttl(ttl, renew, "leader_ttl", "leader_renew_interval")
+        tick_timeout = values.get("leader_tick_timeout")
+        if tick_timeout is not None:
+            tick_timeout = _positive("leader_tick_timeout", tick_timeout, ttl)
+        if tick_timeout is not None and tick_timeout > MAX_TTL:
+            raise ConfigError(
+                f"leader_tick_timeout must be at most {MAX_TTL:,.0f} s (got {tick_timeout:g})"
+            )
+        grace = values.get("leader_missed_slots_grace")
         return cls(
             url=url,
             ttl=ttl,
@@ -124,6 +162,20 @@ class LeaderConfig:
             ),
             instance_id=_instance_id(values.get("leader_instance_id")),
             fence_tasks=_bool("leader_fence_tasks", values.get("leader_fence_tasks"), False),
+            tick_timeout=tick_timeout,
+            max_publish_failures=_count(
+                "leader_max_publish_failures",
+                values.get("leader_max_publish_failures"),
+                DEFAULT_MAX_PUBLISH_FAILURES,
+            ),
+            health_file=_path("leader_health_file", values.get("leader_health_file")),
+            metrics_port=_port("leader_metrics_port", values.get("leader_metrics_port")),
+            missed_slots=validate_missed_slots(
+                "leader_missed_slots", values.get("leader_missed_slots", "once") or "once"
+            ),
+            missed_slots_grace=validate_grace(
+                "leader_missed_slots_grace", None if grace == "" else grace
+            ),
         )
 
 
@@ -136,6 +188,12 @@ _KEYS = (
     "leader_worker_election",
     "leader_instance_id",
     "leader_fence_tasks",
+    "leader_tick_timeout",
+    "leader_max_publish_failures",
+    "leader_health_file",
+    "leader_metrics_port",
+    "leader_missed_slots",
+    "leader_missed_slots_grace",
 )
 
 
@@ -157,6 +215,41 @@ def check_timing(ttl: float, renew: float, ttl_name: str, renew_name: str) -> No
             f"{DRIFT:.0%} and {MARGIN * 1000:g} ms, so that the leader renews before its "
             f"lease runs out (got renew interval {renew:g} s, ttl {ttl:g} s)"
         )
+
+
+def check_ttl(ttl: float, renew: float, ttl_name: str, renew_name: str) -> None:
+    """Bounds of the ttl that the lease's timing arithmetic needs, one line each.
+
+    Low end: a renewal gets ``store_timeout = min(renew, ttl - renew)`` to answer,
+    never less than :data:`STORE_TIMEOUT_FLOOR`. Below the floor the deadline is
+    raised to it, a renewal can then outlast the leader's belief, and the lease
+    flaps (ttl 0.01: 29 hand-overs in 9 s). High end: :data:`MAX_TTL`.
+    """
+    if min(renew, ttl - renew) < STORE_TIMEOUT_FLOOR - 1e-9:  # ttl / 3 rounds down
+        raise ConfigError(
+            f"{ttl_name} is too short: {renew_name} ({renew:g} s) and {ttl_name} less "
+            f"{renew_name} ({ttl - renew:g} s) must each be at least the store call "
+            f"deadline floor of {STORE_TIMEOUT_FLOOR * 1000:g} ms, so a renewal can answer "
+            f"before the lease runs out (ttl {ttl:g} s; at least {3 * STORE_TIMEOUT_FLOOR:g} s "
+            "with the default renew interval)"
+        )
+    if ttl > MAX_TTL:
+        raise ConfigError(
+            f"{ttl_name} must be at most {MAX_TTL:,.0f} s (about 24.8 days, the longest ttl "
+            f"every store can represent; got {ttl:g})"
+        )
+
+
+def validate_missed_slots(setting: str, value: object) -> str:
+    """Check a missed-slot policy: ``"once"``, ``"skip"`` or ``"all"``."""
+    if value not in MISSED_SLOTS:
+        raise ConfigError(f"{setting} must be one of {', '.join(MISSED_SLOTS)} (got {value!r})")
+    return str(value)
+
+
+def validate_grace(setting: str, value: object) -> float | None:
+    """Check a missed-slot grace window: seconds greater than 0, or ``None``."""
+    return None if value is None else _positive(setting, value, 0.0)
 
 
 def validate_name(setting: str, value: object) -> str:
@@ -209,6 +302,48 @@ def _positive(setting: str, value: object, default: float) -> float:
     if not math.isfinite(number) or number <= 0:
         raise ConfigError(f"{setting} must be a number of seconds greater than 0 (got {value!r})")
     return number
+
+
+def _whole(value: object) -> int:
+    """``value`` as an int if it is a whole number (or its string), else ValueError."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError
+    number = float(value)
+    if not number.is_integer():
+        raise ValueError
+    return int(number)
+
+
+def _count(setting: str, value: object, default: int) -> int:
+    if value is None:
+        return default
+    try:
+        number = _whole(value)
+    except (ValueError, OverflowError):
+        raise ConfigError(f"{setting} must be a whole number (got {value!r})") from None
+    if number < 1:
+        raise ConfigError(f"{setting} must be at least 1 (got {value!r})")
+    return number
+
+
+def _path(setting: str, value: object) -> str | None:
+    if value in (None, ""):
+        return None
+    if not isinstance(value, str):
+        raise ConfigError(f"{setting} must be a file path (got {value!r})")
+    return value
+
+
+def _port(setting: str, value: object) -> int | None:
+    if value in (None, ""):
+        return None
+    try:
+        port = _whole(value)
+    except (ValueError, OverflowError):
+        raise ConfigError(f"{setting} must be a TCP port number (got {value!r})") from None
+    if not 0 < port < 65536:
+        raise ConfigError(f"{setting} must be a TCP port from 1 to 65535 (got {value!r})")
+    return port
 
 
 def _name(setting: str, value: object, default: str) -> str:

@@ -15,7 +15,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from ._urls import mask_url
@@ -29,12 +30,22 @@ logger = logging.getLogger("celery_leader.lease")
 #: they do not find it a hair before the store expires it.
 FOLLOWER_SLACK = 0.005
 
+#: How often a leader with a ``health_check`` asks it (a local call, no I/O),
+#: so an unhealthy leader hands over within this of the check failing.
+HEALTH_POLL = 0.1
+
 Callback = Callable[["Lease"], Any]
 
 #: Called as ``hook(event, lease, epoch)`` after every announced transition,
 #: ``event`` being ``"elected"`` or ``"demoted"``. :mod:`celery_leader.signals`
 #: adds Celery's signals here; the lease itself needs no task queue.
 transition_hooks: list[Callable[[str, Lease, int], None]] = []
+
+
+#: Called as ``hook(lease, operation, seconds, ok)`` after every store call made
+#: through :meth:`Lease.observe` (the lease's own, and beat's loads and claims):
+#: what :mod:`celery_leader.metrics` counts round trips and store errors with.
+store_hooks: list[Callable[[Lease, str, float, bool], None]] = []
 
 
 def _notify(event: str, lease: Lease, epoch: int) -> None:
@@ -52,7 +63,17 @@ class Lease:
     thread (``on_demoted`` may also run in the thread calling :meth:`stop`). An
     ``on_elected`` that raises makes the instance step down and sit out one
     renew interval.
+
+    ``health_check``, when set, is asked before every acquire and renewal: a
+    non-empty answer (the reason) makes a leader step down and a follower stay
+    out, so a process whose own work is stuck does not keep the role.
+    ``on_cycle`` runs in the lease thread after every acquire or renew cycle.
     """
+
+    #: Why the last term ended: ``"expired"``, ``"lost"``, ``"resigned"``,
+    #: ``"stopping"``, ``"unhealthy"``, ``"error"``, or the ``kind`` given to
+    #: :meth:`step_down` (beat's ``"publish_failures"``).
+    last_demotion: str | None = None
 
     def __init__(
         self,
@@ -64,6 +85,8 @@ class Lease:
         instance_id: str,
         on_elected: Callback | None = None,
         on_demoted: Callback | None = None,
+        health_check: Callable[[], str | None] | None = None,
+        on_cycle: Callback | None = None,
     ) -> None:
         validate_name("election", election)
         check_timing(ttl, renew_interval, "ttl", "renew_interval")
@@ -74,7 +97,10 @@ class Lease:
         self.instance_id = instance_id
         self.on_elected = on_elected
         self.on_demoted = on_demoted
+        self.health_check = health_check
+        self.on_cycle = on_cycle
         self._validity = validity(ttl)
+        self._step_down_request: tuple[str, str, float] | None = None
 
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -133,9 +159,43 @@ class Lease:
         tenure = self.tenure
         return None if tenure is None else tenure.epoch
 
+    @property
+    def store_reachable(self) -> bool:
+        """False after a store call failed, until one succeeds again."""
+        return self._store_error is None
+
     def holder(self) -> HolderInfo | None:
         """Ask the store who holds the election now (one round trip)."""
         return self.backend.holder(self.election)
+
+    @contextmanager
+    def observe(self, operation: str) -> Iterator[None]:
+        """Time a store call for :data:`store_hooks` (``ok`` is False when it raised)."""
+        started = time.monotonic()
+        ok = False
+        try:
+            yield
+            ok = True
+        finally:
+            elapsed = time.monotonic() - started
+            for hook in list(store_hooks):
+                try:
+                    hook(self, operation, elapsed, ok)
+                except Exception:
+                    logger.exception("celery-leader: store hook of %r failed", self.election)
+
+    def step_down(self, reason: str, *, kind: str = "stepped_down", sit_out: float = 0.0) -> None:
+        """Stop believing at once; release the term and sit out ``sit_out`` seconds.
+
+        For the process that uses the lease (beat resigns after failed
+        publishes). The release happens in the lease thread, within one renew
+        interval; nothing is dispatched meanwhile, because the belief ends here.
+        """
+        with self._lock:
+            if self._tenure is None:
+                return
+            self._step_down_request = (reason, kind, sit_out)
+            self._valid_until = 0.0
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -174,19 +234,32 @@ class Lease:
                     self._lead()
             except Exception:
                 logger.exception("celery-leader: unexpected error in election %r", self.election)
-                self._step_down("unexpected error", sit_out=self.renew_interval)
+                self._step_down("unexpected error", kind="error", sit_out=self.renew_interval)
                 self._stopping.wait(self.renew_interval)
+            if self.on_cycle is not None:
+                try:
+                    self.on_cycle(self)
+                except Exception:
+                    logger.exception("celery-leader: on_cycle of %r failed", self.election)
+
+    def _unhealthy(self) -> str | None:
+        return None if self.health_check is None else self.health_check()
 
     def _follow(self) -> None:
         now = time.monotonic()
         if now < self._sit_out_until:
             self._stopping.wait(self._sit_out_until - now)
             return
+        if self._unhealthy():
+            # Campaigning now would hand the role to a process that cannot use it.
+            self._stopping.wait(self.renew_interval)
+            return
         sent = time.monotonic()
         try:
-            result = self.backend.acquire(
-                self.election, self.instance_id, self.ttl, self._max_epoch
-            )
+            with self.observe("acquire"):
+                result = self.backend.acquire(
+                    self.election, self.instance_id, self.ttl, self._max_epoch
+                )
         except (StoreUnavailable, ConfigError) as exc:
             self._store_down(exc)
             self._stopping.wait(self.renew_interval)
@@ -219,7 +292,18 @@ class Lease:
             wake = min(wake, self._valid_until)
         elif self._believe_at > now:
             wake = min(wake, self._believe_at)
+        if self.health_check is not None:
+            wake = min(wake, now + HEALTH_POLL)
         if self._stopping.wait(max(0.0, wake - now)):
+            return
+        request, self._step_down_request = self._step_down_request, None
+        if request is not None:
+            reason, kind, sit_out = request
+            self._step_down(reason, kind=kind, sit_out=sit_out)
+            return
+        unhealthy = self._unhealthy()
+        if unhealthy:
+            self._step_down(unhealthy, kind="unhealthy", sit_out=self.renew_interval)
             return
         now = time.monotonic()
         if self._announced and now >= self._valid_until:
@@ -228,6 +312,7 @@ class Lease:
             self._step_down(
                 f"lease expired: no renewal confirmed for {now - self._acked_sent:.2f} s "
                 f"(ttl {self.ttl:g} s)",
+                kind="expired",
                 sit_out=self.renew_interval,
             )
             return
@@ -238,7 +323,8 @@ class Lease:
         assert tenure is not None
         sent = time.monotonic()
         try:
-            renewal = self.backend.renew(self.election, tenure, self.ttl)
+            with self.observe("renew"):
+                renewal = self.backend.renew(self.election, tenure, self.ttl)
         except (StoreUnavailable, ConfigError) as exc:
             self._store_down(exc)
             # Retry soon: the term is running out and one more try may save it.
@@ -246,14 +332,16 @@ class Lease:
             return
         self._store_up()
         if renewal is Renewal.LOST:
-            self._step_down("lost the lease: the store no longer holds this term")
+            self._step_down("lost the lease: the store no longer holds this term", kind="lost")
             return
         self._acked_sent = sent
         self._next_renew = sent + self.renew_interval
         self._refresh()
         if renewal is Renewal.RESIGN:
             # Sit out one interval so that another instance gets the term.
-            self._step_down("resigned on request", graceful=True, sit_out=self.renew_interval)
+            self._step_down(
+                "resigned on request", kind="resigned", graceful=True, sit_out=self.renew_interval
+            )
 
     def _refresh(self) -> None:
         """Extend the belief after an acknowledged request, once any hold-off is over."""
@@ -262,7 +350,7 @@ class Lease:
         if now < self._believe_at or deadline <= now:
             return
         with self._lock:
-            if self._stopping.is_set() or self._tenure is None:
+            if self._stopping.is_set() or self._tenure is None or self._step_down_request:
                 return
             self._valid_until = deadline
         if not self._announced:
@@ -286,7 +374,7 @@ class Lease:
             logger.exception(
                 "celery-leader: on_elected callback of %r failed; stepping down", self.election
             )
-            self._step_down("on_elected failed", sit_out=self.renew_interval)
+            self._step_down("on_elected failed", kind="error", sit_out=self.renew_interval)
             return
         with self._lock:
             # stop() may have stepped down while the callback ran: then pair the
@@ -300,7 +388,14 @@ class Lease:
             return
         _notify("elected", self, tenure.epoch)
 
-    def _step_down(self, reason: str, *, graceful: bool = False, sit_out: float = 0.0) -> None:
+    def _step_down(
+        self,
+        reason: str,
+        *,
+        kind: str = "stopping",
+        graceful: bool = False,
+        sit_out: float = 0.0,
+    ) -> None:
         """Stop believing, tell the callbacks, then release the term in the store.
 
         Releasing is harmless when the term was lost already (the store compares
@@ -310,8 +405,10 @@ class Lease:
             tenure, self._tenure = self._tenure, None
             self._valid_until = 0.0
             announced, self._announced = self._announced, False
+            self._step_down_request = None
         self._sit_out_until = time.monotonic() + sit_out
         if announced and tenure is not None:
+            self.last_demotion = kind
             level = logging.INFO if graceful else logging.WARNING
             logger.log(
                 level,
@@ -329,7 +426,8 @@ class Lease:
             _notify("demoted", self, tenure.epoch)
         if tenure is not None:
             try:
-                self.backend.release(self.election, tenure)
+                with self.observe("release"):
+                    self.backend.release(self.election, tenure)
             except StoreUnavailable as exc:
                 logger.warning(
                     "celery-leader: could not release %r (%s); it expires within %g s",

@@ -142,8 +142,11 @@ class Replicas:
         env: dict[str, str],
         store_urls: list[str],
         holder: Holder,
+        place_env: list[dict[str, str]] | None = None,
     ) -> None:
         self._procs = procs
+        #: Extra environment of each place ({instance} is replaced by the instance id).
+        self._place_env = place_env or [{} for _ in store_urls]
         self._workdir = workdir
         self._command = command
         self._env = env
@@ -172,6 +175,7 @@ class Replicas:
             *(arg.format(instance=instance) for arg in self._command),
             env={
                 **self._env,
+                **{k: v.format(instance=instance) for k, v in self._place_env[place].items()},
                 "LEADER_URL": self._store_urls[place],
                 "INSTANCE_ID": instance,
                 "PYTHONPATH": os.pathsep.join(filter(None, [PYTHONPATH, str(REPO)])),
@@ -180,6 +184,11 @@ class Replicas:
         )
         self._by_instance[instance] = (place, proc)
         return proc
+
+    def instance_of(self, place: int) -> str:
+        """Instance id of the replica now running in ``place``."""
+        proc = self.current[place]
+        return next(i for i, (_, p) in self._by_instance.items() if p is proc)
 
     def leader(self, timeout: float = FAILOVER + 5) -> tuple[int, Proc, int]:
         """Place, process and epoch of the holder of the beat election (waits for one)."""

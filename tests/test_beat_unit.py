@@ -13,6 +13,7 @@ import re
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from itertools import pairwise
@@ -23,6 +24,7 @@ from celery import Celery
 from celery.beat import Scheduler, Service
 from celery.schedules import crontab
 from kombu import Producer
+from kombu.exceptions import OperationalError
 
 from celery_leader.backends import Claim, create_backend
 from celery_leader.backends.memory import MemoryBackend
@@ -44,6 +46,8 @@ def app() -> Celery:
     app.conf.leader_ttl = 0.6
     app.conf.leader_renew_interval = 0.1
     app.conf.leader_instance_id = "under-test"
+    # Tests tick by hand, with pauses: the watchdog is tested on its own.
+    app.conf.leader_tick_timeout = 60
     return app
 
 
@@ -224,13 +228,14 @@ def test_promotion_reloads_state_and_rebuilds_the_heap(
     assert rival.backend.claim(ELECTION, tenure, [Claim("e", current, state(ran_at, 41))]) == [True]
     rival.stop()
 
-    # Back in office, the scheduler must send "e" at once: the stored state says it is
-    # 30 s overdue, and its old heap (due in 30 s) must not be what it follows.
+    # Back in office, the scheduler must send "e" at once: the stored state says two
+    # slots are overdue (leader_missed_slots "once": the latest of them goes out), and its
+    # old heap (due in 30 s) must not be what it follows.
     wait_leading(scheduler)
     assert scheduler.tick() == 0.0
     [headers] = published(app)
     assert headers["leader_epoch"] == scheduler.lease.epoch > (first_epoch or 0)
-    assert abs(due_of(headers["leader_slot"]) - (ran_at + timedelta(seconds=30))) < timedelta(
+    assert abs(due_of(headers["leader_slot"]) - (ran_at + timedelta(seconds=60))) < timedelta(
         milliseconds=2
     )
     after = json.loads(stored_state(app)["e"])
@@ -410,31 +415,20 @@ class Clock:
         return self.now
 
 
-@pytest.mark.parametrize(
-    ("schedule", "last_run_at", "due"),
-    [
-        (
-            timedelta(seconds=30),
-            datetime(2024, 5, 1, 12, 0, 0, tzinfo=timezone.utc),
-            "2024-05-01T12:00:30.000+00:00",
-        ),
-        (
-            crontab(minute="*"),
-            datetime(2024, 5, 1, 12, 0, 10, tzinfo=timezone.utc),
-            "2024-05-01T12:01:00.000+00:00",
-        ),
-    ],
-    ids=["interval", "crontab"],
-)
+@pytest.mark.parametrize("schedule", [timedelta(seconds=30), crontab(minute="*")], ids=repr)
 def test_the_slot_names_its_exact_due_time(
-    app: Celery,
-    make_scheduler: Callable[..., LeaderScheduler],
-    schedule: Any,
-    last_run_at: datetime,
-    due: str,
+    app: Celery, make_scheduler: Callable[..., LeaderScheduler], schedule: Any
 ) -> None:
     # Replicas must agree on a slot's name, so it has to come from the stored
     # last_run_at alone, not from two readings of the clock a few microseconds apart.
+    # One slot fell due since last_run_at: 10 s ago, or at the start of this minute.
+    now = datetime.now(timezone.utc).replace(microsecond=0)
+    if isinstance(schedule, crontab):
+        due = now.replace(second=0)
+        last_run_at = due - timedelta(seconds=50)
+    else:
+        last_run_at = now - timedelta(seconds=40)
+        due = last_run_at + schedule
     app.conf.beat_schedule = {"e": {"task": "t.noop", "schedule": schedule}}
     seed_state(app, {"e": state(last_run_at, 1)})
     scheduler = make_scheduler()
@@ -443,7 +437,7 @@ def test_the_slot_names_its_exact_due_time(
         lambda: scheduler.schedule.get("e") and scheduler.schedule["e"].total_run_count == 2,
     )
     [headers] = published(app)
-    assert headers["leader_slot"] == f"e@{due}"
+    assert headers["leader_slot"] == f"e@{due.isoformat(timespec='milliseconds')}"
 
 
 def test_a_crontab_slot_that_falls_due_during_a_failover_is_sent_once(
@@ -523,3 +517,267 @@ def test_a_foreign_value_under_the_redis_state_key_is_logged_and_replaced(
     )
     with redis_server.client() as client:
         assert client.type("{celery_leader:beat}:state") == b"hash"
+
+
+# -- beat in production (issue 13) and hardening (issue 14) ---------------------------
+
+
+class RefusingBroker(Producer):  # type: ignore[misc]
+    """A broker that refuses the connection: nothing of the message left this process."""
+
+    attempts: list[str]
+
+    def publish(self, body: Any, *args: Any, **kwargs: Any) -> Any:
+        RefusingBroker.attempts.append((kwargs.get("headers") or {})["leader_slot"])
+        try:
+            raise ConnectionRefusedError(111, "Connection refused")
+        except ConnectionRefusedError as exc:
+            raise OperationalError(f"Error 111 connecting to broker. {exc}") from exc
+
+
+def test_a_definitely_unsent_slot_is_handed_back_and_the_leader_resigns(
+    app: Celery,
+    make_scheduler: Callable[..., LeaderScheduler],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    app.conf.beat_schedule = {"e": every(0.3)}
+    app.conf.leader_max_publish_failures = 2
+    RefusingBroker.attempts = []
+    caplog.set_level(logging.INFO, "celery_leader")
+    failing = make_scheduler(Producer=RefusingBroker)
+    drive(failing, lambda: len(RefusingBroker.attempts) >= 2)
+    first = RefusingBroker.attempts[0]
+    # The same slot, handed back after the first failure, was retried: and nothing else.
+    assert RefusingBroker.attempts == [first, first]
+    assert f"could not send slot {first}: nothing reached the broker" in caplog.text
+    assert f"handed back unsent slot(s) {first}" in caplog.text
+    assert "2 publishes failed in a row" in caplog.text
+    assert not failing.lease.is_leader()
+    stored = json.loads(stored_state(app)["e"])
+    assert "slot" not in stored  # still the anchor: nothing recorded as sent
+
+    # A replica that reaches the broker takes over and sends the handed-back slot.
+    healthy = make_scheduler()
+    healthy.leader_config = LeaderConfig.from_mapping(
+        {**{k: app.conf.get(k) for k in ("leader_url", "leader_ttl")}, "leader_instance_id": "b"}
+    )
+    sent: list[dict[str, Any]] = []
+
+    def sent_it() -> bool:
+        failing.tick()
+        sent.extend(published(app))
+        return any(h["leader_slot"] == first for h in sent)
+
+    drive(healthy, sent_it)
+    assert healthy.lease.is_leader()
+    assert [h["leader_slot"] for h in sent].count(first) == 1
+
+
+class AnswerLost(Producer):  # type: ignore[misc]
+    """The connection drops after the message was written: the broker may have it."""
+
+    attempts: list[str]
+
+    def publish(self, body: Any, *args: Any, **kwargs: Any) -> Any:
+        AnswerLost.attempts.append((kwargs.get("headers") or {})["leader_slot"])
+        raise TimeoutError("timed out waiting for the broker's answer")
+
+
+def test_a_slot_whose_publish_outcome_is_unknown_stays_claimed(
+    app: Celery,
+    make_scheduler: Callable[..., LeaderScheduler],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    app.conf.beat_schedule = {"e": every(0.2)}
+    AnswerLost.attempts = []
+    scheduler = make_scheduler(Producer=AnswerLost)
+    drive(scheduler, lambda: len(AnswerLost.attempts) >= 2)
+    first, second = AnswerLost.attempts[:2]
+    assert first != second  # not retried: it may be in the broker already
+    assert f"could not send slot {first} and the broker may have it" in caplog.text
+    assert "handed back" not in caplog.text
+
+
+def sentry_style_hook(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """Patch ``Scheduler.apply_entry`` the way sentry-sdk's Crons integration does.
+
+    It wraps the original on the class, reads the entry, adds its own headers to
+    ``entry.options`` and calls through.
+    """
+    seen: list[dict[str, Any]] = []
+    original = Scheduler.apply_entry
+
+    def hooked(*args: Any, **kwargs: Any) -> Any:
+        _scheduler, entry = args[0], args[1]
+        headers = entry.options.pop("headers", {})
+        headers.update({"sentry-monitor-slug": entry.name})
+        entry.options["headers"] = headers
+        seen.append(dict(headers))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(Scheduler, "apply_entry", hooked)
+    return seen
+
+
+def test_a_hook_on_apply_entry_sees_every_slot_with_its_headers(
+    app: Celery, make_scheduler: Callable[..., LeaderScheduler], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = sentry_style_hook(monkeypatch)
+    app.conf.beat_schedule = {"a": every(0.1), "b": every(0.15)}
+    scheduler = make_scheduler()
+    sent: list[dict[str, Any]] = []
+
+    def enough() -> bool:
+        sent.extend(published(app))
+        return len(sent) >= 8
+
+    drive(scheduler, enough)
+    assert [h["leader_slot"] for h in seen][: len(sent)] == [h["leader_slot"] for h in sent]
+    assert all(h["sentry-monitor-slug"] == h["leader_slot"].split("@")[0] for h in sent)
+    assert all(h["leader_epoch"] == scheduler.lease.epoch for h in seen)
+
+
+@pytest.mark.parametrize(
+    ("policy", "grace", "expected"),
+    [
+        ("once", None, [3]),
+        ("skip", None, []),
+        ("all", None, [1, 2, 3]),
+        ("all", 25, [2, 3]),
+        ("once", 5, []),
+    ],
+)
+def test_missed_slots_policy(
+    app: Celery,
+    make_scheduler: Callable[..., LeaderScheduler],
+    policy: str,
+    grace: float | None,
+    expected: list[int],
+) -> None:
+    # The previous leader last ran "e" 3.5 periods ago: slots 1, 2 and 3 were missed.
+    period = 10
+    app.conf.beat_schedule = {"e": every(period)}
+    app.conf.leader_missed_slots = policy
+    app.conf.leader_missed_slots_grace = grace
+    ran = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(seconds=3.5 * period)
+    seed_state(app, {"e": state(ran, 5)})
+    scheduler = make_scheduler()
+    wait_leading(scheduler)
+    assert scheduler.tick() == 0.0
+    slots = [h["leader_slot"] for h in published(app)]
+    assert slots == [f"e@{(ran + n * timedelta(seconds=period)).isoformat(timespec='milliseconds')}"
+                     for n in expected]  # fmt: skip
+    after = json.loads(stored_state(app)["e"])
+    # Whatever was sent, the entry is now on its grid: its next slot is ran + 4 periods.
+    assert datetime.fromisoformat(after["last_run_at"]) == ran + 3 * timedelta(seconds=period)
+    assert after["total_run_count"] == 5 + len(expected)
+    assert scheduler.tick() > period / 3
+
+
+def test_an_entry_overrides_the_missed_slots_setting(
+    app: Celery, make_scheduler: Callable[..., LeaderScheduler]
+) -> None:
+    ran = datetime.now(timezone.utc) - timedelta(seconds=35)
+    app.conf.leader_missed_slots = "skip"
+    app.conf.beat_schedule = {
+        "skipped": every(10),
+        "all": every(10, options={"leader_missed_slots": "all"}),
+        "bad": every(10, options={"leader_missed_slots": "sometimes"}),
+    }
+    seed_state(app, {name: state(ran, 1) for name in app.conf.beat_schedule})
+    scheduler = make_scheduler()
+    wait_leading(scheduler)
+    scheduler.tick()
+    sent = published(app)
+    assert sorted(h["leader_slot"].split("@")[0] for h in sent) == ["all"] * 3
+    # The option is for the scheduler only: it does not reach the message.
+    assert not any("leader_missed_slots" in str(h) for h in sent)
+
+
+def test_a_stored_last_run_at_in_the_future_is_repaired_with_a_warning(
+    app: Celery, make_scheduler: Callable[..., LeaderScheduler], caplog: pytest.LogCaptureFixture
+) -> None:
+    app.conf.beat_schedule = {"e": every(0.2), "ok": every(0.2)}
+    seed_state(app, {"e": state(datetime(2099, 1, 1, tzinfo=timezone.utc), 7)})
+    scheduler = make_scheduler()
+    sent: list[dict[str, Any]] = []
+
+    def both_run() -> bool:
+        sent.extend(published(app))
+        return len([h for h in sent if h["leader_slot"].startswith("e@")]) >= 2
+
+    drive(scheduler, both_run)
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "future" in r.message]
+    assert len(warnings) == 1 and "'e'" in warnings[0].message
+    assert json.loads(stored_state(app)["e"])["last_run_at"] < "2099"
+
+
+def test_interval_entries_sharing_a_period_stay_in_one_claim_round_trip(
+    app: Celery, make_scheduler: Callable[..., LeaderScheduler], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    count = 50
+    app.conf.beat_schedule = {f"e{i}": every(0.25) for i in range(count)}
+    claims = Spy(monkeypatch, MemoryBackend, "claim")
+    scheduler = make_scheduler()
+    sent: list[dict[str, Any]] = []
+
+    def rounds() -> bool:
+        sent.extend(published(app))
+        return len(sent) >= 6 * count
+
+    drive(scheduler, rounds)
+    # All on the 0.25 s grid since the Unix epoch: every slot of a round has one due time.
+    dues = Counter(h["leader_slot"].split("@")[1] for h in sent)
+    assert all(n == count for due, n in dues.items() if due != max(dues))
+    assert all(round(due_of(f"x@{due}").timestamp() * 4, 6).is_integer() for due in dues)
+    batches = [len(call[3]) for call in claims.calls]
+    # The anchors, then one claim per round.
+    assert batches[0] == count
+    assert batches[1:] == [count] * (len(batches) - 1)
+    assert len(batches) - 1 <= len(dues)
+
+
+def test_health_file_follows_the_role_and_the_watchdog(
+    app: Celery, make_scheduler: Callable[..., LeaderScheduler], tmp_path: Any, rival: Lease
+) -> None:
+    from celery_leader.health import check
+
+    path = tmp_path / "health.json"
+    app.conf.beat_schedule = {"e": every(0.2)}
+    app.conf.leader_health_file = str(path)
+    app.conf.leader_tick_timeout = 0.5
+    scheduler = make_scheduler()
+    drive(scheduler, lambda: path.exists() and json.loads(path.read_text())["role"] == "leader")
+    ok, line = check(path)
+    assert ok, line
+    assert line.startswith("OK: leader of 'beat' (epoch ")
+    data = json.loads(path.read_text())
+    assert data["store_reachable"] is True and data["epoch"] == scheduler.lease.epoch
+    # No tick for longer than the watchdog's bound: the probe fails and the lease goes.
+    time.sleep(0.7)
+    ok, line = check(path)
+    assert not ok and "tick is overdue" in line
+    wait_for(lambda: not scheduler.lease.is_leader(), 1, message="the hung leader kept leading")
+    rival.start()
+    wait_for(rival.is_leader, 2, message="the rival never took over")
+    scheduler.tick()
+    ok, line = check(path)
+    assert ok and line.startswith("OK: follower of 'beat'"), line
+
+
+def test_a_term_lost_while_loading_the_state_is_named_as_such(
+    app: Celery,
+    make_scheduler: Callable[..., LeaderScheduler],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The store refuses every anchor claim at once: what it does when the term is gone.
+    app.conf.beat_schedule = {"a": every(5), "b": every(5)}
+    monkeypatch.setattr(
+        MemoryBackend, "claim", lambda self, election, tenure, claims: [False] * len(claims)
+    )
+    scheduler = make_scheduler()
+    wait_leading(scheduler)
+    assert scheduler.tick() == FOLLOWER_INTERVAL
+    assert "ended while loading the schedule state" in caplog.text
+    assert "changed while loading" not in caplog.text

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -126,9 +127,125 @@ def test_bad_settings_are_a_usage_error_naming_the_setting() -> None:
     assert PASSWORD not in run.stderr
 
 
-def test_unreachable_store_is_one_clear_error(redis_server: RedisServer) -> None:
+def test_unreachable_store_is_one_clear_error_and_exit_code_2(redis_server: RedisServer) -> None:
     redis_server.stop()
-    run = leader_cli(redis_server.url, "status")
-    assert run.returncode == 1
-    assert f"store {redis_server.url} unreachable" in run.stderr
-    assert "Traceback" not in run.stderr
+    for run in (leader_cli(redis_server.url, "status"), module_cli(redis_server.url, "status")):
+        assert run.returncode == 2, run.stdout + run.stderr
+        assert f"store {redis_server.url} unreachable" in run.stderr
+        assert "Traceback" not in run.stderr
+
+
+def module_cli(leader_url: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``python -m celery_leader ...`` with settings from CELERY_LEADER_* and no Celery.
+
+    ``-S -I`` would drop site-packages too; instead a meta path hook refuses to import
+    ``celery`` (and ``click``), so a stray import fails the command.
+    """
+    no_celery = (
+        "import sys, importlib.abc\n"
+        "class Block(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('celery', 'click', 'kombu'):\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import runpy; sys.argv[0] = 'celery_leader'\n"
+        "runpy.run_module('celery_leader', run_name='__main__', alter_sys=True)\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", no_celery, *args],
+        env={
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "CELERY_LEADER_URL": leader_url,
+            "CELERY_LEADER_TTL": str(TTL),
+            **env,
+        },
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_status_exit_codes_say_whether_someone_leads(url: str, leases: list[Lease]) -> None:
+    for run in (leader_cli(url, "status"), module_cli(url, "status")):
+        assert run.returncode == 3, run.stdout + run.stderr
+        assert "(nobody)" in run.stdout
+    holder = join(leases, url, "holder-1")
+    wait_for(holder.is_leader, 5, message="holder-1 leads")
+    assert leader_cli(url, "status").returncode == 0
+    # Named elections must each have a leader.
+    assert leader_cli(url, "status", "beat").returncode == 0
+    assert module_cli(url, "status", "beat", "worker").returncode == 3
+
+
+def test_the_module_prints_what_the_celery_command_prints(url: str, leases: list[Lease]) -> None:
+    holder = join(leases, url, "holder-1")
+    wait_for(holder.is_leader, 5, message="holder-1 leads")
+    celery_json = json.loads(leader_cli(url, "status", "--json").stdout)
+    module_json = json.loads(module_cli(url, "status", "--json").stdout)
+    for data in (celery_json, module_json):
+        for row in data["elections"]:
+            row.pop("ttl_remaining")
+    assert module_json == celery_json
+    table = module_cli(url, "status")
+    assert table.returncode == 0, table.stderr
+    assert PASSWORD not in table.stdout + table.stderr
+    header = table.stdout.splitlines()[1]
+    assert header.split() == ["ELECTION", "HOLDER", "EPOCH", "TTL", "LEFT"]
+
+    second = join(leases, url, "second")
+    run = module_cli(url, "resign")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "second leads 'beat' now" in run.stdout
+    wait_for(second.is_leader, 1, message="second believes it leads")
+
+
+def test_epoch_column_fits_13_digit_epochs(url: str, redis_server: RedisServer) -> None:
+    # An epoch seeded from the store's clock in milliseconds (as the Redis backend does
+    # when its epoch key is missing) has 13 digits.
+    config = LeaderConfig.from_mapping({"leader_url": url, "leader_ttl": TTL})
+    backend = create_backend(config)
+    try:
+        tenure = backend.acquire("beat", "holder-ms", TTL, 1_765_000_000_000).tenure
+        assert tenure is not None and len(str(tenure.epoch)) == 13
+        table = leader_cli(url, "status")
+        header, beat = (
+            table.stdout.splitlines()[1],
+            next(line for line in table.stdout.splitlines() if line.startswith("beat ")),
+        )
+        # Right-aligned under its header, with a space before the next column.
+        end = header.index("EPOCH") + len("EPOCH")
+        assert beat[end - 13 : end] == str(tenure.epoch)
+        assert beat[end] == " "
+    finally:
+        backend.close()
+
+
+def test_check_reads_the_health_file(tmp_path: Path) -> None:
+    path = tmp_path / "health.json"
+    missing = module_cli("memory://", "check", "--file", str(path))
+    assert missing.returncode == 1
+    assert missing.stdout.strip() == f"UNHEALTHY: no health file at {path}"
+    now = time.time()
+    healthy = {
+        **{"election": "beat", "role": "follower", "epoch": None, "store_reachable": True},
+        **{"updated": now, "stale_after": now + 10, "last_tick": now, "tick_due_by": now + 5},
+    }
+    path.write_text(json.dumps(healthy))
+    for run in (
+        module_cli("memory://", "check", "--file", str(path)),
+        leader_cli("memory://", "check", "--file", str(path)),
+        module_cli("memory://", "check", CELERY_LEADER_HEALTH_FILE=str(path)),
+    ):
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert run.stdout.startswith("OK: follower of 'beat'") and run.stdout.count("\n") == 1
+    path.write_text(json.dumps({**healthy, "tick_due_by": now - 1}))
+    overdue = module_cli("memory://", "check", "--file", str(path))
+    assert overdue.returncode == 1
+    assert "tick is overdue" in overdue.stdout
+    path.write_text(json.dumps({**healthy, "updated": now - 30}))
+    old = leader_cli("memory://", "check", "--file", str(path), "--max-age", "20")
+    assert old.returncode == 1
+    assert "max age 20" in old.stdout

@@ -1,0 +1,72 @@
+"""``python -m celery_leader status|resign|check``: the ``leader`` commands without Celery.
+
+Settings come from ``CELERY_LEADER_*`` environment variables
+(:meth:`LeaderConfig.from_env`); the output and exit codes are those of
+``celery -A proj leader ...`` (both run :mod:`celery_leader.ops`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from . import ops
+from .config import LeaderConfig, env_name
+from .exceptions import ConfigError, MissingExtra
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m celery_leader",
+        description="Leader elections of celery-leader: who leads, hand-over, health. "
+        "Settings come from CELERY_LEADER_* environment variables.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    status = commands.add_parser(
+        "status",
+        help="holder, epoch and time left of every election",
+        description="Exit codes: 0 a leader exists (with ELECTIONs: each has one), "
+        "3 nobody leads, 2 store unreachable or bad settings.",
+    )
+    status.add_argument("elections", nargs="*", metavar="ELECTION")
+    status.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    resign = commands.add_parser("resign", help="ask the holder of ELECTION to hand over")
+    resign.add_argument("election", nargs="?", metavar="ELECTION")
+    resign.add_argument("--no-wait", action="store_true", help="do not wait for the next holder")
+    check = commands.add_parser("check", help="liveness probe: read the health file, exit 0 or 1")
+    check.add_argument("--max-age", type=float, help="fail when the file is older (seconds)")
+    check.add_argument(
+        "--file",
+        dest="path",
+        help=f"health file (default: ${env_name('leader_health_file')})",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; return its exit code."""
+    args = _parser().parse_args(argv)
+
+    def echo(line: str) -> None:
+        print(line, flush=True)
+
+    if args.command == "check":
+        path = args.path or os.environ.get(env_name("leader_health_file"))
+        return ops.check(path, echo, args.max_age)
+    try:
+        config = LeaderConfig.from_env()
+        if args.command == "status":
+            return ops.status(config, echo, args.elections, args.json)
+        return ops.resign(config, echo, args.election, not args.no_wait)
+    except (ConfigError, MissingExtra) as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return ops.EXIT_UNKNOWN
+    except ops.OpsError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return exc.code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

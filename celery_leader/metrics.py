@@ -1,0 +1,151 @@
+"""Prometheus metrics of the elections in this process (the ``[metrics]`` extra).
+
+Beat serves them when ``leader_metrics_port`` is set; any other process (a
+worker's main process) can too::
+
+    from celery_leader import metrics
+    metrics.serve(9808)      # idempotent; starts the HTTP endpoint once per process
+    metrics.track(lease)     # gauges for this lease; elections and demotions counted
+
+Until :func:`serve` runs, :func:`count` and :func:`track` do nothing, so code
+can call them unconditionally without ``prometheus_client`` installed. The
+metric names are listed in docs/operations.md.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from . import lease as _lease_module
+from .exceptions import missing_extra
+from .lease import Lease
+
+#: Counters that :func:`count` accepts, and their help text.
+COUNTERS = {
+    "slots_sent": "Schedule slots published by this instance.",
+    "claims_lost": "Slot claims the store refused (another leader, or a lost term).",
+    "publish_failures": "Slots whose publish to the broker failed.",
+    "slots_handed_back": "Definitely unsent slots handed back for the next leader.",
+    "slots_lost": "Claimed slots that were never sent and could not be handed back.",
+    "missed_slots_dropped": "Missed slots not sent because of leader_missed_slots or its grace.",
+}
+
+#: Round-trip buckets, seconds: a store call on a LAN takes about a millisecond.
+BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class _Metrics:
+    def __init__(self) -> None:
+        try:
+            import prometheus_client as prom
+            from prometheus_client.core import GaugeMetricFamily
+        except ModuleNotFoundError as exc:
+            raise missing_extra(exc, "metrics") from None
+        self.prom = prom
+        self.gauge_family = GaugeMetricFamily
+        self.leases: list[Lease] = []
+        self.last_epoch: dict[str, int] = {}
+        self.elections = prom.Counter(
+            "celery_leader_elections", "Terms this instance won.", ["election"]
+        )
+        self.demotions = prom.Counter(
+            "celery_leader_demotions", "Terms this instance lost or left.", ["election", "reason"]
+        )
+        self.counters = {
+            name: prom.Counter(f"celery_leader_{name}", text, ["election"])
+            for name, text in COUNTERS.items()
+        }
+        self.store_errors = prom.Counter(
+            "celery_leader_store_errors", "Store calls that failed.", ["election", "operation"]
+        )
+        self.round_trips = prom.Histogram(
+            "celery_leader_store_round_trip_seconds",
+            "Duration of store calls (acquire, renew, release, load_state, claim).",
+            ["election", "operation"],
+            buckets=BUCKETS,
+        )
+        prom.REGISTRY.register(self)  # the gauges below, read at scrape time
+
+    def collect(self) -> Iterator[Any]:
+        """Gauges, read from the tracked leases at scrape time (no store call)."""
+        leading = self.gauge_family(
+            "celery_leader_is_leader",
+            "1 while this instance leads the election.",
+            labels=["election"],
+        )
+        epoch = self.gauge_family(
+            "celery_leader_epoch",
+            "Epoch (fencing token) of this instance's current or last term.",
+            labels=["election"],
+        )
+        for lease in list(self.leases):
+            leading.add_metric([lease.election], 1.0 if lease.is_leader() else 0.0)
+            last = self.last_epoch.get(lease.election)
+            if last is not None:
+                epoch.add_metric([lease.election], float(last))
+        yield leading
+        yield epoch
+
+    def describe(self) -> list[Any]:
+        return []  # collected lazily: nothing to check at registration
+
+    def on_transition(self, event: str, lease: Lease, epoch: int) -> None:
+        self.last_epoch[lease.election] = epoch
+        if event == "elected":
+            self.elections.labels(lease.election).inc()
+        else:
+            self.demotions.labels(lease.election, lease.last_demotion or "unknown").inc()
+
+    def on_store_call(self, lease: Lease, operation: str, seconds: float, ok: bool) -> None:
+        self.round_trips.labels(lease.election, operation).observe(seconds)
+        if not ok:
+            self.store_errors.labels(lease.election, operation).inc()
+
+
+_metrics: _Metrics | None = None
+_servers: dict[int, Any] = {}
+_lock = threading.Lock()
+
+
+def require() -> None:
+    """Fail now, in one line naming the ``[metrics]`` extra, if ``prometheus_client`` is missing."""
+    try:
+        import prometheus_client  # noqa: F401
+    except ModuleNotFoundError as exc:
+        raise missing_extra(exc, "metrics") from None
+
+
+def serve(port: int, addr: str = "0.0.0.0") -> None:  # noqa: S104 - probes come from outside
+    """Create the metrics and serve them over HTTP on ``port`` (once per process and port).
+
+    Raises :class:`~celery_leader.exceptions.MissingExtra` without
+    ``prometheus_client``, and :class:`OSError` when the port is taken.
+    """
+    global _metrics
+    with _lock:
+        if _metrics is None:
+            _metrics = _Metrics()
+            _lease_module.transition_hooks.append(_metrics.on_transition)
+            _lease_module.store_hooks.append(_metrics.on_store_call)
+        if port not in _servers:
+            _servers[port] = _metrics.prom.start_http_server(port, addr=addr)
+
+
+def track(lease: Lease) -> None:
+    """Report the ``is_leader`` and ``epoch`` gauges of ``lease`` (no-op before :func:`serve`)."""
+    if _metrics is not None and lease not in _metrics.leases:
+        _metrics.leases.append(lease)
+
+
+def untrack(lease: Lease) -> None:
+    """Stop reporting ``lease`` (it stopped)."""
+    if _metrics is not None and lease in _metrics.leases:
+        _metrics.leases.remove(lease)
+
+
+def count(name: str, election: str, amount: int = 1) -> None:
+    """Add ``amount`` to counter ``name`` (a key of :data:`COUNTERS`); no-op before ``serve``."""
+    if _metrics is not None and amount:
+        _metrics.counters[name].labels(election).inc(amount)

@@ -1,0 +1,146 @@
+"""What ``leader status``, ``resign`` and ``check`` do, without Celery.
+
+One implementation for both command lines: ``celery -A proj leader ...``
+(:mod:`celery_leader.cli`, click, settings from the app) and ``python -m
+celery_leader ...`` (:mod:`celery_leader.__main__`, argparse, settings from
+``CELERY_LEADER_*`` environment variables). Each function prints through
+``echo`` and returns the exit code, or raises :class:`OpsError` with the one
+line to print on stderr and the code to exit with.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from . import health
+from .backends import HolderInfo, create_backend
+from .config import LeaderConfig, validate_name
+from .exceptions import ConfigError, StoreUnavailable
+
+#: Exit codes of ``status`` (documented in docs/cli.md): someone leads ...
+EXIT_LEADER = 0
+#: ... a command failed (``resign``, ``check``) ...
+EXIT_FAILED = 1
+#: ... the store could not be asked, or the settings are bad ...
+EXIT_UNKNOWN = 2
+#: ... nobody leads.
+EXIT_NO_LEADER = 3
+
+Echo = Callable[[str], None]
+
+
+class OpsError(Exception):
+    """A command failed: ``str(self)`` is the line to print, ``code`` the exit code."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _unreachable(config: LeaderConfig, exc: Exception) -> OpsError:
+    return OpsError(f"store {config.display_url} unreachable: {exc}", EXIT_UNKNOWN)
+
+
+def _row(election: str, info: HolderInfo | None) -> dict[str, Any]:
+    return {
+        "election": election,
+        "holder": None if info is None else info.instance_id,
+        "epoch": None if info is None else info.epoch,
+        "ttl_remaining": None if info is None else info.ttl_remaining,
+    }
+
+
+def status(
+    config: LeaderConfig, echo: Echo, elections: Sequence[str] = (), as_json: bool = False
+) -> int:
+    """Print holder, epoch and time left of each election; return the exit code.
+
+    Without ``elections``: every election the store knows plus the configured
+    beat and worker elections, and 0 when at least one of them has a leader.
+    With ``elections``: just those, and 0 only when every one has a leader.
+    Otherwise 3 (nobody leads); 2 when the store cannot be asked.
+    """
+    try:
+        for name in elections:
+            validate_name("election", name)
+        backend = create_backend(config)
+    except ConfigError as exc:
+        raise OpsError(str(exc), EXIT_UNKNOWN) from exc
+    try:
+        names = list(elections) or sorted(
+            set(backend.elections()) | {config.beat_election, config.worker_election}
+        )
+        rows = [_row(name, backend.holder(name)) for name in names]
+    except (StoreUnavailable, ConfigError) as exc:
+        raise _unreachable(config, exc) from exc
+    finally:
+        backend.close()
+    led = [row["holder"] is not None for row in rows]
+    code = EXIT_LEADER if (all(led) if elections else any(led)) else EXIT_NO_LEADER
+    if as_json:
+        echo(json.dumps({"store": config.display_url, "elections": rows}, indent=2))
+        return code
+    width = max([len(row["election"]) for row in rows] + [19])
+    holder_width = max([len(row["holder"] or "") for row in rows] + [31])
+    echo(f"store: {config.display_url}")
+    echo(f"{'ELECTION':<{width}} {'HOLDER':<{holder_width}} {'EPOCH':>13} {'TTL LEFT':>9}")
+    for row in rows:
+        ttl = row["ttl_remaining"]
+        left = "-" if ttl is None else f"{ttl:.1f}s"
+        if row["holder"] is not None and ttl is None:
+            left = "held"  # a store that frees the lock only when the holder ends
+        epoch = "-" if row["epoch"] is None else str(row["epoch"])
+        echo(
+            f"{row['election']:<{width}} {row['holder'] or '(nobody)':<{holder_width}} "
+            f"{epoch:>13} {left:>9}"
+        )
+    return code
+
+
+def resign(config: LeaderConfig, echo: Echo, election: str | None, wait: bool = True) -> int:
+    """Ask the holder of ``election`` (default: the beat election) to hand over.
+
+    With ``wait``, also wait for the next holder (up to ``2 x renew interval +
+    ttl``) and print it.
+    """
+    name = election or config.beat_election
+    try:
+        validate_name("election", name)
+        backend = create_backend(config)
+    except ConfigError as exc:
+        raise OpsError(str(exc), EXIT_UNKNOWN) from exc
+    try:
+        info = backend.request_resign(name)
+        if info is None:
+            raise OpsError(f"nobody leads {name!r}; nothing to resign", EXIT_FAILED)
+        echo(f"asked {info.instance_id} (epoch {info.epoch}) to hand over {name!r}")
+        if not wait:
+            return EXIT_LEADER
+        # The holder acts at its next renewal; a follower then needs up to one
+        # more renew interval (plus the ttl if a release goes unannounced).
+        patience = 2 * config.renew_interval + config.ttl
+        deadline = time.monotonic() + patience
+        while time.monotonic() < deadline:
+            now = backend.holder(name)
+            if now is not None and now.epoch > info.epoch:
+                echo(f"{now.instance_id} leads {name!r} now (epoch {now.epoch})")
+                return EXIT_LEADER
+            time.sleep(0.05)
+        raise OpsError(f"no new holder of {name!r} within {patience:g} s", EXIT_FAILED)
+    except (StoreUnavailable, ConfigError) as exc:
+        raise _unreachable(config, exc) from exc
+    finally:
+        backend.close()
+
+
+def check(path: str | None, echo: Echo, max_age: float | None = None) -> int:
+    """Read the health file at ``path``; print one line; 0 when healthy, else 1."""
+    if not path:
+        echo("UNHEALTHY: no health file: set leader_health_file (or pass --file)")
+        return EXIT_FAILED
+    healthy, line = health.check(path, max_age)
+    echo(line)
+    return EXIT_LEADER if healthy else EXIT_FAILED

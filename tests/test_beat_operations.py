@@ -1,0 +1,558 @@
+"""Beat in production: real ``celery beat`` replicas whose dispatch breaks, and what operators see.
+
+Issue 13 and issue 14 (beat side): a leader that cannot reach the broker, or whose tick
+hangs, hands over; a hook on ``Scheduler.apply_entry`` sees every slot; the health file
+and ``leader check`` follow the role and the tick; the metrics endpoint counts what
+happened; the missed-slot policies hold across a SIGKILL fail-over; a replica whose
+clock runs ahead does not stop the schedule; store load stays flat. The ttl bounds are
+checked here too (they need no process).
+
+Tools from the chaos tests: a tap that is the broker's only consumer, and replicas with a
+lease-store URL (and here a broker URL) each. Run with ``-s`` for the measured numbers.
+"""
+
+# ruff: noqa: F811 - the chaos tests' fixtures are imported, and taken as arguments
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from celery_leader.config import LeaderConfig
+from celery_leader.exceptions import ConfigError
+from celery_leader.health import check
+from harness.procs import Procs
+from harness.procs import signal as send_signal
+from harness.proxy import TcpProxy
+from harness.servers import RedisServer
+from harness.waiting import wait_for
+from tests.test_beat_chaos import (  # noqa: F401 - fixtures
+    BEAT,
+    BrokerTap,
+    Holder,
+    Publish,
+    Replicas,
+    beat_holder,
+    lease_store,
+    slot_problems,
+    tap,
+)
+
+TTL = 3.0
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def env(broker_url: str, every: float, **extra: str) -> dict[str, str]:
+    return {"BROKER_URL": broker_url, "LEADER_TTL": str(TTL), "BEAT_EVERY": str(every), **extra}
+
+
+def wall(p: Publish) -> float:
+    """Wall time when the tap saw ``p`` (the tap notes monotonic time)."""
+    return p.seen + time.time() - time.monotonic()
+
+
+def due(p: Publish) -> float:
+    return datetime.fromisoformat((p.slot or "@").partition("@")[2]).timestamp()
+
+
+def entry_of(p: Publish) -> str:
+    return (p.slot or "").partition("@")[0]
+
+
+def assert_no_problems(tap: BrokerTap) -> None:
+    problems = slot_problems(tap.published())
+    assert not problems, "\n".join(problems)
+
+
+# -- ttl bounds (issue 14) -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("ttl", "words"),
+    [(1e12, "leader_ttl must be at most 2,147,483 s"), (0.01, "leader_ttl is too short")],
+)
+def test_ttl_out_of_bounds_is_refused_in_one_line(ttl: float, words: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        LeaderConfig.from_mapping({"leader_url": "memory://", "leader_ttl": ttl})
+    message = str(exc.value)
+    assert "\n" not in message and message.startswith(words), message
+
+
+def test_ttl_bounds_follow_the_store_deadline_floor() -> None:
+    # The default renew interval (ttl / 3) must be at least 0.05 s: ttl 0.15 s.
+    LeaderConfig.from_mapping({"leader_url": "memory://", "leader_ttl": 0.15})
+    with pytest.raises(ConfigError, match="leader_renew_interval"):
+        LeaderConfig.from_mapping({"leader_url": "memory://", "leader_ttl": 0.14})
+    with pytest.raises(ConfigError, match="leader_renew_interval"):
+        LeaderConfig.from_mapping(
+            {"leader_url": "memory://", "leader_ttl": 1, "leader_renew_interval": 0.04}
+        )
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        ("leader_tick_timeout", 0),
+        ("leader_max_publish_failures", 0),
+        ("leader_max_publish_failures", 1.5),
+        ("leader_metrics_port", 70000),
+        ("leader_missed_slots", "sometimes"),
+        ("leader_missed_slots_grace", -1),
+    ],
+)
+def test_operations_settings_are_validated(setting: str, value: object) -> None:
+    with pytest.raises(ConfigError) as exc:
+        LeaderConfig.from_mapping({"leader_url": "memory://", setting: value})
+    assert str(exc.value).startswith(setting)
+
+
+# -- replicas with their own broker and store proxies -----------------------------------
+
+
+def start_beats(
+    procs: Procs,
+    tmp_path: Path,
+    base_env: dict[str, str],
+    store: RedisServer,
+    holder: Holder,
+    count: int = 3,
+    place_env: list[dict[str, str]] | None = None,
+) -> Replicas:
+    beats = Replicas(procs, tmp_path, BEAT, base_env, [store.url] * count, holder, place_env)
+    beats.start()
+    return beats
+
+
+def first_of_other_term(tap: BrokerTap, at: float, epoch: int, timeout: float) -> Publish:
+    return wait_for(
+        lambda: next((p for p in tap.after(at) if p.epoch != epoch), None),
+        timeout,
+        interval=0.02,
+        message="no other term dispatched",
+    )
+
+
+@pytest.mark.slow
+def test_broker_partition_of_the_leader_hands_over_and_loses_nothing(
+    redis_server: RedisServer,
+    redis_url: str,
+    lease_store: RedisServer,
+    beat_holder: Callable[[str], Holder],
+    tcp_proxy: Callable[[str, int], TcpProxy],
+    procs: Procs,
+    tap: BrokerTap,
+    tmp_path: Path,
+) -> None:
+    # Each replica reaches the broker through its own proxy; the leader's is stalled for
+    # 15 s (a partition: bytes stop, nothing is closed). Its publish hangs, the tick
+    # watchdog (the ttl) ends its term, and "all" makes every missed slot countable.
+    every, partition = 0.5, 15.0
+    proxies = [tcp_proxy("127.0.0.1", redis_server.port) for _ in range(3)]
+    beats = start_beats(
+        procs,
+        tmp_path,
+        env(redis_url, every, CELERY_LEADER_MISSED_SLOTS="all"),
+        lease_store,
+        beat_holder(lease_store.url),
+        place_env=[{"BROKER_URL": proxy.url_for(redis_url)} for proxy in proxies],
+    )
+    wait_for(lambda: len(tap.published()) >= 4, 15, message="no dispatch")
+    place, proc, epoch = beats.leader()
+    at_wall, at = time.time(), time.monotonic()
+    proxies[place].hold()
+    first = first_of_other_term(tap, at, epoch, TTL + 10)
+    handover = first.seen - at
+    time.sleep(max(0.0, at + partition - time.monotonic()))
+    proxies[place].release()
+    end_wall = time.time()
+    time.sleep(3 * every + 1)  # the stalled publish lands; dispatch goes on
+
+    published = tap.published()
+    due_in = [
+        round((at_wall // every + k) * every, 3)
+        for k in range(1, int(partition / every) + 2)
+        if (at_wall // every + k) * every <= end_wall
+    ]
+    by_due = Counter(round(due(p), 3) for p in published if entry_of(p) == "tick")
+    logs = "\n".join(b.output() for b in beats.current)
+    lost = [d for d in due_in if by_due[d] == 0]
+    lost_logged = [
+        d
+        for d in lost
+        if datetime.fromtimestamp(d, timezone.utc).isoformat(timespec="milliseconds") in logs
+    ]
+    sent_once = [d for d in due_in if by_due[d] == 1]
+    print(
+        f"\nbroker partition of the leader for {partition:g} s, ttl {TTL:g} s, every {every:g} s: "
+        f"another replica dispatched after {handover:.2f} s (budget {TTL + 2:g} s); slots due "
+        f"during the partition: {len(due_in)}, sent once {len(sent_once)}, lost {len(lost)} "
+        f"(logged {len(lost_logged)}), sent twice {sum(by_due[d] > 1 for d in due_in)}"
+    )
+    assert handover <= TTL + 2
+    assert_no_problems(tap)
+    assert len(sent_once) + len(lost) == len(due_in)
+    assert lost == lost_logged, f"lost without a log line: {lost}"
+    assert proc.alive
+
+
+@pytest.mark.slow
+def test_a_leader_whose_broker_refuses_hands_back_and_resigns(
+    redis_server: RedisServer,
+    redis_url: str,
+    lease_store: RedisServer,
+    beat_holder: Callable[[str], Holder],
+    tcp_proxy: Callable[[str, int], TcpProxy],
+    procs: Procs,
+    tap: BrokerTap,
+    tmp_path: Path,
+) -> None:
+    # The leader's broker proxy stops listening: every publish is refused, nothing is
+    # sent, so each slot is handed back; after 3 failures in a row the leader resigns.
+    every = 0.5
+    proxies = [tcp_proxy("127.0.0.1", redis_server.port) for _ in range(3)]
+    beats = start_beats(
+        procs,
+        tmp_path,
+        env(redis_url, every, CELERY_LEADER_MISSED_SLOTS="all"),
+        lease_store,
+        beat_holder(lease_store.url),
+        place_env=[{"BROKER_URL": proxy.url_for(redis_url)} for proxy in proxies],
+    )
+    wait_for(lambda: len(tap.published()) >= 4, 15, message="no dispatch")
+    place, proc, epoch = beats.leader()
+    at_wall, at = time.time(), time.monotonic()
+    proxies[place].close()
+    first = first_of_other_term(tap, at, epoch, TTL + 10)
+    handover = first.seen - at
+    wait_for(lambda: len(tap.after(first.seen)) >= 6, 10, message="the new leader stalled")
+    end_wall = wall(first)
+    due_in = [
+        round((at_wall // every + k) * every, 3)
+        for k in range(1, 100)
+        if (at_wall // every + k) * every <= end_wall
+    ]
+    by_due = Counter(round(due(p), 3) for p in tap.published() if entry_of(p) == "tick")
+    output = proc.output()
+    handed_back = re.findall(r"handed back unsent slot\(s\) (tick@\S+?)[:,]? ", output)
+    print(
+        f"\nbroker refusing the leader, ttl {TTL:g} s, every {every:g} s: another replica "
+        f"dispatched after {handover:.2f} s; {len(due_in)} slots due meanwhile, sent once "
+        f"{sum(by_due[d] == 1 for d in due_in)}; handed back by the old leader: {handed_back}"
+    )
+    assert "3 publishes failed in a row" in output
+    assert len(handed_back) == 3
+    assert all(by_due[round(due(Publish(0, slot, 0, 0)), 3)] == 1 for slot in handed_back)
+    assert [d for d in due_in if by_due[d] != 1] == []
+    assert handover <= TTL + 2
+    assert_no_problems(tap)
+
+
+@pytest.mark.slow
+def test_a_hung_tick_hands_over_and_the_health_check_fails(
+    redis_url: str,
+    lease_store: RedisServer,
+    beat_holder: Callable[[str], Holder],
+    procs: Procs,
+    tap: BrokerTap,
+    tmp_path: Path,
+) -> None:
+    every = 0.5
+    hang = tmp_path / "hang"
+    beats = start_beats(
+        procs,
+        tmp_path,
+        env(redis_url, every, HANG_FILE=str(hang)),
+        lease_store,
+        beat_holder(lease_store.url),
+        place_env=[
+            {"CELERY_LEADER_HEALTH_FILE": str(tmp_path / f"health-{place}.json")}
+            for place in range(3)
+        ],
+    )
+    health = [tmp_path / f"health-{place}.json" for place in range(3)]
+    wait_for(lambda: len(tap.published()) >= 4, 15, message="no dispatch")
+    # Healthy leader and followers pass, through the command line without Celery.
+    for path in health:
+        run = subprocess.run(
+            [sys.executable, "-m", "celery_leader", "check", "--file", str(path)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert run.returncode == 0, run.stdout + run.stderr
+    place, proc, epoch = beats.leader()
+    Path(f"{hang}.{beats.instance_of(place)}").touch()
+    proc.wait_for_line("is_due hangs for 30 s", timeout=5)
+    at = time.monotonic()
+    failed = wait_for(
+        lambda: None if check(health[place])[0] else time.monotonic(),
+        TTL + 2,
+        interval=0.05,
+        message="the health check kept passing",
+    )
+    first = first_of_other_term(tap, at, epoch, 2 * TTL + 5)
+    handover = first.seen - at
+    print(
+        f"\nhung tick (is_due blocks 30 s), ttl and tick timeout {TTL:g} s: health check "
+        f"failed after {failed - at:.2f} s, another replica dispatched after {handover:.2f} s "
+        f"(budget {2 * TTL + 1:g} s)"
+    )
+    assert handover <= TTL + TTL + 1
+    assert failed - at <= TTL + 1
+    assert "the scheduler has not finished a tick" in proc.output()
+    celery_check = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tests.apps.beat_app", "leader", "check"],
+        cwd=ROOT,
+        env={
+            **beats_env(redis_url),
+            "CELERY_LEADER_HEALTH_FILE": str(health[place]),
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert celery_check.returncode == 1, celery_check.stdout + celery_check.stderr
+    assert celery_check.stdout.startswith("UNHEALTHY") and celery_check.stdout.count("\n") == 1
+    others = [p for p in range(3) if p != place]
+    assert all(check(health[p])[0] for p in others), [check(health[p]) for p in others]
+    time.sleep(2 * every)
+    assert_no_problems(tap)
+
+
+def beats_env(broker_url: str) -> dict[str, str]:
+    return {**os.environ, "BROKER_URL": broker_url, "PYTHONPATH": str(ROOT)}
+
+
+def scrape(port: int) -> dict[str, float]:
+    """Samples of a Prometheus endpoint: ``'name{labels}' -> value``."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_metrics_hook_and_broker_connections_across_a_hand_over(
+    redis_server: RedisServer,
+    redis_url: str,
+    lease_store: RedisServer,
+    beat_holder: Callable[[str], Holder],
+    procs: Procs,
+    tap: BrokerTap,
+    tmp_path: Path,
+) -> None:
+    ports = [free_port(), free_port()]
+    holder = beat_holder(lease_store.url)
+    beats = start_beats(
+        procs,
+        tmp_path,
+        env(redis_url, 0.2, HOOK_APPLY_ENTRY="1"),
+        lease_store,
+        holder,
+        count=2,
+        place_env=[{"CELERY_LEADER_METRICS_PORT": str(port)} for port in ports],
+    )
+    wait_for(lambda: len(tap.published()) >= 10, 15, message="no dispatch")
+    with redis_server.client() as client:
+        clients_before = len(client.client_list())
+    first, first_proc, first_epoch = beats.leader()
+    # A graceful hand-over: the first leader resigns on request.
+    from celery_leader.backends import create_backend
+
+    backend = create_backend(LeaderConfig.from_mapping({"leader_url": lease_store.url}))
+    try:
+        backend.request_resign("beat")
+    finally:
+        backend.close()
+    at = time.monotonic()
+    first_of_other_term(tap, at, first_epoch, TTL + 5)
+    wait_for(lambda: len(tap.after(at)) >= 10, 10, message="the new leader stalled")
+    second, _, second_epoch = beats.leader()
+    assert second != first
+
+    # Counters against what the tap saw from each process (taken at the same moment).
+    samples = [scrape(port) for port in ports]
+    scraped = time.monotonic()
+    time.sleep(0.3)
+    seen = Counter(p.pid for p in tap.published() if p.seen <= scraped + 0.05)
+    for place, data in enumerate(samples):
+        sent = data['celery_leader_slots_sent_total{election="beat"}']
+        assert abs(sent - seen[beats.current[place].pid]) <= 1, (place, sent, seen)
+    old, new = samples[first], samples[second]
+    assert old['celery_leader_elections_total{election="beat"}'] == 1
+    assert old['celery_leader_demotions_total{election="beat",reason="resigned"}'] == 1
+    assert old['celery_leader_is_leader{election="beat"}'] == 0
+    assert new['celery_leader_is_leader{election="beat"}'] == 1
+    assert new['celery_leader_epoch{election="beat"}'] == second_epoch
+    assert (
+        new['celery_leader_store_round_trip_seconds_count{election="beat",operation="claim"}'] > 0
+    )
+    assert old.get('celery_leader_publish_failures_total{election="beat"}', 0) == 0
+
+    # The hook saw every slot its process sent, with the leader headers.
+    for proc in beats.current:
+        hooked = set(re.findall(r"hook saw slot (\S+)", proc.output()))
+        published = {p.slot for p in tap.published() if p.pid == proc.pid}
+        assert published <= hooked and len(hooked - published) <= 1, proc
+    assert "None" not in "".join(re.findall(r"hook saw slot (\S+)", first_proc.output()))
+
+    # The ex-leader gave its broker connection back.
+    with redis_server.client() as client:
+        clients_after = len(client.client_list())
+    sent_by = [s['celery_leader_slots_sent_total{election="beat"}'] for s in samples]
+    print(
+        f"\nmetrics: slots sent {sent_by}; broker clients before the hand-over "
+        f"{clients_before}, after {clients_after}"
+    )
+    assert clients_after <= clients_before
+    assert_no_problems(tap)
+
+
+@pytest.mark.slow
+def test_missed_slot_policies_across_a_sigkill_failover(
+    redis_url: str,
+    lease_store: RedisServer,
+    beat_holder: Callable[[str], Holder],
+    procs: Procs,
+    tap: BrokerTap,
+    tmp_path: Path,
+) -> None:
+    # ttl 3 s, a slot every 0.5 s: about six slots of each entry fall due while nobody leads.
+    every = 0.5
+    beats = start_beats(
+        procs,
+        tmp_path,
+        env(redis_url, every, BEAT_POLICIES="once,skip,all"),
+        lease_store,
+        beat_holder(lease_store.url),
+        count=2,
+    )
+    wait_for(lambda: len(tap.published()) >= 9, 15, message="no dispatch")
+    _, proc, epoch = beats.leader()
+    send_signal(proc, signal.SIGKILL)
+    at = time.monotonic()
+    first_of_other_term(tap, at, epoch, TTL + 5)
+    time.sleep(4 * every)
+    dues: dict[str, list[tuple[float, float, int | None]]] = defaultdict(list)
+    for p in tap.published():
+        dues[entry_of(p)].append((due(p), wall(p), p.epoch))
+    logs = "\n".join(b.output() for b in beats.current if b.alive)
+    rows = []
+    for policy in ("once", "skip", "all"):
+        seq = sorted(dues[f"tick-{policy}"])
+        old = [d for d in seq if d[2] == epoch]
+        new = [d for d in seq if d[2] != epoch]
+        gap = round((new[0][0] - old[-1][0]) / every) - 1  # slots not sent between the terms
+        late = [d for d in new if d[1] - d[0] > every]  # sent over a period after due
+        dropped = re.findall(rf"not sending (\d+) missed slot\(s\) of 'tick-{policy}'", logs)
+        rows.append((policy, gap, len(late), dropped))
+        if policy == "all":
+            # Every slot went out, the missed ones late, each once.
+            assert gap == 0 and len(late) >= 4 and dropped == [], rows
+        else:
+            # The new leader said what it dropped: all but one (once) or all (skip).
+            assert gap >= 3 and dropped == [str(gap)], rows
+    print(
+        f"\nmissed slots across a SIGKILL, ttl {TTL:g} s, every {every:g} s "
+        f"(policy, slots not sent, sent over a period late, dropped as logged): {rows}"
+    )
+    assert_no_problems(tap)
+
+
+@pytest.mark.slow
+def test_a_replica_whose_clock_runs_ahead_does_not_stop_the_schedule(
+    redis_url: str,
+    lease_store: RedisServer,
+    beat_holder: Callable[[str], Holder],
+    procs: Procs,
+    tap: BrokerTap,
+    tmp_path: Path,
+) -> None:
+    # Replica 0's wall clock runs 5 minutes ahead; it leads first and stores last_run_at
+    # values 5 minutes in the others' future. Then it dies.
+    holder = beat_holder(lease_store.url)
+    beats = Replicas(
+        procs,
+        tmp_path,
+        BEAT,
+        env(redis_url, 0.5),
+        [lease_store.url] * 2,
+        holder,
+        [{"CLOCK_AHEAD": "300"}, {}],
+    )
+    beats.current = [beats._spawn(0)]
+    beats.current[0].wait_for_line(r"beat: Starting\.\.\.", timeout=30)
+    wait_for(lambda: len(tap.published()) >= 3, 15, message="no dispatch")
+    beats.current.append(beats._spawn(1))
+    beats.current[1].wait_for_line(r"beat: Starting\.\.\.", timeout=30)
+    place, proc, epoch = beats.leader()
+    assert place == 0
+    send_signal(proc, signal.SIGKILL)
+    at = time.monotonic()
+    first_of_other_term(tap, at, epoch, TTL + 5)
+    wait_for(lambda: len([p for p in tap.after(at) if p.epoch != epoch]) >= 6, 10,
+             message="the schedule stopped")  # fmt: skip
+    warnings = [line for line in beats.current[1].lines() if "in the future" in line]
+    assert len(warnings) == 1 and "'tick'" in warnings[0], warnings
+    assert "WARNING" in warnings[0]
+    assert_no_problems(tap)
+
+
+@pytest.mark.slow
+def test_store_load_stays_one_claim_per_due_batch(
+    redis_url: str,
+    lease_store: RedisServer,
+    beat_holder: Callable[[str], Holder],
+    procs: Procs,
+    tap: BrokerTap,
+    tmp_path: Path,
+) -> None:
+    # 3 beats, 200 entries every 1 s: one claim script (it runs TYPE once) per second.
+    beats = start_beats(
+        procs,
+        tmp_path,
+        env(redis_url, 1.0, BEAT_ENTRIES="200"),
+        lease_store,
+        beat_holder(lease_store.url),
+    )
+    wait_for(lambda: len(tap.published()) >= 400, 20, message="no dispatch")
+
+    def claims() -> int:
+        with lease_store.client() as client:
+            return int(client.info("commandstats").get("cmdstat_type", {}).get("calls", 0))
+
+    rates = []
+    for _ in range(2):
+        start, t0 = claims(), time.monotonic()
+        time.sleep(8)
+        rates.append((claims() - start) / (time.monotonic() - t0))
+        time.sleep(4)
+    print(f"\nstore load, 3 beats, 200 entries every 1 s: claim scripts per second {rates}")
+    assert all(rate <= 1.2 for rate in rates), rates
+    assert beats.current[0].alive
+    assert_no_problems(tap)
