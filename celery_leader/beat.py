@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 import heapq
-import json
 import logging
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -27,6 +26,8 @@ from .config import LeaderConfig
 from .exceptions import StoreUnavailable, missing_extra
 from .lease import Lease
 from .signals import elected as _elected  # noqa: F401 - importing it connects the signals
+from .slots import dump_state, slot_name
+from .slots import parse_state as _parse_state
 
 try:
     from celery.beat import ScheduleEntry, Scheduler, event_t
@@ -250,7 +251,7 @@ class LeaderSchedulerMixin:
             return
         slots, claims, nexts = [], [], []
         for _, entry, _ in due:
-            slot = f"{entry.name}@{_due_time(entry).isoformat(timespec='milliseconds')}"
+            slot = slot_name(entry.name, _due_time(entry))
             next_entry = self.reserve(entry)
             new = _dump_state(next_entry, tenure.epoch, lease.instance_id, slot)
             slots.append(slot)
@@ -359,29 +360,5 @@ def _due_time(entry: ScheduleEntry) -> datetime:
 
 
 def _dump_state(entry: ScheduleEntry, epoch: int, by: str, slot: str | None = None) -> str:
-    """The shared state of ``entry`` as stored: JSON, read back by :func:`_parse_state`.
-
-    ``slot``, ``epoch`` and ``by`` are for people reading the store; only
-    ``last_run_at`` and ``total_run_count`` are read back.
-    """
-    state = {
-        "last_run_at": entry.last_run_at.isoformat(),
-        "total_run_count": entry.total_run_count,
-        "epoch": epoch,
-        "by": by,
-    }
-    if slot is not None:
-        state["slot"] = slot
-    return json.dumps(state)
-
-
-def _parse_state(raw: str) -> tuple[datetime, int] | None:
-    try:
-        data = json.loads(raw)
-        last = datetime.fromisoformat(data["last_run_at"])
-        count = data["total_run_count"]
-    except (ValueError, TypeError, KeyError):
-        return None
-    if not isinstance(count, int):
-        return None
-    return last, count
+    """The shared state of ``entry`` as stored (see :func:`celery_leader.slots.dump_state`)."""
+    return dump_state(entry.last_run_at, entry.total_run_count, epoch, by, slot)
