@@ -7,13 +7,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
+from itertools import pairwise
 from typing import Any
 
 import dramatiq
 import pytest
 from dramatiq.brokers.stub import StubBroker
 
-from celery_leader.backends import Claim
 from celery_leader.dramatiq import LeaderActorError, LeaderMiddleware, cron, every
 from celery_leader.dramatiq.scheduler import DramatiqScheduler
 from celery_leader.exceptions import ConfigError
@@ -230,7 +230,7 @@ def test_a_new_scheduler_continues_from_the_store_and_folds_missed_slots(
     assert all(s.startswith("t@") and s.endswith("+00:00") for s in slots)
     assert {m.kwargs["x"] for m in messages} == {1}
     dues = sorted(datetime.fromisoformat(s[2:]) for s in slots)
-    gaps = [(b - a).total_seconds() for a, b in zip(dues, dues[1:])]
+    gaps = [(b - a).total_seconds() for a, b in pairwise(dues)]
     # The slots missed between the two schedulers went out as one (the latest).
     assert max(gaps) >= 0.4, gaps
     outage = [d for d in dues if stopped < d < stopped + timedelta(seconds=0.4)]
