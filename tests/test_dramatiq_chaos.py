@@ -202,6 +202,21 @@ def term_main(replicas: Replicas, replica: Proc, pid: int) -> None:
     os.kill(replica.pid, signal.SIGTERM)
 
 
+def kill_main(replicas: Replicas, replica: Proc, pid: int) -> None:
+    """SIGKILL of ``dramatiq``'s main process alone: its scheduler fork must notice."""
+    os.kill(replica.pid, signal.SIGKILL)
+    wait_for(lambda: not running(pid), 1.0, message="the orphaned scheduler fork exiting")
+
+
+def running(pid: int) -> bool:
+    """True while ``pid`` exists and is no zombie (who reaps orphans depends on PID 1)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
 def term_group(replicas: Replicas, replica: Proc, pid: int) -> None:
     os.killpg(replica.pid, signal.SIGTERM)
 
@@ -282,6 +297,7 @@ def run_faults(
             {
                 "kill_group": kill_group,
                 "kill_fork": kill_fork,
+                "kill_main": kill_main,
                 "term_main": term_main,
                 "term_group": term_group,
             }[name](replicas, replica, pid)
@@ -290,7 +306,8 @@ def run_faults(
             if name == "kill_fork" and replica.alive:
                 replicas.replace(replica)
             elif name != "kill_fork":
-                replica.wait(10) if name != "kill_group" else None
+                if name not in ("kill_group", "kill_main"):
+                    replica.wait(10)
                 replicas.replace(replica)
         rows.append((name, gap, bound))
         print(f"{kind} {'embedded' if embedded else 'standalone'} {name}: gap {gap:.3f} s")
@@ -309,7 +326,15 @@ def test_every_fault_on_redis_embedded(
         broker_server,
         ("redis", redis_url, redis_server),
         True,
-        ["kill_group", "kill_fork", "term_main", "term_group", "stop_cont", "store_restart"],
+        [
+            "kill_group",
+            "kill_fork",
+            "kill_main",
+            "term_main",
+            "term_group",
+            "stop_cont",
+            "store_restart",
+        ],
     )
 
 
