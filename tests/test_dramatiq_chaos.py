@@ -18,12 +18,10 @@ graceful one. Run with ``-s`` to see the measured gaps.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
 import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -36,6 +34,7 @@ import redis
 from celery_leader.backends import create_backend
 from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import StoreUnavailable
+from harness.dramatiq_tap import DramatiqTap
 from harness.groups import pgrp_of
 from harness.procs import Proc, Procs
 from harness.servers import PostgresServer, RedisServer
@@ -64,45 +63,19 @@ class Sent:
 
 
 class Tap:
-    """Takes every message off the broker's ``ticks`` queue as soon as it lands."""
+    """The sent slots, as the broker received them (see harness.dramatiq_tap)."""
 
     def __init__(self, client: redis.Redis) -> None:
-        self._client = client
-        self._lock = threading.Lock()
-        self._seen: list[Sent] = []
-        self._failure: Exception | None = None
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="tap", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            while not self._stopping.is_set():
-                ids = self._client.lpop("dramatiq:ticks", 1000)
-                seen = time.monotonic()
-                if not ids:
-                    self._stopping.wait(0.005)
-                    continue
-                raws = self._client.hmget("dramatiq:ticks.msgs", ids)
-                self._client.hdel("dramatiq:ticks.msgs", *ids)
-                batch = []
-                for raw in raws:
-                    options = json.loads(raw)["options"]
-                    batch.append(Sent(seen, options["leader_slot"], options["leader_epoch"]))
-                with self._lock:
-                    self._seen.extend(batch)
-        except Exception as exc:
-            self._failure = exc
+        self._tap = DramatiqTap(client)
 
     def sent(self) -> list[Sent]:
-        if self._failure is not None:
-            raise AssertionError("the broker tap stopped") from self._failure
-        with self._lock:
-            return list(self._seen)
+        return [
+            Sent(a.seen, a.options["leader_slot"], a.options["leader_epoch"])
+            for a in self._tap.arrivals()
+        ]
 
     def close(self) -> None:
-        self._stopping.set()
-        self._thread.join(timeout=5)
+        self._tap.close()
 
 
 class Replicas:
