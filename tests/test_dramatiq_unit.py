@@ -14,6 +14,7 @@ import dramatiq
 import pytest
 from dramatiq.brokers.stub import StubBroker
 
+from celery_leader.backends import create_backend
 from celery_leader.dramatiq import LeaderActorError, LeaderMiddleware, cron, every
 from celery_leader.dramatiq.scheduler import DramatiqScheduler
 from celery_leader.exceptions import ConfigError
@@ -137,6 +138,10 @@ def broker() -> Iterator[StubBroker]:
     broker.close()
 
 
+def leader_of(broker: StubBroker) -> LeaderMiddleware:
+    return next(m for m in broker.middleware if isinstance(m, LeaderMiddleware))
+
+
 def test_a_queue_mixing_leader_only_and_ordinary_actors_fails_at_import(
     broker: StubBroker,
 ) -> None:
@@ -178,7 +183,7 @@ def test_skip_mode_fails_closed_when_the_check_raises(
     worker = dramatiq.Worker(broker, worker_timeout=50)
     worker.start()
     try:
-        lease = broker.middleware[-2].lease()  # type: ignore[attr-defined]
+        lease = leader_of(broker).lease()
         wait_for(lease.is_leader, 5, message="the only process leads")
         guarded.send(1)
         broker.join("guarded")
@@ -206,7 +211,7 @@ def test_a_new_scheduler_continues_from_the_store_and_folds_missed_slots(
     @dramatiq.actor(queue_name="ticks", leader_schedule=every(0.1, kwargs={"x": 1}, name="t"))
     def tick(x: int) -> None: ...
 
-    config = broker.middleware[-1].config  # type: ignore[attr-defined]
+    config = leader_of(broker).config
 
     def run_until(count: int) -> None:
         scheduler = DramatiqScheduler(broker, config)
@@ -237,3 +242,56 @@ def test_a_new_scheduler_continues_from_the_store_and_folds_missed_slots(
     assert len(outage) <= 1, (outage, stopped)
     epochs = [m.options["leader_epoch"] for m in messages]
     assert epochs == sorted(epochs) and len(set(epochs)) == 2
+
+
+class _Consumer:
+    def __init__(self) -> None:
+        self.requeued: list[Any] = []
+        self.paused = False
+
+    def requeue_messages(self, messages: Any) -> None:
+        self.requeued.extend(messages)
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+
+
+class _Worker:
+    def __init__(self, *queues: str) -> None:
+        self.consumers = {q: _Consumer() for q in queues}
+
+
+def test_wait_mode_pauses_followers_and_requeues_what_they_prefetched(
+    broker: StubBroker,
+) -> None:
+    from dramatiq.middleware import SkipMessage
+
+    @dramatiq.actor(queue_name="reports", leader_only=True, leader_on_follower="wait")
+    def report() -> None: ...
+
+    middleware = leader_of(broker)
+    # Another process leads the worker election of the same store.
+    other = Lease.from_config("worker", middleware.config, create_backend(middleware.config))
+    other.start()
+    wait_for(other.is_leader, 5)
+    worker = _Worker("reports", "reports.DQ")
+    try:
+        middleware.after_worker_boot(broker, worker)
+        assert worker.consumers["reports"].paused
+        assert not worker.consumers["reports.DQ"].paused
+        message = report.message()
+        with pytest.raises(SkipMessage):
+            middleware.before_process_message(broker, dramatiq.broker.MessageProxy(message))
+        assert [m.message_id for m in worker.consumers["reports"].requeued] == [message.message_id]
+        other.stop()  # the leader hands over: this process is elected and resumes
+        wait_for(lambda: not worker.consumers["reports"].paused, 5, message="resumed")
+        middleware.before_process_message(broker, dramatiq.broker.MessageProxy(message))
+        middleware.stop()  # demoted on shutdown: paused again, and never re-joins
+        assert worker.consumers["reports"].paused
+        with pytest.raises(SkipMessage):
+            middleware.before_process_message(broker, dramatiq.broker.MessageProxy(message))
+    finally:
+        other.stop()

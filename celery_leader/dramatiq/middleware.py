@@ -22,7 +22,7 @@ from typing import Any
 
 from ..backends import Backend, create_backend
 from ..config import LeaderConfig, validate_name
-from ..exceptions import ConfigError, missing_extra
+from ..exceptions import ConfigError, LeaderError, missing_extra
 from ..lease import Lease
 from .scheduler import schedules_of
 from .settings import load_config
@@ -101,6 +101,7 @@ class LeaderMiddleware(Middleware):
         self._backend: Backend | None = None
         self._leases: dict[str, Lease] = {}
         self._pid = os.getpid()
+        self._closed = False  # stop() ran: never join an election again in this process
         self._worker: Any = None
         _current = self
 
@@ -167,7 +168,7 @@ class LeaderMiddleware(Middleware):
             if rule is None or rule.election is None:
                 return
             try:
-                if self.lease(rule.election).is_leader():
+                if not self._closed and self.lease(rule.election).is_leader():
                     return
             except Exception:
                 logger.exception(
@@ -198,6 +199,9 @@ class LeaderMiddleware(Middleware):
         with self._lock:
             if self._pid != os.getpid():  # inherited through a fork: start afresh
                 self._pid, self._leases, self._backend = os.getpid(), {}, None
+                self._closed = False
+            if self._closed:
+                raise LeaderError("LeaderMiddleware stopped: this process is shutting down")
             lease = self._leases.get(election)
             if lease is None:
                 config = self.process_config()
@@ -218,6 +222,7 @@ class LeaderMiddleware(Middleware):
     def stop(self) -> None:
         """Leave every election of this process (demote, release, wake a follower)."""
         with self._lock:
+            self._closed = True
             leases, self._leases = list(self._leases.values()), {}
             backend, self._backend = self._backend, None
         for lease in leases:
@@ -285,12 +290,25 @@ class LeaderMiddleware(Middleware):
 
 def is_leader(election: str | None = None) -> bool:
     """Whether this process leads ``election`` now (default: the worker election)."""
-    return _middleware().lease(election).is_leader()
+    lease = _lease(election)
+    return lease is not None and lease.is_leader()
 
 
 def current_epoch(election: str | None = None) -> int | None:
     """The fencing token of this process's current term of ``election``, else ``None``."""
-    return _middleware().lease(election).epoch
+    lease = _lease(election)
+    return None if lease is None else lease.epoch
+
+
+def _lease(election: str | None) -> Lease | None:
+    """This process's lease of ``election``; ``None`` once the process is shutting down."""
+    middleware = _middleware()
+    try:
+        return middleware.lease(election)
+    except LeaderError:
+        if middleware._closed:
+            return None
+        raise
 
 
 def _middleware() -> LeaderMiddleware:
