@@ -19,6 +19,7 @@ import pytest
 import redis
 from dramatiq.brokers.redis import RedisBroker
 
+from celery_leader.backends import create_backend
 from celery_leader.config import LeaderConfig
 from harness.procs import Proc, Procs
 from harness.servers import RedisServer
@@ -154,3 +155,30 @@ def test_use_spawn_runs_the_scheduler_and_leader_only_actors(
         check_slots(tap.sent())
     finally:
         tap.close()
+
+
+def test_sigterm_to_the_process_group_releases_worker_leases_at_once(
+    procs: Procs, broker_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    """systemd's SIGTERM reaches every process and Dramatiq relays another; the lease is
+    released at the signal, not at the worker's next one-second poll, and never leaks
+    (which would leave the election empty for the 3 s ttl)."""
+    replicas = start(procs, app_env(broker_url, redis_url, tmp_path / "record"), "skipping")
+    first = worker_leader(redis_url)
+    replica = next(p for p in replicas if os.getpgid(first) == p.pid)
+    config = LeaderConfig.from_env(env={}, leader_url=redis_url, leader_ttl=3)
+    backend = create_backend(config)
+    try:
+        os.killpg(replica.pid, signal.SIGTERM)
+        fault = time.monotonic()
+
+        def other_holder() -> bool:
+            holder = backend.holder("worker")
+            return holder is not None and not holder.instance_id.endswith(f":{first}")
+
+        wait_for(other_holder, 3, interval=0.01, message="another process leading 'worker'")
+        took = time.monotonic() - fault
+    finally:
+        backend.close()
+    print(f"worker election handed over {took:.3f} s after a group SIGTERM")
+    assert took < 0.5, f"{took:.2f} s: the lease was not released at the signal"

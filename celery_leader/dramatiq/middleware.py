@@ -2,10 +2,11 @@
 
 Every Dramatiq process that builds the broker gets its own middleware instance,
 and each worker process holds its own leases (instance id ``host:pid``).
-Leases are released in ``before_worker_shutdown`` and, because ``atexit`` does
-not run in Dramatiq's worker processes, by a ``multiprocessing.util.Finalize``
-too: a second SIGTERM (Dramatiq's main process relays the one systemd sends to
-the whole group) skips the shutdown hooks but not the finalizers.
+Leases are released at the first SIGTERM or SIGHUP, in ``before_worker_shutdown``
+and, because ``atexit`` does not run in Dramatiq's worker processes, by a
+``multiprocessing.util.Finalize`` too: a second SIGTERM (Dramatiq's main process
+relays the one systemd sends to the whole group) skips the shutdown hooks but
+not the finalizers.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import signal
 import socket
 import threading
 from collections.abc import Callable
@@ -98,6 +100,7 @@ class LeaderMiddleware(Middleware):
         self._rules: dict[str, Rule] = {}  # actor name -> rule
         self._queues: dict[str, tuple[Rule, str]] = {}  # queue -> rule, an actor showing it
         self._lock = threading.Lock()
+        self._stop_lock = threading.Lock()  # a second stop() waits for the first one
         self._backend: Backend | None = None
         self._leases: dict[str, Lease] = {}
         self._pid = os.getpid()
@@ -146,6 +149,28 @@ class LeaderMiddleware(Middleware):
             self._rules.pop(actor.actor_name, None)
         else:
             self._rules[actor.actor_name] = rule
+
+    def after_process_boot(self, broker: Any) -> None:
+        """Release at the first SIGTERM or SIGHUP, before Dramatiq's own handler runs.
+
+        Dramatiq's worker process only notices a SIGTERM at its next one-second
+        poll; and when the signal reaches the whole group, Dramatiq's relayed copy
+        often merges with it, so no second signal hurries it along.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            previous = signal.getsignal(sig)
+            if callable(previous):
+                signal.signal(sig, self._releasing(previous))
+
+    def _releasing(self, previous: Callable[[int, Any], Any]) -> Callable[[int, Any], Any]:
+        def handler(signum: int, frame: Any) -> Any:
+            # The release talks to the store: not in a signal handler.
+            threading.Thread(target=self.stop, name="celery-leader:release", daemon=True).start()
+            return previous(signum, frame)
+
+        return handler
 
     def after_worker_boot(self, broker: Any, worker: Any) -> None:
         """Join the elections of this process's leader-only actors; pause ``wait`` queues."""
@@ -220,15 +245,20 @@ class LeaderMiddleware(Middleware):
         return lease
 
     def stop(self) -> None:
-        """Leave every election of this process (demote, release, wake a follower)."""
-        with self._lock:
-            self._closed = True
-            leases, self._leases = list(self._leases.values()), {}
-            backend, self._backend = self._backend, None
-        for lease in leases:
-            lease.stop()
-        if backend is not None:
-            backend.close()
+        """Leave every election of this process (demote, release, wake a follower).
+
+        Callers racing it (a signal's release thread, the shutdown hook, the
+        finalizer at exit) wait until the first one has released.
+        """
+        with self._stop_lock:
+            with self._lock:
+                self._closed = True
+                leases, self._leases = list(self._leases.values()), {}
+                backend, self._backend = self._backend, None
+            for lease in leases:
+                lease.stop()
+            if backend is not None:
+                backend.close()
 
     # -- wait mode ----------------------------------------------------------
 
