@@ -171,6 +171,14 @@ def test_unknown_option_values_fail_at_import(
         def actor() -> None: ...
 
 
+def test_two_actors_with_one_entry_name_fail_at_import(broker: StubBroker) -> None:
+    dramatiq.actor(leader_schedule=every(60, name="sync"))(lambda: None)
+    with pytest.raises(LeaderActorError, match="named 'sync' too"):
+
+        @dramatiq.actor(leader_schedule=cron("0 * * * *", name="sync"))
+        def other() -> None: ...
+
+
 def test_skip_mode_fails_closed_when_the_check_raises(
     broker: StubBroker, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -99,6 +99,7 @@ class LeaderMiddleware(Middleware):
         self._pid_instance = self.config.instance_id == _default_instance_id()
         self._rules: dict[str, Rule] = {}  # actor name -> rule
         self._queues: dict[str, tuple[Rule, str]] = {}  # queue -> rule, an actor showing it
+        self._entries: dict[str, str] = {}  # schedule entry name -> its actor
         self._lock = threading.Lock()
         self._stop_lock = threading.Lock()  # a second stop() waits for the first one
         self._backend: Backend | None = None
@@ -144,6 +145,13 @@ class LeaderMiddleware(Middleware):
                 f"{known[1]!r} ({_describe(known[0])}): put leader-only actors on a queue of "
                 "their own (queue_name=)"
             )
+        for name in _entry_names(actor):
+            owner = self._entries.setdefault(name, actor.actor_name)
+            if owner != actor.actor_name:
+                raise LeaderActorError(
+                    f"actor {actor.actor_name!r}: a leader_schedule entry of actor {owner!r} "
+                    f"is named {name!r} too: give one of them name="
+                )
         self._queues[queue] = (rule, actor.actor_name)
         if rule.election is None:
             self._rules.pop(actor.actor_name, None)
@@ -295,8 +303,7 @@ class LeaderMiddleware(Middleware):
 
     def _rule_of(self, actor: Any) -> Rule:
         options = actor.options
-        schedules = schedules_of(options.get("leader_schedule"))
-        names = [s.name or actor.actor_name for s in schedules]
+        names = _entry_names(actor)
         if len(set(names)) != len(names):
             raise ConfigError("two leader_schedule entries share a name: give them name=")
         only = options.get("leader_only", False)
@@ -345,6 +352,12 @@ def _middleware() -> LeaderMiddleware:
     if _current is None:
         raise ConfigError("no LeaderMiddleware in this process: add one to the broker")
     return _current
+
+
+def _entry_names(actor: Any) -> list[str]:
+    """Names of the schedule entries of ``actor`` (its name, or each schedule's ``name=``)."""
+    schedules = schedules_of(actor.options.get("leader_schedule"))
+    return [s.name or actor.actor_name for s in schedules]
 
 
 def _default_instance_id() -> str:
