@@ -182,3 +182,37 @@ def test_sigterm_to_the_process_group_releases_worker_leases_at_once(
         backend.close()
     print(f"worker election handed over {took:.3f} s after a group SIGTERM")
     assert took < 0.5, f"{took:.2f} s: the lease was not released at the signal"
+
+
+def test_wait_mode_requeues_what_a_demoted_leader_prefetched(
+    procs: Procs, broker_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    """The leading worker process is paused past the ttl (not past the broker's 5 s
+    heartbeat timeout, so Dramatiq itself does not take its messages back). When it
+    resumes it has lost the lease: it finishes the body it was in, pauses its consumer
+    and re-enqueues the message it had prefetched, which the new leader runs."""
+    record = tmp_path / "record"
+    env = app_env(broker_url, redis_url, record, BODY_SECONDS="0.3")
+    env["dramatiq_queue_prefetch"] = "2"  # one running, one waiting in the process
+    replicas = start(procs, env, "waiting")
+    first = worker_leader(redis_url)
+    send(broker_url, "waiting", 12)
+    wait_for(lambda: len(records(record)) >= 3, 30, message="3 messages run")
+    os.kill(first, signal.SIGSTOP)
+    stopped = time.monotonic()
+    wait_for(lambda: time.monotonic() > stopped + 4.0, 5)
+    os.kill(first, signal.SIGCONT)
+    wait_for(
+        lambda: len({n for _, n, _, _ in records(record)}) == 12,
+        40,
+        message=lambda: f"all 12 run; so far {records(record)}",
+    )
+    rows = records(record)
+    assert sorted(n for _, n, _, _ in rows) == list(range(12)), rows
+    assert all(epoch is not None for *_, epoch in rows), rows
+    by_epoch: dict[int | None, set[int]] = {}
+    for _, _, pid, epoch in rows:
+        by_epoch.setdefault(epoch, set()).add(pid)
+    assert all(len(pids) == 1 for pids in by_epoch.values()), by_epoch
+    logs = "".join(p.output() for p in replicas)
+    assert "re-enqueueing waiting" in logs, "the demoted leader had nothing prefetched"

@@ -2,7 +2,8 @@
 
 BROKER_URL (Redis broker), LEADER_URL, LEADER_TTL, EMBEDDED (``1``: the scheduler
 runs in a ``dramatiq`` fork), EVERY (seconds between ``tick`` slots), RECORD (a
-file where leader-only actors append ``actor message pid epoch``), and
+file where leader-only actors append ``actor message pid epoch``, the epoch
+being the one a run started under), BODY_SECONDS (how long ``waiting`` runs) and
 BREAK_CHECK (``1``: every leadership check raises, to prove it fails closed).
 The ``tick`` queue is consumed by nobody, so the tests read the sent slots from
 the broker itself.
@@ -40,8 +41,8 @@ if os.environ.get("BREAK_CHECK") == "1":
     Lease.is_leader = broken  # type: ignore[method-assign]
 
 
-def record(actor: str, n: int) -> None:
-    line = f"{actor} {n} {os.getpid()} {current_epoch()}\n"
+def record(actor: str, n: int, epoch: int | None) -> None:
+    line = f"{actor} {n} {os.getpid()} {epoch}\n"
     fd = os.open(os.environ["RECORD"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
         os.write(fd, line.encode())
@@ -56,10 +57,11 @@ def tick() -> None:
 
 @dramatiq.actor(queue_name="waiting", leader_only=True, leader_on_follower="wait")
 def waiting(n: int) -> None:
-    time.sleep(0.02)
-    record("waiting", n)
+    epoch = current_epoch()  # the term this run started under
+    time.sleep(float(os.environ.get("BODY_SECONDS", "0.02")))
+    record("waiting", n, epoch)
 
 
 @dramatiq.actor(queue_name="skipping", leader_only=True)
 def skipping(n: int) -> None:
-    record("skipping", n)
+    record("skipping", n, current_epoch())
