@@ -193,7 +193,7 @@ def test_wait_mode_requeues_what_a_demoted_leader_prefetched(
     and re-enqueues the message it had prefetched, which the new leader runs."""
     record = tmp_path / "record"
     env = app_env(broker_url, redis_url, record, BODY_SECONDS="0.3")
-    env["dramatiq_queue_prefetch"] = "2"  # one running, one waiting in the process
+    env["dramatiq_queue_prefetch"] = "4"  # one running, up to three waiting in the process
     replicas = start(procs, env, "waiting")
     first = worker_leader(redis_url)
     send(broker_url, "waiting", 12)
@@ -215,4 +215,4 @@ def test_wait_mode_requeues_what_a_demoted_leader_prefetched(
         by_epoch.setdefault(epoch, set()).add(pid)
     assert all(len(pids) == 1 for pids in by_epoch.values()), by_epoch
     logs = "".join(p.output() for p in replicas)
-    assert "re-enqueueing waiting" in logs, "the demoted leader had nothing prefetched"
+    assert "re-enqueueing waiting" in logs, f"the demoted leader had nothing prefetched: {rows}"
