@@ -41,6 +41,8 @@ EXTERNAL = (
     ("4. Dispatch rate, 10,000 entries due at once", "bench_dispatch", ("--rounds", "1")),
 )
 EXTERNAL_TIMEOUT = 300
+#: The Dramatiq schedulers, after the store load: title, module, extra arguments for --quick.
+DRAMATIQ = ("7. Dramatiq schedulers, three replicas", "bench_dramatiq", ("--reps", "1"))
 
 #: What the issue measured for redbeat and single-beat with ttl 3 s: the numbers to beat.
 GOALS = {"redbeat": {"graceful": 0.8, "sigkill": 3.6}, "single-beat": {"graceful": 4.0}}
@@ -300,6 +302,8 @@ def report(args: argparse.Namespace, image: str) -> str:
         f"## 6. Beat store load over {load_minutes} min: 3 beats, 200 entries every "
         f"{beat_load.EVERY:g} s\n\n{beat_load.table(rows, 200, 3)}"
     )
+    log(DRAMATIQ[0])
+    sections.append(f"## {DRAMATIQ[0]}\n\n{run_external(DRAMATIQ[1], DRAMATIQ[2], args.quick)}")
     minutes = (time.monotonic() - started) / 60
     head = (
         f"_`{COMMAND}{' --quick' if args.quick else ''}` on {env}; "

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import copy
 import heapq
-import json
 import logging
 import socket
 from dataclasses import dataclass, field
@@ -39,6 +38,8 @@ from .exceptions import ConfigError, StoreUnavailable, missing_extra
 from .health import HealthFile, Watchdog
 from .lease import Lease
 from .signals import elected as _elected  # noqa: F401 - importing it connects the signals
+from .slots import dump_state, slot_name
+from .slots import parse_state as _parse_state
 
 try:
     from celery.beat import ScheduleEntry, Scheduler, event_t
@@ -420,7 +421,7 @@ class LeaderSchedulerMixin:
         else:
             catch_up = missed[-MAX_MISSED:]
         send = catch_up + ([on_time] if on_time is not None else [])
-        slots = [_slot(entry.name, due) for due in send]
+        slots = [slot_name(entry.name, due) for due in send]
         dropped = total - len(send)
         if dropped:
             logger.info(
@@ -776,11 +777,6 @@ def _due_slots(
     return [_due_time(entry)], 1, None
 
 
-def _slot(name: str, due: datetime) -> str:
-    """The ``leader_slot`` header: ``"<entry>@<ISO-8601 due time>"``."""
-    return f"{name}@{due.isoformat(timespec='milliseconds')}"
-
-
 def _definitely_unsent(error: BaseException) -> bool:
     """Whether nothing of the message can have reached the broker.
 
@@ -819,29 +815,5 @@ def _due_time(entry: ScheduleEntry) -> datetime:
 
 
 def _dump_state(entry: ScheduleEntry, epoch: int, by: str, slot: str | None = None) -> str:
-    """The shared state of ``entry`` as stored: JSON, read back by :func:`_parse_state`.
-
-    ``slot``, ``epoch`` and ``by`` are for people reading the store; only
-    ``last_run_at`` and ``total_run_count`` are read back.
-    """
-    state = {
-        "last_run_at": entry.last_run_at.isoformat(),
-        "total_run_count": entry.total_run_count,
-        "epoch": epoch,
-        "by": by,
-    }
-    if slot is not None:
-        state["slot"] = slot
-    return json.dumps(state)
-
-
-def _parse_state(raw: str) -> tuple[datetime, int] | None:
-    try:
-        data = json.loads(raw)
-        last = datetime.fromisoformat(data["last_run_at"])
-        count = data["total_run_count"]
-    except (ValueError, TypeError, KeyError):
-        return None
-    if not isinstance(count, int):
-        return None
-    return last, count
+    """The shared state of ``entry`` as stored (see :func:`celery_leader.slots.dump_state`)."""
+    return dump_state(entry.last_run_at, entry.total_run_count, epoch, by, slot)

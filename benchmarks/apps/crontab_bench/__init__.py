@@ -1,0 +1,1 @@
+"""A Django app for dramatiq-crontab in the Dramatiq benchmark (``crontab`` loads its tasks)."""

@@ -1,0 +1,29 @@
+"""Dramatiq support: one scheduler across replicas, leader-only actors, no Celery needed.
+
+::
+
+    broker.add_middleware(LeaderMiddleware(url="redis://redis:6379/1", ttl=15))
+
+    @dramatiq.actor(leader_schedule=cron("30 2 * * *", tz="Europe/Berlin"))
+    def nightly(): ...
+
+    @dramatiq.actor(leader_only=True, leader_on_follower="wait")
+    def rebuild_index(): ...
+
+See docs/dramatiq.md.
+"""
+
+from __future__ import annotations
+
+from .middleware import LeaderActorError, LeaderMiddleware, current_epoch, is_leader
+from .schedules import Schedule, cron, every
+
+__all__ = [
+    "LeaderActorError",
+    "LeaderMiddleware",
+    "Schedule",
+    "cron",
+    "current_epoch",
+    "every",
+    "is_leader",
+]

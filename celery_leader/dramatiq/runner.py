@@ -1,0 +1,89 @@
+"""Where the scheduler runs: ``python -m celery_leader.dramatiq MODULE`` or a ``dramatiq`` fork.
+
+Both import the broker module as ``dramatiq MODULE`` does, find the broker's
+:class:`LeaderMiddleware` and schedule until SIGTERM or SIGINT, then hand over
+at once. The fork also exits when ``dramatiq``'s main process dies (a SIGKILL
+leaves it orphaned): it notices within one scheduler interval.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from types import FrameType
+from typing import Any
+
+from ..exceptions import ConfigError, missing_extra
+from .middleware import LeaderMiddleware
+from .scheduler import DramatiqScheduler
+
+try:
+    from dramatiq.cli import import_broker, make_argument_parser
+except ModuleNotFoundError as exc:
+    raise missing_extra(exc, "dramatiq") from None
+
+logger = logging.getLogger("celery_leader.dramatiq")
+
+
+def standalone(argv: Sequence[str] | None = None) -> int:
+    """``python -m celery_leader.dramatiq MODULE [MODULE ...]``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m celery_leader.dramatiq",
+        description="Run the celery-leader scheduler for the actors of a Dramatiq app.",
+    )
+    parser.add_argument("broker", help="module (or module:broker) that sets up the broker")
+    parser.add_argument("modules", nargs="*", help="more modules that declare actors")
+    parser.add_argument("--path", "-P", action="append", default=[], help="add to sys.path")
+    parser.add_argument("--log-level", default="INFO", help="default: INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="[%(asctime)s] [PID %(process)d] [%(threadName)s] [%(name)s] [%(levelname)s] "
+        "%(message)s",
+    )
+    sys.path[:0] = [*args.path, os.getcwd()]
+    try:
+        return _run(args.broker, args.modules, parent_pid=None)
+    except ConfigError as exc:
+        print(f"celery-leader: {exc}", file=sys.stderr)
+        return 2
+
+
+def embedded_scheduler() -> int:
+    """The fork function of ``LeaderMiddleware(scheduler=True)``: reads ``dramatiq``'s own argv."""
+    args = make_argument_parser().parse_args()  # type: ignore[no-untyped-call]
+    sys.path[:0] = list(args.path)
+    return _run(args.broker, args.modules, parent_pid=os.getppid())
+
+
+def _run(broker_path: str, modules: Sequence[str], parent_pid: int | None) -> int:
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        # Only set a flag: a second SIGTERM (group delivery plus Dramatiq's
+        # relay) must not interrupt the hand-over.
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    _, broker = import_broker(broker_path)  # type: ignore[no-untyped-call]
+    for module in modules:
+        importlib.import_module(module)
+    middleware = _leader_middleware(broker)
+    DramatiqScheduler(broker, middleware.process_config()).run(stop, parent_pid)
+    return 0
+
+
+def _leader_middleware(broker: Any) -> LeaderMiddleware:
+    for middleware in broker.middleware:
+        if isinstance(middleware, LeaderMiddleware):
+            return middleware
+    raise ConfigError(
+        "the broker has no LeaderMiddleware: broker.add_middleware(LeaderMiddleware(...))"
+    )

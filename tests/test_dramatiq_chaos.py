@@ -1,0 +1,331 @@
+"""Chaos: three replicas of a real Dramatiq app share one scheduler, through real faults.
+
+Each replica runs tests/apps/dramatiq_app.py, either embedded (``dramatiq -p 2`` with
+``LeaderMiddleware(scheduler=True)``: two worker processes and the scheduler fork) or
+standalone (``python -m celery_leader.dramatiq``). The broker is a Redis server of its
+own, so the lease store (Redis, PostgreSQL or a directory) can be restarted while the
+sent messages stay. Nobody consumes the ``ticks`` queue but a tap in this test, which
+takes each message off as it lands (polling every 5 ms) and notes when: duplicates are
+counted by ``leader_slot`` from the broker, and a gap is the longest silence between
+two arrivals around a fault (the due time in ``leader_slot`` would hide it, since a
+new leader sends a missed slot under its original time).
+
+The matrix stays lean for CI: every fault on Redis with embedded schedulers; the crash
+and graceful faults standalone on Redis; on PostgreSQL and file, the faults whose
+bound differs from Redis (the crashes, which their stores detect at once) and a
+graceful one. Run with ``-s`` to see the measured gaps.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis
+
+from celery_leader.backends import create_backend
+from celery_leader.config import LeaderConfig
+from celery_leader.exceptions import StoreUnavailable
+from harness.dramatiq_tap import DramatiqTap
+from harness.groups import pgrp_of
+from harness.procs import Proc, Procs
+from harness.servers import PostgresServer, RedisServer
+from harness.waiting import wait_for
+
+pytestmark = pytest.mark.slow
+
+DRAMATIQ = Path(sys.executable).with_name("dramatiq")
+REPO = Path(__file__).resolve().parents[1]
+APP = "tests.apps.dramatiq_app"
+TTL = 3.0
+EVERY = 0.2
+#: Longest silence around a fault: the hand-over plus up to one period, because the
+#: fault may strike just before a slot, which then waits for the new leader.
+GRACEFUL = 0.5 + EVERY
+CRASH = {"redis": TTL + 0.5 + EVERY, "postgres": 0.5 + EVERY, "file": 0.5 + EVERY}
+READY = r"Dramatiq scheduler \S+ joins 'beat'"
+HOST = socket.gethostname()
+
+
+@dataclass(frozen=True)
+class Sent:
+    seen: float  # time.monotonic() when the tap took it off the broker
+    slot: str
+    epoch: int
+
+
+class Tap:
+    """The sent slots, as the broker received them (see harness.dramatiq_tap)."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._tap = DramatiqTap(client)
+
+    def sent(self) -> list[Sent]:
+        return [
+            Sent(a.seen, a.options["leader_slot"], a.options["leader_epoch"])
+            for a in self._tap.arrivals()
+        ]
+
+    def close(self) -> None:
+        self._tap.close()
+
+
+class Replicas:
+    """Three replicas; the test replaces those a fault ends."""
+
+    def __init__(self, procs: Procs, env: dict[str, str], embedded: bool) -> None:
+        self.procs = procs
+        self.env = {**env, "EMBEDDED": "1" if embedded else "0", "PYTHONPATH": str(REPO)}
+        self.embedded = embedded
+        self.places: list[Proc] = []
+
+    def spawn(self) -> Proc:
+        if self.embedded:
+            proc = self.procs.spawn_python(
+                DRAMATIQ, APP, "-p", "2", "-t", "1", "--queues", "waiting", env=self.env, cwd=REPO
+            )
+        else:
+            proc = self.procs.spawn_python(
+                "import sys; from celery_leader.dramatiq.runner import standalone; "
+                f"sys.exit(standalone([{APP!r}]))",
+                env=self.env,
+                cwd=REPO,
+            )
+        proc.wait_for_line(READY, 60)
+        return proc
+
+    def start(self) -> None:
+        self.places = [self.spawn() for _ in range(3)]
+
+    def replace(self, proc: Proc) -> None:
+        proc.kill_group()
+        self.places[self.places.index(proc)] = self.spawn()
+
+
+def leader_pid(config: LeaderConfig, timeout: float) -> int:
+    """Pid of the process that holds the beat election, asked of the store."""
+    backend = create_backend(config)
+
+    def ask() -> int | None:
+        try:
+            holder = backend.holder(config.beat_election)
+        except StoreUnavailable:
+            return None
+        if holder is None or not holder.instance_id.startswith(f"{HOST}:"):
+            return None
+        return int(holder.instance_id.rpartition(":")[2])
+
+    try:
+        return wait_for(ask, timeout, interval=0.05, message="a leader in the store")
+    finally:
+        backend.close()
+
+
+def replica_of(replicas: Replicas, pid: int) -> Proc:
+    group = pgrp_of(pid)
+    return next(p for p in replicas.places if p.pid == group)
+
+
+def steady(tap: Tap, count: int = 5) -> None:
+    start = len(tap.sent())
+    wait_for(lambda: len(tap.sent()) >= start + count, 20, message="slots arriving")
+
+
+def gap_around(tap: Tap, fault: float, old_epoch: int, timeout: float) -> float:
+    """Silence from the old term's last arrival to the new term's first one."""
+    wait_for(
+        lambda: any(s.epoch > old_epoch and s.seen > fault for s in tap.sent()),
+        timeout,
+        message="a new term sending",
+    )
+    sent = tap.sent()
+    last_old = max(s.seen for s in sent if s.epoch == old_epoch)
+    first_new = min(s.seen for s in sent if s.epoch > old_epoch)
+    return first_new - last_old
+
+
+def check_slots(sent: list[Sent]) -> None:
+    twice = [slot for slot, n in Counter(s.slot for s in sent).items() if n > 1]
+    assert not twice, f"slots sent twice: {twice[:10]}"
+    epochs = [s.epoch for s in sent]
+    assert epochs == sorted(epochs), "epochs went back"
+
+
+Fault = Callable[[Replicas, Proc, int], None]
+
+
+def kill_group(replicas: Replicas, replica: Proc, pid: int) -> None:
+    os.killpg(replica.pid, signal.SIGKILL)
+
+
+def kill_fork(replicas: Replicas, replica: Proc, pid: int) -> None:
+    assert pid != replica.pid, "the scheduler should run in a fork"
+    os.kill(pid, signal.SIGKILL)
+
+
+def term_main(replicas: Replicas, replica: Proc, pid: int) -> None:
+    os.kill(replica.pid, signal.SIGTERM)
+
+
+def kill_main(replicas: Replicas, replica: Proc, pid: int) -> None:
+    """SIGKILL of ``dramatiq``'s main process alone: its scheduler fork must notice."""
+    os.kill(replica.pid, signal.SIGKILL)
+    wait_for(lambda: not running(pid), 1.0, message="the orphaned scheduler fork exiting")
+
+
+def running(pid: int) -> bool:
+    """True while ``pid`` exists and is no zombie (who reaps orphans depends on PID 1)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def term_group(replicas: Replicas, replica: Proc, pid: int) -> None:
+    os.killpg(replica.pid, signal.SIGTERM)
+
+
+CRASHES = {"kill_group", "kill_fork"}
+
+
+@pytest.fixture(scope="module")
+def broker_server() -> Iterator[RedisServer]:
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture
+def tap(broker_server: RedisServer) -> Iterator[Tap]:
+    with broker_server.client() as client:
+        client.flushall()
+    client = broker_server.client()
+    tap = Tap(client)
+    yield tap
+    tap.close()
+    client.close()
+
+
+@pytest.fixture(params=["redis", "postgres", "file"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, str, object]:
+    kind = request.param
+    if kind == "redis":
+        server: object = request.getfixturevalue("redis_server")
+        url = request.getfixturevalue("redis_url")
+    elif kind == "postgres":
+        server = request.getfixturevalue("postgres_server")
+        url = request.getfixturevalue("postgres_url")
+    else:
+        server, url = None, f"file://{tmp_path}/leases"
+        (tmp_path / "leases").mkdir()
+    return kind, url, server
+
+
+def run_faults(
+    procs: Procs,
+    tap: Tap,
+    broker_server: RedisServer,
+    store: tuple[str, str, object],
+    embedded: bool,
+    faults: list[str],
+) -> None:
+    kind, url, server = store
+    env = {"BROKER_URL": broker_server.url, "LEADER_URL": url, "LEADER_TTL": str(TTL)}
+    config = LeaderConfig.from_env(env={}, leader_url=url, leader_ttl=TTL)
+    replicas = Replicas(procs, env, embedded)
+    replicas.start()
+    steady(tap)
+    rows = []
+    for name in faults:
+        pid = leader_pid(config, CRASH["redis"] + 5)
+        replica = replica_of(replicas, pid)
+        steady(tap, 3)
+        old_epoch = tap.sent()[-1].epoch
+        fault = time.monotonic()
+        if name == "stop_cont":
+            os.killpg(replica.pid, signal.SIGSTOP)
+            gap = gap_around(tap, fault, old_epoch, CRASH["redis"] + 10)
+            wait_for(lambda: time.monotonic() > fault + 1.5 * TTL, 2 * TTL)
+            os.killpg(replica.pid, signal.SIGCONT)
+            resumed = time.monotonic()
+            steady(tap, 10)  # two seconds in which the resumed ex-leader could send
+            late = [s for s in tap.sent() if s.seen > resumed and s.epoch <= old_epoch]
+            assert not late, f"the resumed ex-leader sent {late}"
+            bound = CRASH[kind]
+        elif name == "store_restart":
+            assert isinstance(server, RedisServer | PostgresServer)
+            server.stop()
+            server.start()
+            gap = gap_around(tap, fault, old_epoch, 4 * TTL + 10)
+            bound = 4 * TTL + 5  # the leader's term runs out, the store comes back empty
+        else:
+            {
+                "kill_group": kill_group,
+                "kill_fork": kill_fork,
+                "kill_main": kill_main,
+                "term_main": term_main,
+                "term_group": term_group,
+            }[name](replicas, replica, pid)
+            gap = gap_around(tap, fault, old_epoch, CRASH["redis"] + 10)
+            bound = CRASH[kind] if name in CRASHES else GRACEFUL
+            if name == "kill_fork" and replica.alive:
+                replicas.replace(replica)
+            elif name != "kill_fork":
+                if name not in ("kill_group", "kill_main"):
+                    replica.wait(10)
+                replicas.replace(replica)
+        rows.append((name, gap, bound))
+        print(f"{kind} {'embedded' if embedded else 'standalone'} {name}: gap {gap:.3f} s")
+        assert gap <= bound, f"{name}: {gap:.3f} s without a slot (bound {bound:.2f} s)"
+        check_slots(tap.sent())
+    check_slots(tap.sent())
+    print(f"{len(tap.sent())} slots, 0 sent twice; gaps {rows}")
+
+
+def test_every_fault_on_redis_embedded(
+    procs: Procs, tap: Tap, broker_server: RedisServer, redis_server: RedisServer, redis_url: str
+) -> None:
+    run_faults(
+        procs,
+        tap,
+        broker_server,
+        ("redis", redis_url, redis_server),
+        True,
+        [
+            "kill_group",
+            "kill_fork",
+            "kill_main",
+            "term_main",
+            "term_group",
+            "stop_cont",
+            "store_restart",
+        ],
+    )
+
+
+def test_faults_on_redis_standalone(
+    procs: Procs, tap: Tap, broker_server: RedisServer, redis_server: RedisServer, redis_url: str
+) -> None:
+    run_faults(
+        procs,
+        tap,
+        broker_server,
+        ("redis", redis_url, redis_server),
+        False,
+        ["kill_group", "term_group", "stop_cont"],
+    )
+
+
+@pytest.mark.parametrize("store", ["postgres", "file"], indirect=True)
+def test_crashes_are_detected_at_once_on_postgres_and_file(
+    procs: Procs, tap: Tap, broker_server: RedisServer, store: tuple[str, str, object]
+) -> None:
+    run_faults(procs, tap, broker_server, store, True, ["kill_group", "kill_fork", "term_main"])

@@ -1,0 +1,305 @@
+"""Dramatiq support without processes: schedules, settings, actor options, the
+fail-closed check and the scheduler's claims, on Dramatiq's stub broker and the
+in-process memory store."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from itertools import pairwise
+from typing import Any
+
+import dramatiq
+import pytest
+from dramatiq.brokers.stub import StubBroker
+
+from celery_leader.backends import create_backend
+from celery_leader.dramatiq import LeaderActorError, LeaderMiddleware, cron, every
+from celery_leader.dramatiq.scheduler import DramatiqScheduler
+from celery_leader.exceptions import ConfigError
+from celery_leader.lease import Lease
+from harness.waiting import wait_for
+
+UTC = timezone.utc
+
+
+def utc(*args: int) -> datetime:
+    return datetime(*args, tzinfo=UTC)  # type: ignore[misc]
+
+
+# -- schedules -----------------------------------------------------------------
+
+
+def test_every_aligns_fractional_periods_to_multiples_since_the_epoch() -> None:
+    schedule = every(0.2)
+    assert schedule.next_after(utc(2026, 1, 1, 0, 0, 0) + timedelta(microseconds=1)) == utc(
+        2026, 1, 1, 0, 0, 0
+    ) + timedelta(milliseconds=200)
+    assert schedule.next_after(utc(2026, 1, 1, 0, 0, 0)) == utc(2026, 1, 1) + timedelta(
+        milliseconds=200
+    )
+    # Slots missed between the first due one and now fold into the latest.
+    first = utc(2026, 1, 1)
+    assert schedule.latest_due(first, first + timedelta(seconds=1.05)) == first + timedelta(
+        seconds=1
+    )
+    assert every(60).next_after(utc(2026, 1, 1, 10, 0, 30)) == utc(2026, 1, 1, 10, 1)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 0.0005, float("nan"), "5", True])
+def test_every_refuses_bad_periods(bad: Any) -> None:
+    with pytest.raises(ConfigError, match="every"):
+        every(bad)
+
+
+def test_cron_runs_once_when_berlin_clocks_go_back() -> None:
+    schedule = cron("30 2 * * *", tz="Europe/Berlin")
+    slots = [schedule.next_after(utc(2026, 10, 24, 12))]
+    for _ in range(2):
+        slots.append(schedule.next_after(slots[-1]))
+    # 25 Oct 2026: 02:30 CEST happens once (00:30 UTC), not again at 02:30 CET.
+    assert slots == [utc(2026, 10, 25, 0, 30), utc(2026, 10, 26, 1, 30), utc(2026, 10, 27, 1, 30)]
+
+
+def test_cron_runs_at_three_when_berlin_clocks_jump_forward() -> None:
+    schedule = cron("30 2 * * *", tz="Europe/Berlin")
+    slots = [schedule.next_after(utc(2026, 3, 28, 12))]
+    slots.append(schedule.next_after(slots[-1]))
+    # 29 Mar 2026 has no 02:30: the job runs at 03:00 CEST (01:00 UTC), once.
+    assert slots == [utc(2026, 3, 29, 1, 0), utc(2026, 3, 30, 0, 30)]
+
+
+def test_cron_defaults_to_utc_not_the_host_zone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TZ", "America/New_York")
+    assert cron("0 3 * * *").next_after(utc(2026, 6, 1)) == utc(2026, 6, 1, 3)
+
+
+def test_cron_refuses_bad_expressions_and_zones() -> None:
+    with pytest.raises(ConfigError, match="invalid"):
+        cron("61 * * * *")
+    with pytest.raises(ConfigError, match="tz"):
+        cron("* * * * *", tz="Mars/Olympus")
+
+
+# -- settings ------------------------------------------------------------------
+
+
+def test_arguments_win_and_the_rest_comes_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("CELERY_LEADER_URL", "memory://env")
+    monkeypatch.setenv("CELERY_LEADER_TTL", "9")
+    middleware = LeaderMiddleware(ttl=6, worker_election="reports")
+    assert middleware.config.url == "memory://env"
+    assert middleware.config.ttl == 6
+    assert middleware.config.worker_election == "reports"
+
+
+def test_bad_values_fail_at_construction_naming_the_argument_or_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with pytest.raises(ConfigError, match=r"^ttl= must be a number") as info:
+        LeaderMiddleware(url="memory://", ttl="soon")  # type: ignore[arg-type]
+    assert "\n" not in str(info.value)
+    monkeypatch.setenv("CELERY_LEADER_RENEW_INTERVAL", "-1")
+    with pytest.raises(ConfigError, match="CELERY_LEADER_RENEW_INTERVAL"):
+        LeaderMiddleware(url="memory://")
+
+
+def test_no_url_at_all_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CELERY_LEADER_URL", raising=False)
+    with pytest.raises(ConfigError, match=r"needs url= .*CELERY_LEADER_URL"):
+        LeaderMiddleware()
+
+
+def test_under_django_the_settings_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    from django.conf import LazySettings
+
+    settings = LazySettings()
+    settings.configure(CELERY_LEADER_URL="memory://django", CELERY_LEADER_TTL=7)
+    monkeypatch.setattr("django.conf.settings", settings)
+    monkeypatch.setenv("CELERY_LEADER_URL", "memory://env")
+    config = LeaderMiddleware().config
+    assert (config.url, config.ttl) == ("memory://django", 7)
+
+
+# -- actor options ---------------------------------------------------------------
+
+
+@pytest.fixture
+def broker() -> Iterator[StubBroker]:
+    broker = StubBroker()
+    middleware = LeaderMiddleware(url="memory://unit", ttl=1, key_prefix=f"t{id(broker)}")
+    broker.add_middleware(middleware)
+    dramatiq.set_broker(broker)
+    yield broker
+    middleware.stop()
+    broker.close()
+
+
+def leader_of(broker: StubBroker) -> LeaderMiddleware:
+    return next(m for m in broker.middleware if isinstance(m, LeaderMiddleware))
+
+
+def test_a_queue_mixing_leader_only_and_ordinary_actors_fails_at_import(
+    broker: StubBroker,
+) -> None:
+    dramatiq.actor(queue_name="q", leader_only=True)(lambda: None)
+    with pytest.raises(LeaderActorError, match="queue 'q' mixes"):
+
+        @dramatiq.actor(queue_name="q")
+        def ordinary() -> None: ...
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"leader_only": True, "leader_on_follower": "retry"}, "leader_on_follower must be"),
+        ({"leader_on_follower": "wait"}, "needs leader_only"),
+        ({"leader_only": 3}, "leader_only must be"),
+        ({"leader_schedule": "hourly"}, "leader_schedule must be"),
+        ({"leader_schedule": [every(1), every(2)]}, "share a name"),
+    ],
+)
+def test_unknown_option_values_fail_at_import(
+    broker: StubBroker, options: dict[str, Any], match: str
+) -> None:
+    with pytest.raises(LeaderActorError, match=match):
+
+        @dramatiq.actor(**options)
+        def actor() -> None: ...
+
+
+def test_two_actors_with_one_entry_name_fail_at_import(broker: StubBroker) -> None:
+    dramatiq.actor(leader_schedule=every(60, name="sync"))(lambda: None)
+    with pytest.raises(LeaderActorError, match="named 'sync' too"):
+
+        @dramatiq.actor(leader_schedule=cron("0 * * * *", name="sync"))
+        def other() -> None: ...
+
+
+def test_skip_mode_fails_closed_when_the_check_raises(
+    broker: StubBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ran: list[int] = []
+
+    @dramatiq.actor(queue_name="guarded", leader_only=True)
+    def guarded(n: int) -> None:
+        ran.append(n)
+
+    worker = dramatiq.Worker(broker, worker_timeout=50)
+    worker.start()
+    try:
+        lease = leader_of(broker).lease()
+        wait_for(lease.is_leader, 5, message="the only process leads")
+        guarded.send(1)
+        broker.join("guarded")
+        worker.join()
+        assert ran == [1]
+
+        def broken(self: Lease) -> bool:
+            raise RuntimeError("injected")
+
+        monkeypatch.setattr(Lease, "is_leader", broken)
+        guarded.send(2)
+        broker.join("guarded")
+        worker.join()
+        assert ran == [1], "the body ran although the leadership check failed"
+    finally:
+        worker.stop()
+
+
+# -- the scheduler ---------------------------------------------------------------
+
+
+def test_a_new_scheduler_continues_from_the_store_and_folds_missed_slots(
+    broker: StubBroker,
+) -> None:
+    @dramatiq.actor(queue_name="ticks", leader_schedule=every(0.1, kwargs={"x": 1}, name="t"))
+    def tick(x: int) -> None: ...
+
+    config = leader_of(broker).config
+
+    def run_until(count: int) -> None:
+        scheduler = DramatiqScheduler(broker, config)
+        stop = threading.Event()
+        thread = threading.Thread(target=scheduler.run, args=(stop,))
+        thread.start()
+        try:
+            wait_for(lambda: len(broker.queues["ticks"].queue) >= count, 5, message="slots sent")
+        finally:
+            stop.set()
+            thread.join()
+
+    run_until(3)
+    stopped = datetime.now(UTC)
+    wait_for(lambda: datetime.now(UTC) > stopped + timedelta(seconds=0.45), 2)
+    run_until(len(broker.queues["ticks"].queue) + 2)
+    queue = broker.queues["ticks"]
+    messages = [dramatiq.Message.decode(queue.get_nowait()) for _ in range(queue.qsize())]
+    slots = [m.options["leader_slot"] for m in messages]
+    assert len(slots) == len(set(slots))
+    assert all(s.startswith("t@") and s.endswith("+00:00") for s in slots)
+    assert {m.kwargs["x"] for m in messages} == {1}
+    dues = sorted(datetime.fromisoformat(s[2:]) for s in slots)
+    gaps = [(b - a).total_seconds() for a, b in pairwise(dues)]
+    # The slots missed between the two schedulers went out as one (the latest).
+    assert max(gaps) >= 0.4, gaps
+    outage = [d for d in dues if stopped < d < stopped + timedelta(seconds=0.4)]
+    assert len(outage) <= 1, (outage, stopped)
+    epochs = [m.options["leader_epoch"] for m in messages]
+    assert epochs == sorted(epochs) and len(set(epochs)) == 2
+
+
+class _Consumer:
+    def __init__(self) -> None:
+        self.requeued: list[Any] = []
+        self.paused = False
+
+    def requeue_messages(self, messages: Any) -> None:
+        self.requeued.extend(messages)
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+
+
+class _Worker:
+    def __init__(self, *queues: str) -> None:
+        self.consumers = {q: _Consumer() for q in queues}
+
+
+def test_wait_mode_pauses_followers_and_requeues_what_they_prefetched(
+    broker: StubBroker,
+) -> None:
+    from dramatiq.middleware import SkipMessage
+
+    @dramatiq.actor(queue_name="reports", leader_only=True, leader_on_follower="wait")
+    def report() -> None: ...
+
+    middleware = leader_of(broker)
+    # Another process leads the worker election of the same store.
+    other = Lease.from_config("worker", middleware.config, create_backend(middleware.config))
+    other.start()
+    wait_for(other.is_leader, 5)
+    worker = _Worker("reports", "reports.DQ")
+    try:
+        middleware.after_worker_boot(broker, worker)
+        assert worker.consumers["reports"].paused
+        assert not worker.consumers["reports.DQ"].paused
+        message = report.message()
+        with pytest.raises(SkipMessage):
+            middleware.before_process_message(broker, dramatiq.broker.MessageProxy(message))
+        assert [m.message_id for m in worker.consumers["reports"].requeued] == [message.message_id]
+        other.stop()  # the leader hands over: this process is elected and resumes
+        wait_for(lambda: not worker.consumers["reports"].paused, 5, message="resumed")
+        middleware.before_process_message(broker, dramatiq.broker.MessageProxy(message))
+        middleware.stop()  # demoted on shutdown: paused again, and never re-joins
+        assert worker.consumers["reports"].paused
+        with pytest.raises(SkipMessage):
+            middleware.before_process_message(broker, dramatiq.broker.MessageProxy(message))
+    finally:
+        other.stop()
