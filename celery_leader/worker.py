@@ -27,10 +27,11 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from . import deadline_table, decorators, leadership, routing
+from . import deadline_table, decorators, leadership, metrics, routing
 from .backends import create_backend
 from .config import LeaderConfig
 from .exceptions import StoreUnavailable, missing_extra
+from .health import HealthFile
 from .lease import Lease
 from .routing import spec_of
 from .signals import elected as _elected  # noqa: F401 - importing it connects the signals
@@ -109,6 +110,15 @@ class LeaderNode:
         self._beat_epoch = 0
         self._epoch_lock = threading.Lock()
         self._by_election = {lease.election: lease for lease in self.leases}
+        if config.metrics_port is not None:
+            metrics.require()  # a missing [metrics] extra fails as the worker starts
+        #: The worker election's health, for ``leader check`` (liveness probes);
+        #: rewritten by the publishing loop, so a stuck loop shows as a stale file.
+        self.health = (
+            None
+            if config.health_file is None
+            else HealthFile(config.health_file, self._by_election[config.worker_election])
+        )
         deadline_table.set_process_table(self.table)
         leadership.forget_views()
 
@@ -120,7 +130,10 @@ class LeaderNode:
         """Join every election and start publishing."""
         if self.config.fence_tasks:
             self._refresh_beat_epoch()
+        if self.config.metrics_port is not None:
+            metrics.serve(self.config.metrics_port)
         for lease in self.leases:
+            metrics.track(lease)
             lease.start()
         self._thread = threading.Thread(target=self._run, name="celery-leader:publish", daemon=True)
         self._thread.start()
@@ -158,6 +171,9 @@ class LeaderNode:
             self._thread.join()
         for lease in self.leases:
             self.table.publish(lease.election, 0.0, 0)
+            metrics.untrack(lease)
+        if self.health is not None:
+            self.health.write()  # says "follower" from now on
         self.table.remove()
         self.backend.close()
 
@@ -200,6 +216,8 @@ class LeaderNode:
         while not self._leave_now.wait(interval):
             for lease in self.leases:
                 self._publish(lease)
+            if self.health is not None:
+                self.health.write(force=False)
             if self.config.fence_tasks:
                 next_fence -= interval
                 if next_fence <= 0:

@@ -14,6 +14,7 @@ import re
 import signal
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterable, Iterator
 from datetime import datetime
@@ -27,8 +28,10 @@ from celery import Celery
 from celery_leader.backends import create_backend
 from celery_leader.backends.base import Backend
 from celery_leader.config import LeaderConfig
+from celery_leader.health import check
 from harness.procs import Proc, Procs
 from harness.procs import signal as signal_proc
+from harness.servers import free_port
 from harness.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -576,3 +579,46 @@ def test_messages_prefetched_by_a_demoted_leader_run_on_the_next_one(cluster: Cl
     assert {t: cluster.ran(t) for t in tags} == {t: [other] for t in tags}
     forwarded = [t for t in tags if ("RETRY", leader) in cluster.done(t)]
     assert forwarded, "the demoted node held none of the messages"
+
+
+def _scrape(port: int) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        lines = response.read().decode().splitlines()
+    return {
+        name: float(value)
+        for name, _, value in (line.rpartition(" ") for line in lines)
+        if name and not name.startswith("#")
+    }
+
+
+@pytest.mark.slow
+def test_worker_health_file_and_metrics_follow_the_role(cluster: Cluster, tmp_path: Path) -> None:
+    """The worker's main process serves `leader check` and Prometheus, like beat."""
+    ports = {name: free_port() for name in ("nodeA", "nodeB")}
+    files = {name: tmp_path / f"{name}.json" for name in ports}
+    for name in ports:
+        cluster.start(name, HEALTH_FILE=str(files[name]), METRICS_PORT=str(ports[name]))
+    cluster.wait_ready()
+    leader = cluster.wait_leader()
+    other = "nodeB" if leader == "nodeA" else "nodeA"
+    gauge = 'celery_leader_is_leader{election="worker"}'
+
+    def healthy(name: str, role: str) -> str | None:
+        ok, line = check(files[name])
+        return line if ok and line.startswith(f"OK: {role} of 'worker'") else None
+
+    wait_for(lambda: healthy(leader, "leader"), 5, message="leader's health file")
+    wait_for(lambda: healthy(other, "follower"), 5, message="follower's health file")
+    assert _scrape(ports[leader])[gauge] == 1.0
+    assert _scrape(ports[other])[gauge] == 0.0
+
+    killed_at = time.monotonic()
+    cluster.nodes[leader].kill_group()
+    wait_for(lambda: healthy(other, "leader"), TTL + 2, message="new leader's health file")
+    took = time.monotonic() - killed_at
+    after = _scrape(ports[other])
+    assert after[gauge] == 1.0
+    assert after['celery_leader_elections_total{election="worker"}'] == 1.0
+    # The dead node's file is no longer refreshed: its probe fails once it is stale.
+    wait_for(lambda: not check(files[leader], max_age=1.0)[0], 5, message="stale file")
+    print(f"MEASURED worker health: new leader's file said so {took:.2f} s after SIGKILL")
