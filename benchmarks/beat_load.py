@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.groups import VENV_BIN, Child, kill_all
+from harness.groups import VENV_BIN, kill_all, start_child
 from harness.servers import RedisServer
 
 TTL = 3.0
@@ -90,7 +90,7 @@ def run(minutes: int, entries: int, beats: int, log: Callable[[str], None]) -> l
         argv = [str(VENV_BIN / "celery"), "-A", "tests.apps.beat_app", "beat", "-S", "leader"]
         try:
             for i in range(beats):
-                Child(
+                start_child(
                     [*argv, "-l", "warning"],
                     {**env, "INSTANCE_ID": f"beat{i}"},
                     Path(__file__).resolve().parent.parent,

@@ -34,7 +34,8 @@ from pathlib import Path
 from celery_leader.backends import create_backend
 from celery_leader.config import LeaderConfig
 from harness.dramatiq_tap import DramatiqTap
-from harness.groups import VENV_BIN, Child, kill_all, pgrp_of
+from harness.groups import VENV_BIN, kill_all, pgrp_of, start_child
+from harness.procs import Proc
 from harness.servers import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,15 +60,15 @@ class Cluster:
 
     def __init__(self, argv: list[str], env: dict[str, str], workdir: Path) -> None:
         self.argv, self.env, self.workdir = argv, env, workdir
-        self.replicas: list[Child] = []
+        self.replicas: list[Proc] = []
 
-    def spawn(self) -> Child:
+    def spawn(self) -> Proc:
         log = self.workdir / f"replica{len(self.replicas)}.log"
-        child = Child(self.argv, self.env, ROOT, log)
+        child = start_child(self.argv, self.env, ROOT, log)
         self.replicas.append(child)
         return child
 
-    def live(self) -> list[Child]:
+    def live(self) -> list[Proc]:
         return [c for c in self.replicas if c.alive]
 
     def top_up(self) -> None:
@@ -94,7 +95,7 @@ def close_pairs(seen: list[float]) -> int:
 def trial(
     tap: DramatiqTap,
     cluster: Cluster,
-    sender: Callable[[], Child | None],
+    sender: Callable[[], Proc | None],
     fault: str,
     store: RedisServer,
 ) -> tuple[float | None, int | None]:
@@ -110,7 +111,7 @@ def trial(
     if fault == "graceful":
         child.signal(signal.SIGTERM)
     elif fault == "sigkill":
-        child.kill()
+        child.kill_group()
     else:
         store.stop()
         store.start()
@@ -128,15 +129,15 @@ def trial(
     if fault == "store-restart":
         survivors = len(cluster.live())
     if child.alive and fault != "store-restart":
-        child.kill()
+        child.kill_group()
     cluster.top_up()
     return gap, survivors
 
 
-def leader_sender(cluster: Cluster, store_url: str) -> Callable[[], Child | None]:
+def leader_sender(cluster: Cluster, store_url: str) -> Callable[[], Proc | None]:
     config = LeaderConfig.from_env({}, leader_url=store_url, leader_ttl=TTL)
 
-    def sender() -> Child | None:
+    def sender() -> Proc | None:
         backend = create_backend(config)
         try:
             holder = backend.holder(config.beat_election)
@@ -150,8 +151,8 @@ def leader_sender(cluster: Cluster, store_url: str) -> Callable[[], Child | None
     return sender
 
 
-def crontab_sender(cluster: Cluster) -> Callable[[], Child | None]:
-    def sender() -> Child | None:
+def crontab_sender(cluster: Cluster) -> Callable[[], Proc | None]:
+    def sender() -> Proc | None:
         started = [c for c in cluster.live() if "Starting scheduler" in c.output()]
         return started[-1] if len(started) == 1 else None
 
@@ -165,7 +166,7 @@ def run_locked(
     reps: int,
     broker: RedisServer,
     store: RedisServer,
-    sender_of: Callable[[Cluster], Callable[[], Child | None]],
+    sender_of: Callable[[Cluster], Callable[[], Proc | None]],
 ) -> Result:
     result = Result(name)
     with broker.client() as client:

@@ -37,7 +37,8 @@ from pathlib import Path
 
 import redis
 
-from harness.groups import VENV_BIN, Child, group_alive, pgrp_of
+from harness.groups import VENV_BIN, group_alive, pgrp_of, start_child
+from harness.procs import Proc
 from harness.proxy import TcpProxy
 from harness.servers import PostgresServer, RedisServer
 
@@ -224,7 +225,7 @@ class Store:
 @dataclass
 class Replica:
     index: int
-    child: Child
+    child: Proc
     proxy: TcpProxy | None
     started: float
     retired: bool = False  # out of the cluster: stopped or killed on purpose, or found dead
@@ -282,7 +283,7 @@ class Cluster:
                 "SINGLE_BEAT_IDENTIFIER": "bench-beat",
                 "SINGLE_BEAT_LOG_LEVEL": "info",
             }
-        child = Child(argv, env, home, home / "out.log")
+        child = start_child(argv, env, home, home / "out.log")
         replica = Replica(index, child, proxy, time.monotonic())
         self.replicas.append(replica)
         return replica
@@ -312,7 +313,7 @@ class Cluster:
         """
         for replica in self.replicas:
             if not replica.child.alive:
-                replica.child.kill()
+                replica.child.kill_group()
                 replica.retired = True
         while len(self.live()) < REPLICAS:
             self.spawn()
@@ -335,7 +336,7 @@ class Cluster:
     def close(self) -> None:
         self.recorder.close()
         for replica in self.replicas:
-            replica.child.kill()
+            replica.child.kill_group()
             if replica.proxy is not None:
                 replica.proxy.close()
 
@@ -357,7 +358,7 @@ def run_trial(cluster: Cluster, fault: str, rep: int) -> Trial:
         leader.retired = True
         fault_end = t0
     elif fault == "sigkill":
-        leader.child.kill()
+        leader.child.kill_group()
         leader.retired = True
         fault_end = t0
     elif fault == "sigstop":
@@ -396,7 +397,7 @@ def run_trial(cluster: Cluster, fault: str, rep: int) -> Trial:
         _sleep_until(t_end)
     if fault == "graceful" and leader.child.alive:
         time.sleep(2.0)  # a beat that ignored SIGTERM would distort the next fault
-        leader.child.kill()
+        leader.child.kill_group()
 
     window = [m for m in cluster.recorder.since(t0 - 2.0) if m.t <= t_end]
     prior = [m.t for m in window if m.t <= t0]

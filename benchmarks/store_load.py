@@ -31,7 +31,7 @@ import psycopg
 from celery_leader.backends import create_backend
 from celery_leader.config import LeaderConfig
 from celery_leader.lease import Lease
-from harness.groups import Child, group_cpu_seconds
+from harness.groups import group_cpu_seconds, start_child
 from harness.servers import PostgresServer, RedisServer
 
 HOLDERS = 200
@@ -86,7 +86,9 @@ class Fleet:
         for p in range(PROCESSES):
             argv = [sys.executable, "-m", "benchmarks.store_load", "holder", url]
             argv += [str(p * per), str(per), str(generation)]
-            self.children.append(Child(argv, {}, workdir, workdir / f"g{generation}-p{p}.log"))
+            self.children.append(
+                start_child(argv, {}, workdir, workdir / f"g{generation}-p{p}.log")
+            )
 
     def _lines(self, word: str) -> list[list[str]]:
         return [
@@ -126,7 +128,7 @@ class Fleet:
 
     def kill(self) -> None:
         for child in self.children:
-            child.kill()
+            child.kill_group()
 
 
 @dataclass

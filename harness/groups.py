@@ -1,4 +1,5 @@
-"""Child processes of the benchmarks: each in a process group of its own, all killed at the end.
+"""Process groups of the benchmarks: started with :func:`harness.procs.start`, all killed at
+the end, and inspected through ``/proc`` (liveness, CPU time).
 
 Every beat replica, single-beat wrapper and lease-holder process is started in a
 new session, so one ``killpg`` reaches whatever it forked (single-beat's
@@ -8,67 +9,30 @@ new session, so one ``killpg`` reaches whatever it forked (single-beat's
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+
+from .procs import Proc, start
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(os.environ.get("VIRTUAL_ENV", ROOT / ".venv")) / "bin"
 
 
-class Child:
-    """One started process group whose output goes to ``log_path``."""
-
-    def __init__(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path):
-        self.log_path = log_path
-        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT), **env}
-        with log_path.open("ab") as log:
-            self.popen = subprocess.Popen(
-                list(argv),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=full_env,
-                cwd=cwd,
-                start_new_session=True,
-            )
-        _ALL.append(self)
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    @property
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def output(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def signal(self, sig: int, group: bool = True) -> None:
-        try:
-            if group:
-                os.killpg(self.pid, sig)
-            else:
-                os.kill(self.pid, sig)
-        except ProcessLookupError:
-            pass  # exited already; its group went with it
-
-    def kill(self) -> None:
-        """SIGKILL the whole group (stopped members too) and reap the leader."""
-        self.signal(signal.SIGKILL)
-        self.popen.wait()
+def start_child(argv: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path) -> Proc:
+    """Start a benchmark process (repository on its ``PYTHONPATH``) that :func:`kill_all` ends."""
+    child = start(argv, env={"PYTHONPATH": str(ROOT), **env}, cwd=cwd, log_path=log_path)
+    _ALL.append(child)
+    return child
 
 
-_ALL: list[Child] = []
+_ALL: list[Proc] = []
 
 
 def kill_all() -> None:
     """Kill every process group any benchmark started, including those that already exited:
     a dead group leader may have left children (single-beat's beat) behind."""
     for child in _ALL:
-        child.kill()
+        child.kill_group()
     _ALL.clear()
 
 

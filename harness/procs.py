@@ -12,7 +12,7 @@ import signal as _signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from .waiting import wait_for
@@ -62,13 +62,54 @@ class Proc:
     def wait(self, timeout: float) -> int:
         return self.popen.wait(timeout=timeout)
 
+    def signal(self, sig: int, *, group: bool = True) -> None:
+        """Send ``sig`` to the process's whole group (default) or to the process alone.
+
+        Group delivery is what a crash or a service manager does; a process that
+        already exited (and everything it forked) is not an error.
+        """
+        try:
+            if group:
+                os.killpg(self.pid, sig)
+            else:
+                os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
     def kill_group(self) -> None:
-        """SIGKILL the process and all it forked, then reap it."""
-        signal(self, _signal.SIGKILL)
+        """SIGKILL the process and all it forked (stopped ones too), then reap it."""
+        self.signal(_signal.SIGKILL)
         self.popen.wait()
 
     def __repr__(self) -> str:
         return f"<Proc pid={self.pid} returncode={self.popen.returncode} log={self.log_path}>"
+
+
+def start(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: str | Path | None = None,
+    log_path: Path,
+) -> Proc:
+    """Start ``argv`` leading a new session (so one ``killpg`` reaches all it forks),
+    output appended to ``log_path``.
+
+    ``env`` is added to a copy of this process's environment, with unbuffered
+    Python output so that lines show up in the log as they are printed.
+    """
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    with log_path.open("ab") as log:
+        popen = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            cwd=cwd,
+            start_new_session=True,
+        )
+    return Proc(popen, log_path)
 
 
 def spawn_python(
@@ -79,43 +120,19 @@ def spawn_python(
     log_dir: str | Path | None = None,
 ) -> Proc:
     """Start ``sys.executable`` on a script (a Path, or a str naming an existing file) or
-    on code given as a string (``python -c``).
-
-    ``env`` is added to a copy of this process's environment. Output is unbuffered so
-    lines show up in the log as they are printed.
-    """
+    on code given as a string (``python -c``), logging to a new file in ``log_dir``."""
     if isinstance(code_or_script_path, Path) or os.path.isfile(code_or_script_path):
         argv = [sys.executable, str(code_or_script_path), *args]
     else:
         argv = [sys.executable, "-c", code_or_script_path, *args]
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     fd, log_name = tempfile.mkstemp(prefix="proc-", suffix=".log", dir=log_dir)
-    with os.fdopen(fd, "wb") as log:
-        popen = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=full_env,
-            cwd=cwd,
-            start_new_session=True,
-        )
-    return Proc(popen, Path(log_name))
+    os.close(fd)
+    return start(argv, env=env, cwd=cwd, log_path=Path(log_name))
 
 
 def signal(proc: Proc, sig: int, *, group: bool = True) -> None:
-    """Send ``sig`` to the process's whole group (default) or to the process alone.
-
-    Group delivery is what a crash or a service manager does; a process that already
-    exited (and everything it forked) is not an error.
-    """
-    try:
-        if group:
-            os.killpg(proc.pid, sig)
-        else:
-            os.kill(proc.pid, sig)
-    except ProcessLookupError:
-        pass
+    """``proc.signal(sig, group=group)``, for tests that name the signal they send."""
+    proc.signal(sig, group=group)
 
 
 class Procs:
