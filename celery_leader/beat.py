@@ -26,13 +26,17 @@ from __future__ import annotations
 import copy
 import heapq
 import logging
+import signal
 import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from . import metrics
-from .backends import Backend, Claim, create_backend
+from .backends import Backend, Claim, Tenure, create_backend
 from .config import LeaderConfig, validate_grace, validate_missed_slots
 from .exceptions import ConfigError, StoreUnavailable, missing_extra
 from .health import HealthFile, Watchdog
@@ -366,6 +370,13 @@ class LeaderSchedulerMixin:
         plans = [
             self._plan(event, entry, next_time, tenure.epoch) for event, entry, next_time in due
         ]
+        with _stop_signals_deferred():
+            self._claim_and_send(plans, tenure)
+
+    def _claim_and_send(self, plans: list[_Plan], tenure: Tenure) -> None:
+        lease = self.lease
+        heap = self._heap
+        assert heap is not None
         try:
             with lease.observe("claim"):
                 won = lease.backend.claim(lease.election, tenure, [p.claim for p in plans])
@@ -775,6 +786,41 @@ def _due_slots(
         if found:
             return found[-(MAX_MISSED + 1) :], len(found), found[-1]
     return [_due_time(entry)], 1, None
+
+
+#: Signals whose Celery handlers stop beat by raising ``SystemExit`` wherever the
+#: main thread is. Raised between a slot's claim and its publish, that would lose
+#: the claimed slot, so they are held back until the batch is sent; a publish
+#: gives up within the broker's retry policy (about a second), which bounds how
+#: long a stop waits. SIGKILL is never held back.
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP)
+
+
+@contextmanager
+def _stop_signals_deferred() -> Iterator[None]:
+    """Record the stop signals that arrive in this block and deliver them after it.
+
+    Python runs signal handlers in the main thread only, so only the main
+    thread swaps them (a mask would not do: the kernel hands a process signal
+    to any thread that does not block it).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[int] = []
+
+    def hold(signum: int, _frame: object) -> None:
+        arrived.append(signum)
+
+    previous = {sig: signal.signal(sig, hold) for sig in _STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            # None: a handler installed outside Python, which cannot be put back.
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        for signum in dict.fromkeys(arrived):
+            signal.raise_signal(signum)
 
 
 def _definitely_unsent(error: BaseException) -> bool:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
+import signal
 import threading
 import time
 import uuid
@@ -781,3 +783,35 @@ def test_a_term_lost_while_loading_the_state_is_named_as_such(
     assert scheduler.tick() == FOLLOWER_INTERVAL
     assert "ended while loading the schedule state" in caplog.text
     assert "changed while loading" not in caplog.text
+
+
+def test_a_stop_signal_during_a_publish_waits_until_the_claimed_slot_is_sent(
+    app: Celery, make_scheduler: Callable[..., LeaderScheduler], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Celery beat raises SystemExit from its SIGTERM handler; between a slot's claim
+    and its publish that would lose the slot."""
+    app.conf.beat_schedule = {"a": every(0.1)}
+    scheduler = make_scheduler()
+    original = Scheduler.apply_async
+    signalled: list[bool] = []
+
+    def apply_async(self: Scheduler, *args: Any, **kwargs: Any) -> Any:
+        if not signalled:
+            signalled.append(True)
+            os.kill(os.getpid(), signal.SIGTERM)  # arrives mid-publish
+            time.sleep(0.05)  # a Python handler would have run by now
+        return original(self, *args, **kwargs)
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(143)  # what celery.apps.beat installs
+
+    monkeypatch.setattr(Scheduler, "apply_async", apply_async)
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        with pytest.raises(SystemExit):
+            drive(scheduler, lambda: False)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    sent = published(app)
+    assert signalled and len(sent) == 1, sent
+    assert json.loads(stored_state(app)["a"])["slot"] == sent[0]["leader_slot"]
