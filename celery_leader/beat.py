@@ -599,7 +599,9 @@ class LeaderSchedulerMixin:
         self, entry: ScheduleEntry, slot: str, epoch: int
     ) -> tuple[BaseException | None, bool]:
         """Publish one slot through ``apply_entry``: ``(error or None, definitely unsent)``."""
-        logger.debug("celery-leader: sending slot %s (epoch %d)", slot, epoch)
+        # INFO: Celery's own "Sending due task" line names no slot or epoch, and
+        # this one is what an audit of "who sent which slot" reads.
+        logger.info("celery-leader: sending slot %s (epoch %d)", slot, epoch)
         try:
             producer = self.producer
         except Exception as exc:  # no broker connection: nothing was sent

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._urls import mask_url, scheme_of
-from .backends import STORES, Store, store_for
+from .backends.registry import STORES, Store, store_for
 from .exceptions import ConfigError
 
 #: Schemes ``leader_url`` accepts, and the kind of store each one selects
@@ -104,7 +104,9 @@ class LeaderConfig:
     def from_app(cls, app: Any) -> LeaderConfig:
         """Read and validate the settings of ``app`` (a :class:`celery.Celery`)."""
         conf = app.conf
-        return cls.from_mapping({k: conf.get(k) for k in _KEYS}, broker_url=conf.get("broker_url"))
+        return cls.from_mapping(
+            {k: conf.get(k) for k in SETTINGS}, broker_url=conf.get("broker_url")
+        )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> LeaderConfig:
@@ -114,7 +116,7 @@ class LeaderConfig:
         environment; ``None`` means "not given". Errors name the variable.
         """
         environ = os.environ if environ is None else environ
-        values: dict[str, Any] = {key: environ.get(env_name(key)) for key in _KEYS}
+        values: dict[str, Any] = {key: environ.get(env_name(key)) for key in SETTINGS}
         values.update((k, v) for k, v in overrides.items() if v is not None)
         if values.get("leader_url") in (None, ""):
             raise ConfigError(
@@ -179,7 +181,8 @@ class LeaderConfig:
         )
 
 
-_KEYS = (
+#: Every ``leader_*`` setting, as spelled in ``app.conf``.
+SETTINGS = (
     "leader_url",
     "leader_ttl",
     "leader_renew_interval",

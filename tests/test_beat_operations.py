@@ -23,6 +23,7 @@ import time
 import urllib.request
 from collections import Counter, defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -31,7 +32,7 @@ import pytest
 from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import ConfigError
 from celery_leader.health import check
-from harness.procs import Procs
+from harness.procs import Proc, Procs
 from harness.procs import signal as send_signal
 from harness.proxy import TcpProxy
 from harness.servers import RedisServer
@@ -142,6 +143,54 @@ def first_of_other_term(tap: BrokerTap, at: float, epoch: int, timeout: float) -
     )
 
 
+@dataclass
+class ProxiedBeats:
+    """Three beats with "all" missed slots, each reaching the broker through its own proxy."""
+
+    beats: Replicas
+    proxies: list[TcpProxy]
+    place: int
+    proc: Proc
+    epoch: int
+
+    @classmethod
+    def start(
+        cls,
+        every: float,
+        redis_server: RedisServer,
+        redis_url: str,
+        lease_store: RedisServer,
+        beat_holder: Callable[[str], Holder],
+        tcp_proxy: Callable[[str, int], TcpProxy],
+        procs: Procs,
+        tap: BrokerTap,
+        tmp_path: Path,
+    ) -> ProxiedBeats:
+        """Start them and wait until they dispatch; the leader's place, process and epoch."""
+        proxies = [tcp_proxy("127.0.0.1", redis_server.port) for _ in range(3)]
+        beats = start_beats(
+            procs,
+            tmp_path,
+            env(redis_url, every, CELERY_LEADER_MISSED_SLOTS="all"),
+            lease_store,
+            beat_holder(lease_store.url),
+            place_env=[{"BROKER_URL": proxy.url_for(redis_url)} for proxy in proxies],
+        )
+        wait_for(lambda: len(tap.published()) >= 4, 15, message="no dispatch")
+        place, proc, epoch = beats.leader()
+        return cls(beats, proxies, place, proc, epoch)
+
+
+def dues_between(start_wall: float, end_wall: float, every: float) -> list[float]:
+    """Due times (epoch seconds, ms) of an ``every``-second grid entry in (start, end]."""
+    first = start_wall // every + 1
+    return [
+        round((first + k) * every, 3)
+        for k in range(int((end_wall - start_wall) / every) + 2)
+        if (first + k) * every <= end_wall
+    ]
+
+
 @pytest.mark.slow
 def test_broker_partition_of_the_leader_hands_over_and_loses_nothing(
     redis_server: RedisServer,
@@ -157,32 +206,21 @@ def test_broker_partition_of_the_leader_hands_over_and_loses_nothing(
     # 15 s (a partition: bytes stop, nothing is closed). Its publish hangs, the tick
     # watchdog (the ttl) ends its term, and "all" makes every missed slot countable.
     every, partition = 0.5, 15.0
-    proxies = [tcp_proxy("127.0.0.1", redis_server.port) for _ in range(3)]
-    beats = start_beats(
-        procs,
-        tmp_path,
-        env(redis_url, every, CELERY_LEADER_MISSED_SLOTS="all"),
-        lease_store,
-        beat_holder(lease_store.url),
-        place_env=[{"BROKER_URL": proxy.url_for(redis_url)} for proxy in proxies],
+    run = ProxiedBeats.start(
+        every, redis_server, redis_url, lease_store, beat_holder, tcp_proxy, procs, tap, tmp_path
     )
-    wait_for(lambda: len(tap.published()) >= 4, 15, message="no dispatch")
-    place, proc, epoch = beats.leader()
+    beats, place, proc, epoch = run.beats, run.place, run.proc, run.epoch
     at_wall, at = time.time(), time.monotonic()
-    proxies[place].hold()
+    run.proxies[place].hold()
     first = first_of_other_term(tap, at, epoch, TTL + 10)
     handover = first.seen - at
     time.sleep(max(0.0, at + partition - time.monotonic()))
-    proxies[place].release()
+    run.proxies[place].release()
     end_wall = time.time()
     time.sleep(3 * every + 1)  # the stalled publish lands; dispatch goes on
 
     published = tap.published()
-    due_in = [
-        round((at_wall // every + k) * every, 3)
-        for k in range(1, int(partition / every) + 2)
-        if (at_wall // every + k) * every <= end_wall
-    ]
+    due_in = dues_between(at_wall, end_wall, every)
     by_due = Counter(round(due(p), 3) for p in published if entry_of(p) == "tick")
     logs = "\n".join(b.output() for b in beats.current)
     lost = [d for d in due_in if by_due[d] == 0]
@@ -219,28 +257,16 @@ def test_a_leader_whose_broker_refuses_hands_back_and_resigns(
     # The leader's broker proxy stops listening: every publish is refused, nothing is
     # sent, so each slot is handed back; after 3 failures in a row the leader resigns.
     every = 0.5
-    proxies = [tcp_proxy("127.0.0.1", redis_server.port) for _ in range(3)]
-    beats = start_beats(
-        procs,
-        tmp_path,
-        env(redis_url, every, CELERY_LEADER_MISSED_SLOTS="all"),
-        lease_store,
-        beat_holder(lease_store.url),
-        place_env=[{"BROKER_URL": proxy.url_for(redis_url)} for proxy in proxies],
+    run = ProxiedBeats.start(
+        every, redis_server, redis_url, lease_store, beat_holder, tcp_proxy, procs, tap, tmp_path
     )
-    wait_for(lambda: len(tap.published()) >= 4, 15, message="no dispatch")
-    place, proc, epoch = beats.leader()
+    proc, epoch = run.proc, run.epoch
     at_wall, at = time.time(), time.monotonic()
-    proxies[place].close()
+    run.proxies[run.place].close()
     first = first_of_other_term(tap, at, epoch, TTL + 10)
     handover = first.seen - at
     wait_for(lambda: len(tap.after(first.seen)) >= 6, 10, message="the new leader stalled")
-    end_wall = wall(first)
-    due_in = [
-        round((at_wall // every + k) * every, 3)
-        for k in range(1, 100)
-        if (at_wall // every + k) * every <= end_wall
-    ]
+    due_in = dues_between(at_wall, wall(first), every)
     by_due = Counter(round(due(p), 3) for p in tap.published() if entry_of(p) == "tick")
     output = proc.output()
     handed_back = re.findall(r"handed back unsent slot\(s\) (tick@\S+?)[:,]? ", output)

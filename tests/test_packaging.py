@@ -1,20 +1,17 @@
-"""What ships, what the base install needs, and how the modules depend on each other.
+"""What ships and what the base install needs (imports: tests/test_imports.py).
 
 The wheel must hold the package and nothing else; the sdist only files git
 tracks; the repository no generated or backup files. The base install must
-work without Celery or any store client, and the package's imports must not
-form a cycle.
+work without Celery or any store client.
 """
 
 from __future__ import annotations
 
-import ast
 import fnmatch
 import subprocess
 import sys
 import tarfile
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -157,125 +154,3 @@ def test_base_install_works_without_celery_or_store_clients() -> None:
     for line, extra in zip(lines[1:], ("celery", "celery", "redis", "postgres"), strict=True):
         assert line.endswith(f"pip install 'celery-leader[{extra}]'"), line
         assert "\n" not in line
-
-
-# -- imports point one way ----------------------------------------------------
-
-
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
-def _modules() -> dict[str, Path]:
-    return {_module_name(p): p for p in PACKAGE.rglob("*.py")}
-
-
-def _type_checking_only(node: ast.AST) -> bool:
-    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-
-
-def _imports(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
-    """Every import statement, at any depth, except those only for the type checker."""
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        for child in ast.iter_child_nodes(node):
-            if _type_checking_only(child):
-                continue
-            if isinstance(child, (ast.Import, ast.ImportFrom)):
-                yield child
-            stack.append(child)
-
-
-def _internal_imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found: set[str] = set()
-    for node in _imports(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            targets = [alias.name for alias in node.names]
-        else:
-            base = package
-            for _ in range(node.level - 1):
-                base = base.rpartition(".")[0]
-            base = f"{base}.{node.module}" if node.level and node.module else node.module or base
-            # "from pkg import sub" imports the submodule when there is one.
-            targets = [
-                f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
-                for alias in node.names
-            ]
-        found.update(t for t in targets if t in modules and t != name)
-    return found
-
-
-def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components with more than one module (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    result: list[list[str]] = []
-
-    def visit(node: str) -> None:
-        index[node] = low[node] = len(index)
-        stack.append(node)
-        on_stack.add(node)
-        for nxt in graph[node]:
-            if nxt not in index:
-                visit(nxt)
-                low[node] = min(low[node], low[nxt])
-            elif nxt in on_stack:
-                low[node] = min(low[node], index[nxt])
-        if low[node] == index[node]:
-            component = []
-            while True:
-                member = stack.pop()
-                on_stack.discard(member)
-                component.append(member)
-                if member == node:
-                    break
-            if len(component) > 1:
-                result.append(sorted(component))
-
-    for node in sorted(graph):
-        if node not in index:
-            visit(node)
-    return result
-
-
-def _graph() -> dict[str, set[str]]:
-    modules = _modules()
-    return {name: _internal_imports(name, path, modules) for name, path in modules.items()}
-
-
-def test_no_import_cycle_inside_the_package() -> None:
-    graph = _graph()
-    # The walk must see the package's real edges, or it proves nothing.
-    assert "celery_leader.lease" in graph["celery_leader.beat"]
-    assert "celery_leader.backends.base" in graph["celery_leader.backends.memory"]
-    assert _cycles(graph) == []
-
-
-def test_cycle_finder_finds_a_cycle() -> None:
-    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-
-
-def test_the_store_free_core_does_not_import_celery() -> None:
-    """config, lease, exceptions and backends serve Dramatiq too: no Celery there."""
-    core = [
-        name
-        for name in _modules()
-        if name.split(".")[1:2] in (["config"], ["lease"], ["exceptions"], ["_urls"], ["backends"])
-    ]
-    assert "celery_leader.lease" in core
-    for name in core:
-        tree = ast.parse(_modules()[name].read_text())
-        for node in _imports(tree):
-            names = (
-                [a.name for a in node.names]
-                if isinstance(node, ast.Import)
-                else [node.module or ""]
-            )
-            assert not any(n.split(".")[0] in ("celery", "kombu", "click") for n in names), name

@@ -39,7 +39,7 @@ CELERY = Path(sys.executable).parent / "celery"
 TTL = 2.0
 APP = "tests.apps.worker_app"
 N = 30
-SENT = re.compile(r"Sending due task slot \(\S+\) slot (?P<slot>\S+) epoch (?P<epoch>\d+)")
+SENT = re.compile(r"celery-leader: sending slot (?P<slot>\S+) \(epoch (?P<epoch>\d+)\)")
 
 
 def _green(pool: str) -> object:
@@ -111,18 +111,11 @@ class Cluster:
         return proc
 
     def stop_beats(self) -> None:
-        """SIGTERM every beat half-way between two sends, and wait for them to exit.
+        """SIGTERM every beat and wait for it to exit.
 
-        Not while one publishes: a SIGTERM that lands between a slot's claim and
-        its publish loses that slot (beat's shutdown, not the workers').
+        Whenever it lands: beat holds a stop signal back while a claimed slot is
+        being published, so no slot is lost to the stop.
         """
-        while True:
-            last = max(_due(slot) for slot in self.sent_slots())
-            wait = last + 0.5 - time.time()
-            if wait >= 0:
-                time.sleep(wait)
-                break
-            time.sleep(max(0.0, last + 1.2 - time.time()))
         for proc in self.beats.values():
             signal_proc(proc, signal.SIGTERM)
         for proc in self.beats.values():

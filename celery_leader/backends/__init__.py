@@ -1,19 +1,19 @@
 """Lease stores. Only modules in this package talk to a store.
 
-:data:`STORES` is the one table of stores: the URL schemes that select each
-one, where its backend lives, and the extra that installs its client.
-:mod:`celery_leader.config` validates ``leader_url`` against it, and
-:func:`create_backend` builds from it.
+:data:`STORES` (in :mod:`.registry`) is the one table of stores: the URL
+schemes that select each one, where its backend lives, and the extra that
+installs its client. :mod:`celery_leader.config` validates ``leader_url``
+against it, and :func:`create_backend` builds from it.
 """
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..exceptions import missing_extra
 from .base import Acquired, Backend, Claim, HolderInfo, Renewal, Tenure
+from .registry import STORES, Store, store_for
 
 if TYPE_CHECKING:
     from ..config import LeaderConfig
@@ -30,37 +30,6 @@ __all__ = [
     "create_backend",
     "store_for",
 ]
-
-
-@dataclass(frozen=True)
-class Store:
-    """One kind of lease store."""
-
-    kind: str
-    schemes: tuple[str, ...]
-    module: str
-    class_name: str
-    #: The extra (``pip install 'celery-leader[<extra>]'``) that installs its client.
-    extra: str | None = None
-
-
-STORES: tuple[Store, ...] = (
-    Store(
-        "redis", ("redis", "rediss", "unix", "redis+sentinel"), ".redis", "RedisBackend", "redis"
-    ),
-    Store(
-        "postgres", ("postgresql", "postgres", "django"), ".postgres", "PostgresBackend", "postgres"
-    ),
-    Store("file", ("file",), ".file", "FileBackend"),
-    Store("memory", ("memory",), ".memory", "MemoryBackend"),
-)
-
-_BY_SCHEME = {scheme: store for store in STORES for scheme in store.schemes}
-
-
-def store_for(scheme: str) -> Store | None:
-    """The store that URLs of ``scheme`` (lower case) select, if any."""
-    return _BY_SCHEME.get(scheme)
 
 
 def store_timeout(ttl: float, renew_interval: float) -> float:

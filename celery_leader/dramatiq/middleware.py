@@ -26,6 +26,7 @@ from ..backends import Backend, create_backend
 from ..config import LeaderConfig, validate_name
 from ..exceptions import ConfigError, LeaderError, missing_extra
 from ..lease import Lease
+from .runner import embedded_scheduler
 from .scheduler import schedules_of
 from .settings import load_config
 
@@ -119,11 +120,7 @@ class LeaderMiddleware(Middleware):
     @property
     def forks(self) -> list[Callable[[], int]]:
         """With ``scheduler=True``, ``dramatiq`` runs the scheduler in a fork process."""
-        if not self.scheduler:
-            return []
-        from .runner import embedded_scheduler
-
-        return [embedded_scheduler]
+        return [embedded_scheduler] if self.scheduler else []
 
     def process_config(self) -> LeaderConfig:
         """The settings of this process: the default instance id names this pid."""

@@ -17,10 +17,10 @@ import sys
 import threading
 from collections.abc import Sequence
 from types import FrameType
-from typing import Any
+from typing import Any, Protocol
 
+from ..config import LeaderConfig
 from ..exceptions import ConfigError, missing_extra
-from .middleware import LeaderMiddleware
 from .scheduler import DramatiqScheduler
 
 try:
@@ -80,10 +80,18 @@ def _run(broker_path: str, modules: Sequence[str], parent_pid: int | None) -> in
     return 0
 
 
-def _leader_middleware(broker: Any) -> LeaderMiddleware:
+class _SchedulerSettings(Protocol):
+    """What the scheduler needs of ``LeaderMiddleware``. A structural type, so that
+    this module (which the middleware names as its fork) need not import it."""
+
+    def process_config(self) -> LeaderConfig: ...
+
+
+def _leader_middleware(broker: Any) -> _SchedulerSettings:
     for middleware in broker.middleware:
-        if isinstance(middleware, LeaderMiddleware):
-            return middleware
+        if callable(getattr(middleware, "process_config", None)):
+            found: _SchedulerSettings = middleware
+            return found
     raise ConfigError(
         "the broker has no LeaderMiddleware: broker.add_middleware(LeaderMiddleware(...))"
     )

@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from ..config import _KEYS, LeaderConfig, env_name
+from ..config import SETTINGS, LeaderConfig, env_name
 from ..exceptions import ConfigError
 
 #: ``LeaderMiddleware`` keyword arguments, in contract order.
@@ -53,7 +53,7 @@ def _django_settings() -> dict[str, str] | None:
     if not settings.configured:
         return None
     values = {}
-    for key in _KEYS:
+    for key in SETTINGS:
         value = getattr(settings, env_name(key), None)
         if value is not None:
             values[env_name(key)] = value

@@ -1,4 +1,5 @@
-"""The package imports one way: no cycles, no function-level imports, no private names.
+"""The package imports one way: no cycles, no function-level imports, no private names,
+and no Celery in the store-free core that Dramatiq users get.
 
 Read from the source with :mod:`ast`, so nothing is imported and every
 module counts, whatever extras are installed.
@@ -109,3 +110,19 @@ def test_no_module_uses_another_ones_private_names() -> None:
                 and not node.attr.startswith("__")
             ):
                 raise AssertionError(f"{name}:{node.lineno} uses {node.value.id}.{node.attr}")
+
+
+def test_the_store_free_core_does_not_import_celery() -> None:
+    """config, lease, exceptions and backends serve Dramatiq too: no Celery there."""
+    core = [n for n in MODULES if n.split(".")[1:2] in (["config"], ["lease"], ["backends"])]
+    core += ["celery_leader.exceptions", "celery_leader._urls", "celery_leader.slots"]
+    assert "celery_leader.backends.redis" in core
+    for name in core:
+        for node in ast.walk(ast.parse(MODULES[name].read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            else:
+                continue
+            assert not any(n.split(".")[0] in ("celery", "kombu", "click") for n in names), name
