@@ -224,25 +224,33 @@ def test_deleted_lock_file_never_gives_two_leaders(store: Path) -> None:
 
 
 def test_follower_does_not_leak_threads_or_descriptors(store: Path) -> None:
+    ttl, renew = 0.6, 0.2
     a = Lease(
-        ELECTION, FileBackend(f"file://{store}", PREFIX, 0.1), ttl=0.3, renew_interval=0.1,
+        ELECTION, FileBackend(f"file://{store}", PREFIX, 0.1), ttl=ttl, renew_interval=renew,
         instance_id="a",
     )  # fmt: skip
     b = Lease(
-        ELECTION, FileBackend(f"file://{store}", PREFIX, 0.1), ttl=0.3, renew_interval=0.1,
+        ELECTION, FileBackend(f"file://{store}", PREFIX, 0.1), ttl=ttl, renew_interval=renew,
         instance_id="b",
     )  # fmt: skip
+    # Threads of earlier tests' leases may still be winding down: not this test's.
+    earlier = set(threading.enumerate())
+    elections: list[str] = []
+    a.on_elected = lambda lease: elections.append(lease.instance_id)
     a.start()
     try:
         wait_for(a.is_leader, 5)
         b.start()
         time.sleep(0.5)
         fds_before = len(os.listdir("/proc/self/fd"))
-        time.sleep(6 * 0.3)  # six of b's ttl-long waits
+        time.sleep(6 * ttl)  # six of b's ttl-long waits
         flock_threads = [
-            t for t in threading.enumerate() if t.name.startswith("celery-leader-flock")
+            t
+            for t in threading.enumerate()
+            if t.name.startswith("celery-leader-flock") and t not in earlier
         ]
         fds_after = len(os.listdir("/proc/self/fd"))
+        assert elections == ["a"], f"the leader changed meanwhile: {elections}"
         assert len(flock_threads) <= 1, f"{len(flock_threads)} flock threads"
         assert fds_after <= fds_before + 1, f"fds {fds_before} -> {fds_after}"
     finally:
