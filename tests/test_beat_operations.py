@@ -498,8 +498,10 @@ def test_missed_slot_policies_across_a_sigkill_failover(
         dropped = re.findall(rf"not sending (\d+) missed slot\(s\) of 'tick-{policy}'", logs)
         rows.append((policy, gap, len(late), dropped))
         if policy == "all":
-            # Every slot went out, the missed ones late, each once.
-            assert gap == 0 and len(late) >= 4 and dropped == [], rows
+            # Every slot went out, the missed ones late, each once: all that "skip"
+            # dropped, but the last may have gone out within a period of its due time.
+            missed = rows[1][1]
+            assert gap == 0 and len(late) >= missed - 1 and dropped == [], rows
         else:
             # The new leader said what it dropped: all but one (once) or all (skip).
             assert gap >= 3 and dropped == [str(gap)], rows
