@@ -153,20 +153,21 @@ class ProxiedBeats:
     proc: Proc
     epoch: int
 
-    @classmethod
-    def start(
-        cls,
-        every: float,
-        redis_server: RedisServer,
-        redis_url: str,
-        lease_store: RedisServer,
-        beat_holder: Callable[[str], Holder],
-        tcp_proxy: Callable[[str, int], TcpProxy],
-        procs: Procs,
-        tap: BrokerTap,
-        tmp_path: Path,
-    ) -> ProxiedBeats:
-        """Start them and wait until they dispatch; the leader's place, process and epoch."""
+
+@pytest.fixture
+def proxied_beats(
+    redis_server: RedisServer,
+    redis_url: str,
+    lease_store: RedisServer,
+    beat_holder: Callable[[str], Holder],
+    tcp_proxy: Callable[[str, int], TcpProxy],
+    procs: Procs,
+    tap: BrokerTap,
+    tmp_path: Path,
+) -> Callable[[float], ProxiedBeats]:
+    """Starts the three beats with an entry every ``every`` s and waits until they dispatch."""
+
+    def start(every: float) -> ProxiedBeats:
         proxies = [tcp_proxy("127.0.0.1", redis_server.port) for _ in range(3)]
         beats = start_beats(
             procs,
@@ -178,7 +179,9 @@ class ProxiedBeats:
         )
         wait_for(lambda: len(tap.published()) >= 4, 15, message="no dispatch")
         place, proc, epoch = beats.leader()
-        return cls(beats, proxies, place, proc, epoch)
+        return ProxiedBeats(beats, proxies, place, proc, epoch)
+
+    return start
 
 
 def dues_between(start_wall: float, end_wall: float, every: float) -> list[float]:
@@ -193,22 +196,13 @@ def dues_between(start_wall: float, end_wall: float, every: float) -> list[float
 
 @pytest.mark.slow
 def test_broker_partition_of_the_leader_hands_over_and_loses_nothing(
-    redis_server: RedisServer,
-    redis_url: str,
-    lease_store: RedisServer,
-    beat_holder: Callable[[str], Holder],
-    tcp_proxy: Callable[[str, int], TcpProxy],
-    procs: Procs,
-    tap: BrokerTap,
-    tmp_path: Path,
+    proxied_beats: Callable[[float], ProxiedBeats], tap: BrokerTap
 ) -> None:
     # Each replica reaches the broker through its own proxy; the leader's is stalled for
     # 15 s (a partition: bytes stop, nothing is closed). Its publish hangs, the tick
     # watchdog (the ttl) ends its term, and "all" makes every missed slot countable.
     every, partition = 0.5, 15.0
-    run = ProxiedBeats.start(
-        every, redis_server, redis_url, lease_store, beat_holder, tcp_proxy, procs, tap, tmp_path
-    )
+    run = proxied_beats(every)
     beats, place, proc, epoch = run.beats, run.place, run.proc, run.epoch
     at_wall, at = time.time(), time.monotonic()
     run.proxies[place].hold()
@@ -245,21 +239,12 @@ def test_broker_partition_of_the_leader_hands_over_and_loses_nothing(
 
 @pytest.mark.slow
 def test_a_leader_whose_broker_refuses_hands_back_and_resigns(
-    redis_server: RedisServer,
-    redis_url: str,
-    lease_store: RedisServer,
-    beat_holder: Callable[[str], Holder],
-    tcp_proxy: Callable[[str, int], TcpProxy],
-    procs: Procs,
-    tap: BrokerTap,
-    tmp_path: Path,
+    proxied_beats: Callable[[float], ProxiedBeats], tap: BrokerTap
 ) -> None:
     # The leader's broker proxy stops listening: every publish is refused, nothing is
     # sent, so each slot is handed back; after 3 failures in a row the leader resigns.
     every = 0.5
-    run = ProxiedBeats.start(
-        every, redis_server, redis_url, lease_store, beat_holder, tcp_proxy, procs, tap, tmp_path
-    )
+    run = proxied_beats(every)
     proc, epoch = run.proc, run.epoch
     at_wall, at = time.time(), time.monotonic()
     run.proxies[run.place].close()
