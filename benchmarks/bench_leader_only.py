@@ -27,7 +27,8 @@ from typing import Any
 import redis
 from celery import Celery
 
-from celery_leader import deadline_table, leader_only, leadership
+from celery_leader import leader_only
+from celery_leader.celery import deadline_table, leadership
 
 ROUNDS = 5
 GOAL = 0.05

@@ -16,22 +16,22 @@ from .exceptions import ConfigError, LeaderError, MissingExtra, NotLeader, Store
 from .lease import Lease
 
 if TYPE_CHECKING:
-    from .beat import LeaderScheduler, LeaderSchedulerMixin
-    from .decorators import leader_only
-    from .leadership import current_epoch, ensure_leader, is_leader
-    from .routing import leader_queue
-    from .worker import install
+    from .celery.beat import LeaderScheduler, LeaderSchedulerMixin
+    from .celery.decorators import leader_only
+    from .celery.leadership import current_epoch, ensure_leader, is_leader
+    from .celery.routing import leader_queue
+    from .celery.worker import install
 
 #: Public name -> module that defines it, for the names that need Celery.
 _CELERY_NAMES = {
-    "LeaderScheduler": ".beat",
-    "LeaderSchedulerMixin": ".beat",
-    "current_epoch": ".leadership",
-    "ensure_leader": ".leadership",
-    "is_leader": ".leadership",
-    "leader_only": ".decorators",
-    "leader_queue": ".routing",
-    "install": ".worker",
+    "LeaderScheduler": ".celery.beat",
+    "LeaderSchedulerMixin": ".celery.beat",
+    "current_epoch": ".celery.leadership",
+    "ensure_leader": ".celery.leadership",
+    "is_leader": ".celery.leadership",
+    "leader_only": ".celery.decorators",
+    "leader_queue": ".celery.routing",
+    "install": ".celery.worker",
 }
 
 

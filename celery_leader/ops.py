@@ -1,7 +1,7 @@
 """What ``leader status``, ``resign`` and ``check`` do, without Celery.
 
 One implementation for both command lines: ``celery -A proj leader ...``
-(:mod:`celery_leader.cli`, click, settings from the app) and ``python -m
+(:mod:`celery_leader.celery.cli`, click, settings from the app) and ``python -m
 celery_leader ...`` (:mod:`celery_leader.__main__`, argparse, settings from
 ``CELERY_LEADER_*`` environment variables). Each function prints through
 ``echo`` and returns the exit code, or raises :class:`OpsError` with the one

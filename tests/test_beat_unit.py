@@ -30,7 +30,7 @@ from kombu.exceptions import OperationalError
 
 from celery_leader.backends import Claim, create_backend
 from celery_leader.backends.memory import MemoryBackend
-from celery_leader.beat import FOLLOWER_INTERVAL, LeaderScheduler
+from celery_leader.celery.beat import FOLLOWER_INTERVAL, LeaderScheduler
 from celery_leader.config import LeaderConfig
 from celery_leader.lease import Lease
 from harness.servers import RedisServer

@@ -19,9 +19,9 @@ from celery_leader import (
     is_leader,
     leader_only,
     leader_queue,
-    leadership,
 )
 from celery_leader.backends import create_backend
+from celery_leader.celery import leadership
 from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import ConfigError, NotLeader
 from celery_leader.lease import Lease

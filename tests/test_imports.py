@@ -15,7 +15,13 @@ import celery_leader
 PACKAGE = Path(celery_leader.__file__).parent
 
 #: The worker side, lowest layer first: each imports only from layers before it.
-WORKER_LAYERS = ["deadline_table", "leadership", "routing", "decorators", "worker"]
+WORKER_LAYERS = [
+    "celery.deadline_table",
+    "celery.leadership",
+    "celery.routing",
+    "celery.decorators",
+    "celery.worker",
+]
 
 
 def _modules() -> dict[str, Path]:
@@ -112,17 +118,39 @@ def test_no_module_uses_another_ones_private_names() -> None:
                 raise AssertionError(f"{name}:{node.lineno} uses {node.value.id}.{node.attr}")
 
 
-def test_the_store_free_core_does_not_import_celery() -> None:
-    """config, lease, exceptions and backends serve Dramatiq too: no Celery there."""
-    core = [n for n in MODULES if n.split(".")[1:2] in (["config"], ["lease"], ["backends"])]
-    core += ["celery_leader.exceptions", "celery_leader._urls", "celery_leader.slots"]
-    assert "celery_leader.backends.redis" in core
-    for name in core:
-        for node in ast.walk(ast.parse(MODULES[name].read_text())):
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0:
-                names = [node.module or ""]
-            else:
+def _third_party_imports(name: str) -> set[str]:
+    """Top-level names of the absolute imports of one package module."""
+    found = set()
+    for node in ast.walk(ast.parse(MODULES[name].read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+#: Each framework, and the packages that come only with it, is imported by one subpackage.
+FRAMEWORKS = {
+    "celery_leader.celery": {"celery", "kombu", "click", "billiard", "django_celery_beat"},
+    "celery_leader.dramatiq": {"dramatiq", "cronsim"},
+}
+
+
+def test_each_framework_is_imported_by_its_own_subpackage_only() -> None:
+    """Nothing outside celery/ imports Celery; nothing outside dramatiq/ imports Dramatiq."""
+    assert "celery_leader.celery.beat" in MODULES and "celery_leader.schedule" in MODULES
+    for owner, names in FRAMEWORKS.items():
+        for name in MODULES:
+            if name == owner or name.startswith(owner + "."):
                 continue
-            assert not any(n.split(".")[0] in ("celery", "kombu", "click") for n in names), name
+            assert not (_third_party_imports(name) & names), f"{name} imports {names}"
+
+
+def test_the_slot_protocol_knows_no_framework() -> None:
+    """The schedule package imports neither framework subpackage."""
+    for name in MODULES:
+        if name.startswith("celery_leader.schedule"):
+            for _, target, _ in _imports(name):
+                assert not target.startswith(("celery_leader.celery", "celery_leader.dramatiq")), (
+                    f"{name} imports {target}"
+                )

@@ -23,12 +23,13 @@ from celery.contrib.testing.worker import start_worker
 from celery.exceptions import MaxRetriesExceededError
 from celery.worker import state as worker_state
 
-from celery_leader import deadline_table, leadership, signals
+from celery_leader import signals
 from celery_leader.backends import create_backend
+from celery_leader.celery import deadline_table, leadership
+from celery_leader.celery.decorators import CONSUMER_STEPS, WORKER_STEP, leader_only
+from celery_leader.celery.worker import FencedStrategies, LeaderNode, install
 from celery_leader.config import LeaderConfig
-from celery_leader.decorators import CONSUMER_STEPS, WORKER_STEP, leader_only
 from celery_leader.lease import Lease
-from celery_leader.worker import FencedStrategies, LeaderNode, install
 from harness.waiting import wait_for
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from celery_leader import deadline_table
-from celery_leader.deadline_table import DeadlineTable
+from celery_leader.celery import deadline_table
+from celery_leader.celery.deadline_table import DeadlineTable
 
 SPAWN = multiprocessing.get_context("spawn")
 FORK = multiprocessing.get_context("fork")

@@ -26,7 +26,7 @@ from ..backends import Backend, Claim, create_backend
 from ..config import LeaderConfig
 from ..exceptions import ConfigError, StoreUnavailable
 from ..lease import Lease
-from ..slots import dump_state, parse_state, slot_name
+from ..schedule.state import dump_state, parse_state, slot_name
 from .schedules import Schedule
 
 logger = logging.getLogger("celery_leader.dramatiq.scheduler")

@@ -3,14 +3,14 @@
 :class:`LeaderStep` (worker blueprint) joins ``leader_worker_election`` and
 every election named by a ``@leader_only`` function, and publishes each
 lease's validity deadline into the deadline table that pool processes read
-(:mod:`celery_leader.deadline_table`). :class:`LeaderQueueStep` (consumer
+(:mod:`celery_leader.celery.deadline_table`). :class:`LeaderQueueStep` (consumer
 blueprint) consumes the leader queue of each election with ``wait``-mode
-tasks while, and only while, the node leads it (:mod:`celery_leader.routing`).
+tasks while, and only while, the node leads it (:mod:`celery_leader.celery.routing`).
 :class:`FenceStep` (consumer blueprint) drops task messages whose
 ``leader_epoch`` header is older than the beat election's current epoch, when
 ``leader_fence_tasks`` is on.
 
-Nothing needs wiring by hand: importing :mod:`celery_leader.decorators`
+Nothing needs wiring by hand: importing :mod:`celery_leader.celery.decorators`
 connects a ``worker_init`` receiver that adds these steps (by path) to a
 starting worker's app when one of its tasks is decorated with
 ``@leader_only``. :func:`install` is there for workers that want the steps
@@ -27,12 +27,13 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from . import deadline_table, decorators, leadership, metrics, routing
-from .backends import create_backend
-from .config import LeaderConfig
-from .exceptions import StoreUnavailable, missing_extra
-from .health import HealthFile
-from .lease import Lease
+from .. import metrics
+from ..backends import create_backend
+from ..config import LeaderConfig
+from ..exceptions import StoreUnavailable, missing_extra
+from ..health import HealthFile
+from ..lease import Lease
+from . import deadline_table, decorators, leadership, routing
 from .routing import spec_of
 from .signals import elected as _elected  # noqa: F401 - importing it connects the signals
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import NoReturn
 
-from . import ops
-from .config import LeaderConfig
-from .exceptions import ConfigError, missing_extra
+from .. import ops
+from ..config import LeaderConfig
+from ..exceptions import ConfigError, missing_extra
 
 try:
     import click

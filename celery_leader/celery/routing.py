@@ -3,7 +3,7 @@
 Each election has a queue, ``<leader_key_prefix>.leader.<election>``
 (:func:`leader_queue`), that only the worker node leading the election
 consumes: the node adds the consumer when it is elected and cancels it when it
-is demoted (:mod:`celery_leader.worker`). Messages wait there while nobody
+is demoted (:mod:`celery_leader.celery.worker`). Messages wait there while nobody
 leads, and the next leader runs them.
 
 Senders route there by themselves: :func:`route` is a Celery router that
@@ -22,8 +22,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .config import DEFAULT_KEY_PREFIX, validate_name
-from .exceptions import ConfigError, missing_extra
+from ..config import DEFAULT_KEY_PREFIX, validate_name
+from ..exceptions import ConfigError, missing_extra
 
 try:
     from celery._state import _get_active_apps, connect_on_app_finalize, get_current_app

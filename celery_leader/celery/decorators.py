@@ -10,10 +10,10 @@ Contract::
     @leader_only(election="reports", on_follower="skip")
     def build_report(day): ...
 
-Leadership comes from :mod:`celery_leader.leadership`; where ``wait``-mode
-tasks are sent, from :mod:`celery_leader.routing`. Importing this module
+Leadership comes from :mod:`celery_leader.celery.leadership`; where ``wait``-mode
+tasks are sent, from :mod:`celery_leader.celery.routing`. Importing this module
 connects a ``worker_init`` receiver that adds the worker bootsteps
-(:mod:`celery_leader.worker`, named by path) to a starting worker whose app
+(:mod:`celery_leader.celery.worker`, named by path) to a starting worker whose app
 has a decorated task, and checks the worker's settings first.
 """
 
@@ -28,9 +28,9 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
+from ..config import validate_name
+from ..exceptions import ConfigError, missing_extra
 from . import leadership, routing
-from .config import validate_name
-from .exceptions import ConfigError, missing_extra
 from .routing import ON_FOLLOWER, LeaderOnly, OnFollower, spec_of
 from .signals import elected as _elected  # noqa: F401 - importing it connects the signals
 
@@ -50,9 +50,12 @@ logger = logging.getLogger("celery_leader.decorators")
 F = TypeVar("F", bound=Callable[..., Any])
 
 #: The worker bootsteps, by path: Celery loads them when it builds the
-#: worker, so this module needs no import of :mod:`celery_leader.worker`.
-WORKER_STEP = "celery_leader.worker:LeaderStep"
-CONSUMER_STEPS = ("celery_leader.worker:LeaderQueueStep", "celery_leader.worker:FenceStep")
+#: worker, so this module needs no import of :mod:`celery_leader.celery.worker`.
+WORKER_STEP = "celery_leader.celery.worker:LeaderStep"
+CONSUMER_STEPS = (
+    "celery_leader.celery.worker:LeaderQueueStep",
+    "celery_leader.celery.worker:FenceStep",
+)
 
 #: How long a follower holds a message before ``on_follower="reject"`` hands
 #: it back, unless this node is elected meanwhile (then it runs it). It bounds

@@ -2,7 +2,7 @@
 
 A check of leadership comes from one of two places, in the order tried:
 
-1. the worker's deadline table (:mod:`celery_leader.deadline_table`), which
+1. the worker's deadline table (:mod:`celery_leader.celery.deadline_table`), which
    the worker's main process fills for every election it joined when it
    started: a pool process reads one float from shared memory, no round trip;
 2. otherwise a lease that this process joins on first use, with the settings
@@ -24,12 +24,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..backends import create_backend
+from ..backends.base import Backend
+from ..config import LeaderConfig, validate_name
+from ..exceptions import NotLeader, StoreUnavailable, missing_extra
+from ..lease import Lease
 from . import deadline_table
-from .backends import create_backend
-from .backends.base import Backend
-from .config import LeaderConfig, validate_name
-from .exceptions import NotLeader, StoreUnavailable, missing_extra
-from .lease import Lease
 
 try:
     from celery import signals
