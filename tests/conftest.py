@@ -1,8 +1,8 @@
 """Fixtures for real servers, processes and network faults.
 
 Servers are session-scoped and start only when a test asks for them; the function-scoped
-``redis_url`` and ``postgres_url`` give every test a running server with no state left
-over from earlier tests.
+``redis_url``, ``postgres_url`` and ``amqp_url`` give every test a running server with no
+state left over from earlier tests.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ import pytest
 
 from harness.procs import Procs
 from harness.proxy import TcpProxy
-from harness.servers import PostgresServer, RedisServer
+from harness.servers import PostgresServer, RabbitServer, RedisServer
 
 # pytest-celery, when installed, makes ``celery_worker`` a Docker fixture; this plugin
 # puts back Celery's own in-process worker fixtures, and nothing here may need Docker.
 pytest_plugins = ("celery.contrib.pytest",)
 
-_SERVER_FIXTURES = ("redis_server", "postgres_server")
+_SERVER_FIXTURES = ("redis_server", "postgres_server", "rabbitmq_server")
 
 
 @pytest.fixture(scope="session")
@@ -33,6 +33,12 @@ def redis_server() -> Iterator[RedisServer]:
 def postgres_server() -> Iterator[PostgresServer]:
     # No skip on failure: a suite that silently skips its PostgreSQL tests looks green.
     with PostgresServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_server() -> Iterator[RabbitServer]:
+    with RabbitServer() as server:
         yield server
 
 
@@ -61,6 +67,13 @@ def postgres_url(postgres_server: PostgresServer) -> str:
     """URL of a running PostgreSQL where role ``leader`` has no sessions and no objects."""
     postgres_server.reset()
     return postgres_server.url
+
+
+@pytest.fixture
+def amqp_url(rabbitmq_server: RabbitServer) -> str:
+    """URL of a running RabbitMQ in a vhost of its own: no queues, exchanges or messages
+    from earlier tests (the previous test's vhost is deleted in the same CLI call)."""
+    return rabbitmq_server.vhost_url(rabbitmq_server.new_vhost())
 
 
 @pytest.fixture
