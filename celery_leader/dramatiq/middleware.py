@@ -1,7 +1,9 @@
 """``LeaderMiddleware``: settings, leader-only actors and the embedded scheduler.
 
-Every Dramatiq process that builds the broker gets its own middleware instance,
-and each worker process holds its own leases (instance id ``host:pid``).
+Every Dramatiq process that builds the broker gets its own middleware instance.
+Only worker processes that consume a leader-only actor's queue campaign, each
+with its own lease (instance id ``host:pid``); any other process (a web server
+asking :func:`is_leader`, the scheduler fork) only reads who holds the election.
 Leases are released at the first SIGTERM or SIGHUP, in ``before_worker_shutdown``
 and, because ``atexit`` does not run in Dramatiq's worker processes, by a
 ``multiprocessing.util.Finalize`` too: a second SIGTERM (Dramatiq's main process
@@ -23,15 +25,19 @@ from multiprocessing.util import Finalize
 from typing import Any
 
 from ..backends import Backend, create_backend
+from ..backends.base import HolderInfo
 from ..config import LeaderConfig, validate_name
-from ..exceptions import ConfigError, LeaderError, missing_extra
+from ..exceptions import ConfigError, LeaderError, StoreUnavailable, missing_extra
 from ..lease import Lease
+from .gate import Gate, Liveness
 from .runner import embedded_scheduler
 from .scheduler import schedules_of
 from .settings import load_config
 
 try:
+    from dramatiq.common import q_name
     from dramatiq.middleware import Middleware, MiddlewareError, SkipMessage
+    from dramatiq.worker import CONSUMER_RESTART_DELAY_SECS
 except ModuleNotFoundError as exc:
     raise missing_extra(exc, "dramatiq") from None
 
@@ -57,7 +63,7 @@ class Rule:
     """How a queue's actors run: ``election`` ``None`` for ordinary actors."""
 
     election: str | None
-    mode: str = "skip"
+    mode: str = "wait"
 
 
 class LeaderMiddleware(Middleware):
@@ -107,7 +113,9 @@ class LeaderMiddleware(Middleware):
         self._leases: dict[str, Lease] = {}
         self._pid = os.getpid()
         self._closed = False  # stop() ran: never join an election again in this process
-        self._worker: Any = None
+        self._campaigns: set[str] = set()  # elections this worker process consumes work of
+        self._gates: dict[str, Gate] = {}  # wait-mode queue -> its consumer's gate
+        self._liveness: dict[str, list[Liveness]] = {}  # election -> its queues' consumers
         _current = self
 
     # -- Dramatiq's middleware interface -------------------------------------
@@ -177,11 +185,36 @@ class LeaderMiddleware(Middleware):
 
         return handler
 
+    def after_consumer_thread_boot(self, broker: Any, thread: Any) -> None:
+        """Gate a wait-mode queue's consumer; watch the delay queue's consumer of a leader-only one.
+
+        Runs in the consumer thread before it first consumes, so no message gets past.
+        """
+        queue = thread.queue_name
+        rule = self._queues.get(q_name(queue), (Rule(None), ""))[0]
+        if rule.election is None:
+            return
+        if queue != q_name(queue):
+            # The delay queue's consumer runs on every process, leader or not:
+            # its silence means this process cannot reach the broker.
+            grace = CONSUMER_RESTART_DELAY_SECS + 2 * thread.worker_timeout / 1000
+            with self._lock:
+                self._liveness.setdefault(rule.election, []).append(Liveness(thread, grace))
+        elif rule.mode == "wait":
+            election = rule.election
+            self._gates[queue] = Gate(thread, election, lambda: self._leads(election))
+
     def after_worker_boot(self, broker: Any, worker: Any) -> None:
-        """Join the elections of this process's leader-only actors; pause ``wait`` queues."""
-        self._worker = worker
-        for election in sorted({r.election for r in self._rules.values() if r.election}):
-            self._apply(self.lease(election))
+        """Campaign in the elections of the leader-only actors this process consumes."""
+        consumed = {q_name(queue) for queue in worker.consumers}
+        with self._lock:
+            self._campaigns = {
+                rule.election
+                for queue, (rule, _) in self._queues.items()
+                if rule.election is not None and queue in consumed
+            }
+        for election in sorted(self._campaigns):
+            self.lease(election)
 
     def before_worker_shutdown(self, broker: Any, worker: Any) -> None:
         """Hand over at once, before in-flight messages finish."""
@@ -198,7 +231,7 @@ class LeaderMiddleware(Middleware):
             if rule is None or rule.election is None:
                 return
             try:
-                if not self._closed and self.lease(rule.election).is_leader():
+                if self._leads(rule.election):
                     return
             except Exception:
                 logger.exception(
@@ -206,8 +239,9 @@ class LeaderMiddleware(Middleware):
                     rule.election,
                     message.actor_name,
                 )
-            if rule.mode == "wait":
-                self._requeue(message)
+            gate = self._gates.get(message.queue_name)
+            if gate is not None:
+                gate.hold(message)
             else:
                 logger.info(
                     "celery-leader: skipping %s (%s): this process does not lead %r",
@@ -224,30 +258,77 @@ class LeaderMiddleware(Middleware):
     # -- leases -------------------------------------------------------------
 
     def lease(self, election: str | None = None) -> Lease:
-        """This process's lease of ``election`` (default: worker election), joined on first use."""
+        """This process's lease of ``election`` (default: the worker election).
+
+        Only for an election this worker process campaigns in (see
+        :meth:`campaigns`); the lease starts on first use.
+        """
         election = election or self.config.worker_election
         with self._lock:
-            if self._pid != os.getpid():  # inherited through a fork: start afresh
-                self._pid, self._leases, self._backend = os.getpid(), {}, None
-                self._closed = False
+            self._after_fork()
             if self._closed:
                 raise LeaderError("LeaderMiddleware stopped: this process is shutting down")
+            if election not in self._campaigns:
+                raise LeaderError(f"this process does not campaign in {election!r}")
             lease = self._leases.get(election)
             if lease is None:
                 config = self.process_config()
-                if self._backend is None:
-                    self._backend = create_backend(config)
-                    Finalize(self, self.stop, exitpriority=100)
-                lease = Lease.from_config(
+                lease = Lease(
                     election,
-                    config,
-                    self._backend,
+                    self._store(config),
+                    ttl=config.ttl,
+                    renew_interval=config.renew_interval,
+                    instance_id=config.instance_id,
                     on_elected=self._apply,
                     on_demoted=self._apply,
+                    health_check=lambda: self._cut_off(election),
                 )
                 self._leases[election] = lease
                 lease.start()
         return lease
+
+    def campaigns(self, election: str | None = None) -> bool:
+        """Whether this process campaigns in ``election``: a worker consuming its actors."""
+        with self._lock:
+            self._after_fork()
+            return (election or self.config.worker_election) in self._campaigns
+
+    def holder(self, election: str | None = None) -> HolderInfo | None:
+        """Who holds ``election``, read from the store (``None``: nobody, or unreachable)."""
+        election = election or self.config.worker_election
+        with self._lock:
+            self._after_fork()
+            backend = self._store(self.process_config())
+        try:
+            return backend.holder(election)
+        except StoreUnavailable:
+            return None
+
+    def _after_fork(self) -> None:
+        """In a process forked from the one that built the middleware, start afresh."""
+        if self._pid != os.getpid():
+            self._pid, self._leases, self._backend = os.getpid(), {}, None
+            self._campaigns, self._gates, self._liveness = set(), {}, {}
+            self._closed = False
+
+    def _store(self, config: LeaderConfig) -> Backend:
+        """The store connection of this process (call with ``_lock`` held)."""
+        if self._backend is None:
+            self._backend = create_backend(config)
+            Finalize(self, self.stop, exitpriority=100)
+        return self._backend
+
+    def _leads(self, election: str) -> bool:
+        lease = self._leases.get(election)
+        return not self._closed and lease is not None and lease.is_leader()
+
+    def _cut_off(self, election: str) -> str | None:
+        """Why this process must not lead ``election``: its consumers cannot reach the broker."""
+        for liveness in list(self._liveness.get(election, [])):
+            problem = liveness.problem()
+            if problem is not None:
+                return problem
+        return None
 
     def stop(self) -> None:
         """Leave every election of this process (demote, release, wake a follower).
@@ -265,38 +346,11 @@ class LeaderMiddleware(Middleware):
             if backend is not None:
                 backend.close()
 
-    # -- wait mode ----------------------------------------------------------
-
     def _apply(self, lease: Lease) -> None:
-        """Consume the ``wait`` queues of ``lease``'s election only while leading it."""
-        worker = self._worker
-        if worker is None:
-            return
-        leading = lease.is_leader()
-        for queue, (rule, _) in self._queues.items():
-            consumer = worker.consumers.get(queue)
-            if rule.election != lease.election or rule.mode != "wait" or consumer is None:
-                continue
-            if leading:
-                consumer.resume()
-            else:
-                consumer.pause()
-            logger.info(
-                "celery-leader: %s queue %r (%s %r)",
-                "consuming" if leading else "paused",
-                queue,
-                "leader of" if leading else "not leading",
-                lease.election,
-            )
-
-    def _requeue(self, message: Any) -> None:
-        """Put a prefetched message back on its queue for the leader to take."""
-        logger.info(
-            "celery-leader: re-enqueueing %s (%s): this process does not lead",
-            message.actor_name,
-            message.message_id,
-        )
-        self._worker.consumers[message.queue_name].requeue_messages([message])
+        """Leadership of ``lease`` changed: open or close the gates of its wait-mode queues."""
+        for gate in list(self._gates.values()):
+            if gate.election == lease.election:
+                gate.update()
 
     def _rule_of(self, actor: Any) -> Rule:
         options = actor.options
@@ -314,29 +368,43 @@ class LeaderMiddleware(Middleware):
         else:
             raise ConfigError(f"leader_only must be True, False or an election name (got {only!r})")
         if mode is None:
-            mode = "skip"
+            mode = "wait"
         elif election is None:
             raise ConfigError("leader_on_follower needs leader_only=True (or an election name)")
         if mode not in MODES:
             raise ConfigError(f"leader_on_follower must be 'skip' or 'wait' (got {mode!r})")
-        return Rule(election, mode if election else "skip")
+        return Rule(election, mode) if election else Rule(None)
 
 
 def is_leader(election: str | None = None) -> bool:
-    """Whether this process leads ``election`` now (default: the worker election)."""
-    lease = _lease(election)
-    return lease is not None and lease.is_leader()
+    """Whether this process leads ``election`` now (default: the worker election).
+
+    A worker process that consumes the election's actors answers from its own
+    lease, without a round trip. Any other process never campaigns: it reads
+    the holder from the store, so it leads only if that holder is itself.
+    """
+    middleware = _middleware()
+    if middleware.campaigns(election):
+        lease = _lease(middleware, election)
+        return lease is not None and lease.is_leader()
+    holder = middleware.holder(election)
+    return holder is not None and holder.instance_id == middleware.process_config().instance_id
 
 
 def current_epoch(election: str | None = None) -> int | None:
     """The fencing token of this process's current term of ``election``, else ``None``."""
-    lease = _lease(election)
-    return None if lease is None else lease.epoch
-
-
-def _lease(election: str | None) -> Lease | None:
-    """This process's lease of ``election``; ``None`` once the process is shutting down."""
     middleware = _middleware()
+    if middleware.campaigns(election):
+        lease = _lease(middleware, election)
+        return None if lease is None else lease.epoch
+    holder = middleware.holder(election)
+    if holder is None or holder.instance_id != middleware.process_config().instance_id:
+        return None
+    return holder.epoch
+
+
+def _lease(middleware: LeaderMiddleware, election: str | None) -> Lease | None:
+    """This process's lease of ``election``; ``None`` once the process is shutting down."""
     try:
         return middleware.lease(election)
     except LeaderError:

@@ -1,6 +1,6 @@
 """A Dramatiq app for the Dramatiq tests: everything comes from environment variables.
 
-BROKER_URL (Redis broker), LEADER_URL, LEADER_TTL, EMBEDDED (``1``: the scheduler
+BROKER_URL (``redis://``: Redis broker; ``amqp://``: RabbitMQ), LEADER_URL, LEADER_TTL, EMBEDDED (``1``: the scheduler
 runs in a ``dramatiq`` fork), EVERY (seconds between ``tick`` slots), RECORD (a
 file where leader-only actors append ``actor message pid epoch``, the epoch
 being the one a run started under), BODY_SECONDS (how long ``waiting`` runs) and
@@ -13,16 +13,21 @@ import os
 import time
 
 import dramatiq
+from dramatiq.brokers.rabbitmq import RabbitmqBroker
 from dramatiq.brokers.redis import RedisBroker
 
 from celery_leader.dramatiq import LeaderMiddleware, current_epoch, every
 
-broker = RedisBroker(
-    url=os.environ["BROKER_URL"],
-    # A SIGKILLed worker's prefetched messages go back to the queue after this.
-    heartbeat_timeout=5000,
-    maintenance_chance=100_000,
-)
+broker: dramatiq.Broker
+if os.environ["BROKER_URL"].startswith("amqp"):
+    broker = RabbitmqBroker(url=os.environ["BROKER_URL"])
+else:
+    broker = RedisBroker(
+        url=os.environ["BROKER_URL"],
+        # A SIGKILLed worker's prefetched messages go back to the queue after this.
+        heartbeat_timeout=5000,
+        maintenance_chance=100_000,
+    )
 broker.add_middleware(
     LeaderMiddleware(
         url=os.environ["LEADER_URL"],
@@ -62,6 +67,14 @@ def waiting(n: int) -> None:
     record("waiting", n, epoch)
 
 
-@dramatiq.actor(queue_name="skipping", leader_only=True)
+@dramatiq.actor(queue_name="plain", leader_only=True)
+def plain(n: int) -> None:
+    """Default options: waits, like ``waiting``."""
+    epoch = current_epoch()
+    time.sleep(float(os.environ.get("BODY_SECONDS", "0.02")))
+    record("plain", n, epoch)
+
+
+@dramatiq.actor(queue_name="skipping", leader_only=True, leader_on_follower="skip")
 def skipping(n: int) -> None:
     record("skipping", n, current_epoch())

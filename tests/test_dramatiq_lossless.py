@@ -1,0 +1,152 @@
+"""Wait-mode (and default) leader-only actors lose nothing, on RabbitMQ and on Redis.
+
+Three replicas of tests/apps/dramatiq_app.py, two worker processes each, 200
+messages to a leader-only actor, through a fault. Every message must run exactly
+once, by a process that led when it started (the body records the epoch of its
+term; one pid per epoch). Each case runs once per broker; the actor alternates
+between explicit ``leader_on_follower="wait"`` and default options, so both run on
+both brokers. Prefetch 4 with one worker thread: a demoted process holds messages
+it must give back.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import dramatiq
+import pytest
+from dramatiq.brokers.rabbitmq import RabbitmqBroker
+from dramatiq.brokers.redis import RedisBroker
+
+from harness.groups import pgrp_of
+from harness.procs import Proc, Procs
+from harness.servers import RedisServer
+from harness.waiting import wait_for
+from tests.test_dramatiq_actors import records, worker_leader
+from tests.test_dramatiq_chaos import APP, DRAMATIQ, REPO
+
+pytestmark = pytest.mark.slow
+
+COUNT = 200
+
+
+@pytest.fixture(params=["redis", "rabbitmq"])
+def broker_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    if request.param == "rabbitmq":
+        yield request.getfixturevalue("amqp_url")
+        return
+    with RedisServer() as server:
+        yield server.url
+
+
+def make_broker(url: str) -> dramatiq.Broker:
+    if url.startswith("amqp"):
+        return RabbitmqBroker(url=url)
+    return RedisBroker(url=url)
+
+
+def send(url: str, actor: str, count: int, delay: int | None = None) -> None:
+    broker = make_broker(url)
+    broker.declare_queue(actor)
+    for n in range(count):
+        broker.enqueue(dramatiq.Message(actor, actor, (n,), {}, {}), delay=delay)
+    broker.close()
+
+
+def start_replicas(procs: Procs, env: dict[str, str], queue: str) -> list[Proc]:
+    replicas = [
+        procs.spawn_python(
+            DRAMATIQ, APP, "-p", "2", "-t", "1", "--queues", queue, env=env, cwd=REPO
+        )
+        for _ in range(3)
+    ]
+    for proc in replicas:
+        wait_for(lambda p=proc: p.output().count("ready for action") >= 2, 90, message="boot")
+    return replicas
+
+
+def check(record: Path, actor: str) -> list[tuple[str, int, int, int | None]]:
+    rows = [row for row in records(record) if row[0] == actor]
+    counts = Counter(n for _, n, _, _ in rows)
+    assert sorted(counts) == list(range(COUNT)), f"never ran: {set(range(COUNT)) - set(counts)}"
+    assert all(c == 1 for c in counts.values()), f"ran twice: {[n for n, c in counts.items() if c > 1]}"
+    assert all(epoch is not None for *_, epoch in rows), "a body ran without leading"
+    by_epoch: dict[int | None, set[int]] = {}
+    for _, _, pid, epoch in rows:
+        by_epoch.setdefault(epoch, set()).add(pid)
+    assert all(len(pids) == 1 for pids in by_epoch.values()), by_epoch
+    return rows
+
+
+def all_ran(record: Path, actor: str) -> bool:
+    return len({n for a, n, _, _ in records(record) if a == actor}) >= COUNT
+
+
+CASES = [
+    ("queued", "plain"),
+    ("resign", "waiting"),
+    ("sigterm", "plain"),
+    ("sigkill", "waiting"),
+    ("delayed", "plain"),
+]
+
+
+@pytest.mark.parametrize(("fault", "actor"), CASES, ids=[f"{f}-{a}" for f, a in CASES])
+def test_every_message_runs_once_on_a_leader(
+    procs: Procs, broker_url: str, redis_url: str, tmp_path: Path, fault: str, actor: str
+) -> None:
+    record = tmp_path / "record"
+    env = {
+        "BROKER_URL": broker_url,
+        "LEADER_URL": redis_url,
+        "LEADER_TTL": "3",
+        "RECORD": str(record),
+        "PYTHONPATH": str(REPO),
+        "dramatiq_queue_prefetch": "4",
+    }
+    if fault == "queued":
+        send(broker_url, actor, COUNT)
+    replicas = start_replicas(procs, env, actor)
+    first = worker_leader(redis_url)
+    started = time.monotonic()
+    if fault == "delayed":
+        send(broker_url, actor, COUNT, delay=2000)
+        # The leader dies while every replica holds delayed messages for later.
+        time.sleep(0.5)
+        os.killpg(pgrp_of(first), signal.SIGKILL)
+    elif fault != "queued":
+        send(broker_url, actor, COUNT)
+        wait_for(lambda: len(records(record)) >= 30, 30, message="30 messages run")
+        if fault == "resign":
+            subprocess.run(
+                [sys.executable, "-m", "celery_leader", "resign", "worker"],
+                env={**os.environ, "CELERY_LEADER_URL": redis_url},
+                check=True,
+                timeout=30,
+                capture_output=True,
+            )
+        elif fault == "sigterm":
+            os.kill(pgrp_of(first), signal.SIGTERM)  # the replica's dramatiq main process
+        else:
+            time.sleep(0.01)  # strike in the middle of a 20 ms body
+            os.killpg(pgrp_of(first), signal.SIGKILL)
+    wait_for(
+        lambda: all_ran(record, actor),
+        90,
+        message=lambda: f"all {COUNT} run; so far {len(records(record))}",
+    )
+    took = time.monotonic() - started
+    time.sleep(1.0)  # a late duplicate would land now
+    rows = check(record, actor)
+    pids = Counter(pid for _, _, pid, _ in rows)
+    print(f"{fault}/{actor}: {COUNT} run once in {took:.1f} s by {dict(pids)}")
+    if fault != "queued":
+        assert len(pids) >= 2 or fault == "delayed", "the fault handed nothing over"
+    assert all(p.alive for p in replicas if p.pid != pgrp_of(first)) or fault != "queued"
