@@ -17,7 +17,7 @@ from dramatiq.brokers.stub import StubBroker
 from celery_leader.backends import create_backend
 from celery_leader.dramatiq import LeaderActorError, LeaderMiddleware, cron, every
 from celery_leader.dramatiq.scheduler import DramatiqScheduler
-from celery_leader.exceptions import ConfigError
+from celery_leader.exceptions import ConfigError, LeaderError
 from celery_leader.lease import Lease
 from harness.waiting import wait_for
 
@@ -184,7 +184,7 @@ def test_skip_mode_fails_closed_when_the_check_raises(
 ) -> None:
     ran: list[int] = []
 
-    @dramatiq.actor(queue_name="guarded", leader_only=True)
+    @dramatiq.actor(queue_name="guarded", leader_only=True, leader_on_follower="skip")
     def guarded(n: int) -> None:
         ran.append(n)
 
@@ -252,13 +252,32 @@ def test_a_new_scheduler_continues_from_the_store_and_folds_missed_slots(
     assert epochs == sorted(epochs) and len(set(epochs)) == 2
 
 
-class _Consumer:
-    def __init__(self) -> None:
-        self.requeued: list[Any] = []
+class _ConsumerThread:
+    """What the gate uses of Dramatiq's ConsumerThread; records what happened."""
+
+    worker_timeout = 1000
+
+    def __init__(self, queue_name: str) -> None:
+        self.queue_name = queue_name
         self.paused = False
+        self.handed: list[str] = []  # put on the work queue
+        self.acked: list[str] = []
+        self.requeued: list[str] = []
+        self.closes = 0
+
+    def handle_message(self, message: Any) -> None:
+        self.handed.append(message.message_id)
+
+    def post_process_message(self, message: Any) -> None:
+        self.acked.append(message.message_id)
 
     def requeue_messages(self, messages: Any) -> None:
-        self.requeued.extend(messages)
+        self.requeued.extend(m.message_id for m in messages)
+
+    def handle_delayed_messages(self) -> None: ...
+
+    def close(self) -> None:
+        self.closes += 1
 
     def pause(self) -> None:
         self.paused = True
@@ -268,16 +287,16 @@ class _Consumer:
 
 
 class _Worker:
-    def __init__(self, *queues: str) -> None:
-        self.consumers = {q: _Consumer() for q in queues}
+    def __init__(self, *threads: _ConsumerThread) -> None:
+        self.consumers = {t.queue_name: t for t in threads}
 
 
-def test_wait_mode_pauses_followers_and_requeues_what_they_prefetched(
+def test_wait_mode_hands_messages_to_workers_only_while_leading_and_acks_none_it_held(
     broker: StubBroker,
 ) -> None:
     from dramatiq.middleware import SkipMessage
 
-    @dramatiq.actor(queue_name="reports", leader_only=True, leader_on_follower="wait")
+    @dramatiq.actor(queue_name="reports", leader_only=True)  # wait: the default
     def report() -> None: ...
 
     middleware = leader_of(broker)
@@ -285,21 +304,33 @@ def test_wait_mode_pauses_followers_and_requeues_what_they_prefetched(
     other = Lease.from_config("worker", middleware.config, create_backend(middleware.config))
     other.start()
     wait_for(other.is_leader, 5)
-    worker = _Worker("reports", "reports.DQ")
+    thread, delay = _ConsumerThread("reports"), _ConsumerThread("reports.DQ")
     try:
-        middleware.after_worker_boot(broker, worker)
-        assert worker.consumers["reports"].paused
-        assert not worker.consumers["reports.DQ"].paused
-        message = report.message()
+        middleware.after_consumer_thread_boot(broker, thread)
+        middleware.after_consumer_thread_boot(broker, delay)
+        middleware.after_worker_boot(broker, _Worker(thread, delay))
+        assert thread.paused and not delay.paused
+        other.stop()  # the leader hands over: this process is elected and consumes
+        wait_for(lambda: not thread.paused, 5, message="resumed")
+        first, second = (dramatiq.broker.MessageProxy(report.message()) for _ in range(2))
+        thread.handle_message(first)
+        assert thread.handed == [first.message_id]
+        middleware.lease().step_down("test", sit_out=10)
+        # Delivered after the demotion: held in the consumer thread, never handed over.
+        thread.handle_message(second)
+        assert thread.handed == [first.message_id]
+        # Handed over before, started after: not run, and its ack is skipped.
         with pytest.raises(SkipMessage):
-            middleware.before_process_message(broker, dramatiq.broker.MessageProxy(message))
-        assert [m.message_id for m in worker.consumers["reports"].requeued] == [message.message_id]
-        other.stop()  # the leader hands over: this process is elected and resumes
-        wait_for(lambda: not worker.consumers["reports"].paused, 5, message="resumed")
-        middleware.before_process_message(broker, dramatiq.broker.MessageProxy(message))
-        middleware.stop()  # demoted on shutdown: paused again, and never re-joins
-        assert worker.consumers["reports"].paused
-        with pytest.raises(SkipMessage):
-            middleware.before_process_message(broker, dramatiq.broker.MessageProxy(message))
+            middleware.before_process_message(broker, first)
+        assert not thread.paused, "paused while a message it delivered was in the process"
+        thread.post_process_message(first)
+        assert thread.acked == []
+        assert thread.requeued == [second.message_id, first.message_id]
+        assert thread.paused, "not paused once drained"
+        thread.close()
+        assert thread.paused
+        middleware.stop()  # on shutdown: never campaigns again
+        with pytest.raises(LeaderError, match="shutting down"):
+            middleware.lease()
     finally:
         other.stop()

@@ -29,6 +29,7 @@ from ..backends.base import HolderInfo
 from ..config import LeaderConfig, validate_name
 from ..exceptions import ConfigError, LeaderError, StoreUnavailable, missing_extra
 from ..lease import Lease
+from .cli_errors import one_line_errors
 from .gate import Gate, Liveness
 from .runner import embedded_scheduler
 from .scheduler import schedules_of
@@ -75,6 +76,7 @@ class LeaderMiddleware(Middleware):
     ``python -m celery_leader.dramatiq MODULE`` beside the workers.
     """
 
+    @one_line_errors
     def __init__(
         self,
         *,
@@ -136,6 +138,7 @@ class LeaderMiddleware(Middleware):
             return dataclasses.replace(self.config, instance_id=_default_instance_id())
         return self.config
 
+    @one_line_errors
     def before_declare_actor(self, broker: Any, actor: Any) -> None:
         """Check the actor's leader options; a bad one fails the import."""
         try:
@@ -204,6 +207,7 @@ class LeaderMiddleware(Middleware):
             election = rule.election
             self._gates[queue] = Gate(thread, election, lambda: self._leads(election))
 
+    @one_line_errors
     def after_worker_boot(self, broker: Any, worker: Any) -> None:
         """Campaign in the elections of the leader-only actors this process consumes."""
         consumed = {q_name(queue) for queue in worker.consumers}

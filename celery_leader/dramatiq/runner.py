@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from ..config import LeaderConfig
 from ..exceptions import ConfigError, missing_extra
+from .cli_errors import one_line_errors
 from .scheduler import DramatiqScheduler
 
 try:
@@ -55,6 +56,7 @@ def standalone(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
+@one_line_errors
 def embedded_scheduler() -> int:
     """The fork function of ``LeaderMiddleware(scheduler=True)``: reads ``dramatiq``'s own argv."""
     args = make_argument_parser().parse_args()  # type: ignore[no-untyped-call]
@@ -76,8 +78,28 @@ def _run(broker_path: str, modules: Sequence[str], parent_pid: int | None) -> in
     for module in modules:
         importlib.import_module(module)
     middleware = _leader_middleware(broker)
-    DramatiqScheduler(broker, middleware.process_config()).run(stop, parent_pid)
+    config = middleware.process_config()
+    if not any(actor.options.get("leader_schedule") for actor in broker.actors.values()):
+        # A leader that sends nothing would keep the replicas that have the
+        # schedules from sending: stay out of the election instead.
+        logger.warning(
+            "celery-leader: no actor with a leader_schedule in %s: this scheduler stays out "
+            "of %r (import the modules that declare them: %s MODULE [MODULE ...])",
+            " ".join([broker_path, *modules]),
+            config.beat_election,
+            "dramatiq" if parent_pid else "python -m celery_leader.dramatiq",
+        )
+        _idle(stop, parent_pid)
+        return 0
+    DramatiqScheduler(broker, config).run(stop, parent_pid)
     return 0
+
+
+def _idle(stop: threading.Event, parent_pid: int | None) -> None:
+    """Wait for the stop signal (or, in a fork, for ``dramatiq``'s main process to die)."""
+    while not stop.wait(1.0):
+        if parent_pid is not None and os.getppid() != parent_pid:
+            return
 
 
 class _SchedulerSettings(Protocol):
