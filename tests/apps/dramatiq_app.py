@@ -1,12 +1,12 @@
 """A Dramatiq app for the Dramatiq tests: everything comes from environment variables.
 
 BROKER_URL (``redis://``: Redis broker; ``amqp://``: RabbitMQ), LEADER_URL,
-LEADER_TTL, EMBEDDED (``1``: the scheduler runs in a ``dramatiq`` fork), EVERY (seconds between ``tick`` slots), RECORD (a
-file where leader-only actors append ``actor message pid epoch``, the epoch
-being the one a run started under), BODY_SECONDS (how long ``waiting`` runs) and
-BREAK_CHECK (``1``: every leadership check raises, to prove it fails closed).
-The ``tick`` queue is consumed by nobody, so the tests read the sent slots from
-the broker itself.
+LEADER_TTL, EMBEDDED (``1``: the scheduler runs in a ``dramatiq`` fork), EVERY
+(seconds between ``tick`` slots), RECORD (a file where leader-only actors append
+``actor message pid epoch``, the epoch being the one a run started under),
+BODY_SECONDS (how long ``waiting`` and ``plain`` run) and BREAK_CHECK (``1``:
+every leadership check raises, to prove it fails closed). The ``tick`` queue is
+consumed by nobody, so the tests read the sent slots from the broker itself.
 """
 
 import os
