@@ -7,8 +7,11 @@ process holds its own lease of the ``worker`` election. The bodies append
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -24,7 +27,15 @@ from celery_leader.config import LeaderConfig
 from harness.procs import Proc, Procs
 from harness.servers import RedisServer
 from harness.waiting import wait_for
-from tests.test_dramatiq_chaos import APP, DRAMATIQ, REPO, Tap, check_slots, leader_pid
+from tests.test_dramatiq_chaos import (
+    APP,
+    DRAMATIQ,
+    HOST,
+    REPO,
+    Tap,
+    check_slots,
+    leader_pid,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -215,4 +226,125 @@ def test_wait_mode_requeues_what_a_demoted_leader_prefetched(
         by_epoch.setdefault(epoch, set()).add(pid)
     assert all(len(pids) == 1 for pids in by_epoch.values()), by_epoch
     logs = "".join(p.output() for p in replicas)
-    assert "re-enqueueing waiting" in logs, f"the demoted leader had nothing prefetched: {rows}"
+    assert "returning waiting" in logs, f"the demoted leader had nothing prefetched: {rows}"
+
+
+def test_a_process_that_only_asks_never_campaigns(
+    procs: Procs, broker_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    """A web process imports the app and calls is_leader() 100 times: it reads the
+    holder, never takes the election from the workers."""
+    start(procs, app_env(broker_url, redis_url, tmp_path / "record"), "waiting")
+    worker = worker_leader(redis_url)
+    web = procs.spawn_python(
+        "import time\n"
+        "import tests.apps.dramatiq_app\n"
+        "from celery_leader.dramatiq import current_epoch, is_leader\n"
+        "answers = []\n"
+        "for _ in range(100):\n"
+        "    answers.append(is_leader())\n"
+        "    time.sleep(0.02)\n"
+        "print('leading', sum(answers), 'epoch', current_epoch(), flush=True)\n"
+        "time.sleep(1)\n",
+        env=app_env(broker_url, redis_url, tmp_path / "record"),
+        cwd=REPO,
+    )
+    env = {**os.environ, "CELERY_LEADER_URL": redis_url}
+    holders = set()
+    while web.alive:
+        status = subprocess.run(
+            [sys.executable, "-m", "celery_leader", "status", "--json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        elections = json.loads(status.stdout)["elections"]
+        holders |= {e["holder"] for e in elections if e["holder"]}
+    assert web.wait(5) == 0, web.output()
+    assert "leading 0 epoch None" in web.output(), web.output()
+    assert holders == {f"{HOST}:{worker}"}, holders
+
+
+APP_MODULE = """
+import dramatiq
+from dramatiq.brokers.redis import RedisBroker
+from celery_leader.dramatiq import LeaderMiddleware
+
+broker = RedisBroker(url={broker_url!r})
+broker.add_middleware(LeaderMiddleware(url={leader_url!r}, {options}))
+dramatiq.set_broker(broker)
+{actors}
+"""
+
+
+def write_app(path: Path, broker_url: str, leader_url: str, options: str, actors: str) -> None:
+    path.write_text(
+        APP_MODULE.format(
+            broker_url=broker_url, leader_url=leader_url, options=options, actors=actors
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    ("options", "actors", "error"),
+    [
+        ("ttl='soon'", "", "ttl= must be a number of seconds"),
+        (
+            "ttl=3",
+            "@dramatiq.actor(leader_only=True)\ndef a(): ...\n@dramatiq.actor\ndef b(): ...\n",
+            "queue 'default' mixes actor 'b'",
+        ),
+    ],
+    ids=["bad-setting", "mixed-queue"],
+)
+def test_configuration_errors_are_one_line_under_the_dramatiq_cli(
+    broker_url: str, redis_url: str, tmp_path: Path, options: str, actors: str, error: str
+) -> None:
+    write_app(tmp_path / "badapp.py", broker_url, redis_url, options, actors)
+    run = subprocess.run(
+        [str(DRAMATIQ), "badapp", "-p", "2", "--path", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    output = run.stdout + run.stderr
+    assert run.returncode == 2, output
+    assert "Traceback" not in output, output
+    # One line per worker process that got that far (the first to fail stops the rest).
+    lines = [line for line in output.splitlines() if error in line]
+    assert lines and all("[CRITICAL] celery-leader: " in line for line in lines), output
+    assert len(output.splitlines()) <= 2 + 2 * len(lines), output
+
+
+def test_a_scheduler_with_no_entries_stays_out_of_the_election(
+    procs: Procs, broker_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    actors = "@dramatiq.actor(queue_name='only', leader_only=True)\ndef only(): ...\n"
+    write_app(tmp_path / "noschedule.py", broker_url, redis_url, "ttl=3, scheduler=True", actors)
+    env = {"PYTHONPATH": str(REPO)}
+    standalone = procs.spawn_python(
+        "import sys; from celery_leader.dramatiq.runner import standalone; "
+        "sys.exit(standalone(['noschedule', '--path', '.']))",
+        env=env,
+        cwd=tmp_path,
+    )
+    embedded = procs.spawn_python(
+        DRAMATIQ, "noschedule", "-p", "1", "--path", str(tmp_path), env=env, cwd=tmp_path
+    )
+    warning = r"\[WARNING\] celery-leader: no actor with a leader_schedule in noschedule"
+    standalone.wait_for_line(warning, 60)
+    embedded.wait_for_line(warning, 60)
+    embedded.wait_for_line("ready for action", 60)
+    config = LeaderConfig.from_env(env={}, leader_url=redis_url, leader_ttl=3)
+    backend = create_backend(config)
+    try:
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            assert backend.holder("beat") is None, "a scheduler with no entries leads"
+            time.sleep(0.05)
+    finally:
+        backend.close()
+    standalone.signal(signal.SIGTERM)
+    assert standalone.wait(10) == 0, standalone.output()
