@@ -17,20 +17,24 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import dramatiq
 import pytest
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
 from dramatiq.brokers.redis import RedisBroker
 
+from celery_leader.backends import create_backend
+from celery_leader.config import LeaderConfig
 from harness.groups import pgrp_of
 from harness.procs import Proc, Procs
+from harness.proxy import TcpProxy
 from harness.servers import RedisServer
 from harness.waiting import wait_for
 from tests.test_dramatiq_actors import records, worker_leader
-from tests.test_dramatiq_chaos import APP, DRAMATIQ, REPO
+from tests.test_dramatiq_chaos import APP, DRAMATIQ, HOST, REPO
 
 pytestmark = pytest.mark.slow
 
@@ -151,3 +155,57 @@ def test_every_message_runs_once_on_a_leader(
     if fault != "queued":
         assert len(pids) >= 2 or fault == "delayed", "the fault handed nothing over"
     assert all(p.alive for p in replicas if p.pid != pgrp_of(first)) or fault != "queued"
+
+
+def test_a_worker_cut_off_from_rabbitmq_steps_down(
+    procs: Procs,
+    amqp_url: str,
+    redis_url: str,
+    tmp_path: Path,
+    tcp_proxy: Callable[[str, int], TcpProxy],
+) -> None:
+    """Issue 19: the leading replica reaches RabbitMQ through a proxy that goes silent
+    (its connections closed, new ones never answered). Its lease store is fine, but it
+    cannot consume: it steps down, and a replica that can takes the messages."""
+    record = tmp_path / "record"
+    env = {
+        "LEADER_URL": redis_url,
+        "LEADER_TTL": "3",
+        "RECORD": str(record),
+        "PYTHONPATH": str(REPO),
+    }
+    parts = urlsplit(amqp_url)
+    proxy = tcp_proxy(parts.hostname or "127.0.0.1", parts.port or 5672)
+    cut_off = procs.spawn_python(
+        DRAMATIQ, APP, "-p", "1", "-t", "1", "--queues", "waiting",
+        env={**env, "BROKER_URL": proxy.url_for(amqp_url)}, cwd=REPO,
+    )  # fmt: skip
+    cut_off.wait_for_line("consuming queue 'waiting'", 90)
+    others = start_replicas(procs, {**env, "BROKER_URL": amqp_url}, "waiting")
+    first = worker_leader(redis_url)
+    assert pgrp_of(first) == cut_off.pid
+    proxy.hold()
+    proxy.cut()
+    fault = time.monotonic()
+    send(amqp_url, "waiting", 50)
+    config = LeaderConfig.from_env(env={}, leader_url=redis_url, leader_ttl=3)
+    backend = create_backend(config)
+    try:
+
+        def other_holder() -> bool:
+            holder = backend.holder("worker")
+            return holder is not None and holder.instance_id != f"{HOST}:{first}"
+
+        wait_for(other_holder, 20, interval=0.05, message="another replica leading")
+    finally:
+        backend.close()
+    took = time.monotonic() - fault
+    wait_for(lambda: len(records(record)) >= 50, 30, message="all 50 run")
+    rows = records(record)
+    assert sorted(n for _, n, _, _ in rows) == list(range(50)), rows
+    assert first not in {pid for _, _, pid, _ in rows}
+    assert "has not reached the broker" in cut_off.output(), cut_off.output()
+    print(f"cut-off leader replaced {took:.1f} s after the cut")
+    # Dramatiq's restart delay (3 s) + two idle polls (2 s) + the renew interval (1 s).
+    assert took < 3 + 2 + 1 + 1.0, took
+    assert all(p.alive for p in others)

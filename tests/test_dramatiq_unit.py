@@ -4,6 +4,7 @@ in-process memory store."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
@@ -334,3 +335,22 @@ def test_wait_mode_hands_messages_to_workers_only_while_leading_and_acks_none_it
             middleware.lease()
     finally:
         other.stop()
+
+
+def test_a_failed_rabbitmq_connection_logs_no_pika_errors(caplog: pytest.LogCaptureFixture) -> None:
+    from dramatiq.brokers.rabbitmq import RabbitmqBroker
+    from dramatiq.errors import ConnectionClosed
+
+    from celery_leader.dramatiq.pika_logs import quiet_connect_errors
+
+    broker = RabbitmqBroker(url="amqp://guest:guest@127.0.0.1:1/")  # nothing listens
+    quiet_connect_errors(broker)
+    caplog.set_level(logging.INFO)
+    with pytest.raises(ConnectionClosed, match="Connection refused"):
+        broker.enqueue(dramatiq.Message("q", "a", (), {}, {}))
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+    caplog.clear()
+    caplog.set_level(logging.DEBUG)
+    with pytest.raises(ConnectionClosed):
+        broker.enqueue(dramatiq.Message("q", "a", (), {}, {}))
+    assert any(r.name.startswith("pika") and r.levelname == "DEBUG" for r in caplog.records)

@@ -31,6 +31,7 @@ from ..exceptions import ConfigError, LeaderError, StoreUnavailable, missing_ext
 from ..lease import Lease
 from .cli_errors import one_line_errors
 from .gate import Gate, Liveness
+from .pika_logs import quiet_connect_errors
 from .runner import embedded_scheduler
 from .scheduler import schedules_of
 from .settings import load_config
@@ -167,12 +168,14 @@ class LeaderMiddleware(Middleware):
             self._rules[actor.actor_name] = rule
 
     def after_process_boot(self, broker: Any) -> None:
-        """Release at the first SIGTERM or SIGHUP, before Dramatiq's own handler runs.
+        """Quiet pika's connection errors; release at the first SIGTERM or SIGHUP.
 
-        Dramatiq's worker process only notices a SIGTERM at its next one-second
-        poll; and when the signal reaches the whole group, Dramatiq's relayed copy
-        often merges with it, so no second signal hurries it along.
+        The release runs before Dramatiq's own handler, because Dramatiq's worker
+        process only notices a SIGTERM at its next one-second poll; and when the
+        signal reaches the whole group, Dramatiq's relayed copy often merges with
+        it, so no second signal hurries it along.
         """
+        quiet_connect_errors(broker)
         if threading.current_thread() is not threading.main_thread():
             return
         for sig in (signal.SIGTERM, signal.SIGHUP):

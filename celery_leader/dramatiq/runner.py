@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from ..config import LeaderConfig
 from ..exceptions import ConfigError, missing_extra
 from .cli_errors import one_line_errors
+from .pika_logs import quiet_connect_errors
 from .scheduler import DramatiqScheduler
 
 try:
@@ -78,6 +79,7 @@ def _run(broker_path: str, modules: Sequence[str], parent_pid: int | None) -> in
     for module in modules:
         importlib.import_module(module)
     middleware = _leader_middleware(broker)
+    quiet_connect_errors(broker)
     config = middleware.process_config()
     if not any(actor.options.get("leader_schedule") for actor in broker.actors.values()):
         # A leader that sends nothing would keep the replicas that have the
