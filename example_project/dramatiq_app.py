@@ -55,7 +55,7 @@ def nightly() -> None:
     """Once a night at 02:30 Berlin time, on one replica (once, too, when clocks change)."""
 
 
-@dramatiq.actor(queue_name="reports", leader_only=True, leader_on_follower="wait")
+@dramatiq.actor(queue_name="reports", leader_only=True)  # waits: the default
 def rebuild_report() -> None:
     """Only the process leading the worker election consumes the ``reports`` queue."""
     dramatiq.get_logger(__name__).info("rebuilding the report under epoch %s", current_epoch())

@@ -4,8 +4,9 @@ BROKER_URL (``redis://``: Redis broker; ``amqp://``: RabbitMQ), LEADER_URL,
 LEADER_TTL, EMBEDDED (``1``: the scheduler runs in a ``dramatiq`` fork), EVERY
 (seconds between ``tick`` slots), RECORD (a file where leader-only actors append
 ``actor message pid epoch``, the epoch being the one a run started under),
-BODY_SECONDS (how long ``waiting`` and ``plain`` run) and BREAK_CHECK (``1``:
-every leadership check raises, to prove it fails closed). The ``tick`` queue is
+BODY_SECONDS (how long ``waiting`` and ``plain`` run), BREAK_CHECK (``1``:
+every leadership check raises, to prove it fails closed) and QUORUM (``1``:
+RabbitMQ quorum queues). The ``tick`` queue is
 consumed by nobody, so the tests read the sent slots from the broker itself.
 """
 
@@ -17,10 +18,12 @@ from dramatiq.brokers.rabbitmq import RabbitmqBroker
 from dramatiq.brokers.redis import RedisBroker
 
 from celery_leader.dramatiq import LeaderMiddleware, current_epoch, every
+from tests.apps.quorum import QuorumBroker
 
 broker: dramatiq.Broker
 if os.environ["BROKER_URL"].startswith("amqp"):
-    broker = RabbitmqBroker(url=os.environ["BROKER_URL"])
+    rabbit = QuorumBroker if os.environ.get("QUORUM") == "1" else RabbitmqBroker
+    broker = rabbit(url=os.environ["BROKER_URL"])
 else:
     broker = RedisBroker(
         url=os.environ["BROKER_URL"],
