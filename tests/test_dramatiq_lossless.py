@@ -176,9 +176,11 @@ def run_case(
     rows = check(record, actor)
     pids = Counter(pid for _, _, pid, _ in rows)
     print(f"{fault}/{actor}: {COUNT} run once in {took:.1f} s by {dict(pids)}")
-    if fault != "queued":
-        assert len(pids) >= 2 or fault == "delayed", "the fault handed nothing over"
-    assert all(p.alive for p in replicas if p.pid != pgrp_of(first)) or fault != "queued"
+    if fault == "delayed":
+        assert first not in pids, "the leader ran a message before it was due"
+    elif fault != "queued":
+        assert first in pids and len(pids) >= 2, "the fault handed nothing over"
+    assert all(p.alive for p in replicas if p.pid != pgrp_of(first))
 
 
 def test_a_worker_cut_off_from_rabbitmq_steps_down(

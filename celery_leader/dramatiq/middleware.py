@@ -305,6 +305,8 @@ class LeaderMiddleware(Middleware):
         election = election or self.config.worker_election
         with self._lock:
             self._after_fork()
+            if self._closed:  # shutting down: no new store connection
+                return None
             backend = self._store(self.process_config())
         try:
             return backend.holder(election)
