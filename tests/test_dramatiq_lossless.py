@@ -144,12 +144,13 @@ def run_case(
         send(broker_url, actor, COUNT, quorum=quorum)
     replicas = start_replicas(procs, env, actor)
     first = worker_leader(redis_url)
+    group = pgrp_of(first)  # the leader's replica
     started = time.monotonic()
     if fault == "delayed":
         send(broker_url, actor, COUNT, delay=2000, quorum=quorum)
         # The leader dies while every replica holds delayed messages for later.
         time.sleep(0.5)
-        os.killpg(pgrp_of(first), signal.SIGKILL)
+        os.killpg(group, signal.SIGKILL)
     elif fault != "queued":
         send(broker_url, actor, COUNT, quorum=quorum)
         wait_for(lambda: len(records(record)) >= 30, 30, interval=0.002, message="30 run")
@@ -162,10 +163,10 @@ def run_case(
                 capture_output=True,
             )
         elif fault == "sigterm":
-            os.kill(pgrp_of(first), signal.SIGTERM)  # the replica's dramatiq main process
+            os.kill(group, signal.SIGTERM)  # the replica's dramatiq main process
         else:
             time.sleep(0.03)  # half-way through the next body
-            os.killpg(pgrp_of(first), signal.SIGKILL)
+            os.killpg(group, signal.SIGKILL)
     wait_for(
         lambda: all_ran(record, actor),
         90,
@@ -180,7 +181,7 @@ def run_case(
         assert first not in pids, "the leader ran a message before it was due"
     elif fault != "queued":
         assert first in pids and len(pids) >= 2, "the fault handed nothing over"
-    assert all(p.alive for p in replicas if p.pid != pgrp_of(first))
+    assert all(p.alive for p in replicas if p.pid != group)
 
 
 def test_a_worker_cut_off_from_rabbitmq_steps_down(
