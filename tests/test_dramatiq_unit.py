@@ -354,3 +354,16 @@ def test_a_failed_rabbitmq_connection_logs_no_pika_errors(caplog: pytest.LogCapt
     with pytest.raises(ConnectionClosed):
         broker.enqueue(dramatiq.Message("q", "a", (), {}, {}))
     assert any(r.name.startswith("pika") and r.levelname == "DEBUG" for r in caplog.records)
+
+
+def test_only_a_worker_consuming_a_leader_only_queue_campaigns(broker: StubBroker) -> None:
+    @dramatiq.actor(queue_name="reports", leader_only=True)
+    def report() -> None: ...
+
+    middleware = leader_of(broker)
+    # `dramatiq app --queues default`: this worker does not consume "reports".
+    middleware.after_worker_boot(broker, _Worker(_ConsumerThread("default")))
+    assert not middleware.campaigns()
+    with pytest.raises(LeaderError, match="does not campaign"):
+        middleware.lease()
+    assert middleware.holder() is None  # it reads the store, and nobody holds the role
