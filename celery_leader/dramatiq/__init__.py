@@ -7,7 +7,7 @@
     @dramatiq.actor(leader_schedule=cron("30 2 * * *", tz="Europe/Berlin"))
     def nightly(): ...
 
-    @dramatiq.actor(leader_only=True, leader_on_follower="wait")
+    @dramatiq.actor(queue_name="leader", leader_only=True)  # only the leader consumes it
     def rebuild_index(): ...
 
 See docs/dramatiq.md.
