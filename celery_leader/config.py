@@ -50,6 +50,9 @@ MAX_TTL = 2_147_483.0
 #: entry that fell due while nobody dispatched (see docs/operations.md).
 MISSED_SLOTS = ("once", "skip", "all")
 DEFAULT_MAX_PUBLISH_FAILURES = 3
+#: ``leader_crontab_dst`` values: how Celery crontab entries behave when the
+#: clock changes (see docs/beat.md, "Daylight-saving time").
+CRONTAB_DST = ("cron", "celery")
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,8 @@ class LeaderConfig:
     missed_slots: str = "once"
     #: A missed slot due longer ago than this is never sent (``None``: no limit).
     missed_slots_grace: float | None = None
+    #: Celery crontabs at clock changes: cron's rules, or Celery's own arithmetic.
+    crontab_dst: str = "cron"
 
     @property
     def display_url(self) -> str:
@@ -178,6 +183,9 @@ class LeaderConfig:
             missed_slots_grace=validate_grace(
                 "leader_missed_slots_grace", None if grace == "" else grace
             ),
+            crontab_dst=_choice(
+                "leader_crontab_dst", values.get("leader_crontab_dst") or "cron", CRONTAB_DST
+            ),
         )
 
 
@@ -197,6 +205,7 @@ SETTINGS = (
     "leader_metrics_port",
     "leader_missed_slots",
     "leader_missed_slots_grace",
+    "leader_crontab_dst",
 )
 
 
@@ -245,8 +254,12 @@ def check_ttl(ttl: float, renew: float, ttl_name: str, renew_name: str) -> None:
 
 def validate_missed_slots(setting: str, value: object) -> str:
     """Check a missed-slot policy: ``"once"``, ``"skip"`` or ``"all"``."""
-    if value not in MISSED_SLOTS:
-        raise ConfigError(f"{setting} must be one of {', '.join(MISSED_SLOTS)} (got {value!r})")
+    return _choice(setting, value, MISSED_SLOTS)
+
+
+def _choice(setting: str, value: object, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ConfigError(f"{setting} must be one of {', '.join(choices)} (got {value!r})")
     return str(value)
 
 
