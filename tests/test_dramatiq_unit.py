@@ -302,3 +302,17 @@ def test_wait_mode_pauses_followers_and_requeues_what_they_prefetched(
             middleware.before_process_message(broker, dramatiq.broker.MessageProxy(message))
     finally:
         other.stop()
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [("CELERY_LEADER_FENCE_TASKS", "true"), ("CELERY_LEADER_CRONTAB_DST", "celery")],
+)
+def test_a_celery_only_setting_is_refused_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError, match=f"^{variable}.* is for Celery") as caught:
+        LeaderMiddleware(url="memory://refused")
+    assert "\n" not in str(caught.value)
+
