@@ -26,14 +26,16 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 import redis
 
-from celery_leader.backends import create_backend
+from celery_leader.backends import Claim, create_backend
 from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import StoreUnavailable
+from celery_leader.schedule.state import dump_state
 from harness.dramatiq_tap import DramatiqTap
 from harness.groups import pgrp_of
 from harness.procs import Proc, Procs
@@ -381,3 +383,25 @@ def test_a_scheduler_cut_off_from_its_broker_hands_over_and_sends_nothing_twice(
     check_slots([s for s in tap.sent() if s not in late])
     slots = Counter(s.slot for s in tap.sent())
     assert max(slots.values()) == 1, [slot for slot, n in slots.items() if n > 1]
+
+
+def test_a_stored_state_a_day_ahead_is_repaired_and_the_entry_keeps_firing(
+    procs: Procs, tap: Tap, broker_server: RedisServer, redis_url: str
+) -> None:
+    # A replica whose clock ran a day ahead left the state of "tick" there: far more
+    # than clock skew explains, so the next leader starts the entry anew from now.
+    config = LeaderConfig.from_env(env={}, leader_url=redis_url, leader_ttl=TTL)
+    backend = create_backend(config)
+    term = backend.acquire(config.beat_election, "fast-replica", TTL, 0).tenure
+    assert term is not None
+    ahead = datetime.now(timezone.utc) + timedelta(days=1)
+    raw = dump_state(ahead, 5, term.epoch, "fast-replica")
+    assert backend.claim(config.beat_election, term, [Claim("tick", None, raw)]) == [True]
+    backend.release(config.beat_election, term)
+    backend.close()
+    env = {"BROKER_URL": broker_server.url, "LEADER_URL": redis_url, "LEADER_TTL": str(TTL)}
+    replica = Replicas(procs, env, embedded=False).spawn()
+    steady(tap, 3)
+    warnings = [line for line in replica.lines() if "in the future" in line]
+    assert len(warnings) == 1 and "'tick'" in warnings[0] and "[WARNING]" in warnings[0]
+    check_slots(tap.sent())
