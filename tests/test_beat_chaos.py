@@ -548,12 +548,21 @@ def test_a_claim_acknowledged_by_postgres_survives_a_crash(
             for statement in statements:
                 conn.execute(statement)
 
+    def wal_writer_delay() -> str | None:
+        # A new session: it starts with what the server has loaded.
+        with psycopg.connect(postgres_server.superuser_url, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT setting FROM pg_settings WHERE name = 'wal_writer_delay'"
+            ).fetchone()
+        return None if row is None else str(row[0])
+
     try:
         tenure = backend.acquire("beat", "r0.1", TTL, 0).tenure
         assert tenure is not None
         # Everything so far (tables, term) is on disk; the WAL writer now sleeps 10 s.
         admin("ALTER SYSTEM SET wal_writer_delay = '10s'", "SELECT pg_reload_conf()", "CHECKPOINT")
-        time.sleep(0.5)
+        # The server reloaded (and signalled the WAL writer, before forking new sessions).
+        wait_for(lambda: wal_writer_delay() == "10000", 10, message="wal_writer_delay not 10 s")
         assert backend.claim("beat", tenure, [Claim("tick", None, "slot sent")]) == [True]
         postgres_server.kill()
         postgres_server.start()
@@ -624,7 +633,7 @@ def test_a_crontab_slot_across_a_failover_is_sent_exactly_once(
     # start at least 6 s before a minute boundary (which costs up to 66 s of waiting).
     boundary = (int(time.time()) // 60 + 1) * 60
     if boundary - time.time() < 6:
-        time.sleep(max(0.0, boundary - time.time()))
+        time.sleep(max(0.0, boundary - time.time()))  # a wait for the clock, not for an event
         boundary += 60
     beats = Replicas(
         procs,
@@ -647,7 +656,7 @@ def test_a_crontab_slot_across_a_failover_is_sent_exactly_once(
 
     # Crash the leader just before the slot, so the next one has to send it.
     _, first, first_epoch = beats.leader()
-    time.sleep(max(0.0, boundary - 0.4 - time.time()))
+    time.sleep(max(0.0, boundary - 0.4 - time.time()))  # the fault's moment, on the clock
     send_signal(first, signal.SIGKILL)
     assert cron() == [], "the first leader sent the slot before it was due"
     [sent] = wait_for(cron, ttl + 3, interval=0.01, message=f"{slot_due} slot never sent")

@@ -399,12 +399,23 @@ def test_slots_due_while_the_leader_is_killed_run_late_on_the_next_one(cluster: 
     survivor = "nodeB" if leader == "nodeA" else "nodeA"
     cluster.start_beat("beat", "slot_task")
     wait_for(lambda: len(cluster.sent_slots()) >= 3, 30, message="beat sends")
-    # Kill between two slots, not while the leader runs one.
+    # Kill between two slots, not while the leader runs one: once the next slot ran,
+    # half-way to the one after (a point on beat's grid, so a wait for the clock).
     last = max(_due(slot) for slot in cluster.sent_slots())
+    wait_for(
+        lambda: any(_due(run["slot"]) > last for run in cluster.slot_runs()),
+        10,
+        message="the next slot never ran",
+    )
     time.sleep(max(0.0, last + 1.5 - time.time()))
     killed_at = time.time()
     cluster.nodes[leader].kill_group()
-    time.sleep(TTL + 4)
+    # Through the hand-over and past it: a slot due TTL + 3 s after the kill ran.
+    wait_for(
+        lambda: any(_due(run["slot"]) >= killed_at + TTL + 3 for run in cluster.slot_runs()),
+        TTL + 15,
+        message="no slot due after the hand-over ran",
+    )
     cluster.stop_beats()
     sent = cluster.sent_slots()
     cluster.wait_slots_ran(sent, 10)
@@ -439,7 +450,11 @@ def test_fencing_keeps_retries_across_a_graceful_beat_handover(cluster: Cluster)
         message="beat handed over",
     )
     handed_over_at = time.time()
-    time.sleep(4)
+    wait_for(
+        lambda: sum(e > before.epoch for e in cluster.sent_slots().values()) >= 3,
+        15,
+        message="the new beat leader sent fewer than 3 slots",
+    )
     cluster.stop_beats()
     sent = cluster.sent_slots()
     assert len(set(sent.values())) == 2, f"one epoch only: {sent}"
@@ -483,7 +498,7 @@ def test_reject_backs_off_while_nobody_leads(cluster: Cluster) -> None:
     cluster.send("reject_task", tags)
     wait_for(cluster.deliveries, 10, message="first delivery")
     cpu = sum(_cpu_seconds(p) for p in cluster.nodes.values())
-    time.sleep(20)
+    time.sleep(20)  # the measurement window: redeliveries and CPU while nobody leads
     cpu = sum(_cpu_seconds(p) for p in cluster.nodes.values()) - cpu
     deliveries = len(cluster.deliveries())
     print(f"MEASURED reject, nobody leads for 20 s: {deliveries} deliveries, {cpu / 20:.1%} CPU")
