@@ -186,6 +186,11 @@ logger = logging.getLogger("celery_leader.backends.redis")
 #: still go out in one pipelined round trip.
 _CLAIM_CHUNK = 500
 
+#: Store URLs this process has said it falls back to the ttl for: once is enough
+#: (a worker and its embedded beat, or many leases, each have a backend of their own).
+_FALLBACKS: set[str] = set()
+_FALLBACKS_LOCK = threading.Lock()
+
 #: What each key is meant to hold, for errors about a key of the wrong type.
 _EXPECTED = {
     "lock": "a celery-leader term (a JSON string)",
@@ -354,6 +359,7 @@ class RedisBackend(Backend):
         ttl_ms = max(1, int(ttl * 1000))
         lock = self._key(election, "lock")
         subscription = self._subscription(election)
+        presence = subscription.presence if subscription is not None else None
         taken, value, pttl, *watching = self._script(
             "acquire",
             [lock, self._key(election, "epoch"), self._key(election, "watch")],
@@ -362,7 +368,7 @@ class RedisBackend(Backend):
                 instance_id,
                 ttl_ms,
                 min_epoch,
-                subscription.presence or "",
+                presence or "",
                 self._key(election, "present:"),
                 "1" if self._presence else "0",
                 self._key(election, "released"),
@@ -422,8 +428,12 @@ class RedisBackend(Backend):
             return False
         return True
 
-    def _subscription(self, election: str) -> Subscription:
-        """Our subscription for ``election``, opened and confirmed first if need be."""
+    def _subscription(self, election: str) -> Subscription | None:
+        """Our subscription for ``election``, opened and confirmed first if need be.
+
+        ``None`` when the server refuses it (ACL channel rules): then followers
+        poll at the holder's ttl, and terms keep no presence.
+        """
         with self._lock:
             current = self._subscriptions.get(election)
         if current is not None:
@@ -437,10 +447,10 @@ class RedisBackend(Backend):
         try:
             subscription = self._call(Subscription.open, released, presence, self.timeout)
         except StoreUnavailable as exc:
-            if presence is None or not isinstance(exc.__cause__, redis.ResponseError):
+            if not isinstance(exc.__cause__, redis.ResponseError):
                 raise
-            self._presence_off(f"SUBSCRIBE {presence[0]!r} was refused ({exc})")
-            subscription = self._call(Subscription.open, released, None, self.timeout)
+            self._presence_off(f"SUBSCRIBE was refused ({exc})")
+            return None
         if presence is not None and self._presence is None:
             self._check_presence(election, presence[0], subscription)
         if not self._presence:
@@ -466,7 +476,10 @@ class RedisBackend(Backend):
 
     def _presence_off(self, why: str) -> None:
         with self._lock:
-            said, self._presence = self._presence is False, False
+            self._presence = False
+        with _FALLBACKS_LOCK:
+            said = self.url in _FALLBACKS
+            _FALLBACKS.add(self.url)
         if not said:
             logger.info(
                 "celery-leader: Redis at %s: %s; a holder that dies is replaced when its "
