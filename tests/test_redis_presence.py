@@ -88,9 +88,7 @@ def test_a_live_holder_whose_connection_is_reset_stops_at_once_and_hands_over(
 
 
 @pytest.fixture
-def refusing_url(
-    request: pytest.FixtureRequest, redis_url: str
-) -> Iterator[str]:
+def refusing_url(request: pytest.FixtureRequest, redis_url: str) -> Iterator[str]:
     """A Redis URL whose server refuses ``PUBSUB``: by ACL, or renamed away."""
     _FALLBACKS.clear()  # each case may say it once more
     if request.param == "acl":
