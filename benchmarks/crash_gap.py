@@ -29,6 +29,8 @@ from harness.servers import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 TTLS = (3.0, 15.0)
+#: Kills per ttl for celery-leader.
+REPS = 10
 #: Runs of the systems that wait out their lock (redbeat, dramatiq-crontab).
 COMPARE_REPS = 3
 DRAMATIQ = str(VENV_BIN / "dramatiq")
@@ -129,7 +131,9 @@ def table(rows: list[Row]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=10, help="kills per ttl for celery-leader (10)")
+    parser.add_argument(
+        "--reps", type=int, default=REPS, help=f"kills per ttl for celery-leader ({REPS})"
+    )
     args = parser.parse_args()
     started = time.monotonic()
     rows = run(args.reps, lambda line: print(line, file=sys.stderr, flush=True))
