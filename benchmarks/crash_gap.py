@@ -28,7 +28,7 @@ from harness.groups import VENV_BIN
 from harness.servers import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
-TTLS = (3.0, 15.0)
+TTLS = (3, 15)
 #: Kills per ttl for celery-leader.
 REPS = 10
 #: Runs of the systems that wait out their lock (redbeat, dramatiq-crontab).
