@@ -424,7 +424,7 @@ every PostgreSQL process. Then every holder process is killed at once and a
 new fleet started, and the time until all 20 elections have a leader from the
 new fleet is measured from the kill (and likewise after SIGTERM, when every
 holder releases first). On Redis, one follower per election checks the
-holder's presence every 0.2 s whatever the ttl (5 round trips a second per
+holder's presence every 0.15 s whatever the ttl (6.7 round trips a second per
 election); the rest scales with `1 / leader_ttl`.
 
 ## How the beat store-load benchmark works
@@ -451,7 +451,7 @@ minute within 10 % of the first, at about one claim script per due batch.
   its standbys wait out the lock.
 * **SIGKILL**: PostgreSQL and the kernel free a dead process's lock at once.
   On Redis, celery-leader's holder keeps a subscription whose connection dies
-  with it; one designated follower checks it every 0.2 s and takes the term
+  with it; one designated follower checks it every 0.15 s and takes the term
   over, so the ttl does not matter (section 8 kills at ttl 3 s and 15 s).
   redbeat and dramatiq-crontab wait out their lock.
 * **SIGSTOP and partition**: celery-leader's paused or cut-off leader stops

@@ -505,7 +505,7 @@ def test_three_beats_keep_one_dispatcher_through_every_fault(
 DEFAULT_TTL = 15.0
 FAST_EVERY = 0.1
 #: Longest silence around a crash or a connection reset on Redis: the designated
-#: successor's check (0.2 s), beat's look at its lease (0.1 s), up to one period.
+#: successor's check (0.15 s), beat's look at its lease (0.1 s), up to one period.
 CRASH_SILENCE = 0.5
 
 
