@@ -89,13 +89,15 @@ def test_a_live_holder_whose_connection_is_reset_stops_at_once_and_hands_over(
 
 @pytest.fixture
 def refusing_url(request: pytest.FixtureRequest, redis_url: str) -> Iterator[str]:
-    """A Redis URL whose server refuses ``PUBSUB``: by ACL, or renamed away."""
+    """A Redis URL whose server refuses ``PUBSUB``: by ACL (that command, or every
+    pub/sub command), or renamed away."""
     _FALLBACKS.clear()  # each case may say it once more
-    if request.param == "acl":
+    if request.param in ("acl", "acl-all-pubsub"):
+        refused = "-pubsub" if request.param == "acl" else "-@pubsub"
         with redis.Redis.from_url(redis_url) as admin:
             admin.acl_setuser(
                 "nopubsub", enabled=True, passwords=["+pw"], keys=["*"], channels=["*"],
-                commands=["+@all", "-pubsub"],
+                commands=["+@all", refused],
             )  # fmt: skip
             try:
                 yield redis_url.replace("redis://", "redis://nopubsub:pw@")
@@ -106,7 +108,7 @@ def refusing_url(request: pytest.FixtureRequest, redis_url: str) -> Iterator[str
             yield server.url
 
 
-@pytest.mark.parametrize("refusing_url", ["acl", "renamed"], indirect=True)
+@pytest.mark.parametrize("refusing_url", ["acl", "acl-all-pubsub", "renamed"], indirect=True)
 def test_a_server_that_refuses_pubsub_falls_back_to_the_ttl_and_says_so_once(
     refusing_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
