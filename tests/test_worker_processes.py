@@ -322,6 +322,31 @@ def test_shutdown_releases_so_another_node_takes_over_at_once(
 
 
 @pytest.mark.slow
+def test_a_killed_leader_node_s_tasks_resume_on_the_next_within_a_second(
+    cluster: Cluster,
+) -> None:
+    """At the default ttl: the dead node's presence on Redis ends with its connections."""
+    cluster.start("nodeA", LEADER_TTL="15")
+    cluster.start("nodeB", LEADER_TTL="15")
+    cluster.wait_ready()
+    leader = cluster.wait_leader()
+    survivor = "nodeB" if leader == "nodeA" else "nodeA"
+    tags = [f"before-{i}" for i in range(5)]
+    cluster.send("wait_task", tags)
+    cluster.wait_done(tags, {"SUCCESS"}, timeout=30)
+
+    killed_at = time.monotonic()
+    cluster.nodes[leader].kill_group()
+    tags = [f"after-{i}" for i in range(N)]
+    cluster.send("wait_task", tags)
+    cluster.wait_done(tags, {"SUCCESS"}, timeout=30)
+    assert {t: cluster.ran(t) for t in tags} == {t: [survivor] for t in tags}
+    resumed = cluster.first_run(tags) - killed_at
+    print(f"MEASURED worker SIGKILL at ttl 15 s: first task on the next node after {resumed:.2f} s")
+    assert resumed <= 1.0, f"first task ran {resumed:.2f} s after the kill"
+
+
+@pytest.mark.slow
 def test_fencing_drops_tasks_of_a_deposed_scheduler(cluster: Cluster) -> None:
     # Two terms of the beat election: the second one's epoch is current.
     first = cluster.store.acquire("beat", "scheduler", TTL * 10, 0).tenure

@@ -141,6 +141,16 @@ class Backend(ABC):
     def wait(self, election: str, timeout: float, cancel: threading.Event) -> None:
         """Block until ``election`` may be free, ``timeout`` passes or ``cancel`` is set."""
 
+    def hold(self, election: str, tenure: Tenure, timeout: float, cancel: threading.Event) -> bool:
+        """Block while holding ``tenure`` until ``timeout`` passes or ``cancel`` is set.
+
+        Returns False as soon as the store shows that this holder's connection
+        is gone, after which another instance may take the term over at once:
+        the caller must stop believing it leads. Stores that cannot tell just wait.
+        """
+        cancel.wait(timeout)
+        return True
+
     @abstractmethod
     def holder(self, election: str) -> HolderInfo | None:
         """The current holder of ``election``, or ``None`` when nobody holds it."""
