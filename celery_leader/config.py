@@ -120,7 +120,7 @@ class LeaderConfig:
         values.update((k, v) for k, v in overrides.items() if v is not None)
         if values.get("leader_url") in (None, ""):
             raise ConfigError(
-                f"{env_name('leader_url')} is not set: set it to redis://, postgresql://, "
+                f"{env_name('leader_url')} is not set: set it to redis://, postgresql://, etcd://, "
                 "file:///dir or memory://"
             )
         try:
@@ -275,7 +275,7 @@ def _url(value: object, broker_url: object) -> str:
         shown = mask_url(broker_url) if isinstance(broker_url, str) else broker_url
         raise ConfigError(
             f"leader_url is not set and broker_url ({shown!r}) is not a Redis URL: set "
-            "leader_url (CELERY_LEADER_URL with Django) to redis://, postgresql://, "
+            "leader_url (CELERY_LEADER_URL with Django) to redis://, postgresql://, etcd://, "
             "file:///dir or memory://"
         )
     if not isinstance(value, str):
