@@ -12,13 +12,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from etcd3gw.client import Etcd3Client
-from etcd3gw.exceptions import Etcd3Exception
+from etcd3gw.exceptions import ConnectionFailedError, Etcd3Exception
 from etcd3gw.lease import Lease
 
 from ..base import Acquired, Backend, Claim, HolderInfo, Renewal, Tenure, claim_rounds
 from ..terms import foreign, parse_epoch
 from ..waiting import wait_sliced
-from .client import NOT_FOUND, Cluster, b64, error_of
+from .client import NOT_FOUND, UNAVAILABLE, Cluster, b64, error_of
 from .params import etcd_params
 
 #: Claims per transaction. etcd's ``--max-txn-ops`` (128 by default) bounds
@@ -129,7 +129,7 @@ class EtcdBackend(Backend):
         term_key = self._key(election, "term")
         with self._etcd.deadline():
             # The keep-alive restarts the lease's TTL (fixed when it was granted).
-            left = self._etcd.call(lambda c: Lease(ours.lease, c).refresh())
+            left = self._etcd.call(lambda c: _lease_call(c, "/lease/keepalive", ours.lease))
             if left <= 0:
                 return Renewal.LOST
             # The lease lives, but is the term key still the one it created?
@@ -257,7 +257,9 @@ class EtcdBackend(Backend):
         info = self._info(election, look.term, look.offset)
         lease = int(look.term["lease"])
         # etcd truncates to whole seconds: the true time left is below this + 1.
-        remaining = float(max(0, self._etcd.call(lambda c: Lease(lease, c).ttl())))
+        remaining = float(
+            max(0, self._etcd.call(lambda c: _lease_call(c, "/kv/lease/timetolive", lease)))
+        )
         return HolderInfo(info.instance_id, info.epoch, remaining), remaining
 
     def _info(self, election: str, term: dict[str, Any], offset: int) -> HolderInfo:
@@ -315,6 +317,21 @@ class EtcdBackend(Backend):
 def _lease_ttl(ttl: float) -> int:
     """etcd leases count whole seconds: round up, so the store never frees a term early."""
     return max(1, math.ceil(ttl))
+
+
+def _lease_call(client: Etcd3Client, path: str, lease: int) -> int:
+    """The TTL left on ``lease`` after a keep-alive or time-to-live call; <= 0 when gone.
+
+    The gateway reports errors of the streaming keep-alive as a body with
+    ``error`` and status 200: they are raised here like any other.
+    """
+    reply = client.post(client.get_url(path), json={"ID": str(lease)})
+    error = reply.get("error")
+    if error is not None:
+        # Unavailable (no Raft leader there): another member may do, as for a 503.
+        unavailable = error.get("grpc_code") == UNAVAILABLE
+        raise (ConnectionFailedError if unavailable else Etcd3Exception)(json.dumps(error))
+    return int(reply.get("result", reply).get("TTL", -1))
 
 
 def _range(key: bytes) -> Op:

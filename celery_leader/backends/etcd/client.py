@@ -46,6 +46,7 @@ T = TypeVar("T")
 NOT_FOUND = 5
 PERMISSION_DENIED = 7
 FAILED_PRECONDITION = 9
+UNAVAILABLE = 14
 UNAUTHENTICATED = 16
 
 #: The gateway's path on etcd >= 3.4 (3.3 and older are end-of-life).
@@ -277,7 +278,7 @@ def error_of(exc: Etcd3Exception) -> tuple[int | None, str]:
         return None, " ".join(text.split())[:300] or type(exc).__name__
     if not isinstance(body, dict):
         return None, text[:300]
-    code = body.get("code")
+    code = body.get("code", body.get("grpc_code"))
     return (code if isinstance(code, int) else None), str(body.get("message") or text)[:300]
 
 
