@@ -8,6 +8,7 @@ killed member still finds its data when it restarts, as after a process crash.
 
 from __future__ import annotations
 
+import base64
 import shutil
 import tempfile
 import uuid
@@ -45,6 +46,11 @@ class EtcdMember(_Server):
     def endpoint(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    @property
+    def base(self) -> str:
+        """Where the member's client API answers (its gateway is under ``/v3``)."""
+        return f"{self._cluster.scheme}://{self.endpoint}"
+
     def launch(self) -> None:
         """Start the process without waiting: a lone member of a new cluster has no quorum."""
         if self.running:
@@ -63,13 +69,10 @@ class EtcdMember(_Server):
 
     def status(self) -> dict[str, Any]:
         """The member's ``/v3/maintenance/status`` (its id, and the Raft leader's)."""
-        reply = requests.post(f"http://{self.endpoint}/v3/maintenance/status", json={}, timeout=2)
-        reply.raise_for_status()
-        status: dict[str, Any] = reply.json()
-        return status
+        return self._cluster.post(self, "maintenance/status", {})
 
     def _launch(self) -> None:
-        url = f"http://127.0.0.1:{self.port}"
+        url = self.base
         peer = f"http://127.0.0.1:{self.peer_port}"
         self._popen(
             [
@@ -85,13 +88,14 @@ class EtcdMember(_Server):
                 "--initial-cluster-token", self._cluster.token,
                 "--logger", "zap",
                 "--log-level", "warn",
+                *self._cluster.tls_args,
             ]
         )  # fmt: skip
 
     def _is_accepting(self) -> bool:
         # /health is true only while the member sees a Raft leader: serving, not just up.
         try:
-            reply = requests.get(f"http://{self.endpoint}/health", timeout=0.5)
+            reply = requests.get(f"{self.base}/health", timeout=0.5, verify=self._cluster.verify)
             return bool(reply.ok and reply.json().get("health") == "true")
         except (requests.RequestException, ValueError):
             return False
@@ -100,9 +104,14 @@ class EtcdMember(_Server):
 class EtcdCluster:
     """Three etcd members; ``url`` names them all, as a celery-leader user would."""
 
-    def __init__(self, size: int = 3) -> None:
+    def __init__(self, size: int = 3, tls: tuple[Path, Path] | None = None) -> None:
+        """``tls``: a certificate and its key, for clients to reach the members with HTTPS."""
+        self.scheme = "https" if tls else "http"
+        self.verify: str | bool = str(tls[0]) if tls else True
+        self.tls_args = ["--cert-file", str(tls[0]), "--key-file", str(tls[1])] if tls else []
         self.root = Path(tempfile.mkdtemp(prefix="celery-leader-etcd-", dir=_DATA_ROOT))
         self.token = uuid.uuid4().hex
+        self._auth: dict[str, str] = {}
         self.members = [EtcdMember(i, self.root, self) for i in range(size)]
         self.initial_cluster = ",".join(
             f"{m.member_name}=http://127.0.0.1:{m.peer_port}" for m in self.members
@@ -110,7 +119,40 @@ class EtcdCluster:
 
     @property
     def url(self) -> str:
-        return "etcd://" + ",".join(m.endpoint for m in self.members)
+        scheme = "etcds" if self.scheme == "https" else "etcd"
+        return f"{scheme}://" + ",".join(m.endpoint for m in self.members)
+
+    def post(self, member: EtcdMember, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """One call of the gateway's JSON API on ``member`` (as root, when auth is on)."""
+        reply = requests.post(
+            f"{member.base}/v3/{path}",
+            json=body,
+            headers=self._auth,
+            timeout=5,
+            verify=self.verify,
+        )
+        reply.raise_for_status()
+        result: dict[str, Any] = reply.json()
+        return result
+
+    def enable_auth(self, root_password: str, user: str, password: str, prefix: str) -> None:
+        """Turn auth on, with ``user`` allowed to read and write keys under ``prefix``."""
+        member = self.members[0]
+        self.post(member, "auth/user/add", {"name": "root", "password": root_password})
+        self.post(member, "auth/role/add", {"name": "root"})
+        self.post(member, "auth/user/grant", {"user": "root", "role": "root"})
+        self.post(member, "auth/user/add", {"name": user, "password": password})
+        self.post(member, "auth/role/add", {"name": "leader"})
+        key = base64.b64encode(prefix.encode()).decode()
+        end = base64.b64encode(prefix[:-1].encode() + bytes([ord(prefix[-1]) + 1])).decode()
+        perm = {"permType": "READWRITE", "key": key, "range_end": end}
+        self.post(member, "auth/role/grant", {"name": "leader", "perm": perm})
+        self.post(member, "auth/user/grant", {"user": user, "role": "leader"})
+        self.post(member, "auth/enable", {})
+        token = self.post(member, "auth/authenticate", {"name": "root", "password": root_password})[
+            "token"
+        ]
+        self._auth = {"Authorization": token}
 
     @property
     def running(self) -> bool:

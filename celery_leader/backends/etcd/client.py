@@ -43,6 +43,7 @@ from .params import EtcdParams
 T = TypeVar("T")
 
 #: gRPC status codes that etcd's gateway reports in its JSON errors.
+INVALID_ARGUMENT = 3
 NOT_FOUND = 5
 PERMISSION_DENIED = 7
 FAILED_PRECONDITION = 9
@@ -59,6 +60,8 @@ class _DeadlineSession(requests.Session):
     """A session whose requests give up at the calling thread's deadline, if one is set."""
 
     def request(self, method: str | bytes, url: str | bytes, *args: Any, **kwargs: Any) -> Any:
+        # Per request: requests lets REQUESTS_CA_BUNDLE override a session's CA file.
+        kwargs.setdefault("verify", self.verify)
         deadline: float | None = getattr(_local, "deadline", None)
         if deadline is not None:
             left = deadline - time.monotonic()
@@ -166,13 +169,18 @@ class Cluster:
             try:
                 member.authenticate()
                 return fn(member.client)
-            except (ConnectionFailedError, ConnectionTimeoutError):
+            except (ConnectionFailedError, ConnectionTimeoutError, StoreUnavailable):
                 raise
             except Etcd3Exception as exc:
                 code, message = error_of(exc)
                 if code == UNAUTHENTICATED and attempt == 1:
                     member.forget_token()  # expired: log in again, once
                     continue
+                if code == INVALID_ARGUMENT and "user name is empty" in message:
+                    raise StoreMisconfigured(
+                        f"leader_url: the etcd cluster at {member.name} has authentication on: "
+                        "put user:password@ before the hosts"
+                    ) from None
                 if code == PERMISSION_DENIED:
                     raise StoreMisconfigured(
                         f"leader_url: etcd denies this user the keys it needs ({message}); "
