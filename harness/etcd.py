@@ -47,6 +47,22 @@ class EtcdMember(_Server):
         return f"127.0.0.1:{self.port}"
 
     @property
+    def pid(self) -> int | None:
+        """The member's process id (and process group), while it runs."""
+        return self._proc.pid if self.running and self._proc is not None else None
+
+    def metrics(self) -> dict[str, float]:
+        """The member's Prometheus counters, summed over their labels: name -> value."""
+        text = requests.get(f"{self.base}/metrics", timeout=5, verify=self._cluster.verify).text
+        totals: dict[str, float] = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                name = name.partition("{")[0]
+                totals[name] = totals.get(name, 0.0) + float(value)
+        return totals
+
+    @property
     def base(self) -> str:
         """Where the member's client API answers (its gateway is under ``/v3``)."""
         return f"{self._cluster.scheme}://{self.endpoint}"

@@ -158,3 +158,23 @@ def test_tls_and_a_user_limited_to_the_key_prefix(secure_cluster: EtcdCluster) -
     finally:
         for made in (good, wrong, anonymous, unverified):
             made.close()
+
+
+def test_a_release_that_failed_without_quorum_is_done_by_the_next_acquire(
+    etcd_cluster: EtcdCluster, etcd_url: str
+) -> None:
+    """Else the new Raft leader would give the orphaned lease a full TTL again."""
+    a = backend(etcd_url)
+    try:
+        tenure = a.acquire("beat", "a", TTL, 0).tenure
+        assert tenure is not None
+        for member in etcd_cluster.members[1:]:
+            member.kill()
+        with pytest.raises(StoreUnavailable):
+            a.release("beat", tenure)
+        etcd_cluster.start()
+        again = a.acquire("beat", "a", TTL, 0).tenure
+        assert again is not None and again.epoch > tenure.epoch
+    finally:
+        a.close()
+        etcd_cluster.start()

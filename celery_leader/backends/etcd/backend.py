@@ -15,6 +15,7 @@ from etcd3gw.client import Etcd3Client
 from etcd3gw.exceptions import ConnectionFailedError, Etcd3Exception
 from etcd3gw.lease import Lease
 
+from ...exceptions import StoreUnavailable
 from ..base import Acquired, Backend, Claim, HolderInfo, Renewal, Tenure, claim_rounds
 from ..terms import foreign, parse_epoch
 from ..waiting import wait_sliced
@@ -67,12 +68,15 @@ class EtcdBackend(Backend):
         #: Store revision of this backend's last look at each election's term,
         #: so that a follower's watch starts right after what it saw.
         self._seen: dict[str, int] = {}
+        #: Leases of terms whose release failed; revoked by the next acquire.
+        self._unreleased: set[int] = set()
 
     # -- the protocol ---------------------------------------------------------
 
     def acquire(self, election: str, instance_id: str, ttl: float, min_epoch: int) -> Acquired:
         term_key, offset_key = self._key(election, "term"), self._key(election, "epoch-offset")
         with self._etcd.deadline():
+            self._revoke_unreleased()
             look = self._look(election)
             if look.term is not None:
                 # Held: no lease is granted just to find that out.
@@ -146,7 +150,15 @@ class EtcdBackend(Backend):
         if ours is not None:
             # Revoking the lease deletes the term key (and a resign request on
             # it) in one Raft entry; followers' watches see the deletion.
-            self._revoke(ours.lease)
+            try:
+                self._revoke(ours.lease)
+            except StoreUnavailable:
+                # Quorum lost, say: when it is back, the new Raft leader gives the
+                # lease a full TTL again. Revoke it at the next call that gets
+                # through instead of leaving the role empty that long.
+                with self._lock:
+                    self._unreleased.add(ours.lease)
+                raise
 
     def wait(self, election: str, timeout: float, cancel: threading.Event) -> None:
         with self._lock:
@@ -280,6 +292,14 @@ class EtcdBackend(Backend):
 
     def _offset(self, key: bytes, kv: dict[str, Any] | None) -> int:
         return 0 if kv is None else parse_epoch(_value(kv), f"etcd key {key.decode()!r}")
+
+    def _revoke_unreleased(self) -> None:
+        with self._lock:
+            leases = list(self._unreleased)
+        for lease in leases:
+            self._revoke(lease)
+            with self._lock:
+                self._unreleased.discard(lease)
 
     def _revoke(self, lease: int) -> None:
         def revoke(client: Etcd3Client) -> None:
