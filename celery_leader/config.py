@@ -97,7 +97,7 @@ class LeaderConfig:
 
     @property
     def store_kind(self) -> str:
-        """``"redis"``, ``"postgres"``, ``"file"`` or ``"memory"``."""
+        """``"redis"``, ``"postgres"``, ``"etcd"``, ``"file"`` or ``"memory"``."""
         return self.store.kind
 
     @classmethod

@@ -201,6 +201,17 @@ class EtcdCluster:
 
         return wait_for(ask, START_TIMEOUT, interval=0.05, message="no etcd member leads Raft")
 
+    def raft_term(self) -> int:
+        """The highest Raft term a running member reports: it grows with every election."""
+        terms = []
+        for member in self.members:
+            if member.running:
+                try:
+                    terms.append(int(member.status()["header"]["raft_term"]))
+                except requests.RequestException:
+                    continue
+        return max(terms, default=0)
+
     def reset(self) -> None:
         """Delete every key and revoke every lease: each test starts from an empty store."""
         member = next(m for m in self.members if m.running)

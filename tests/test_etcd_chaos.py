@@ -70,31 +70,43 @@ def test_three_beats_on_etcd_through_every_fault(
     rows: list[Row] = []
     problems: list[str] = []
     epochs: list[int] = []
+
+    def measured(row: Row, term_before: int) -> None:
+        # A Raft election restarts every lease's TTL (plus 1 s): name it when it happened.
+        term = etcd_cluster.raft_term()
+        if term != term_before:
+            row.fault += f" (Raft term {term_before} -> {term})"
+        rows.append(row)
+
     try:
         beats.start()
         steady(tap)
 
         place, proc, epoch = beats.leader()
+        term = etcd_cluster.raft_term()
         at = time.monotonic()
         send_signal(proc, signal.SIGKILL)
-        rows.append(measure(tap, "crash (SIGKILL)", at, epoch, FAILOVER))
+        measured(measure(tap, "crash (SIGKILL)", at, epoch, FAILOVER), term)
         beats.replace(place)
         steady(tap)
 
         place, proc, epoch = beats.leader()
+        term = etcd_cluster.raft_term()
         at = time.monotonic()
         send_signal(proc, signal.SIGTERM)
-        rows.append(measure(tap, "graceful (SIGTERM)", at, epoch, GRACEFUL))
+        measured(measure(tap, "graceful (SIGTERM)", at, epoch, GRACEFUL), term)
         proc.wait_for_line(r"no longer leads 'beat' \(epoch \d+\): stopping", timeout=5)
         beats.replace(place)
         steady(tap)
 
         place, proc, epoch = beats.leader()
         before = step_downs(proc)
+        term = etcd_cluster.raft_term()
         at = time.monotonic()
         for proxy in proxies[place]:
             proxy.hold()
-        rows.append(measure(tap, f"partition (all members held {HOLD:g} s)", at, epoch, FAILOVER))
+        partition = f"partition (all members held {HOLD:g} s)"
+        measured(measure(tap, partition, at, epoch, FAILOVER), term)
         hold_fault_until(at + HOLD)
         for proxy in proxies[place]:
             proxy.release()
@@ -103,9 +115,10 @@ def test_three_beats_on_etcd_through_every_fault(
 
         place, proc, epoch = beats.leader()
         before = step_downs(proc)
+        term = etcd_cluster.raft_term()
         at = time.monotonic()
         send_signal(proc, signal.SIGSTOP)
-        rows.append(measure(tap, f"pause (SIGSTOP {HOLD:g} s)", at, epoch, FAILOVER))
+        measured(measure(tap, f"pause (SIGSTOP {HOLD:g} s)", at, epoch, FAILOVER), term)
         hold_fault_until(at + HOLD)
         send_signal(proc, signal.SIGCONT)
         resumed = time.monotonic()
