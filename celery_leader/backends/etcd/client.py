@@ -119,7 +119,8 @@ class _Member:
         self._authenticated = True
 
     def forget_token(self) -> None:
-        self._authenticated = False
+        """Log in again before the next request (etcd said the token expired)."""
+        self._authenticated = self._user is None
 
 
 class Cluster:
