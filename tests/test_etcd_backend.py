@@ -68,6 +68,23 @@ def test_the_epoch_is_the_term_keys_create_revision(etcd_url: str) -> None:
         a.close()
 
 
+def test_epochs_stay_above_those_of_a_cluster_that_was_rebuilt(etcd_url: str) -> None:
+    """Revisions restart with a new cluster; processes remember higher epochs (min_epoch)."""
+    a = backend(etcd_url)
+    try:
+        seen = 10**6  # far above this cluster's revisions
+        first = a.acquire("beat", "a", TTL, seen).tenure
+        assert first is not None and first.epoch == seen + 1
+        holder = a.holder("beat")
+        assert holder is not None and holder.epoch == first.epoch
+        a.release("beat", first)
+        second = a.acquire("beat", "a", TTL, 0).tenure
+        assert second is not None and second.epoch > first.epoch
+        a.release("beat", second)
+    finally:
+        a.close()
+
+
 def test_a_dead_member_is_skipped_at_once(etcd_cluster: EtcdCluster, etcd_url: str) -> None:
     """A member that is down costs nothing: the next one is asked at once."""
     # A member that does not lead Raft, so that the others need no election; the
