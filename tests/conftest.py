@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.etcd import EtcdCluster
 from harness.procs import Procs
 from harness.proxy import TcpProxy
 from harness.servers import PostgresServer, RabbitServer, RedisServer
@@ -20,7 +21,7 @@ from harness.servers import PostgresServer, RabbitServer, RedisServer
 # puts back Celery's own in-process worker fixtures, and nothing here may need Docker.
 pytest_plugins = ("celery.contrib.pytest",)
 
-_SERVER_FIXTURES = ("redis_server", "postgres_server", "rabbitmq_server")
+_SERVER_FIXTURES = ("redis_server", "postgres_server", "etcd_cluster", "rabbitmq_server")
 
 
 @pytest.fixture(scope="session")
@@ -40,6 +41,13 @@ def postgres_server() -> Iterator[PostgresServer]:
 def rabbitmq_server() -> Iterator[RabbitServer]:
     with RabbitServer() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def etcd_cluster() -> Iterator[EtcdCluster]:
+    """Three etcd members on loopback (a test may kill any of them; the next gets them back)."""
+    with EtcdCluster() as cluster:
+        yield cluster
 
 
 @pytest.fixture(autouse=True)
@@ -74,6 +82,13 @@ def amqp_url(rabbitmq_server: RabbitServer) -> str:
     """URL of a running RabbitMQ in a vhost of its own: no queues, exchanges or messages
     from earlier tests (the previous test's vhost is deleted in the same CLI call)."""
     return rabbitmq_server.vhost_url(rabbitmq_server.new_vhost())
+
+
+@pytest.fixture
+def etcd_url(etcd_cluster: EtcdCluster) -> str:
+    """``etcd://`` URL naming all three members of a serving cluster with no keys and no leases."""
+    etcd_cluster.reset()
+    return etcd_cluster.url
 
 
 @pytest.fixture
