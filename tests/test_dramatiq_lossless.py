@@ -42,7 +42,7 @@ pytestmark = pytest.mark.slow
 COUNT = 200
 
 
-@pytest.fixture(params=["redis", "rabbitmq"])
+@pytest.fixture(params=["redis", pytest.param("rabbitmq", marks=pytest.mark.rabbitmq)])
 def broker_url(request: pytest.FixtureRequest) -> Iterator[str]:
     if request.param == "rabbitmq":
         yield request.getfixturevalue("amqp_url")
@@ -111,6 +111,7 @@ def test_every_message_runs_once_on_a_leader(
     run_case(procs, broker_url, redis_url, tmp_path, fault, actor)
 
 
+@pytest.mark.rabbitmq
 def test_quorum_queues_lose_nothing_across_a_sigkill(
     procs: Procs, amqp_url: str, redis_url: str, tmp_path: Path
 ) -> None:
@@ -184,6 +185,7 @@ def run_case(
     assert all(p.alive for p in replicas if p.pid != group)
 
 
+@pytest.mark.rabbitmq
 def test_a_worker_cut_off_from_rabbitmq_steps_down(
     procs: Procs,
     amqp_url: str,
