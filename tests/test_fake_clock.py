@@ -1,0 +1,179 @@
+"""Real schedulers on a fake wall clock (libfaketime): clock changes, clock jumps, skew.
+
+Three ``celery beat -S leader`` replicas and three ``python -m celery_leader.dramatiq``
+schedulers run side by side (separate brokers and elections) on one fake clock that
+runs 60 times faster than real time (:class:`harness.fakeclock.FakeClock`), with
+entries that clock changes trouble: a 02:30 crontab, a quarter-hourly one and a
+60 s interval, each under ``leader_missed_slots = "once"`` and ``"all"`` (entries
+``<name>-once`` and ``<name>-all``; tests/apps/clock_app.py and clock_dramatiq.py).
+Leaders are SIGKILLed and SIGTERMed at chosen fake instants; every slot sent is read
+back from the broker, where nothing consumes it.
+
+Run with ``-s`` to see the slots sent.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from harness.fakeclock import FakeClock
+from harness.procs import Procs
+from tests.fakeclock_fleet import Fleet, Sent, duplicates, minutes
+
+pytestmark = pytest.mark.slow
+
+UTC = timezone.utc
+SPEED = 60.0
+POLICIES = ("once", "all")
+#: A fail-over costs at most this much fake time (ttl 3 s at x60, plus start-up slack):
+#: a ``once`` entry may skip minutes only this soon after a fault.
+FAILOVER = timedelta(minutes=5)
+
+
+@pytest.fixture
+def clock_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "clock"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def make_clock(clock_dir: Path) -> Iterator[list[FakeClock]]:
+    clocks: list[FakeClock] = []
+    yield clocks
+    for clock in clocks:
+        clock.close()
+
+
+def _fleets(
+    procs: Procs, clock: FakeClock, redis_url: str, env: dict[str, str] | None = None
+) -> list[Fleet]:
+    env = {"CLOCK_POLICIES": ",".join(POLICIES), **(env or {})}
+    return [
+        Fleet("beat", procs, clock, redis_url, 0, env),
+        Fleet("dramatiq", procs, clock, redis_url, 2, env),
+    ]
+
+
+def _in(sent: list[Sent], start: datetime, end: datetime, prefix: str) -> list[Sent]:
+    return [s for s in sent if start < s.due <= end and s.entry.startswith(prefix)]
+
+
+def _check_window(
+    fleet: Fleet,
+    start: datetime,
+    end: datetime,
+    fixed230: datetime,
+    faults: list[datetime],
+) -> None:
+    """What a clock-change window must show, for both policies (see the module docstring)."""
+    sent = fleet.sent()
+    print(f"\n{fleet.kind}: {len(sent)} slots")
+    for s in sent:
+        if not s.entry.startswith("min-"):
+            print(f"  {s.slot} (epoch {s.epoch})")
+    names, dues = duplicates(sent)
+    assert names == [] and dues == [], (fleet.kind, names, dues)
+    planned = {p["slot"] for p in fleet.plan(start, end)}
+    for policy in POLICIES:
+        fixed = _in(sent, start, end, f"fixed230-{policy}")
+        assert [s.due for s in fixed] == [fixed230], (fleet.kind, policy, fixed)
+        q15 = _in(sent, start, end, f"q15-{policy}")
+        assert sorted(s.due for s in q15) == minutes(start, end, 15), (fleet.kind, policy, q15)
+        every = _in(sent, start, end, f"min-{policy}")
+        missing = set(minutes(start, end)) - {s.due for s in every}
+        if policy == "all":
+            assert missing == set(), (fleet.kind, sorted(missing))
+        else:
+            # ``once`` sends the newest slot missed in a fail-over, not the others.
+            near = [m for m in missing if not any(f <= m <= f + FAILOVER for f in faults)]
+            assert near == [], (fleet.kind, sorted(missing), faults)
+        # ``leader plan`` over the same window lists exactly what was sent (``all``), and
+        # a superset of it (``once``, which drops what fail-overs missed).
+        window = {s.slot for s in sent if start < s.due <= end and s.entry.endswith(policy)}
+        mine = {p for p in planned if p.partition("@")[0].endswith(f"-{policy}")}
+        if policy == "all":
+            assert window == mine, (fleet.kind, sorted(window ^ mine))
+        else:
+            assert window <= mine, (fleet.kind, sorted(window - mine))
+
+
+def _run_clock_change(
+    procs: Procs,
+    clocks: list[FakeClock],
+    clock_dir: Path,
+    redis_url: str,
+    begin: datetime,
+    start: datetime,
+    end: datetime,
+    faults: list[tuple[datetime, int]],
+) -> list[Fleet]:
+    clock = FakeClock(clock_dir, begin, SPEED)
+    clocks.append(clock)
+    fleets = _fleets(procs, clock, redis_url)
+    started = [(fleet, fleet.spawn()) for fleet in fleets for _ in range(3)]
+    for fleet, instance in started:
+        fleet.ready(instance)
+    for fleet in fleets:
+        fleet.leader()
+    assert clock.now() < start, f"start-up took too long: the fake clock is at {clock.now()}"
+    for moment, sig in faults:
+        clock.wait_until(moment)
+        signalled = [(fleet, *fleet.signal_leader(sig)) for fleet in fleets]
+        for fleet, old, epoch in signalled:
+            new, new_epoch = fleet.replace(old, epoch)
+            what = signal.Signals(sig).name
+            print(f"{clock.now():%H:%M:%S} {fleet.kind}: {what} {old}; {new} leads ({new_epoch})")
+    clock.wait_until(end + timedelta(minutes=1))
+    for fleet in fleets:
+        fleet.stop()
+    return fleets
+
+
+def test_fall_back_in_berlin(
+    procs: Procs, make_clock: list[FakeClock], clock_dir: Path, redis_url: str
+) -> None:
+    """2026-10-25: 03:00 CEST becomes 02:00 CET; 02:00-03:00 happens twice (00:00-02:00 UTC).
+
+    Faults: SIGKILL at 02:29:30 CEST (before the only 02:30), SIGTERM at 02:59:30 CEST
+    (the last half minute before the change), SIGKILL at 02:29:30 CET (before the 02:30
+    that must not fire again). Each successor is promoted inside the repeated hour.
+    """
+    day = datetime(2026, 10, 25, tzinfo=UTC)
+    faults = [
+        (day + timedelta(minutes=29, seconds=30), signal.SIGKILL),
+        (day + timedelta(minutes=59, seconds=30), signal.SIGTERM),
+        (day + timedelta(minutes=89, seconds=30), signal.SIGKILL),
+    ]
+    start, end = day + timedelta(minutes=20), day + timedelta(minutes=100)
+    fleets = _run_clock_change(
+        procs, make_clock, clock_dir, redis_url, day + timedelta(minutes=10), start, end, faults
+    )
+    for fleet in fleets:
+        _check_window(fleet, start, end, day + timedelta(minutes=30), [f for f, _ in faults])
+
+
+def test_spring_forward_in_berlin(
+    procs: Procs, make_clock: list[FakeClock], clock_dir: Path, redis_url: str
+) -> None:
+    """2026-03-29: 02:00 CET becomes 03:00 CEST (01:00 UTC); 02:00-03:00 does not happen.
+
+    Faults: SIGKILL at 01:59:30 CET (before the jump, where the 02:30 entry fires once),
+    SIGTERM at 03:09:30 CEST. No phantom slot in the missing hour, even with ``all``.
+    """
+    day = datetime(2026, 3, 29, tzinfo=UTC)
+    faults = [
+        (day + timedelta(minutes=59, seconds=30), signal.SIGKILL),
+        (day + timedelta(minutes=69, seconds=30), signal.SIGTERM),
+    ]
+    start, end = day + timedelta(minutes=38), day + timedelta(minutes=82)
+    fleets = _run_clock_change(
+        procs, make_clock, clock_dir, redis_url, day + timedelta(minutes=30), start, end, faults
+    )
+    for fleet in fleets:
+        _check_window(fleet, start, end, day + timedelta(hours=1), [f for f, _ in faults])
