@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from celery_leader import ops
+from celery_leader.config import LeaderConfig
 from harness.fakeclock import FakeClock
 from harness.procs import Procs
 from tests.fakeclock_fleet import Fleet, Sent, duplicates, minutes
@@ -177,3 +179,123 @@ def test_spring_forward_in_berlin(
     )
     for fleet in fleets:
         _check_window(fleet, start, end, day + timedelta(hours=1), [f for f, _ in faults])
+
+
+def _log(fleet: Fleet, instance: str) -> str:
+    return fleet.proc(instance).output()
+
+
+def _after(sent: list[Sent], before: list[Sent]) -> list[Sent]:
+    seen = {s.slot for s in before}
+    return [s for s in sent if s.slot not in seen]
+
+
+def test_a_leader_whose_clock_jumps_back_then_forward_sends_nothing_twice(
+    procs: Procs, make_clock: list[FakeClock], clock_dir: Path, redis_url: str
+) -> None:
+    """One leader per framework; its wall clock goes back an hour, returns, then jumps an
+    hour ahead. Back: nothing is sent again, one WARNING. Ahead: ``once`` sends the newest
+    slot it jumped over, ``all`` every one of them, each once."""
+    day = datetime(2026, 6, 1, 10, tzinfo=UTC)
+    clock = FakeClock(clock_dir, day, SPEED)
+    make_clock.append(clock)
+    fleets = _fleets(procs, clock, redis_url)
+    leaders = [fleet.spawn("jumpy") for fleet in fleets]
+    for fleet, instance in zip(fleets, leaders):
+        fleet.ready(instance)
+        fleet.leader()
+    clock.wait_until(day + timedelta(minutes=6, seconds=30))
+    clock.shift("jumpy", -timedelta(hours=1))
+    before = [fleet.sent() for fleet in fleets]
+    clock.wait_until(day + timedelta(minutes=10, seconds=30))
+    for fleet, instance, earlier in zip(fleets, leaders, before):
+        # Nothing was sent while the clock was an hour behind.
+        assert _after(fleet.sent(), earlier) == [], fleet.kind
+        assert _log(fleet, instance).count("the wall clock went back") == 1, fleet.kind
+    clock.shift("jumpy", timedelta(hours=1))  # back to the true time
+    clock.wait_until(day + timedelta(minutes=13, seconds=30))
+    clock.shift("jumpy", timedelta(hours=1))  # an hour ahead
+    before = [fleet.sent() for fleet in fleets]
+    clock.wait_until(day + timedelta(minutes=16, seconds=30))
+    for fleet in fleets:
+        fleet.stop()
+    for fleet, instance, earlier in zip(fleets, leaders, before):
+        sent = fleet.sent()
+        names, dues = duplicates(sent)
+        assert names == [] and dues == [], (fleet.kind, names, dues)
+        log = _log(fleet, instance)
+        assert log.count("the wall clock went back") == 1, fleet.kind
+        jumped = _after(sent, earlier)
+        for policy in POLICIES:
+            last = max(s.due for s in earlier if s.entry == f"min-{policy}")
+            mins = sorted(s.due for s in jumped if s.entry == f"min-{policy}")
+            quarters = sorted(s.due for s in jumped if s.entry == f"q15-{policy}")
+            print(f"{fleet.kind} min-{policy}: last {last:%H:%M} before the jump; then {len(mins)}")
+            # The slots the jump passed over, and the ones after it, one a minute.
+            assert mins[0] - last > timedelta(minutes=59), (fleet.kind, policy, last, mins[0])
+            if policy == "all":
+                assert mins == [last + timedelta(minutes=i + 1) for i in range(len(mins))]
+                assert quarters[:4] == minutes(last, last + timedelta(hours=1), 15)
+            else:
+                # once: the newest slot jumped over, then on time again.
+                first = mins[0]
+                assert mins == [first + timedelta(minutes=i) for i in range(len(mins))]
+                assert first >= last + timedelta(hours=1)
+                assert len([q for q in quarters if q <= first]) == 1, (fleet.kind, quarters)
+
+
+def test_replicas_with_skewed_clocks_hand_over_four_times_and_send_nothing_twice(
+    procs: Procs, make_clock: list[FakeClock], clock_dir: Path, redis_url: str
+) -> None:
+    """Beat replicas at +0, +10 min and -10 min; leadership moves +0 -> +10 -> -10 -> +0
+    -> +10 (resign, SIGTERM, resign, SIGTERM; the follower that must not win is paused
+    meanwhile). A leader behind the state another wrote waits, and says so once."""
+    day = datetime(2026, 6, 1, 10, tzinfo=UTC)
+    clock = FakeClock(clock_dir, day, SPEED)
+    make_clock.append(clock)
+    (fleet,) = _fleets(procs, clock, redis_url)[:1]
+    clock.shift("ahead", timedelta(minutes=10))
+    clock.shift("behind", -timedelta(minutes=10))
+    exact = fleet.start("main")
+    fleet.leader()
+    ahead, behind = fleet.spawn("ahead"), fleet.spawn("behind")
+    fleet.ready(ahead)
+    fleet.ready(behind)
+    config = LeaderConfig.from_env({"CELERY_LEADER_URL": fleet.leader_url})
+
+    def move(to: str, paused: str, by: str) -> str:
+        old, epoch = fleet.leader()
+        fleet.proc(paused).signal(signal.SIGSTOP)
+        try:
+            if by == "resign":
+                ops.resign(config, lambda line: None, "beat", wait=False)
+            else:
+                fleet.proc(old).signal(signal.SIGTERM)
+            new, _ = fleet.leader(newer_than=epoch)
+        finally:
+            fleet.proc(paused).signal(signal.SIGCONT)
+        assert new == to, (old, new, to)
+        print(f"{clock.now():%H:%M:%S} {by}: {old} -> {new}")
+        if by == "sigterm":
+            fleet.proc(old).wait(timeout=30)
+        clock.wait_until(clock.now() + timedelta(minutes=5))
+        return old
+
+    clock.wait_until(day + timedelta(minutes=5))
+    move(ahead, behind, "resign")  # +0 -> +10
+    old = move(behind, exact, "sigterm")  # +10 -> -10: 20 minutes behind the state
+    ahead = fleet.start("ahead")
+    move(exact, ahead, "resign")  # -10 -> +0: still behind what +10 sent
+    move(ahead, behind, "sigterm")  # +0 -> +10
+    fleet.stop()
+    sent = fleet.sent()
+    names, dues = duplicates(sent)
+    assert names == [] and dues == [], (names, dues)
+    waits = "it waits until this clock passes that"
+    assert waits in _log(fleet, behind)
+    assert waits in _log(fleet, exact)
+    assert waits not in _log(fleet, old)
+    assert waits not in _log(fleet, ahead)
+    for policy in POLICIES:
+        dues_of = sorted(s.due for s in sent if s.entry == f"min-{policy}")
+        assert dues_of == sorted(set(dues_of))
