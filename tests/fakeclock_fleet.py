@@ -57,9 +57,11 @@ class Fleet:
         db: int,
         env: dict[str, str] | None = None,
     ) -> None:
-        self.kind = kind  # "beat", "dramatiq" or "persistent" (Celery's own, one replica)
+        #: "beat", "dramatiq" or "persistent" (Celery's own PersistentScheduler).
+        self.kind = kind
         self.procs = procs
         self.clock = clock
+        self.db = db
         server = redis_url.rpartition("/")[0]
         self.broker_url = f"{server}/{db}"
         self.leader_url = f"{server}/{db + 1}"
@@ -74,7 +76,13 @@ class Fleet:
         if self.kind == "dramatiq":
             return [str(PYTHON), "-m", "celery_leader.dramatiq", "tests.apps.clock_dramatiq"]
         beat = [str(CELERY), "-A", "tests.apps.clock_app", "beat", "-l", "info"]
-        return beat if self.kind == "persistent" else [*beat, "-S", "leader"]
+        if self.kind == "persistent":  # its shelve file, away from the repository
+            return [
+                *beat,
+                "-s",
+                str(self.procs.log_dir / f"celerybeat-schedule-{self.db}-{self._spawned}"),
+            ]
+        return [*beat, "-S", "leader"]
 
     def start(self, clock: str = "main") -> str:
         """Start a replica on ``clock``; returns its instance id once it runs."""
@@ -85,7 +93,8 @@ class Fleet:
     def spawn(self, clock: str = "main") -> str:
         """Start a replica on ``clock`` and return its instance id at once."""
         self._spawned += 1
-        instance = f"{self.kind}{self._spawned}-{clock}"
+        # Unique per store, so that fleets of one kind on two clocks keep their logs apart.
+        instance = f"{self.kind}{self._spawned}-{clock}-{self.db}"
         proc = start_process(
             self.argv(),
             log_path=self.procs.log_dir / f"{instance}.log",
