@@ -234,6 +234,7 @@ def test_a_leader_whose_clock_jumps_back_then_forward_sends_nothing_twice(
         assert names == [] and dues == [], (fleet.kind, names, dues)
         log = _log(fleet, instance)
         assert log.count("the wall clock went back") == 1, fleet.kind
+        print(next(line for line in log.splitlines() if "the wall clock went back" in line))
         jumped = _after(sent, earlier)
         for policy in POLICIES:
             last = max(s.due for s in earlier if s.entry == f"min-{policy}")
