@@ -17,9 +17,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from harness.fakeclock import FakeClock
+from harness.fleet import Fleet
 from harness.procs import Procs
 from harness.servers import RedisServer
-from tests.fakeclock_fleet import Fleet
 
 SENDING = re.compile(r"^\[(\S+ \S+),\d+: INFO/MainProcess\] Scheduler: Sending due task (\S+)")
 WINDOWS = {

@@ -25,8 +25,8 @@ import pytest
 from celery_leader import ops
 from celery_leader.config import LeaderConfig
 from harness.fakeclock import FakeClock
+from harness.fleet import Fleet, Sent, duplicates, minutes
 from harness.procs import Procs
-from tests.fakeclock_fleet import Fleet, Sent, duplicates, minutes
 
 pytestmark = pytest.mark.slow
 

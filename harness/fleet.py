@@ -1,5 +1,7 @@
-"""Replicas of the fake-clock tests: real ``celery beat`` and Dramatiq schedulers on a
-:class:`~harness.fakeclock.FakeClock`, and what they sent, read back from the broker.
+"""Scheduler replicas on a :class:`~harness.fakeclock.FakeClock`, and what they sent.
+
+Real ``celery beat`` and Dramatiq schedulers running tests/apps/clock_app.py and
+clock_dramatiq.py, for tests/test_fake_clock.py and benchmarks/dst_compare.py.
 
 Nothing consumes the broker's queues, so the messages there are every slot sent.
 """
