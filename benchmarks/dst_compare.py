@@ -48,6 +48,9 @@ def main() -> None:
                     for i, (kind, env) in enumerate(KINDS)
                 ]
                 instances = [fleet.spawn() for fleet in fleets]
+                for fleet, instance in zip(fleets, instances):
+                    fleet.ready(instance)
+                clock.run()
                 runs.append((title, clock, end.replace(tzinfo=timezone.utc), fleets, instances))
             for title, clock, end, fleets, instances in runs:
                 clock.wait_until(end, timeout=600)

@@ -38,7 +38,9 @@ class FakeClock:
 
     ``env(name)`` is what a process needs to run on clock ``name``; every clock
     reads :meth:`now` plus its own shift (:meth:`shift`), so ``"main"`` and a
-    clock shifted by ten minutes keep their distance as time runs.
+    clock shifted by ten minutes keep their distance as time runs. Time stands
+    still at ``start`` until :meth:`run`: processes start up (seconds, on a busy
+    machine) without using up fake time.
     """
 
     def __init__(self, directory: Path, start: datetime, speed: float) -> None:
@@ -47,7 +49,7 @@ class FakeClock:
         self.directory = directory
         self.start = start.astimezone(timezone.utc)
         self.speed = speed
-        self._origin = time.monotonic()
+        self._origin: float | None = None  # when the clock started running
         self._shifts: dict[str, timedelta] = {"main": timedelta(0)}
         self._lock = threading.Lock()
         self._writing = threading.Lock()  # the thread and shift() both rewrite the files
@@ -56,9 +58,14 @@ class FakeClock:
         self._thread = threading.Thread(target=self._run, name="fake-clock", daemon=True)
         self._thread.start()
 
+    def run(self) -> None:
+        """Let time run, ``speed`` times faster than real time."""
+        self._origin = time.monotonic()
+
     def now(self, name: str = "main") -> datetime:
         """The fake time of clock ``name`` (aware UTC)."""
-        elapsed = (time.monotonic() - self._origin) * self.speed
+        origin = self._origin
+        elapsed = 0.0 if origin is None else (time.monotonic() - origin) * self.speed
         with self._lock:
             shift = self._shifts.get(name, timedelta(0))
         return self.start + timedelta(seconds=elapsed) + shift
@@ -88,6 +95,7 @@ class FakeClock:
 
     def wait_until(self, moment: datetime, timeout: float | None = None) -> None:
         """Wait until the main clock has passed ``moment``."""
+        assert self._origin is not None, "the clock is not running: call run()"
         left = (moment - self.now()).total_seconds() / self.speed
         wait_for(
             lambda: self.now() >= moment,
