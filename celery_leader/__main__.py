@@ -53,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
         "starts at --from, or with --stored where the store says it stopped. Sends nothing.",
     )
     plan.add_argument("broker", metavar="MODULE", help="module (or module:broker) of the broker")
-    plan.add_argument("modules", nargs="*", metavar="MODULE", help="more modules with actors")
+    plan.add_argument("modules", nargs="*", metavar="MODULES", help="more modules with actors")
     plan.add_argument("--from", dest="start", required=True, help="ISO 8601 time or 'now'")
     plan.add_argument("--to", dest="end", required=True, help="ISO 8601 time or 'now'")
     plan.add_argument("--tz", help="zone of local times, in and out (default: UTC)")

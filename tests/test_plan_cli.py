@@ -109,3 +109,10 @@ def test_stored_state_makes_the_policy_send_missed_slots_late(redis_url: str) ->
     assert [slot for slot, _ in slots if "q15-once" in slot] == [
         "q15-once@2026-03-29T01:15:00.000+00:00"
     ]
+
+
+def test_dramatiq_plan_of_a_module_that_does_not_exist_fails_in_one_line() -> None:
+    argv = [sys.executable, "-m", "celery_leader", "plan", "no_such_app", "--from", "now"]
+    done = run([*argv, "--to", "now"])
+    assert done.returncode == 2
+    assert done.stderr == "Error: cannot import 'no_such_app': no such module (see --path)\n"

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from ..config import LeaderConfig
+from ..exceptions import ConfigError
 from ..schedule.jobs import Job
 from .runner import load_app
 from .scheduler import entries_of
@@ -24,5 +25,11 @@ def app_jobs(
     """The scheduled entries of the Dramatiq app in ``broker_path`` (and ``modules``), and
     the settings of its ``LeaderMiddleware``. ``paths`` go first on ``sys.path``."""
     sys.path[:0] = [*paths, os.getcwd()]
-    broker, config = load_app(broker_path, modules)
+    try:
+        broker, config = load_app(broker_path, modules)
+    except ModuleNotFoundError as exc:
+        named = [broker_path.partition(":")[0], *modules]
+        if not any(exc.name and (m == exc.name or m.startswith(exc.name + ".")) for m in named):
+            raise  # a module that the app itself imports: its traceback says where
+        raise ConfigError(f"cannot import {exc.name!r}: no such module (see --path)") from None
     return entries_of(broker, config), config
