@@ -75,12 +75,8 @@ def _run(broker_path: str, modules: Sequence[str], parent_pid: int | None) -> in
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, on_signal)
-    _, broker = import_broker(broker_path)  # type: ignore[no-untyped-call]
-    for module in modules:
-        importlib.import_module(module)
-    middleware = _leader_middleware(broker)
+    broker, config = load_app(broker_path, modules)
     quiet_connect_errors(broker)
-    config = middleware.process_config()
     if not any(actor.options.get("leader_schedule") for actor in broker.actors.values()):
         # A leader that sends nothing would keep the replicas that have the
         # schedules from sending: stay out of the election instead.
@@ -95,6 +91,15 @@ def _run(broker_path: str, modules: Sequence[str], parent_pid: int | None) -> in
         return 0
     DramatiqScheduler(broker, config).run(stop, parent_pid)
     return 0
+
+
+def load_app(broker_path: str, modules: Sequence[str]) -> tuple[Any, LeaderConfig]:
+    """Import the broker module (as ``dramatiq MODULE`` does) and ``modules``; return the
+    broker and the settings of its :class:`LeaderMiddleware`."""
+    _, broker = import_broker(broker_path)  # type: ignore[no-untyped-call]
+    for module in modules:
+        importlib.import_module(module)
+    return broker, _leader_middleware(broker).process_config()
 
 
 def _idle(stop: threading.Event, parent_pid: int | None) -> None:
