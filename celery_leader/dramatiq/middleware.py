@@ -26,6 +26,7 @@ from ..backends import Backend, create_backend
 from ..config import LeaderConfig, validate_name
 from ..exceptions import ConfigError, LeaderError, missing_extra
 from ..lease import Lease
+from ..pins import Role, role_of, watch
 from .runner import embedded_scheduler
 from .scheduler import schedules_of
 from .settings import load_config
@@ -39,6 +40,10 @@ logger = logging.getLogger("celery_leader.dramatiq")
 
 #: What a follower does with a leader-only actor's message.
 MODES = ("skip", "wait")
+
+#: Longest wait for a consumer to pause when a test pins a follower: its idle
+#: timeout plus Dramatiq's restart delay (3 s unless ``dramatiq_restart_delay``).
+PAUSE_TIMEOUT = 10.0
 
 #: The middleware of this process, for :func:`is_leader` and :func:`current_epoch`.
 _current: LeaderMiddleware | None = None
@@ -180,8 +185,13 @@ class LeaderMiddleware(Middleware):
     def after_worker_boot(self, broker: Any, worker: Any) -> None:
         """Join the elections of this process's leader-only actors; pause ``wait`` queues."""
         self._worker = worker
+        # A worker booting may lead again even if an earlier worker of this
+        # process stopped: only tests start one Worker after another.
+        with self._lock:
+            self._closed = False
         for election in sorted({r.election for r in self._rules.values() if r.election}):
             self._apply(self.lease(election))
+        self._apply_pins()
 
     def before_worker_shutdown(self, broker: Any, worker: Any) -> None:
         """Hand over at once, before in-flight messages finish."""
@@ -198,7 +208,7 @@ class LeaderMiddleware(Middleware):
             if rule is None or rule.election is None:
                 return
             try:
-                if not self._closed and self.lease(rule.election).is_leader():
+                if self.leads(rule.election):
                     return
             except Exception:
                 logger.exception(
@@ -222,6 +232,13 @@ class LeaderMiddleware(Middleware):
         raise SkipMessage(f"not the leader of a leader-only actor: {message.actor_name}")
 
     # -- leases -------------------------------------------------------------
+
+    def leads(self, election: str) -> bool:
+        """Whether this process leads ``election`` now: a test's pin, else the lease."""
+        pin = role_of(election)
+        if pin is not None:
+            return pin.leads
+        return not self._closed and self.lease(election).is_leader()
 
     def lease(self, election: str | None = None) -> Lease:
         """This process's lease of ``election`` (default: worker election), joined on first use."""
@@ -269,25 +286,45 @@ class LeaderMiddleware(Middleware):
 
     def _apply(self, lease: Lease) -> None:
         """Consume the ``wait`` queues of ``lease``'s election only while leading it."""
+        self._apply_to(lease.election)
+
+    def _apply_pins(self) -> None:
+        """Pause or resume the ``wait`` queues of the elections a test pinned.
+
+        Returns once each paused consumer has stopped taking messages, so
+        that a message the test sends next stays in the queue: a consumer
+        that had taken it would re-enqueue it, which ``StubBroker`` cannot do.
+        """
+        for election in {rule.election for rule, _ in self._queues.values() if rule.election}:
+            if role_of(election) is not None:
+                for consumer in self._apply_to(election):
+                    if consumer.is_alive():
+                        consumer.paused_event.wait(PAUSE_TIMEOUT)
+
+    def _apply_to(self, election: str) -> list[Any]:
+        """Pause or resume the ``wait`` queues of ``election``; the consumers paused."""
         worker = self._worker
         if worker is None:
-            return
-        leading = lease.is_leader()
+            return []
+        paused = []
+        leading = self.leads(election)
         for queue, (rule, _) in self._queues.items():
             consumer = worker.consumers.get(queue)
-            if rule.election != lease.election or rule.mode != "wait" or consumer is None:
+            if rule.election != election or rule.mode != "wait" or consumer is None:
                 continue
             if leading:
                 consumer.resume()
             else:
                 consumer.pause()
+                paused.append(consumer)
             logger.info(
                 "celery-leader: %s queue %r (%s %r)",
                 "consuming" if leading else "paused",
                 queue,
                 "leader of" if leading else "not leading",
-                lease.election,
+                election,
             )
+        return paused
 
     def _requeue(self, message: Any) -> None:
         """Put a prefetched message back on its queue for the leader to take."""
@@ -324,14 +361,25 @@ class LeaderMiddleware(Middleware):
 
 def is_leader(election: str | None = None) -> bool:
     """Whether this process leads ``election`` now (default: the worker election)."""
+    pin = _pin(election)
+    if pin is not None:
+        return pin.leads
     lease = _lease(election)
     return lease is not None and lease.is_leader()
 
 
 def current_epoch(election: str | None = None) -> int | None:
     """The fencing token of this process's current term of ``election``, else ``None``."""
+    pin = _pin(election)
+    if pin is not None:
+        return pin.epoch
     lease = _lease(election)
     return None if lease is None else lease.epoch
+
+
+def _pin(election: str | None) -> Role | None:
+    """A test's pin of ``election`` (:mod:`celery_leader.pins`), if any."""
+    return role_of(election or _middleware().config.worker_election)
 
 
 def _lease(election: str | None) -> Lease | None:
@@ -343,6 +391,14 @@ def _lease(election: str | None) -> Lease | None:
         if middleware._closed:
             return None
         raise
+
+
+def _on_pins_changed() -> None:
+    if _current is not None:
+        _current._apply_pins()
+
+
+watch(_on_pins_changed)
 
 
 def _middleware() -> LeaderMiddleware:
