@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,11 +22,16 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+import dramatiq
 import pytest
 from celery import Celery
+from dramatiq import worker as dramatiq_worker
+from dramatiq.brokers.stub import StubBroker
 
 from celery_leader import NotLeader, current_epoch, ensure_leader, is_leader, leader_only
 from celery_leader.celery import leadership
+from celery_leader.dramatiq import LeaderMiddleware
+from celery_leader.dramatiq import current_epoch as dramatiq_epoch
 from celery_leader.pins import as_follower, as_leader, reset
 from celery_leader.testing import beat_replicas
 from harness.waiting import wait_for
@@ -117,7 +123,11 @@ def test_an_example_project_passes_in_a_clean_venv(
     ).stdout.lower()
     names = {line.split("==")[0] for line in listed.splitlines()}
     assert absent not in names and "pytest-celery" not in names, names
-    result = _run_pytest(python, PROJECTS / project)
+    # A copy: inside this repository pytest would pick up its conftest.py and settings.
+    folder = shutil.copytree(
+        PROJECTS / project, tmp_path / project, ignore=shutil.ignore_patterns("__pycache__")
+    )
+    result = _run_pytest(python, folder)
     assert result.returncode == 0, result.stdout + result.stderr
     assert re.search(r"\b\d+ passed\b", result.stdout), result.stdout
 
@@ -228,3 +238,34 @@ def test_beat_replicas_send_each_slot_once_across_a_sigkill(
     assert all(slot.startswith("refresh-prices@") for slot in slots)
     assert max(Counter(slots).values()) == 1, Counter(slots).most_common(3)
     assert len([name for name, by_replica in sent.items() if by_replica]) == 2
+
+
+def test_a_dramatiq_wait_queue_follows_the_lease_again_when_the_pin_ends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(dramatiq_worker, "CONSUMER_RESTART_DELAY_SECS", 0.05)
+    broker = StubBroker()
+    middleware = LeaderMiddleware(url=f"memory://{uuid.uuid4().hex}")
+    broker.add_middleware(middleware)
+    dramatiq.set_broker(broker)
+    ran: list[int | None] = []
+
+    @dramatiq.actor(queue_name="pinned-wait", leader_only=True, leader_on_follower="wait")
+    def job() -> None:
+        ran.append(dramatiq_epoch())
+
+    worker = dramatiq.Worker(broker, worker_timeout=50)
+    worker.start()
+    try:
+        with as_follower():
+            job.send()
+            time.sleep(0.3)
+            assert ran == []
+        # No pin: this process's own lease (the only one on its store) leads.
+        broker.join("pinned-wait", timeout=10_000)
+        worker.join()
+        assert ran == [middleware.lease().epoch]
+    finally:
+        worker.stop()
+        middleware.stop()
+        broker.close()

@@ -190,8 +190,8 @@ class LeaderMiddleware(Middleware):
         with self._lock:
             self._closed = False
         for election in sorted({r.election for r in self._rules.values() if r.election}):
-            self._apply(self.lease(election))
-        self._apply_pins()
+            self.lease(election)
+        self._apply_all()
 
     def before_worker_shutdown(self, broker: Any, worker: Any) -> None:
         """Hand over at once, before in-flight messages finish."""
@@ -288,16 +288,18 @@ class LeaderMiddleware(Middleware):
         """Consume the ``wait`` queues of ``lease``'s election only while leading it."""
         self._apply_to(lease.election)
 
-    def _apply_pins(self) -> None:
-        """Pause or resume the ``wait`` queues of the elections a test pinned.
+    def _apply_all(self) -> None:
+        """Pause or resume every ``wait`` queue to match who leads (a pin, else the lease).
 
-        Returns once each paused consumer has stopped taking messages, so
-        that a message the test sends next stays in the queue: a consumer
-        that had taken it would re-enqueue it, which ``StubBroker`` cannot do.
+        Returns once each consumer paused by a pin has stopped taking
+        messages, so that a message the test sends next stays in the queue: a
+        consumer that had taken it would re-enqueue it, which ``StubBroker``
+        cannot do.
         """
         for election in {rule.election for rule, _ in self._queues.values() if rule.election}:
+            paused = self._apply_to(election)
             if role_of(election) is not None:
-                for consumer in self._apply_to(election):
+                for consumer in paused:
                     if consumer.is_alive():
                         consumer.paused_event.wait(PAUSE_TIMEOUT)
 
@@ -395,7 +397,7 @@ def _lease(election: str | None) -> Lease | None:
 
 def _on_pins_changed() -> None:
     if _current is not None:
-        _current._apply_pins()
+        _current._apply_all()
 
 
 watch(_on_pins_changed)
