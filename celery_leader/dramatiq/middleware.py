@@ -184,11 +184,13 @@ class LeaderMiddleware(Middleware):
 
     def after_worker_boot(self, broker: Any, worker: Any) -> None:
         """Join the elections of this process's leader-only actors; pause ``wait`` queues."""
+        if self._worker is not None:
+            # An earlier Worker of this process stopped (only tests start one
+            # after another): this one may lead again. A process whose first
+            # worker boots after a SIGTERM stays closed.
+            with self._lock:
+                self._closed = False
         self._worker = worker
-        # A worker booting may lead again even if an earlier worker of this
-        # process stopped: only tests start one Worker after another.
-        with self._lock:
-            self._closed = False
         for election in sorted({r.election for r in self._rules.values() if r.election}):
             self.lease(election)
         self._apply_all()
