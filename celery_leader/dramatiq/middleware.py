@@ -108,6 +108,7 @@ class LeaderMiddleware(Middleware):
         self._entries: dict[str, str] = {}  # schedule entry name -> its actor
         self._lock = threading.Lock()
         self._stop_lock = threading.Lock()  # a second stop() waits for the first one
+        self._apply_lock = threading.Lock()  # one pause/resume decision at a time
         self._backend: Backend | None = None
         self._leases: dict[str, Lease] = {}
         self._pid = os.getpid()
@@ -306,28 +307,34 @@ class LeaderMiddleware(Middleware):
                         consumer.paused_event.wait(PAUSE_TIMEOUT)
 
     def _apply_to(self, election: str) -> list[Any]:
-        """Pause or resume the ``wait`` queues of ``election``; the consumers paused."""
+        """Pause or resume the ``wait`` queues of ``election``; the consumers paused.
+
+        Serialized: the lease thread (on election or demotion) and a test
+        changing the pins both call it, and each must act on what it read,
+        not resume a queue after the other paused it on newer news.
+        """
         worker = self._worker
         if worker is None:
             return []
         paused = []
-        leading = self.leads(election)
-        for queue, (rule, _) in self._queues.items():
-            consumer = worker.consumers.get(queue)
-            if rule.election != election or rule.mode != "wait" or consumer is None:
-                continue
-            if leading:
-                consumer.resume()
-            else:
-                consumer.pause()
-                paused.append(consumer)
-            logger.info(
-                "celery-leader: %s queue %r (%s %r)",
-                "consuming" if leading else "paused",
-                queue,
-                "leader of" if leading else "not leading",
-                election,
-            )
+        with self._apply_lock:
+            leading = self.leads(election)
+            for queue, (rule, _) in self._queues.items():
+                consumer = worker.consumers.get(queue)
+                if rule.election != election or rule.mode != "wait" or consumer is None:
+                    continue
+                if leading:
+                    consumer.resume()
+                else:
+                    consumer.pause()
+                    paused.append(consumer)
+                logger.info(
+                    "celery-leader: %s queue %r (%s %r)",
+                    "consuming" if leading else "paused",
+                    queue,
+                    "leader of" if leading else "not leading",
+                    election,
+                )
         return paused
 
     def _requeue(self, message: Any) -> None:
@@ -398,7 +405,8 @@ def _lease(election: str | None) -> Lease | None:
 
 
 def _on_pins_changed() -> None:
-    if _current is not None:
+    # A stopped middleware's worker is gone (or stopping): nothing to pause.
+    if _current is not None and not _current._closed:
         _current._apply_all()
 
 
