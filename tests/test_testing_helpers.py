@@ -205,6 +205,12 @@ def test_reset_reads_the_settings_afresh(app: Celery) -> None:
 # -- beat_replicas ----------------------------------------------------------------
 
 
+def test_beat_replicas_refuse_a_store_private_to_each_process(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="memory:// store is private to one process"):
+        with beat_replicas("proj", leader_url="memory://", workdir=tmp_path):
+            pass
+
+
 @pytest.mark.slow
 def test_beat_replicas_send_each_slot_once_across_a_sigkill(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._urls import scheme_of
+
 __all__ = ["BeatReplicas", "beat_replicas"]
 
 #: How long replicas get to start beat (importing Celery and the app), and to
@@ -91,6 +93,12 @@ def beat_replicas(
     """
     if count < 1:
         raise ValueError(f"beat_replicas: count must be at least 1 (got {count!r})")
+    if scheme_of(leader_url) == "memory":
+        # Each process would have a store of its own, and every replica would lead.
+        raise ValueError(
+            "beat_replicas: a memory:// store is private to one process; give a "
+            "file:// directory or a server's URL"
+        )
     workdir.mkdir(parents=True, exist_ok=True)
     overrides: dict[str, Any] = {"leader_url": leader_url}
     if broker_url is None:
