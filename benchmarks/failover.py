@@ -73,8 +73,14 @@ class System:
     label: str
     kind: str  # "leader", "redbeat" or "single-beat"
     store: str  # "redis", "postgres" or "file"
+    #: Lease ttl / lock timeout of this system's replicas.
+    ttl: float = TTL
+    #: The faults to run, when not every one that applies (``benchmarks/crash_gap.py``).
+    only: tuple[str, ...] = ()
 
     def faults(self, quick: bool) -> tuple[str, ...]:
+        if self.only:
+            return self.only
         if quick:
             return ("graceful", "sigkill", "partition") if self.store != "file" else FAULTS[:2]
         # A flock has no network link to cut and no server to restart.
@@ -262,7 +268,11 @@ class Cluster:
         if self.store.server is not None:
             proxy = TcpProxy("127.0.0.1", self.store.server.port)
         store_url = self.store.url_via(proxy)
-        env = {"BROKER_URL": self.broker_url, "LEADER_TTL": str(TTL), "BEAT_EVERY": str(PERIOD)}
+        env = {
+            "BROKER_URL": self.broker_url,
+            "LEADER_TTL": str(self.system.ttl),
+            "BEAT_EVERY": str(PERIOD),
+        }
         beat = [str(VENV_BIN / "celery"), "-A", "benchmarks.apps.bench_app", "beat", "-l", "INFO"]
         beat += ["-s", str(home / "celerybeat-schedule")]
         if self.system.kind == "leader":
@@ -275,7 +285,7 @@ class Cluster:
             argv = [str(VENV_BIN / "single-beat"), *beat]
             env |= {
                 "SINGLE_BEAT_REDIS_SERVER": store_url,
-                "SINGLE_BEAT_LOCK_TIME": str(TTL),
+                "SINGLE_BEAT_LOCK_TIME": str(self.system.ttl),
                 # Must be below LOCK_TIME / 2, and it is an integer: 1 s is the fastest.
                 "SINGLE_BEAT_HEARTBEAT_INTERVAL": "1",
                 # The default identifier is built from the command line, which differs

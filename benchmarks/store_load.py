@@ -278,6 +278,13 @@ def run(quick: bool, log: Callable[[str], None]) -> list[LoadResult]:
     return results
 
 
+def per_holder(results: list[LoadResult]) -> str:
+    """Round trips per holder per second of each store, in one line."""
+    return "; ".join(
+        f"{r.store} {r.round_trips / r.window / HOLDERS:.2f}" for r in results if not r.skipped
+    )
+
+
 def table(results: list[LoadResult]) -> str:
     restarts = max((len(r.restarts) for r in results), default=0)
     heads = ["every election led again after SIGKILL of all", "after SIGTERM of all"][:restarts]
