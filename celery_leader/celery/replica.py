@@ -1,13 +1,13 @@
 """One ``celery beat`` replica of :func:`celery_leader.testing.beat_replicas`.
 
-``python -m celery_leader.celery.replica --ledger FILE --settings JSON APP``
+``python -m celery_leader.celery.replica --ledger FILE --settings JSON --schedule FILE APP``
 imports the app as ``celery -A APP`` does, applies the settings (the test's
 ``leader_url``, broker, instance id), and runs ``celery beat -S
 celery_leader.LeaderScheduler`` in this process through Celery's own command
 line. It appends one JSON line to the ledger when beat starts
 (``{"ready": true}``) and one for every message it publishes
-(``{"slot": ..., "epoch": ..., "task": ...}``): what this replica sent, read
-from the ``leader_slot`` and ``leader_epoch`` headers, whatever the broker.
+(``{"slot": ...}``, its ``leader_slot`` header): what this replica sent,
+whatever the broker.
 """
 
 from __future__ import annotations
@@ -45,16 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     def ready(**_: Any) -> None:
         _write(ledger, {"ready": True})
 
-    def published(sender: Any = None, headers: Any = None, **_: Any) -> None:
-        headers = headers or {}
-        _write(
-            ledger,
-            {
-                "slot": headers.get("leader_slot"),
-                "epoch": headers.get("leader_epoch"),
-                "task": sender,
-            },
-        )
+    def published(headers: Any = None, **_: Any) -> None:
+        _write(ledger, {"slot": (headers or {}).get("leader_slot")})
 
     signals.beat_init.connect(ready, weak=False)
     signals.after_task_publish.connect(published, weak=False)
