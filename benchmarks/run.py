@@ -117,6 +117,16 @@ def claims_table(results: list[failover.SystemResult]) -> str:
             "partition": ttl + 0.5,
             "store-restart": renew + 0.5,
         },
+        "leader-etcd": {
+            "graceful": 0.5,
+            # etcd frees an expired lease within its 0.5 s expiry loop.
+            "sigkill": ttl + 0.5,
+            "sigstop": ttl + 0.5,
+            "partition": ttl + 0.5,
+            # All members restarted: the new Raft leader gives every lease its TTL
+            # again plus one election timeout (1 s); the holder usually renews first.
+            "store-restart": ttl + 1.5,
+        },
         "leader-file": {"graceful": 0.5, "sigkill": 0.5},
     }
     lines = [
@@ -241,15 +251,18 @@ def environment() -> str:
     pg_version = subprocess.run(
         [str(PG_BIN / "postgres"), "--version"], capture_output=True, text=True, check=False
     ).stdout.split()[2]
+    etcd_version = subprocess.run(
+        ["etcd", "--version"], capture_output=True, text=True, check=False
+    ).stdout.split()[2]
     versions = ", ".join(
         f"{name} {importlib.metadata.version(name)}"
-        for name in ("celery", "redis", "celery-redbeat", "single-beat")
+        for name in ("celery", "redis", "etcd3gw", "celery-redbeat", "single-beat")
         if _installed(name)
     )
     return (
         f"{datetime.date.today().isoformat()}; {os.cpu_count()} CPUs, "
         f"load {os.getloadavg()[0]:.2f} at start; Python {platform.python_version()}, "
-        f"{versions}; redis-server {redis_version}, PostgreSQL {pg_version}"
+        f"{versions}; redis-server {redis_version}, PostgreSQL {pg_version}, etcd {etcd_version}"
     )
 
 
