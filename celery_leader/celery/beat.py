@@ -27,7 +27,6 @@ import copy
 import heapq
 import logging
 import signal
-import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -43,12 +42,12 @@ from ..health import HealthFile, Watchdog
 from ..lease import Lease
 from ..schedule.state import dump_state, slot_name
 from ..schedule.state import parse_state as _parse_state
+from . import publishing
 from .signals import elected as _elected  # noqa: F401 - importing it connects the signals
 
 try:
     from celery.beat import ScheduleEntry, Scheduler, event_t
     from celery.schedules import crontab, schedule
-    from kombu.exceptions import EncodeError
 except ModuleNotFoundError as exc:
     raise missing_extra(exc, "celery") from None
 
@@ -602,8 +601,9 @@ class LeaderSchedulerMixin:
         # INFO: Celery's own "Sending due task" line names no slot or epoch, and
         # this one is what an audit of "who sent which slot" reads.
         logger.info("celery-leader: sending slot %s (epoch %d)", slot, epoch)
+        publisher = publishing.publisher_of(self, self.leader_config.watchdog_timeout)
         try:
-            producer = self.producer
+            producer = publisher.producer()
         except Exception as exc:  # no broker connection: nothing was sent
             return exc, True
         # Celery's apply_async reads the headers from entry.options; swap in a
@@ -625,7 +625,7 @@ class LeaderSchedulerMixin:
             self._sending = False
             entry.options = options
         error = self._send_error
-        return error, error is not None and _definitely_unsent(error)
+        return error, error is not None and publisher.definitely_unsent(error)
 
     def apply_async(
         self, entry: ScheduleEntry, producer: Any = None, advance: bool = True, **kwargs: Any
@@ -645,6 +645,7 @@ class LeaderSchedulerMixin:
 
     def _release_broker(self) -> None:
         """An ex-leader sends nothing: give back its broker connection (reopened on promotion)."""
+        publishing.publisher_of(self, self.leader_config.watchdog_timeout).release()
         producer = self.__dict__.pop("producer", None)
         connection = self.__dict__.pop("connection", None)
         held = (connection, getattr(producer, "connection", None))
@@ -823,23 +824,6 @@ def _stop_signals_deferred() -> Iterator[None]:
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)
         for signum in dict.fromkeys(arrived):
             signal.raise_signal(signum)
-
-
-def _definitely_unsent(error: BaseException) -> bool:
-    """Whether nothing of the message can have reached the broker.
-
-    True for a connection that was refused or a host that did not resolve (no
-    connection, no bytes) and for a message that could not be serialized;
-    anything else (a timeout, a reset mid-command) may have delivered it.
-    """
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, (ConnectionRefusedError, socket.gaierror, EncodeError)):
-            return True
-        current = current.__cause__ or current.__context__
-    return False
 
 
 def _due_time(entry: ScheduleEntry) -> datetime:
