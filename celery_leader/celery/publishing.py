@@ -38,8 +38,8 @@ from ..exceptions import missing_extra
 
 try:
     from celery.exceptions import QueueNotFound
-    from kombu.messaging import Producer
     from kombu.exceptions import EncodeError
+    from kombu.messaging import Producer
 except ModuleNotFoundError as exc:
     raise missing_extra(exc, "celery") from None
 
