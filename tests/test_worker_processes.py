@@ -17,7 +17,7 @@ import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,8 @@ from celery_leader.config import LeaderConfig
 from celery_leader.health import check
 from harness.procs import Proc, Procs
 from harness.procs import signal as signal_proc
-from harness.servers import free_port
+from harness.proxy import TcpProxy
+from harness.servers import RabbitServer, free_port
 from harness.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -696,3 +697,53 @@ def test_on_rabbitmq_every_beat_slot_runs_once_across_a_sigkill_of_the_leader(
         assert "PreconditionFailed" not in proc.output()
         assert "Error in timer" not in proc.output()
     print(f"MEASURED rabbitmq/{queues}: {len(runs)} of {len(sent)} slots ran once across a kill")
+
+
+@pytest.mark.slow
+@pytest.mark.rabbitmq
+def test_a_leader_cut_off_from_rabbitmq_hands_the_leader_queue_over(
+    procs: Procs,
+    redis_url: str,
+    amqp_url: str,
+    rabbitmq_server: RabbitServer,
+    tcp_proxy: Callable[[str, int], TcpProxy],
+) -> None:
+    # Issue 19: the store stays reachable, so the lease alone would keep the cut-off
+    # node leading while the leader queue fills. Its consumer being down for a ttl
+    # makes it step down; the other node consumes the leader queue.
+    cut_for = 20.0
+    proxies = {name: tcp_proxy("127.0.0.1", rabbitmq_server.port) for name in ("nodeA", "nodeB")}
+    cluster = Cluster(procs, redis_url, amqp_url)
+    try:
+        for name, proxy in proxies.items():
+            cluster.start(name, own_queue=False, BROKER_URL=proxy.url_for(amqp_url))
+        cluster.wait_ready()
+        leader = cluster.wait_leader()
+        survivor = "nodeB" if leader == "nodeA" else "nodeA"
+        cluster.start_beat("beat", "slot_task")
+        wait_for(lambda: len(cluster.slot_runs()) >= 3, 30, message="slots run")
+        proxy = proxies[leader]
+        # Connections are reset and new ones hang: the consumer reconnects in vain.
+        proxy.hold()
+        proxy.cut()
+        cut_at = time.time()
+        time.sleep(cut_for)
+        proxy.release()
+        time.sleep(3)
+        cluster.stop_beats()
+        sent = cluster.sent_slots()
+        cluster.wait_slots_ran(sent, 15)
+        runs = cluster.slot_runs()
+        assert sorted(run["slot"] for run in runs) == sorted(sent), "a slot ran twice"
+        after = [run for run in runs if _due(run["slot"]) > cut_at]
+        first = min(run["at"] for run in after if run["node"].startswith(survivor))
+        late = max(run["at"] - _due(run["slot"]) for run in after)
+        print(
+            f"MEASURED rabbitmq consumer cut {cut_for:g} s (ttl {TTL:g} s): the other node ran "
+            f"the leader queue {first - cut_at:.2f} s after the cut; {len(after)} slots due "
+            f"after it ran once, at most {late:.2f} s late"
+        )
+        assert first - cut_at <= TTL + 5
+        assert "broker consumer has been down" in cluster.nodes[leader].output()
+    finally:
+        cluster.store.close()
