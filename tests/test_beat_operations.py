@@ -35,10 +35,11 @@ from celery_leader.health import check
 from harness.procs import Proc, Procs
 from harness.procs import signal as send_signal
 from harness.proxy import TcpProxy
-from harness.servers import RedisServer
+from harness.servers import RabbitServer, RedisServer
 from harness.waiting import wait_for
 from tests.test_beat_chaos import (  # noqa: F401 - fixtures
     BEAT,
+    CELERY,
     Broker,
     BrokerTap,
     Holder,
@@ -627,3 +628,35 @@ def test_store_load_stays_one_claim_per_due_batch(
     assert all(rate <= 1.2 for rate in rates), rates
     assert beats.current[0].alive
     assert_no_problems(tap)
+
+
+# -- two deployments on one lease store (issue 19) --------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.rabbitmq
+def test_a_beat_held_off_by_another_deployment_says_so_within_a_ttl(
+    procs: Procs, redis_url: str, amqp_url: str, rabbitmq_server: RabbitServer, tmp_path: Path
+) -> None:
+    # Same app, same default key prefix, same store; brokers on two vhosts.
+    def start(instance: str, broker_url: str) -> Proc:
+        return procs.spawn_python(
+            CELERY,
+            *BEAT,
+            env={
+                **env(broker_url, 1.0),
+                "LEADER_URL": redis_url,
+                "INSTANCE_ID": instance,
+                "PYTHONPATH": str(ROOT),
+            },
+            cwd=tmp_path,
+        )
+
+    first = start("depA", rabbitmq_server.url)
+    first.wait_for_line(r"beat dispatching as leader", 30)
+    second = start("depB", amqp_url)
+    second.wait_for_line(r"beat: Starting\.\.\.", 30)
+    started = time.monotonic()
+    line = second.wait_for_line(r"cannot lead 'beat': it is held by depA.*", TTL)[0]
+    print(f"\nMEASURED another deployment named after {time.monotonic() - started:.2f} s: {line}")
+    assert "another deployment" in line and amqp_url.rsplit("/", 1)[1] in line
