@@ -511,8 +511,10 @@ def test_reject_backs_off_while_nobody_leads(cluster: Cluster) -> None:
     [
         ((), {"LEADER_TTL": "-1"}, "leader_ttl must be a number of seconds greater than 0"),
         (("-Q", "celery,celery_leader.leader.worker"), {}, "the leader queue of election"),
+        ((), {"QUEUES": "broadcast"}, "as a Broadcast queue"),
+        ((), {"QUEUES": "only-leader"}, "would consume nothing but leader queues"),
     ],
-    ids=["bad-ttl", "leader-queue-in-Q"],
+    ids=["bad-ttl", "leader-queue-in-Q", "broadcast-leader-queue", "only-leader-queues"],
 )
 def test_a_worker_with_bad_settings_fails_in_one_line(
     procs: Procs, redis_url: str, argv: tuple[str, ...], env: dict[str, str], message: str

@@ -2,8 +2,9 @@
 
 BROKER_URL (Redis: broker, result backend, leader store and the record of who
 ran what; or RabbitMQ, with STORE_URL the Redis for the rest), LEADER_TTL, and
-optionally QUEUES (how queues are declared on RabbitMQ: "quorum", "no-missing",
-"explicit", "renamed"; see below), POOL_START_METHOD ("fork" or "spawn"),
+optionally QUEUES (how queues are declared: "quorum", "no-missing",
+"explicit", "renamed", and the refused "broadcast" and "only-leader"; see
+below), POOL_START_METHOD ("fork" or "spawn"),
 FENCE ("1" turns on leader_fence_tasks) and BEAT_TASK (``celery beat`` sends
 that task of this module every BEAT_EVERY seconds, default 1).
 
@@ -27,6 +28,7 @@ from typing import Any
 import redis
 from celery import Celery, current_task, signals
 from kombu import Exchange, Queue
+from kombu.common import Broadcast
 
 from celery_leader import is_leader, leader_only
 
@@ -60,6 +62,11 @@ elif QUEUES == "explicit":
     ]
 elif QUEUES == "renamed":
     app.conf.task_default_queue = "jobs"
+elif QUEUES == "broadcast":  # refused: every worker would get a copy
+    app.conf.task_queues = [Queue("celery"), Broadcast("celery_leader.leader.worker")]
+elif QUEUES == "only-leader":  # refused: the worker would consume nothing while following
+    app.conf.task_queues = [Queue("celery_leader.leader.worker")]
+    app.conf.task_default_queue = "elsewhere"
 app.conf.leader_ttl = float(os.environ.get("LEADER_TTL", "2"))
 app.conf.leader_fence_tasks = os.environ.get("FENCE") == "1"
 app.conf.leader_health_file = os.environ.get("HEALTH_FILE")
