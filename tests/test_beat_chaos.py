@@ -533,8 +533,9 @@ def every_fault(
     assert not problems, "\n".join(problems)
 
 
+@pytest.mark.parametrize("broker", ["redis", "rabbitmq"], indirect=True)
 def test_three_beats_keep_one_dispatcher_through_every_fault(
-    redis_url: str,
+    broker: Broker,
     lease_store: RedisServer,
     beat_holder: Callable[[str], Holder],
     tcp_proxy: Callable[[str, int], TcpProxy],
@@ -548,7 +549,7 @@ def test_three_beats_keep_one_dispatcher_through_every_fault(
         lease_store.url,
         FAILOVER,
         "store killed, back empty",
-        env=beat_env(redis_url),
+        env=beat_env(broker.url),
         holder=beat_holder(lease_store.url),
         tcp_proxy=tcp_proxy,
         procs=procs,
