@@ -138,8 +138,8 @@ def _confirmed(channel: Any, record: _Record, default_timeout: float) -> Any:
             raise
         except Exception as exc:
             raise PublishOutcomeUnknown(
-                f"no publisher confirm within {confirm_timeout or default_timeout:g} s "
-                f"({type(exc).__name__}: {exc})"
+                f"written, and no publisher confirm came ({type(exc).__name__}: {exc}; "
+                f"waited at most {confirm_timeout or default_timeout:g} s)"
             ) from exc
         if answer and answer[0] == spec.Basic.Nack:
             record.state = "none"

@@ -27,6 +27,7 @@ the leader queue by the first worker that receives it (one extra delivery).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -46,6 +47,7 @@ __all__ = [
     "check_consumed_queues",
     "consume_only_while_leading",
     "declare",
+    "declare_on_broker",
     "leader_queue",
     "leader_queues",
     "route",
@@ -53,6 +55,8 @@ __all__ = [
     "route_leader_tasks",
     "spec_of",
 ]
+
+logger = logging.getLogger("celery_leader.worker")
 
 #: What a follower does with a task it received.
 OnFollower = Literal["wait", "skip", "retry", "reject"]
@@ -196,6 +200,30 @@ def check_consumed_queues(app: Any, queues: Mapping[str, str], consumed: Iterabl
             f"{by_queue[default]!r}: ordinary tasks would wait there for the leader; "
             "choose another default queue"
         )
+
+
+def declare_on_broker(app: Any, names: Iterable[str]) -> None:
+    """Declare leader queues (and their exchanges) on an AMQP broker now, once.
+
+    Done as the worker starts, before its consumer: Celery's native delayed
+    delivery then binds every known queue's exchange, and fails (CRITICAL,
+    for all queues) on an exchange nobody declared yet, which a leader queue's
+    is until some node leads. Durable, so later starts find them. A broker
+    that cannot be reached now is left to the consumer's own retries.
+    """
+    names = list(names)
+    if not names:
+        return
+    with app.connection_for_write() as conn:
+        if conn.transport.driver_type != "amqp":
+            return
+        try:
+            conn.ensure_connection(max_retries=1)
+            channel = conn.default_channel
+            for name in names:
+                declare(app, name)(channel).declare()
+        except Exception as exc:  # the worker starts anyway; its consumer retries
+            logger.warning("celery-leader: could not declare %s yet: %s", ", ".join(names), exc)
 
 
 def consume_only_while_leading(app: Any, queues: Iterable[str]) -> None:

@@ -306,6 +306,11 @@ class LeaderStep(bootsteps.StartStopStep):  # type: ignore[misc]  # celery is un
         """The service started and stopped with the worker."""
         return self.node
 
+    def start(self, w: Any) -> None:
+        """Declare the leader queues on the broker, then join the elections."""
+        routing.declare_on_broker(w.app, self.node.queues.values())
+        self.node.start()
+
     def stop(self, w: Any) -> None:
         """Warm shutdown: leave (if the shutdown signal did not already), before the pool drains."""
         self.node.stop()
