@@ -69,8 +69,6 @@ def known_unsent(error: BaseException) -> bool:
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if isinstance(current, PublishOutcomeUnknown):
-            return False
         if isinstance(
             current, (ConnectionRefusedError, socket.gaierror, EncodeError, QueueNotFound)
         ):

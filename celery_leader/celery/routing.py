@@ -257,4 +257,3 @@ def consume_only_while_leading(app: Any, queues: Iterable[str]) -> None:
 
 
 connect_on_app_finalize(route_leader_tasks)
-connect_on_app_finalize(route_leader_tasks)
