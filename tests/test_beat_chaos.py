@@ -365,6 +365,10 @@ def lease_store() -> Iterator[RedisServer]:
         yield server
 
 
+#: The ``broker`` parameter for RabbitMQ, marked so that ``-m rabbitmq`` selects it.
+RABBITMQ = pytest.param("rabbitmq", marks=pytest.mark.rabbitmq)
+
+
 @dataclass(frozen=True)
 class Broker:
     kind: str  # "redis" or "rabbitmq"
@@ -533,7 +537,7 @@ def every_fault(
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.parametrize("broker", ["redis", "rabbitmq"], indirect=True)
+@pytest.mark.parametrize("broker", ["redis", RABBITMQ], indirect=True)
 def test_three_beats_keep_one_dispatcher_through_every_fault(
     broker: Broker,
     lease_store: RedisServer,

@@ -40,6 +40,7 @@ from harness.waiting import wait_for
 from tests.test_beat_chaos import (  # noqa: F401 - fixtures
     BEAT,
     CELERY,
+    RABBITMQ,
     Broker,
     BrokerTap,
     Holder,
@@ -196,7 +197,7 @@ def dues_between(start_wall: float, end_wall: float, every: float) -> list[float
     ]
 
 
-BROKERS = pytest.mark.parametrize("broker", ["redis", "rabbitmq"], indirect=True)
+BROKERS = pytest.mark.parametrize("broker", ["redis", RABBITMQ], indirect=True)
 
 
 @pytest.mark.slow
@@ -248,7 +249,7 @@ HANDED_BACK = re.compile(r"handed back unsent slot\(s\) (tick@\S+?)[:,]? ")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("broker", ["rabbitmq"], indirect=True)
+@pytest.mark.parametrize("broker", [RABBITMQ], indirect=True)
 @pytest.mark.parametrize("hold", [15.0, 0.0], ids=["held-15s-then-reset", "reset"])
 def test_a_leader_whose_broker_link_stalls_or_resets_loses_no_confirmed_slot(
     proxied_beats: Callable[[float], ProxiedBeats], tap: BrokerTap, hold: float
