@@ -1,6 +1,6 @@
-"""Real Redis and PostgreSQL servers on loopback, one throwaway data directory each.
+"""Real Redis, PostgreSQL and RabbitMQ servers on loopback, one throwaway data directory each.
 
-Both run as direct children of the test process, in a process group of their own, so a
+All run as direct children of the test process, in a process group of their own, so a
 test can stop, kill and restart them on the same port, and a Ctrl-C aimed at pytest does
 not shut them down before the fixtures' teardown does.
 """
@@ -15,7 +15,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any, Self
+from urllib.parse import quote
 
+import amqp
 import psycopg
 import redis
 
@@ -59,9 +61,10 @@ def _group_has_live_processes(pgid: int) -> bool:
 
 
 class _Server:
-    """Process bookkeeping shared by both servers; subclasses say how to start and stop."""
+    """Process bookkeeping shared by all servers; subclasses say how to start and stop."""
 
     name = "server"
+    start_timeout = START_TIMEOUT
     _graceful_signal = signal.SIGTERM
 
     def __init__(self, prefix: str) -> None:
@@ -80,7 +83,7 @@ class _Server:
         self._launch()
         wait_for(
             self._ready,
-            START_TIMEOUT,
+            self.start_timeout,
             interval=0.05,
             message=lambda: (
                 f"{self.name} on port {self.port} did not accept connections; "
@@ -119,7 +122,9 @@ class _Server:
     def _is_accepting(self) -> bool:
         raise NotImplementedError
 
-    def _popen(self, argv: list[str], user: str | None = None) -> None:
+    def _popen(
+        self, argv: list[str], user: str | None = None, env: dict[str, str] | None = None
+    ) -> None:
         with self.log_path.open("ab") as log:
             self._proc = subprocess.Popen(
                 argv,
@@ -131,6 +136,7 @@ class _Server:
                 user=user,
                 group=user,
                 extra_groups=None if user is None else [],
+                env=env,
             )
 
     def _ready(self) -> bool:
@@ -325,3 +331,126 @@ class PostgresServer(_Server):
                 return True
         except psycopg.OperationalError:
             return False
+
+
+RABBIT_BIN = Path("/usr/lib/rabbitmq/bin")
+
+
+class RabbitServer(_Server):
+    """A single RabbitMQ node (no plugins, so no management API) with user ``guest``.
+
+    Every port is picked at random, AMQP and Erlang distribution alike, and the node runs
+    its own ``epmd`` on a random port too: the default epmd (4369) is shared by every
+    Erlang node on the machine and ``erl`` would start it as a daemon that outlives the
+    test session. Mnesia (durable queues, vhosts) survives stop/kill and restart, as on a
+    real broker restart.
+    """
+
+    name = "rabbitmq"
+    # An Erlang VM boots in ~10 s on a loaded two-core machine.
+    start_timeout = 90.0
+    user = "guest"
+    password = "guest"
+
+    def __init__(self) -> None:
+        super().__init__("celery-leader-rabbit-")
+        self.dist_port = free_port()
+        self.epmd_port = free_port()
+        self.nodename = f"rabbit-{self.port}@localhost"
+        self._vhosts = 0
+        self._vhost: str | None = None
+        (self.root / "enabled_plugins").write_text("[].\n")
+        (self.root / "rabbitmq-env.conf").write_text("")
+        (self.root / "rabbitmq.conf").write_text(
+            f"listeners.tcp.1 = 127.0.0.1:{self.port}\n"
+            # Other agents on a shared machine may fill the disk or memory; a resource
+            # alarm would block every publisher and look like a bug in the code under test.
+            "disk_free_limit.absolute = 1MB\n"
+            "vm_memory_high_watermark.relative = 0.9\n"
+        )
+
+    @property
+    def url(self) -> str:
+        """The default vhost ``/``; tests use ``new_vhost()`` for a clean one."""
+        return self.vhost_url("/")
+
+    def vhost_url(self, vhost: str) -> str:
+        return f"amqp://{self.user}:{self.password}@127.0.0.1:{self.port}/{quote(vhost, safe='')}"
+
+    def new_vhost(self) -> str:
+        """Create an empty vhost that ``guest`` may use and return its name; the vhost
+        the previous call made is deleted, with its queues and messages. One
+        ``rabbitmqctl eval`` call: each CLI call boots an Erlang VM (~0.6 s)."""
+        self._vhosts += 1
+        name = f"test-{self._vhosts}"
+        drop = self._vhost
+        delete = f'rabbit_vhost:delete(<<"{drop}">>, <<"harness">>), ' if drop else ""
+        self.ctl(
+            "eval",
+            f'{delete}ok = rabbit_vhost:add(<<"{name}">>, <<"harness">>), '
+            f'rabbit_auth_backend_internal:set_permissions(<<"{self.user}">>, <<"{name}">>, '
+            '<<".*">>, <<".*">>, <<".*">>, <<"harness">>).',
+        )
+        self._vhost = name
+        return name
+
+    def ctl(self, *args: str) -> str:
+        """Run ``rabbitmqctl`` against this node and return its output."""
+        result = subprocess.run(
+            [str(RABBIT_BIN / "rabbitmqctl"), "-q", "-n", self.nodename, *args],
+            env=self._env(),
+            cwd=self.root,
+            capture_output=True,
+            text=True,
+            timeout=START_TIMEOUT,
+            check=False,
+        )
+        if result.returncode != 0:
+            output = result.stdout + result.stderr
+            raise RuntimeError(f"rabbitmqctl {' '.join(args)} failed:\n{output}")
+        return result.stdout
+
+    def _env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            # The Erlang cookie lives in $HOME; the node and rabbitmqctl must share it.
+            "HOME": str(self.root),
+            "ERL_EPMD_PORT": str(self.epmd_port),
+            "RABBITMQ_NODENAME": self.nodename,
+            "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+            "RABBITMQ_NODE_PORT": str(self.port),
+            "RABBITMQ_DIST_PORT": str(self.dist_port),
+            "RABBITMQ_CONFIG_FILE": str(self.root / "rabbitmq.conf"),
+            # Without these the node would read /etc/rabbitmq and /var/lib/rabbitmq.
+            "RABBITMQ_CONF_ENV_FILE": str(self.root / "rabbitmq-env.conf"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.root / "enabled_plugins"),
+            "RABBITMQ_MNESIA_BASE": str(self.root / "mnesia"),
+            "RABBITMQ_PLUGINS_EXPAND_DIR": str(self.root / "plugins-expand"),
+            "RABBITMQ_PID_FILE": str(self.root / "rabbitmq.pid"),
+            "RABBITMQ_LOG_BASE": str(self.root / "log"),
+            # Log to stdout, which _popen sends to log_path, so start failures show it.
+            "RABBITMQ_LOGS": "-",
+        }
+
+    def _launch(self) -> None:
+        # epmd in the foreground, in the server's process group, so stop/kill end it too.
+        script = (
+            f"epmd -port {self.epmd_port} -address 127.0.0.1 & "
+            f"exec {RABBIT_BIN / 'rabbitmq-server'}"
+        )
+        self._popen(["sh", "-c", script], env=self._env())
+
+    def _is_accepting(self) -> bool:
+        # A full AMQP handshake: the listener opens only once the node has booted.
+        conn = amqp.Connection(
+            f"127.0.0.1:{self.port}",
+            userid=self.user,
+            password=self.password,
+            connect_timeout=0.5,
+        )
+        try:
+            conn.connect()
+        except (OSError, amqp.exceptions.AMQPError):
+            return False
+        conn.close()
+        return True

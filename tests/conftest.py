@@ -1,8 +1,8 @@
 """Fixtures for real servers, processes and network faults.
 
 Servers are session-scoped and start only when a test asks for them; the function-scoped
-``redis_url`` and ``postgres_url`` give every test a running server with no state left
-over from earlier tests.
+``redis_url``, ``postgres_url`` and ``amqp_url`` give every test a running server with no
+state left over from earlier tests.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from harness.etcd import EtcdCluster
 from harness.procs import Procs
 from harness.proxy import TcpProxy
-from harness.servers import PostgresServer, RedisServer
+from harness.servers import PostgresServer, RabbitServer, RedisServer
 
 # pytest-celery, when installed, makes ``celery_worker`` a Docker fixture; this plugin
 # puts back Celery's own in-process worker fixtures, and nothing here may need Docker.
@@ -25,7 +25,7 @@ pytest_plugins = ("celery.contrib.pytest",)
 # its own root conftest.py); tests/test_testing_helpers.py runs them in a subprocess.
 collect_ignore = ["projects"]
 
-_SERVER_FIXTURES = ("redis_server", "postgres_server", "etcd_cluster")
+_SERVER_FIXTURES = ("redis_server", "postgres_server", "etcd_cluster", "rabbitmq_server")
 
 
 @pytest.fixture(scope="session")
@@ -46,6 +46,12 @@ def etcd_cluster() -> Iterator[EtcdCluster]:
     """Three etcd members on loopback (a test may kill any of them; the next gets them back)."""
     with EtcdCluster() as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_server() -> Iterator[RabbitServer]:
+    with RabbitServer() as server:
+        yield server
 
 
 @pytest.fixture(autouse=True)
@@ -80,6 +86,13 @@ def etcd_url(etcd_cluster: EtcdCluster) -> str:
     """``etcd://`` URL naming all three members of a serving cluster with no keys and no leases."""
     etcd_cluster.reset()
     return etcd_cluster.url
+
+
+@pytest.fixture
+def amqp_url(rabbitmq_server: RabbitServer) -> str:
+    """URL of a running RabbitMQ in a vhost of its own: no queues, exchanges or messages
+    from earlier tests (the previous test's vhost is deleted in the same CLI call)."""
+    return rabbitmq_server.vhost_url(rabbitmq_server.new_vhost())
 
 
 @pytest.fixture

@@ -7,13 +7,14 @@ import socket
 import threading
 import time
 
+import amqp
 import psycopg
 import pytest
 import redis
 
 from harness.procs import Procs
 from harness.procs import signal as send_signal
-from harness.servers import PostgresServer, RedisServer
+from harness.servers import PostgresServer, RabbitServer, RedisServer
 from harness.waiting import wait_for
 
 
@@ -182,3 +183,61 @@ def test_postgres_url_ends_sessions_of_earlier_tests(postgres_server: PostgresSe
         assert conn.execute("SELECT to_regclass('leftover')").fetchone() == (None,)
     with pytest.raises(psycopg.OperationalError):
         leaked.execute("SELECT 1")
+
+
+def _amqp_connect(url: str) -> amqp.Connection:
+    from kombu.utils.url import url_to_parts
+
+    _, host, port, user, password, vhost, _ = url_to_parts(url)
+    conn = amqp.Connection(
+        f"{host}:{port}", userid=user, password=password, virtual_host=vhost, connect_timeout=5
+    )
+    conn.connect()
+    return conn
+
+
+@pytest.mark.rabbitmq
+def test_amqp_url_is_a_fresh_vhost(rabbitmq_server: RabbitServer, amqp_url: str) -> None:
+    with _amqp_connect(amqp_url) as conn:
+        channel = conn.channel()
+        channel.queue_declare("leftover", durable=True, auto_delete=False)
+        channel.basic_publish(amqp.Message("x", delivery_mode=2), routing_key="leftover")
+
+    fresh = rabbitmq_server.vhost_url(rabbitmq_server.new_vhost())
+    assert fresh != amqp_url
+    with _amqp_connect(fresh) as conn:
+        with pytest.raises(amqp.exceptions.NotFound):
+            conn.channel().queue_declare("leftover", passive=True)
+    with pytest.raises(amqp.exceptions.NotAllowed, match="not found"):
+        _amqp_connect(amqp_url)  # the earlier vhost is gone
+
+
+@pytest.mark.rabbitmq
+def test_rabbitmq_kill_and_restart_keep_port_and_durable_queues(
+    rabbitmq_server: RabbitServer, amqp_url: str
+) -> None:
+    conn = _amqp_connect(amqp_url)
+    channel = conn.channel()
+    channel.confirm_select()
+    channel.queue_declare("kept", durable=True, auto_delete=False)
+    channel.basic_publish_confirm(amqp.Message("x", delivery_mode=2), routing_key="kept")
+    port = rabbitmq_server.port
+
+    rabbitmq_server.kill()
+    assert not rabbitmq_server.running
+    with pytest.raises((OSError, amqp.exceptions.AMQPError)):
+        channel.queue_declare("kept", passive=True)
+
+    rabbitmq_server.start()
+    assert rabbitmq_server.port == port
+    with _amqp_connect(amqp_url) as conn:
+        _, count, _ = conn.channel().queue_declare("kept", passive=True)
+    assert count == 1
+
+    rabbitmq_server.stop()
+
+
+@pytest.mark.rabbitmq
+def test_rabbitmq_is_running_again_after_a_test_stopped_it(amqp_url: str) -> None:
+    # Relies on file order: the test above leaves the server stopped.
+    _amqp_connect(amqp_url).close()
