@@ -15,6 +15,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from ._urls import mask_url, scheme_of
 from .backends.registry import STORES, Store, store_for
@@ -81,6 +82,10 @@ class LeaderConfig:
     missed_slots_grace: float | None = None
     #: Celery crontabs at clock changes: cron's rules, or Celery's own arithmetic.
     crontab_dst: str = "cron"
+    #: The broker this app's processes share (``scheme://host:port/vhost``, no
+    #: credentials), stored with each term so that a follower can tell a holder
+    #: of another deployment sharing the store and key prefix (``None``: unknown).
+    deployment: str | None = None
 
     @property
     def display_url(self) -> str:
@@ -199,6 +204,7 @@ class LeaderConfig:
             missed_slots=validate_missed_slots(
                 n("leader_missed_slots"), values.get("leader_missed_slots", "once") or "once"
             ),
+            deployment=deployment_of(broker_url),
             missed_slots_grace=validate_grace(
                 n("leader_missed_slots_grace"), None if grace == "" else grace
             ),
@@ -410,3 +416,21 @@ def _bool(setting: str, value: object, default: bool) -> bool:
     ):
         return value.lower() in ("1", "true", "yes", "on")
     raise ConfigError(f"{setting} must be true or false (got {value!r})")
+
+
+def deployment_of(broker_url: object) -> str | None:
+    """``scheme://host:port/vhost`` of a broker URL (the first of a failover list).
+
+    Credentials and query are left out: the tag is stored in the lease store
+    and shown in logs.
+    """
+    if isinstance(broker_url, (list, tuple)):
+        broker_url = broker_url[0] if broker_url else None
+    if not isinstance(broker_url, str) or "://" not in broker_url:
+        return None
+    parts = urlsplit(broker_url.split(";")[0].strip())
+    try:
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        port = ""
+    return f"{parts.scheme}://{parts.hostname or ''}{port}{parts.path or '/'}"

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from ._urls import mask_url
-from .backends.base import Backend, HolderInfo, Renewal, Tenure
+from .backends.base import Backend, HolderInfo, Renewal, Tenure, stored_holder
 from .config import LeaderConfig, check_timing, validate_name, validity
 from .exceptions import StoreUnavailable
 
@@ -87,6 +87,7 @@ class Lease:
         on_demoted: Callback | None = None,
         health_check: Callable[[], str | None] | None = None,
         on_cycle: Callback | None = None,
+        deployment: str | None = None,
     ) -> None:
         validate_name("election", election)
         check_timing(ttl, renew_interval, "ttl", "renew_interval")
@@ -95,6 +96,9 @@ class Lease:
         self.ttl = ttl
         self.renew_interval = renew_interval
         self.instance_id = instance_id
+        #: This instance's deployment (its broker), stored with each of its terms.
+        self.deployment = deployment
+        self._foreign_epoch: int | None = None  # the foreign holder's term already warned of
         self.on_elected = on_elected
         self.on_demoted = on_demoted
         self.health_check = health_check
@@ -134,6 +138,7 @@ class Lease:
             instance_id=config.instance_id,
             on_elected=on_elected,
             on_demoted=on_demoted,
+            deployment=config.deployment,
         )
 
     # -- what callers ask ---------------------------------------------------
@@ -258,7 +263,10 @@ class Lease:
         try:
             with self.observe("acquire"):
                 result = self.backend.acquire(
-                    self.election, self.instance_id, self.ttl, self._max_epoch
+                    self.election,
+                    stored_holder(self.instance_id, self.deployment),
+                    self.ttl,
+                    self._max_epoch,
                 )
         except StoreUnavailable as exc:
             self._store_down(exc)
@@ -267,6 +275,7 @@ class Lease:
         self._store_up()
         if result.holder is not None:
             self._max_epoch = max(self._max_epoch, result.holder.epoch)
+            self._warn_if_foreign(result.holder)
         if result.tenure is None:
             wait = min(max(result.retry_after, 0.0) + FOLLOWER_SLACK, self.ttl)
             self.backend.wait(self.election, wait, self._stopping)
@@ -284,6 +293,35 @@ class Lease:
         # wait until the old holder's belief has surely ended.
         self._believe_at = sent + self.backend.holdoff
         self._refresh()
+
+    def _warn_if_foreign(self, holder: HolderInfo) -> None:
+        """Say so, once per term, when the holder belongs to another deployment.
+
+        Two deployments (brokers, vhosts) whose processes share a store and key
+        prefix share every election: one of them leads nothing, and nothing
+        else would tell. Holders that store no deployment (older versions) are
+        not judged.
+        """
+        if (
+            holder.deployment is None
+            or self.deployment is None
+            or holder.deployment == self.deployment
+            or holder.epoch == self._foreign_epoch
+        ):
+            return
+        self._foreign_epoch = holder.epoch
+        logger.warning(
+            "celery-leader: %s cannot lead %r: it is held by %s (epoch %d) of another "
+            "deployment (broker %s; this one uses %s) that shares the store %s and key "
+            "prefix. Give each deployment its own leader_key_prefix (or election names).",
+            self.instance_id,
+            self.election,
+            holder.instance_id,
+            holder.epoch,
+            holder.deployment,
+            self.deployment,
+            mask_url(self.backend.url),
+        )
 
     def _lead(self) -> None:
         now = time.monotonic()

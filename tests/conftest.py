@@ -21,6 +21,10 @@ from harness.servers import PostgresServer, RabbitServer, RedisServer
 # puts back Celery's own in-process worker fixtures, and nothing here may need Docker.
 pytest_plugins = ("celery.contrib.pytest",)
 
+# The example projects of docs/testing.md are separate pytest projects (each has
+# its own root conftest.py); tests/test_testing_helpers.py runs them in a subprocess.
+collect_ignore = ["projects"]
+
 _SERVER_FIXTURES = ("redis_server", "postgres_server", "etcd_cluster", "rabbitmq_server")
 
 
@@ -38,16 +42,16 @@ def postgres_server() -> Iterator[PostgresServer]:
 
 
 @pytest.fixture(scope="session")
-def rabbitmq_server() -> Iterator[RabbitServer]:
-    with RabbitServer() as server:
-        yield server
-
-
-@pytest.fixture(scope="session")
 def etcd_cluster() -> Iterator[EtcdCluster]:
     """Three etcd members on loopback (a test may kill any of them; the next gets them back)."""
     with EtcdCluster() as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_server() -> Iterator[RabbitServer]:
+    with RabbitServer() as server:
+        yield server
 
 
 @pytest.fixture(autouse=True)
@@ -78,17 +82,17 @@ def postgres_url(postgres_server: PostgresServer) -> str:
 
 
 @pytest.fixture
-def amqp_url(rabbitmq_server: RabbitServer) -> str:
-    """URL of a running RabbitMQ in a vhost of its own: no queues, exchanges or messages
-    from earlier tests (the previous test's vhost is deleted in the same CLI call)."""
-    return rabbitmq_server.vhost_url(rabbitmq_server.new_vhost())
-
-
-@pytest.fixture
 def etcd_url(etcd_cluster: EtcdCluster) -> str:
     """``etcd://`` URL naming all three members of a serving cluster with no keys and no leases."""
     etcd_cluster.reset()
     return etcd_cluster.url
+
+
+@pytest.fixture
+def amqp_url(rabbitmq_server: RabbitServer) -> str:
+    """URL of a running RabbitMQ in a vhost of its own: no queues, exchanges or messages
+    from earlier tests (the previous test's vhost is deleted in the same CLI call)."""
+    return rabbitmq_server.vhost_url(rabbitmq_server.new_vhost())
 
 
 @pytest.fixture

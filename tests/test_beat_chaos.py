@@ -34,7 +34,9 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
+import kombu
 import psycopg
 import pytest
 import redis
@@ -123,9 +125,46 @@ class BrokerTap:
 
 
 def _parse(raw: bytes, seen: float) -> Publish:
-    headers = json.loads(raw)["headers"]
+    return _publish_of(json.loads(raw)["headers"], seen)
+
+
+def _publish_of(headers: dict[str, Any], seen: float) -> Publish:
     pid = int(headers["origin"].partition("@")[0].removeprefix("gen"))
     return Publish(seen, headers.get("leader_slot"), headers.get("leader_epoch"), pid)
+
+
+class AmqpTap(BrokerTap):
+    """The same tap on RabbitMQ: the only consumer of the ``celery`` queue, auto-ack."""
+
+    def __init__(self, url: str, queue: str = "celery") -> None:
+        self._url = url
+        self._ready = threading.Event()
+        super().__init__(None, queue)  # type: ignore[arg-type]
+        if not self._ready.wait(10):
+            raise AssertionError("the AMQP tap did not start consuming")
+
+    def _run(self) -> None:
+        try:
+            with kombu.Connection(self._url) as conn:
+                channel = conn.default_channel
+                # Declared as Celery declares its default queue, before any beat sends.
+                queue = kombu.Queue(self._queue, kombu.Exchange(self._queue), self._queue)
+                queue(channel).declare()
+
+                def take(message: Any) -> None:
+                    publish = _publish_of(message.headers, time.monotonic())
+                    with self._lock:
+                        self._seen.append(publish)
+
+                channel.basic_consume(self._queue, no_ack=True, callback=take)
+                self._ready.set()
+                while not self._stopping.is_set():
+                    try:
+                        conn.drain_events(timeout=0.05)
+                    except TimeoutError:
+                        continue
+        except Exception as exc:
+            self._failure = exc
 
 
 class Replicas:
@@ -330,10 +369,35 @@ def lease_store() -> Iterator[RedisServer]:
         yield server
 
 
+#: The ``broker`` parameter for RabbitMQ, marked so that ``-m rabbitmq`` selects it.
+RABBITMQ = pytest.param("rabbitmq", marks=pytest.mark.rabbitmq)
+
+
+@dataclass(frozen=True)
+class Broker:
+    kind: str  # "redis" or "rabbitmq"
+    url: str  # empty: a flushed Redis, or a fresh RabbitMQ vhost
+    port: int
+
+
 @pytest.fixture
-def tap(redis_server: RedisServer, redis_url: str) -> Iterator[BrokerTap]:
-    """Everything published to the (flushed) broker's ``celery`` queue, with arrival times."""
-    tap = BrokerTap(redis_server.client())
+def broker(request: pytest.FixtureRequest) -> Broker:
+    """The beats' broker: Redis, or RabbitMQ (``parametrize("broker", [...], indirect=True)``)."""
+    kind = getattr(request, "param", "redis")
+    if kind == "rabbitmq":
+        rabbit = request.getfixturevalue("rabbitmq_server")
+        return Broker(kind, request.getfixturevalue("amqp_url"), rabbit.port)
+    server = request.getfixturevalue("redis_server")
+    return Broker(kind, request.getfixturevalue("redis_url"), server.port)
+
+
+@pytest.fixture
+def tap(broker: Broker) -> Iterator[BrokerTap]:
+    """Everything published to the (empty) broker's ``celery`` queue, with arrival times."""
+    if broker.kind == "rabbitmq":
+        tap: BrokerTap = AmqpTap(broker.url)
+    else:
+        tap = BrokerTap(redis.Redis.from_url(broker.url))
     yield tap
     tap.close()
 
@@ -477,8 +541,9 @@ def every_fault(
     assert not problems, "\n".join(problems)
 
 
+@pytest.mark.parametrize("broker", ["redis", RABBITMQ], indirect=True)
 def test_three_beats_keep_one_dispatcher_through_every_fault(
-    redis_url: str,
+    broker: Broker,
     lease_store: RedisServer,
     beat_holder: Callable[[str], Holder],
     tcp_proxy: Callable[[str, int], TcpProxy],
@@ -492,7 +557,7 @@ def test_three_beats_keep_one_dispatcher_through_every_fault(
         lease_store.url,
         GRACEFUL,
         "store killed, back empty",
-        env=beat_env(redis_url),
+        env=beat_env(broker.url),
         holder=beat_holder(lease_store.url),
         tcp_proxy=tcp_proxy,
         procs=procs,

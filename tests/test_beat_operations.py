@@ -35,15 +35,19 @@ from celery_leader.health import check
 from harness.procs import Proc, Procs
 from harness.procs import signal as send_signal
 from harness.proxy import TcpProxy
-from harness.servers import RedisServer
+from harness.servers import RabbitServer, RedisServer
 from harness.waiting import wait_for
 from tests.test_beat_chaos import (  # noqa: F401 - fixtures
     BEAT,
+    CELERY,
+    RABBITMQ,
+    Broker,
     BrokerTap,
     Holder,
     Publish,
     Replicas,
     beat_holder,
+    broker,
     lease_store,
     slot_problems,
     tap,
@@ -156,8 +160,7 @@ class ProxiedBeats:
 
 @pytest.fixture
 def proxied_beats(
-    redis_server: RedisServer,
-    redis_url: str,
+    broker: Broker,
     lease_store: RedisServer,
     beat_holder: Callable[[str], Holder],
     tcp_proxy: Callable[[str, int], TcpProxy],
@@ -168,14 +171,14 @@ def proxied_beats(
     """Starts the three beats with an entry every ``every`` s and waits until they dispatch."""
 
     def start(every: float) -> ProxiedBeats:
-        proxies = [tcp_proxy("127.0.0.1", redis_server.port) for _ in range(3)]
+        proxies = [tcp_proxy("127.0.0.1", broker.port) for _ in range(3)]
         beats = start_beats(
             procs,
             tmp_path,
-            env(redis_url, every, CELERY_LEADER_MISSED_SLOTS="all"),
+            env(broker.url, every, CELERY_LEADER_MISSED_SLOTS="all"),
             lease_store,
             beat_holder(lease_store.url),
-            place_env=[{"BROKER_URL": proxy.url_for(redis_url)} for proxy in proxies],
+            place_env=[{"BROKER_URL": proxy.url_for(broker.url)} for proxy in proxies],
         )
         wait_for(lambda: len(tap.published()) >= 4, 15, message="no dispatch")
         place, proc, epoch = beats.leader()
@@ -194,7 +197,11 @@ def dues_between(start_wall: float, end_wall: float, every: float) -> list[float
     ]
 
 
+BROKERS = pytest.mark.parametrize("broker", ["redis", RABBITMQ], indirect=True)
+
+
 @pytest.mark.slow
+@BROKERS
 def test_broker_partition_of_the_leader_hands_over_and_loses_nothing(
     proxied_beats: Callable[[float], ProxiedBeats], tap: BrokerTap
 ) -> None:
@@ -253,7 +260,60 @@ def test_broker_partition_of_the_leader_hands_over_and_loses_nothing(
     assert proc.alive
 
 
+UNKNOWN = re.compile(r"could not send slot (tick@\S+) and the broker may have it")
+HANDED_BACK = re.compile(r"handed back unsent slot\(s\) (tick@\S+?)[:,]? ")
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("broker", [RABBITMQ], indirect=True)
+@pytest.mark.parametrize("hold", [15.0, 0.0], ids=["held-15s-then-reset", "reset"])
+def test_a_leader_whose_broker_link_stalls_or_resets_loses_no_confirmed_slot(
+    proxied_beats: Callable[[float], ProxiedBeats], tap: BrokerTap, hold: float
+) -> None:
+    # Issue 19: RabbitMQ without publisher confirms took every slot written into a
+    # stalled link as sent. Beat's publishes are confirmed now: a stalled link trips
+    # the tick watchdog (another beat takes over), the one publish in flight is logged
+    # as of unknown outcome, and nothing else is lost or sent twice.
+    every = 0.5
+    run = proxied_beats(every)
+    beats, place, epoch = run.beats, run.place, run.epoch
+    at_wall, at = time.time(), time.monotonic()
+    proxy = run.proxies[place]
+    if hold:
+        proxy.hold()
+        first = first_of_other_term(tap, at, epoch, TTL + 10)
+        time.sleep(max(0.0, at + hold - time.monotonic()))
+    proxy.cut()
+    proxy.release()
+    time.sleep(5 * every)  # the slots right after the reset are counted too
+    end_wall = time.time()
+    time.sleep(3 * every + TTL)  # every slot due meanwhile has reached the broker
+
+    published = tap.published()
+    due_in = dues_between(at_wall, end_wall, every)
+    by_due = Counter(round(due(p), 3) for p in published if entry_of(p) == "tick")
+    logs = "\n".join(b.output() for b in beats.current)
+    unknown = {round(due(Publish(0, s, 0, 0)), 3) for s in UNKNOWN.findall(logs)}
+    handed_back = {round(due(Publish(0, s, 0, 0)), 3) for s in HANDED_BACK.findall(logs)}
+    sent_once = [d for d in due_in if by_due[d] == 1]
+    handover = first.seen - at if hold else 0.0
+    print(
+        f"\nRabbitMQ link of the leader held {hold:g} s then reset, ttl {TTL:g} s, every "
+        f"{every:g} s: another replica dispatched after {handover:.2f} s; slots due: "
+        f"{len(due_in)}, sent once {len(sent_once)}, outcome unknown {sorted(unknown)} "
+        f"(arrived {[by_due[d] for d in sorted(unknown)]}), handed back {len(handed_back)}"
+    )
+    assert_no_problems(tap)
+    assert handover <= TTL + 2.5
+    assert len(unknown) <= (1 if hold else 0)
+    assert [d for d in due_in if by_due[d] != 1 and d not in unknown] == []
+    assert all(by_due[d] == 1 for d in handed_back)
+    if not hold:
+        assert run.beats.leader()[2] == epoch, "a reset alone made the leader step down"
+
+
+@pytest.mark.slow
+@BROKERS
 def test_a_leader_whose_broker_refuses_hands_back_and_resigns(
     proxied_beats: Callable[[float], ProxiedBeats], tap: BrokerTap
 ) -> None:
@@ -602,3 +662,35 @@ def test_store_load_stays_one_claim_per_due_batch(
     assert all(rate <= 1.2 for rate in rates), rates
     assert beats.current[0].alive
     assert_no_problems(tap)
+
+
+# -- two deployments on one lease store (issue 19) --------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.rabbitmq
+def test_a_beat_held_off_by_another_deployment_says_so_within_a_ttl(
+    procs: Procs, redis_url: str, amqp_url: str, rabbitmq_server: RabbitServer, tmp_path: Path
+) -> None:
+    # Same app, same default key prefix, same store; brokers on two vhosts.
+    def start(instance: str, broker_url: str) -> Proc:
+        return procs.spawn_python(
+            CELERY,
+            *BEAT,
+            env={
+                **env(broker_url, 1.0),
+                "LEADER_URL": redis_url,
+                "INSTANCE_ID": instance,
+                "PYTHONPATH": str(ROOT),
+            },
+            cwd=tmp_path,
+        )
+
+    first = start("depA", rabbitmq_server.url)
+    first.wait_for_line(r"beat dispatching as leader", 30)
+    second = start("depB", amqp_url)
+    second.wait_for_line(r"beat: Starting\.\.\.", 30)
+    started = time.monotonic()
+    line = second.wait_for_line(r"cannot lead 'beat': it is held by depA.*", TTL)[0]
+    print(f"\nMEASURED another deployment named after {time.monotonic() - started:.2f} s: {line}")
+    assert "another deployment" in line and amqp_url.rsplit("/", 1)[1] in line

@@ -268,6 +268,7 @@ def test_django_style_names_through_config_from_object() -> None:
         worker_election="reports",
         instance_id="web-1",
         fence_tasks=True,
+        deployment="amqp://127.0.0.1:5672//",
     )
     assert SECRET not in repr(cfg.display_url)
 

@@ -131,7 +131,8 @@ def test_database_scheduler_survives_sigkill_without_duplicates(
     assert len(epochs) == 1
     leader_epoch = epochs.pop()
     store = redis.Redis.from_url(redis_url)
-    holder = json.loads(store.get("{celery_leader:beat}:lock"))["holder"]
+    # The stored holder is the instance id, then U+001F and the holder's broker.
+    holder = json.loads(store.get("{celery_leader:beat}:lock"))["holder"].partition("\x1f")[0]
     killed = beats[holder]
     os.killpg(killed.pid, signal.SIGKILL)
     killed_at = time.monotonic()

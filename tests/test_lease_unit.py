@@ -647,3 +647,50 @@ def test_renew_interval_close_to_ttl_does_not_flap(url, leases, watch) -> None:
     assert watch.kinds("a") == ["elected"]
 
 
+# -- deployments sharing a store (issue 19) ----------------------------------------
+
+
+def test_a_follower_names_a_holder_of_another_deployment_once_per_term(url, leases, caplog) -> None:
+    backend = MemoryBackend(url, "p", 0.1)
+    a = Lease(
+        ELECTION,
+        backend,
+        ttl=TTL,
+        renew_interval=RENEW,
+        instance_id="a",
+        deployment="amqp://h:5672/A",
+    )
+    same = Lease(
+        ELECTION,
+        backend,
+        ttl=TTL,
+        renew_interval=RENEW,
+        instance_id="s",
+        deployment="amqp://h:5672/A",
+    )
+    other = Lease(
+        ELECTION,
+        backend,
+        ttl=TTL,
+        renew_interval=RENEW,
+        instance_id="o",
+        deployment="amqp://h:5672/B",
+    )
+    leases.extend([a, same, other])
+    a.start()
+    leads(a, 1)
+    holder = a.holder()
+    assert holder is not None
+    assert (holder.instance_id, holder.deployment) == ("a", "amqp://h:5672/A")
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="celery_leader"):
+        same.start()
+        other.start()
+        wait_for(lambda: "another deployment" in caplog.text, TTL, message="no warning")
+        waited = time.monotonic() - started
+        time.sleep(3 * RENEW)  # followers retry meanwhile: still one line
+    lines = [r.getMessage() for r in caplog.records if "another deployment" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("celery-leader: o cannot lead")
+    assert "held by a (epoch 1)" in lines[0] and "amqp://h:5672/A" in lines[0]
+    assert waited < TTL

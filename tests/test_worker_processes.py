@@ -12,11 +12,12 @@ import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,8 @@ from celery_leader.config import LeaderConfig
 from celery_leader.health import check
 from harness.procs import Proc, Procs
 from harness.procs import signal as signal_proc
-from harness.servers import free_port
+from harness.proxy import TcpProxy
+from harness.servers import RabbitServer, free_port
 from harness.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,14 +65,16 @@ POOLS = [
 class Cluster:
     """Worker nodes of one test, the store they elect through, and the records."""
 
-    def __init__(self, procs: Procs, url: str) -> None:
+    def __init__(self, procs: Procs, url: str, broker_url: str | None = None) -> None:
         self.procs = procs
         self.url = url
+        #: The broker: the store's Redis, or RabbitMQ.
+        self.broker_url = broker_url or url
         self.redis = redis.Redis.from_url(url, decode_responses=True)
         self.store: Backend = create_backend(
             LeaderConfig.from_mapping({"leader_url": url, "leader_ttl": TTL})
         )
-        self.sender = Celery("sender", broker=url)
+        self.sender = Celery("sender", broker=self.broker_url)
         self.nodes: dict[str, Proc] = {}
         self.beats: dict[str, Proc] = {}
 
@@ -89,7 +93,8 @@ class Cluster:
             *("--without-gossip", "--without-mingle", "--without-heartbeat"),
             *(("-Q", f"celery,{name}") if own_queue else ()),
             env={
-                "BROKER_URL": self.url,
+                "BROKER_URL": self.broker_url,
+                "STORE_URL": self.url,
                 "LEADER_TTL": str(TTL),
                 "POOL_START_METHOD": start_method,
                 **env,
@@ -104,7 +109,13 @@ class Cluster:
         proc = self.procs.spawn_python(
             CELERY,
             *("-A", APP, "beat", "-S", "leader", "-l", "INFO"),
-            env={"BROKER_URL": self.url, "LEADER_TTL": str(TTL), "BEAT_TASK": task, **env},
+            env={
+                "BROKER_URL": self.broker_url,
+                "STORE_URL": self.url,
+                "LEADER_TTL": str(TTL),
+                "BEAT_TASK": task,
+                **env,
+            },
             cwd=ROOT,
         )
         self.beats[name] = proc
@@ -540,8 +551,10 @@ def test_reject_backs_off_while_nobody_leads(cluster: Cluster) -> None:
     [
         ((), {"LEADER_TTL": "-1"}, "leader_ttl must be a number of seconds greater than 0"),
         (("-Q", "celery,celery_leader.leader.worker"), {}, "the leader queue of election"),
+        ((), {"QUEUES": "broadcast"}, "as a Broadcast queue"),
+        ((), {"QUEUES": "only-leader"}, "would consume nothing but leader queues"),
     ],
-    ids=["bad-ttl", "leader-queue-in-Q"],
+    ids=["bad-ttl", "leader-queue-in-Q", "broadcast-leader-queue", "only-leader-queues"],
 )
 def test_a_worker_with_bad_settings_fails_in_one_line(
     procs: Procs, redis_url: str, argv: tuple[str, ...], env: dict[str, str], message: str
@@ -655,3 +668,125 @@ def test_worker_health_file_and_metrics_follow_the_role(cluster: Cluster, tmp_pa
     # The dead node's file is no longer refreshed: its probe fails once it is stale.
     wait_for(lambda: not check(files[leader], max_age=1.0)[0], 5, message="stale file")
     print(f"MEASURED worker health: new leader's file said so {took:.2f} s after SIGKILL")
+
+
+# -- RabbitMQ: the leader queue declared like the user's queues (issue 19) ------------
+
+
+@pytest.fixture
+def rabbit_cluster(procs: Procs, redis_url: str, amqp_url: str) -> Iterator[Cluster]:
+    """Workers and beat on RabbitMQ; the lease store and the records on Redis."""
+    cluster = Cluster(procs, redis_url, amqp_url)
+    yield cluster
+    cluster.store.close()
+
+
+_COUNTDOWN = """
+import sys
+from tests.apps.worker_app import wait_task
+wait_task.apply_async((sys.argv[1],), countdown=2)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.rabbitmq
+@pytest.mark.parametrize("queues", ["quorum", "no-missing", "explicit", "renamed"])
+def test_on_rabbitmq_every_beat_slot_runs_once_across_a_sigkill_of_the_leader(
+    rabbit_cluster: Cluster, queues: str
+) -> None:
+    cluster = rabbit_cluster
+    cluster.start("nodeA", own_queue=False, QUEUES=queues)
+    cluster.start("nodeB", own_queue=False, QUEUES=queues)
+    cluster.wait_ready()
+    leader = cluster.wait_leader()
+    survivor = "nodeB" if leader == "nodeA" else "nodeA"
+    cluster.start_beat("beat", "slot_task", QUEUES=queues)
+    wait_for(lambda: len(cluster.sent_slots()) >= 3, 30, message="beat sends")
+    if queues == "quorum":
+        # Native delayed delivery: a countdown goes through celery_delayed_*, which
+        # must route it on to the (bound) leader queue.
+        subprocess.run(
+            [sys.executable, "-c", _COUNTDOWN, "countdown-1"],
+            env={
+                **os.environ,
+                "BROKER_URL": cluster.broker_url,
+                "STORE_URL": cluster.url,
+                "QUEUES": queues,
+                "PYTHONPATH": str(ROOT),
+            },
+            cwd=ROOT,
+            check=True,
+            timeout=60,
+        )
+        cluster.wait_done(["countdown-1"], {"SUCCESS"}, timeout=20)
+        assert cluster.ran("countdown-1") == [leader]
+    last = max(_due(slot) for slot in cluster.sent_slots())
+    time.sleep(max(0.0, last + 1.5 - time.time()))
+    killed_at = time.time()
+    cluster.nodes[leader].kill_group()
+    time.sleep(TTL + 4)
+    cluster.stop_beats()
+    sent = cluster.sent_slots()
+    cluster.wait_slots_ran(sent, 15)
+    runs = cluster.slot_runs()
+    assert sorted(run["slot"] for run in runs) == sorted(sent), "a slot ran twice"
+    before = {run["node"].partition("@")[0] for run in runs if _due(run["slot"]) < killed_at}
+    during = [run for run in runs if _due(run["slot"]) > killed_at]
+    assert before == {leader}
+    assert len(during) >= TTL + 3
+    assert {run["node"].partition("@")[0] for run in during} == {survivor}
+    for proc in cluster.nodes.values():
+        assert "PreconditionFailed" not in proc.output()
+        assert "Error in timer" not in proc.output()
+        assert "Failed to bind" not in proc.output()  # native delayed delivery
+    print(f"MEASURED rabbitmq/{queues}: {len(runs)} of {len(sent)} slots ran once across a kill")
+
+
+@pytest.mark.slow
+@pytest.mark.rabbitmq
+def test_a_leader_cut_off_from_rabbitmq_hands_the_leader_queue_over(
+    procs: Procs,
+    redis_url: str,
+    amqp_url: str,
+    rabbitmq_server: RabbitServer,
+    tcp_proxy: Callable[[str, int], TcpProxy],
+) -> None:
+    # Issue 19: the store stays reachable, so the lease alone would keep the cut-off
+    # node leading while the leader queue fills. Its consumer being down for a ttl
+    # makes it step down; the other node consumes the leader queue.
+    cut_for = 20.0
+    proxies = {name: tcp_proxy("127.0.0.1", rabbitmq_server.port) for name in ("nodeA", "nodeB")}
+    cluster = Cluster(procs, redis_url, amqp_url)
+    try:
+        for name, proxy in proxies.items():
+            cluster.start(name, own_queue=False, BROKER_URL=proxy.url_for(amqp_url))
+        cluster.wait_ready()
+        leader = cluster.wait_leader()
+        survivor = "nodeB" if leader == "nodeA" else "nodeA"
+        cluster.start_beat("beat", "slot_task")
+        wait_for(lambda: len(cluster.slot_runs()) >= 3, 30, message="slots run")
+        proxy = proxies[leader]
+        # Connections are reset and new ones hang: the consumer reconnects in vain.
+        proxy.hold()
+        proxy.cut()
+        cut_at = time.time()
+        time.sleep(cut_for)
+        proxy.release()
+        time.sleep(3)
+        cluster.stop_beats()
+        sent = cluster.sent_slots()
+        cluster.wait_slots_ran(sent, 15)
+        runs = cluster.slot_runs()
+        assert sorted(run["slot"] for run in runs) == sorted(sent), "a slot ran twice"
+        after = [run for run in runs if _due(run["slot"]) > cut_at]
+        first = min(run["at"] for run in after if run["node"].startswith(survivor))
+        late = max(run["at"] - _due(run["slot"]) for run in after)
+        print(
+            f"MEASURED rabbitmq consumer cut {cut_for:g} s (ttl {TTL:g} s): the other node ran "
+            f"the leader queue {first - cut_at:.2f} s after the cut; {len(after)} slots due "
+            f"after it ran once, at most {late:.2f} s late"
+        )
+        assert first - cut_at <= TTL + 5
+        assert "broker consumer has been down" in cluster.nodes[leader].output()
+    finally:
+        cluster.store.close()

@@ -33,13 +33,35 @@ class Tenure:
 
 @dataclass(frozen=True)
 class HolderInfo:
-    """What the store says about the current holder of an election."""
+    """What the store says about the current holder of an election.
+
+    Stores keep ``instance_id`` and the holder's deployment as one string
+    (:func:`stored_holder`); they are split here, so every store reports both.
+    """
 
     instance_id: str
     epoch: int
     #: Seconds until the store frees the election unless renewed; ``None`` for a
     #: store that frees it only when the holder's process or session ends.
     ttl_remaining: float | None
+    #: The holder's broker (``LeaderConfig.deployment``); ``None`` when it did not say.
+    deployment: str | None = None
+
+    def __post_init__(self) -> None:
+        instance, sep, deployment = self.instance_id.partition(DEPLOYMENT_SEP)
+        if sep:
+            object.__setattr__(self, "instance_id", instance)
+            object.__setattr__(self, "deployment", deployment)
+
+
+#: Between instance id and deployment in what stores keep: a control character
+#: that no host name, pid or Celery node name contains.
+DEPLOYMENT_SEP = "\x1f"
+
+
+def stored_holder(instance_id: str, deployment: str | None) -> str:
+    """The holder string a store keeps for ``instance_id`` of ``deployment``."""
+    return instance_id if deployment is None else f"{instance_id}{DEPLOYMENT_SEP}{deployment}"
 
 
 @dataclass(frozen=True)

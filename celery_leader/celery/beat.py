@@ -29,15 +29,15 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import LeaderConfig, validate_grace, validate_missed_slots
 from ..exceptions import ConfigError, missing_extra
-from ..schedule.jobs import NOT_CONNECTED, Adapter, Job, Outcome, caused_by
+from ..schedule.jobs import Adapter, Job, Outcome
 from ..schedule.protocol import SlotProtocol
 from ..schedule.series import CronSeries, Every, Series, utc
+from . import publishing
 from .signals import elected as _elected  # noqa: F401 - importing it connects the signals
 
 try:
     from celery.beat import ScheduleEntry, Scheduler
     from celery.schedules import crontab, schedule
-    from kombu.exceptions import EncodeError
 except ModuleNotFoundError as exc:
     raise missing_extra(exc, "celery") from None
 
@@ -129,8 +129,9 @@ class LeaderSchedulerMixin:
         self, entry: ScheduleEntry, slot: str, epoch: int
     ) -> tuple[BaseException | None, bool]:
         """Publish one slot through ``apply_entry``: ``(error or None, definitely unsent)``."""
+        publisher = publishing.publisher_of(self, self.leader_config.watchdog_timeout)
         try:
-            producer = self.producer
+            producer = publisher.producer()
         except Exception as exc:  # no broker connection: nothing was sent
             return exc, True
         # Celery's apply_async reads the headers from entry.options; swap in a
@@ -152,7 +153,7 @@ class LeaderSchedulerMixin:
             self._sending = False
             entry.options = options
         error = self._send_error
-        return error, error is not None and _definitely_unsent(error)
+        return error, error is not None and publisher.definitely_unsent(error)
 
     def apply_async(
         self, entry: ScheduleEntry, producer: Any = None, advance: bool = True, **kwargs: Any
@@ -172,6 +173,7 @@ class LeaderSchedulerMixin:
 
     def _release_broker(self) -> None:
         """An ex-leader sends nothing: give back its broker connection (reopened on promotion)."""
+        publishing.publisher_of(self, self.leader_config.watchdog_timeout).release()
         producer = self.__dict__.pop("producer", None)
         connection = self.__dict__.pop("connection", None)
         held = (connection, getattr(producer, "connection", None))
@@ -377,10 +379,3 @@ def _stop_signals_deferred() -> Iterator[None]:
             signal.raise_signal(signum)
 
 
-def _definitely_unsent(error: BaseException) -> bool:
-    """Whether nothing of the message can have reached the broker.
-
-    True when no connection was made (see :data:`NOT_CONNECTED`) and for a
-    message that could not be serialized; anything else may have delivered it.
-    """
-    return caused_by(error, (*NOT_CONNECTED, EncodeError))

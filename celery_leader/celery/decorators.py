@@ -310,19 +310,15 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
         return
     try:
         config = leadership.config_of(app)
-        routing.check_consumed_queues(
-            app,
-            routing.leader_queues(app, config.worker_election),
-            app.amqp.queues.consume_from,
-        )
+        leader_queues = routing.leader_queues(app, config.worker_election)
+        queues = app.amqp.queues
+        # Queues named by -Q; None without -Q (then the worker consumes task_queues).
+        named = getattr(queues, "_consume_from", None) or {}
+        routing.check_consumed_queues(app, leader_queues, named)
+        routing.consume_only_while_leading(app, leader_queues.values())
     except ConfigError as exc:
         print(f"celery-leader: cannot start worker {sender.hostname}: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
-    # Without -Q a worker consumes every queue the app knows, and sending a
-    # wait-mode task adds its leader queue to them: name today's queues, so
-    # that a consumer restarting later does not pick up a leader queue.
-    queues = app.amqp.queues
-    queues.select(list(queues.consume_from))
 
 
 def add_steps(app: Any) -> None:

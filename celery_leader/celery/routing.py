@@ -6,6 +6,15 @@ consumes: the node adds the consumer when it is elected and cancels it when it
 is demoted (:mod:`celery_leader.celery.worker`). Messages wait there while nobody
 leads, and the next leader runs them.
 
+The queue is declared as the app declares its own: a leader queue listed in
+``task_queues`` is used as listed, any other is made as Celery makes a missing
+queue (``task_create_missing_queue_type``, so quorum when that says so, and
+``task_create_missing_queue_exchange_type``), also with
+``task_create_missing_queues = False``: it is this library's queue, not a
+typo. :func:`declare` puts it in ``app.amqp.queues``, where senders, the
+consumer and Celery's native delayed delivery (which binds every queue there)
+all find the same declaration.
+
 Senders route there by themselves: :func:`route` is a Celery router that
 :func:`route_leader_tasks` puts first in an app's ``task_routes``. That
 happens for every app when it is finalized (``celery beat`` and ``celery
@@ -18,6 +27,7 @@ the leader queue by the first worker that receives it (one extra delivery).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -27,6 +37,7 @@ from ..exceptions import ConfigError, missing_extra
 
 try:
     from celery._state import _get_active_apps, connect_on_app_finalize, get_current_app
+    from kombu.common import Broadcast
 except ModuleNotFoundError as exc:
     raise missing_extra(exc, "celery") from None
 
@@ -34,6 +45,9 @@ __all__ = [
     "LeaderOnly",
     "OnFollower",
     "check_consumed_queues",
+    "consume_only_while_leading",
+    "declare",
+    "declare_on_broker",
     "leader_queue",
     "leader_queues",
     "route",
@@ -41,6 +55,8 @@ __all__ = [
     "route_leader_tasks",
     "spec_of",
 ]
+
+logger = logging.getLogger("celery_leader.worker")
 
 #: What a follower does with a task it received.
 OnFollower = Literal["wait", "skip", "retry", "reject"]
@@ -96,7 +112,24 @@ def route(
     spec = spec_of(task)
     if spec is None or spec.on_follower != "wait":
         return None
-    return {"queue": leader_queue(spec.election, app=task.app)}
+    name = leader_queue(spec.election, app=task.app)
+    declare(task.app, name)
+    return {"queue": name}
+
+
+def declare(app: Any, name: str) -> Any:
+    """The kombu ``Queue`` of leader queue ``name`` in ``app.amqp.queues``, added if missing.
+
+    Never consumed because of this: a worker's consumed set was fixed before.
+    """
+    queues = app.amqp.queues
+    # "in", not a lookup: Queues.__missing__ would make a queue or raise QueueNotFound.
+    if name not in queues:
+        try:
+            queues.add(queues.new_missing(name))
+        except ValueError as exc:  # Celery's word on a bad task_create_missing_queue_type
+            raise ConfigError(f"cannot declare leader queue {name!r}: {exc}") from None
+    return queues[name]
 
 
 def route_leader_tasks(app: Any) -> None:
@@ -144,17 +177,20 @@ def leader_queues(app: Any, default_election: str) -> dict[str, str]:
 
 
 def check_consumed_queues(app: Any, queues: Mapping[str, str], consumed: Iterable[str]) -> None:
-    """Refuse a worker that would consume a leader queue from the start, or route to one.
+    """Refuse a worker told to consume a leader queue from the start, or routing to one.
 
-    A leader queue is consumed only by the node leading its election, and
-    only while it leads; ordinary tasks sent there would wait for the leader.
+    ``consumed`` is what ``-Q`` named. A leader queue is consumed only by the
+    node leading its election, and only while it leads; ordinary tasks sent
+    there would wait for the leader. (Listed in ``task_queues`` without ``-Q``
+    is fine: it declares the queue, and :func:`consume_only_while_leading`
+    takes it out of what the worker consumes from the start.)
     """
     by_queue = {queue: election for election, queue in queues.items()}
     for queue in consumed:
         if queue in by_queue:
             raise ConfigError(
-                f"this worker is told to consume {queue!r} (-Q or task_queues), the leader "
-                f"queue of election {by_queue[queue]!r}: remove it; the node leading "
+                f"this worker is told to consume {queue!r} (-Q), the leader queue of election "
+                f"{by_queue[queue]!r}: remove it from -Q; the node leading "
                 f"{by_queue[queue]!r} consumes it by itself, only while it leads"
             )
     default = app.conf.task_default_queue
@@ -164,6 +200,60 @@ def check_consumed_queues(app: Any, queues: Mapping[str, str], consumed: Iterabl
             f"{by_queue[default]!r}: ordinary tasks would wait there for the leader; "
             "choose another default queue"
         )
+
+
+def declare_on_broker(app: Any, names: Iterable[str]) -> None:
+    """Declare leader queues (and their exchanges) on an AMQP broker now, once.
+
+    Done as the worker starts, before its consumer: Celery's native delayed
+    delivery then binds every known queue's exchange, and fails (CRITICAL,
+    for all queues) on an exchange nobody declared yet, which a leader queue's
+    is until some node leads. Durable, so later starts find them. A broker
+    that cannot be reached now is left to the consumer's own retries.
+    """
+    names = list(names)
+    if not names:
+        return
+    with app.connection_for_write() as conn:
+        if conn.transport.driver_type != "amqp":
+            return
+        try:
+            conn.ensure_connection(max_retries=1)
+            channel = conn.default_channel
+            for name in names:
+                declare(app, name)(channel).declare()
+        except Exception as exc:  # the worker starts anyway; its consumer retries
+            logger.warning("celery-leader: could not declare %s yet: %s", ", ".join(names), exc)
+
+
+def consume_only_while_leading(app: Any, queues: Iterable[str]) -> None:
+    """Declare the leader queues; fix the worker's consumed queues to what it consumes
+    now, minus the leader queues.
+
+    Declared in the worker before its consumer starts, so that the consumer,
+    Celery's quorum-queue detection (no global QoS) and native delayed
+    delivery (which binds every declared queue) see them.
+
+    Without ``-Q`` a worker consumes every queue in ``task_queues`` (a leader
+    queue listed there among them) and every queue the app adds later (sending
+    a wait-mode task declares its leader queue): naming today's queues keeps
+    a restarting consumer from picking up a leader queue.
+    """
+    leader = set(queues)
+    for queue in leader:
+        if isinstance(declare(app, queue), Broadcast):
+            raise ConfigError(
+                f"task_queues declares leader queue {queue!r} as a Broadcast queue: every "
+                "worker would get a copy; declare it as a plain Queue or leave it out"
+            )
+    amqp_queues = app.amqp.queues
+    keep = [name for name in amqp_queues.consume_from if name not in leader]
+    if not keep:
+        raise ConfigError(
+            "this worker would consume nothing but leader queues, and only while it leads: "
+            "give it an ordinary queue too (-Q or task_queues)"
+        )
+    amqp_queues.select(keep)
 
 
 connect_on_app_finalize(route_leader_tasks)

@@ -24,6 +24,7 @@ import dataclasses
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -33,6 +34,7 @@ from ..config import LeaderConfig
 from ..exceptions import StoreUnavailable, missing_extra
 from ..health import HealthFile
 from ..lease import Lease
+from ..pins import role_of
 from . import deadline_table, decorators, leadership, routing
 from .routing import spec_of
 from .signals import elected as _elected  # noqa: F401 - importing it connects the signals
@@ -118,6 +120,12 @@ class LeaderNode:
         self._beat_epoch = 0
         self._epoch_lock = threading.Lock()
         self._by_election = {lease.election: lease for lease in self.leases}
+        # When the consumer last lost (or had not yet made) its broker connection;
+        # None while it consumes. Starts "down": a node that never reaches the
+        # broker must not keep a leader queue's election either.
+        self._consumer_down_since: float | None = time.monotonic()
+        for election in self.queues:
+            self._by_election[election].health_check = self._consumer_health
         if config.metrics_port is not None:
             metrics.require()  # a missing [metrics] extra fails as the worker starts
         #: The worker election's health, for ``leader check`` (liveness probes);
@@ -130,8 +138,40 @@ class LeaderNode:
         deadline_table.set_process_table(self.table)
         leadership.forget_views()
 
+    def consumer_up(self) -> None:
+        """The consumer is connected and consuming (its queue step started)."""
+        self._consumer_down_since = None
+
+    def consumer_down(self) -> None:
+        """The consumer lost its broker connection (its queue step stopped)."""
+        if self._consumer_down_since is None:
+            self._consumer_down_since = time.monotonic()
+
+    def _consumer_health(self) -> str | None:
+        """Why this node must not lead an election with a leader queue now, if it must not.
+
+        A node whose consumer has been cut off from the broker for a ttl cannot
+        consume the leader queue: it steps down (the lease's health check) and
+        does not campaign until the consumer is back, so a node that reaches the
+        broker runs what waits there. Shorter outages (a reconnect) keep the lead.
+        """
+        since = self._consumer_down_since
+        if since is None:
+            return None
+        down = time.monotonic() - since
+        if down < self.config.ttl:
+            return None
+        return f"the worker's broker consumer has been down for {down:.1f} s"
+
     def leads(self, election: str) -> bool:
-        """True while this node leads ``election`` (main process, no I/O)."""
+        """True while this node leads ``election`` (main process, no I/O).
+
+        A test's pin (:mod:`celery_leader.pins`) wins, so that an in-process
+        worker consumes the leader queue exactly while the test says it leads.
+        """
+        pin = role_of(election)
+        if pin is not None:
+            return pin.leads
         return self._by_election[election].is_leader()
 
     def start(self) -> None:
@@ -281,6 +321,11 @@ class LeaderStep(bootsteps.StartStopStep):  # type: ignore[misc]  # celery is un
         """The service started and stopped with the worker."""
         return self.node
 
+    def start(self, w: Any) -> None:
+        """Declare the leader queues on the broker, then join the elections."""
+        routing.declare_on_broker(w.app, self.node.queues.values())
+        self.node.start()
+
     def stop(self, w: Any) -> None:
         """Warm shutdown: leave (if the shutdown signal did not already), before the pool drains."""
         self.node.stop()
@@ -312,17 +357,30 @@ class LeaderQueueStep(bootsteps.StartStopStep):  # type: ignore[misc]  # celery 
         self._timer: Any = None
 
     def start(self, c: Any) -> None:
-        """Start comparing leadership and consumption."""
+        """Start comparing leadership and consumption (the consumer is connected)."""
         if self.node is None or not self.node.queues or self._timer is not None:
             return
+        self.node.consumer_up()
         self._sync(c)
         self._timer = c.timer.call_repeatedly(QUEUE_SYNC_INTERVAL, self._sync, (c,))
 
     def stop(self, c: Any) -> None:
-        """Stop the timer (the consumer cancels every queue itself)."""
+        """Stop the timer (the consumer cancels every queue itself).
+
+        Also what the consumer calls when it lost its broker connection, before
+        it reconnects and starts this step again.
+        """
+        if self.node is not None:
+            self.node.consumer_down()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self.node is not None:
+            # add_task_queue() selected the queue in the app, which outlives
+            # this consumer: a restarted consumer must not consume it before
+            # _sync() says so, and a later worker of the app in this process
+            # (tests) would refuse to start with it selected.
+            c.app.amqp.queues.deselect(list(self.node.queues.values()))
 
     shutdown = stop
 

@@ -48,14 +48,17 @@ class Gate:
         self._dirty = False  # this consumer holds messages that only its close returns
         self._stopping = True  # paused by the gate and not closed since
         self._closed = True  # closed (or never opened) since the gate paused it
+        self._open = False  # the thread has a consumer open (it went round its loop)
         self._original_handle = thread.handle_message
         self._original_post_process = thread.post_process_message
         self._original_close = thread.close
+        self._original_delayed = thread.handle_delayed_messages
         # Instance attributes win over ConsumerThread's methods: the worker and
         # consumer threads call these through the thread object.
         thread.handle_message = self._handle_message
         thread.post_process_message = self._post_process_message
         thread.close = self._close
+        thread.handle_delayed_messages = self._handle_delayed_messages
         # No consumer before the first election: the thread starts paused.
         thread.pause()
         self.update()
@@ -109,8 +112,14 @@ class Gate:
     def _accepting(self) -> bool:
         return not self._dirty and not self._stopping and self._leads()
 
+    def _handle_delayed_messages(self) -> None:
+        # Called after every message and idle poll of an open consumer.
+        self._open = True
+        self._original_delayed()
+
     def _handle_message(self, message: Any) -> None:
         with self._lock:
+            self._open = True
             accepting = self._accepting()
             if accepting:
                 self._in_flight += 1
@@ -136,6 +145,7 @@ class Gate:
     def _close(self) -> None:
         self._original_close()
         with self._lock:
+            self._open = False
             self._dirty = False
             if self._stopping:
                 self._closed = True
@@ -148,7 +158,9 @@ class Gate:
             if self._stopping or self._in_flight or (leading and not self._dirty):
                 return
             self._stopping = True
-            self._closed = False
+            # A thread that has no consumer open (it is still in Dramatiq's
+            # paused sleep) will not close one: nothing of it to wait for.
+            self._closed = not self._open
             self.thread.pause()
         logger.info(
             "celery-leader: paused queue %r (%s)",

@@ -29,6 +29,7 @@ from ..backends.base import HolderInfo
 from ..config import LeaderConfig, validate_name
 from ..exceptions import ConfigError, LeaderError, StoreUnavailable, missing_extra
 from ..lease import Lease
+from ..pins import Role, role_of, watch
 from .cli_errors import one_line_errors
 from .gate import Gate, Liveness
 from .pika_logs import quiet_connect_errors
@@ -47,6 +48,10 @@ logger = logging.getLogger("celery_leader.dramatiq")
 
 #: What a follower does with a leader-only actor's message.
 MODES = ("skip", "wait")
+
+#: Longest wait for a consumer to pause when a test pins a follower: its idle
+#: timeout plus Dramatiq's restart delay (3 s unless ``dramatiq_restart_delay``).
+PAUSE_TIMEOUT = 10.0
 
 #: The middleware of this process, for :func:`is_leader` and :func:`current_epoch`.
 _current: LeaderMiddleware | None = None
@@ -112,6 +117,7 @@ class LeaderMiddleware(Middleware):
         self._entries: dict[str, str] = {}  # schedule entry name -> its actor
         self._lock = threading.Lock()
         self._stop_lock = threading.Lock()  # a second stop() waits for the first one
+        self._booted = False  # a Worker of this process booted
         self._backend: Backend | None = None
         self._leases: dict[str, Lease] = {}
         self._pid = os.getpid()
@@ -208,11 +214,18 @@ class LeaderMiddleware(Middleware):
                 self._liveness.setdefault(rule.election, []).append(Liveness(thread, grace))
         elif rule.mode == "wait":
             election = rule.election
-            self._gates[queue] = Gate(thread, election, lambda: self._leads(election))
+            self._gates[queue] = Gate(thread, election, lambda: self.leads(election))
 
     @one_line_errors
     def after_worker_boot(self, broker: Any, worker: Any) -> None:
         """Campaign in the elections of the leader-only actors this process consumes."""
+        if self._booted:
+            # An earlier Worker of this process stopped (only tests start one
+            # after another): this one may lead again. A process whose first
+            # worker boots after a SIGTERM stays closed.
+            with self._lock:
+                self._closed = False
+        self._booted = True
         consumed = {q_name(queue) for queue in worker.consumers}
         with self._lock:
             self._campaigns = {
@@ -222,6 +235,7 @@ class LeaderMiddleware(Middleware):
             }
         for election in sorted(self._campaigns):
             self.lease(election)
+        self._apply_all()
 
     def before_worker_shutdown(self, broker: Any, worker: Any) -> None:
         """Hand over at once, before in-flight messages finish."""
@@ -238,7 +252,7 @@ class LeaderMiddleware(Middleware):
             if rule is None or rule.election is None:
                 return
             try:
-                if self._leads(rule.election):
+                if self.leads(rule.election):
                     return
             except Exception:
                 logger.exception(
@@ -263,6 +277,14 @@ class LeaderMiddleware(Middleware):
         raise SkipMessage(f"not the leader of a leader-only actor: {message.actor_name}")
 
     # -- leases -------------------------------------------------------------
+
+    def leads(self, election: str) -> bool:
+        """Whether this process leads ``election`` now: a test's pin, else its own lease."""
+        pin = role_of(election)
+        if pin is not None:
+            return pin.leads
+        lease = self._leases.get(election)
+        return not self._closed and lease is not None and lease.is_leader()
 
     def lease(self, election: str | None = None) -> Lease:
         """This process's lease of ``election`` (default: the worker election).
@@ -327,10 +349,6 @@ class LeaderMiddleware(Middleware):
             Finalize(self, self.stop, exitpriority=100)
         return self._backend
 
-    def _leads(self, election: str) -> bool:
-        lease = self._leases.get(election)
-        return not self._closed and lease is not None and lease.is_leader()
-
     def _cut_off(self, election: str) -> str | None:
         """Why this process must not lead ``election``: its consumers cannot reach the broker."""
         for liveness in list(self._liveness.get(election, [])):
@@ -361,6 +379,19 @@ class LeaderMiddleware(Middleware):
             if gate.election == lease.election:
                 gate.update()
 
+    def _apply_all(self) -> None:
+        """Open or close every gate to match who leads (a test's pin, else the lease).
+
+        Returns once each consumer a pin made a follower has paused, so that a
+        message the test sends next stays in the queue: a consumer that took it
+        would hold it, and ``StubBroker`` cannot take a held message back.
+        """
+        for gate in list(self._gates.values()):
+            gate.update()
+            pin = role_of(gate.election)
+            if pin is not None and not pin.leads and gate.thread.is_alive():
+                gate.thread.paused_event.wait(PAUSE_TIMEOUT)
+
     def _rule_of(self, actor: Any) -> Rule:
         options = actor.options
         names = _entry_names(actor)
@@ -388,10 +419,14 @@ class LeaderMiddleware(Middleware):
 def is_leader(election: str | None = None) -> bool:
     """Whether this process leads ``election`` now (default: the worker election).
 
-    A worker process that consumes the election's actors answers from its own
-    lease, without a round trip. Any other process never campaigns: it reads
-    the holder from the store, so it leads only if that holder is itself.
+    A test's pin (:mod:`celery_leader.pins`) answers first. A worker process
+    that consumes the election's actors answers from its own lease, without a
+    round trip. Any other process never campaigns: it reads the holder from the
+    store, so it leads only if that holder is itself.
     """
+    pin = _pin(election)
+    if pin is not None:
+        return pin.leads
     middleware = _middleware()
     if middleware.campaigns(election):
         lease = _lease(middleware, election)
@@ -402,6 +437,9 @@ def is_leader(election: str | None = None) -> bool:
 
 def current_epoch(election: str | None = None) -> int | None:
     """The fencing token of this process's current term of ``election``, else ``None``."""
+    pin = _pin(election)
+    if pin is not None:
+        return pin.epoch
     middleware = _middleware()
     if middleware.campaigns(election):
         lease = _lease(middleware, election)
@@ -412,6 +450,11 @@ def current_epoch(election: str | None = None) -> int | None:
     return holder.epoch
 
 
+def _pin(election: str | None) -> Role | None:
+    """A test's pin of ``election`` (:mod:`celery_leader.pins`), if any."""
+    return role_of(election or _middleware().config.worker_election)
+
+
 def _lease(middleware: LeaderMiddleware, election: str | None) -> Lease | None:
     """This process's lease of ``election``; ``None`` once the process is shutting down."""
     try:
@@ -420,6 +463,15 @@ def _lease(middleware: LeaderMiddleware, election: str | None) -> Lease | None:
         if middleware._closed:
             return None
         raise
+
+
+def _on_pins_changed() -> None:
+    # A stopped middleware's worker is gone (or stopping): nothing to pause.
+    if _current is not None and not _current._closed:
+        _current._apply_all()
+
+
+watch(_on_pins_changed)
 
 
 def _middleware() -> LeaderMiddleware:

@@ -1,7 +1,10 @@
 """A Celery app for worker tests: everything comes from environment variables.
 
 BROKER_URL (Redis: broker, result backend, leader store and the record of who
-ran what), LEADER_TTL, and optionally POOL_START_METHOD ("fork" or "spawn"),
+ran what; or RabbitMQ, with STORE_URL the Redis for the rest), LEADER_TTL, and
+optionally QUEUES (how queues are declared: "quorum", "no-missing",
+"explicit", "renamed", and the refused "broadcast" and "only-leader"; see
+below), POOL_START_METHOD ("fork" or "spawn"),
 FENCE ("1" turns on leader_fence_tasks) and BEAT_TASK (``celery beat`` sends
 that task of this module every BEAT_EVERY seconds, default 1).
 
@@ -24,12 +27,46 @@ from typing import Any
 
 import redis
 from celery import Celery, current_task, signals
+from kombu import Exchange, Queue
+from kombu.common import Broadcast
 
 from celery_leader import is_leader, leader_only
 
 BROKER_URL = os.environ["BROKER_URL"]
+STORE_URL = os.environ.get("STORE_URL", BROKER_URL)
 
-app = Celery("worker_app", broker=BROKER_URL, backend=BROKER_URL)
+app = Celery("worker_app", broker=BROKER_URL, backend=STORE_URL)
+app.conf.leader_url = STORE_URL
+QUEUES = os.environ.get("QUEUES")
+if QUEUES == "quorum":
+    # Celery 5.5's quorum setup: missing queues are quorum queues on topic exchanges,
+    # so that native delayed delivery (countdown/eta) works for them.
+    app.conf.task_create_missing_queue_type = "quorum"
+    app.conf.task_create_missing_queue_exchange_type = "topic"
+    app.conf.task_queues = [
+        Queue(
+            "celery",
+            Exchange("celery", "topic"),
+            "celery",
+            queue_arguments={"x-queue-type": "quorum"},
+        )
+    ]
+elif QUEUES == "no-missing":
+    app.conf.task_create_missing_queues = False
+elif QUEUES == "explicit":
+    # The leader queue listed among the user's own (as quorum): used as declared.
+    app.conf.task_create_missing_queues = False
+    app.conf.task_queues = [
+        Queue("celery"),
+        Queue("celery_leader.leader.worker", queue_arguments={"x-queue-type": "quorum"}),
+    ]
+elif QUEUES == "renamed":
+    app.conf.task_default_queue = "jobs"
+elif QUEUES == "broadcast":  # refused: every worker would get a copy
+    app.conf.task_queues = [Queue("celery"), Broadcast("celery_leader.leader.worker")]
+elif QUEUES == "only-leader":  # refused: the worker would consume nothing while following
+    app.conf.task_queues = [Queue("celery_leader.leader.worker")]
+    app.conf.task_default_queue = "elsewhere"
 app.conf.leader_ttl = float(os.environ.get("LEADER_TTL", "2"))
 app.conf.leader_fence_tasks = os.environ.get("FENCE") == "1"
 app.conf.leader_health_file = os.environ.get("HEALTH_FILE")
@@ -46,7 +83,7 @@ if os.environ.get("BEAT_TASK"):
         }
     }
 
-_redis = redis.Redis.from_url(BROKER_URL)
+_redis = redis.Redis.from_url(STORE_URL)
 
 
 def _record(tag: str) -> None:

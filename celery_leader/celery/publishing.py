@@ -1,0 +1,231 @@
+"""Beat's publishes: confirmed by the broker, and classified when they fail.
+
+A leader hands a claimed slot back only when it *knows* the broker does not
+have it; a slot whose fate is unknown stays claimed (sending it again could
+run it twice). Without publisher confirms an AMQP ``basic.publish`` "succeeds"
+once its bytes are in the local socket buffer: a link that stalls or resets
+loses every slot written into it and nothing is reported, so nothing is
+handed back and no failure counts toward stepping down.
+
+:class:`BeatPublisher` is the scheduler's own connection and producer. On
+RabbitMQ (py-amqp) each publish waits for the broker's confirm, at most
+``confirm_timeout`` seconds, and records what happened:
+
+* the message was not written completely (the socket failed mid-write, the
+  connection was dead before, a declare or routing failed): definitely not
+  sent. kombu's publish retry may reconnect and write it once more, which is
+  safe for the same reason;
+* the broker answered ``basic.nack`` or closed the channel over it (no such
+  exchange): definitely not sent, the broker said so;
+* the message was written and no answer came (timeout, connection lost while
+  waiting): outcome unknown, raised as :class:`PublishOutcomeUnknown`, which
+  kombu does not retry.
+
+A connection that saw a failure is dropped without the AMQP close handshake
+(which would wait on a stalled link) and reopened for the next publish.
+Other transports publish as before; their errors are classified by
+:func:`known_unsent`.
+"""
+
+from __future__ import annotations
+
+import logging
+import select
+from typing import Any
+
+from ..exceptions import missing_extra
+from ..schedule.jobs import NOT_CONNECTED, caused_by
+
+try:
+    from celery.exceptions import QueueNotFound
+    from kombu.exceptions import EncodeError
+    from kombu.messaging import Producer
+except ModuleNotFoundError as exc:
+    raise missing_extra(exc, "celery") from None
+
+logger = logging.getLogger("celery_leader.beat")
+
+__all__ = ["BeatPublisher", "PublishOutcomeUnknown", "known_unsent", "publisher_of"]
+
+#: Tries to open the broker connection before a slot counts as not sent. One
+#: retry rides out a broker that closed an idle connection; more would hold a
+#: claimed slot back from the next leader while this one cannot reach the broker.
+CONNECT_RETRIES = 1
+
+
+class PublishOutcomeUnknown(Exception):
+    """A message was written to the broker and its confirm never came back."""
+
+
+def known_unsent(error: BaseException) -> bool:
+    """Whether ``error`` happened before any message could reach the broker.
+
+    True for a connection that was refused or a host that did not resolve (no
+    connection, no bytes), a message that could not be serialized and a queue
+    that Celery could not route to; anything else (a timeout, a reset
+    mid-command) may have delivered it.
+    """
+    return caused_by(error, (*NOT_CONNECTED, EncodeError, QueueNotFound))
+
+
+class _Record:
+    """What the publishes of one slot did: ``"none"``, ``"unknown"`` or ``"acked"``."""
+
+    def __init__(self) -> None:
+        self.state = "none"
+
+
+class _Confirming:
+    """Mixin for a kombu producer: its py-amqp channels confirm and report every publish.
+
+    A mixin, not a producer class, so that a scheduler's own ``Producer`` keeps working.
+    """
+
+    channel: Any
+    _record: _Record
+    _confirm_timeout: float
+
+    def _publish(self, *args: Any, **kwargs: Any) -> Any:
+        # Called again by kombu's retry after a reconnect, on the new channel.
+        channel = self.channel
+        if _is_amqp(channel) and not getattr(channel, "_celery_leader_confirms", False):
+            channel.confirm_select()
+            channel.basic_publish = _confirmed(channel, self._record, self._confirm_timeout)
+            channel._celery_leader_confirms = True
+        return super()._publish(*args, **kwargs)  # type: ignore[misc]
+
+
+def _is_amqp(channel: Any) -> bool:
+    # py-amqp channels: the transport most RabbitMQ users run (pyamqp://, amqp://).
+    return hasattr(channel, "_basic_publish") and hasattr(channel, "confirm_select")
+
+
+def _confirmed(channel: Any, record: _Record, default_timeout: float) -> Any:
+    # py-amqp comes with kombu's AMQP transport; only its channels get here.
+    from amqp import spec  # type: ignore[import-untyped]
+    from amqp.exceptions import ChannelError, MessageNacked  # type: ignore[import-untyped]
+
+    def publish(
+        message: Any, *args: Any, confirm_timeout: float | None = None, **kwargs: Any
+    ) -> Any:
+        _raise_if_closed(channel)
+        # Raises before the message is complete on the wire: the broker drops a
+        # partial message, so kombu may safely reconnect and write it again.
+        result = channel._basic_publish(message, *args, **kwargs)
+        record.state = "unknown"
+        answer: list[Any] = []
+        try:
+            channel.wait(
+                [spec.Basic.Ack, spec.Basic.Nack],
+                callback=lambda method, *_: answer.append(method),
+                timeout=confirm_timeout or default_timeout,
+            )
+        except ChannelError:
+            # The broker closed the channel over this publish (no such exchange):
+            # it did not take the message.
+            record.state = "none"
+            raise
+        except Exception as exc:
+            raise PublishOutcomeUnknown(
+                f"written, and no publisher confirm came ({type(exc).__name__}: {exc}; "
+                f"waited at most {confirm_timeout or default_timeout:g} s)"
+            ) from exc
+        if answer and answer[0] == spec.Basic.Nack:
+            record.state = "none"
+            raise MessageNacked("the broker refused the message (basic.nack)")
+        record.state = "acked"
+        return result
+
+    return publish
+
+
+def _raise_if_closed(channel: Any) -> None:
+    """Read what the broker sent since the last publish, if anything, before writing.
+
+    A link that was reset or closed while idle shows up here (end of file, a
+    connection.close) and raises a connection error before anything is
+    written, so kombu reconnects and the slot goes out on the new connection
+    instead of into a dead socket.
+    """
+    connection = channel.connection
+    sock = getattr(getattr(connection, "transport", None), "sock", None)
+    if sock is None:
+        return
+    readable, _, _ = select.select([sock], [], [], 0)
+    if readable:
+        try:
+            connection.drain_events(timeout=0.1)
+        except TimeoutError:
+            pass
+
+
+class BeatPublisher:
+    """The leading beat's broker connection and producer (see the module docstring)."""
+
+    def __init__(self, app: Any, confirm_timeout: float, producer_cls: type = Producer) -> None:
+        self.app = app
+        self.confirm_timeout = confirm_timeout
+        self._producer_cls = type(
+            f"Confirming{producer_cls.__name__}", (_Confirming, producer_cls), {}
+        )
+        self._record = _Record()
+        self._connection: Any = None
+        self._producer: Any = None
+        self._confirms = False
+
+    def producer(self) -> Any:
+        """A connected producer; raises (definitely unsent) when the broker is unreachable."""
+        if self._producer is None:
+            connection = self.app.connection_for_write()
+            try:
+                connection.ensure_connection(max_retries=CONNECT_RETRIES, interval_start=0.2)
+                self._confirms = _is_amqp(connection.default_channel)
+            except Exception:
+                connection.collect()
+                raise
+            self._connection = connection
+            producer = self._producer_cls(connection, auto_declare=False)
+            producer._record = self._record
+            producer._confirm_timeout = self.confirm_timeout
+            self._producer = producer
+        self._record.state = "none"
+        return self._producer
+
+    def definitely_unsent(self, error: BaseException) -> bool:
+        """Classify the failure of the publish that follows :meth:`producer`.
+
+        Drops the connection: after a failure it may be in any state (a late
+        confirm would answer the next publish).
+        """
+        state, confirms = self._record.state, self._confirms
+        self.release()
+        if state != "none":
+            return False  # written and unconfirmed, or confirmed before something else failed
+        if confirms:
+            return True  # every write of a message was recorded, and none happened
+        return known_unsent(error)
+
+    def release(self) -> None:
+        """Drop the connection without the close handshake (a stalled link would hang it)."""
+        connection, self._connection, self._producer = self._connection, None, None
+        self._confirms = False
+        if connection is not None:
+            try:
+                connection.collect()
+            except Exception as exc:
+                logger.debug("celery-leader: dropping the broker connection failed: %s", exc)
+
+
+def publisher_of(scheduler: Any, tick_timeout: float) -> BeatPublisher:
+    """The :class:`BeatPublisher` of ``scheduler``, made on first use.
+
+    Its confirm timeout is twice the tick timeout: a stalled publish must trip
+    the tick watchdog first, which hands the lead over at once. A confirm
+    timeout that ended the tick just before would let the next publish stall
+    on reconnecting, for another tick timeout before the watchdog fires.
+    """
+    publisher: BeatPublisher | None = scheduler.__dict__.get("_leader_publisher")
+    if publisher is None:
+        publisher = BeatPublisher(scheduler.app, 2 * tick_timeout, scheduler.Producer)
+        scheduler.__dict__["_leader_publisher"] = publisher
+    return publisher
