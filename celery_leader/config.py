@@ -50,6 +50,8 @@ MAX_TTL = 2_147_483.0
 #: entry that fell due while nobody dispatched (see docs/operations.md).
 MISSED_SLOTS = ("once", "skip", "all")
 DEFAULT_MAX_PUBLISH_FAILURES = 3
+#: ``leader_replica_acks`` value that lets the store's topology decide.
+AUTO = "auto"
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,9 @@ class LeaderConfig:
     missed_slots: str = "once"
     #: A missed slot due longer ago than this is never sent (``None``: no limit).
     missed_slots_grace: float | None = None
+    #: Replicas of the store that must hold a claim or a new term before it
+    #: counts (``None``: ``"auto"``, decided by the store's topology).
+    replica_acks: int | None = None
 
     @property
     def display_url(self) -> str:
@@ -178,6 +183,7 @@ class LeaderConfig:
             missed_slots_grace=validate_grace(
                 "leader_missed_slots_grace", None if grace == "" else grace
             ),
+            replica_acks=_replica_acks("leader_replica_acks", values.get("leader_replica_acks")),
         )
 
 
@@ -197,6 +203,7 @@ SETTINGS = (
     "leader_metrics_port",
     "leader_missed_slots",
     "leader_missed_slots_grace",
+    "leader_replica_acks",
 )
 
 
@@ -326,6 +333,21 @@ def _count(setting: str, value: object, default: int) -> int:
         raise ConfigError(f"{setting} must be a whole number (got {value!r})") from None
     if number < 1:
         raise ConfigError(f"{setting} must be at least 1 (got {value!r})")
+    return number
+
+
+def _replica_acks(setting: str, value: object) -> int | None:
+    """``"auto"`` (``None``) or how many replicas must acknowledge: a whole number >= 0."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", AUTO)):
+        return None
+    try:
+        number = _whole(value)
+    except (ValueError, OverflowError):
+        number = -1
+    if number < 0:
+        raise ConfigError(
+            f"{setting} must be {AUTO!r} or a whole number of replicas, 0 or more (got {value!r})"
+        )
     return number
 
 

@@ -18,8 +18,10 @@ answers ``NOSCRIPT`` (its script cache is empty after a start or a flush) is
 the script sent once more in full with ``EVAL``, which caches it. Scripts
 check the types of the keys they read and report a key of the wrong type by
 name (``{"foreign", key, what}``) instead of failing with Redis's ``WRONGTYPE``.
-Nothing connects before the first call, so a Redis that is down at start-up
-(or a Cluster seed node) is an outage the lease retries, not a crash.
+Claims and new terms are on the master's replicas before they count (see
+:mod:`.redis_acks`): a fail-over cannot undo a claimed slot nor hand out an
+epoch twice. Nothing connects before the first call, so a Redis that is down
+at start-up (or a Cluster seed node) is an outage the lease retries, not a crash.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from redis.sentinel import Sentinel
 from .._urls import mask_url
 from ..exceptions import ConfigError, StoreMisconfigured, StoreUnavailable
 from .base import Acquired, Backend, Claim, HolderInfo, Renewal, Tenure
+from .redis_acks import Acks, Pinned
 from .terms import foreign, holder_info, parse_term, unreadable_state
 from .waiting import wait_sliced
 
@@ -138,6 +141,26 @@ end
 return out
 """
 
+# KEYS: lock, state. ARGV: our exact value, then per claim: entry, the value the
+# claim wrote, has-previous ("0"/"1"), previous. Puts back what a claim
+# replaced, where the claim's value is still there; returns how many.
+_UNCLAIM = """
+if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if redis.call('TYPE', KEYS[2]).ok ~= 'hash' then return 0 end
+local n = 0
+for i = 2, #ARGV, 4 do
+  if redis.call('HGET', KEYS[2], ARGV[i]) == ARGV[i + 1] then
+    if ARGV[i + 2] == '1' then
+      redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 3])
+    else
+      redis.call('HDEL', KEYS[2], ARGV[i])
+    end
+    n = n + 1
+  end
+end
+return n
+"""
+
 logger = logging.getLogger("celery_leader.backends.redis")
 
 #: Claims per script call: bounds how long one call blocks Redis; all chunks
@@ -169,6 +192,7 @@ _SCRIPTS = {
         ("term", _TERM),
         ("load_state", _LOAD_STATE),
         ("claim", _CLAIM),
+        ("unclaim", _UNCLAIM),
     )
 }
 
@@ -307,10 +331,8 @@ class RedisBackend(Backend):
     def acquire(self, election: str, instance_id: str, ttl: float, min_epoch: int) -> Acquired:
         ttl_ms = max(1, int(ttl * 1000))
         lock = self._key(election, "lock")
-        taken, value, pttl = self._script(
-            "acquire",
-            [lock, self._key(election, "epoch")],
-            [uuid.uuid4().hex, instance_id, ttl_ms, min_epoch],
+        taken, value, pttl = self._acquire_durably(
+            election, [uuid.uuid4().hex, instance_id, ttl_ms, min_epoch]
         )
         if taken:
             epoch = parse_term(value, f"Redis key {lock!r}")["epoch"]
@@ -397,20 +419,101 @@ class RedisBackend(Backend):
 
     def claim(self, election: str, tenure: Tenure, claims: Sequence[Claim]) -> list[bool]:
         keys = [self._key(election, "lock"), self._key(election, "state")]
-        chunks = [claims[i : i + _CLAIM_CHUNK] for i in range(0, len(claims), _CLAIM_CHUNK)]
-        calls = []
-        for chunk in chunks:
-            args: list[str] = [tenure.token]
-            for c in chunk:
-                args += [c.entry, "0" if c.expected is None else "1", c.expected or "", c.new]
-            calls.append(args)
-        replies = self._call(_claim_round_trip, keys, calls)
+        chunks = _chunks(claims)
+        calls = [
+            [tenure.token]
+            + [a for c in chunk for a in (c.entry, _has(c.expected), c.expected or "", c.new)]
+            for chunk in chunks
+        ]
+
+        def run(client: Any) -> tuple[list[Any], Acks]:
+            script = _SCRIPTS["claim"]
+            with Pinned(client, keys[0]) as conn:
+                replies, needed = conn.scripts(
+                    script.sha, script.source, keys, calls, self.replica_acks
+                )
+                wrote = any(1 in reply for reply in replies)
+                return replies, conn.wait(needed, self._ack_timeout) if wrote else Acks(0, 0)
+
+        replies, acks = self._call(run)
         results: list[bool] = []
         for chunk, reply in zip(chunks, replies, strict=True):
             # An empty reply: our term was gone, so nothing in the chunk was claimed.
             reply = self._checked(reply)
             results += [bool(r) for r in reply] if reply else [False] * len(chunk)
+        if not acks.enough:
+            won = [c for c, ok in zip(claims, results, strict=True) if ok]
+            try:
+                self._unclaim(keys, tenure, won)
+                done = "handed back"
+            except StoreUnavailable as exc:
+                # Left claimed on the master: the slots are skipped, never sent twice.
+                done = f"handing them back failed too ({exc})"
+            raise self._not_replicated(acks, f"{len(won)} claim(s)", done)
         return results
+
+    def _unclaim(self, keys: list[str], tenure: Tenure, claims: list[Claim]) -> None:
+        """Put back the state that ``claims`` replaced, where they are still what is stored.
+
+        On the master only: if a promotion undoes the claims anyway, the
+        replica still has what they replaced.
+        """
+        calls = [
+            [tenure.token]
+            + [a for c in chunk for a in (c.entry, c.new, _has(c.expected), c.expected or "")]
+            for chunk in _chunks(claims)
+        ]
+        script = _SCRIPTS["unclaim"]
+
+        def run(client: Any) -> None:
+            with Pinned(client, keys[0]) as conn:
+                conn.scripts(script.sha, script.source, keys, calls, 0)
+
+        self._call(run)
+
+    def _acquire_durably(self, election: str, args: list[Any]) -> tuple[int, str, int]:
+        """The acquire script; a term it hands out is on the replicas before it counts.
+
+        Otherwise a promoted replica would still have the previous epoch, and
+        the next term would get the same one again. A term the replicas did not
+        acknowledge in time is released and the call fails: nobody leads on it.
+        """
+        script = _SCRIPTS["acquire"]
+        keys = [self._key(election, "lock"), self._key(election, "epoch")]
+
+        def run(client: Any) -> tuple[list[Any], Acks]:
+            with Pinned(client, keys[0]) as conn:
+                (reply,), needed = conn.scripts(
+                    script.sha, script.source, keys, [args], self.replica_acks
+                )
+                taken = reply[0] == 1
+                return reply, conn.wait(needed, self._ack_timeout) if taken else Acks(0, 0)
+
+        reply, acks = self._call(run)
+        taken, value, pttl = self._checked(reply)
+        if not acks.enough:
+            self._script("release", [keys[0]], [value, self._key(election, "released")])
+            raise self._not_replicated(acks, "a new term", "released it; nobody leads on it")
+        return int(taken), value, int(pttl)
+
+    @property
+    def _ack_timeout(self) -> float:
+        """How long a write waits for replicas: half the store deadline, so that
+        handing back what they did not acknowledge still fits in the other half."""
+        return self.timeout / 2
+
+    def _not_replicated(self, acks: Acks, what: str, done: str) -> StoreUnavailable:
+        if acks.needed is None:
+            return StoreMisconfigured(
+                f"leader_replica_acks is 'auto', which asks the Redis master how many replicas "
+                f"it has (ROLE), and this user may not run ROLE ({done}): grant it +role, or "
+                "set leader_replica_acks to how many replicas must acknowledge each claim"
+            )
+        return StoreUnavailable(
+            f"{what} not acknowledged by {acks.needed} replica(s) of the Redis master within "
+            f"{self._ack_timeout:g} s ({acks.acked} did): {done}, because a fail-over "
+            "could undo them"
+        )
 
     def leave(self, election: str) -> None:
         self._drop_pubsub(election)
@@ -431,24 +534,13 @@ def _eval(client: Any, script: _Script, keys: Sequence[str], args: Sequence[Any]
         return client.eval(script.source, len(keys), *keys, *args)
 
 
-def _claim_round_trip(client: Any, keys: list[str], calls: list[list[str]]) -> list[Any]:
-    """Every claim chunk in one pipelined round trip (one call each in Cluster)."""
-    script = _SCRIPTS["claim"]
-    if isinstance(client, RedisCluster):
-        # Cluster pipelines refuse scripts; all chunks hit one slot anyway.
-        return [_eval(client, script, keys, args) for args in calls]
-    pipe = client.pipeline(transaction=False)
-    for args in calls:
-        pipe.evalsha(script.sha, len(keys), *keys, *args)
-    replies = pipe.execute(raise_on_error=False)
-    for i, reply in enumerate(replies):
-        # A NOSCRIPT chunk did not run (the first use after a server start or
-        # SCRIPT FLUSH): it runs now, in full, which caches the script.
-        if isinstance(reply, NoScriptError):
-            replies[i] = client.eval(script.source, len(keys), *keys, *calls[i])
-        elif isinstance(reply, Exception):
-            raise reply
-    return list(replies)
+def _chunks(claims: Sequence[Claim]) -> list[Sequence[Claim]]:
+    return [claims[i : i + _CLAIM_CHUNK] for i in range(0, len(claims), _CLAIM_CHUNK)]
+
+
+def _has(expected: str | None) -> str:
+    """A script argument saying whether a claim expects a stored value."""
+    return "0" if expected is None else "1"
 
 
 def _holder(value: str, pttl: int, key: str) -> HolderInfo:
