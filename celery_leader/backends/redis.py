@@ -445,7 +445,7 @@ class RedisBackend(Backend):
             won = [c for c, ok in zip(claims, results, strict=True) if ok]
             try:
                 self._unclaim(keys, tenure, won)
-                done = "handed back"
+                done = "handed back, nothing may be sent on them"
             except StoreUnavailable as exc:
                 # Left claimed on the master: the slots are skipped, never sent twice.
                 done = f"handing them back failed too ({exc})"
@@ -493,7 +493,7 @@ class RedisBackend(Backend):
         taken, value, pttl = self._checked(reply)
         if not acks.enough:
             self._script("release", [keys[0]], [value, self._key(election, "released")])
-            raise self._not_replicated(acks, "a new term", "released it; nobody leads on it")
+            raise self._not_replicated(acks, "a new term", "released; nobody leads on it")
         return int(taken), value, int(pttl)
 
     @property
@@ -510,9 +510,9 @@ class RedisBackend(Backend):
                 "set leader_replica_acks to how many replicas must acknowledge each claim"
             )
         return StoreUnavailable(
-            f"{what} not acknowledged by {acks.needed} replica(s) of the Redis master within "
-            f"{self._ack_timeout:g} s ({acks.acked} did): {done}, because a fail-over "
-            "could undo them"
+            f"{what} not on {acks.needed} replica(s) of the Redis master within "
+            f"{self._ack_timeout:g} s ({acks.acked} acknowledged), so a fail-over could "
+            f"undo it: {done}"
         )
 
     def leave(self, election: str) -> None:
