@@ -32,7 +32,10 @@ class SentinelServer(RedisServer):
             f"port {self.port}\nbind 127.0.0.1\ndir {self.root}\n"
             f"sentinel monitor mymaster 127.0.0.1 {master_port} {quorum}\n"
             f"sentinel down-after-milliseconds mymaster {DOWN_AFTER_MS}\n"
-            "sentinel failover-timeout mymaster 5000\n"
+            # Also how long Sentinel leaves a replica replicating from an address
+            # other than the master's (ours: the proxy) before it "fixes" it to
+            # the master's own, which would bypass the proxy.
+            "sentinel failover-timeout mymaster 120000\n"
         )
 
     def _launch(self) -> None:
@@ -91,9 +94,8 @@ class ReplicatedRedis:
     def _sentinels_ready(self) -> bool:
         for sentinel in self.sentinels:
             with sentinel.client(decode_responses=True) as client:
-                master = client.execute_command("SENTINEL", "master", "mymaster")
-                info = dict(zip(master[::2], master[1::2], strict=True))
-                if info["num-slaves"] != "1" or info["num-other-sentinels"] != "2":
+                info = client.sentinel_master("mymaster")
+                if int(info["num-slaves"]) != 1 or int(info["num-other-sentinels"]) != 2:
                     return False
         return True
 
