@@ -10,6 +10,7 @@ from typing import Any
 
 from psycopg.rows import TupleRow
 
+from ...exceptions import StoreMisconfigured
 from ..base import Acquired, Backend, Claim, HolderInfo, Renewal, Tenure
 from ..waiting import LockWaiter, wait_sliced
 from .params import connection_params
@@ -195,12 +196,21 @@ class PostgresBackend(Backend):
         connection broke: a slot is then skipped, never published twice.
         Claims naming the same entry again are applied in order, in one more
         round trip per repetition.
+
+        The commit waits for the synchronous standbys (see ``SETUP``); the
+        statement first checks that the server's ``synchronous_standby_names``
+        makes it wait for as many as :attr:`replica_acks` asks, and claims
+        nothing otherwise (:class:`StoreMisconfigured`).
         """
         results = [False] * len(claims)
         session = self._holding(election, tenure)
         if session is None or not claims:
             return results
-        base = {**self._names(election), **lock_ids(advisory_key(self.key_prefix, election))}
+        base = {
+            **self._names(election),
+            **lock_ids(advisory_key(self.key_prefix, election)),
+            "replica_acks": -1 if self.replica_acks is None else self.replica_acks,
+        }
         try:
             for indexes in _rounds(claims):
                 batch = [claims[i] for i in indexes]
@@ -214,13 +224,26 @@ class PostgresBackend(Backend):
                         "new": [c.new for c in batch],
                     },
                 )
-                won = {entry for (entry,) in rows}
+                for entry, standbys, sync, needed in rows:
+                    if entry is None:
+                        raise self._not_synchronous(standbys, sync, needed)
+                won = {entry for (entry, *_) in rows}
                 for i in indexes:
                     results[i] = claims[i].entry in won
         except SessionGone:
             self._drop_session(election, session)
             return [False] * len(claims)
         return results
+
+    def _not_synchronous(self, standbys: int, sync: int, needed: int) -> StoreMisconfigured:
+        setting = "'auto'" if self.replica_acks is None else str(self.replica_acks)
+        return StoreMisconfigured(
+            f"leader_replica_acks is {setting}: claims must reach {needed} standby(s) before "
+            f"a slot is sent, but {self._db.target} waits for {sync} synchronous standby(s) "
+            f"({standbys} connected), so a promoted standby could lack them and a slot "
+            "would be sent twice: list the standbys in synchronous_standby_names on the "
+            "primary, or set leader_replica_acks to 0 if no standby is ever promoted"
+        )
 
     def leave(self, election: str) -> None:
         with self._lock:

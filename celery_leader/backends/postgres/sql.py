@@ -66,17 +66,19 @@ CREATE TABLE IF NOT EXISTS celery_leader_state (
 # Every connection: the pid identifies the server session; the settings are
 # the server-side half of the lease (see :mod:`celery_leader.backends.postgres`).
 # synchronous_commit: a claim or epoch bump the server confirmed must survive
-# a server crash, or a new leader reads older state and sends a slot again.
-# Servers tuned with synchronous_commit = off get it back on for our sessions;
-# stricter settings (remote_apply, ...) are kept.
+# a server crash, or a new leader reads older state and sends a slot again;
+# and it must reach the synchronous standbys (``local`` does not wait for
+# them), or a promoted standby lacks it. Servers tuned with ``off`` or
+# ``local`` get ``on`` back for our sessions; ``remote_write`` and
+# ``remote_apply`` are kept.
 SETUP = """
 SELECT pg_backend_pid(),
        set_config('statement_timeout', %(statement_ms)s, false),
        set_config('idle_session_timeout', %(idle_ms)s, false),
        set_config('idle_in_transaction_session_timeout', %(idle_ms)s, false),
        set_config('synchronous_commit',
-                  CASE current_setting('synchronous_commit')
-                      WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END,
+                  CASE WHEN current_setting('synchronous_commit') IN ('off', 'local') THEN 'on'
+                       ELSE current_setting('synchronous_commit') END,
                   false)
 """
 
@@ -126,12 +128,38 @@ SELECT pg_backend_pid(),
 
 RELEASE = "SELECT pg_advisory_unlock(%(key)s::bigint)"
 
+# How many standbys each commit waits for, by the server's
+# synchronous_standby_names: "FIRST n (...)", "ANY n (...)" and "n (...)" wait
+# for n, a plain list (or "*") for one, an empty one for none. Our sessions'
+# synchronous_commit always waits for them (see SETUP).
+SYNC_STANDBYS = r"""
+CASE WHEN btrim(current_setting('synchronous_standby_names')) = '' THEN 0
+     ELSE coalesce((regexp_match(current_setting('synchronous_standby_names'),
+                                 '^\s*(?:(?:first|any)\s+)?(\d+)\s*\(', 'i'))[1]::int, 1)
+END
+"""
+
+# Physical standbys connected now. Any role sees the rows of pg_stat_replication
+# (not their details); a logical walsender is the one using a logical slot.
+STANDBYS = """
+(SELECT count(*)::int FROM pg_stat_replication AS r
+ WHERE NOT EXISTS (SELECT FROM pg_replication_slots AS s
+                   WHERE s.slot_type = 'logical' AND s.active_pid = r.pid))
+"""
+
 # The claims of one round name distinct entries, so their order does not matter.
+# Nothing is claimed unless the commit waits for as many standbys as
+# %(replica_acks)s asks (-1, "auto": one when any is connected); then one row
+# with a NULL entry says how many are connected, waited for, and needed.
 CLAIM = f"""
-WITH claim AS (
+WITH replicas AS (
+    SELECT standbys, sync, CASE WHEN %(replica_acks)s::int < 0 THEN LEAST(standbys, 1)
+                                ELSE %(replica_acks)s::int END AS needed
+    FROM (SELECT {STANDBYS} AS standbys, {SYNC_STANDBYS} AS sync) AS r
+), claim AS (
     SELECT * FROM unnest(%(entries)s::text[], %(expected)s::text[], %(new)s::text[])
         AS c (entry, expected, new)
-    WHERE EXISTS ({I_HOLD})
+    WHERE EXISTS ({I_HOLD}) AND (SELECT sync >= needed FROM replicas)
 ), inserted AS (
     INSERT INTO celery_leader_state (prefix, election, entry, value)
     SELECT %(prefix)s, %(election)s, entry, new FROM claim WHERE expected IS NULL
@@ -144,7 +172,9 @@ WITH claim AS (
       AND s.entry = claim.entry AND s.value = claim.expected
     RETURNING s.entry
 )
-SELECT entry FROM inserted UNION ALL SELECT entry FROM updated
+SELECT entry, NULL::int, NULL::int, NULL::int FROM inserted
+UNION ALL SELECT entry, NULL, NULL, NULL FROM updated
+UNION ALL SELECT NULL, standbys, sync, needed FROM replicas WHERE sync < needed
 """  # noqa: S608
 
 # A queued follower: no statement deadline for the lock wait itself, but a
