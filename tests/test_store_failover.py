@@ -25,6 +25,10 @@ from pathlib import Path
 
 import pytest
 
+from celery_leader.backends import Claim, create_backend
+from celery_leader.config import LeaderConfig
+from celery_leader.exceptions import StoreMisconfigured
+from harness.pg_standby import PrimaryAndStandby
 from harness.procs import Procs
 from harness.procs import signal as send_signal
 from harness.redis_replicas import ReplicatedRedis
@@ -32,6 +36,7 @@ from harness.waiting import wait_for
 from tests.test_beat_chaos import (
     BEAT,
     FAILOVER,
+    TTL,
     BrokerTap,
     Holder,
     Publish,
@@ -159,3 +164,91 @@ def test_sentinel_failover_after_stalled_replication_sends_no_slot_twice(
         assert any("more than once" in p for p in problems), problems
     else:
         assert not problems, "\n".join(problems)
+
+
+# -- PostgreSQL: a primary and a standby promoted with pg_promote() ------------------
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    ("kill_leader", "synchronous"),
+    [(False, True), (True, True), (False, False)],
+    ids=["leader survives", "leader killed", "asynchronous standby, acks=0, shows the hazard"],
+)
+def test_postgres_failover_after_stalled_replication_sends_no_slot_twice(
+    kill_leader: bool,
+    synchronous: bool,
+    redis_url: str,
+    beat_holder: Callable[[str], Holder],  # noqa: F811
+    procs: Procs,
+    tap: BrokerTap,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    store = PrimaryAndStandby(synchronous)
+    try:
+        store.start()
+        acks = "auto" if synchronous else "0"
+        beats = Replicas(
+            procs,
+            tmp_path,
+            BEAT,
+            beat_env(redis_url, BEAT_POLICIES=POLICIES, CELERY_LEADER_REPLICA_ACKS=acks),
+            [store.url, store.url],
+            beat_holder(store.url),
+        )
+        beats.start()
+        steady(tap)
+        _, leader, _ = beats.leader()
+
+        stalled = time.monotonic()
+        store.link.hold()
+        hold_fault_until(stalled + STALL)
+        if kill_leader:
+            send_signal(leader, signal.SIGKILL)
+        store.primary.kill()
+        killed = time.monotonic()
+        store.promote()
+        at = Failover(stalled, killed, time.monotonic())
+        store.link.release()
+
+        wait_for(
+            lambda: len(tap.after(at.promoted)) >= 4,
+            FAILOVER + 10,
+            interval=0.02,
+            message="dispatch did not resume after the promotion",
+        )
+        steady(tap)
+    finally:
+        store.close()
+    published = tap.published()
+    who = "leader killed" if kill_leader else "leader survives"
+    kind = "synchronous" if synchronous else "asynchronous"
+    report(f"PostgreSQL fail-over, {kind} standby, {who}, acks {acks}", published, at)
+    problems = slot_problems(published) + epoch_problems(published)
+    if not synchronous:
+        assert any("more than once" in p for p in problems), problems
+    else:
+        assert not problems, "\n".join(problems)
+
+
+@pytest.mark.postgres
+def test_postgres_with_an_asynchronous_standby_refuses_claims_by_default() -> None:
+    store = PrimaryAndStandby(synchronous=False)
+    try:
+        store.start()
+        config = LeaderConfig.from_mapping({"leader_url": store.url, "leader_ttl": TTL})
+        backend = create_backend(config)
+        try:
+            tenure = backend.acquire("beat", "r0", TTL, 0).tenure
+            assert tenure is not None
+            with pytest.raises(StoreMisconfigured) as info:
+                backend.claim("beat", tenure, [Claim("tick", None, "1")])
+            assert backend.load_state("beat") == {}
+        finally:
+            backend.close()
+    finally:
+        store.close()
+    message = str(info.value)
+    assert "\n" not in message
+    assert "leader_replica_acks" in message and "synchronous_standby_names" in message
+    assert "0 synchronous standby(s) (1 connected)" in message
