@@ -33,12 +33,12 @@ class _Configured(PostgresServer):
 
 
 class _Standby(PostgresServer):
-    """A copy of ``primary`` (pg_basebackup) that streams from it through ``link``."""
+    """A copy of ``primary`` (pg_basebackup) that streams from it through ``port``."""
 
-    def __init__(self, primary: PostgresServer, link: TcpProxy) -> None:
+    def __init__(self, primary: PostgresServer, port: int) -> None:
         super().__init__()
         self.primary = primary
-        self.link = link
+        self.upstream_port = port
 
     def start(self) -> None:
         if not self._initialized:
@@ -67,7 +67,7 @@ class _Standby(PostgresServer):
         if result.returncode != 0:
             raise RuntimeError(f"pg_basebackup failed:\n{result.stdout}{result.stderr}")
         conninfo = (
-            f"host=127.0.0.1 port={self.link.port} user=postgres "
+            f"host=127.0.0.1 port={self.upstream_port} user=postgres "
             f"password={self.superuser_password} application_name={STANDBY_NAME}"
         )
         with (self.data_dir / "postgresql.auto.conf").open("a") as conf:
@@ -81,14 +81,16 @@ class PrimaryAndStandby:
 
     ``synchronous`` puts the standby in the primary's
     ``synchronous_standby_names`` (on its command line only, so the promoted
-    standby does not wait for a standby of its own).
+    standby does not wait for a standby of its own). ``proxied=False`` links
+    the standby directly, for measuring what replication costs.
     """
 
-    def __init__(self, synchronous: bool) -> None:
+    def __init__(self, synchronous: bool, proxied: bool = True) -> None:
         settings = {"synchronous_standby_names": STANDBY_NAME} if synchronous else {}
         self.primary = _Configured(**settings)
         self.link = TcpProxy("127.0.0.1", self.primary.port)
-        self.standby = _Standby(self.primary, self.link)
+        port = self.link.port if proxied else self.primary.port
+        self.standby = _Standby(self.primary, port)
         self.synchronous = synchronous
 
     @property
