@@ -13,9 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import psycopg
 import pytest
 
 from celery_leader.backends import Backend, Claim, create_backend
+from celery_leader.backends.postgres.sql import sync_standbys
 from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import ConfigError, StoreUnavailable
 from harness.redis_replicas import ReplicatedRedis
@@ -140,3 +142,29 @@ def test_bad_replica_acks_fail_in_one_line_naming_the_setting(value: object) -> 
 def test_replica_acks_values(value: object, parsed: int | None) -> None:
     config = LeaderConfig.from_mapping({"leader_url": "memory://", "leader_replica_acks": value})
     assert config.replica_acks == parsed
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    ("names", "waits_for"),
+    [
+        ("", 0),
+        ("  ", 0),
+        ("standby1", 1),
+        ("s1, s2", 1),
+        ("*", 1),
+        ("2 (s1, s2, s3)", 2),
+        ("FIRST 2 (s1, s2)", 2),
+        ("first 3 (s1, s2, s3)", 3),
+        ("ANY 1 (s1, s2)", 1),
+        (" any  2(s1, s2)", 2),
+        ('"first" ', 1),
+    ],
+)
+def test_postgres_reads_how_many_standbys_a_commit_waits_for(
+    postgres_url: str, names: str, waits_for: int
+) -> None:
+    """The parse of synchronous_standby_names that the claim statement does."""
+    with psycopg.connect(postgres_url) as conn:
+        row = conn.execute(f"SELECT {sync_standbys('%(names)s::text')}", {"names": names})
+        assert row.fetchone() == (waits_for,)

@@ -128,16 +128,22 @@ SELECT pg_backend_pid(),
 
 RELEASE = "SELECT pg_advisory_unlock(%(key)s::bigint)"
 
-# How many standbys each commit waits for, by the server's
-# synchronous_standby_names: "FIRST n (...)", "ANY n (...)" and "n (...)" wait
-# for n, a plain list (or "*") for one, an empty one for none. Our sessions'
-# synchronous_commit always waits for them (see SETUP).
-SYNC_STANDBYS = r"""
-CASE WHEN btrim(current_setting('synchronous_standby_names')) = '' THEN 0
-     ELSE coalesce((regexp_match(current_setting('synchronous_standby_names'),
-                                 '^\s*(?:(?:first|any)\s+)?(\d+)\s*\(', 'i'))[1]::int, 1)
+
+def sync_standbys(names: str) -> str:
+    """SQL: how many standbys each commit waits for, by ``names`` (SQL text of
+    a ``synchronous_standby_names`` value).
+
+    "FIRST n (...)", "ANY n (...)" and "n (...)" wait for n, a plain list (or
+    "*") for one, an empty one for none. Our sessions' synchronous_commit
+    always waits for them (see SETUP).
+    """
+    return rf"""
+CASE WHEN btrim({names}) = '' THEN 0
+     ELSE coalesce((regexp_match({names}, '^\s*(?:(?:first|any)\s+)?(\d+)\s*\(', 'i'))[1]::int,
+                   1)
 END
 """
+
 
 # Physical standbys connected now. Any role sees the rows of pg_stat_replication
 # (not their details); a logical walsender is the one using a logical slot.
@@ -155,7 +161,8 @@ CLAIM = f"""
 WITH replicas AS (
     SELECT standbys, sync, CASE WHEN %(replica_acks)s::int < 0 THEN LEAST(standbys, 1)
                                 ELSE %(replica_acks)s::int END AS needed
-    FROM (SELECT {STANDBYS} AS standbys, {SYNC_STANDBYS} AS sync) AS r
+    FROM (SELECT {STANDBYS} AS standbys,
+                 {sync_standbys("current_setting('synchronous_standby_names')")} AS sync) AS r
 ), claim AS (
     SELECT * FROM unnest(%(entries)s::text[], %(expected)s::text[], %(new)s::text[])
         AS c (entry, expected, new)
