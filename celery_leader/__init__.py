@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from .celery.decorators import leader_only
     from .celery.leadership import current_epoch, ensure_leader, is_leader
     from .celery.routing import leader_queue
-    from .celery.worker import install
+    from .celery.worker import install, install_worker_steps
 
 #: Public name -> module that defines it, for the names that need Celery.
 _CELERY_NAMES = {
@@ -32,6 +32,7 @@ _CELERY_NAMES = {
     "leader_only": ".celery.decorators",
     "leader_queue": ".celery.routing",
     "install": ".celery.worker",
+    "install_worker_steps": ".celery.worker",
 }
 
 
@@ -57,6 +58,7 @@ __all__ = [
     "current_epoch",
     "ensure_leader",
     "install",
+    "install_worker_steps",
     "is_leader",
     "leader_only",
     "leader_queue",

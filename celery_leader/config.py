@@ -50,6 +50,9 @@ MAX_TTL = 2_147_483.0
 #: entry that fell due while nobody dispatched (see docs/operations.md).
 MISSED_SLOTS = ("once", "skip", "all")
 DEFAULT_MAX_PUBLISH_FAILURES = 3
+#: ``leader_crontab_dst`` values: how Celery crontab entries behave when the
+#: clock changes (see docs/beat.md, "Daylight-saving time").
+CRONTAB_DST = ("cron", "celery")
 #: ``leader_replica_acks`` value that lets the store's topology decide.
 AUTO = "auto"
 
@@ -78,6 +81,8 @@ class LeaderConfig:
     missed_slots: str = "once"
     #: A missed slot due longer ago than this is never sent (``None``: no limit).
     missed_slots_grace: float | None = None
+    #: Celery crontabs at clock changes: cron's rules, or Celery's own arithmetic.
+    crontab_dst: str = "cron"
     #: Replicas of the store that must hold a claim or a new term before it
     #: counts (``None``: ``"auto"``, decided by the store's topology).
     replica_acks: int | None = None
@@ -114,46 +119,63 @@ class LeaderConfig:
         )
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> LeaderConfig:
+    def from_env(
+        cls,
+        environ: Mapping[str, str] | None = None,
+        names: Mapping[str, str] | None = None,
+        **overrides: Any,
+    ) -> LeaderConfig:
         """Read ``CELERY_LEADER_*`` environment variables, for processes without Celery.
 
         ``overrides`` (``leader_ttl=...``, keyed like the settings) win over the
-        environment; ``None`` means "not given". Errors name the variable.
+        environment; ``None`` means "not given". Errors name the variable, or for an
+        override its name in ``names`` (``"ttl="`` for a middleware argument).
         """
         environ = os.environ if environ is None else environ
         values: dict[str, Any] = {key: environ.get(env_name(key)) for key in SETTINGS}
-        values.update((k, v) for k, v in overrides.items() if v is not None)
+        shown = {key: env_name(key) for key in SETTINGS}
+        for key, value in overrides.items():
+            if value is not None:
+                values[key] = value
+                shown[key] = (names or {}).get(key, key)
         if values.get("leader_url") in (None, ""):
             raise ConfigError(
-                f"{env_name('leader_url')} is not set: set it to redis://, postgresql://, "
+                f"{shown['leader_url']} is not set: set it to redis://, postgresql://, "
                 "file:///dir or memory://"
             )
-        try:
-            return cls.from_mapping(values)
-        except ConfigError as exc:
-            named = re.sub(
-                r"\bleader_[a-z_]+",
-                lambda m: env_name(m[0]) if m[0] not in overrides else m[0],
-                str(exc),
-            )
-            raise ConfigError(named) from None
+        return cls.from_mapping(values, names=shown)
 
     @classmethod
-    def from_mapping(cls, values: dict[str, Any], broker_url: str | None = None) -> LeaderConfig:
-        """Validate raw setting values (``None`` means "not set")."""
-        url = _url(values.get("leader_url"), broker_url)
-        ttl = _positive("leader_ttl", values.get("leader_ttl"), DEFAULT_TTL)
+    def from_mapping(
+        cls,
+        values: dict[str, Any],
+        broker_url: str | None = None,
+        names: Mapping[str, str] | None = None,
+    ) -> LeaderConfig:
+        """Validate raw setting values (``None`` means "not set").
+
+        An error names the setting as ``names`` spells it (an environment
+        variable, a middleware argument), else by its ``app.conf`` key.
+        """
+        spelled = names or {}
+
+        def n(key: str) -> str:
+            return spelled.get(key, key)
+
+        url = _url(values.get("leader_url"), broker_url, n("leader_url"))
+        ttl = _positive(n("leader_ttl"), values.get("leader_ttl"), DEFAULT_TTL)
         # Renewing three times per ttl leaves two more attempts after a failed
         # one before the lease runs out (the seeds' 5 s / 15 s split).
-        renew = _positive("leader_renew_interval", values.get("leader_renew_interval"), ttl / 3)
-        check_timing(ttl, renew, "leader_ttl", "leader_renew_interval")
-        check_ttl(ttl, renew, "leader_ttl", "leader_renew_interval")
+        renew = _positive(n("leader_renew_interval"), values.get("leader_renew_interval"), ttl / 3)
+        check_timing(ttl, renew, n("leader_ttl"), n("leader_renew_interval"))
+        check_ttl(ttl, renew, n("leader_ttl"), n("leader_renew_interval"))
         tick_timeout = values.get("leader_tick_timeout")
         if tick_timeout is not None:
-            tick_timeout = _positive("leader_tick_timeout", tick_timeout, ttl)
+            tick_timeout = _positive(n("leader_tick_timeout"), tick_timeout, ttl)
         if tick_timeout is not None and tick_timeout > MAX_TTL:
             raise ConfigError(
-                f"leader_tick_timeout must be at most {MAX_TTL:,.0f} s (got {tick_timeout:g})"
+                f"{n('leader_tick_timeout')} must be at most {MAX_TTL:,.0f} s "
+                f"(got {tick_timeout:g})"
             )
         grace = values.get("leader_missed_slots_grace")
         return cls(
@@ -161,29 +183,34 @@ class LeaderConfig:
             ttl=ttl,
             renew_interval=renew,
             key_prefix=_name(
-                "leader_key_prefix", values.get("leader_key_prefix"), DEFAULT_KEY_PREFIX
+                n("leader_key_prefix"), values.get("leader_key_prefix"), DEFAULT_KEY_PREFIX
             ),
-            beat_election=_name("leader_beat_election", values.get("leader_beat_election"), "beat"),
+            beat_election=_name(
+                n("leader_beat_election"), values.get("leader_beat_election"), "beat"
+            ),
             worker_election=_name(
-                "leader_worker_election", values.get("leader_worker_election"), "worker"
+                n("leader_worker_election"), values.get("leader_worker_election"), "worker"
             ),
-            instance_id=_instance_id(values.get("leader_instance_id")),
-            fence_tasks=_bool("leader_fence_tasks", values.get("leader_fence_tasks"), False),
+            instance_id=_instance_id(values.get("leader_instance_id"), n("leader_instance_id")),
+            fence_tasks=_bool(n("leader_fence_tasks"), values.get("leader_fence_tasks"), False),
             tick_timeout=tick_timeout,
             max_publish_failures=_count(
-                "leader_max_publish_failures",
+                n("leader_max_publish_failures"),
                 values.get("leader_max_publish_failures"),
                 DEFAULT_MAX_PUBLISH_FAILURES,
             ),
-            health_file=_path("leader_health_file", values.get("leader_health_file")),
-            metrics_port=_port("leader_metrics_port", values.get("leader_metrics_port")),
+            health_file=_path(n("leader_health_file"), values.get("leader_health_file")),
+            metrics_port=_port(n("leader_metrics_port"), values.get("leader_metrics_port")),
             missed_slots=validate_missed_slots(
-                "leader_missed_slots", values.get("leader_missed_slots", "once") or "once"
+                n("leader_missed_slots"), values.get(n("leader_missed_slots"), "once") or "once"
             ),
             missed_slots_grace=validate_grace(
-                "leader_missed_slots_grace", None if grace == "" else grace
+                n("leader_missed_slots_grace"), None if grace == "" else grace
             ),
-            replica_acks=_replica_acks("leader_replica_acks", values.get("leader_replica_acks")),
+            crontab_dst=_choice(
+                n("leader_crontab_dst"), values.get("leader_crontab_dst") or "cron", CRONTAB_DST
+            ),
+            replica_acks=_replica_acks(n("leader_replica_acks"), values.get("leader_replica_acks")),
         )
 
 
@@ -203,6 +230,7 @@ SETTINGS = (
     "leader_metrics_port",
     "leader_missed_slots",
     "leader_missed_slots_grace",
+    "leader_crontab_dst",
     "leader_replica_acks",
 )
 
@@ -252,8 +280,12 @@ def check_ttl(ttl: float, renew: float, ttl_name: str, renew_name: str) -> None:
 
 def validate_missed_slots(setting: str, value: object) -> str:
     """Check a missed-slot policy: ``"once"``, ``"skip"`` or ``"all"``."""
-    if value not in MISSED_SLOTS:
-        raise ConfigError(f"{setting} must be one of {', '.join(MISSED_SLOTS)} (got {value!r})")
+    return _choice(setting, value, MISSED_SLOTS)
+
+
+def _choice(setting: str, value: object, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ConfigError(f"{setting} must be one of {', '.join(choices)} (got {value!r})")
     return str(value)
 
 
@@ -275,7 +307,7 @@ def validate_name(setting: str, value: object) -> str:
     return value
 
 
-def _url(value: object, broker_url: object) -> str:
+def _url(value: object, broker_url: object, setting: str) -> str:
     if value in (None, ""):
         if isinstance(broker_url, str) and scheme_of(broker_url) in _REDIS_BROKER_SCHEMES:
             return broker_url
@@ -286,16 +318,16 @@ def _url(value: object, broker_url: object) -> str:
             "file:///dir or memory://"
         )
     if not isinstance(value, str):
-        raise ConfigError(f"leader_url must be a string URL (got {type(value).__name__})")
+        raise ConfigError(f"{setting} must be a string URL (got {type(value).__name__})")
     scheme = scheme_of(value)
     if store_for(scheme) is None:
         raise ConfigError(
-            f"leader_url has unknown scheme {scheme!r} in {mask_url(value)!r}; "
+            f"{setting} has unknown scheme {scheme!r} in {mask_url(value)!r}; "
             f"use one of {', '.join(s + '://' for s in SCHEMES)}"
         )
     if scheme == "file" and not value.startswith("file:///"):
         raise ConfigError(
-            f"leader_url {value!r} must name an absolute directory, like file:///var/lib/leader"
+            f"{setting} {value!r} must name an absolute directory, like file:///var/lib/leader"
         )
     return value
 
@@ -375,11 +407,11 @@ def _name(setting: str, value: object, default: str) -> str:
     return default if value is None else validate_name(setting, value)
 
 
-def _instance_id(value: object) -> str:
+def _instance_id(value: object, setting: str) -> str:
     if value is None:
         return f"{socket.gethostname()}:{os.getpid()}"
     if not isinstance(value, str) or not value.strip():
-        raise ConfigError(f"leader_instance_id must be a non-empty string (got {value!r})")
+        raise ConfigError(f"{setting} must be a non-empty string (got {value!r})")
     return value
 
 

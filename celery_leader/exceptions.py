@@ -49,3 +49,11 @@ class NotLeader(LeaderError):
     A long task body that calls it between steps stops before a side effect
     that another leader may be making at the same time.
     """
+
+
+class TermEnded(LeaderError):
+    """This instance's term ended while it used it: a claim batch failed as a whole.
+
+    Not store trouble: another instance leads now (or is about to), and this one
+    stops dispatching until the lease says otherwise.
+    """

@@ -22,7 +22,7 @@ from typing import Any
 from ._urls import mask_url
 from .backends.base import Backend, HolderInfo, Renewal, Tenure
 from .config import LeaderConfig, check_timing, validate_name, validity
-from .exceptions import ConfigError, StoreUnavailable
+from .exceptions import StoreUnavailable
 
 logger = logging.getLogger("celery_leader.lease")
 
@@ -260,7 +260,7 @@ class Lease:
                 result = self.backend.acquire(
                     self.election, self.instance_id, self.ttl, self._max_epoch
                 )
-        except (StoreUnavailable, ConfigError) as exc:
+        except StoreUnavailable as exc:
             self._store_down(exc)
             self._stopping.wait(self.renew_interval)
             return
@@ -325,7 +325,7 @@ class Lease:
         try:
             with self.observe("renew"):
                 renewal = self.backend.renew(self.election, tenure, self.ttl)
-        except (StoreUnavailable, ConfigError) as exc:
+        except StoreUnavailable as exc:
             self._store_down(exc)
             # Retry soon: the term is running out and one more try may save it.
             self._next_renew = time.monotonic() + self.renew_interval / 4
@@ -436,7 +436,7 @@ class Lease:
                     self.ttl,
                 )
 
-    def _store_down(self, exc: StoreUnavailable | ConfigError) -> None:
+    def _store_down(self, exc: StoreUnavailable) -> None:
         message = str(exc)
         if message != self._store_error:
             logger.warning(

@@ -16,7 +16,9 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import pytest
 import redis
@@ -24,6 +26,7 @@ import redis
 from celery_leader.backends import Backend, Claim, Renewal, Tenure, create_backend
 from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import StoreUnavailable
+from celery_leader.schedule.state import dump_state
 from harness.servers import free_port
 from harness.waiting import wait_for
 
@@ -210,6 +213,31 @@ def test_claims_are_fenced_compare_and_sets_in_order(store: Store) -> None:
     assert a.claim(ELECTION, tenure, many) == [True] * 1200
     assert len(observer.load_state(ELECTION)) == 1202
     assert observer.load_state("other") == {}
+
+
+def test_a_slot_not_after_the_stored_last_run_at_is_refused(store: Store) -> None:
+    """Whatever the scheduler computed, the store never records a slot twice."""
+    a, observer = store.backend(), store.backend()
+    tenure = take(a, "a")
+    t0 = datetime(2026, 10, 25, 0, 30, tzinfo=timezone.utc)
+    stored = dump_state(t0, 1, tenure.epoch, "a")
+    assert a.claim(ELECTION, tenure, [Claim("x", None, stored)]) == [True]
+
+    def slot(due: datetime) -> Claim:
+        return Claim("x", stored, dump_state(due, 2, tenure.epoch, "a"), due=due)
+
+    # Due at the recorded instant, before it, and an hour before it written as the
+    # same wall time in the repeated hour of a fall-back (02:30 CEST vs 02:30 CET).
+    berlin = ZoneInfo("Europe/Berlin")
+    same_wall = datetime(2026, 10, 25, 2, 30, tzinfo=berlin)  # fold=0: CEST, = t0
+    for due in (t0, t0 - timedelta(seconds=1), same_wall, t0 - timedelta(hours=1)):
+        assert a.claim(ELECTION, tenure, [slot(due)]) == [False], due
+        assert observer.load_state(ELECTION) == {"x": stored}
+    later = same_wall.replace(fold=1)  # 02:30 CET, an hour after t0
+    assert a.claim(ELECTION, tenure, [slot(t0 + timedelta(microseconds=1)), slot(later)]) == [
+        True,
+        False,  # the first claim of the batch changed the stored state
+    ]
 
 
 # -- resign ---------------------------------------------------------------------------

@@ -33,6 +33,8 @@ from celery_leader.backends.memory import MemoryBackend
 from celery_leader.celery.beat import FOLLOWER_INTERVAL, LeaderScheduler
 from celery_leader.config import LeaderConfig
 from celery_leader.lease import Lease
+from celery_leader.schedule import protocol
+from celery_leader.schedule.series import Every
 from harness.servers import RedisServer
 from harness.waiting import wait_for
 
@@ -232,14 +234,15 @@ def test_promotion_reloads_state_and_rebuilds_the_heap(
 
     # Back in office, the scheduler must send "e" at once: the stored state says two
     # slots are overdue (leader_missed_slots "once": the latest of them goes out), and its
-    # old heap (due in 30 s) must not be what it follows.
+    # old plan (due in 30 s) must not be what it follows.
     wait_leading(scheduler)
     assert scheduler.tick() == 0.0
     [headers] = published(app)
     assert headers["leader_epoch"] == scheduler.lease.epoch > (first_epoch or 0)
-    assert abs(due_of(headers["leader_slot"]) - (ran_at + timedelta(seconds=60))) < timedelta(
-        milliseconds=2
-    )
+    # The newest slot of the entry's grid (multiples of 30 s since the Unix epoch).
+    due = due_of(headers["leader_slot"])
+    assert due.timestamp() % 30 == 0
+    assert ran_at < due <= datetime.now(timezone.utc) < due + timedelta(seconds=30)
     after = json.loads(stored_state(app)["e"])
     assert after["total_run_count"] == 42
     assert scheduler.schedule["e"].total_run_count == 42
@@ -348,7 +351,7 @@ def test_unreadable_state_is_logged_and_overwritten(
             data = json.loads(stored_state(app)["e"])
         except ValueError:
             return False
-        return isinstance(data, dict) and "epoch" in data
+        return isinstance(data, dict) and "slot" in data  # a run recorded over it
 
     with caplog.at_level(logging.ERROR, logger="celery_leader.beat"):
         drive(scheduler, rewritten)
@@ -428,9 +431,9 @@ def test_the_slot_names_its_exact_due_time(
     if isinstance(schedule, crontab):
         due = now.replace(second=0)
         last_run_at = due - timedelta(seconds=50)
-    else:
-        last_run_at = now - timedelta(seconds=40)
-        due = last_run_at + schedule
+    else:  # the newest slot of its grid (multiples of the period since the Unix epoch)
+        due = Every(schedule).anchor(now)
+        last_run_at = due - schedule + timedelta(seconds=5)
     app.conf.beat_schedule = {"e": {"task": "t.noop", "schedule": schedule}}
     seed_state(app, {"e": state(last_run_at, 1)})
     scheduler = make_scheduler()
@@ -443,9 +446,10 @@ def test_the_slot_names_its_exact_due_time(
 
 
 def test_a_crontab_slot_that_falls_due_during_a_failover_is_sent_once(
-    app: Celery, make_scheduler: Callable[..., LeaderScheduler]
+    app: Celery, make_scheduler: Callable[..., LeaderScheduler], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     clock = Clock(datetime(2030, 1, 1, 12, 0, 50, tzinfo=timezone.utc))
+    monkeypatch.setattr(protocol, "utcnow", clock)
     app.conf.beat_schedule = {"cron": {"task": "t.cron", "schedule": crontab(nowfun=clock)}}
     first, second, third = make_scheduler(), make_scheduler(), make_scheduler()
     wait_leading(first)
@@ -652,16 +656,20 @@ def test_a_hook_on_apply_entry_sees_every_slot_with_its_headers(
 def test_missed_slots_policy(
     app: Celery,
     make_scheduler: Callable[..., LeaderScheduler],
+    monkeypatch: pytest.MonkeyPatch,
     policy: str,
     grace: float | None,
     expected: list[int],
 ) -> None:
-    # The previous leader last ran "e" 3.5 periods ago: slots 1, 2 and 3 were missed.
+    # The previous leader last ran "e" at slot 0 of its 10 s grid; the new leader's
+    # (fixed) wall clock reads 3.6 periods later: slots 1, 2 and 3 were missed.
     period = 10
     app.conf.beat_schedule = {"e": every(period)}
     app.conf.leader_missed_slots = policy
     app.conf.leader_missed_slots_grace = grace
-    ran = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(seconds=3.5 * period)
+    ran = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
+    now = ran + 3.6 * timedelta(seconds=period)
+    monkeypatch.setattr(protocol, "utcnow", lambda: now)
     seed_state(app, {"e": state(ran, 5)})
     scheduler = make_scheduler()
     wait_leading(scheduler)
@@ -673,7 +681,7 @@ def test_missed_slots_policy(
     # Whatever was sent, the entry is now on its grid: its next slot is ran + 4 periods.
     assert datetime.fromisoformat(after["last_run_at"]) == ran + 3 * timedelta(seconds=period)
     assert after["total_run_count"] == 5 + len(expected)
-    assert scheduler.tick() > period / 3
+    assert scheduler.tick() == pytest.approx(0.4 * period)
 
 
 def test_an_entry_overrides_the_missed_slots_setting(

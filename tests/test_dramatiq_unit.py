@@ -39,11 +39,10 @@ def test_every_aligns_fractional_periods_to_multiples_since_the_epoch() -> None:
     assert schedule.next_after(utc(2026, 1, 1, 0, 0, 0)) == utc(2026, 1, 1) + timedelta(
         milliseconds=200
     )
-    # Slots missed between the first due one and now fold into the latest.
+    # Counting the slots between two instants is arithmetic, not a walk.
     first = utc(2026, 1, 1)
-    assert schedule.latest_due(first, first + timedelta(seconds=1.05)) == first + timedelta(
-        seconds=1
-    )
+    newest, count = schedule.walk(first, first + timedelta(seconds=1.05), 1)
+    assert (newest, count) == ([first + timedelta(seconds=1)], 5)
     assert every(60).next_after(utc(2026, 1, 1, 10, 0, 30)) == utc(2026, 1, 1, 10, 1)
 
 
@@ -303,3 +302,17 @@ def test_wait_mode_pauses_followers_and_requeues_what_they_prefetched(
             middleware.before_process_message(broker, dramatiq.broker.MessageProxy(message))
     finally:
         other.stop()
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [("CELERY_LEADER_FENCE_TASKS", "true"), ("CELERY_LEADER_CRONTAB_DST", "celery")],
+)
+def test_a_celery_only_setting_is_refused_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError, match=f"^{variable}.* is for Celery") as caught:
+        LeaderMiddleware(url="memory://refused")
+    assert "\n" not in str(caught.value)
+

@@ -11,6 +11,10 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
+
+from ..schedule.series import utc
+from ..schedule.state import parse_state
 
 
 @dataclass(frozen=True)
@@ -67,11 +71,24 @@ class Claim:
 
     It succeeds only if the claimer's term is still current and the stored
     state of ``entry`` is exactly ``expected`` (``None``: nothing stored yet).
+    A claim of a slot names its ``due`` instant: it also fails unless that is
+    strictly after the ``last_run_at`` recorded in ``expected``, so a slot can
+    never be claimed twice, whatever the scheduler's clock arithmetic did.
+    Claims without ``due`` (anchoring an entry, handing a slot back) only
+    compare and set.
     """
 
     entry: str
     expected: str | None
     new: str
+    due: datetime | None = None
+
+    def admissible(self) -> bool:
+        """Whether the claim's slot is after the one its expected state records."""
+        if self.due is None or self.expected is None:
+            return True
+        recorded = parse_state(self.expected)
+        return recorded is None or recorded.last_run_at < utc(self.due)
 
 
 def apply_claims(state: dict[str, str], claims: Sequence[Claim]) -> list[bool]:
@@ -147,15 +164,32 @@ class Backend(ABC):
     def load_state(self, election: str) -> dict[str, str]:
         """Shared schedule state of ``election``: entry name -> JSON string."""
 
-    @abstractmethod
     def claim(self, election: str, tenure: Tenure, claims: Sequence[Claim]) -> list[bool]:
         """Apply ``claims`` in one round trip; one result per claim.
 
-        All fail when ``tenure`` no longer holds ``election``. A claim reported
-        won is on as many replicas as :attr:`replica_acks` asks; when they do
-        not acknowledge in time the claims are handed back and
-        :class:`~celery_leader.exceptions.StoreUnavailable` is raised, so that
-        nothing is published on a claim that a fail-over could undo.
+        All fail when ``tenure`` no longer holds ``election``. A claim that is not
+        :meth:`~Claim.admissible` fails without reaching the store: the store
+        compares ``expected`` with what it holds, so checking ``expected`` here is
+        checking the stored state.
+        """
+        admitted = [i for i, c in enumerate(claims) if c.admissible()]
+        results = [False] * len(claims)
+        if admitted:
+            applied = self.compare_and_set(election, tenure, [claims[i] for i in admitted])
+            for i, ok in zip(admitted, applied, strict=True):
+                results[i] = ok
+        return results
+
+    @abstractmethod
+    def compare_and_set(
+        self, election: str, tenure: Tenure, claims: Sequence[Claim]
+    ) -> list[bool]:
+        """The store's part of :meth:`claim`: fenced compare-and-set, one round trip.
+
+        A claim reported won is on as many replicas as :attr:`replica_acks`
+        asks; when they do not acknowledge in time the claims are handed back
+        and :class:`~celery_leader.exceptions.StoreUnavailable` is raised, so
+        that nothing is published on a claim that a fail-over could undo.
         """
 
     def leave(self, election: str) -> None:  # noqa: B027 - optional hook

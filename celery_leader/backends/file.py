@@ -234,7 +234,9 @@ class FileBackend(Backend):
             return unreadable_state(str(path), text)
         return data
 
-    def claim(self, election: str, tenure: Tenure, claims: Sequence[Claim]) -> list[bool]:
+    def compare_and_set(
+        self, election: str, tenure: Tenure, claims: Sequence[Claim]
+    ) -> list[bool]:
         # Only the flock holder writes the state file, so read-compare-write
         # needs no further locking.
         if self._holds(election, tenure) is None:

@@ -121,7 +121,9 @@ class MemoryBackend(Backend):
         with self._store.cond:
             return dict(self._store.state.get(election, {}))
 
-    def claim(self, election: str, tenure: Tenure, claims: Sequence[Claim]) -> list[bool]:
+    def compare_and_set(
+        self, election: str, tenure: Tenure, claims: Sequence[Claim]
+    ) -> list[bool]:
         store = self._store
         with store.cond:
             current = store.live(election)

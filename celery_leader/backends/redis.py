@@ -417,7 +417,9 @@ class RedisBackend(Backend):
         flat = reply[1:]
         return dict(zip(flat[::2], flat[1::2], strict=True))
 
-    def claim(self, election: str, tenure: Tenure, claims: Sequence[Claim]) -> list[bool]:
+    def compare_and_set(
+        self, election: str, tenure: Tenure, claims: Sequence[Claim]
+    ) -> list[bool]:
         keys = [self._key(election, "lock"), self._key(election, "state")]
         chunks = _chunks(claims)
         calls = [

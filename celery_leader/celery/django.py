@@ -28,6 +28,19 @@ except ModuleNotFoundError as exc:
 class LeaderDatabaseScheduler(LeaderSchedulerMixin, DatabaseScheduler):  # type: ignore[misc]
     """django-celery-beat's ``DatabaseScheduler``; only the elected replica dispatches."""
 
+    def entry_enabled(self, entry: Any) -> bool:
+        """A row runs while enabled, after its ``start_time``, before it ``expires``, and
+        a one-off row only until its first run (what django-celery-beat's ``is_due`` checks
+        before its schedule)."""
+        model = entry.model
+        now = self.app.now()
+        return bool(
+            model.enabled
+            and (model.start_time is None or now >= model.start_time)
+            and (model.expires is None or now < model.expires)
+            and not (model.one_off and model.total_run_count > 0)
+        )
+
     def set_run_state(self, entry: Any, last_run_at: datetime, count: int) -> None:
         """Also update the entry's model row, which ``next(entry)`` copies from."""
         super().set_run_state(entry, last_run_at, count)

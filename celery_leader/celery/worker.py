@@ -64,13 +64,20 @@ MAX_PUBLISH_INTERVAL = 0.25
 QUEUE_SYNC_INTERVAL = 0.1
 
 
-def install(app: Any) -> None:
-    """Add the celery-leader bootsteps to ``app``'s workers. Idempotent.
+def install_worker_steps(app: Any) -> None:
+    """Add the celery-leader bootsteps (election, leader queues, fencing) to ``app``'s
+    workers. Idempotent.
 
-    Must run before the worker builds its blueprint: at import time of the
-    app module, or from a ``worker_init`` receiver.
+    ``@leader_only`` on a task does this by itself; call it for workers that only
+    use ``is_leader()`` or decorated plain functions. Must run before the worker
+    builds its blueprint: at import time of the app module, or from a
+    ``worker_init`` receiver.
     """
     decorators.add_steps(app)
+
+
+#: The name of the first releases (DESIGN.md): the same function.
+install = install_worker_steps
 
 
 class LeaderNode:

@@ -1,9 +1,10 @@
 """``cron()`` and ``every()``: when a Dramatiq actor's slots fall due.
 
-A schedule only computes times, always as aware UTC datetimes; which slot is
-sent, and by whom, is the scheduler's business. Slot times never depend on the
-host's clock zone: ``every`` aligns its slots to multiples of its period since
-the Unix epoch, and ``cron`` reads its fields in ``tz`` (UTC by default).
+A schedule is a :class:`~celery_leader.schedule.series.Series` (aware UTC
+instants) plus the actor's arguments and its missed-slot options; which slot is
+sent, and by whom, is the slot protocol's business. Slot times never depend on
+the host's clock zone: ``every`` aligns its slots to multiples of its period
+since the Unix epoch, and ``cron`` reads its fields in ``tz`` (UTC by default).
 """
 
 from __future__ import annotations
@@ -15,50 +16,38 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from ..config import validate_name
+from ..config import validate_grace, validate_missed_slots, validate_name
 from ..exceptions import ConfigError, missing_extra
+from ..schedule.series import Every, Series
 
 try:
     from cronsim import CronSim, CronSimError
 except ModuleNotFoundError as exc:
     raise missing_extra(exc, "dramatiq") from None
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-#: A missed-slot catch-up walks at most this many cron slots (beyond it the
-#: entry restarts from now): a minutely entry down for about a month.
-_MAX_CATCH_UP = 50_000
-
-
-class Schedule(ABC):
-    """When an actor runs, and with which arguments and slot name."""
+class Schedule(Series, ABC):
+    """When an actor runs, with which arguments and slot name, and what to do with
+    missed slots (``missed_slots`` and ``missed_slots_grace``, else the settings)."""
 
     def __init__(
         self,
         args: Sequence[Any] = (),
         kwargs: Mapping[str, Any] | None = None,
         name: str | None = None,
+        missed_slots: str | None = None,
+        missed_slots_grace: float | None = None,
     ) -> None:
         self.args = tuple(args)
         self.kwargs = dict(kwargs or {})
         self.name = None if name is None else validate_name("name", name)
+        self.missed_slots = (
+            None if missed_slots is None else validate_missed_slots("missed_slots", missed_slots)
+        )
+        self.missed_slots_grace = validate_grace("missed_slots_grace", missed_slots_grace)
 
     @abstractmethod
     def next_after(self, moment: datetime) -> datetime:
         """The first slot strictly after ``moment`` (aware UTC)."""
-
-    def latest_due(self, first: datetime, now: datetime) -> datetime:
-        """The last slot at or before ``now``, starting from the due slot ``first``.
-
-        The slots in between were missed (during a hand-over, say); they are
-        folded into this one send.
-        """
-        due = first
-        for _ in range(_MAX_CATCH_UP):
-            following = self.next_after(due)
-            if following > now:
-                return due
-            due = following
-        return due
 
 
 class every(Schedule):  # lower case, like a function, as in the contract
@@ -74,24 +63,26 @@ class every(Schedule):  # lower case, like a function, as in the contract
         args: Sequence[Any] = (),
         kwargs: Mapping[str, Any] | None = None,
         name: str | None = None,
+        missed_slots: str | None = None,
+        missed_slots_grace: float | None = None,
     ) -> None:
-        super().__init__(args, kwargs, name)
+        super().__init__(args, kwargs, name, missed_slots, missed_slots_grace)
         if isinstance(seconds, bool) or not isinstance(seconds, int | float):
             raise ConfigError(f"every() needs a number of seconds (got {seconds!r})")
         if not math.isfinite(seconds) or seconds < 0.001:
             raise ConfigError(f"every() needs at least 0.001 seconds (got {seconds!r})")
         self.seconds = float(seconds)
         # Whole microseconds, so that slot times are exact and agree on every host.
-        self._period_us = round(seconds * 1_000_000)
+        self._grid = Every(timedelta(microseconds=round(seconds * 1_000_000)))
 
     def next_after(self, moment: datetime) -> datetime:
-        now_us = (moment - _EPOCH) // timedelta(microseconds=1)
-        return _EPOCH + timedelta(microseconds=(now_us // self._period_us + 1) * self._period_us)
+        return self._grid.next_after(moment)
 
-    def latest_due(self, first: datetime, now: datetime) -> datetime:
-        now_us = (now - _EPOCH) // timedelta(microseconds=1)
-        latest = _EPOCH + timedelta(microseconds=now_us // self._period_us * self._period_us)
-        return max(first, latest)
+    def anchor(self, now: datetime) -> datetime:
+        return self._grid.anchor(now)
+
+    def walk(self, after: datetime, until: datetime, keep: int) -> tuple[list[datetime], int]:
+        return self._grid.walk(after, until, keep)
 
     def __repr__(self) -> str:
         return f"every({self.seconds:g}{_extra(self)})"
@@ -112,8 +103,10 @@ class cron(Schedule):  # lower case, like a function, as in the contract
         args: Sequence[Any] = (),
         kwargs: Mapping[str, Any] | None = None,
         name: str | None = None,
+        missed_slots: str | None = None,
+        missed_slots_grace: float | None = None,
     ) -> None:
-        super().__init__(args, kwargs, name)
+        super().__init__(args, kwargs, name, missed_slots, missed_slots_grace)
         try:
             self.tz = ZoneInfo(tz)
         except (ZoneInfoNotFoundError, ValueError, TypeError):
@@ -139,4 +132,9 @@ class cron(Schedule):  # lower case, like a function, as in the contract
 
 
 def _extra(schedule: Schedule) -> str:
-    return "" if schedule.name is None else f", name={schedule.name!r}"
+    extra = "" if schedule.name is None else f", name={schedule.name!r}"
+    if schedule.missed_slots is not None:
+        extra += f", missed_slots={schedule.missed_slots!r}"
+    if schedule.missed_slots_grace is not None:
+        extra += f", missed_slots_grace={schedule.missed_slots_grace:g}"
+    return extra

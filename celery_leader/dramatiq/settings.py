@@ -8,7 +8,7 @@ naming the argument or the variable.
 
 from __future__ import annotations
 
-import re
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,18 +30,30 @@ ARGUMENTS = (
 def load_config(arguments: Mapping[str, Any]) -> LeaderConfig:
     """Validate ``arguments`` (``None`` = not given), completed from Django or the environment."""
     overrides = {f"leader_{k}": v for k, v in arguments.items() if v is not None}
-    try:
-        return LeaderConfig.from_env(_django_settings(), **overrides)
-    except ConfigError as exc:
-        # from_env names variables; say "url=" for what came as an argument.
-        message = re.sub(
-            r"\bleader_([a-z_]+)",
-            lambda m: f"{m[1]}=" if m[0] in overrides else m[0],
-            str(exc),
+    names = {key: f"{key.removeprefix('leader_')}=" for key in overrides}
+    environ = _django_settings()
+    if "leader_url" not in overrides and not (environ or os.environ).get(env_name("leader_url")):
+        raise ConfigError(
+            f"LeaderMiddleware needs url= (or {env_name('leader_url')}): redis://, "
+            "postgresql://, file:///dir or memory://"
         )
-        if "CELERY_LEADER_URL is not set" in message:
-            message = "LeaderMiddleware needs url= (or " + message + ")"
-        raise ConfigError(message) from None
+    config = LeaderConfig.from_env(environ, names, **overrides)
+    refuse_celery_only(config)
+    return config
+
+
+def refuse_celery_only(config: LeaderConfig) -> None:
+    """Settings Dramatiq cannot honour fail in one line, rather than doing nothing."""
+    if config.fence_tasks:
+        raise ConfigError(
+            f"{env_name('leader_fence_tasks')} is for Celery workers only (Dramatiq's "
+            "leader-only actors check leadership as each message runs): unset it"
+        )
+    if config.crontab_dst != "cron":
+        raise ConfigError(
+            f"{env_name('leader_crontab_dst')} = {config.crontab_dst!r} is for Celery crontab "
+            "entries only (Dramatiq's cron() always follows cron's clock-change rules): unset it"
+        )
 
 
 def _django_settings() -> dict[str, str] | None:

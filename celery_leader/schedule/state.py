@@ -7,12 +7,27 @@ entry's state is stored as JSON (never a pickle) that both schedulers read back.
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import datetime, timezone, tzinfo
+
+from .series import utc
 
 
-def slot_name(entry: str, due: datetime) -> str:
-    """Name of the slot of ``entry`` due at ``due``: ``"tick@2026-01-01T00:00:00.000+00:00"``."""
-    return f"{entry}@{due.isoformat(timespec='milliseconds')}"
+def slot_name(entry: str, due: datetime, zone: tzinfo = timezone.utc) -> str:
+    """Name of the slot of ``entry`` due at ``due``, in ``zone``'s local time with its offset.
+
+    ``"tick@2026-01-01T00:00:00.000+00:00"``. The offset is the one in force at that
+    instant, so the two 02:30s of a fall-back day get different names.
+    """
+    return f"{entry}@{utc(due).astimezone(zone).isoformat(timespec='milliseconds')}"
+
+
+@dataclass(frozen=True)
+class RunState:
+    """What the store keeps of an entry: the due time of the last slot it recorded."""
+
+    last_run_at: datetime  # aware UTC
+    total_run_count: int
 
 
 def dump_state(
@@ -20,11 +35,11 @@ def dump_state(
 ) -> str:
     """The shared state of an entry as stored: JSON, read back by :func:`parse_state`.
 
-    ``slot``, ``epoch`` and ``by`` are for people reading the store; only
-    ``last_run_at`` and ``total_run_count`` are read back.
+    ``last_run_at`` is kept in UTC; ``slot``, ``epoch`` and ``by`` are for people
+    reading the store.
     """
     state: dict[str, object] = {
-        "last_run_at": last_run_at.isoformat(),
+        "last_run_at": utc(last_run_at).isoformat(),
         "total_run_count": total_run_count,
         "epoch": epoch,
         "by": by,
@@ -34,14 +49,14 @@ def dump_state(
     return json.dumps(state)
 
 
-def parse_state(raw: str) -> tuple[datetime, int] | None:
-    """``(last_run_at, total_run_count)`` of a stored state; ``None`` when unreadable."""
+def parse_state(raw: str) -> RunState | None:
+    """The run state in a stored value; ``None`` when unreadable."""
     try:
         data = json.loads(raw)
-        last = datetime.fromisoformat(data["last_run_at"])
+        last = utc(datetime.fromisoformat(data["last_run_at"]))
         count = data["total_run_count"]
-    except (ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, KeyError, OverflowError):
         return None
-    if not isinstance(count, int):
+    if not isinstance(count, int) or isinstance(count, bool):
         return None
-    return last, count
+    return RunState(last, count)

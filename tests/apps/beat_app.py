@@ -23,6 +23,8 @@ from celery import Celery
 from celery.beat import Scheduler
 from celery.schedules import crontab, schedule
 
+from celery_leader.schedule import protocol
+
 app = Celery("beat_app", broker=os.environ["BROKER_URL"])
 app.conf.leader_url = os.environ.get("LEADER_URL")
 app.conf.leader_ttl = float(os.environ.get("LEADER_TTL", "3"))
@@ -67,8 +69,9 @@ if os.environ.get("HANG_FILE"):
     app.conf.beat_schedule["hang"] = {"task": "beat_app.noop", "schedule": HangingSchedule(EVERY)}
 
 if os.environ.get("CLOCK_AHEAD"):
+    # The slot protocol's one wall clock (tests of whole clocks use libfaketime).
     _ahead = timedelta(seconds=float(os.environ["CLOCK_AHEAD"]))
-    app.now = lambda: datetime.now(timezone.utc) + _ahead  # type: ignore[method-assign]
+    protocol.utcnow = lambda: datetime.now(timezone.utc) + _ahead
 
 if os.environ.get("HOOK_APPLY_ENTRY"):
     _original = Scheduler.apply_entry

@@ -187,7 +187,9 @@ class PostgresBackend(Backend):
     def load_state(self, election: str) -> dict[str, str]:
         return dict(self._admin(LOAD_STATE, self._names(election)))
 
-    def claim(self, election: str, tenure: Tenure, claims: Sequence[Claim]) -> list[bool]:
+    def compare_and_set(
+        self, election: str, tenure: Tenure, claims: Sequence[Claim]
+    ) -> list[bool]:
         """Apply ``claims`` on the lock-holding session (one round trip).
 
         The statement checks ``pg_locks`` for the lock first, so nothing is

@@ -1,0 +1,96 @@
+"""What the slot protocol knows of a schedule entry, and what an adapter provides.
+
+Celery beat and the Dramatiq scheduler each map their own entries onto
+:class:`Job` and their own publish onto :class:`Adapter`; everything else (state,
+claims, policy, failures) is the protocol's.
+"""
+
+from __future__ import annotations
+
+import socket
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from datetime import datetime, timezone, tzinfo
+from typing import Any
+
+from .series import Series
+
+
+@dataclass(frozen=True)
+class Job:
+    """One schedule entry, as the slot protocol sees it."""
+
+    name: str
+    #: Its due instants; ``None`` when only the adapter can tell when it is due
+    #: (Celery's solar and custom schedules): see :meth:`Adapter.due_now`.
+    series: Series | None
+    #: The missed-slot policy and grace of this entry (its own, else the settings).
+    missed_slots: str
+    grace: float | None
+    #: The zone its slot names are written in.
+    zone: tzinfo = timezone.utc
+    #: The adapter's own entry (a Celery ``ScheduleEntry``, a Dramatiq actor ...).
+    payload: Any = None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one publish went: ``error`` is ``None`` when the broker has the message.
+
+    ``definitely_unsent`` says that nothing of it can have reached the broker (the
+    slot is handed back); otherwise the broker may have it and it stays claimed.
+    """
+
+    error: BaseException | None = None
+    definitely_unsent: bool = False
+
+
+class Adapter(ABC):
+    """What a scheduler (Celery beat, Dramatiq) gives the slot protocol."""
+
+    @abstractmethod
+    def jobs(self) -> Sequence[Job]:
+        """The entries of the schedule now (it may change between ticks)."""
+
+    @abstractmethod
+    def send(self, job: Job, slot: str, due: datetime, epoch: int) -> Outcome:
+        """Publish slot ``slot`` (due at ``due``) of ``job``, fenced by ``epoch``."""
+
+    def due_now(self, job: Job, now: datetime) -> tuple[datetime | None, float]:
+        """For a job without a series: the due instant of its slot if one is due now
+        (``now`` when the schedule cannot name one), and seconds until to ask again."""
+        raise NotImplementedError(f"job {job.name!r} has no series and the adapter no due_now")
+
+    def recorded(self, job: Job, last_run_at: datetime, count: int, sent: bool) -> None:  # noqa: B027
+        """The store now records ``job`` as last run at ``last_run_at`` (``count`` runs).
+
+        ``sent``: slots were sent for it just now (rather than state loaded or handed
+        back). Celery keeps its entries' ``last_run_at`` in step for its own hooks.
+        """
+
+    def demoted(self) -> None:  # noqa: B027
+        """This scheduler stopped dispatching: give back what only a leader needs."""
+
+    def publishing(self) -> AbstractContextManager[object]:
+        """Wraps the publishes of one claimed batch (Celery holds back stop signals)."""
+        return nullcontext()
+
+
+def caused_by(error: BaseException, kinds: tuple[type[BaseException], ...]) -> bool:
+    """Whether ``error``, or anything in its chain of causes, is one of ``kinds``."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, kinds):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+#: Errors that prove nothing reached the broker: the connection was refused or its
+#: host did not resolve, so no byte was written. A timeout or a reset mid-command
+#: may have delivered the message.
+NOT_CONNECTED: tuple[type[BaseException], ...] = (ConnectionRefusedError, socket.gaierror)

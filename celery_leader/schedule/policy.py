@@ -1,0 +1,70 @@
+"""Which slots of a due entry to send: the missed-slot policy, as pure arithmetic.
+
+A slot is *on time* when it fell due while this leader's term ran (at or after
+``promoted_at``); earlier ones that were never sent were *missed*, during a
+hand-over or while nobody led. ``leader_missed_slots`` says what to do with them:
+
+* ``once`` (default): when no slot is on time, send the newest missed one, so a
+  hand-over never costs a run; otherwise send only the on-time slot;
+* ``skip``: send only an on-time slot;
+* ``all``: send every missed slot (the newest :data:`MAX_MISSED`), oldest first.
+
+``leader_missed_slots_grace`` drops missed slots older than that many seconds
+whatever the policy. Every slot planned lies strictly after the stored
+``last_run_at``, so no policy can pick a slot that was recorded already, and the
+state recorded afterwards is the newest due slot, sent or dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from .series import Series
+
+#: ``leader_missed_slots = "all"`` sends at most this many missed slots of an
+#: entry at once; older ones are dropped (and logged).
+MAX_MISSED = 100
+
+
+
+@dataclass(frozen=True)
+class SlotPlan:
+    """What one due entry sends now, and what the store records for it."""
+
+    send: list[datetime]  # due instants to send, oldest first (UTC)
+    dropped: int  # due slots not sent (missed, by the policy); a lower bound for crontabs
+    record: datetime  # the new last_run_at: the newest due slot, sent or dropped
+
+
+def plan_slots(
+    series: Series,
+    last_run_at: datetime,
+    now: datetime,
+    promoted_at: datetime | None,
+    policy: str,
+    grace: float | None,
+) -> SlotPlan | None:
+    """The slots of ``series`` due in ``(last_run_at, now]`` to send under ``policy``.
+
+    ``None`` when nothing is due. ``promoted_at`` is when this leader's term
+    started dispatching (``None``: every due slot counts as on time, as in a dry
+    run of an uninterrupted leader).
+    """
+    dues, total = series.walk(last_run_at, now, MAX_MISSED + 1)
+    if not dues:
+        return None
+    newest = dues[-1]
+    on_time = newest if promoted_at is None or newest >= promoted_at else None
+    missed = dues[:-1] if on_time is not None else dues
+    if grace is not None:
+        horizon = now - timedelta(seconds=grace)
+        missed = [due for due in missed if due >= horizon]
+    if policy == "skip":
+        catch_up: list[datetime] = []
+    elif policy == "once":
+        catch_up = missed[-1:] if on_time is None else []
+    else:
+        catch_up = missed[-MAX_MISSED:]
+    send = catch_up + ([on_time] if on_time is not None else [])
+    return SlotPlan(send, total - len(send), newest)

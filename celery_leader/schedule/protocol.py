@@ -1,0 +1,266 @@
+"""The slot protocol: one implementation that Celery beat and the Dramatiq scheduler drive.
+
+Each tick:
+
+1. **Term.** A follower returns a short sleep and touches nothing shared. A new
+   term (promotion, or the lease won back) first loads the stored state
+   (:mod:`~celery_leader.schedule.sync`).
+2. **Plan.** Every job whose next slot is due gets a :class:`Batch`: the slots
+   its missed-slot policy sends (:mod:`~celery_leader.schedule.policy`) and a
+   claim that records the newest due slot. All arithmetic is on UTC instants.
+3. **Claim and publish** (:mod:`~celery_leader.schedule.publisher`): one fenced
+   round trip claims the whole batch; only claimed slots are published.
+
+The tick watchdog, health file and metrics come with the lease
+(:mod:`~celery_leader.schedule.runtime`). The adapter maps its own entries to
+:class:`~celery_leader.schedule.jobs.Job` and its own publish to
+:meth:`~celery_leader.schedule.jobs.Adapter.send`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
+
+from .. import metrics
+from ..backends import Claim, Tenure
+from ..config import LeaderConfig
+from ..exceptions import StoreUnavailable, TermEnded
+from ..lease import Lease
+from .jobs import Adapter, Job
+from .policy import SlotPlan, plan_slots
+from .publisher import Batch, Publisher
+from .runtime import SchedulerLease
+from .state import dump_state, slot_name
+from .sync import MAX_CLOCK_SKEW, EntryState, StateSync
+
+#: Due entries claimed and published per tick. Between batches the leader
+#: checks its lease again, so a lost lease stops a burst within one batch.
+BATCH = 1000
+
+
+def utcnow() -> datetime:
+    """The wall clock, as an aware UTC datetime."""
+    return datetime.now(timezone.utc)
+
+
+class SlotProtocol:
+    """Runs one scheduler's side of the slot protocol; :meth:`tick` is its loop body."""
+
+    def __init__(
+        self,
+        config: LeaderConfig,
+        adapter: Adapter,
+        logger: logging.Logger,
+        *,
+        idle: float,
+        max_sleep: float,
+        clock: Callable[[], datetime] | None = None,
+    ) -> None:
+        self.config = config
+        self.adapter = adapter
+        self.logger = logger
+        self.runtime = SchedulerLease(config)
+        #: Sleep of a follower's tick: how long a promotion goes unnoticed.
+        self.idle = idle
+        #: Longest sleep of a leader's tick.
+        self.max_sleep = max_sleep
+        #: The wall clock (aware UTC); ``None``: :func:`utcnow`, looked up at each tick.
+        self.clock = clock
+        self._epoch: int | None = None  # the term whose state is loaded
+        self._promoted_epoch: int | None = None
+        self._promoted_at: datetime | None = None  # when this term started dispatching
+        self._states: dict[str, EntryState] = {}
+        self._publisher: Publisher | None = None
+        self._load_error: str | None = None
+        self._latest_now: datetime | None = None  # to notice the clock going back
+        self._stuck_logged: set[str] = set()  # jobs whose stuck schedule was logged this term
+
+    @property
+    def lease(self) -> Lease:
+        """The scheduler election's lease (joined on first use)."""
+        return self.runtime.lease
+
+    def tick(self) -> float:
+        """One pass; returns how long to sleep. Only a current leader dispatches.
+
+        The watchdog learns when it starts and ends: a tick that does not end
+        within ``leader_tick_timeout`` makes the lease hand over.
+        """
+        watchdog = self.runtime.watchdog
+        watchdog.tick_started()
+        sleep = self._tick()
+        watchdog.tick_finished(sleep)
+        self.runtime.write_health()
+        return sleep
+
+    def close(self) -> None:
+        """Hand over first (demote, release, wake a follower), then close the store."""
+        self.runtime.close()
+
+    # -- term transitions ---------------------------------------------------
+
+    def _tick(self) -> float:
+        lease = self.lease
+        tenure = lease.tenure
+        if tenure is None:
+            if self._epoch is not None:
+                self.logger.info(
+                    "celery-leader: stopped dispatching: no longer leader of %r", lease.election
+                )
+                self._epoch = None
+                self.adapter.demoted()
+            return self.idle
+        jobs = self.adapter.jobs()
+        now = (self.clock or utcnow)()
+        if tenure.epoch != self._epoch or any(j.name not in self._states for j in jobs):
+            if not self._load(jobs, tenure, now):
+                return self.idle
+        self._notice_clock(now)
+        return self._dispatch(jobs, tenure, now)
+
+    def _load(self, jobs: Sequence[Job], tenure: Tenure, now: datetime) -> bool:
+        lease = self.lease
+        try:
+            self._states = StateSync(lease, self.logger).load(jobs, tenure, now)
+        except TermEnded as exc:
+            self.logger.warning("celery-leader: not dispatching: %s", exc)
+            self._epoch = None
+            return False
+        except StoreUnavailable as exc:
+            # Retried every tick until the lease runs out: say it once.
+            if str(exc) != self._load_error:
+                self.logger.warning("celery-leader: cannot load schedule state: %s", exc)
+            self._load_error = str(exc)
+            self._epoch = None
+            return False
+        self._load_error = None
+        for job in jobs:
+            state = self._states[job.name]
+            self.adapter.recorded(job, state.last_run_at, state.count, False)
+        if tenure.epoch != self._epoch:
+            if tenure.epoch != self._promoted_epoch:  # a new term, not a reload within one
+                self._promoted_epoch = tenure.epoch
+                self._promoted_at = now
+                self._stuck_logged.clear()
+                self._publisher = Publisher(
+                    lease, self.adapter, self.config.max_publish_failures, self.logger
+                )
+            self.logger.info(
+                "celery-leader: dispatching as leader of %r (epoch %d)",
+                lease.election,
+                tenure.epoch,
+            )
+        self._epoch = tenure.epoch
+        return True
+
+    def _notice_clock(self, now: datetime) -> None:
+        """Say once when the wall clock went back: nothing is resent, entries wait."""
+        latest = self._latest_now
+        if latest is not None and now < latest - MAX_CLOCK_SKEW:
+            self.logger.warning(
+                "celery-leader: the wall clock went back %.1f s (from %s to %s): slots already "
+                "sent are not sent again; each entry resumes when the clock passes its last "
+                "slot",
+                (latest - now).total_seconds(),
+                latest.isoformat(),
+                now.isoformat(),
+            )
+        self._latest_now = now if latest is None else max(now, latest)
+
+    # -- planning -----------------------------------------------------------
+
+    def _dispatch(self, jobs: Sequence[Job], tenure: Tenure, now: datetime) -> float:
+        batches: list[Batch] = []
+        sleep = self.max_sleep
+        for job in jobs:
+            if len(batches) >= BATCH:
+                sleep = 0.0
+                break
+            state = self._states[job.name]
+            batch, wait = self._plan(job, state, tenure, now)
+            if batch is not None:
+                batches.append(batch)
+            sleep = min(sleep, wait)
+        if not batches:
+            return max(0.0, sleep)
+        publisher = self._publisher
+        assert publisher is not None
+        if not publisher.run(batches, tenure, self._states):
+            # Someone else moved the state (or our term ended): reload it before
+            # dispatching anything more.
+            self._epoch = None
+        return 0.0
+
+    def _plan(
+        self, job: Job, state: EntryState, tenure: Tenure, now: datetime
+    ) -> tuple[Batch | None, float]:
+        """The batch of ``job`` if it is due, and how long until it should be looked at again."""
+        if job.series is None:
+            due, wait = self.adapter.due_now(job, now)
+            if due is None:
+                return None, wait
+            # Named to the millisecond, like every slot.
+            due = due.replace(microsecond=due.microsecond // 1000 * 1000)
+            if due <= state.last_run_at:
+                # The schedule says due, but not after its last slot: never resent.
+                # Looked at again in a second, not in a busy loop.
+                self._stuck(job, due, state)
+                return None, min(1.0, self.max_sleep)
+            plan = SlotPlan([due], 0, due)
+        else:
+            if state.next_due is None:
+                state.next_due = job.series.next_after(state.last_run_at)
+            if state.next_due is None:
+                return None, self.max_sleep  # the series has ended
+            if state.next_due > now:
+                return None, (state.next_due - now).total_seconds()
+            found = plan_slots(
+                job.series, state.last_run_at, now, self._promoted_at, job.missed_slots, job.grace
+            )
+            if found is None:  # a series whose next slot moved (it cannot, but be safe)
+                state.next_due = None
+                return None, 0.0
+            plan = found
+        return self._batch(job, state, tenure, now, plan), 0.0
+
+    def _stuck(self, job: Job, due: datetime, state: EntryState) -> None:
+        """Log once per term that ``job``'s schedule names a slot not after its last one."""
+        if job.name in self._stuck_logged:
+            return
+        self._stuck_logged.add(job.name)
+        self.logger.warning(
+            "celery-leader: entry %r is due at %s, which is not after its last slot (%s): "
+            "not sent again; the entry waits for its next slot",
+            job.name,
+            due.isoformat(),
+            state.last_run_at.isoformat(),
+        )
+
+    def _batch(
+        self, job: Job, state: EntryState, tenure: Tenure, now: datetime, plan: SlotPlan
+    ) -> Batch:
+        lease = self.lease
+        slots = [slot_name(job.name, due, job.zone) for due in plan.send]
+        if plan.dropped:
+            grace = job.grace
+            self.logger.info(
+                "celery-leader: not sending %d missed slot(s) of %r, the last due %s "
+                "(leader_missed_slots %s%s)",
+                plan.dropped,
+                job.name,
+                slot_name(job.name, plan.record, job.zone).partition("@")[2],
+                job.missed_slots,
+                "" if grace is None else f", grace {grace:g} s",
+            )
+            metrics.count("missed_slots_dropped", lease.election, plan.dropped)
+        count = state.count + len(plan.send)
+        raw = dump_state(
+            plan.record, count, tenure.epoch, lease.instance_id, slots[-1] if slots else None
+        )
+        after = EntryState(raw, plan.record, count)
+        # The store refuses a claim whose slot is not after the state it expects:
+        # the last line of defence against due-time arithmetic going backwards.
+        claim = Claim(job.name, state.raw, raw, due=plan.record)
+        return Batch(job, slots, list(plan.send), state, after, claim)

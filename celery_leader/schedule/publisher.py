@@ -1,0 +1,221 @@
+"""Claim a batch of due slots, publish what was claimed, account for what failed.
+
+* One fenced claim round trip covers every due entry of a tick. Only a claimed
+  slot is published, so a paused or cut-off ex-leader publishes nothing.
+* A publish that failed before anything reached the broker is *handed back*:
+  a fenced compare-and-set of the entry's state back to the last slot sent, so
+  the next leader (or this one at its next tick) sends it. A publish whose
+  outcome is unknown stays claimed: it is never sent twice.
+* After ``leader_max_publish_failures`` failed publishes in a row the leader
+  resigns for one ttl, so that a replica that reaches the broker takes over.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from .. import metrics
+from ..backends import Claim, Tenure
+from ..exceptions import StoreUnavailable
+from ..lease import Lease
+from .jobs import Adapter, Job, Outcome
+from .state import dump_state
+from .sync import EntryState
+
+
+@dataclass
+class Batch:
+    """The slots one due entry sends in this tick, and the claim that records them."""
+
+    job: Job
+    slots: list[str]  # to send, oldest first
+    dues: list[datetime]  # their due instants (UTC)
+    before: EntryState  # the state before the claim
+    after: EntryState  # the state the claim writes
+    claim: Claim
+    sent: list[str] = field(default_factory=list)
+
+
+class Publisher:
+    """Claims batches, publishes them through the adapter, and keeps the failure count."""
+
+    def __init__(
+        self, lease: Lease, adapter: Adapter, max_failures: int, logger: logging.Logger
+    ) -> None:
+        self.lease = lease
+        self.adapter = adapter
+        self.max_failures = max_failures
+        self.logger = logger
+        self.failures = 0  # failed publishes in a row
+        self._refused: set[str] = set()  # entries whose refused slot was logged
+
+    def run(self, batches: list[Batch], tenure: Tenure, states: dict[str, EntryState]) -> bool:
+        """Claim and publish ``batches``; returns False when the local state went stale.
+
+        ``states`` is updated with what the store now records.
+        """
+        lease = self.lease
+        try:
+            with lease.observe("claim"):
+                won = lease.backend.claim(lease.election, tenure, [b.claim for b in batches])
+        except StoreUnavailable as exc:
+            self.logger.warning("celery-leader: claims failed, nothing sent: %s", exc)
+            return False
+        in_sync = True
+        claimed = []
+        for batch, ok in zip(batches, won, strict=True):
+            if not ok and not batch.claim.admissible():
+                self._refuse(batch)
+                continue
+            if not ok:
+                in_sync = False
+                what = ", ".join(batch.slots) or f"the state of {batch.job.name!r}"
+                self.logger.warning("celery-leader: slot %s not claimed; not sending it", what)
+                metrics.count("claims_lost", lease.election)
+                continue
+            states[batch.job.name] = batch.after
+            self.adapter.recorded(
+                batch.job, batch.after.last_run_at, batch.after.count, bool(batch.slots)
+            )
+            claimed.append(batch)
+        with self.adapter.publishing():
+            failure = self._send_all(claimed, tenure.epoch)
+        if failure is not None:
+            in_sync &= self._failed(claimed, failure, tenure, states)
+        return in_sync
+
+    def _refuse(self, batch: Batch) -> None:
+        """A slot not after the entry's last one: never sent; logged once per entry."""
+        name = batch.job.name
+        metrics.count("claims_lost", self.lease.election)
+        if name in self._refused:
+            return
+        self._refused.add(name)
+        self.logger.error(
+            "celery-leader: refused slot(s) %s of %r: not after its last slot (%s); the "
+            "schedule's due times went backwards, and nothing is sent twice",
+            ", ".join(batch.slots),
+            name,
+            batch.before.last_run_at.isoformat(),
+        )
+
+    def _send_all(self, batches: list[Batch], epoch: int) -> tuple[str, Outcome] | None:
+        """Publish every claimed slot; stop at the first failure: ``(slot, outcome)``."""
+        election = self.lease.election
+        for batch in batches:
+            for slot, due in zip(batch.slots, batch.dues, strict=True):
+                self.logger.info("celery-leader: sending slot %s (epoch %d)", slot, epoch)
+                outcome = self.adapter.send(batch.job, slot, due, epoch)
+                if outcome.error is None:
+                    batch.sent.append(slot)
+                    self.failures = 0
+                    metrics.count("slots_sent", election)
+                    continue
+                if not outcome.definitely_unsent:
+                    batch.sent.append(slot)  # it may be in the broker: it stays claimed
+                return slot, outcome
+        return None
+
+    def _failed(
+        self,
+        batches: list[Batch],
+        failure: tuple[str, Outcome],
+        tenure: Tenure,
+        states: dict[str, EntryState],
+    ) -> bool:
+        """Hand back what was claimed and not sent; resign after too many failures in a row.
+
+        Returns False when the local state no longer matches the store.
+        """
+        lease = self.lease
+        slot, outcome = failure
+        self.failures += 1
+        metrics.count("publish_failures", lease.election)
+        if outcome.definitely_unsent:
+            self.logger.warning(
+                "celery-leader: could not send slot %s: nothing reached the broker (%s)",
+                slot,
+                outcome.error,
+            )
+        else:
+            self.logger.error(
+                "celery-leader: could not send slot %s and the broker may have it (%s): "
+                "it stays claimed and is not sent again",
+                slot,
+                outcome.error,
+            )
+        in_sync = self._hand_back(batches, tenure, states)
+        if self.failures >= self.max_failures:
+            self.logger.warning(
+                "celery-leader: %d publishes failed in a row (the last: slot %s): resigning "
+                "the lead of %r for %g s so that a replica that reaches the broker takes over",
+                self.failures,
+                slot,
+                lease.election,
+                lease.ttl,
+            )
+            lease.step_down(
+                f"{self.failures} publishes failed in a row",
+                kind="publish_failures",
+                sit_out=lease.ttl,
+            )
+            self.failures = 0
+        return in_sync
+
+    def _hand_back(
+        self, batches: list[Batch], tenure: Tenure, states: dict[str, EntryState]
+    ) -> bool:
+        """Undo the claims of slots that were not sent, in one fenced compare-and-set.
+
+        The stored state goes back to the last slot sent (or to what it was
+        before the claim), so that the next leader, or this one at its next
+        tick, sends the rest. Returns False when that failed.
+        """
+        lease = self.lease
+        backs: list[tuple[Batch, list[str], EntryState, Claim]] = []
+        for batch in batches:
+            unsent = batch.slots[len(batch.sent) :]
+            if not unsent:
+                continue
+            last_run_at = batch.before.last_run_at
+            if batch.sent:
+                last_run_at = batch.dues[len(batch.sent) - 1]
+            count = batch.before.count + len(batch.sent)
+            raw = dump_state(
+                last_run_at,
+                count,
+                tenure.epoch,
+                lease.instance_id,
+                batch.sent[-1] if batch.sent else None,
+            )
+            claim = Claim(batch.job.name, batch.after.raw, raw)
+            backs.append((batch, unsent, EntryState(raw, last_run_at, count), claim))
+        if not backs:
+            return True
+        won = [False] * len(backs)
+        reason = "the term ended"
+        try:
+            with lease.observe("claim"):
+                won = lease.backend.claim(lease.election, tenure, [b[3] for b in backs])
+        except StoreUnavailable as exc:
+            reason = str(exc)
+        for (batch, unsent, state, _), ok in zip(backs, won, strict=True):
+            if ok:
+                states[batch.job.name] = state
+                self.adapter.recorded(batch.job, state.last_run_at, state.count, False)
+                self.logger.warning(
+                    "celery-leader: handed back unsent slot(s) %s: the next leader sends them",
+                    ", ".join(unsent),
+                )
+                metrics.count("slots_handed_back", lease.election, len(unsent))
+            else:
+                self.logger.error(
+                    "celery-leader: slot(s) %s lost: claimed, not sent, and handing them back "
+                    "failed (%s)",
+                    ", ".join(unsent),
+                    reason,
+                )
+                metrics.count("slots_lost", lease.election, len(unsent))
+        return all(won)

@@ -1,0 +1,72 @@
+"""A scheduler's lease and what watches it: tick watchdog, health file, metrics endpoint.
+
+Built the same way for Celery beat and the Dramatiq scheduler, so
+``leader_tick_timeout``, ``leader_health_file`` and ``leader_metrics_port`` mean
+the same on both.
+"""
+
+from __future__ import annotations
+
+from .. import metrics
+from ..backends import Backend, create_backend
+from ..config import LeaderConfig
+from ..health import HealthFile, Watchdog
+from ..lease import Lease
+
+
+class SchedulerLease:
+    """The scheduler election's lease, joined on first use, with its watchdog and probes.
+
+    The lease is not created in ``__init__``: Celery builds its scheduler once
+    more just to print the banner, and that one must not join the election.
+    """
+
+    def __init__(self, config: LeaderConfig) -> None:
+        self.config = config
+        if config.metrics_port is not None:
+            metrics.require()  # a missing [metrics] extra fails at start-up
+        self.watchdog = Watchdog(config.watchdog_timeout)
+        self._backend: Backend | None = None
+        self._lease: Lease | None = None
+        self._health: HealthFile | None = None
+
+    @property
+    def joined(self) -> bool:
+        """Whether the lease was created (and so runs until :meth:`close`)."""
+        return self._lease is not None
+
+    @property
+    def lease(self) -> Lease:
+        """The election's lease; the first use starts it."""
+        if self._lease is None:
+            config = self.config
+            if config.metrics_port is not None:
+                metrics.serve(config.metrics_port)
+            self._backend = create_backend(config)
+            lease = Lease.from_config(config.beat_election, config, self._backend)
+            # A tick that overruns leader_tick_timeout makes the lease hand over.
+            lease.health_check = self.watchdog.overdue
+            if config.health_file is not None:
+                self._health = HealthFile(config.health_file, lease, self.watchdog)
+                lease.on_cycle = self._lease_cycle
+            metrics.track(lease)
+            self._lease = lease
+            lease.start()
+        return self._lease
+
+    def _lease_cycle(self, lease: Lease) -> None:
+        self.write_health()
+
+    def write_health(self) -> None:
+        """Rewrite the health file, if there is one (rate-limited)."""
+        if self._health is not None:
+            self._health.write(force=False)
+
+    def close(self) -> None:
+        """Hand over (demote, release, wake a follower), then close the store. Idempotent."""
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            lease.stop()
+        if self._backend is not None:
+            self._backend.close()
+            self._backend = None

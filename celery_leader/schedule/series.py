@@ -1,0 +1,220 @@
+"""When an entry's slots fall due: series of UTC instants, never wall-clock arithmetic.
+
+A :class:`Series` answers one question, "the first slot strictly after this
+instant", always with aware UTC datetimes. Everything the slot protocol decides
+(what is due, what was missed, what the store may accept) is arithmetic on those
+instants, so daylight-saving changes and the host's time zone cannot make a due
+time go backwards or repeat. Local time is used only to evaluate a crontab's
+fields (:class:`CronSeries`) and to name a slot.
+
+Python's datetime arithmetic on zone-aware values ignores ``fold`` and works in
+wall time: inside a repeated hour ``now + 1 s`` can be an hour *earlier*. So no
+zone-aware value is ever added to or compared here; conversions go through UTC.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Collection
+from datetime import date, datetime, time, timedelta, timezone, tzinfo
+
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_MICROSECOND = timedelta(microseconds=1)
+_DAY = timedelta(days=1)
+#: More than any clock change of any zone moves wall time.
+_SLACK = timedelta(hours=3)
+
+#: Days a crontab is searched ahead for its next slot. Four years and a day
+#: covers every valid combination (February 29th on a given weekday recurs
+#: within 28 years, but Celery's fields AND day-of-month with day-of-week, and
+#: such an entry is rare enough that "no slot in four years" is a fair answer).
+_CRON_HORIZON_DAYS = 4 * 366 + 1
+
+
+def utc(moment: datetime) -> datetime:
+    """``moment`` as an aware UTC datetime (a naive one is taken as UTC)."""
+    if moment.tzinfo is None:
+        return moment.replace(tzinfo=timezone.utc)
+    return moment.astimezone(timezone.utc)
+
+
+class Series(ABC):
+    """The due instants of one schedule entry, in UTC."""
+
+    @abstractmethod
+    def next_after(self, moment: datetime) -> datetime | None:
+        """The first due instant strictly after ``moment`` (aware UTC), or ``None``."""
+
+    def anchor(self, now: datetime) -> datetime:
+        """Where an entry with no stored state starts: its next slot is the first after this."""
+        return now
+
+    def walk(self, after: datetime, until: datetime, keep: int) -> tuple[list[datetime], int]:
+        """Due instants in ``(after, until]``: the newest ``keep`` of them and how many there are.
+
+        Walks back from ``until`` over a growing window until it holds ``keep``
+        slots or reaches ``after``, so an entry years behind is not walked slot by
+        slot; the count is then a lower bound. :class:`Every` counts exactly.
+        """
+        window = timedelta(hours=1)
+        while True:
+            begin = max(after, until - window)
+            found: list[datetime] = []
+            moment = begin
+            for _ in range(_MAX_STEPS):
+                due = self.next_after(moment)
+                if due is None or due > until:
+                    break
+                found.append(due)
+                moment = due
+            if begin == after or len(found) >= keep:
+                return found[-keep:] if keep else [], len(found)
+            window *= 24
+
+
+#: A walk stops after this many slots (a minutely entry down for a week).
+_MAX_STEPS = 10_080
+
+
+class Every(Series):
+    """Every ``period``, at whole multiples of it since the Unix epoch.
+
+    Elapsed time, not wall time: clock changes do not move it. Entries that share a
+    period share their slots, on every replica and across restarts, so a batch of
+    them stays one claim round trip.
+    """
+
+    def __init__(self, period: timedelta) -> None:
+        if period <= timedelta(0):
+            raise ValueError(f"a period must be positive (got {period})")
+        self.period = period
+        # Whole microseconds, so that due times are exact and agree on every host.
+        self._period_us = period // _MICROSECOND
+
+    def _index(self, moment: datetime) -> int:
+        """How many whole periods lie between the epoch and ``moment``."""
+        return ((utc(moment) - EPOCH) // _MICROSECOND) // self._period_us
+
+    def next_after(self, moment: datetime) -> datetime:
+        return EPOCH + (self._index(moment) + 1) * self._period_us * _MICROSECOND
+
+    def anchor(self, now: datetime) -> datetime:
+        """The latest slot at or before ``now``: the next one is the first slot after it."""
+        return EPOCH + self._index(now) * self._period_us * _MICROSECOND
+
+    def walk(self, after: datetime, until: datetime, keep: int) -> tuple[list[datetime], int]:
+        first, last = self._index(after) + 1, self._index(until)
+        if last < first:
+            return [], 0
+        start = max(first, last - keep + 1)
+        dues = [EPOCH + i * self._period_us * _MICROSECOND for i in range(start, last + 1)]
+        return dues, last - first + 1
+
+    def __repr__(self) -> str:
+        return f"Every({self.period.total_seconds():g} s)"
+
+
+class CronSeries(Series):
+    """A crontab's fields read in ``zone``, with the clock-change rules of cron.
+
+    A day matches when its month, day of month *and* day of week are in their
+    sets (Celery's crontab rule). Around a clock change:
+
+    * fall-back (a wall-clock hour happens twice): an entry whose hour field is
+      every hour runs on real elapsed time, so it fires in both hours; an entry
+      with fixed hours (02:30) fires once, at the first occurrence;
+    * spring-forward (a wall-clock hour does not happen): an entry with every
+      hour has nothing to fire in the missing hour (no time elapsed); an entry
+      with fixed hours fires once at the jump instead of losing the day's run.
+    """
+
+    def __init__(
+        self,
+        zone: tzinfo,
+        minutes: Collection[int],
+        hours: Collection[int],
+        days_of_month: Collection[int],
+        months: Collection[int],
+        days_of_week: Collection[int],
+    ) -> None:
+        self.zone = zone
+        self.minutes = sorted(set(minutes))
+        self.hours = sorted(set(hours))
+        self.days_of_month = frozenset(days_of_month)
+        self.months = frozenset(months)
+        # 0 = Sunday, as in cron and Celery; Python's isoweekday() % 7 matches.
+        self.days_of_week = frozenset(d % 7 for d in days_of_week)
+        if not (self.minutes and self.hours and self.days_of_month and self.months):
+            raise ValueError("a crontab needs at least one value in every field")
+        if not self.days_of_week:
+            raise ValueError("a crontab needs at least one value in every field")
+        #: Every hour of the day: runs on elapsed time across clock changes.
+        self.every_hour = len(self.hours) == 24
+
+    def _day_matches(self, day: date) -> bool:
+        return (
+            day.month in self.months
+            and day.day in self.days_of_month
+            and day.isoweekday() % 7 in self.days_of_week
+        )
+
+    def _resolve(self, wall: datetime) -> list[datetime]:
+        """UTC instants at which the naive local time ``wall`` fires."""
+        first = wall.replace(tzinfo=self.zone, fold=0)
+        second = wall.replace(tzinfo=self.zone, fold=1)
+        a, b = utc(first), utc(second)
+        if a == b:
+            return [a]
+        # A wall time that round-trips exists; one that does not fell into a gap.
+        exists_first = utc(a).astimezone(self.zone).replace(tzinfo=None) == wall
+        exists_second = utc(b).astimezone(self.zone).replace(tzinfo=None) == wall
+        if exists_first and exists_second:  # the repeated hour of a fall-back
+            return sorted({a, b}) if self.every_hour else [min(a, b)]
+        if self.every_hour:
+            return []  # the hour that did not happen: nothing elapsed to fire for
+        return [self._jump(wall)]
+
+    def _jump(self, wall: datetime) -> datetime:
+        """The instant the clock jumped over ``wall``: the first wall time after it that exists."""
+        later = wall
+        for _ in range(24 * 60):
+            later += timedelta(minutes=1)
+            moment = utc(later.replace(tzinfo=self.zone))
+            if moment.astimezone(self.zone).replace(tzinfo=None) == later:
+                return moment  # the first wall time after the gap: the jump itself
+        raise ValueError(f"no wall time after {wall} exists in {self.zone}")
+
+    def next_after(self, moment: datetime) -> datetime | None:
+        moment = utc(moment)
+        # Wall times are walked in order. Near a clock change, a wall time up to
+        # the size of the change (an hour; two at most in any zone's history)
+        # before the local time of ``moment`` can still fall after it, and one
+        # that much after the best found can fall before it: _SLACK covers both.
+        local = moment.astimezone(self.zone)
+        near = (moment - _SLACK).astimezone(self.zone).utcoffset() != (
+            (moment + _SLACK).astimezone(self.zone).utcoffset()
+        )
+        slack = _SLACK if near else timedelta(0)  # no change near: wall time is monotonic
+        floor = local.replace(tzinfo=None) - slack
+        day = floor.date()
+        for _ in range(_CRON_HORIZON_DAYS):
+            if self._day_matches(day):
+                best: datetime | None = None
+                stop_at: datetime | None = None
+                for hour in self.hours:
+                    for minute in self.minutes:
+                        wall = datetime.combine(day, time(hour, minute))
+                        if wall < floor:
+                            continue
+                        if stop_at is not None and wall > stop_at:
+                            return best
+                        for due in self._resolve(wall):
+                            if due > moment and (best is None or due < best):
+                                best, stop_at = due, wall + slack
+                if best is not None:
+                    return best
+            day += _DAY
+        return None
+
+    def __repr__(self) -> str:
+        return f"CronSeries({self.zone}, minutes={self.minutes}, hours={self.hours})"

@@ -1,0 +1,148 @@
+"""Loading a term's schedule state: adopt what is stored, anchor what is not.
+
+The store is the truth of what was sent: a new leader continues where the last
+one stopped. Stored state never moves backwards, with one exception named below:
+
+* **An entry with no state** (new, or the store lost its data) is anchored at
+  its series' anchor before now, with a claim, before anything is sent: our own
+  memory of it may be older than what other leaders sent since, and a successor
+  that found nothing would start the entry from its own promotion.
+* **State ahead of this replica's clock** (a replica whose clock runs ahead wrote
+  it, or ours runs behind) is kept: its entry waits until this clock passes it,
+  with one WARNING. Moving it back would resend what the fast replica sent.
+* **State ahead by more than** :data:`REPAIR_AFTER` cannot come from clock skew
+  (a clock set to the wrong day, or a corrupt value): waiting would stop the
+  entry for that long, so it is re-anchored at now, with one WARNING. The slots
+  the fast replica sent early are then sent again when they really fall due.
+* **Unreadable state** is replaced by an anchor, with one ERROR.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from ..backends import Claim, Tenure
+from ..exceptions import TermEnded
+from ..lease import Lease
+from .jobs import Job
+from .state import dump_state, parse_state
+
+#: Clock skew that goes unmentioned: replicas' clocks disagree by milliseconds.
+MAX_CLOCK_SKEW = timedelta(seconds=1)
+
+#: Stored state further ahead than this is repaired rather than waited for. It
+#: is longer than any clock change (an hour, two in some zones' history) and any
+#: skew NTP leaves, and shorter than a day, the typical wrong-date mistake.
+REPAIR_AFTER = timedelta(hours=6)
+
+
+@dataclass
+class EntryState:
+    """What the store records for one entry, as this leader last saw or wrote it."""
+
+    raw: str | None  # the stored value: the ``expected`` of the next claim
+    last_run_at: datetime  # UTC: the due time of the last slot recorded
+    count: int
+    next_due: datetime | None = None  # cached: the series' next slot after last_run_at
+
+
+class StateSync:
+    """Loads and anchors the schedule state of one election for its current term."""
+
+    def __init__(self, lease: Lease, logger: logging.Logger) -> None:
+        self.lease = lease
+        self.logger = logger
+
+    def load(self, jobs: Sequence[Job], tenure: Tenure, now: datetime) -> dict[str, EntryState]:
+        """The state of every job: adopted from the store, or anchored with one claim."""
+        lease = self.lease
+        with lease.observe("load_state"):
+            stored = lease.backend.load_state(lease.election)
+        states: dict[str, EntryState] = {}
+        anchors: list[Job] = []
+        for job in jobs:
+            adopted = self._adopt(job, stored.get(job.name), now)
+            if adopted is None:
+                anchors.append(job)
+            else:
+                states[job.name] = adopted
+        self.anchor(anchors, tenure, now, states, stored)
+        return states
+
+    def anchor(
+        self,
+        jobs: Sequence[Job],
+        tenure: Tenure,
+        now: datetime,
+        states: dict[str, EntryState],
+        stored: dict[str, str],
+    ) -> None:
+        """Anchor ``jobs`` at now in one claim round trip and add them to ``states``."""
+        if not jobs:
+            return
+        lease = self.lease
+        fresh = []
+        for job in jobs:
+            start = job.series.anchor(now) if job.series is not None else now
+            new = dump_state(start, 0, tenure.epoch, lease.instance_id)
+            fresh.append((job, Claim(job.name, stored.get(job.name), new), start))
+        with lease.observe("claim"):
+            won = lease.backend.claim(lease.election, tenure, [c for _, c, _ in fresh])
+        if not any(won):
+            # Every claim fails at once only when the term is no longer current.
+            raise TermEnded(
+                f"the term (epoch {tenure.epoch}) ended while loading the schedule state"
+            )
+        if not all(won):
+            raise TermEnded("another leader wrote the schedule state while this one loaded it")
+        for job, claim, start in fresh:
+            states[job.name] = EntryState(claim.new, start, 0)
+
+    def _adopt(self, job: Job, raw: str | None, now: datetime) -> EntryState | None:
+        """The stored state of ``job``, or ``None`` when it must be anchored."""
+        if raw is None:
+            return None
+        state = parse_state(raw)
+        if state is None:
+            self.logger.error(
+                "celery-leader: unreadable schedule state of %r: %.100r (replaced by an anchor "
+                "at now)",
+                job.name,
+                raw,
+            )
+            return None
+        ahead = state.last_run_at - now
+        if ahead > REPAIR_AFTER:
+            self.logger.warning(
+                "celery-leader: entry %r has a stored last_run_at in the future (%s, now %s, "
+                "%s ahead; more than clock skew explains): starting it anew from now",
+                job.name,
+                state.last_run_at.isoformat(),
+                now.isoformat(),
+                _span(ahead),
+            )
+            return None
+        if ahead > MAX_CLOCK_SKEW:
+            self.logger.warning(
+                "celery-leader: entry %r last sent a slot due %s, %s ahead of this replica's "
+                "clock (now %s): it waits until this clock passes that (a replica's clock "
+                "runs ahead, or this one's behind)",
+                job.name,
+                state.last_run_at.isoformat(),
+                _span(ahead),
+                now.isoformat(),
+            )
+        return EntryState(raw, state.last_run_at, state.total_run_count)
+
+
+def _span(delta: timedelta) -> str:
+    """``delta`` for a log line: ``"12.5 s"``, ``"3.2 h"``."""
+    seconds = delta.total_seconds()
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"

@@ -1,0 +1,508 @@
+"""One slot protocol, two schedulers: the same cases on Celery beat and the Dramatiq scheduler.
+
+Each case drives a scheduler tick by tick on a wall clock the test sets
+(``celery_leader.schedule.protocol.utcnow``), against the in-process memory store
+and each framework's in-memory broker, and asserts on what was published and
+stored. Leases run on real (monotonic) time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import dramatiq
+import pytest
+from celery import Celery
+from celery.beat import Scheduler
+from dramatiq.brokers.stub import StubBroker
+
+from celery_leader.backends import Claim, create_backend
+from celery_leader.celery.beat import LeaderScheduler
+from celery_leader.config import LeaderConfig
+from celery_leader.dramatiq import LeaderMiddleware, every
+from celery_leader.dramatiq.scheduler import INTERVAL, DramatiqScheduler
+from celery_leader.health import check
+from celery_leader.lease import Lease
+from celery_leader.schedule import protocol
+from celery_leader.schedule.state import dump_state
+from harness.waiting import wait_for
+
+ELECTION = "beat"
+PERIOD = 10.0
+#: Slot 0 of every entry's 10 s grid.
+T0 = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
+
+
+class Clock:
+    """The schedulers' wall clock; the test moves it."""
+
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+def slot(name: str, n: float) -> str:
+    """Name of slot ``n`` of entry ``name`` (``n`` periods after T0)."""
+    due = T0 + n * timedelta(seconds=PERIOD)
+    return f"{name}@{due.isoformat(timespec='milliseconds')}"
+
+
+def state(n: float, count: int = 1) -> str:
+    return dump_state(T0 + n * timedelta(seconds=PERIOD), count, 0, "seed")
+
+
+class Kind(ABC):
+    """One scheduler kind: how to build an instance and see what it sent."""
+
+    logger: str
+    #: The longest sleep a leader's tick asks for (the Dramatiq loop polls).
+    max_sleep: float
+
+    def __init__(self, store: str, settings: dict[str, Any]) -> None:
+        self.store = store
+        self.settings = settings
+        self.config = LeaderConfig.from_mapping(
+            {"leader_url": store, "leader_ttl": 0.6, "leader_renew_interval": 0.1, **settings}
+        )
+        self.failing: type[BaseException] | None = None  # publishes raise this
+        self.on_publish: Callable[[], None] | None = None  # called before each publish
+
+    @abstractmethod
+    def scheduler(self, entries: dict[str, dict[str, Any]]) -> Any:
+        """A scheduler with ``entries`` (name -> options: policy, grace)."""
+
+    @abstractmethod
+    def tick(self, scheduler: Any) -> float: ...
+
+    @abstractmethod
+    def lease(self, scheduler: Any) -> Lease: ...
+
+    @abstractmethod
+    def close(self, scheduler: Any) -> None: ...
+
+    @abstractmethod
+    def sent(self) -> list[str]:
+        """Slot names published since the last call, in order."""
+
+    @abstractmethod
+    def stop_mid_publish(self, scheduler: Any) -> None:
+        """Run the scheduler as its process would and stop it while it publishes."""
+
+    def publishing(self) -> None:
+        if self.on_publish is not None:
+            self.on_publish()
+        if self.failing is not None:
+            raise self.failing("injected by the test")
+
+    def stored(self) -> dict[str, dict[str, Any]]:
+        backend = create_backend(self.config)
+        return {k: json.loads(v) for k, v in backend.load_state(ELECTION).items()}
+
+    def seed(self, states: dict[str, str]) -> None:
+        """Write state as a previous leader would: a fenced claim under its own term."""
+        backend = create_backend(self.config)
+        term = backend.acquire(ELECTION, "previous-leader", self.config.ttl, 0).tenure
+        assert term is not None, "seed before any scheduler leads"
+        stored = backend.load_state(ELECTION)
+        claims = [Claim(name, stored.get(name), raw) for name, raw in states.items()]
+        assert all(backend.claim(ELECTION, term, claims))
+        backend.release(ELECTION, term)
+
+
+class CeleryKind(Kind):
+    logger = "celery_leader.beat"
+    max_sleep = 300.0  # beat_max_loop_interval
+
+    def __init__(self, store: str, settings: dict[str, Any], monkeypatch: Any) -> None:
+        super().__init__(store, settings)
+        self.app = Celery("contract", broker="memory://", set_as_current=False)
+        self.app.conf.task_default_queue = f"q-{uuid.uuid4().hex}"
+        self.app.conf.leader_url = store
+        self.app.conf.leader_ttl = 0.6
+        self.app.conf.leader_renew_interval = 0.1
+        for key, value in settings.items():
+            self.app.conf[key] = value
+        original = Scheduler.apply_async
+
+        def apply_async(scheduler: Any, *args: Any, **kwargs: Any) -> Any:
+            self.publishing()
+            return original(scheduler, *args, **kwargs)
+
+        monkeypatch.setattr(Scheduler, "apply_async", apply_async)
+
+    def scheduler(self, entries: dict[str, dict[str, Any]]) -> Any:
+        self.app.conf.beat_schedule = {
+            name: {
+                "task": "t.noop",
+                "schedule": PERIOD,
+                "options": {f"leader_{k}": v for k, v in options.items()},
+            }
+            for name, options in entries.items()
+        }
+        return LeaderScheduler(app=self.app)
+
+    def tick(self, scheduler: Any) -> float:
+        return float(scheduler.tick())
+
+    def lease(self, scheduler: Any) -> Lease:
+        return scheduler.lease  # type: ignore[no-any-return]
+
+    def close(self, scheduler: Any) -> None:
+        scheduler.close()
+
+    def sent(self) -> list[str]:
+        out = []
+        with self.app.connection_for_read() as conn:
+            queue = conn.SimpleQueue(self.app.conf.task_default_queue)
+            try:
+                while True:
+                    try:
+                        message = queue.get(timeout=0.01)
+                    except queue.Empty:
+                        return out
+                    out.append(message.headers["leader_slot"])
+                    message.ack()
+            finally:
+                queue.close()
+
+    def stop_mid_publish(self, scheduler: Any) -> None:
+        # Celery beat stops by raising SystemExit from its SIGTERM handler.
+        def stop(signum: int, frame: object) -> None:
+            raise SystemExit(143)
+
+        self.on_publish = lambda: os.kill(os.getpid(), signal.SIGTERM)
+        previous = signal.signal(signal.SIGTERM, stop)
+        try:
+            with pytest.raises(SystemExit):
+                while True:
+                    self.tick(scheduler)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            self.on_publish = None
+
+
+class DramatiqKind(Kind):
+    logger = "celery_leader.dramatiq.scheduler"
+    max_sleep = INTERVAL
+
+    def __init__(self, store: str, settings: dict[str, Any], monkeypatch: Any) -> None:
+        super().__init__(store, settings)
+        for key, value in settings.items():
+            if value is not None:
+                monkeypatch.setenv(f"CELERY_{key.upper()}", str(value))
+        self.broker = StubBroker()
+        self.middleware = LeaderMiddleware(url=store, ttl=0.6, renew_interval=0.1)
+        self.broker.add_middleware(self.middleware)
+        dramatiq.set_broker(self.broker)
+        original = self.broker.enqueue
+
+        def enqueue(message: Any, **kwargs: Any) -> Any:
+            self.publishing()
+            return original(message, **kwargs)
+
+        monkeypatch.setattr(self.broker, "enqueue", enqueue)
+        self._seen = 0
+
+    def scheduler(self, entries: dict[str, dict[str, Any]]) -> Any:
+        for name, options in entries.items():
+            if f"a_{name}" not in self.broker.actors:
+                schedule = every(
+                    PERIOD,
+                    name=name,
+                    missed_slots=options.get("missed_slots"),
+                    missed_slots_grace=options.get("missed_slots_grace"),
+                )
+                dramatiq.actor(actor_name=f"a_{name}", queue_name="ticks",
+                               leader_schedule=schedule)(lambda: None)  # fmt: skip
+        return DramatiqScheduler(self.broker, self.middleware.process_config())
+
+    def tick(self, scheduler: Any) -> float:
+        return float(scheduler.protocol.tick())
+
+    def lease(self, scheduler: Any) -> Lease:
+        return scheduler.protocol.lease  # type: ignore[no-any-return]
+
+    def close(self, scheduler: Any) -> None:
+        scheduler.protocol.close()
+
+    def sent(self) -> list[str]:
+        queue = self.broker.queues.get("ticks")
+        if queue is None:
+            return []
+        messages = [dramatiq.Message.decode(m) for m in list(queue.queue)]
+        new = messages[self._seen :]
+        self._seen = len(messages)
+        return [m.options["leader_slot"] for m in new]
+
+    def stop_mid_publish(self, scheduler: Any) -> None:
+        # The runner's signal handlers only set this event.
+        stop = threading.Event()
+        self.on_publish = stop.set
+        try:
+            scheduler.run(stop)
+        finally:
+            self.on_publish = None
+
+
+KINDS = {"celery": CeleryKind, "dramatiq": DramatiqKind}
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    made = Clock(T0 + timedelta(seconds=0.3 * PERIOD))
+    monkeypatch.setattr(protocol, "utcnow", made)
+    return made
+
+
+@pytest.fixture(params=sorted(KINDS))
+def make(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[..., Kind]]:
+    """``make(**settings)``: the scheduler kind under test, on a fresh memory store."""
+    built: list[tuple[Kind, list[Any]]] = []
+    store = f"memory://contract-{uuid.uuid4().hex}"
+
+    def build(**settings: Any) -> Kind:
+        kind = KINDS[request.param](store, settings, monkeypatch)
+        built.append((kind, []))
+        return kind
+
+    yield build
+    for kind, _ in built:
+        if isinstance(kind, DramatiqKind):
+            kind.middleware.stop()
+            kind.broker.close()
+
+
+@pytest.fixture
+def running(make: Callable[..., Kind]) -> Iterator[Callable[..., tuple[Kind, Any]]]:
+    """``running(entries, **settings)``: a scheduler that leads; closed at teardown."""
+    made: list[tuple[Kind, Any]] = []
+
+    def start(entries: dict[str, dict[str, Any]], seed: dict[str, str] | None = None,
+              **settings: Any) -> tuple[Kind, Any]:  # fmt: skip
+        kind = make(**settings)
+        if seed:
+            kind.seed(seed)
+        scheduler = kind.scheduler(entries)
+        wait_for(kind.lease(scheduler).is_leader, 3, message="the scheduler never led")
+        made.append((kind, scheduler))
+        return kind, scheduler
+
+    yield start
+    for kind, scheduler in made:
+        kind.close(scheduler)
+
+
+# -- the cases ----------------------------------------------------------------------
+
+
+def test_an_entry_without_state_is_anchored_before_anything_is_sent(
+    running: Callable[..., tuple[Kind, Any]], clock: Clock
+) -> None:
+    kind, scheduler = running({"a": {}, "b": {}})
+    wait = kind.tick(scheduler)
+    assert kind.sent() == []
+    assert wait == pytest.approx(min(0.7 * PERIOD, kind.max_sleep))
+    stored = kind.stored()
+    assert {k: v["last_run_at"] for k, v in stored.items()} == dict.fromkeys(
+        "ab", T0.isoformat()
+    )
+    clock.advance(0.7 * PERIOD)
+    assert kind.tick(scheduler) == 0.0
+    assert sorted(kind.sent()) == [slot("a", 1), slot("b", 1)]
+    assert kind.tick(scheduler) == pytest.approx(min(PERIOD, kind.max_sleep))
+
+
+@pytest.mark.parametrize(
+    ("policy", "grace", "expected"),
+    [
+        ("once", None, [3]),
+        ("skip", None, []),
+        ("all", None, [1, 2, 3]),
+        ("all", 25, [2, 3]),
+        ("once", 5, []),
+    ],
+)
+def test_missed_slots_follow_the_policy(
+    running: Callable[..., tuple[Kind, Any]],
+    clock: Clock,
+    policy: str,
+    grace: float | None,
+    expected: list[int],
+) -> None:
+    # Slot 0 was the last sent; the clock reads 3.6 periods later: 1, 2, 3 were missed.
+    clock.now = T0 + 3.6 * timedelta(seconds=PERIOD)
+    kind, scheduler = running(
+        {"e": {}}, seed={"e": state(0, 5)},
+        leader_missed_slots=policy, leader_missed_slots_grace=grace,
+    )  # fmt: skip
+    assert kind.tick(scheduler) == 0.0
+    assert kind.sent() == [slot("e", n) for n in expected]
+    after = kind.stored()["e"]
+    assert after["last_run_at"] == (T0 + 3 * timedelta(seconds=PERIOD)).isoformat()
+    assert after["total_run_count"] == 5 + len(expected)
+    assert kind.tick(scheduler) == pytest.approx(min(0.4 * PERIOD, kind.max_sleep))
+
+
+def test_an_entry_option_overrides_the_missed_slots_setting(
+    running: Callable[..., tuple[Kind, Any]], clock: Clock
+) -> None:
+    clock.now = T0 + 3.6 * timedelta(seconds=PERIOD)
+    kind, scheduler = running(
+        {"skipped": {}, "all": {"missed_slots": "all"}},
+        seed={"skipped": state(0), "all": state(0)},
+        leader_missed_slots="skip",
+    )
+    kind.tick(scheduler)
+    assert sorted(kind.sent()) == [slot("all", n) for n in (1, 2, 3)]
+
+
+def test_state_a_day_ahead_is_repaired_with_one_warning_and_the_entry_keeps_firing(
+    running: Callable[..., tuple[Kind, Any]], clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    day = 24 * 3600 / PERIOD
+    kind, scheduler = running({"e": {}, "ok": {}}, seed={"e": state(day), "ok": state(0)})
+    with caplog.at_level(logging.WARNING, logger=kind.logger):
+        kind.tick(scheduler)
+        clock.advance(PERIOD)
+        kind.tick(scheduler)
+        clock.advance(PERIOD)
+        kind.tick(scheduler)
+    assert sorted(kind.sent()) == sorted([slot("e", 1), slot("e", 2), slot("ok", 1),
+                                          slot("ok", 2)])  # fmt: skip
+    warnings = [r.message for r in caplog.records if "in the future" in r.message]
+    assert len(warnings) == 1 and "'e'" in warnings[0], warnings
+
+
+def test_state_ahead_by_clock_skew_is_waited_for_and_never_replayed(
+    running: Callable[..., tuple[Kind, Any]], clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A replica whose clock ran 10 minutes ahead sent up to slot 60 (T0 + 10 min).
+    kind, scheduler = running({"e": {}}, seed={"e": state(60, 60)})
+    with caplog.at_level(logging.WARNING, logger=kind.logger):
+        for _ in range(59):
+            assert kind.tick(scheduler) > 0
+            clock.advance(PERIOD)
+        assert kind.sent() == []
+        clock.now = T0 + timedelta(seconds=61 * PERIOD)
+        kind.tick(scheduler)
+    assert kind.sent() == [slot("e", 61)]
+    waits = [r.message for r in caplog.records if "waits until this clock" in r.message]
+    assert len(waits) == 1 and "'e'" in waits[0]
+
+
+def test_a_definitely_unsent_slot_is_handed_back_and_sent_once_later(
+    running: Callable[..., tuple[Kind, Any]], clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    kind, scheduler = running({"e": {}}, seed={"e": state(0, 3)})
+    before = kind.stored()["e"]
+    clock.advance(0.7 * PERIOD)  # slot 1 is due
+    kind.failing = ConnectionRefusedError
+    kind.tick(scheduler)
+    assert kind.sent() == []
+    assert "handed back unsent slot(s) " + slot("e", 1) in caplog.text
+    after = kind.stored()["e"]
+    assert (after["last_run_at"], after["total_run_count"]) == (
+        before["last_run_at"],
+        before["total_run_count"],
+    )
+    kind.failing = None
+    kind.tick(scheduler)
+    kind.tick(scheduler)
+    assert kind.sent() == [slot("e", 1)]
+
+
+def test_a_slot_whose_publish_outcome_is_unknown_stays_claimed(
+    running: Callable[..., tuple[Kind, Any]], clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    kind, scheduler = running({"e": {}}, seed={"e": state(0)})
+    clock.advance(0.7 * PERIOD)
+    kind.failing = ConnectionResetError
+    kind.tick(scheduler)
+    kind.failing = None
+    assert "the broker may have it" in caplog.text
+    assert kind.stored()["e"]["slot"] == slot("e", 1)
+    kind.tick(scheduler)
+    assert kind.sent() == []
+    clock.advance(PERIOD)
+    kind.tick(scheduler)
+    assert kind.sent() == [slot("e", 2)]
+
+
+def test_the_leader_resigns_after_max_publish_failures_in_a_row(
+    running: Callable[..., tuple[Kind, Any]], clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    kind, scheduler = running({"e": {}}, seed={"e": state(0)}, leader_max_publish_failures=2)
+    clock.advance(0.7 * PERIOD)
+    kind.failing = ConnectionRefusedError
+    kind.tick(scheduler)
+    assert kind.lease(scheduler).is_leader()
+    kind.tick(scheduler)
+    assert not kind.lease(scheduler).is_leader()
+    assert "2 publishes failed in a row" in caplog.text
+
+
+def test_a_term_lost_mid_batch_sends_what_it_claimed_and_its_successor_nothing_twice(
+    running: Callable[..., tuple[Kind, Any]], make: Callable[..., Kind], clock: Clock
+) -> None:
+    kind, scheduler = running({"a": {}, "b": {}}, seed={"a": state(0), "b": state(0)})
+    clock.advance(0.7 * PERIOD)
+    lease = kind.lease(scheduler)
+    kind.on_publish = lambda: lease.step_down("the test takes the term away", sit_out=5)
+    kind.tick(scheduler)
+    kind.on_publish = None
+    # Both slots were claimed under the term before it ended: both are sent, once.
+    assert sorted(kind.sent()) == [slot("a", 1), slot("b", 1)]
+    assert kind.tick(scheduler) < 1  # a follower now
+    successor = kind.scheduler({"a": {}, "b": {}})
+    try:
+        wait_for(kind.lease(successor).is_leader, 3, message="no successor")
+        kind.tick(successor)
+        assert kind.sent() == []
+        clock.advance(PERIOD)
+        kind.tick(successor)
+        assert sorted(kind.sent()) == [slot("a", 2), slot("b", 2)]
+    finally:
+        kind.close(successor)
+
+
+def test_a_stop_during_a_publish_still_sends_the_claimed_slot(
+    running: Callable[..., tuple[Kind, Any]], clock: Clock
+) -> None:
+    kind, scheduler = running({"e": {}}, seed={"e": state(0)})
+    clock.advance(0.7 * PERIOD)
+    kind.stop_mid_publish(scheduler)
+    assert kind.sent() == [slot("e", 1)]
+    assert kind.stored()["e"]["slot"] == slot("e", 1)
+
+
+def test_the_health_file_and_the_tick_watchdog_work_the_same(
+    running: Callable[..., tuple[Kind, Any]], clock: Clock, tmp_path: Any
+) -> None:
+    path = tmp_path / "health.json"
+    kind, scheduler = running({"e": {}}, leader_health_file=str(path), leader_tick_timeout=0.3)
+    clock.now = T0 + 0.99 * timedelta(seconds=PERIOD)  # the next tick is due in 0.1 s
+    kind.tick(scheduler)
+    wait_for(lambda: path.exists() and json.loads(path.read_text())["role"] == "leader", 2)
+    ok, line = check(path)
+    assert ok and line.startswith("OK: leader of 'beat'"), line
+    # No tick for longer than leader_tick_timeout: the lease hands over, the probe fails.
+    lease = kind.lease(scheduler)
+    wait_for(lambda: not lease.is_leader(), 3, message="the hung leader kept leading")
+    ok, line = check(path)
+    assert not ok and "tick is overdue" in line
