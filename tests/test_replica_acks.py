@@ -21,6 +21,7 @@ from celery_leader.backends.postgres.sql import sync_standbys
 from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import ConfigError, StoreUnavailable
 from harness.redis_replicas import ReplicatedRedis
+from harness.waiting import wait_for
 
 TTL = 3.0
 
@@ -168,3 +169,45 @@ def test_postgres_reads_how_many_standbys_a_commit_waits_for(
     with psycopg.connect(postgres_url) as conn:
         row = conn.execute(f"SELECT {sync_standbys('%(names)s::text')}", {"names": names})
         assert row.fetchone() == (waits_for,)
+
+
+def test_behind_sentinel_auto_waits_for_a_cut_off_replica_sentinel_could_promote() -> None:
+    """The replica's link is cut: the master lists no replica, but Sentinel may promote it.
+
+    Through a plain URL to the master, ``auto`` sees no replica and the claim
+    is accepted by the master alone; after the promotion it is gone. Through
+    the Sentinel URL the claim waits for the replica Sentinel could promote,
+    is refused, and nothing is lost or sent on it.
+    """
+    store = ReplicatedRedis()
+    try:
+        store.start()
+        assert store.link is not None
+        plain = _backend(store.master.url, None)
+        guarded = _backend(store.sentinel_url, None)
+        try:
+            terms = {b: b.acquire(e, "a", TTL, 0).tenure for b, e in ((plain, "p"), (guarded, "s"))}
+            store.wait_synced()
+            store.link.hold()
+            store.link.cut()  # the replica reconnects to a proxy that forwards nothing
+            wait_for(lambda: store.online_replicas() == 0, 10, message="replica still online")
+            tenure = terms[plain]
+            assert tenure is not None
+            assert plain.claim("p", tenure, [Claim("tick", None, "slot-1")]) == [True]
+            tenure = terms[guarded]
+            assert tenure is not None
+            with pytest.raises(StoreUnavailable, match="handed back"):
+                guarded.claim("s", tenure, [Claim("tick", None, "slot-1")])
+        finally:
+            plain.close()
+            guarded.close()
+        store.master.kill()
+        store.wait_promoted()
+        promoted = _backend(store.replica.url, None)
+        try:
+            assert promoted.load_state("p") == {}, "the master alone had the claim"
+            assert promoted.load_state("s") == {}
+        finally:
+            promoted.close()
+    finally:
+        store.close()

@@ -47,7 +47,7 @@ from redis.sentinel import Sentinel
 from .._urls import mask_url
 from ..exceptions import ConfigError, StoreMisconfigured, StoreUnavailable
 from .base import Acquired, Backend, Claim, HolderInfo, Renewal, Tenure
-from .redis_acks import Acks, Pinned
+from .redis_acks import Acks, Pinned, promotable_replicas
 from .terms import foreign, holder_info, parse_term, unreadable_state
 from .waiting import wait_sliced
 
@@ -269,6 +269,8 @@ class RedisBackend(Backend):
             ) from exc
         self._pubsubs: dict[str, Any] = {}
         self._lock = threading.Lock()
+        #: (when, count) of :meth:`_promotable`, asked of the sentinels.
+        self._promotable_cache: tuple[float, int | None] | None = None
 
     # -- talking to Redis -----------------------------------------------------
 
@@ -430,10 +432,12 @@ class RedisBackend(Backend):
 
         def run(client: Any) -> tuple[list[Any], Acks]:
             script = _SCRIPTS["claim"]
+            promotable = self._promotable(client)
             with Pinned(client, keys[0]) as conn:
-                replies, needed = conn.scripts(
+                replies, online = conn.scripts(
                     script.sha, script.source, keys, calls, self.replica_acks
                 )
+                needed = _most(online, promotable)
                 wrote = any(1 in reply for reply in replies)
                 return replies, conn.wait(needed, self._ack_timeout) if wrote else Acks(0, 0)
 
@@ -484,10 +488,12 @@ class RedisBackend(Backend):
         keys = [self._key(election, "lock"), self._key(election, "epoch")]
 
         def run(client: Any) -> tuple[list[Any], Acks]:
+            promotable = self._promotable(client)
             with Pinned(client, keys[0]) as conn:
-                (reply,), needed = conn.scripts(
+                (reply,), online = conn.scripts(
                     script.sha, script.source, keys, [args], self.replica_acks
                 )
+                needed = _most(online, promotable)
                 taken = reply[0] == 1
                 return reply, conn.wait(needed, self._ack_timeout) if taken else Acks(0, 0)
 
@@ -497,6 +503,27 @@ class RedisBackend(Backend):
             self._script("release", [keys[0]], [value, self._key(election, "released")])
             raise self._not_replicated(acks, "a new term", "released; nobody leads on it")
         return int(taken), value, int(pttl)
+
+    def _promotable(self, client: Any) -> int | None:
+        """With ``"auto"`` behind Sentinel, the replicas Sentinel could promote.
+
+        Asked of the sentinels at most once per store deadline: a replica that
+        drops out meanwhile is still waited for (claims fail, safely), one that
+        joins is online, so ``ROLE`` counts it.
+        """
+        if self.replica_acks is not None:
+            return None
+        now = time.monotonic()
+        with self._lock:
+            cached = self._promotable_cache
+        if cached is not None and now - cached[0] < self.timeout:
+            return cached[1]
+        count = promotable_replicas(client)
+        if count is None and cached is not None:
+            count = cached[1]  # no sentinel answered: they cannot promote anyone either
+        with self._lock:
+            self._promotable_cache = (now, count)
+        return count
 
     @property
     def _ack_timeout(self) -> float:
@@ -534,6 +561,12 @@ def _eval(client: Any, script: _Script, keys: Sequence[str], args: Sequence[Any]
         # The server's script cache is empty (a start or SCRIPT FLUSH): EVAL
         # runs the script and caches it, so the next EVALSHA finds it.
         return client.eval(script.source, len(keys), *keys, *args)
+
+
+def _most(online: int | None, promotable: int | None) -> int | None:
+    """Replicas that must acknowledge: the larger count known; ``None`` if neither is."""
+    known = [n for n in (online, promotable) if n is not None]
+    return max(known) if known else None
 
 
 def _chunks(claims: Sequence[Claim]) -> list[Sequence[Claim]]:

@@ -10,7 +10,9 @@ round trip, hence :class:`Pinned`, which holds one for several.
 
 How many replicas must acknowledge: ``leader_replica_acks``, or with ``"auto"``
 every replica the master reports online (``ROLE``, sent in the same round trip
-as the writes, so it costs nothing on a lone server).
+as the writes, so it costs nothing on a lone server) and, behind Sentinel,
+every replica Sentinel could promote (:func:`promotable_replicas`): a replica
+cut off from the master is not online, yet Sentinel may still promote it.
 """
 
 from __future__ import annotations
@@ -22,7 +24,11 @@ from types import TracebackType
 from typing import Any
 
 from redis.cluster import RedisCluster
-from redis.exceptions import NoPermissionError, NoScriptError, ResponseError
+from redis.exceptions import NoPermissionError, NoScriptError, RedisError, ResponseError
+
+#: Sentinel promotes no replica whose link to the master has been down for
+#: longer than this many ``down-after-milliseconds`` (``sentinelSelectSlave``).
+PROMOTABLE_LINK_DOWN = 10
 
 
 @dataclass(frozen=True)
@@ -136,3 +142,32 @@ def _online(role: Any) -> int | None:
         raise role
     # ["master", offset, [[host, port, offset], ...]]; a replica has none of its own.
     return len(role[2]) if role[0] == "master" else 0
+
+
+def promotable_replicas(client: Any) -> int | None:
+    """Replicas of a Sentinel-managed master that Sentinel could promote now.
+
+    By Sentinel's own rules: not down or disconnected in its eyes, priority
+    not 0, and a link to the master down for no longer than
+    :data:`PROMOTABLE_LINK_DOWN` x ``down-after-milliseconds``. ``None`` when
+    ``client`` is not Sentinel-managed or no sentinel answers.
+    """
+    pool = getattr(client, "connection_pool", None)  # a Cluster client has none
+    manager = getattr(pool, "sentinel_manager", None)
+    if manager is None:
+        return None
+    for sentinel in manager.sentinels:
+        try:
+            master = sentinel.sentinel_master(pool.service_name)
+            replicas = sentinel.sentinel_slaves(pool.service_name)
+        except RedisError:
+            continue
+        limit = master["down-after-milliseconds"] * PROMOTABLE_LINK_DOWN
+        return sum(
+            1
+            for r in replicas
+            if not (r["is_sdown"] or r["is_odown"] or r["is_disconnected"])
+            and r.get("slave-priority", 1) != 0
+            and r.get("master-link-down-time", 0) <= limit
+        )
+    return None
