@@ -35,8 +35,9 @@ PROMOTABLE_LINK_DOWN = 10
 class Acks:
     """How many replicas had to acknowledge a write, and how many did.
 
-    ``needed`` is ``None`` when the master would not say how many replicas it
-    has (``ROLE`` refused by an ACL): then nothing counts as acknowledged.
+    ``needed`` is ``None`` when nobody would say how many replicas there are
+    (``ROLE`` refused by an ACL, and no Sentinel to ask): then nothing counts
+    as acknowledged.
     """
 
     needed: int | None
