@@ -171,6 +171,7 @@ def test_postgres_reads_how_many_standbys_a_commit_waits_for(
         assert row.fetchone() == (waits_for,)
 
 
+@pytest.mark.slow
 def test_behind_sentinel_auto_waits_for_a_cut_off_replica_sentinel_could_promote() -> None:
     """The replica's link is cut: the master lists no replica, but Sentinel may promote it.
 

@@ -153,7 +153,7 @@ def promotable_replicas(client: Any) -> int | None:
     :data:`PROMOTABLE_LINK_DOWN` x ``down-after-milliseconds``. ``None`` when
     ``client`` is not Sentinel-managed or no sentinel answers.
     """
-    pool = getattr(client, "connection_pool", None)  # a Cluster client has none
+    pool: Any = getattr(client, "connection_pool", None)  # a Cluster client has none
     manager = getattr(pool, "sentinel_manager", None)
     if manager is None:
         return None
