@@ -202,7 +202,7 @@ class LeaderConfig:
             health_file=_path(n("leader_health_file"), values.get("leader_health_file")),
             metrics_port=_port(n("leader_metrics_port"), values.get("leader_metrics_port")),
             missed_slots=validate_missed_slots(
-                n("leader_missed_slots"), values.get(n("leader_missed_slots"), "once") or "once"
+                n("leader_missed_slots"), values.get("leader_missed_slots", "once") or "once"
             ),
             missed_slots_grace=validate_grace(
                 n("leader_missed_slots_grace"), None if grace == "" else grace
