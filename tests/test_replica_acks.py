@@ -16,10 +16,11 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from celery_leader.backends import Backend, Claim, create_backend
+from celery_leader.backends import Backend, Claim, Renewal, create_backend
 from celery_leader.backends.postgres.sql import sync_standbys
 from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import ConfigError, StoreUnavailable
+from harness.pg_standby import PrimaryAndStandby
 from harness.redis_replicas import ReplicatedRedis
 from harness.waiting import wait_for
 
@@ -210,5 +211,34 @@ def test_behind_sentinel_auto_waits_for_a_cut_off_replica_sentinel_could_promote
             assert promoted.load_state("s") == {}
         finally:
             promoted.close()
+    finally:
+        store.close()
+
+
+@pytest.mark.postgres
+def test_a_postgres_claim_the_synchronous_standby_does_not_confirm_is_handed_back() -> None:
+    """The standby stalls, the primary survives: nothing is lost, the leader keeps its term."""
+    store = PrimaryAndStandby(synchronous=True)
+    try:
+        store.start()
+        leader = _backend(store.url, None)
+        other = _backend(store.url, None)
+        try:
+            tenure = leader.acquire("e", "a", TTL, 0).tenure
+            assert tenure is not None
+            assert leader.claim("e", tenure, [Claim("x", None, "1")]) == [True]
+            store.link.hold()
+            claims = [Claim("x", "1", "2"), Claim("y", None, "1")]
+            with pytest.raises(StoreUnavailable, match=r"2 claim.*handed back"):
+                leader.claim("e", tenure, claims)
+            assert leader.load_state("e") == {"x": "1"}
+            assert leader.renew("e", tenure, TTL) is Renewal.RENEWED
+            assert other.acquire("e", "b", TTL, 0).tenure is None
+            store.link.release()
+            assert leader.claim("e", tenure, claims) == [True, True]
+            assert leader.load_state("e") == {"x": "2", "y": "1"}
+        finally:
+            leader.close()
+            other.close()
     finally:
         store.close()

@@ -10,11 +10,11 @@ from typing import Any
 
 from psycopg.rows import TupleRow
 
-from ...exceptions import StoreMisconfigured
+from ...exceptions import StoreMisconfigured, StoreUnavailable
 from ..base import Acquired, Backend, Claim, HolderInfo, Renewal, Tenure
 from ..waiting import LockWaiter, wait_sliced
 from .params import connection_params
-from .session import Connector, Session, SessionGone, queue_for_lock
+from .session import Canceller, Connector, Session, SessionGone, queue_for_lock
 from .sql import (
     CLAIM,
     ELECTIONS,
@@ -25,6 +25,7 @@ from .sql import (
     REQUEST_RESIGN,
     TAKE_OFFICE,
     TRY_LOCK,
+    UNCLAIM,
     advisory_key,
     lock_ids,
     ms,
@@ -202,7 +203,11 @@ class PostgresBackend(Backend):
         The commit waits for the synchronous standbys (see ``SETUP``); the
         statement first checks that the server's ``synchronous_standby_names``
         makes it wait for as many as :attr:`replica_acks` asks, and claims
-        nothing otherwise (:class:`StoreMisconfigured`).
+        nothing otherwise (:class:`StoreMisconfigured`). A statement still
+        running after half the store deadline is cancelled: cancelled in that
+        wait, its commit stands on the primary alone, so the claims are handed
+        back and :class:`StoreUnavailable` is raised; the session, and the
+        term in it, carry on.
         """
         results = [False] * len(claims)
         session = self._holding(election, tenure)
@@ -216,26 +221,66 @@ class PostgresBackend(Backend):
         try:
             for indexes in _rounds(claims):
                 batch = [claims[i] for i in indexes]
-                rows = self._db.execute(
-                    session,
-                    CLAIM,
-                    {
-                        **base,
-                        "entries": [c.entry for c in batch],
-                        "expected": [c.expected for c in batch],
-                        "new": [c.new for c in batch],
-                    },
-                )
+                params = {
+                    **base,
+                    "entries": [c.entry for c in batch],
+                    "expected": [c.expected for c in batch],
+                    "new": [c.new for c in batch],
+                }
+                canceller = Canceller(session, self._ack_timeout, self.timeout)
+                try:
+                    rows = self._db.execute(session, CLAIM, params)
+                except StoreUnavailable as exc:
+                    if not canceller.stop() or isinstance(exc, SessionGone):
+                        raise
+                    # Cancelled before its commit: this round claimed nothing.
+                    raise self._not_confirmed(session, base, claims, results) from exc
+                cancelled = canceller.stop()
                 for entry, standbys, sync, needed in rows:
                     if entry is None:
                         raise self._not_synchronous(standbys, sync, needed)
                 won = {entry for (entry, *_) in rows}
                 for i in indexes:
                     results[i] = claims[i].entry in won
+                if cancelled:
+                    # Maybe cancelled in the commit's wait for the standbys: it then
+                    # stands on the primary alone. Undo it, send nothing.
+                    raise self._not_confirmed(session, base, claims, results)
         except SessionGone:
             self._drop_session(election, session)
             return [False] * len(claims)
         return results
+
+    @property
+    def _ack_timeout(self) -> float:
+        """How long a claim's commit waits for the synchronous standbys: half the
+        store deadline, so that handing it back still fits in the other half."""
+        return self.timeout / 2
+
+    def _not_confirmed(
+        self, session: Session, base: Mapping[str, Any], claims: Sequence[Claim], won: list[bool]
+    ) -> StoreUnavailable:
+        """Put back what the won ``claims`` replaced; the error that says how that went."""
+        back = [c for c, ok in zip(claims, won, strict=True) if ok]
+        done = "nothing claimed"
+        if back:
+            params = {
+                **base,
+                "entries": [c.entry for c in back],
+                "claimed": [c.new for c in back],
+                "previous": [c.expected for c in back],
+            }
+            try:
+                self._db.execute(session, UNCLAIM, params)
+                done = "handed back, nothing may be sent on them"
+            except StoreUnavailable as exc:
+                # Left claimed on the primary: the slots are skipped, never sent twice.
+                done = f"handing them back failed too ({exc})"
+        return StoreUnavailable(
+            f"{len(back)} claim(s) not confirmed by the synchronous standby(s) of "
+            f"{self._db.target} within {self._ack_timeout:g} s, so a fail-over could undo "
+            f"them: {done}"
+        )
 
     def _not_synchronous(self, standbys: int, sync: int, needed: int) -> StoreMisconfigured:
         setting = "'auto'" if self.replica_acks is None else str(self.replica_acks)

@@ -184,6 +184,33 @@ UNION ALL SELECT entry, NULL, NULL, NULL FROM updated
 UNION ALL SELECT NULL, standbys, sync, needed FROM replicas WHERE sync < needed
 """  # noqa: S608
 
+# Hands back claims whose commit was cancelled while it waited for the
+# synchronous standbys (so it is on the primary alone): puts back what they
+# replaced, where their value is still stored. Its own commit does not wait for
+# the standbys (synchronous_commit is local for this one transaction): should a
+# promotion undo the hand-back, the claims stay, and their slots are skipped,
+# never sent twice.
+UNCLAIM = f"""
+WITH back AS (
+    SELECT * FROM unnest(%(entries)s::text[], %(claimed)s::text[], %(previous)s::text[])
+        AS b (entry, claimed, previous)
+    WHERE EXISTS ({I_HOLD}) AND set_config('synchronous_commit', 'local', true) IS NOT NULL
+), restored AS (
+    UPDATE celery_leader_state AS s SET value = back.previous
+    FROM back
+    WHERE s.prefix = %(prefix)s AND s.election = %(election)s
+      AND s.entry = back.entry AND s.value = back.claimed AND back.previous IS NOT NULL
+    RETURNING s.entry
+), removed AS (
+    DELETE FROM celery_leader_state AS s
+    USING back
+    WHERE s.prefix = %(prefix)s AND s.election = %(election)s
+      AND s.entry = back.entry AND s.value = back.claimed AND back.previous IS NULL
+    RETURNING s.entry
+)
+SELECT entry FROM restored UNION ALL SELECT entry FROM removed
+"""  # noqa: S608
+
 # A queued follower: no statement deadline for the lock wait itself, but a
 # lock_timeout slice, because a waiting statement holds a snapshot and would
 # hold back VACUUM's horizon for as long as it waits.
