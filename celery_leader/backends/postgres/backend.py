@@ -60,6 +60,8 @@ class PostgresBackend(Backend):
         self._db = Connector(*connection_params(url, timeout), timeout)
         self._lock = threading.Lock()
         self._seats: dict[str, _Seat] = {}
+        #: Standbys each commit waited for at the last claim (``None``: no claim yet).
+        self._sync_standbys: int | None = None
 
     # -- the protocol ---------------------------------------------------------
 
@@ -227,17 +229,20 @@ class PostgresBackend(Backend):
                     "expected": [c.expected for c in batch],
                     "new": [c.new for c in batch],
                 }
-                canceller = Canceller(session, self._ack_timeout, self.timeout)
+                canceller = self._canceller(session)
                 try:
                     rows = self._db.execute(session, CLAIM, params)
                 except StoreUnavailable as exc:
-                    if not canceller.stop() or isinstance(exc, SessionGone):
+                    if canceller is None or not canceller.stop() or isinstance(exc, SessionGone):
                         raise
                     # Cancelled before its commit: this round claimed nothing.
                     raise self._not_confirmed(session, base, claims, results) from exc
-                cancelled = canceller.stop()
+                cancelled = canceller is not None and canceller.stop()
                 for entry, standbys, sync, needed in rows:
-                    if entry is None:
+                    if entry is not None:
+                        continue
+                    self._sync_standbys = sync
+                    if sync < needed:
                         raise self._not_synchronous(standbys, sync, needed)
                 won = {entry for (entry, *_) in rows}
                 for i in indexes:
@@ -250,6 +255,16 @@ class PostgresBackend(Backend):
             self._drop_session(election, session)
             return [False] * len(claims)
         return results
+
+    def _canceller(self, session: Session) -> Canceller | None:
+        """Cancels the claim statement at half the store deadline, when commits
+        wait for synchronous standbys (as the last claim found; unknown at first).
+
+        Not armed otherwise: a timer thread per claim costs a lone server 0.3 ms.
+        """
+        if self._sync_standbys == 0:
+            return None
+        return Canceller(session, self._ack_timeout, self.timeout)
 
     @property
     def _ack_timeout(self) -> float:

@@ -155,8 +155,8 @@ STANDBYS = """
 
 # The claims of one round name distinct entries, so their order does not matter.
 # Nothing is claimed unless the commit waits for as many standbys as
-# %(replica_acks)s asks (-1, "auto": one when any is connected); then one row
-# with a NULL entry says how many are connected, waited for, and needed.
+# %(replica_acks)s asks (-1, "auto": one when any is connected). One more row,
+# with a NULL entry, says how many are connected, waited for, and needed.
 CLAIM = f"""
 WITH replicas AS (
     SELECT standbys, sync, CASE WHEN %(replica_acks)s::int < 0 THEN LEAST(standbys, 1)
@@ -181,7 +181,7 @@ WITH replicas AS (
 )
 SELECT entry, NULL::int, NULL::int, NULL::int FROM inserted
 UNION ALL SELECT entry, NULL, NULL, NULL FROM updated
-UNION ALL SELECT NULL, standbys, sync, needed FROM replicas WHERE sync < needed
+UNION ALL SELECT NULL, standbys, sync, needed FROM replicas
 """  # noqa: S608
 
 # Hands back claims whose commit was cancelled while it waited for the
