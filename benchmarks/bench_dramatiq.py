@@ -167,6 +167,7 @@ def run_locked(
     broker: RedisServer,
     store: RedisServer,
     sender_of: Callable[[Cluster], Callable[[], Proc | None]],
+    faults: tuple[str, ...] = FAULTS,
 ) -> Result:
     result = Result(name)
     with broker.client() as client:
@@ -176,7 +177,7 @@ def run_locked(
     try:
         cluster.top_up()
         sender = sender_of(cluster)
-        for fault in FAULTS:
+        for fault in faults:
             gaps = result.gaps.setdefault(fault, [])
             for _ in range(1 if fault == "store-restart" else reps):
                 gap, survivors = trial(tap, cluster, sender, fault, store)

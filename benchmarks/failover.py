@@ -6,9 +6,9 @@ single-beat: three ``single-beat celery beat`` wrappers, of which one runs its
 child). A thread here pops every published message off the broker's Redis list
 and stamps its arrival, so gaps are measured where a worker would see them.
 
-Each replica reaches its lock store through a TCP proxy of its own, so a
-partition cuts one replica off from the store while it still reaches the broker:
-the split that lets a stale leader keep publishing.
+Each replica reaches its lock store through a TCP proxy of its own (one per etcd
+member), so a partition cuts one replica off from the store while it still
+reaches the broker: the split that lets a stale leader keep publishing.
 
 Faults, applied to whichever replica is publishing at the time:
 
@@ -16,11 +16,16 @@ Faults, applied to whichever replica is publishing at the time:
 * ``sigkill``: SIGKILL to its process group
 * ``sigstop``: SIGSTOP for ``PAUSE`` seconds (past the ttl), then SIGCONT
 * ``partition``: its store proxy holds all traffic for ``PARTITION`` seconds
-* ``store-restart``: the lock store itself is stopped and started again (once per system)
+* ``store-restart``: the lock store itself is stopped and started again (once per system;
+  for etcd, all three members at once, keeping their data)
+
+``python -m benchmarks.failover [--quick] [--reps N] [SYSTEM ...]`` runs this benchmark
+alone (for the named systems, e.g. ``leader-etcd``) and prints its tables.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import itertools
 import json
@@ -28,6 +33,7 @@ import random
 import shutil
 import signal
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -37,6 +43,7 @@ from pathlib import Path
 
 import redis
 
+from harness.etcd import EtcdCluster
 from harness.groups import VENV_BIN, group_alive, pgrp_of, start_child
 from harness.procs import Proc
 from harness.proxy import TcpProxy
@@ -72,9 +79,15 @@ class System:
     key: str
     label: str
     kind: str  # "leader", "redbeat" or "single-beat"
-    store: str  # "redis", "postgres" or "file"
+    store: str  # "redis", "postgres", "etcd" or "file"
+    #: Lease ttl / lock timeout of this system's replicas.
+    ttl: float = TTL
+    #: The faults to run, when not every one that applies (``benchmarks/crash_gap.py``).
+    only: tuple[str, ...] = ()
 
     def faults(self, quick: bool) -> tuple[str, ...]:
+        if self.only:
+            return self.only
         if quick:
             return ("graceful", "sigkill", "partition") if self.store != "file" else FAULTS[:2]
         # A flock has no network link to cut and no server to restart.
@@ -97,6 +110,7 @@ class System:
 SYSTEMS = (
     System("leader-redis", "celery-leader, Redis", "leader", "redis"),
     System("leader-postgres", "celery-leader, PostgreSQL", "leader", "postgres"),
+    System("leader-etcd", "celery-leader, etcd (3 members)", "leader", "etcd"),
     System("leader-file", "celery-leader, file", "leader", "file"),
     System("redbeat", "celery-redbeat", "redbeat", "redis"),
     System("single-beat", "single-beat", "single-beat", "redis"),
@@ -193,8 +207,12 @@ class Store:
 
     def __init__(self, kind: str, pg: PostgresServer | None) -> None:
         self.server: RedisServer | PostgresServer | None = None
+        self.etcd: EtcdCluster | None = None
         self.directory: Path | None = None
-        if kind == "redis":
+        if kind == "etcd":
+            self.etcd = EtcdCluster()
+            self.etcd.start()
+        elif kind == "redis":
             self.server = RedisServer()
             self.server.start()
         elif kind == "postgres":
@@ -204,18 +222,32 @@ class Store:
         else:
             self.directory = Path(tempfile.mkdtemp(prefix="bench-file-store-"))
 
-    def url_via(self, proxy: TcpProxy | None) -> str:
+    def ports(self) -> list[int]:
+        """The ports a replica reaches the store on, each through a proxy of its own."""
+        if self.etcd is not None:
+            return [member.port for member in self.etcd.members]
+        return [] if self.server is None else [self.server.port]
+
+    def url_via(self, proxies: list[TcpProxy]) -> str:
+        if self.etcd is not None:
+            return "etcd://" + ",".join(f"127.0.0.1:{proxy.port}" for proxy in proxies)
         if self.server is None:
             return f"file://{self.directory}"
-        assert proxy is not None
-        return proxy.url_for(self.server.url)
+        return proxies[0].url_for(self.server.url)
 
     def restart(self) -> None:
+        if self.etcd is not None:
+            for member in self.etcd.members:
+                member.stop()
+            self.etcd.start()
+            return
         assert self.server is not None
         self.server.stop()
         self.server.start()
 
     def close(self) -> None:
+        if self.etcd is not None:
+            self.etcd.close()
         if isinstance(self.server, RedisServer):
             self.server.close()
         if self.directory is not None:
@@ -226,7 +258,7 @@ class Store:
 class Replica:
     index: int
     child: Proc
-    proxy: TcpProxy | None
+    proxies: list[TcpProxy]
     started: float
     retired: bool = False  # out of the cluster: stopped or killed on purpose, or found dead
     ready: bool = False
@@ -258,11 +290,13 @@ class Cluster:
         index = len(self.replicas)
         home = self.workdir / f"replica{index}"
         home.mkdir()
-        proxy = None
-        if self.store.server is not None:
-            proxy = TcpProxy("127.0.0.1", self.store.server.port)
-        store_url = self.store.url_via(proxy)
-        env = {"BROKER_URL": self.broker_url, "LEADER_TTL": str(TTL), "BEAT_EVERY": str(PERIOD)}
+        proxies = [TcpProxy("127.0.0.1", port) for port in self.store.ports()]
+        store_url = self.store.url_via(proxies)
+        env = {
+            "BROKER_URL": self.broker_url,
+            "LEADER_TTL": str(self.system.ttl),
+            "BEAT_EVERY": str(PERIOD),
+        }
         beat = [str(VENV_BIN / "celery"), "-A", "benchmarks.apps.bench_app", "beat", "-l", "INFO"]
         beat += ["-s", str(home / "celerybeat-schedule")]
         if self.system.kind == "leader":
@@ -275,7 +309,7 @@ class Cluster:
             argv = [str(VENV_BIN / "single-beat"), *beat]
             env |= {
                 "SINGLE_BEAT_REDIS_SERVER": store_url,
-                "SINGLE_BEAT_LOCK_TIME": str(TTL),
+                "SINGLE_BEAT_LOCK_TIME": str(self.system.ttl),
                 # Must be below LOCK_TIME / 2, and it is an integer: 1 s is the fastest.
                 "SINGLE_BEAT_HEARTBEAT_INTERVAL": "1",
                 # The default identifier is built from the command line, which differs
@@ -284,7 +318,7 @@ class Cluster:
                 "SINGLE_BEAT_LOG_LEVEL": "info",
             }
         child = start_child(argv, env, home, home / "out.log")
-        replica = Replica(index, child, proxy, time.monotonic())
+        replica = Replica(index, child, proxies, time.monotonic())
         self.replicas.append(replica)
         return replica
 
@@ -337,8 +371,8 @@ class Cluster:
         self.recorder.close()
         for replica in self.replicas:
             replica.child.kill_group()
-            if replica.proxy is not None:
-                replica.proxy.close()
+            for proxy in replica.proxies:
+                proxy.close()
 
 
 def _sleep_until(t: float) -> None:
@@ -367,11 +401,13 @@ def run_trial(cluster: Cluster, fault: str, rep: int) -> Trial:
         _sleep_until(fault_end)
         leader.child.signal(signal.SIGCONT)
     elif fault == "partition":
-        assert leader.proxy is not None
-        leader.proxy.hold()
+        assert leader.proxies
+        for proxy in leader.proxies:
+            proxy.hold()
         fault_end = t0 + PARTITION
         _sleep_until(fault_end)
-        leader.proxy.release()
+        for proxy in leader.proxies:
+            proxy.release()
     else:
         cluster.store.restart()
         fault_end = time.monotonic()
@@ -658,3 +694,25 @@ def plot(results: list[SystemResult], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def main(argv: list[str]) -> int:
+    """Run this benchmark alone and print its tables (``benchmarks/run.py`` runs them all)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="1 run, fewer faults")
+    parser.add_argument("--reps", type=int, help="runs of each fault (default 5; --quick: 1)")
+    parser.add_argument("systems", nargs="*", metavar="SYSTEM")
+    args = parser.parse_args(argv)
+    known = [s.key for s in SYSTEMS]
+    unknown = [name for name in args.systems if name not in known]
+    if unknown:
+        parser.error(f"unknown {', '.join(unknown)}; choose from {', '.join(known)}")
+    systems = tuple(s for s in SYSTEMS if not args.systems or s.key in args.systems)
+    reps = args.reps or (1 if args.quick else 5)
+    results = run(reps, args.quick, lambda line: print(line, flush=True), systems)
+    print(f"\n{handover_table(results)}\n\n{safety_table(results)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

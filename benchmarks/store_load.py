@@ -1,21 +1,25 @@
-"""Store load at scale: many lease holders in many elections against one Redis and one PostgreSQL.
+"""Store load at scale: many lease holders in many elections against Redis, PostgreSQL and etcd.
 
 ``HOLDERS`` leases (each with its own backend, as separate processes would
 have) spread over ``ELECTIONS`` elections run in ``PROCESSES`` processes. With
 every election led and the followers queued, the store's work is measured over
-a window: commands (Redis ``INFO commandstats``) or transactions
-(``pg_stat_database``; every statement is one) per second, and the server's
-CPU. Then the whole fleet is restarted at once, crashed (SIGKILL) and
-stopped (SIGTERM), and the time until every election has a leader from the
-new fleet is measured.
+a window: commands (Redis ``INFO commandstats``), statements
+(``pg_stat_statements``) or requests (etcd's ``grpc_server_started_total``,
+summed over the three members of a cluster) per second, and the server's CPU
+(for etcd, the three members' together). Then the whole fleet is restarted at
+once, crashed (SIGKILL) and stopped (SIGTERM), and the time until every election
+has a leader from the new fleet is measured.
 
 Run as ``python -m benchmarks.store_load holder URL FIRST COUNT GENERATION`` it is
 one of those holder processes: it prints ``elected <election> <time>`` as its
 leases win, and on SIGTERM stops them all (each releases what it holds).
+``python -m benchmarks.store_load [--quick] [STORE ...]`` runs this benchmark alone
+(for the named stores: redis, postgres, etcd) and prints its table.
 """
 
 from __future__ import annotations
 
+import argparse
 import shutil
 import signal
 import sys
@@ -31,6 +35,7 @@ import psycopg
 from celery_leader.backends import create_backend
 from celery_leader.config import LeaderConfig
 from celery_leader.lease import Lease
+from harness.etcd import EtcdCluster
 from harness.groups import group_cpu_seconds, start_child
 from harness.servers import PostgresServer, RedisServer
 
@@ -216,20 +221,53 @@ class _Postgres:
         self.server.close()
 
 
+class _Etcd:
+    name = "etcd (3 members)"
+    unit = "requests"
+
+    def __init__(self) -> None:
+        self.cluster = EtcdCluster()
+        self.cluster.start()
+        self.url = self.cluster.url
+
+    def counters(self) -> tuple[int, int, float]:
+        """Requests (each one round trip through the gateway), the same again, CPU seconds."""
+        metrics = [member.metrics() for member in self.cluster.members]
+        requests = int(sum(m.get("grpc_server_started_total", 0.0) for m in metrics))
+        cpu = sum(group_cpu_seconds(m.pid) for m in self.cluster.members if m.pid is not None)
+        return requests, requests, cpu
+
+    def writes(self) -> int:
+        """Raft proposals committed so far: the writes every member puts on disk."""
+        return int(
+            max(
+                m.metrics().get("etcd_server_proposals_committed_total", 0.0)
+                for m in self.cluster.members
+            )
+        )
+
+    def close(self) -> None:
+        self.cluster.close()
+
+
 def measure(
-    store: _Redis | _Postgres, window: float, quick: bool, log: Callable[[str], None]
+    store: _Redis | _Postgres | _Etcd, window: float, quick: bool, log: Callable[[str], None]
 ) -> LoadResult:
     workdir = Path(tempfile.mkdtemp(prefix="bench-load-"))
     fleets = [Fleet(store.url, 0, workdir)]
     if fleets[0].wait_all_elected() is None:
         return LoadResult(store.name, store.unit, skipped="the first fleet never led")
     time.sleep(TTL)  # followers settle into their steady waiting
+    writes0 = store.writes() if isinstance(store, _Etcd) else 0
     ops0, trips0, cpu0 = store.counters()
     time.sleep(window)
     ops1, trips1, cpu1 = store.counters()
+    writes = ""
+    if isinstance(store, _Etcd):
+        writes = f", {(store.writes() - writes0) / window:.1f} Raft writes/s"
     log(
-        f"  {store.name}: {HOLDERS} holders, {(ops1 - ops0) / window:.0f} {store.unit}/s, "
-        f"server CPU {(cpu1 - cpu0) / window:.1%}"
+        f"  {store.name}: {HOLDERS} holders, {(ops1 - ops0) / window:.0f} {store.unit}/s"
+        f"{writes}, server CPU {(cpu1 - cpu0) / window:.1%}"
     )
     result = LoadResult(store.name, store.unit, window, ops1 - ops0, trips1 - trips0, cpu1 - cpu0)
     signals = (signal.SIGKILL,) if quick else (signal.SIGKILL, signal.SIGTERM)
@@ -261,10 +299,19 @@ def _after(restart: Restart) -> str:
     return f"after {restart.elected:.2f} s{started}"
 
 
-def run(quick: bool, log: Callable[[str], None]) -> list[LoadResult]:
+STORES: dict[str, type[_Redis] | type[_Postgres] | type[_Etcd]] = {
+    "redis": _Redis,
+    "postgres": _Postgres,
+    "etcd": _Etcd,
+}
+
+
+def run(
+    quick: bool, log: Callable[[str], None], stores: tuple[str, ...] = tuple(STORES)
+) -> list[LoadResult]:
     window = 5.0 if quick else 15.0
     results = []
-    for make in (_Redis, _Postgres):
+    for make in (STORES[name] for name in stores):
         try:
             store = make()
         except (AssertionError, RuntimeError, psycopg.Error) as exc:
@@ -276,6 +323,13 @@ def run(quick: bool, log: Callable[[str], None]) -> list[LoadResult]:
         finally:
             store.close()
     return results
+
+
+def per_holder(results: list[LoadResult]) -> str:
+    """Round trips per holder per second of each store, in one line."""
+    return "; ".join(
+        f"{r.store} {r.round_trips / r.window / HOLDERS:.2f}" for r in results if not r.skipped
+    )
 
 
 def table(results: list[LoadResult]) -> str:
@@ -303,5 +357,22 @@ def table(results: list[LoadResult]) -> str:
     return "\n".join(lines)
 
 
+def main(argv: list[str]) -> int:
+    """Run this benchmark alone and print its table (``benchmarks/run.py`` runs them all)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a 5 s window, SIGKILL only")
+    parser.add_argument("stores", nargs="*", metavar="STORE")
+    args = parser.parse_args(argv)
+    known = list(STORES)
+    unknown = [name for name in args.stores if name not in known]
+    if unknown:
+        parser.error(f"unknown {', '.join(unknown)}; choose from {', '.join(known)}")
+    log = lambda line: print(line, flush=True)  # noqa: E731
+    print(table(run(args.quick, log, tuple(args.stores or STORES))))
+    return 0
+
+
 if __name__ == "__main__" and sys.argv[1:2] == ["holder"]:
     holder_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
+elif __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

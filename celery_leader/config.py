@@ -107,7 +107,7 @@ class LeaderConfig:
 
     @property
     def store_kind(self) -> str:
-        """``"redis"``, ``"postgres"``, ``"file"`` or ``"memory"``."""
+        """``"redis"``, ``"postgres"``, ``"etcd"``, ``"file"`` or ``"memory"``."""
         return self.store.kind
 
     @classmethod
@@ -140,7 +140,7 @@ class LeaderConfig:
                 shown[key] = (names or {}).get(key, key)
         if values.get("leader_url") in (None, ""):
             raise ConfigError(
-                f"{shown['leader_url']} is not set: set it to redis://, postgresql://, "
+                f"{shown['leader_url']} is not set: set it to redis://, postgresql://, etcd://, "
                 "file:///dir or memory://"
             )
         return cls.from_mapping(values, names=shown)
@@ -314,7 +314,7 @@ def _url(value: object, broker_url: object, setting: str) -> str:
         shown = mask_url(broker_url) if isinstance(broker_url, str) else broker_url
         raise ConfigError(
             f"leader_url is not set and broker_url ({shown!r}) is not a Redis URL: set "
-            "leader_url (CELERY_LEADER_URL with Django) to redis://, postgresql://, "
+            "leader_url (CELERY_LEADER_URL with Django) to redis://, postgresql://, etcd://, "
             "file:///dir or memory://"
         )
     if not isinstance(value, str):

@@ -70,8 +70,8 @@ class Lease:
     ``on_cycle`` runs in the lease thread after every acquire or renew cycle.
     """
 
-    #: Why the last term ended: ``"expired"``, ``"lost"``, ``"resigned"``,
-    #: ``"stopping"``, ``"unhealthy"``, ``"error"``, or the ``kind`` given to
+    #: Why the last term ended: ``"expired"``, ``"lost"``, ``"disconnected"``,
+    #: ``"resigned"``, ``"stopping"``, ``"unhealthy"``, ``"error"``, or the ``kind`` given to
     #: :meth:`step_down` (beat's ``"publish_failures"``).
     last_demotion: str | None = None
 
@@ -294,7 +294,18 @@ class Lease:
             wake = min(wake, self._believe_at)
         if self.health_check is not None:
             wake = min(wake, now + HEALTH_POLL)
-        if self._stopping.wait(max(0.0, wake - now)):
+        tenure = self._tenure
+        assert tenure is not None
+        if not self.backend.hold(self.election, tenure, max(0.0, wake - now), self._stopping):
+            # Another instance may take the term over now, without waiting for
+            # the ttl. Sit out one interval so that one of them gets it.
+            self._step_down(
+                "the store closed this holder's connection",
+                kind="disconnected",
+                sit_out=self.renew_interval,
+            )
+            return
+        if self._stopping.is_set():
             return
         request, self._step_down_request = self._step_down_request, None
         if request is not None:
@@ -319,8 +330,6 @@ class Lease:
         if now < self._next_renew:
             self._refresh()  # the hold-off ended
             return
-        tenure = self._tenure
-        assert tenure is not None
         sent = time.monotonic()
         try:
             with self.observe("renew"):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.etcd import EtcdCluster
 from harness.procs import Procs
 from harness.proxy import TcpProxy
 from harness.servers import PostgresServer, RedisServer
@@ -20,7 +21,7 @@ from harness.servers import PostgresServer, RedisServer
 # puts back Celery's own in-process worker fixtures, and nothing here may need Docker.
 pytest_plugins = ("celery.contrib.pytest",)
 
-_SERVER_FIXTURES = ("redis_server", "postgres_server")
+_SERVER_FIXTURES = ("redis_server", "postgres_server", "etcd_cluster")
 
 
 @pytest.fixture(scope="session")
@@ -34,6 +35,13 @@ def postgres_server() -> Iterator[PostgresServer]:
     # No skip on failure: a suite that silently skips its PostgreSQL tests looks green.
     with PostgresServer() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def etcd_cluster() -> Iterator[EtcdCluster]:
+    """Three etcd members on loopback (a test may kill any of them; the next gets them back)."""
+    with EtcdCluster() as cluster:
+        yield cluster
 
 
 @pytest.fixture(autouse=True)
@@ -61,6 +69,13 @@ def postgres_url(postgres_server: PostgresServer) -> str:
     """URL of a running PostgreSQL where role ``leader`` has no sessions and no objects."""
     postgres_server.reset()
     return postgres_server.url
+
+
+@pytest.fixture
+def etcd_url(etcd_cluster: EtcdCluster) -> str:
+    """``etcd://`` URL naming all three members of a serving cluster with no keys and no leases."""
+    etcd_cluster.reset()
+    return etcd_cluster.url
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""One contract, every store: the same cases against memory, file, Redis and PostgreSQL.
+"""One contract, every store: the same cases against memory, file, Redis, PostgreSQL and etcd.
 
 Each case talks to the store through several backend instances, as separate
 processes would (separate connections; for ``memory://`` one process-wide store).
@@ -9,6 +9,7 @@ store's own test module.
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import threading
@@ -22,6 +23,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 import redis
+import requests
 
 from celery_leader.backends import Backend, Claim, Renewal, Tenure, create_backend
 from celery_leader.config import LeaderConfig
@@ -101,12 +103,40 @@ def _postgres_store(url: str) -> Store:
     return Store("postgres", url, False, plant, down)
 
 
+def _etcd_store(url: str) -> Store:
+    endpoint = url.removeprefix("etcd://").split(",")[0]
+
+    def plant(what: str) -> str | None:
+        if what == "state":
+            return None  # one key per entry, each returned as stored: no container to spoil
+        name = {"term": "term", "epoch": "epoch-offset"}[what]
+        key = f"{PREFIX}/{ELECTION}/{name}"
+        value = "not ours" if what == "term" else "not a number"
+        encoded = {"key": _b64(key), "value": _b64(value)}
+        requests.post(f"http://{endpoint}/v3/kv/put", json=encoded, timeout=5).raise_for_status()
+        return key
+
+    return Store(
+        "etcd", url, True, plant, f"etcd://127.0.0.1:{free_port()},127.0.0.1:{free_port()}"
+    )
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
 def _memory_store() -> Store:
     return Store("memory", f"memory://contract-{uuid.uuid4().hex}", True, lambda what: None, None)
 
 
 @pytest.fixture(
-    params=["memory", "file", "redis", pytest.param("postgres", marks=pytest.mark.postgres)]
+    params=[
+        "memory",
+        "file",
+        "redis",
+        pytest.param("postgres", marks=pytest.mark.postgres),
+        "etcd",
+    ]
 )
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     kind = request.param
@@ -116,6 +146,8 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
         made = _file_store(tmp_path / "leases")
     elif kind == "redis":
         made = _redis_store(request.getfixturevalue("redis_url"))
+    elif kind == "etcd":
+        made = _etcd_store(request.getfixturevalue("etcd_url"))
     else:
         made = _postgres_store(request.getfixturevalue("postgres_url"))
     yield made

@@ -14,6 +14,7 @@ from celery import Celery
 from celery_leader import ConfigError, LeaderConfig, Lease
 from celery_leader._urls import mask_url
 from celery_leader.backends import create_backend
+from celery_leader.backends.etcd import EtcdBackend
 from celery_leader.backends.file import FileBackend
 from celery_leader.backends.memory import MemoryBackend
 from celery_leader.backends.redis import RedisBackend
@@ -64,6 +65,8 @@ def test_renew_interval_defaults_to_a_third_of_the_ttl() -> None:
         ("unix:///tmp/redis.sock", "redis", RedisBackend),
         ("memory://", "memory", MemoryBackend),
         ("file:///{tmp}", "file", FileBackend),
+        ("etcd://127.0.0.1:2379,127.0.0.1:22379", "etcd", EtcdBackend),
+        ("etcds://u:pw@127.0.0.1?cacert=/ca.pem", "etcd", EtcdBackend),
     ],
 )
 def test_scheme_selects_the_backend(url: str, kind: str, backend: type, tmp_path) -> None:
@@ -320,6 +323,10 @@ def test_plain_app_conf() -> None:
             "redis+sentinel://:***@h1:26379,h2:26379/mymaster/0",
         ),
         (f"postgresql://leader:{SECRET}@db:5432/app", "postgresql://leader:***@db:5432/app"),
+        (
+            f"etcds://leader:{SECRET}@h1:2379,h2:2379?cacert=/ca.pem",
+            "etcds://leader:***@h1:2379,h2:2379?cacert=/ca.pem",
+        ),
         ("redis://h:6379/0", "redis://h:6379/0"),
         ("memory://", "memory://"),
     ],

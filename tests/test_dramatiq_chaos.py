@@ -3,7 +3,8 @@
 Each replica runs tests/apps/dramatiq_app.py, either embedded (``dramatiq -p 2`` with
 ``LeaderMiddleware(scheduler=True)``: two worker processes and the scheduler fork) or
 standalone (``python -m celery_leader.dramatiq``). The broker is a Redis server of its
-own, so the lease store (Redis, PostgreSQL or a directory) can be restarted while the
+own, so the lease store (Redis, PostgreSQL, a directory or a three-member etcd cluster)
+can be restarted while the
 sent messages stay. Nobody consumes the ``ticks`` queue but a tap in this test, which
 takes each message off as it lands (polling every 5 ms) and notes when: duplicates are
 counted by ``leader_slot`` from the broker, and a gap is the longest silence between
@@ -13,7 +14,8 @@ new leader sends a missed slot under its original time).
 The matrix stays lean for CI: every fault on Redis with embedded schedulers; the crash
 and graceful faults standalone on Redis; on PostgreSQL and file, the faults whose
 bound differs from Redis (the crashes, which their stores detect at once) and a
-graceful one. Run with ``-s`` to see the measured gaps.
+graceful one; on etcd, the replica faults and those of the cluster itself (its Raft
+leader killed, quorum lost and back). Run with ``-s`` to see the measured gaps.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -37,6 +40,7 @@ from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import StoreUnavailable
 from celery_leader.schedule.state import dump_state
 from harness.dramatiq_tap import DramatiqTap
+from harness.etcd import EtcdCluster
 from harness.groups import pgrp_of
 from harness.procs import Proc, Procs
 from harness.proxy import TcpProxy
@@ -53,7 +57,16 @@ EVERY = 0.2
 #: Longest silence around a fault: the hand-over plus up to one period, because the
 #: fault may strike just before a slot, which then waits for the new leader.
 GRACEFUL = 0.5 + EVERY
-CRASH = {"redis": TTL + 0.5 + EVERY, "postgres": 0.5 + EVERY, "file": 0.5 + EVERY}
+#: Every store but etcd sees a dead holder's connection or lock go (Redis: its
+#: presence); etcd frees an expired lease within its 0.5 s expiry loop, after the ttl.
+CRASH = {"redis": 0.5 + EVERY, "postgres": 0.5 + EVERY, "file": 0.5 + EVERY,
+         "etcd": TTL + 0.5 + EVERY}  # fmt: skip
+#: A paused holder keeps its connection open: its term runs out after the ttl.
+PAUSE = TTL + 0.5 + EVERY
+#: Quorum back: etcd's new Raft leader restarts every lease's TTL plus one election
+#: timeout (1 s) before the old holder's lease can run out, and its expiry loop runs
+#: every 0.5 s; then a follower takes over as after a crash.
+QUORUM_BACK = TTL + 1.0 + 0.5 + 0.5
 READY = r"Dramatiq scheduler \S+ joins 'beat'"
 HOST = socket.gethostname()
 
@@ -218,6 +231,14 @@ def tap(broker_server: RedisServer) -> Iterator[Tap]:
     client.close()
 
 
+def silence_after(tap: Tap, since: float, count: int = 10) -> float:
+    """Longest silence between arrivals from the last one before ``since`` to ``count`` after."""
+    wait_for(lambda: len([s for s in tap.sent() if s.seen > since]) >= count, 20, message="slots")
+    seen = [s.seen for s in tap.sent()]
+    window = [t for t in seen if t <= since][-1:] + [t for t in seen if t > since][:count]
+    return max(b - a for a, b in pairwise(window))
+
+
 @pytest.fixture(params=["redis", "postgres", "file"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, str, object]:
     kind = request.param
@@ -249,21 +270,44 @@ def run_faults(
     steady(tap)
     rows = []
     for name in faults:
-        pid = leader_pid(config, CRASH["redis"] + 5)
+        pid = leader_pid(config, PAUSE + 5)
         replica = replica_of(replicas, pid)
         steady(tap, 3)
         old_epoch = tap.sent()[-1].epoch
         fault = time.monotonic()
         if name == "stop_cont":
             os.killpg(replica.pid, signal.SIGSTOP)
-            gap = gap_around(tap, fault, old_epoch, CRASH["redis"] + 10)
+            gap = gap_around(tap, fault, old_epoch, PAUSE + 10)
             wait_for(lambda: time.monotonic() > fault + 1.5 * TTL, 2 * TTL)
             os.killpg(replica.pid, signal.SIGCONT)
             resumed = time.monotonic()
             steady(tap, 10)  # two seconds in which the resumed ex-leader could send
             late = [s for s in tap.sent() if s.seen > resumed and s.epoch <= old_epoch]
             assert not late, f"the resumed ex-leader sent {late}"
+            bound = PAUSE
+        elif name == "raft_leader_kill":
+            # The others elect a Raft leader and carry every lease over: the holder
+            # may keep its term; what counts is how long nothing was sent.
+            assert isinstance(server, EtcdCluster)
+            member = server.raft_leader()
+            member.kill()
+            gap = silence_after(tap, fault)
+            member.start()
             bound = CRASH[kind]
+        elif name == "quorum_loss":
+            assert isinstance(server, EtcdCluster)
+            victims = [server.raft_leader()]
+            victims.append(next(m for m in server.members if m is not victims[0]))
+            for member in victims:
+                member.kill()
+            time.sleep(TTL + 1.0)
+            server.start()
+            back = time.monotonic()
+            stray = [s for s in tap.sent() if fault + TTL < s.seen < back]
+            assert not stray, f"sent without quorum: {stray}"
+            wait_for(lambda: any(s.seen > back for s in tap.sent()), QUORUM_BACK + 10)
+            gap = min(s.seen for s in tap.sent() if s.seen > back) - back
+            bound = QUORUM_BACK
         elif name == "store_restart":
             assert isinstance(server, RedisServer | PostgresServer)
             server.stop()
@@ -325,6 +369,23 @@ def test_faults_on_redis_standalone(
         ("redis", redis_url, redis_server),
         False,
         ["kill_group", "term_group", "stop_cont"],
+    )
+
+
+def test_faults_on_etcd_embedded(
+    procs: Procs,
+    tap: Tap,
+    broker_server: RedisServer,
+    etcd_cluster: EtcdCluster,
+    etcd_url: str,
+) -> None:
+    run_faults(
+        procs,
+        tap,
+        broker_server,
+        ("etcd", etcd_url, etcd_cluster),
+        True,
+        ["kill_group", "term_group", "stop_cont", "raft_leader_kill", "quorum_loss"],
     )
 
 

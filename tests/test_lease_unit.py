@@ -566,6 +566,32 @@ def test_renewal_lost_to_another_term_steps_down(url, leases, watch) -> None:
     assert backend.holder(ELECTION).instance_id == "intruder", "a released nothing of theirs"
 
 
+class Disconnecting(Scripted):
+    """A store whose ``hold`` reports the holder's connection gone once ``gone`` is set."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.gone = threading.Event()
+
+    def hold(self, election: str, tenure: Tenure, timeout: float, cancel: threading.Event) -> bool:
+        return not self.gone.wait(timeout)
+
+
+def test_a_holder_whose_connection_is_gone_stops_believing_at_once(url, leases, watch) -> None:
+    backend = Disconnecting(url)
+    a = make(leases, backend, "a", watch, renew=TTL / 3)
+    leads(a)
+    epoch = a.epoch
+    gone = time.monotonic()
+    backend.gone.set()
+    wait_for(lambda: watch.kinds("a") == ["elected", "demoted"], 0.1)
+    demoted = watch.of("a", "demoted")[0]
+    assert demoted[3] - gone < 0.05, "not at the next renewal: at once"
+    assert not a.is_leader() and a.last_demotion == "disconnected"
+    released = [c for c in backend.calls if c[0] == "release"]
+    assert released and released[-1][2]["epoch"] == epoch, "it hands its term back"
+
+
 def test_resign_hands_over(url, leases, watch) -> None:
     backend = Scripted(url)
     a = make(leases, backend, "a", watch)

@@ -3,8 +3,10 @@
 Each topology runs the same check: three leases on separate connections elect
 exactly one leader, a graceful stop hands over at once, epochs grow, and a
 fenced claim of many entries works (in Cluster, where pipelines refuse
-scripts, too). Then ``?cluster=true`` where there is no cluster: refused in one
-line by a server without cluster support, an outage when nothing listens.
+scripts, too). Sentinel and Cluster also hand a SIGKILLed holder over without
+waiting for its ttl (presence; in Cluster it must live on the slot's node).
+Then ``?cluster=true`` where there is no cluster: refused in one line by a
+server without cluster support, an outage when nothing listens.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ from celery_leader.lease import Lease
 from harness.procs import Procs
 from harness.servers import RedisServer, free_port
 from harness.waiting import wait_for
+from tests.apps.lease_cluster import LeaseCluster
+from tests.test_redis_presence import CRASH, STARTUP
+from tests.test_redis_presence import TTL as DEFAULT_TTL
 
 TTL = 2.0
 CELERY = Path(sys.executable).with_name("celery")
@@ -109,6 +114,21 @@ def _run_election(url: str) -> None:
             backend.close()
 
 
+def _crash_hand_over(url: str, procs: Procs, workdir: Path) -> None:
+    """Lease processes at the default ttl: a SIGKILLed holder is replaced within CRASH."""
+    cluster = LeaseCluster(procs, workdir, url, ttl=DEFAULT_TTL, settle_follows=1)
+    try:
+        leader = cluster.spawn(0)
+        assert cluster.wait_leader(STARTUP) is leader
+        cluster.wait_settled(cluster.spawn(1), 0.0, STARTUP)
+        [took] = cluster.hand_overs(leader, cluster.kill, 1, DEFAULT_TTL, STARTUP)
+        print(f"\nHANDOVER SIGKILL at ttl {DEFAULT_TTL:g} s via {url}: {took * 1000:.0f} ms")
+        assert took <= CRASH
+        cluster.check_terms()
+    finally:
+        cluster.close()
+
+
 @pytest.fixture
 def tls_node(tmp_path: Path) -> Iterator[_TlsNode]:
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
@@ -141,7 +161,7 @@ def test_unix_socket(tmp_path: Path) -> None:
         node.close()
 
 
-def test_sentinel() -> None:
+def test_sentinel(procs: Procs, tmp_path: Path) -> None:
     master = _Node()
     master.start()
     sentinel = _Node()
@@ -154,12 +174,13 @@ def test_sentinel() -> None:
     sentinel.start()
     try:
         _run_election(f"redis+sentinel://127.0.0.1:{sentinel.port}/mymaster/0")
+        _crash_hand_over(f"redis+sentinel://127.0.0.1:{sentinel.port}/mymaster/0", procs, tmp_path)
     finally:
         sentinel.close()
         master.close()
 
 
-def test_cluster() -> None:
+def test_cluster(procs: Procs, tmp_path: Path) -> None:
     nodes = [
         _Node("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf") for _ in range(3)
     ]
@@ -183,6 +204,7 @@ def test_cluster() -> None:
 
         wait_for(cluster_ok, 20, interval=0.1, message="cluster_state:ok on every node")
         _run_election(f"redis://127.0.0.1:{nodes[0].port}/0?cluster=true")
+        _crash_hand_over(f"redis://127.0.0.1:{nodes[0].port}/0?cluster=true", procs, tmp_path)
     finally:
         for node in nodes:
             node.close()

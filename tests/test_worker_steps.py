@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -52,6 +51,12 @@ def rival(app: Celery, election: str = "worker", instance_id: str = "rival") -> 
     lease.start()
     wait_for(lease.is_leader, 2, message=f"{instance_id} leads {election!r}")
     return lease
+
+
+def waiting(app: Celery, queue: str) -> int:
+    """Messages in ``queue`` of the memory broker (none of them delivered)."""
+    with app.connection_for_write() as conn:
+        return int(conn.default_channel.queue_declare(queue=queue, passive=True).message_count)
 
 
 @contextmanager
@@ -154,9 +159,16 @@ def test_wait_holds_the_task_until_this_node_leads(app: Celery) -> None:
         runs.append(current_task.request.delivery_info["routing_key"])
         return "ran"
 
+    @app.task(shared=False)
+    def later() -> str:
+        return "polled"
+
     with worker(app) as w:
         result = job.delay()
-        time.sleep(0.5)  # a follower does not even receive it
+        # The worker has polled the broker since (a task sent after it ran), and the
+        # message still waits in the leader queue: a follower does not even receive it.
+        assert later.delay().get(timeout=10) == "polled"
+        assert waiting(app, "celery_leader.leader.worker") == 1
         assert runs == []
         assert not w.consumer.task_consumer.consuming_from("celery_leader.leader.worker")
         other.stop()  # this node is elected, consumes the leader queue, runs it
@@ -250,12 +262,34 @@ def test_reject_requeues_until_the_leader_takes_it(app: Celery) -> None:
         runs.append(current_task.request.hostname)
         return "ran"
 
-    with worker(app):
-        result = job.delay()
-        time.sleep(0.2)  # let it bounce a few times while the rival leads
-        assert runs == []
-        other.stop()
-        assert result.get(timeout=20) == "ran"
+    events: list[tuple[str, str]] = []  # (task id, "started" or the state it ended in)
+
+    def prerun(task_id: str = "", **_: Any) -> None:
+        events.append((task_id, "started"))
+
+    def postrun(task_id: str = "", state: str = "", **_: Any) -> None:
+        events.append((task_id, state))
+
+    def bounced(task_id: str) -> bool:
+        """Held while the rival leads (up to 1 s), requeued, and delivered again."""
+        return [e for i, e in events if i == task_id][:3] == ["started", "REJECTED", "started"]
+
+    celery_signals.task_prerun.connect(prerun, weak=False)
+    celery_signals.task_postrun.connect(postrun, weak=False)
+    try:
+        with worker(app):
+            result = job.delay()
+            wait_for(
+                lambda: bounced(result.id),
+                10,
+                message=lambda: f"not requeued and delivered again: {events}",
+            )
+            assert runs == []
+            other.stop()
+            assert result.get(timeout=20) == "ran"
+    finally:
+        celery_signals.task_prerun.disconnect(prerun)
+        celery_signals.task_postrun.disconnect(postrun)
     assert len(runs) == 1
 
 

@@ -106,6 +106,23 @@ def apply_claims(state: dict[str, str], claims: Sequence[Claim]) -> list[bool]:
     return results
 
 
+def claim_rounds(claims: Sequence[Claim]) -> list[list[int]]:
+    """Claim indexes in rounds: the n-th claim of every entry goes in round n.
+
+    For stores that evaluate a whole batch against the state before it, so a
+    batch may name each entry only once (PostgreSQL statements, etcd transactions).
+    """
+    rounds: list[list[int]] = []
+    seen: dict[str, int] = {}
+    for i, c in enumerate(claims):
+        n = seen.get(c.entry, 0)
+        seen[c.entry] = n + 1
+        if n == len(rounds):
+            rounds.append([])
+        rounds[n].append(i)
+    return rounds
+
+
 class Backend(ABC):
     """A lease store. One instance may serve several elections and threads."""
 
@@ -147,6 +164,16 @@ class Backend(ABC):
     @abstractmethod
     def wait(self, election: str, timeout: float, cancel: threading.Event) -> None:
         """Block until ``election`` may be free, ``timeout`` passes or ``cancel`` is set."""
+
+    def hold(self, election: str, tenure: Tenure, timeout: float, cancel: threading.Event) -> bool:
+        """Block while holding ``tenure`` until ``timeout`` passes or ``cancel`` is set.
+
+        Returns False as soon as the store shows that this holder's connection
+        is gone, after which another instance may take the term over at once:
+        the caller must stop believing it leads. Stores that cannot tell just wait.
+        """
+        cancel.wait(timeout)
+        return True
 
     @abstractmethod
     def holder(self, election: str) -> HolderInfo | None:

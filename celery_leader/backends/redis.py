@@ -5,13 +5,17 @@ Add ``?cluster=true`` to a ``redis://`` or ``rediss://`` URL for Redis Cluster.
 Keys of one election share the hash tag ``{<prefix>:<election>}`` so that every
 script touches a single Redis Cluster slot:
 
-* ``{p:e}:lock``   - the term: JSON ``{"token", "epoch", "holder"}``, with a PX ttl
+* ``{p:e}:lock``   - the term: JSON ``{"token", "epoch", "holder", "presence"}``,
+  with a PX ttl
 * ``{p:e}:epoch``  - counter of terms; never expires
 * ``{p:e}:resign`` - the term an operator asked to hand over (``leader resign``)
+* ``{p:e}:watch``  - presence id of the follower that watches the holder closely
 * ``{p:e}:state``  - hash of shared schedule state, entry -> JSON
 
-Releases are announced on the channel ``{p:e}:released`` so that followers
-take over at once instead of waiting out the ttl.
+Releases and take-overs are announced on the channel ``{p:e}:released`` so
+that followers act at once instead of waiting out the ttl. A holder whose
+connection closed (its process died) is taken over without waiting for the
+ttl: see :mod:`celery_leader.backends.presence`.
 
 Every operation is one Lua script, sent with ``EVALSHA``; only when the server
 answers ``NOSCRIPT`` (its script cache is empty after a start or a flush) is
@@ -47,6 +51,7 @@ from redis.sentinel import Sentinel
 from .._urls import mask_url
 from ..exceptions import ConfigError, StoreMisconfigured, StoreUnavailable
 from .base import Acquired, Backend, Claim, HolderInfo, Renewal, Tenure
+from .presence import WATCH_INTERVAL, Subscription
 from .redis_acks import Acks, Pinned, promotable_replicas
 from .terms import foreign, holder_info, parse_term, unreadable_state
 from .waiting import wait_sliced
@@ -54,12 +59,39 @@ from .waiting import wait_sliced
 # Every script reports a key of the wrong type as {'foreign', key, what it holds}.
 # redis.pcall returns an error as a table instead of aborting the script.
 
-# KEYS: lock, epoch. ARGV: nonce, instance id, ttl ms, lowest acceptable epoch - 1.
-# Returns {1, value, ttl ms} when taken, {0, holder value, pttl} when held.
+# KEYS: lock, epoch, watch. ARGV: nonce, instance id, ttl ms, lowest acceptable
+# epoch - 1, our presence id ("" for none), presence channel prefix, "1" when
+# presence may be checked, release channel.
+# Returns {1, value, ttl ms} when taken, {0, holder value, pttl, watching} when
+# held; watching = 1 makes the caller the election's designated successor.
+# A holder whose term names a presence nobody keeps any more (its connection
+# closed) is taken over here, atomically with reading its term; the other
+# followers hear of it on the release channel.
 _ACQUIRE = """
+local function present(id)
+  return redis.call('PUBSUB', 'NUMSUB', ARGV[6] .. id)[2] > 0
+end
 local cur = redis.pcall('GET', KEYS[1])
 if type(cur) == 'table' then return {'foreign', KEYS[1], redis.call('TYPE', KEYS[1]).ok} end
-if cur then return {0, cur, redis.call('PTTL', KEYS[1])} end
+local check = ARGV[7] == '1'
+local taken_over = false
+if cur then
+  local ok, term = pcall(cjson.decode, cur)
+  local id = ok and type(term) == 'table' and term.presence
+  if not check or type(id) ~= 'string' or present(id) then
+    -- One follower watches closely (the caller, unless a present one does already).
+    local watching = 0
+    if check and ARGV[5] ~= '' then
+      local w = redis.pcall('GET', KEYS[3])
+      if type(w) ~= 'string' or w == ARGV[5] or not present(w) then
+        redis.call('SET', KEYS[3], ARGV[5], 'PX', ARGV[3])
+        watching = 1
+      end
+    end
+    return {0, cur, redis.call('PTTL', KEYS[1]), watching}
+  end
+  taken_over = true
+end
 local kind = redis.call('TYPE', KEYS[2]).ok
 if kind == 'none' then
   -- First term, or the store lost its data: start from the server's clock in ms
@@ -76,8 +108,12 @@ if epoch <= floor then
   epoch = floor + 1
   redis.call('SET', KEYS[2], epoch)
 end
-local value = cjson.encode({token = ARGV[1], epoch = epoch, holder = ARGV[2]})
+local presence = nil
+if ARGV[5] ~= '' then presence = ARGV[5] end
+local value = cjson.encode({token = ARGV[1], epoch = epoch, holder = ARGV[2], presence = presence})
 redis.call('SET', KEYS[1], value, 'PX', ARGV[3])
+if presence and redis.pcall('GET', KEYS[3]) == presence then redis.call('DEL', KEYS[3]) end
+if taken_over then redis.call('PUBLISH', ARGV[8], 'taken over') end
 return {1, value, tonumber(ARGV[3])}
 """
 
@@ -101,6 +137,12 @@ if redis.pcall('GET', KEYS[1]) == ARGV[1] then
   return 1
 end
 return 0
+"""
+
+# KEYS: lock (only so that Cluster runs it on the election's node). ARGV: channel.
+# How many subscribers the channel has on that node.
+_SUBSCRIBERS = """
+return redis.call('PUBSUB', 'NUMSUB', ARGV[1])[2]
 """
 
 # KEYS: lock. Returns {value or nil, pttl}.
@@ -167,6 +209,11 @@ logger = logging.getLogger("celery_leader.backends.redis")
 #: still go out in one pipelined round trip.
 _CLAIM_CHUNK = 500
 
+#: Store URLs this process has said it falls back to the ttl for: once is enough
+#: (a worker and its embedded beat, or many leases, each have a backend of their own).
+_FALLBACKS: set[str] = set()
+_FALLBACKS_LOCK = threading.Lock()
+
 #: What each key is meant to hold, for errors about a key of the wrong type.
 _EXPECTED = {
     "lock": "a celery-leader term (a JSON string)",
@@ -190,6 +237,7 @@ _SCRIPTS = {
         ("renew", _RENEW),
         ("release", _RELEASE),
         ("term", _TERM),
+        ("subscribers", _SUBSCRIBERS),
         ("load_state", _LOAD_STATE),
         ("claim", _CLAIM),
         ("unclaim", _UNCLAIM),
@@ -267,7 +315,10 @@ class RedisBackend(Backend):
             raise ConfigError(
                 f"leader_url {mask_url(url)!r} is not a valid Redis URL: {exc}"
             ) from exc
-        self._pubsubs: dict[str, Any] = {}
+        self._subscriptions: dict[str, Subscription] = {}
+        #: Whether terms keep a presence: None until the first subscription
+        #: has checked that this server counts it where the scripts run.
+        self._presence: bool | None = None
         self._lock = threading.Lock()
         #: (when, count) of :meth:`_promotable`, asked of the sentinels.
         self._promotable_cache: tuple[float, int | None] | None = None
@@ -333,14 +384,30 @@ class RedisBackend(Backend):
     def acquire(self, election: str, instance_id: str, ttl: float, min_epoch: int) -> Acquired:
         ttl_ms = max(1, int(ttl * 1000))
         lock = self._key(election, "lock")
-        taken, value, pttl = self._acquire_durably(
-            election, [uuid.uuid4().hex, instance_id, ttl_ms, min_epoch]
+        subscription = self._subscription(election)
+        presence = subscription.presence if subscription is not None else None
+        taken, value, pttl, *watching = self._acquire_durably(
+            election,
+            [lock, self._key(election, "epoch"), self._key(election, "watch")],
+            [
+                uuid.uuid4().hex,
+                instance_id,
+                ttl_ms,
+                min_epoch,
+                presence or "",
+                self._key(election, "present:"),
+                "1" if self._presence else "0",
+                self._key(election, "released"),
+            ],
         )
         if taken:
             epoch = parse_term(value, f"Redis key {lock!r}")["epoch"]
             return Acquired(Tenure(value, epoch), None, ttl)
         info = _holder(value, pttl, lock)
-        return Acquired(None, info, ttl if pttl < 0 else pttl / 1000)
+        retry = ttl if pttl < 0 else pttl / 1000
+        if watching and watching[0]:
+            retry = min(retry, WATCH_INTERVAL)
+        return Acquired(None, info, retry)
 
     def renew(self, election: str, tenure: Tenure, ttl: float) -> Renewal:
         code = self._script(
@@ -360,30 +427,98 @@ class RedisBackend(Backend):
     def wait(self, election: str, timeout: float, cancel: threading.Event) -> None:
         deadline = time.monotonic() + timeout
         with self._lock:
-            pubsub = self._pubsubs.get(election)
+            subscription = self._subscriptions.get(election)
+        if subscription is None:
+            # Dropped after an error; the next acquire subscribes again.
+            cancel.wait(timeout)
+            return
         try:
-            if pubsub is None:
-                pubsub = self._client_now().pubsub(ignore_subscribe_messages=True)
-                pubsub.subscribe(self._key(election, "released"))
-                with self._lock:
-                    self._pubsubs[election] = pubsub
-                # A release may have happened before the subscription took
-                # effect: return so the caller tries once more, now covered.
-                return
-            # Reading the subscription socket sends nothing to Redis.
-            wait_sliced(lambda s: pubsub.get_message(timeout=s) is not None, timeout, cancel)
-        except (redis.RedisError, RedisClusterException, StoreUnavailable):
-            self._drop_pubsub(election)
+            wait_sliced(subscription.message, timeout, cancel)
+        except (redis.RedisError, RedisClusterException):
+            self._drop_subscription(election)
             cancel.wait(max(0.0, deadline - time.monotonic()))
 
-    def _drop_pubsub(self, election: str) -> None:
+    def hold(self, election: str, tenure: Tenure, timeout: float, cancel: threading.Event) -> bool:
+        presence = parse_term(tenure.token, "our own term").get("presence")
+        if presence is None:
+            cancel.wait(timeout)
+            return True
         with self._lock:
-            pubsub = self._pubsubs.pop(election, None)
-        if pubsub is not None:
-            try:
-                pubsub.close()
-            except redis.RedisError:
-                pass  # the connection is gone already; nothing to tidy
+            subscription = self._subscriptions.get(election)
+        if subscription is None or subscription.presence != presence:
+            return False  # the connection the term names was dropped already
+        try:
+            wait_sliced(subscription.idle, timeout, cancel)
+        except (redis.RedisError, RedisClusterException):
+            self._drop_subscription(election)
+            return False
+        return True
+
+    def _subscription(self, election: str) -> Subscription | None:
+        """Our subscription for ``election``, opened and confirmed first if need be.
+
+        ``None`` when the server refuses it (ACL channel rules): then followers
+        poll at the holder's ttl, and terms keep no presence.
+        """
+        with self._lock:
+            current = self._subscriptions.get(election)
+        if current is not None:
+            return current
+        released = self._key(election, "released")
+        presence = None
+        if self._presence is not False:
+            ident = uuid.uuid4().hex
+            presence = (self._key(election, f"present:{ident}"), ident)
+        subscription: Subscription
+        try:
+            subscription = self._call(Subscription.open, released, presence, self.timeout)
+        except StoreUnavailable as exc:
+            if not isinstance(exc.__cause__, redis.ResponseError):
+                raise
+            self._presence_off(f"SUBSCRIBE was refused ({exc})")
+            return None
+        if presence is not None and self._presence is None:
+            self._check_presence(election, presence[0], subscription)
+        if not self._presence:
+            subscription.presence = None
+        with self._lock:
+            self._subscriptions[election] = subscription
+        return subscription
+
+    def _check_presence(self, election: str, channel: str, subscription: Subscription) -> None:
+        """Presence on, if a script on the election's node counts ``channel``'s subscriber."""
+        try:
+            count = self._script("subscribers", [self._key(election, "lock")], [channel])
+        except StoreUnavailable as exc:
+            if not isinstance(exc.__cause__, redis.ResponseError):
+                subscription.close()
+                raise
+            self._presence_off(f"PUBSUB NUMSUB in a script was refused ({exc})")
+            return
+        if int(count) < 1:
+            self._presence_off("PUBSUB NUMSUB does not count this client's subscription there")
+            return
+        self._presence = True
+
+    def _presence_off(self, why: str) -> None:
+        with self._lock:
+            self._presence = False
+        with _FALLBACKS_LOCK:
+            said = self.url in _FALLBACKS
+            _FALLBACKS.add(self.url)
+        if not said:
+            logger.info(
+                "celery-leader: Redis at %s: %s; a holder that dies is replaced when its "
+                "ttl runs out, not at once",
+                mask_url(self.url),
+                why,
+            )
+
+    def _drop_subscription(self, election: str) -> None:
+        with self._lock:
+            subscription = self._subscriptions.pop(election, None)
+        if subscription is not None:
+            subscription.close()
 
     def _term(self, election: str) -> tuple[str | None, int]:
         """The stored term of ``election`` and its PTTL, in one round trip."""
@@ -477,15 +612,14 @@ class RedisBackend(Backend):
 
         self._call(run)
 
-    def _acquire_durably(self, election: str, args: list[Any]) -> tuple[int, str, int]:
-        """The acquire script; a term it hands out is on the replicas before it counts.
+    def _acquire_durably(self, election: str, keys: list[str], args: list[Any]) -> list[Any]:
+        """The acquire script's reply; a term it hands out is on the replicas before it counts.
 
         Otherwise a promoted replica would still have the previous epoch, and
         the next term would get the same one again. A term the replicas did not
         acknowledge in time is released and the call fails: nobody leads on it.
         """
         script = _SCRIPTS["acquire"]
-        keys = [self._key(election, "lock"), self._key(election, "epoch")]
 
         def run(client: Any) -> tuple[list[Any], Acks]:
             promotable = self._promotable(client)
@@ -498,11 +632,11 @@ class RedisBackend(Backend):
                 return reply, conn.wait(needed, self._ack_timeout) if taken else Acks(0, 0)
 
         reply, acks = self._call(run)
-        taken, value, pttl = self._checked(reply)
+        reply = self._checked(reply)
         if not acks.enough:
-            self._script("release", [keys[0]], [value, self._key(election, "released")])
+            self.release(election, Tenure(reply[1], 0))
             raise self._not_replicated(acks, "a new term", "released; nobody leads on it")
-        return int(taken), value, int(pttl)
+        return list(reply)
 
     def _promotable(self, client: Any) -> int | None:
         """With ``"auto"`` behind Sentinel, the replicas Sentinel could promote.
@@ -545,11 +679,11 @@ class RedisBackend(Backend):
         )
 
     def leave(self, election: str) -> None:
-        self._drop_pubsub(election)
+        self._drop_subscription(election)
 
     def close(self) -> None:
-        for election in list(self._pubsubs):
-            self._drop_pubsub(election)
+        for election in list(self._subscriptions):
+            self._drop_subscription(election)
         if self._redis is not None:
             self._redis.close()
 

@@ -29,6 +29,7 @@ STORES: tuple[Store, ...] = (
     Store(
         "postgres", ("postgresql", "postgres", "django"), ".postgres", "PostgresBackend", "postgres"
     ),
+    Store("etcd", ("etcd", "etcds"), ".etcd", "EtcdBackend", "etcd"),
     Store("file", ("file",), ".file", "FileBackend"),
     Store("memory", ("memory",), ".memory", "MemoryBackend"),
 )

@@ -7,7 +7,9 @@ fencing token; ``holder`` is the instance id. Memory and file build it with
 :func:`new_term`; Redis (in Lua) and PostgreSQL (in SQL) build the same object
 server-side, where the epoch is decided. Redis and the file store read it back
 with :func:`holder_info` / :func:`parse_term`; memory and PostgreSQL keep its
-fields beside it (in process memory, in typed columns).
+fields beside it (in process memory, in typed columns). etcd stores
+``{"token", "holder"}`` only: the epoch is the key's own create revision, known
+once the transaction that wrote it has committed.
 
 **Foreign values.** A value celery-leader did not write (not its JSON, not an
 integer epoch, a Redis key of another type) is never taken for "free" and never

@@ -239,9 +239,9 @@ class LeaseCluster:
     def wait_settled(self, member: Member, since: float, timeout: float) -> None:
         """Wait until ``member`` leads, or follows: found a holder since ``since``.
 
-        ``settle_follows`` times: twice for Redis, because a follower's first wait
-        only subscribes to release notices and returns; from the second on it waits
-        for them. A member back from a pause sits out one renew interval first.
+        ``settle_follows`` times (two by default: the second shows the member is
+        past its first wait). A member back from a pause sits out one renew
+        interval first.
         """
 
         def settled() -> bool:

@@ -10,7 +10,7 @@ Linux, so comparable across processes):
 
 * ``--events``: one JSON object per line, appended with a single ``write`` each
   (``start``, ``acquired``, ``renewed``, ``lost``, ``follow``, ``store_error``,
-  ``release``, ``elected``, ``demoted``, ``sigcont``, ``status``, ``sigterm``,
+  ``release``, ``elected``, ``demoted``, ``disconnected``, ``sigcont``, ``status``, ``sigterm``,
   ``stopped``, ``mem``).
 * ``--slots``/``--slot``: a fixed-size record in a shared file that the test
   maps, with the epoch, start, belief deadline and end of the current term.
@@ -186,6 +186,12 @@ def _recording_backend(inner: Any, rec: Recorder, validity: float) -> Any:
 
         def wait(self, election: str, timeout: float, cancel: threading.Event) -> None:
             inner.wait(election, timeout, cancel)
+
+        def hold(self, election: str, tenure: Any, timeout: float, cancel: threading.Event) -> bool:
+            held = bool(inner.hold(election, tenure, timeout, cancel))
+            if not held:
+                rec.emit("disconnected", epoch=tenure.epoch)
+            return held
 
         def holder(self, election: str) -> Any:
             return inner.holder(election)

@@ -11,7 +11,7 @@ from typing import Any
 from psycopg.rows import TupleRow
 
 from ...exceptions import StoreMisconfigured, StoreUnavailable
-from ..base import Acquired, Backend, Claim, HolderInfo, Renewal, Tenure
+from ..base import Acquired, Backend, Claim, HolderInfo, Renewal, Tenure, claim_rounds
 from ..waiting import LockWaiter, wait_sliced
 from .params import connection_params
 from .session import Canceller, Connector, Session, SessionGone, queue_for_lock
@@ -221,7 +221,7 @@ class PostgresBackend(Backend):
             "replica_acks": -1 if self.replica_acks is None else self.replica_acks,
         }
         try:
-            for indexes in _rounds(claims):
+            for indexes in claim_rounds(claims):
                 batch = [claims[i] for i in indexes]
                 params = {
                     **base,
@@ -370,16 +370,3 @@ class PostgresBackend(Backend):
             return self._db.execute(session, query, params)
         finally:
             session.close()
-
-
-def _rounds(claims: Sequence[Claim]) -> list[list[int]]:
-    """Claim indexes in rounds: the n-th claim of every entry goes in round n."""
-    rounds: list[list[int]] = []
-    seen: dict[str, int] = {}
-    for i, c in enumerate(claims):
-        n = seen.get(c.entry, 0)
-        seen[c.entry] = n + 1
-        if n == len(rounds):
-            rounds.append([])
-        rounds[n].append(i)
-    return rounds

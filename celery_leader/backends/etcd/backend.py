@@ -1,0 +1,418 @@
+"""The etcd backend: terms as etcd leases, epochs as revisions (see the package docstring)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import threading
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from etcd3gw.client import Etcd3Client
+from etcd3gw.exceptions import ConnectionFailedError, Etcd3Exception
+from etcd3gw.lease import Lease
+
+from ...exceptions import StoreUnavailable
+from ..base import Acquired, Backend, Claim, HolderInfo, Renewal, Tenure, claim_rounds
+from ..terms import foreign, parse_epoch
+from ..waiting import wait_sliced
+from .client import NOT_FOUND, UNAVAILABLE, Cluster, b64, error_of
+from .params import etcd_params
+
+#: Claims per transaction. etcd's ``--max-txn-ops`` (128 by default) bounds
+#: the operations of a transaction and of the ones nested in it together.
+MAX_TXN_OPS = 64
+
+_TERM = "a celery-leader term (JSON with token and holder, on a lease)"
+
+Op = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class _Look:
+    """The term key and the epoch offset of an election, read at one store revision."""
+
+    term: dict[str, Any] | None  # the key-value of the term key, as the gateway gives it
+    offset: int
+    offset_mod: int  # mod revision of the offset key; 0 when there is none
+    revision: int  # the store's revision when it was read
+
+
+@dataclass(frozen=True)
+class _Ours:
+    """What a tenure handed out by this backend carries besides its epoch."""
+
+    nonce: str
+    lease: int
+    revision: int  # create revision of the term key: the term's identity in etcd
+
+
+class EtcdBackend(Backend):
+    """Lease store on an etcd cluster (>= 3.4); see the package docstring."""
+
+    #: No hold-off. The lease trusts a term until ``t_sent + ttl * 0.99 - 0.005``.
+    #: etcd's leader frees an etcd lease no earlier than its TTL (the ttl,
+    #: rounded up to whole seconds) after it *received* the grant or keep-alive,
+    #: which was sent after ``t_sent``; a change of Raft leader only extends
+    #: every lease (the new leader restarts their TTLs). So the old holder's
+    #: belief ends first while the clocks' rates differ by less than 1 %.
+    holdoff = 0.0
+
+    def __init__(self, url: str, key_prefix: str, timeout: float) -> None:
+        super().__init__(url, key_prefix, timeout)
+        self._etcd = Cluster(etcd_params(url), timeout)
+        self._lock = threading.Lock()
+        #: Store revision of this backend's last look at each election's term,
+        #: so that a follower's watch starts right after what it saw.
+        self._seen: dict[str, int] = {}
+        #: Leases of terms whose release failed; revoked by the next acquire.
+        self._unreleased: set[int] = set()
+
+    # -- the protocol ---------------------------------------------------------
+
+    def acquire(self, election: str, instance_id: str, ttl: float, min_epoch: int) -> Acquired:
+        term_key, offset_key = self._key(election, "term"), self._key(election, "epoch-offset")
+        with self._etcd.deadline():
+            self._revoke_unreleased()
+            look = self._look(election)
+            if look.term is not None:
+                # Held: no lease is granted just to find that out.
+                info, remaining = self._holder(election, look)
+                return Acquired(None, info, min(ttl, remaining + 1.0))
+            lease = self._etcd.call(lambda c: c.lease(_lease_ttl(ttl))).id
+            nonce = uuid.uuid4().hex
+            value = json.dumps({"token": nonce, "holder": instance_id})
+            reply = self._txn(
+                [_created_at(term_key, 0)],
+                [_put(term_key, value.encode(), lease), _range(offset_key)],
+                [_range(term_key), _range(offset_key)],
+            )
+            term, offset_kv = (_kv(r) for r in reply["responses"])
+            if reply.get("succeeded"):
+                revision = int(reply["header"]["revision"])
+            elif term is not None and _nonce_of(term) == nonce:
+                # Our own create, applied by a request that was then sent again.
+                revision = int(term["create_revision"])
+            else:
+                self._revoke(lease)
+                self._saw(election, int(reply["header"]["revision"]))
+                if term is None:
+                    return Acquired(None, None, 0.0)  # taken and gone again: look again
+                info = self._info(election, term, self._offset(offset_key, offset_kv))
+                return Acquired(None, info, ttl)
+            offset = self._offset(offset_key, offset_kv)
+            epoch = revision + offset
+            if epoch <= min_epoch:
+                # The cluster's revisions are behind an epoch handed out before
+                # (it was rebuilt or restored from an old snapshot): raise the
+                # offset, fenced by this very term.
+                raised = self._txn(
+                    [_created_at(term_key, revision), _modified_at(offset_key, offset_kv)],
+                    [_put(offset_key, str(min_epoch + 1 - revision).encode())],
+                )
+                if not raised.get("succeeded"):
+                    self._revoke(lease)
+                    return Acquired(None, None, 0.0)
+                epoch = min_epoch + 1
+        token = {
+            "token": nonce,
+            "epoch": epoch,
+            "holder": instance_id,
+            "lease": lease,
+            "revision": revision,
+        }
+        return Acquired(Tenure(json.dumps(token), epoch), None, ttl)
+
+    def renew(self, election: str, tenure: Tenure, ttl: float) -> Renewal:
+        ours = _ours(tenure)
+        if ours is None:
+            return Renewal.LOST
+        term_key = self._key(election, "term")
+        with self._etcd.deadline():
+            # The keep-alive restarts the lease's TTL (fixed when it was granted).
+            left = self._etcd.call(lambda c: _lease_call(c, "/lease/keepalive", ours.lease))
+            if left <= 0:
+                return Renewal.LOST
+            # The lease lives, but is the term key still the one it created?
+            reply = self._txn(
+                [_created_at(term_key, ours.revision)], [_range(self._key(election, "resign"))]
+            )
+        if not reply.get("succeeded"):
+            return Renewal.LOST
+        resign = _kv(reply["responses"][0])
+        return Renewal.RESIGN if resign and _value(resign) == ours.nonce else Renewal.RENEWED
+
+    def release(self, election: str, tenure: Tenure) -> None:
+        ours = _ours(tenure)
+        if ours is not None:
+            # Revoking the lease deletes the term key (and a resign request on
+            # it) in one Raft entry; followers' watches see the deletion.
+            try:
+                self._revoke(ours.lease)
+            except StoreUnavailable:
+                # Quorum lost, say: when it is back, the new Raft leader gives the
+                # lease a full TTL again. Revoke it at the next call that gets
+                # through instead of leaving the role empty that long.
+                with self._lock:
+                    self._unreleased.add(ours.lease)
+                raise
+
+    def wait(self, election: str, timeout: float, cancel: threading.Event) -> None:
+        with self._lock:
+            after = self._seen.get(election)
+        watch = self._etcd.watch_delete(self._key(election, "term"), after)
+        try:
+            wait_sliced(watch.done.wait, timeout, cancel)
+        finally:
+            watch.close()
+
+    def holder(self, election: str) -> HolderInfo | None:
+        with self._etcd.deadline():
+            look = self._look(election)
+            return None if look.term is None else self._holder(election, look)[0]
+
+    def request_resign(self, election: str) -> HolderInfo | None:
+        term_key = self._key(election, "term")
+        with self._etcd.deadline():
+            look = self._look(election)
+            if look.term is None:
+                return None
+            info, _ = self._holder(election, look)
+            # On the holder's lease, so the request ends with the term it names.
+            self._txn(
+                [_created_at(term_key, int(look.term["create_revision"]))],
+                [
+                    _put(
+                        self._key(election, "resign"),
+                        _nonce_of(look.term).encode(),
+                        int(look.term["lease"]),
+                    )
+                ],
+            )
+        return info
+
+    def elections(self) -> list[str]:
+        names = set()
+        for key, _ in self._range_prefix(f"{self.key_prefix}/".encode(), keys_only=True):
+            parts = key.split(b"/")
+            if len(parts) >= 3:
+                names.add(parts[1].decode())
+        return sorted(names)
+
+    def load_state(self, election: str) -> dict[str, str]:
+        prefix = self._key(election, "state/")
+        return {
+            key[len(prefix) :].decode(): value.decode("utf-8", "surrogateescape")
+            for key, value in self._range_prefix(prefix)
+        }
+
+    def compare_and_set(
+        self, election: str, tenure: Tenure, claims: Sequence[Claim]
+    ) -> list[bool]:
+        """Apply ``claims`` in transactions fenced by the term key's create revision.
+
+        Each claim is a nested transaction (compare its entry's value, then
+        put), so one claim failing does not stop the others. etcd compares
+        every nested transaction before applying any, and refuses to write a
+        key twice in one transaction, so the n-th claim of an entry goes in
+        round n; a round is one transaction of up to :data:`MAX_TXN_OPS` claims.
+        """
+        results = [False] * len(claims)
+        ours = _ours(tenure)
+        if ours is None:
+            return results
+        fence = [_created_at(self._key(election, "term"), ours.revision)]
+        for indexes in claim_rounds(claims):
+            for start in range(0, len(indexes), MAX_TXN_OPS):
+                chunk = indexes[start : start + MAX_TXN_OPS]
+                reply = self._txn(fence, [self._claim_op(election, claims[i]) for i in chunk])
+                if not reply.get("succeeded"):
+                    return results  # the term is over: nothing more is claimed
+                for i, response in zip(chunk, reply["responses"], strict=True):
+                    results[i] = bool(response["response_txn"].get("succeeded"))
+        return results
+
+    def leave(self, election: str) -> None:
+        with self._lock:
+            self._seen.pop(election, None)
+
+    def close(self) -> None:
+        self._etcd.close()
+
+    # -- helpers ------------------------------------------------------------
+
+    def _key(self, election: str, name: str) -> bytes:
+        return f"{self.key_prefix}/{election}/{name}".encode()
+
+    def _txn(self, compare: list[Op], success: list[Op], failure: Sequence[Op] = ()) -> Any:
+        body = {"compare": compare, "success": success, "failure": list(failure)}
+        return self._etcd.call(lambda c: c.transaction(body))
+
+    def _look(self, election: str) -> _Look:
+        offset_key = self._key(election, "epoch-offset")
+        reply = self._txn([], [_range(self._key(election, "term")), _range(offset_key)])
+        term, offset_kv = (_kv(r) for r in reply["responses"])
+        revision = int(reply["header"]["revision"])
+        self._saw(election, revision)
+        offset = self._offset(offset_key, offset_kv)
+        mod = int(offset_kv["mod_revision"]) if offset_kv else 0
+        return _Look(term, offset, mod, revision)
+
+    def _saw(self, election: str, revision: int) -> None:
+        with self._lock:
+            self._seen[election] = revision
+
+    def _holder(self, election: str, look: _Look) -> tuple[HolderInfo, float]:
+        """The holder in ``look``, with its lease's remaining whole seconds (one call)."""
+        assert look.term is not None
+        info = self._info(election, look.term, look.offset)
+        lease = int(look.term["lease"])
+        # etcd truncates to whole seconds: the true time left is below this + 1.
+        remaining = float(
+            max(0, self._etcd.call(lambda c: _lease_call(c, "/kv/lease/timetolive", lease)))
+        )
+        return HolderInfo(info.instance_id, info.epoch, remaining), remaining
+
+    def _info(self, election: str, term: dict[str, Any], offset: int) -> HolderInfo:
+        where = f"etcd key {self._key(election, 'term').decode()!r}"
+        text = _value(term)
+        try:
+            data = json.loads(text)
+        except ValueError:
+            data = None
+        if (
+            not isinstance(data, dict)
+            or not isinstance(data.get("token"), str)
+            or not isinstance(data.get("holder"), str)
+            or "lease" not in term
+        ):
+            raise foreign(where, text, _TERM)
+        return HolderInfo(data["holder"], int(term["create_revision"]) + offset, None)
+
+    def _offset(self, key: bytes, kv: dict[str, Any] | None) -> int:
+        return 0 if kv is None else parse_epoch(_value(kv), f"etcd key {key.decode()!r}")
+
+    def _revoke_unreleased(self) -> None:
+        with self._lock:
+            leases = list(self._unreleased)
+        for lease in leases:
+            self._revoke(lease)
+            with self._lock:
+                self._unreleased.discard(lease)
+
+    def _revoke(self, lease: int) -> None:
+        def revoke(client: Etcd3Client) -> None:
+            try:
+                Lease(lease, client).revoke()
+            except Etcd3Exception as exc:
+                if error_of(exc)[0] != NOT_FOUND:
+                    raise  # "not found": expired or revoked already, which is the goal
+
+        self._etcd.call(revoke)
+
+    def _claim_op(self, election: str, claim: Claim) -> Op:
+        key = self._key(election, f"state/{claim.entry}")
+        if claim.expected is None:
+            compare = _created_at(key, 0)
+        else:
+            compare = {
+                "key": b64(key),
+                "target": "VALUE",
+                "result": "EQUAL",
+                "value": b64(claim.expected.encode("utf-8", "surrogateescape")),
+            }
+        put = _put(key, claim.new.encode("utf-8", "surrogateescape"))
+        return {"request_txn": {"compare": [compare], "success": [put]}}
+
+    def _range_prefix(self, prefix: bytes, keys_only: bool = False) -> list[tuple[bytes, bytes]]:
+        body = {"key": b64(prefix), "range_end": b64(_prefix_end(prefix)), "keys_only": keys_only}
+        reply = self._etcd.call(lambda c: c.post(c.get_url("/kv/range"), json=body))
+        return [(_bytes(kv["key"]), _bytes(kv.get("value", ""))) for kv in reply.get("kvs", [])]
+
+
+# -- request and reply pieces ---------------------------------------------------
+
+
+def _lease_ttl(ttl: float) -> int:
+    """etcd leases count whole seconds: round up, so the store never frees a term early."""
+    return max(1, math.ceil(ttl))
+
+
+def _lease_call(client: Etcd3Client, path: str, lease: int) -> int:
+    """The TTL left on ``lease`` after a keep-alive or time-to-live call; <= 0 when gone.
+
+    The gateway reports errors of the streaming keep-alive as a body with
+    ``error`` and status 200: they are raised here like any other.
+    """
+    reply = client.post(client.get_url(path), json={"ID": str(lease)})
+    error = reply.get("error")
+    if error is not None:
+        # Unavailable (no Raft leader there): another member may do, as for a 503.
+        unavailable = error.get("grpc_code") == UNAVAILABLE
+        raise (ConnectionFailedError if unavailable else Etcd3Exception)(json.dumps(error))
+    return int(reply.get("result", reply).get("TTL", -1))
+
+
+def _range(key: bytes) -> Op:
+    return {"request_range": {"key": b64(key)}}
+
+
+def _put(key: bytes, value: bytes, lease: int | None = None) -> Op:
+    put: Op = {"key": b64(key), "value": b64(value)}
+    if lease is not None:
+        put["lease"] = str(lease)
+    return {"request_put": put}
+
+
+def _created_at(key: bytes, revision: int) -> Op:
+    """Compare: ``key`` was created at ``revision`` (0: it does not exist)."""
+    return {
+        "key": b64(key),
+        "target": "CREATE",
+        "result": "EQUAL",
+        "create_revision": str(revision),
+    }
+
+
+def _modified_at(key: bytes, kv: dict[str, Any] | None) -> Op:
+    """Compare: ``key`` is as it was read (``kv``; ``None`` when it did not exist)."""
+    mod = int(kv["mod_revision"]) if kv else 0
+    return {"key": b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": str(mod)}
+
+
+def _kv(response: dict[str, Any]) -> dict[str, Any] | None:
+    kvs = response.get("response_range", {}).get("kvs")
+    return kvs[0] if kvs else None
+
+
+def _bytes(text: str) -> bytes:
+    return base64.b64decode(text)
+
+
+def _value(kv: dict[str, Any]) -> str:
+    return _bytes(kv.get("value", "")).decode("utf-8", "surrogateescape")
+
+
+def _nonce_of(term: dict[str, Any]) -> str:
+    try:
+        data = json.loads(_value(term))
+    except ValueError:
+        return ""
+    return str(data.get("token", "")) if isinstance(data, dict) else ""
+
+
+def _ours(tenure: Tenure) -> _Ours | None:
+    """The etcd side of a tenure this backend handed out; ``None`` for any other."""
+    try:
+        data = json.loads(tenure.token)
+        return _Ours(str(data["token"]), int(data["lease"]), int(data["revision"]))
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _prefix_end(prefix: bytes) -> bytes:
+    """The range end that covers every key starting with ``prefix`` (which ends in "/")."""
+    return prefix[:-1] + bytes([prefix[-1] + 1])

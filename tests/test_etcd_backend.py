@@ -1,0 +1,197 @@
+"""What is particular to the etcd store: URLs, members failing, quorum, TLS and users.
+
+The protocol itself runs in tests/test_backend_contract.py; replicas through faults in
+tests/test_etcd_chaos.py and tests/test_dramatiq_chaos.py.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from celery_leader.backends import Claim, Renewal, create_backend
+from celery_leader.backends.etcd import EtcdBackend
+from celery_leader.backends.etcd.params import EtcdParams, etcd_params
+from celery_leader.config import LeaderConfig
+from celery_leader.exceptions import ConfigError, StoreMisconfigured, StoreUnavailable
+from harness.etcd import EtcdCluster
+
+TTL = 3.0
+TIMEOUT = 0.5
+
+
+def backend(url: str) -> EtcdBackend:
+    config = LeaderConfig.from_mapping(
+        {"leader_url": url, "leader_ttl": TTL, "leader_renew_interval": TIMEOUT}
+    )
+    made = create_backend(config)
+    assert isinstance(made, EtcdBackend) and made.timeout == TIMEOUT
+    return made
+
+
+def test_url_forms() -> None:
+    assert etcd_params("etcd://h1:2379,h2,[::1]:32379") == EtcdParams(
+        (("h1", 2379), ("h2", 2379), ("::1", 32379)), tls=False
+    )
+    params = etcd_params("etcds://u%40x:p%3Aw@h1?cacert=/ca.pem&cert=/c.pem&key=/k.pem")
+    assert (params.tls, params.user, params.password) == (True, "u@x", "p:w")
+    assert (params.cacert, params.cert, params.key) == ("/ca.pem", "/c.pem", "/k.pem")
+    for bad, says in [
+        ("etcd://h1:2379?cacert=/ca.pem", "need the etcds:// scheme"),
+        ("etcds://h1?cert=/c.pem", "cert and key both"),
+        ("etcds://h1?tls=1", "unknown option"),
+        ("etcd://h1:notaport", "bad port"),
+        ("etcd://h1/prefix", "no path"),
+        ("etcd://user@h1", "user:password@"),
+    ]:
+        with pytest.raises(ConfigError, match=says):
+            etcd_params(bad)
+    with pytest.raises(ConfigError) as info:
+        etcd_params("etcd://root:s3cret@h1:1,h2:x")
+    assert "s3cret" not in str(info.value) and "root:***@" in str(info.value)
+
+
+def test_the_epoch_is_the_term_keys_create_revision(etcd_url: str) -> None:
+    a = backend(etcd_url)
+    try:
+        tenure = a.acquire("beat", "a", TTL, 0).tenure
+        assert tenure is not None
+        reply = a._etcd.call(  # the store's own word, not the backend's bookkeeping
+            lambda c: c.get("celery_leader/beat/term", metadata=True)
+        )
+        assert tenure.epoch == int(reply[0][1]["create_revision"])
+    finally:
+        a.close()
+
+
+def test_epochs_stay_above_those_of_a_cluster_that_was_rebuilt(etcd_url: str) -> None:
+    """Revisions restart with a new cluster; processes remember higher epochs (min_epoch)."""
+    a = backend(etcd_url)
+    try:
+        seen = 10**6  # far above this cluster's revisions
+        first = a.acquire("beat", "a", TTL, seen).tenure
+        assert first is not None and first.epoch == seen + 1
+        holder = a.holder("beat")
+        assert holder is not None and holder.epoch == first.epoch
+        a.release("beat", first)
+        second = a.acquire("beat", "a", TTL, 0).tenure
+        assert second is not None and second.epoch > first.epoch
+        a.release("beat", second)
+    finally:
+        a.close()
+
+
+def test_a_dead_member_is_skipped_at_once(etcd_cluster: EtcdCluster, etcd_url: str) -> None:
+    """A member that is down costs nothing: the next one is asked at once."""
+    # A member that does not lead Raft, so that the others need no election; the
+    # URL names it first, so it is the one the backend asks.
+    leader = etcd_cluster.raft_leader()
+    first = next(m for m in etcd_cluster.members if m is not leader)
+    others = [m.endpoint for m in etcd_cluster.members if m is not first]
+    a = backend(f"etcd://{','.join([first.endpoint, *others])}")
+    try:
+        tenure = a.acquire("beat", "a", TTL, 0).tenure
+        assert tenure is not None
+        first.kill()
+        began = time.monotonic()
+        assert a.renew("beat", tenure, TTL) is Renewal.RENEWED
+        assert a.claim("beat", tenure, [Claim("x", None, "1")]) == [True]
+        assert time.monotonic() - began < TIMEOUT, "a refused connection is not waited out"
+    finally:
+        a.close()
+        etcd_cluster.start()
+
+
+def test_without_quorum_nobody_can_renew_or_claim(etcd_cluster: EtcdCluster, etcd_url: str) -> None:
+    a = backend(etcd_url)
+    try:
+        tenure = a.acquire("beat", "a", TTL, 0).tenure
+        assert tenure is not None
+        for member in etcd_cluster.members[1:]:
+            member.kill()
+        began = time.monotonic()
+        with pytest.raises(StoreUnavailable) as info:
+            a.renew("beat", tenure, TTL)
+        assert time.monotonic() - began < TIMEOUT + 0.2, "one deadline for the whole renewal"
+        assert "\n" not in str(info.value)
+        with pytest.raises(StoreUnavailable):
+            a.claim("beat", tenure, [Claim("x", None, "1")])
+        etcd_cluster.start()
+        # The new Raft leader carried the lease over: the term survives the outage.
+        assert a.renew("beat", tenure, TTL) is Renewal.RENEWED
+        # A claim that failed may still have been applied (the member queued it until
+        # quorum returned): beat counts it as not sent, so a slot is skipped, never doubled.
+        assert a.claim("beat", tenure, [Claim("y", None, "1")]) == [True]
+    finally:
+        a.close()
+        etcd_cluster.start()
+
+
+@pytest.fixture
+def secure_cluster(tmp_path: Path) -> Iterator[EtcdCluster]:
+    """One member behind HTTPS (a self-signed certificate) with users and roles on."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [
+            "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes",
+            "-keyout", str(key), "-out", str(cert), "-days", "1",
+            "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    with EtcdCluster(size=1, tls=(cert, key)) as cluster:
+        cluster.enable_auth("rootpw", "leader", "s3cret", "celery_leader/")
+        yield cluster
+
+
+def test_tls_and_a_user_limited_to_the_key_prefix(secure_cluster: EtcdCluster) -> None:
+    endpoint = secure_cluster.members[0].endpoint
+    ca = secure_cluster.verify
+    good = backend(f"etcds://leader:s3cret@{endpoint}?cacert={ca}")
+    wrong = backend(f"etcds://leader:wrong@{endpoint}?cacert={ca}")
+    anonymous = backend(f"etcds://{endpoint}?cacert={ca}")
+    unverified = backend(f"etcds://leader:s3cret@{endpoint}")  # the system CAs do not know it
+    try:
+        tenure = good.acquire("beat", "a", TTL, 0).tenure
+        assert tenure is not None
+        assert good.claim("beat", tenure, [Claim("x", None, "1")]) == [True]
+        assert good.load_state("beat") == {"x": "1"}
+        assert good.renew("beat", tenure, TTL) is Renewal.RENEWED
+        good.release("beat", tenure)
+        assert good.holder("beat") is None
+
+        with pytest.raises(StoreMisconfigured, match="refused user 'leader'") as info:
+            wrong.holder("beat")
+        assert "wrong" not in str(info.value)
+        with pytest.raises(StoreMisconfigured, match="put user:password@"):
+            anonymous.holder("beat")
+        with pytest.raises(StoreUnavailable, match=r"SSLError|certificate"):
+            unverified.holder("beat")
+    finally:
+        for made in (good, wrong, anonymous, unverified):
+            made.close()
+
+
+def test_a_release_that_failed_without_quorum_is_done_by_the_next_acquire(
+    etcd_cluster: EtcdCluster, etcd_url: str
+) -> None:
+    """Else the new Raft leader would give the orphaned lease a full TTL again."""
+    a = backend(etcd_url)
+    try:
+        tenure = a.acquire("beat", "a", TTL, 0).tenure
+        assert tenure is not None
+        for member in etcd_cluster.members[1:]:
+            member.kill()
+        with pytest.raises(StoreUnavailable):
+            a.release("beat", tenure)
+        etcd_cluster.start()
+        again = a.acquire("beat", "a", TTL, 0).tenure
+        assert again is not None and again.epoch > tenure.epoch
+    finally:
+        a.close()
+        etcd_cluster.start()
