@@ -622,14 +622,15 @@ class RedisBackend(Backend):
         script = _SCRIPTS["acquire"]
 
         def run(client: Any) -> tuple[list[Any], Acks]:
-            promotable = self._promotable(client)
             with Pinned(client, keys[0]) as conn:
-                (reply,), online = conn.scripts(
-                    script.sha, script.source, keys, [args], self.replica_acks
-                )
-                needed = _most(online, promotable)
-                taken = reply[0] == 1
-                return reply, conn.wait(needed, self._ack_timeout) if taken else Acks(0, 0)
+                # Followers call this often; only a won term asks for the replicas.
+                (reply,), _ = conn.scripts(script.sha, script.source, keys, [args], 0)
+                if reply[0] != 1:
+                    return reply, Acks(0, 0)
+                needed = self.replica_acks
+                if needed is None:
+                    needed = _most(conn.online(), self._promotable(client))
+                return reply, conn.wait(needed, self._ack_timeout)
 
         reply, acks = self._call(run)
         reply = self._checked(reply)

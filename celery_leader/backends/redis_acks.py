@@ -123,6 +123,11 @@ class Pinned:
                 raise replies[i]
         return replies, replicas
 
+    def online(self) -> int | None:
+        """Replicas the master lists online (``ROLE``); ``None`` when that is refused."""
+        (reply,) = self.send([("ROLE",)])
+        return _online(reply)
+
     def wait(self, needed: int | None, timeout: float) -> Acks:
         """``WAIT`` until ``needed`` replicas hold this connection's writes, at most ``timeout``."""
         if needed is None:
