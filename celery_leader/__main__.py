@@ -1,20 +1,24 @@
-"""``python -m celery_leader status|resign|check``: the ``leader`` commands without Celery.
+"""``python -m celery_leader status|resign|check|plan``: the ``leader`` commands without Celery.
 
 Settings come from ``CELERY_LEADER_*`` environment variables
 (:meth:`LeaderConfig.from_env`); the output and exit codes are those of
-``celery -A proj leader ...`` (both run :mod:`celery_leader.ops`).
+``celery -A proj leader ...`` (both run :mod:`celery_leader.ops`). ``plan``
+lists the slots of a Dramatiq app, with the settings of its ``LeaderMiddleware``.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from collections.abc import Sequence
+from datetime import timezone
 
 from . import ops
 from .config import LeaderConfig, env_name
 from .exceptions import ConfigError, MissingExtra
+from .schedule import plan as planning
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -42,7 +46,29 @@ def _parser() -> argparse.ArgumentParser:
         dest="path",
         help=f"health file (default: ${env_name('leader_health_file')})",
     )
+    plan = commands.add_parser(
+        "plan",
+        help="list the slots a Dramatiq app's scheduler would send in a window",
+        description="As a leader promoted at --from that leads without a break: every entry "
+        "starts at --from, or with --stored where the store says it stopped. Sends nothing.",
+    )
+    plan.add_argument("broker", metavar="MODULE", help="module (or module:broker) of the broker")
+    plan.add_argument("modules", nargs="*", metavar="MODULES", help="more modules with actors")
+    plan.add_argument("--from", dest="start", required=True, help="ISO 8601 time or 'now'")
+    plan.add_argument("--to", dest="end", required=True, help="ISO 8601 time or 'now'")
+    plan.add_argument("--tz", help="zone of local times, in and out (default: UTC)")
+    plan.add_argument("--stored", action="store_true", help="start from the state in the store")
+    plan.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    plan.add_argument("--path", "-P", action="append", default=[], help="add to sys.path")
     return parser
+
+
+def _plan(args: argparse.Namespace, echo: ops.Echo) -> int:
+    # The Dramatiq side is imported only here: the other commands need no extra.
+    dramatiq_plan = importlib.import_module("celery_leader.dramatiq.plan")
+    zone = timezone.utc if args.tz is None else planning.parse_zone(args.tz)
+    jobs, config = dramatiq_plan.app_jobs(args.broker, args.modules, args.path)
+    return ops.plan(config, echo, jobs, (args.start, args.end), zone, args.stored, args.json)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -56,11 +82,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         path = args.path or os.environ.get(env_name("leader_health_file"))
         return ops.check(path, echo, args.max_age)
     try:
+        if args.command == "plan":
+            return _plan(args, echo)
         config = LeaderConfig.from_env()
         if args.command == "status":
             return ops.status(config, echo, args.elections, args.json)
         return ops.resign(config, echo, args.election, not args.no_wait)
-    except (ConfigError, MissingExtra) as exc:
+    except (ConfigError, MissingExtra, planning.PlanError) as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return ops.EXIT_UNKNOWN
     except ops.OpsError as exc:

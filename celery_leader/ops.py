@@ -1,4 +1,4 @@
-"""What ``leader status``, ``resign`` and ``check`` do, without Celery.
+"""What ``leader status``, ``resign``, ``check`` and ``plan`` do, without Celery.
 
 One implementation for both command lines: ``celery -A proj leader ...``
 (:mod:`celery_leader.celery.cli`, click, settings from the app) and ``python -m
@@ -13,18 +13,21 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
+from datetime import datetime, timezone, tzinfo
 from typing import Any
 
 from . import health
 from .backends import HolderInfo, create_backend
 from .config import LeaderConfig, validate_name
 from .exceptions import ConfigError, StoreUnavailable
+from .schedule import plan as planning
+from .schedule.jobs import Job
 
 #: Exit codes of ``status`` (documented in docs/cli.md): someone leads ...
 EXIT_LEADER = 0
 #: ... a command failed (``resign``, ``check``) ...
 EXIT_FAILED = 1
-#: ... the store could not be asked, or the settings are bad ...
+#: ... the store could not be asked, or the settings or arguments are bad ...
 EXIT_UNKNOWN = 2
 #: ... nobody leads.
 EXIT_NO_LEADER = 3
@@ -144,3 +147,35 @@ def check(path: str | None, echo: Echo, max_age: float | None = None) -> int:
     healthy, line = health.check(path, max_age)
     echo(line)
     return EXIT_LEADER if healthy else EXIT_FAILED
+
+
+def plan(
+    config: LeaderConfig,
+    echo: Echo,
+    jobs: Sequence[Job],
+    window: tuple[str, str],
+    zone: tzinfo,
+    stored: bool = False,
+    as_json: bool = False,
+) -> int:
+    """Print the slots ``jobs`` would send between ``window``'s two times; return 0.
+
+    See :mod:`celery_leader.schedule.plan` for what is simulated. Bad input
+    raises :class:`OpsError` with code 2, and so does an unreachable store
+    (``stored``).
+    """
+    try:
+        now = datetime.now(timezone.utc)
+        start, end = (planning.parse_moment(text, zone, now) for text in window)
+        last_runs = planning.stored_last_runs(config) if stored else None
+        result = planning.plan(jobs, start, end, last_runs)
+    except (planning.PlanError, ConfigError) as exc:
+        raise OpsError(str(exc), EXIT_UNKNOWN) from exc
+    except StoreUnavailable as exc:
+        raise _unreachable(config, exc) from exc
+    if as_json:
+        echo(json.dumps(planning.to_json(result, zone), indent=2))
+    else:
+        for line in planning.to_lines(result, zone):
+            echo(line)
+    return 0

@@ -21,6 +21,10 @@ from harness.servers import PostgresServer, RedisServer
 # puts back Celery's own in-process worker fixtures, and nothing here may need Docker.
 pytest_plugins = ("celery.contrib.pytest",)
 
+# The example projects of docs/testing.md are separate pytest projects (each has
+# its own root conftest.py); tests/test_testing_helpers.py runs them in a subprocess.
+collect_ignore = ["projects"]
+
 _SERVER_FIXTURES = ("redis_server", "postgres_server", "etcd_cluster")
 
 

@@ -211,8 +211,13 @@ def test_follower_never_touches_shared_state_nor_runs_the_base_tick(
 
 
 def test_promotion_reloads_state_and_rebuilds_the_heap(
-    app: Celery, make_scheduler: Callable[..., LeaderScheduler], rival: Lease
+    app: Celery,
+    make_scheduler: Callable[..., LeaderScheduler],
+    rival: Lease,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    now = datetime(2026, 1, 1, 12, 0, 10, tzinfo=timezone.utc)
+    monkeypatch.setattr(protocol, "utcnow", lambda: now)
     app.conf.beat_schedule = {"e": every(30)}
     scheduler = make_scheduler()
     wait_leading(scheduler)
@@ -225,7 +230,7 @@ def test_promotion_reloads_state_and_rebuilds_the_heap(
     rival.backend.request_resign(ELECTION)
     wait_for(rival.is_leader, 3.0, message="rival never took over")
     assert scheduler.tick() == FOLLOWER_INTERVAL
-    ran_at = datetime.now(timezone.utc) - timedelta(seconds=60)
+    ran_at = now - timedelta(seconds=60)
     tenure = rival.tenure
     assert tenure is not None
     current = rival.backend.load_state(ELECTION).get("e")
@@ -240,9 +245,7 @@ def test_promotion_reloads_state_and_rebuilds_the_heap(
     [headers] = published(app)
     assert headers["leader_epoch"] == scheduler.lease.epoch > (first_epoch or 0)
     # The newest slot of the entry's grid (multiples of 30 s since the Unix epoch).
-    due = due_of(headers["leader_slot"])
-    assert due.timestamp() % 30 == 0
-    assert ran_at < due <= datetime.now(timezone.utc) < due + timedelta(seconds=30)
+    assert due_of(headers["leader_slot"]) == datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
     after = json.loads(stored_state(app)["e"])
     assert after["total_run_count"] == 42
     assert scheduler.schedule["e"].total_run_count == 42
@@ -685,9 +688,11 @@ def test_missed_slots_policy(
 
 
 def test_an_entry_overrides_the_missed_slots_setting(
-    app: Celery, make_scheduler: Callable[..., LeaderScheduler]
+    app: Celery, make_scheduler: Callable[..., LeaderScheduler], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    ran = datetime.now(timezone.utc) - timedelta(seconds=35)
+    # Slot 0 of the 10 s grid was the last sent; the (fixed) clock reads 3.6 periods later.
+    ran = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
+    monkeypatch.setattr(protocol, "utcnow", lambda: ran + timedelta(seconds=36))
     app.conf.leader_missed_slots = "skip"
     app.conf.beat_schedule = {
         "skipped": every(10),

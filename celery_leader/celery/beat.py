@@ -109,6 +109,13 @@ class LeaderSchedulerMixin:
         """One scheduler pass; only a current leader dispatches."""
         return self._protocol.tick()
 
+    def leader_jobs(self) -> Sequence[Job]:
+        """The schedule's entries as the slot protocol sees them (``leader plan`` lists them).
+
+        Sets the schedule up as a leader does, so call it on a scheduler that never ticks.
+        """
+        return self._protocol.adapter.jobs()
+
     def set_run_state(self, entry: ScheduleEntry, last_run_at: datetime, count: int) -> None:
         """Set ``last_run_at`` and ``total_run_count`` of ``entry`` (a hook)."""
         entry.last_run_at = last_run_at

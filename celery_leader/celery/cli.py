@@ -1,4 +1,4 @@
-"""``celery -A proj leader status|resign|check``: see and steer the elections.
+"""``celery -A proj leader status|resign|check|plan``: see and steer the elections.
 
 Registered through the ``celery.commands`` entry point, so it is a
 subcommand of Celery's own click CLI and gets ``-A`` and the app's settings.
@@ -13,6 +13,8 @@ from typing import NoReturn
 from .. import ops
 from ..config import LeaderConfig
 from ..exceptions import ConfigError, missing_extra
+from ..schedule import plan as planning
+from .beat import LeaderScheduler
 
 try:
     import click
@@ -85,3 +87,33 @@ def check(ctx: click.Context, max_age: float | None, path: str | None) -> None:
             click.echo(f"UNHEALTHY: {exc}")
             raise SystemExit(ops.EXIT_FAILED) from exc
     raise SystemExit(ops.check(path, click.echo, max_age))
+
+
+@leader.command()
+@click.option("--from", "start", required=True, help="ISO 8601 time or 'now'.")
+@click.option("--to", "end", required=True, help="ISO 8601 time or 'now'.")
+@click.option("--tz", help="Zone of local times, in and out (default: the app's timezone).")
+@click.option("--stored", is_flag=True, help="Start from the state in the store.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.pass_context
+def plan(
+    ctx: click.Context, start: str, end: str, tz: str | None, stored: bool, as_json: bool
+) -> None:
+    """List the slots the beat leader would send after --from, up to --to.
+
+    As a leader promoted at --from that leads without a break: every entry
+    starts at --from, or with --stored where the store says it stopped (then
+    the missed-slot policy decides what is sent late at --from). Sends nothing.
+    """
+    config = _config(ctx)
+    app = ctx.obj.app
+    try:
+        zone = app.timezone if tz is None else planning.parse_zone(tz)
+        scheduler = LeaderScheduler(app=app, lazy=True)
+        jobs = scheduler.leader_jobs()
+        code = ops.plan(config, click.echo, jobs, (start, end), zone, stored, as_json)
+    except planning.PlanError as exc:
+        _fail(ops.OpsError(str(exc), ops.EXIT_UNKNOWN))
+    except ops.OpsError as exc:
+        _fail(exc)
+    raise SystemExit(code)

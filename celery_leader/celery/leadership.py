@@ -1,16 +1,19 @@
 """Who leads, as seen from this process: the registry behind ``is_leader()``.
 
-A check of leadership comes from one of two places, in the order tried:
+A check of leadership comes from one of three places, in the order tried:
 
-1. the worker's deadline table (:mod:`celery_leader.celery.deadline_table`), which
+1. a test's pin (:mod:`celery_leader.pins`: ``as_leader()``, ``as_follower()``),
+   which holds for the whole process;
+2. the worker's deadline table (:mod:`celery_leader.celery.deadline_table`), which
    the worker's main process fills for every election it joined when it
    started: a pool process reads one float from shared memory, no round trip;
-2. otherwise a lease that this process joins on first use, with the settings
+3. otherwise a lease that this process joins on first use, with the settings
    of the Celery app (a plain function in a web process, a script, or an
    election first named after the worker started).
 
 Each (app, election) pair resolves once to a :class:`View` and is cached; the
-worker calls :func:`forget_views` when it serves a new table.
+worker calls :func:`forget_views` when it serves a new table, and so does a
+change of the pins.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from ..backends.base import Backend
 from ..config import LeaderConfig, validate_name
 from ..exceptions import NotLeader, StoreUnavailable, missing_extra
 from ..lease import Lease
+from ..pins import on_reset, role_of, watch
 from . import deadline_table
 
 try:
@@ -47,6 +51,7 @@ __all__ = [
     "is_leader",
     "name_election",
     "named_elections",
+    "reset",
     "stop_local_leases",
     "view",
 ]
@@ -164,6 +169,21 @@ def stop_local_leases() -> None:
             logger.debug("celery-leader: could not stop %r", lease.election, exc_info=True)
 
 
+def reset() -> None:
+    """Forget everything this process learnt: leases it joined, stores, settings, views.
+
+    Between tests, so that the next one reads its app's settings afresh (a new
+    ``leader_url``) and joins no election of the previous one.
+    """
+    stop_local_leases()
+    with _lock:
+        backends = list(_local_backends.values())
+        _local_backends.clear()
+        _configs.clear()
+    for backend in backends:
+        backend.close()
+
+
 def _view_for(election: str | None, app: Any) -> View:
     if election is not None:
         validate_name("election", election)
@@ -177,6 +197,13 @@ def _resolve(app: Any, key: str | None) -> View:
             return found
         config = config_of(app)
         election = config.worker_election if key is None else key
+        pin = role_of(election)
+        if pin is not None:
+            # A test pinned the role (celery_leader.pins): no table, no lease.
+            found = View(lambda: pin.leads, lambda: pin.epoch)
+            _views[app, key] = found
+            _checks[app, key] = found.leads
+            return found
         table = deadline_table.process_table()
         if table is not None and table.store != deadline_table.store_id(
             config.url, config.key_prefix
@@ -240,6 +267,8 @@ def _after_fork_in_child() -> None:
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
 atexit.register(stop_local_leases)
+watch(forget_views)
+on_reset(reset)
 
 
 def _open_table(**_: Any) -> None:

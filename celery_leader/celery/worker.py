@@ -33,6 +33,7 @@ from ..config import LeaderConfig
 from ..exceptions import StoreUnavailable, missing_extra
 from ..health import HealthFile
 from ..lease import Lease
+from ..pins import role_of
 from . import deadline_table, decorators, leadership, routing
 from .routing import spec_of
 from .signals import elected as _elected  # noqa: F401 - importing it connects the signals
@@ -131,7 +132,14 @@ class LeaderNode:
         leadership.forget_views()
 
     def leads(self, election: str) -> bool:
-        """True while this node leads ``election`` (main process, no I/O)."""
+        """True while this node leads ``election`` (main process, no I/O).
+
+        A test's pin (:mod:`celery_leader.pins`) wins, so that an in-process
+        worker consumes the leader queue exactly while the test says it leads.
+        """
+        pin = role_of(election)
+        if pin is not None:
+            return pin.leads
         return self._by_election[election].is_leader()
 
     def start(self) -> None:
@@ -323,6 +331,12 @@ class LeaderQueueStep(bootsteps.StartStopStep):  # type: ignore[misc]  # celery 
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self.node is not None:
+            # add_task_queue() selected the queue in the app, which outlives
+            # this consumer: a restarted consumer must not consume it before
+            # _sync() says so, and a later worker of the app in this process
+            # (tests) would refuse to start with it selected.
+            c.app.amqp.queues.deselect(list(self.node.queues.values()))
 
     shutdown = stop
 

@@ -26,6 +26,7 @@ from ..backends import Backend, create_backend
 from ..config import LeaderConfig, validate_name
 from ..exceptions import ConfigError, LeaderError, missing_extra
 from ..lease import Lease
+from ..pins import Role, role_of, watch
 from .runner import embedded_scheduler
 from .scheduler import schedules_of
 from .settings import load_config
@@ -39,6 +40,10 @@ logger = logging.getLogger("celery_leader.dramatiq")
 
 #: What a follower does with a leader-only actor's message.
 MODES = ("skip", "wait")
+
+#: Longest wait for a consumer to pause when a test pins a follower: its idle
+#: timeout plus Dramatiq's restart delay (3 s unless ``dramatiq_restart_delay``).
+PAUSE_TIMEOUT = 10.0
 
 #: The middleware of this process, for :func:`is_leader` and :func:`current_epoch`.
 _current: LeaderMiddleware | None = None
@@ -103,6 +108,7 @@ class LeaderMiddleware(Middleware):
         self._entries: dict[str, str] = {}  # schedule entry name -> its actor
         self._lock = threading.Lock()
         self._stop_lock = threading.Lock()  # a second stop() waits for the first one
+        self._apply_lock = threading.Lock()  # one pause/resume decision at a time
         self._backend: Backend | None = None
         self._leases: dict[str, Lease] = {}
         self._pid = os.getpid()
@@ -179,9 +185,16 @@ class LeaderMiddleware(Middleware):
 
     def after_worker_boot(self, broker: Any, worker: Any) -> None:
         """Join the elections of this process's leader-only actors; pause ``wait`` queues."""
+        if self._worker is not None:
+            # An earlier Worker of this process stopped (only tests start one
+            # after another): this one may lead again. A process whose first
+            # worker boots after a SIGTERM stays closed.
+            with self._lock:
+                self._closed = False
         self._worker = worker
         for election in sorted({r.election for r in self._rules.values() if r.election}):
-            self._apply(self.lease(election))
+            self.lease(election)
+        self._apply_all()
 
     def before_worker_shutdown(self, broker: Any, worker: Any) -> None:
         """Hand over at once, before in-flight messages finish."""
@@ -198,7 +211,7 @@ class LeaderMiddleware(Middleware):
             if rule is None or rule.election is None:
                 return
             try:
-                if not self._closed and self.lease(rule.election).is_leader():
+                if self.leads(rule.election):
                     return
             except Exception:
                 logger.exception(
@@ -222,6 +235,13 @@ class LeaderMiddleware(Middleware):
         raise SkipMessage(f"not the leader of a leader-only actor: {message.actor_name}")
 
     # -- leases -------------------------------------------------------------
+
+    def leads(self, election: str) -> bool:
+        """Whether this process leads ``election`` now: a test's pin, else the lease."""
+        pin = role_of(election)
+        if pin is not None:
+            return pin.leads
+        return not self._closed and self.lease(election).is_leader()
 
     def lease(self, election: str | None = None) -> Lease:
         """This process's lease of ``election`` (default: worker election), joined on first use."""
@@ -269,25 +289,53 @@ class LeaderMiddleware(Middleware):
 
     def _apply(self, lease: Lease) -> None:
         """Consume the ``wait`` queues of ``lease``'s election only while leading it."""
+        self._apply_to(lease.election)
+
+    def _apply_all(self) -> None:
+        """Pause or resume every ``wait`` queue to match who leads (a pin, else the lease).
+
+        Returns once each consumer paused by a pin has stopped taking
+        messages, so that a message the test sends next stays in the queue: a
+        consumer that had taken it would re-enqueue it, which ``StubBroker``
+        cannot do.
+        """
+        for election in {rule.election for rule, _ in self._queues.values() if rule.election}:
+            paused = self._apply_to(election)
+            if role_of(election) is not None:
+                for consumer in paused:
+                    if consumer.is_alive():
+                        consumer.paused_event.wait(PAUSE_TIMEOUT)
+
+    def _apply_to(self, election: str) -> list[Any]:
+        """Pause or resume the ``wait`` queues of ``election``; the consumers paused.
+
+        Serialized: the lease thread (on election or demotion) and a test
+        changing the pins both call it, and each must act on what it read,
+        not resume a queue after the other paused it on newer news.
+        """
         worker = self._worker
         if worker is None:
-            return
-        leading = lease.is_leader()
-        for queue, (rule, _) in self._queues.items():
-            consumer = worker.consumers.get(queue)
-            if rule.election != lease.election or rule.mode != "wait" or consumer is None:
-                continue
-            if leading:
-                consumer.resume()
-            else:
-                consumer.pause()
-            logger.info(
-                "celery-leader: %s queue %r (%s %r)",
-                "consuming" if leading else "paused",
-                queue,
-                "leader of" if leading else "not leading",
-                lease.election,
-            )
+            return []
+        paused = []
+        with self._apply_lock:
+            leading = self.leads(election)
+            for queue, (rule, _) in self._queues.items():
+                consumer = worker.consumers.get(queue)
+                if rule.election != election or rule.mode != "wait" or consumer is None:
+                    continue
+                if leading:
+                    consumer.resume()
+                else:
+                    consumer.pause()
+                    paused.append(consumer)
+                logger.info(
+                    "celery-leader: %s queue %r (%s %r)",
+                    "consuming" if leading else "paused",
+                    queue,
+                    "leader of" if leading else "not leading",
+                    election,
+                )
+        return paused
 
     def _requeue(self, message: Any) -> None:
         """Put a prefetched message back on its queue for the leader to take."""
@@ -324,14 +372,25 @@ class LeaderMiddleware(Middleware):
 
 def is_leader(election: str | None = None) -> bool:
     """Whether this process leads ``election`` now (default: the worker election)."""
+    pin = _pin(election)
+    if pin is not None:
+        return pin.leads
     lease = _lease(election)
     return lease is not None and lease.is_leader()
 
 
 def current_epoch(election: str | None = None) -> int | None:
     """The fencing token of this process's current term of ``election``, else ``None``."""
+    pin = _pin(election)
+    if pin is not None:
+        return pin.epoch
     lease = _lease(election)
     return None if lease is None else lease.epoch
+
+
+def _pin(election: str | None) -> Role | None:
+    """A test's pin of ``election`` (:mod:`celery_leader.pins`), if any."""
+    return role_of(election or _middleware().config.worker_election)
 
 
 def _lease(election: str | None) -> Lease | None:
@@ -343,6 +402,15 @@ def _lease(election: str | None) -> Lease | None:
         if middleware._closed:
             return None
         raise
+
+
+def _on_pins_changed() -> None:
+    # A stopped middleware's worker is gone (or stopping): nothing to pause.
+    if _current is not None and not _current._closed:
+        _current._apply_all()
+
+
+watch(_on_pins_changed)
 
 
 def _middleware() -> LeaderMiddleware:

@@ -72,12 +72,18 @@ def _run(broker_path: str, modules: Sequence[str], parent_pid: int | None) -> in
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, on_signal)
+    broker, config = load_app(broker_path, modules)
+    DramatiqScheduler(broker, config).run(stop, parent_pid)
+    return 0
+
+
+def load_app(broker_path: str, modules: Sequence[str]) -> tuple[Any, LeaderConfig]:
+    """Import the broker module (as ``dramatiq MODULE`` does) and ``modules``; return the
+    broker and the settings of its :class:`LeaderMiddleware`."""
     _, broker = import_broker(broker_path)  # type: ignore[no-untyped-call]
     for module in modules:
         importlib.import_module(module)
-    middleware = _leader_middleware(broker)
-    DramatiqScheduler(broker, middleware.process_config()).run(stop, parent_pid)
-    return 0
+    return broker, _leader_middleware(broker).process_config()
 
 
 class _SchedulerSettings(Protocol):

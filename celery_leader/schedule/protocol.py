@@ -74,7 +74,7 @@ class SlotProtocol:
         self._states: dict[str, EntryState] = {}
         self._publisher: Publisher | None = None
         self._load_error: str | None = None
-        self._latest_now: datetime | None = None  # to notice the clock going back
+        self._last_now: datetime | None = None  # the previous tick's clock: to notice a jump back
         self._stuck_logged: set[str] = set()  # jobs whose stuck schedule was logged this term
 
     @property
@@ -156,18 +156,22 @@ class SlotProtocol:
         return True
 
     def _notice_clock(self, now: datetime) -> None:
-        """Say once when the wall clock went back: nothing is resent, entries wait."""
-        latest = self._latest_now
-        if latest is not None and now < latest - MAX_CLOCK_SKEW:
+        """Say once when the wall clock went back: nothing is resent, entries wait.
+
+        Compared with the previous tick, not with the latest time seen: while the
+        clock is behind every tick would repeat the warning.
+        """
+        previous = self._last_now
+        if previous is not None and now < previous - MAX_CLOCK_SKEW:
             self.logger.warning(
                 "celery-leader: the wall clock went back %.1f s (from %s to %s): slots already "
                 "sent are not sent again; each entry resumes when the clock passes its last "
                 "slot",
-                (latest - now).total_seconds(),
-                latest.isoformat(),
+                (previous - now).total_seconds(),
+                previous.isoformat(),
                 now.isoformat(),
             )
-        self._latest_now = now if latest is None else max(now, latest)
+        self._last_now = now
 
     # -- planning -----------------------------------------------------------
 

@@ -205,9 +205,7 @@ def _recording_backend(inner: Any, rec: Recorder, validity: float) -> Any:
         def load_state(self, election: str) -> dict[str, str]:
             return dict(inner.load_state(election))
 
-        def compare_and_set(
-            self, election: str, tenure: Any, claims: Sequence[Any]
-        ) -> list[bool]:
+        def compare_and_set(self, election: str, tenure: Any, claims: Sequence[Any]) -> list[bool]:
             return list(inner.compare_and_set(election, tenure, claims))
 
         def leave(self, election: str) -> None:

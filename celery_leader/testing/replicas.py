@@ -1,0 +1,170 @@
+"""Real ``celery beat`` replicas against one lease store, for an integration test.
+
+Each replica is a process of its own (``python -m celery_leader.celery.replica``,
+which runs ``celery -A APP beat -S celery_leader.LeaderScheduler``), so the
+election, the fenced slot claims and the publishing are the real ones. Every
+replica notes what it published in a ledger file; :meth:`BeatReplicas.sent`
+reads them. No Docker and no broker server: by default the broker is Celery's
+filesystem transport in the test's directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .._urls import scheme_of
+
+__all__ = ["BeatReplicas", "beat_replicas"]
+
+#: How long replicas get to start beat (importing Celery and the app), and to
+#: exit after SIGTERM: generous, because test machines run many tests at once.
+START_TIMEOUT = 60.0
+STOP_TIMEOUT = 15.0
+
+
+@dataclass
+class BeatReplicas:
+    """The running replicas: ``procs`` by name (``beat-1``, ...), their files in ``workdir``."""
+
+    workdir: Path
+    procs: dict[str, subprocess.Popen[bytes]]
+
+    def sent(self) -> dict[str, list[str]]:
+        """Replica name -> the ``leader_slot`` of each message it published, in order.
+
+        A message without the header (not sent by ``LeaderScheduler``) shows as
+        ``""``. Readable while the replicas run and after they stopped.
+        """
+        return {
+            name: [r["slot"] or "" for r in self._records(name) if "slot" in r]
+            for name in self.procs
+        }
+
+    def log(self, name: str) -> str:
+        """What replica ``name`` printed (beat's log at INFO), for a failing test's message."""
+        return (self.workdir / f"{name}.log").read_text(errors="replace")
+
+    def _records(self, name: str) -> list[dict[str, Any]]:
+        path = self.workdir / f"{name}.jsonl"
+        if not path.exists():
+            return []
+        lines = path.read_text().splitlines(keepends=True)
+        # A line without its newline is still being written.
+        return [json.loads(line) for line in lines if line.endswith("\n")]
+
+    def _ready(self, name: str) -> bool:
+        return any(r.get("ready") for r in self._records(name))
+
+
+@contextmanager
+def beat_replicas(
+    app: str,
+    count: int = 3,
+    *,
+    leader_url: str,
+    workdir: Path,
+    broker_url: str | None = None,
+    settings: Mapping[str, Any] | None = None,
+) -> Iterator[BeatReplicas]:
+    """Run ``count`` beat replicas of ``app`` (as for ``celery -A``) until the block ends.
+
+    Every replica uses ``leader_url`` as its lease store: a ``file://`` or a
+    server's URL (a ``memory://`` store is private to each process, so every
+    replica would lead). The broker is ``broker_url``, else Celery's filesystem
+    transport under ``workdir``. ``settings`` (JSON values) are applied to the
+    app in every replica, after those two: ``leader_ttl``, ``beat_schedule``...
+    Each replica's ``leader_instance_id`` is its name, so the store's holder
+    names the replica that leads.
+
+    The block starts once every replica has started beat; at its end each one
+    gets SIGTERM (a graceful hand-over) and is waited for. Replicas are started
+    with the Python and the ``sys.path`` of the test, so they import what it
+    imports.
+    """
+    if count < 1:
+        raise ValueError(f"beat_replicas: count must be at least 1 (got {count!r})")
+    if scheme_of(leader_url) == "memory":
+        # Each process would have a store of its own, and every replica would lead.
+        raise ValueError(
+            "beat_replicas: a memory:// store is private to one process; give a "
+            "file:// directory or a server's URL"
+        )
+    workdir.mkdir(parents=True, exist_ok=True)
+    overrides: dict[str, Any] = {"leader_url": leader_url}
+    if broker_url is None:
+        folder = workdir / "broker"
+        folder.mkdir(exist_ok=True)
+        overrides["broker_url"] = "filesystem://"
+        overrides["broker_transport_options"] = {
+            "data_folder_in": str(folder),
+            "data_folder_out": str(folder),
+        }
+    else:
+        overrides["broker_url"] = broker_url
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    replicas = BeatReplicas(workdir, {})
+    try:
+        for n in range(1, count + 1):
+            name = f"beat-{n}"
+            replica_settings = {**overrides, **(settings or {}), "leader_instance_id": name}
+            with open(workdir / f"{name}.log", "wb") as log:
+                replicas.procs[name] = subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "celery_leader.celery.replica",
+                        "--ledger",
+                        str(workdir / f"{name}.jsonl"),
+                        "--settings",
+                        json.dumps(replica_settings),
+                        "--schedule",
+                        str(workdir / f"{name}.schedule"),
+                        app,
+                    ],
+                    cwd=workdir,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+        _wait_started(replicas)
+        yield replicas
+    finally:
+        _stop(replicas)
+
+
+def _wait_started(replicas: BeatReplicas) -> None:
+    deadline = time.monotonic() + START_TIMEOUT
+    waiting = set(replicas.procs)
+    while waiting:
+        for name in sorted(waiting):
+            if replicas._ready(name):
+                waiting.discard(name)
+            elif replicas.procs[name].poll() is not None:
+                raise RuntimeError(f"beat replica {name} exited early:\n{replicas.log(name)}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"beat replicas {sorted(waiting)} did not start in {START_TIMEOUT} s"
+            )
+        time.sleep(0.05)
+
+
+def _stop(replicas: BeatReplicas) -> None:
+    for proc in replicas.procs.values():
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in replicas.procs.values():
+        try:
+            proc.wait(STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
