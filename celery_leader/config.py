@@ -54,6 +54,8 @@ DEFAULT_MAX_PUBLISH_FAILURES = 3
 #: ``leader_crontab_dst`` values: how Celery crontab entries behave when the
 #: clock changes (see docs/beat.md, "Daylight-saving time").
 CRONTAB_DST = ("cron", "celery")
+#: ``leader_replica_acks`` value that lets the store's topology decide.
+AUTO = "auto"
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,9 @@ class LeaderConfig:
     #: credentials), stored with each term so that a follower can tell a holder
     #: of another deployment sharing the store and key prefix (``None``: unknown).
     deployment: str | None = None
+    #: Replicas of the store that must hold a claim or a new term before it
+    #: counts (``None``: ``"auto"``, decided by the store's topology).
+    replica_acks: int | None = None
 
     @property
     def display_url(self) -> str:
@@ -211,6 +216,7 @@ class LeaderConfig:
             crontab_dst=_choice(
                 n("leader_crontab_dst"), values.get("leader_crontab_dst") or "cron", CRONTAB_DST
             ),
+            replica_acks=_replica_acks(n("leader_replica_acks"), values.get("leader_replica_acks")),
         )
 
 
@@ -231,6 +237,7 @@ SETTINGS = (
     "leader_missed_slots",
     "leader_missed_slots_grace",
     "leader_crontab_dst",
+    "leader_replica_acks",
 )
 
 
@@ -364,6 +371,21 @@ def _count(setting: str, value: object, default: int) -> int:
         raise ConfigError(f"{setting} must be a whole number (got {value!r})") from None
     if number < 1:
         raise ConfigError(f"{setting} must be at least 1 (got {value!r})")
+    return number
+
+
+def _replica_acks(setting: str, value: object) -> int | None:
+    """``"auto"`` (``None``) or how many replicas must acknowledge: a whole number >= 0."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", AUTO)):
+        return None
+    try:
+        number = _whole(value)
+    except (ValueError, OverflowError):
+        number = -1
+    if number < 0:
+        raise ConfigError(
+            f"{setting} must be {AUTO!r} or a whole number of replicas, 0 or more (got {value!r})"
+        )
     return number
 
 

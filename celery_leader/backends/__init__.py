@@ -57,4 +57,5 @@ def create_backend(config: LeaderConfig) -> Backend:
     backend: Backend = getattr(module, store.class_name)(
         config.url, config.key_prefix, store_timeout(config.ttl, config.renew_interval)
     )
+    backend.replica_acks = config.replica_acks
     return backend

@@ -152,6 +152,13 @@ class Backend(ABC):
     #: leads, for stores that cannot cut an old holder off on time by themselves.
     holdoff: float = 0.0
 
+    #: How many replicas of the store must hold a claim (and a new term) before
+    #: :meth:`claim` (and :meth:`acquire`) return it; ``None``: as many as the
+    #: store's topology needs so that a promotion cannot roll it back ("auto").
+    #: Set from ``leader_replica_acks`` by ``create_backend``; stores without
+    #: replicas ignore it.
+    replica_acks: int | None = None
+
     def __init__(self, url: str, key_prefix: str, timeout: float) -> None:
         self.url = url
         self.key_prefix = key_prefix
@@ -226,7 +233,13 @@ class Backend(ABC):
     def compare_and_set(
         self, election: str, tenure: Tenure, claims: Sequence[Claim]
     ) -> list[bool]:
-        """The store's part of :meth:`claim`: fenced compare-and-set, one round trip."""
+        """The store's part of :meth:`claim`: fenced compare-and-set, one round trip.
+
+        A claim reported won is on as many replicas as :attr:`replica_acks`
+        asks; when they do not acknowledge in time the claims are handed back
+        and :class:`~celery_leader.exceptions.StoreUnavailable` is raised, so
+        that nothing is published on a claim that a fail-over could undo.
+        """
 
     def leave(self, election: str) -> None:  # noqa: B027 - optional hook
         """Drop what this backend keeps for ``election`` (waiters, connections).

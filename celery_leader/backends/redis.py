@@ -22,8 +22,10 @@ answers ``NOSCRIPT`` (its script cache is empty after a start or a flush) is
 the script sent once more in full with ``EVAL``, which caches it. Scripts
 check the types of the keys they read and report a key of the wrong type by
 name (``{"foreign", key, what}``) instead of failing with Redis's ``WRONGTYPE``.
-Nothing connects before the first call, so a Redis that is down at start-up
-(or a Cluster seed node) is an outage the lease retries, not a crash.
+Claims and new terms are on the master's replicas before they count (see
+:mod:`.redis_acks`): a fail-over cannot undo a claimed slot nor hand out an
+epoch twice. Nothing connects before the first call, so a Redis that is down
+at start-up (or a Cluster seed node) is an outage the lease retries, not a crash.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from .._urls import mask_url
 from ..exceptions import ConfigError, StoreMisconfigured, StoreUnavailable
 from .base import Acquired, Backend, Claim, HolderInfo, Renewal, Tenure
 from .presence import WATCH_INTERVAL, Subscription
+from .redis_acks import Acks, Pinned, promotable_replicas
 from .terms import foreign, holder_info, parse_term, unreadable_state
 from .waiting import wait_sliced
 
@@ -180,6 +183,26 @@ end
 return out
 """
 
+# KEYS: lock, state. ARGV: our exact value, then per claim: entry, the value the
+# claim wrote, has-previous ("0"/"1"), previous. Puts back what a claim
+# replaced, where the claim's value is still there; returns how many.
+_UNCLAIM = """
+if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if redis.call('TYPE', KEYS[2]).ok ~= 'hash' then return 0 end
+local n = 0
+for i = 2, #ARGV, 4 do
+  if redis.call('HGET', KEYS[2], ARGV[i]) == ARGV[i + 1] then
+    if ARGV[i + 2] == '1' then
+      redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 3])
+    else
+      redis.call('HDEL', KEYS[2], ARGV[i])
+    end
+    n = n + 1
+  end
+end
+return n
+"""
+
 logger = logging.getLogger("celery_leader.backends.redis")
 
 #: Claims per script call: bounds how long one call blocks Redis; all chunks
@@ -217,6 +240,7 @@ _SCRIPTS = {
         ("subscribers", _SUBSCRIBERS),
         ("load_state", _LOAD_STATE),
         ("claim", _CLAIM),
+        ("unclaim", _UNCLAIM),
     )
 }
 
@@ -296,6 +320,8 @@ class RedisBackend(Backend):
         #: has checked that this server counts it where the scripts run.
         self._presence: bool | None = None
         self._lock = threading.Lock()
+        #: (when, count) of :meth:`_promotable`, asked of the sentinels.
+        self._promotable_cache: tuple[float, int | None] | None = None
 
     # -- talking to Redis -----------------------------------------------------
 
@@ -360,8 +386,8 @@ class RedisBackend(Backend):
         lock = self._key(election, "lock")
         subscription = self._subscription(election)
         presence = subscription.presence if subscription is not None else None
-        taken, value, pttl, *watching = self._script(
-            "acquire",
+        taken, value, pttl, *watching = self._acquire_durably(
+            election,
             [lock, self._key(election, "epoch"), self._key(election, "watch")],
             [
                 uuid.uuid4().hex,
@@ -532,20 +558,126 @@ class RedisBackend(Backend):
         self, election: str, tenure: Tenure, claims: Sequence[Claim]
     ) -> list[bool]:
         keys = [self._key(election, "lock"), self._key(election, "state")]
-        chunks = [claims[i : i + _CLAIM_CHUNK] for i in range(0, len(claims), _CLAIM_CHUNK)]
-        calls = []
-        for chunk in chunks:
-            args: list[str] = [tenure.token]
-            for c in chunk:
-                args += [c.entry, "0" if c.expected is None else "1", c.expected or "", c.new]
-            calls.append(args)
-        replies = self._call(_claim_round_trip, keys, calls)
+        chunks = _chunks(claims)
+        calls = [
+            [tenure.token]
+            + [a for c in chunk for a in (c.entry, _has(c.expected), c.expected or "", c.new)]
+            for chunk in chunks
+        ]
+
+        def run(client: Any) -> tuple[list[Any], Acks]:
+            script = _SCRIPTS["claim"]
+            promotable = self._promotable(client)
+            with Pinned(client, keys[0]) as conn:
+                replies, online = conn.scripts(
+                    script.sha, script.source, keys, calls, self.replica_acks
+                )
+                needed = _most(online, promotable)
+                wrote = any(1 in reply for reply in replies)
+                return replies, conn.wait(needed, self._ack_timeout) if wrote else Acks(0, 0)
+
+        replies, acks = self._call(run)
         results: list[bool] = []
         for chunk, reply in zip(chunks, replies, strict=True):
             # An empty reply: our term was gone, so nothing in the chunk was claimed.
             reply = self._checked(reply)
             results += [bool(r) for r in reply] if reply else [False] * len(chunk)
+        if not acks.enough:
+            won = [c for c, ok in zip(claims, results, strict=True) if ok]
+            try:
+                self._unclaim(keys, tenure, won)
+                done = "handed back, nothing may be sent on them"
+            except StoreUnavailable as exc:
+                # Left claimed on the master: the slots are skipped, never sent twice.
+                done = f"handing them back failed too ({exc})"
+            raise self._not_replicated(acks, f"{len(won)} claim(s)", done)
         return results
+
+    def _unclaim(self, keys: list[str], tenure: Tenure, claims: list[Claim]) -> None:
+        """Put back the state that ``claims`` replaced, where they are still what is stored.
+
+        On the master only: if a promotion undoes the claims anyway, the
+        replica still has what they replaced.
+        """
+        calls = [
+            [tenure.token]
+            + [a for c in chunk for a in (c.entry, c.new, _has(c.expected), c.expected or "")]
+            for chunk in _chunks(claims)
+        ]
+        script = _SCRIPTS["unclaim"]
+
+        def run(client: Any) -> None:
+            with Pinned(client, keys[0]) as conn:
+                conn.scripts(script.sha, script.source, keys, calls, 0)
+
+        self._call(run)
+
+    def _acquire_durably(self, election: str, keys: list[str], args: list[Any]) -> list[Any]:
+        """The acquire script's reply; a term it hands out is on the replicas before it counts.
+
+        Otherwise a promoted replica would still have the previous epoch, and
+        the next term would get the same one again. A term the replicas did not
+        acknowledge in time is released and the call fails: nobody leads on it.
+        """
+        script = _SCRIPTS["acquire"]
+
+        def run(client: Any) -> tuple[list[Any], Acks]:
+            with Pinned(client, keys[0]) as conn:
+                # Followers call this often; only a won term asks for the replicas.
+                (reply,), _ = conn.scripts(script.sha, script.source, keys, [args], 0)
+                if reply[0] != 1:
+                    return reply, Acks(0, 0)
+                needed = self.replica_acks
+                if needed is None:
+                    needed = _most(conn.online(), self._promotable(client))
+                return reply, conn.wait(needed, self._ack_timeout)
+
+        reply, acks = self._call(run)
+        reply = self._checked(reply)
+        if not acks.enough:
+            self.release(election, Tenure(reply[1], 0))
+            raise self._not_replicated(acks, "a new term", "released; nobody leads on it")
+        return list(reply)
+
+    def _promotable(self, client: Any) -> int | None:
+        """With ``"auto"`` behind Sentinel, the replicas Sentinel could promote.
+
+        Asked of the sentinels at most once per store deadline: a replica that
+        drops out meanwhile is still waited for (claims fail, safely), one that
+        joins is online, so ``ROLE`` counts it.
+        """
+        if self.replica_acks is not None:
+            return None
+        now = time.monotonic()
+        with self._lock:
+            cached = self._promotable_cache
+        if cached is not None and now - cached[0] < self.timeout:
+            return cached[1]
+        count = promotable_replicas(client)
+        if count is None and cached is not None:
+            count = cached[1]  # no sentinel answered: they cannot promote anyone either
+        with self._lock:
+            self._promotable_cache = (now, count)
+        return count
+
+    @property
+    def _ack_timeout(self) -> float:
+        """How long a write waits for replicas: half the store deadline, so that
+        handing back what they did not acknowledge still fits in the other half."""
+        return self.timeout / 2
+
+    def _not_replicated(self, acks: Acks, what: str, done: str) -> StoreUnavailable:
+        if acks.needed is None:
+            return StoreMisconfigured(
+                f"leader_replica_acks is 'auto', which asks the Redis master how many replicas "
+                f"it has (ROLE), and this user may not run ROLE ({done}): grant it +role, or "
+                "set leader_replica_acks to how many replicas must acknowledge each claim"
+            )
+        return StoreUnavailable(
+            f"{what} not on {acks.needed} replica(s) of the Redis master within "
+            f"{self._ack_timeout:g} s ({acks.acked} acknowledged), so a fail-over could "
+            f"undo it: {done}"
+        )
 
     def leave(self, election: str) -> None:
         self._drop_subscription(election)
@@ -566,24 +698,19 @@ def _eval(client: Any, script: _Script, keys: Sequence[str], args: Sequence[Any]
         return client.eval(script.source, len(keys), *keys, *args)
 
 
-def _claim_round_trip(client: Any, keys: list[str], calls: list[list[str]]) -> list[Any]:
-    """Every claim chunk in one pipelined round trip (one call each in Cluster)."""
-    script = _SCRIPTS["claim"]
-    if isinstance(client, RedisCluster):
-        # Cluster pipelines refuse scripts; all chunks hit one slot anyway.
-        return [_eval(client, script, keys, args) for args in calls]
-    pipe = client.pipeline(transaction=False)
-    for args in calls:
-        pipe.evalsha(script.sha, len(keys), *keys, *args)
-    replies = pipe.execute(raise_on_error=False)
-    for i, reply in enumerate(replies):
-        # A NOSCRIPT chunk did not run (the first use after a server start or
-        # SCRIPT FLUSH): it runs now, in full, which caches the script.
-        if isinstance(reply, NoScriptError):
-            replies[i] = client.eval(script.source, len(keys), *keys, *calls[i])
-        elif isinstance(reply, Exception):
-            raise reply
-    return list(replies)
+def _most(online: int | None, promotable: int | None) -> int | None:
+    """Replicas that must acknowledge: the larger count known; ``None`` if neither is."""
+    known = [n for n in (online, promotable) if n is not None]
+    return max(known) if known else None
+
+
+def _chunks(claims: Sequence[Claim]) -> list[Sequence[Claim]]:
+    return [claims[i : i + _CLAIM_CHUNK] for i in range(0, len(claims), _CLAIM_CHUNK)]
+
+
+def _has(expected: str | None) -> str:
+    """A script argument saying whether a claim expects a stored value."""
+    return "0" if expected is None else "1"
 
 
 def _holder(value: str, pttl: int, key: str) -> HolderInfo:

@@ -10,10 +10,11 @@ from typing import Any
 
 from psycopg.rows import TupleRow
 
+from ...exceptions import StoreMisconfigured, StoreUnavailable
 from ..base import Acquired, Backend, Claim, HolderInfo, Renewal, Tenure, claim_rounds
 from ..waiting import LockWaiter, wait_sliced
 from .params import connection_params
-from .session import Connector, Session, SessionGone, queue_for_lock
+from .session import Canceller, Connector, Session, SessionGone, queue_for_lock
 from .sql import (
     CLAIM,
     ELECTIONS,
@@ -24,6 +25,7 @@ from .sql import (
     REQUEST_RESIGN,
     TAKE_OFFICE,
     TRY_LOCK,
+    UNCLAIM,
     advisory_key,
     lock_ids,
     ms,
@@ -58,6 +60,8 @@ class PostgresBackend(Backend):
         self._db = Connector(*connection_params(url, timeout), timeout)
         self._lock = threading.Lock()
         self._seats: dict[str, _Seat] = {}
+        #: Standbys each commit waited for at the last claim (``None``: no claim yet).
+        self._sync_standbys: int | None = None
 
     # -- the protocol ---------------------------------------------------------
 
@@ -197,32 +201,111 @@ class PostgresBackend(Backend):
         connection broke: a slot is then skipped, never published twice.
         Claims naming the same entry again are applied in order, in one more
         round trip per repetition.
+
+        The commit waits for the synchronous standbys (see ``SETUP``); the
+        statement first checks that the server's ``synchronous_standby_names``
+        makes it wait for as many as :attr:`replica_acks` asks, and claims
+        nothing otherwise (:class:`StoreMisconfigured`). A statement still
+        running after half the store deadline is cancelled: cancelled in that
+        wait, its commit stands on the primary alone, so the claims are handed
+        back and :class:`StoreUnavailable` is raised; the session, and the
+        term in it, carry on.
         """
         results = [False] * len(claims)
         session = self._holding(election, tenure)
         if session is None or not claims:
             return results
-        base = {**self._names(election), **lock_ids(advisory_key(self.key_prefix, election))}
+        base = {
+            **self._names(election),
+            **lock_ids(advisory_key(self.key_prefix, election)),
+            "replica_acks": -1 if self.replica_acks is None else self.replica_acks,
+        }
         try:
             for indexes in claim_rounds(claims):
                 batch = [claims[i] for i in indexes]
-                rows = self._db.execute(
-                    session,
-                    CLAIM,
-                    {
-                        **base,
-                        "entries": [c.entry for c in batch],
-                        "expected": [c.expected for c in batch],
-                        "new": [c.new for c in batch],
-                    },
-                )
-                won = {entry for (entry,) in rows}
+                params = {
+                    **base,
+                    "entries": [c.entry for c in batch],
+                    "expected": [c.expected for c in batch],
+                    "new": [c.new for c in batch],
+                }
+                canceller = self._canceller(session)
+                try:
+                    rows = self._db.execute(session, CLAIM, params)
+                except StoreUnavailable as exc:
+                    if canceller is None or not canceller.stop() or isinstance(exc, SessionGone):
+                        raise
+                    # Cancelled before its commit: this round claimed nothing.
+                    raise self._not_confirmed(session, base, claims, results) from exc
+                cancelled = canceller is not None and canceller.stop()
+                for entry, standbys, sync, needed in rows:
+                    if entry is not None:
+                        continue
+                    self._sync_standbys = sync
+                    if sync < needed:
+                        raise self._not_synchronous(standbys, sync, needed)
+                won = {entry for (entry, *_) in rows}
                 for i in indexes:
                     results[i] = claims[i].entry in won
+                if cancelled:
+                    # Maybe cancelled in the commit's wait for the standbys: it then
+                    # stands on the primary alone. Undo it, send nothing.
+                    raise self._not_confirmed(session, base, claims, results)
         except SessionGone:
             self._drop_session(election, session)
             return [False] * len(claims)
         return results
+
+    def _canceller(self, session: Session) -> Canceller | None:
+        """Cancels the claim statement at half the store deadline, when commits
+        wait for synchronous standbys (as the last claim found; unknown at first).
+
+        Not armed otherwise: a timer thread per claim costs a lone server 0.3 ms.
+        """
+        if self._sync_standbys == 0:
+            return None
+        return Canceller(session, self._ack_timeout, self.timeout)
+
+    @property
+    def _ack_timeout(self) -> float:
+        """How long a claim's commit waits for the synchronous standbys: half the
+        store deadline, so that handing it back still fits in the other half."""
+        return self.timeout / 2
+
+    def _not_confirmed(
+        self, session: Session, base: Mapping[str, Any], claims: Sequence[Claim], won: list[bool]
+    ) -> StoreUnavailable:
+        """Put back what the won ``claims`` replaced; the error that says how that went."""
+        back = [c for c, ok in zip(claims, won, strict=True) if ok]
+        done = "nothing claimed"
+        if back:
+            params = {
+                **base,
+                "entries": [c.entry for c in back],
+                "claimed": [c.new for c in back],
+                "previous": [c.expected for c in back],
+            }
+            try:
+                self._db.execute(session, UNCLAIM, params)
+                done = "handed back, nothing may be sent on them"
+            except StoreUnavailable as exc:
+                # Left claimed on the primary: the slots are skipped, never sent twice.
+                done = f"handing them back failed too ({exc})"
+        return StoreUnavailable(
+            f"{len(back)} claim(s) not confirmed by the synchronous standby(s) of "
+            f"{self._db.target} within {self._ack_timeout:g} s, so a fail-over could undo "
+            f"them: {done}"
+        )
+
+    def _not_synchronous(self, standbys: int, sync: int, needed: int) -> StoreMisconfigured:
+        setting = "'auto'" if self.replica_acks is None else str(self.replica_acks)
+        return StoreMisconfigured(
+            f"leader_replica_acks is {setting}: claims must reach {needed} standby(s) before "
+            f"a slot is sent, but {self._db.target} waits for {sync} synchronous standby(s) "
+            f"({standbys} connected), so a promoted standby could lack them and a slot "
+            "would be sent twice: list the standbys in synchronous_standby_names on the "
+            "primary, or set leader_replica_acks to 0 if no standby is ever promoted"
+        )
 
     def leave(self, election: str) -> None:
         with self._lock:

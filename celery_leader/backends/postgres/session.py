@@ -96,6 +96,39 @@ class _Watchdog:
         return self._fired
 
 
+class Canceller:
+    """Cancels the statement running on ``session`` once ``delay`` has passed.
+
+    For a commit that waits for the synchronous standbys: cancelled, the wait
+    ends and the commit stands on the primary alone (PostgreSQL says so in a
+    WARNING), which the caller then undoes, instead of the session hanging
+    until the store deadline cuts it off while it still holds the lock.
+    ``statement_timeout`` cannot do this: it does not cover that wait.
+    """
+
+    def __init__(self, session: Session, delay: float, timeout: float) -> None:
+        self._session = session
+        self._timeout = timeout
+        self.fired = False
+        self._timer = threading.Timer(delay, self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _fire(self) -> None:
+        self.fired = True
+        try:
+            self._session.conn.cancel_safe(timeout=self._timeout)
+        except psycopg.Error:
+            pass  # unreachable server: the store deadline cuts the session
+
+    def stop(self) -> bool:
+        """Disarm, and wait for a cancel under way; True when it fired."""
+        self._timer.cancel()
+        if self._timer.is_alive():
+            self._timer.join()
+        return self.fired
+
+
 class Connector:
     """Opens sessions to one database and runs statements on them.
 

@@ -66,17 +66,19 @@ CREATE TABLE IF NOT EXISTS celery_leader_state (
 # Every connection: the pid identifies the server session; the settings are
 # the server-side half of the lease (see :mod:`celery_leader.backends.postgres`).
 # synchronous_commit: a claim or epoch bump the server confirmed must survive
-# a server crash, or a new leader reads older state and sends a slot again.
-# Servers tuned with synchronous_commit = off get it back on for our sessions;
-# stricter settings (remote_apply, ...) are kept.
+# a server crash, or a new leader reads older state and sends a slot again;
+# and it must reach the synchronous standbys (``local`` does not wait for
+# them), or a promoted standby lacks it. Servers tuned with ``off`` or
+# ``local`` get ``on`` back for our sessions; ``remote_write`` and
+# ``remote_apply`` are kept.
 SETUP = """
 SELECT pg_backend_pid(),
        set_config('statement_timeout', %(statement_ms)s, false),
        set_config('idle_session_timeout', %(idle_ms)s, false),
        set_config('idle_in_transaction_session_timeout', %(idle_ms)s, false),
        set_config('synchronous_commit',
-                  CASE current_setting('synchronous_commit')
-                      WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END,
+                  CASE WHEN current_setting('synchronous_commit') IN ('off', 'local') THEN 'on'
+                       ELSE current_setting('synchronous_commit') END,
                   false)
 """
 
@@ -126,12 +128,45 @@ SELECT pg_backend_pid(),
 
 RELEASE = "SELECT pg_advisory_unlock(%(key)s::bigint)"
 
+
+def sync_standbys(names: str) -> str:
+    """SQL: how many standbys each commit waits for, by ``names`` (SQL text of
+    a ``synchronous_standby_names`` value).
+
+    "FIRST n (...)", "ANY n (...)" and "n (...)" wait for n, a plain list (or
+    "*") for one, an empty one for none. Our sessions' synchronous_commit
+    always waits for them (see SETUP).
+    """
+    return rf"""
+CASE WHEN btrim({names}) = '' THEN 0
+     ELSE coalesce((regexp_match({names}, '^\s*(?:(?:first|any)\s+)?(\d+)\s*\(', 'i'))[1]::int,
+                   1)
+END
+"""
+
+
+# Physical standbys connected now. Any role sees the rows of pg_stat_replication
+# (not their details); a logical walsender is the one using a logical slot.
+STANDBYS = """
+(SELECT count(*)::int FROM pg_stat_replication AS r
+ WHERE NOT EXISTS (SELECT FROM pg_replication_slots AS s
+                   WHERE s.slot_type = 'logical' AND s.active_pid = r.pid))
+"""
+
 # The claims of one round name distinct entries, so their order does not matter.
+# Nothing is claimed unless the commit waits for as many standbys as
+# %(replica_acks)s asks (-1, "auto": one when any is connected). One more row,
+# with a NULL entry, says how many are connected, waited for, and needed.
 CLAIM = f"""
-WITH claim AS (
+WITH replicas AS (
+    SELECT standbys, sync, CASE WHEN %(replica_acks)s::int < 0 THEN LEAST(standbys, 1)
+                                ELSE %(replica_acks)s::int END AS needed
+    FROM (SELECT {STANDBYS} AS standbys,
+                 {sync_standbys("current_setting('synchronous_standby_names')")} AS sync) AS r
+), claim AS (
     SELECT * FROM unnest(%(entries)s::text[], %(expected)s::text[], %(new)s::text[])
         AS c (entry, expected, new)
-    WHERE EXISTS ({I_HOLD})
+    WHERE EXISTS ({I_HOLD}) AND (SELECT sync >= needed FROM replicas)
 ), inserted AS (
     INSERT INTO celery_leader_state (prefix, election, entry, value)
     SELECT %(prefix)s, %(election)s, entry, new FROM claim WHERE expected IS NULL
@@ -144,7 +179,36 @@ WITH claim AS (
       AND s.entry = claim.entry AND s.value = claim.expected
     RETURNING s.entry
 )
-SELECT entry FROM inserted UNION ALL SELECT entry FROM updated
+SELECT entry, NULL::int, NULL::int, NULL::int FROM inserted
+UNION ALL SELECT entry, NULL, NULL, NULL FROM updated
+UNION ALL SELECT NULL, standbys, sync, needed FROM replicas
+"""  # noqa: S608
+
+# Hands back claims whose commit was cancelled while it waited for the
+# synchronous standbys (so it is on the primary alone): puts back what they
+# replaced, where their value is still stored. Its own commit does not wait for
+# the standbys (synchronous_commit is local for this one transaction): should a
+# promotion undo the hand-back, the claims stay, and their slots are skipped,
+# never sent twice.
+UNCLAIM = f"""
+WITH back AS (
+    SELECT * FROM unnest(%(entries)s::text[], %(claimed)s::text[], %(previous)s::text[])
+        AS b (entry, claimed, previous)
+    WHERE EXISTS ({I_HOLD}) AND set_config('synchronous_commit', 'local', true) IS NOT NULL
+), restored AS (
+    UPDATE celery_leader_state AS s SET value = back.previous
+    FROM back
+    WHERE s.prefix = %(prefix)s AND s.election = %(election)s
+      AND s.entry = back.entry AND s.value = back.claimed AND back.previous IS NOT NULL
+    RETURNING s.entry
+), removed AS (
+    DELETE FROM celery_leader_state AS s
+    USING back
+    WHERE s.prefix = %(prefix)s AND s.election = %(election)s
+      AND s.entry = back.entry AND s.value = back.claimed AND back.previous IS NULL
+    RETURNING s.entry
+)
+SELECT entry FROM restored UNION ALL SELECT entry FROM removed
 """  # noqa: S608
 
 # A queued follower: no statement deadline for the lock wait itself, but a

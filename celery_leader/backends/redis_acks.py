@@ -1,0 +1,179 @@
+"""Redis writes that a fail-over cannot roll back: ``WAIT`` on the connection that wrote.
+
+A Redis master answers a write before any replica has it, and a replica that
+Sentinel (or Cluster) promotes lacks whatever was not copied yet: a claim the
+old master accepted is gone, and the next leader sends its slot again.
+``WAIT n timeout`` blocks until ``n`` replicas hold every write *of the
+connection it is sent on*, so writes and their ``WAIT`` must share one
+connection. redis-py hands a pipeline's connection back to the pool after each
+round trip, hence :class:`Pinned`, which holds one for several.
+
+How many replicas must acknowledge: ``leader_replica_acks``, or with ``"auto"``
+every replica the master reports online (``ROLE``, sent in the same round trip
+as the writes, so it costs nothing on a lone server) and, behind Sentinel,
+every replica Sentinel could promote (:func:`promotable_replicas`): a replica
+cut off from the master is not online, yet Sentinel may still promote it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+from redis.cluster import RedisCluster
+from redis.exceptions import NoPermissionError, NoScriptError, RedisError, ResponseError
+
+#: Sentinel promotes no replica whose link to the master has been down for
+#: longer than this many ``down-after-milliseconds`` (``sentinelSelectSlave``).
+PROMOTABLE_LINK_DOWN = 10
+
+
+@dataclass(frozen=True)
+class Acks:
+    """How many replicas had to acknowledge a write, and how many did.
+
+    ``needed`` is ``None`` when nobody would say how many replicas there are
+    (``ROLE`` refused by an ACL, and no Sentinel to ask): then nothing counts
+    as acknowledged.
+    """
+
+    needed: int | None
+    acked: int
+
+    @property
+    def enough(self) -> bool:
+        """True when the write is on every replica that had to acknowledge it."""
+        return self.needed is not None and self.acked >= self.needed
+
+
+class Pinned:
+    """One pooled connection held for several round trips.
+
+    In Redis Cluster it is a connection to the node that serves ``key``: the
+    writes and their ``WAIT`` must reach the node that holds the keys.
+    """
+
+    def __init__(self, client: Any, key: str) -> None:
+        if isinstance(client, RedisCluster):
+            node = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
+            client = client.get_redis_connection(node)
+        self._pool = client.connection_pool
+        self._conn: Any = None
+        self._clean = True
+
+    def __enter__(self) -> Pinned:
+        self._conn = self._pool.get_connection()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if not self._clean or kind is not None:
+            # Replies may be left unread on the socket: it cannot be reused.
+            self._conn.disconnect()
+        self._pool.release(self._conn)
+
+    def send(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
+        """Every command in one round trip; an error reply comes back as its exception."""
+        self._clean = False
+        conn = self._conn
+        conn.send_packed_command(conn.pack_commands(commands))
+        replies: list[Any] = []
+        for _ in commands:
+            try:
+                replies.append(conn.read_response())
+            except ResponseError as exc:
+                replies.append(exc)
+        self._clean = True
+        return replies
+
+    def scripts(
+        self,
+        sha: str,
+        source: str,
+        keys: Sequence[str],
+        calls: Sequence[Sequence[Any]],
+        replicas: int | None,
+    ) -> tuple[list[Any], int | None]:
+        """Run one script once per argument list in ``calls``, all in one round trip.
+
+        Returns the replies and how many replicas must acknowledge them:
+        ``replicas``, or when that is ``None`` ("auto") the replicas the master
+        reports online, asked with ``ROLE`` in the same round trip (``None``
+        when an ACL refuses ``ROLE``). A call the server refused with
+        ``NOSCRIPT`` (its script cache is empty after a start or a flush) runs
+        once more, in full, which caches it. Any other error reply is raised.
+        """
+        commands: list[Sequence[Any]] = [("EVALSHA", sha, len(keys), *keys, *a) for a in calls]
+        if replicas is None:
+            commands.append(("ROLE",))
+        replies = self.send(commands)
+        if replicas is None:
+            replicas = _online(replies.pop())
+        for i, reply in enumerate(replies):
+            if isinstance(reply, NoScriptError):
+                (replies[i],) = self.send([("EVAL", source, len(keys), *keys, *calls[i])])
+            if isinstance(replies[i], Exception):
+                raise replies[i]
+        return replies, replicas
+
+    def online(self) -> int | None:
+        """Replicas the master lists online (``ROLE``); ``None`` when that is refused."""
+        (reply,) = self.send([("ROLE",)])
+        return _online(reply)
+
+    def wait(self, needed: int | None, timeout: float) -> Acks:
+        """``WAIT`` until ``needed`` replicas hold this connection's writes, at most ``timeout``."""
+        if needed is None:
+            return Acks(None, 0)
+        if needed == 0:
+            return Acks(0, 0)
+        (reply,) = self.send([("WAIT", needed, max(1, math.ceil(timeout * 1000)))])
+        if isinstance(reply, Exception):
+            raise reply
+        return Acks(needed, int(reply))
+
+
+def _online(role: Any) -> int | None:
+    """Replicas a ``ROLE`` reply lists (online ones only); ``None`` when it was refused."""
+    if isinstance(role, NoPermissionError):
+        return None
+    if isinstance(role, Exception):
+        raise role
+    # ["master", offset, [[host, port, offset], ...]]; a replica has none of its own.
+    return len(role[2]) if role[0] == "master" else 0
+
+
+def promotable_replicas(client: Any) -> int | None:
+    """Replicas of a Sentinel-managed master that Sentinel could promote now.
+
+    By Sentinel's own rules: not down or disconnected in its eyes, priority
+    not 0, and a link to the master down for no longer than
+    :data:`PROMOTABLE_LINK_DOWN` x ``down-after-milliseconds``. ``None`` when
+    ``client`` is not Sentinel-managed or no sentinel answers.
+    """
+    pool: Any = getattr(client, "connection_pool", None)  # a Cluster client has none
+    manager = getattr(pool, "sentinel_manager", None)
+    if manager is None:
+        return None
+    for sentinel in manager.sentinels:
+        try:
+            master = sentinel.sentinel_master(pool.service_name)
+            replicas = sentinel.sentinel_slaves(pool.service_name)
+        except RedisError:
+            continue
+        limit = master["down-after-milliseconds"] * PROMOTABLE_LINK_DOWN
+        return sum(
+            1
+            for r in replicas
+            if not (r["is_sdown"] or r["is_odown"] or r["is_disconnected"])
+            and r.get("slave-priority", 1) != 0
+            and r.get("master-link-down-time", 0) <= limit
+        )
+    return None
