@@ -24,7 +24,7 @@ from harness.etcd import EtcdCluster
 from harness.procs import Procs
 from harness.procs import signal as send_signal
 from harness.proxy import TcpProxy
-from tests.test_beat_chaos import (  # noqa: F401 - tap and beat_holder are fixtures
+from tests.test_beat_chaos import (  # noqa: F401 - broker, tap and beat_holder are fixtures
     BEAT,
     FAILOVER,
     GRACEFUL,
@@ -36,6 +36,7 @@ from tests.test_beat_chaos import (  # noqa: F401 - tap and beat_holder are fixt
     Row,
     beat_env,
     beat_holder,
+    broker,
     hold_fault_until,
     measure,
     report,

@@ -43,6 +43,7 @@ from tests.test_beat_chaos import (
     Replicas,
     beat_env,
     beat_holder,  # noqa: F401 - a fixture
+    broker,  # noqa: F401 - a fixture (tap's)
     hold_fault_until,
     slot_problems,
     steady,
