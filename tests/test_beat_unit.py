@@ -646,47 +646,6 @@ def test_a_hook_on_apply_entry_sees_every_slot_with_its_headers(
     assert all(h["leader_epoch"] == scheduler.lease.epoch for h in seen)
 
 
-@pytest.mark.parametrize(
-    ("policy", "grace", "expected"),
-    [
-        ("once", None, [3]),
-        ("skip", None, []),
-        ("all", None, [1, 2, 3]),
-        ("all", 25, [2, 3]),
-        ("once", 5, []),
-    ],
-)
-def test_missed_slots_policy(
-    app: Celery,
-    make_scheduler: Callable[..., LeaderScheduler],
-    monkeypatch: pytest.MonkeyPatch,
-    policy: str,
-    grace: float | None,
-    expected: list[int],
-) -> None:
-    # The previous leader last ran "e" at slot 0 of its 10 s grid; the new leader's
-    # (fixed) wall clock reads 3.6 periods later: slots 1, 2 and 3 were missed.
-    period = 10
-    app.conf.beat_schedule = {"e": every(period)}
-    app.conf.leader_missed_slots = policy
-    app.conf.leader_missed_slots_grace = grace
-    ran = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
-    now = ran + 3.6 * timedelta(seconds=period)
-    monkeypatch.setattr(protocol, "utcnow", lambda: now)
-    seed_state(app, {"e": state(ran, 5)})
-    scheduler = make_scheduler()
-    wait_leading(scheduler)
-    assert scheduler.tick() == 0.0
-    slots = [h["leader_slot"] for h in published(app)]
-    assert slots == [f"e@{(ran + n * timedelta(seconds=period)).isoformat(timespec='milliseconds')}"
-                     for n in expected]  # fmt: skip
-    after = json.loads(stored_state(app)["e"])
-    # Whatever was sent, the entry is now on its grid: its next slot is ran + 4 periods.
-    assert datetime.fromisoformat(after["last_run_at"]) == ran + 3 * timedelta(seconds=period)
-    assert after["total_run_count"] == 5 + len(expected)
-    assert scheduler.tick() == pytest.approx(0.4 * period)
-
-
 def test_an_entry_overrides_the_missed_slots_setting(
     app: Celery, make_scheduler: Callable[..., LeaderScheduler], monkeypatch: pytest.MonkeyPatch
 ) -> None:
