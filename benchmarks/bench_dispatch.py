@@ -107,7 +107,7 @@ def seed_leader_state(app: Celery) -> None:
     config = LeaderConfig.from_app(app)
     backend = create_backend(config)
     try:
-        term = backend.acquire(config.beat_election, "previous-leader", config.ttl, 0).tenure
+        term = backend.acquire(config.beat_election, "previous-leader", config.ttl, 0).term
         assert term is not None, "someone holds the beat election"
         last_run = (datetime.now(timezone.utc) - OVERDUE).isoformat()
         state = json.dumps({"last_run_at": last_run, "total_run_count": 1})

@@ -38,21 +38,21 @@ def time_claims(url: str, acks: str, batches: int) -> list[str]:
     backend = create_backend(config)
     cells = []
     try:
-        tenure = backend.acquire("bench", "bench", TTL, 0).tenure
-        assert tenure is not None
+        term = backend.acquire("bench", "bench", TTL, 0).term
+        assert term is not None
         state = backend.load_state("bench")
         for size in SIZES:
             times = []
             for n in range(batches):
                 claims = [Claim(f"e{i}", state.get(f"e{i}"), f"{n}") for i in range(size)]
                 start = time.perf_counter()
-                won = backend.claim("bench", tenure, claims)
+                won = backend.claim("bench", term, claims)
                 times.append(time.perf_counter() - start)
                 assert all(won), won
                 state.update((c.entry, c.new) for c in claims)
             p90 = statistics.quantiles(times, n=10)[-1]
             cells.append(f"{statistics.median(times) * 1000:.2f} / {p90 * 1000:.2f}")
-        backend.release("bench", tenure)
+        backend.release("bench", term)
     finally:
         backend.close()
     return cells

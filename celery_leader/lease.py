@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from ._urls import mask_url
-from .backends.base import Backend, HolderInfo, Renewal, Tenure, stored_holder
+from .backends.base import Backend, HolderInfo, Renewal, Term, stored_holder
 from .config import LeaderConfig, check_timing, validate_name, validity
 from .exceptions import StoreUnavailable
 
@@ -109,7 +109,7 @@ class Lease:
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
-        self._tenure: Tenure | None = None
+        self._term: Term | None = None
         self._valid_until = 0.0  # monotonic deadline of our belief; 0 = follower
         self._announced = False  # on_elected ran and on_demoted has not yet
         self._acked_sent = 0.0  # when the last successful acquire/renew was sent
@@ -153,16 +153,16 @@ class Lease:
         return self._valid_until
 
     @property
-    def tenure(self) -> Tenure | None:
+    def term(self) -> Term | None:
         """The current term while leading, else ``None``."""
-        tenure = self._tenure
-        return tenure if tenure is not None and self.is_leader() else None
+        term = self._term
+        return term if term is not None and self.is_leader() else None
 
     @property
     def epoch(self) -> int | None:
         """Fencing token of the current term while leading, else ``None``."""
-        tenure = self.tenure
-        return None if tenure is None else tenure.epoch
+        term = self.term
+        return None if term is None else term.epoch
 
     @property
     def store_reachable(self) -> bool:
@@ -197,7 +197,7 @@ class Lease:
         interval; nothing is dispatched meanwhile, because the belief ends here.
         """
         with self._lock:
-            if self._tenure is None:
+            if self._term is None:
                 return
             self._step_down_request = (reason, kind, sit_out)
             self._valid_until = 0.0
@@ -233,7 +233,7 @@ class Lease:
     def _run(self) -> None:
         while not self._stopping.is_set():
             try:
-                if self._tenure is None:
+                if self._term is None:
                     self._follow()
                 else:
                     self._lead()
@@ -276,17 +276,17 @@ class Lease:
         if result.holder is not None:
             self._max_epoch = max(self._max_epoch, result.holder.epoch)
             self._warn_if_foreign(result.holder)
-        if result.tenure is None:
+        if result.term is None:
             wait = min(max(result.retry_after, 0.0) + FOLLOWER_SLACK, self.ttl)
             self.backend.wait(self.election, wait, self._stopping)
             return
         with self._lock:
-            self._tenure = result.tenure
+            self._term = result.term
         if self._stopping.is_set():
             # stop() gave up waiting for this call: hand the term straight back.
             self._step_down("stopping", graceful=True)
             return
-        self._max_epoch = max(self._max_epoch, result.tenure.epoch)
+        self._max_epoch = max(self._max_epoch, result.term.epoch)
         self._acked_sent = sent
         self._next_renew = sent + self.renew_interval
         # A store that cannot cut an old holder off by itself makes the winner
@@ -332,9 +332,9 @@ class Lease:
             wake = min(wake, self._believe_at)
         if self.health_check is not None:
             wake = min(wake, now + HEALTH_POLL)
-        tenure = self._tenure
-        assert tenure is not None
-        if not self.backend.hold(self.election, tenure, max(0.0, wake - now), self._stopping):
+        term = self._term
+        assert term is not None
+        if not self.backend.hold(self.election, term, max(0.0, wake - now), self._stopping):
             # Another instance may take the term over now, without waiting for
             # the ttl. Sit out one interval so that one of them gets it.
             self._step_down(
@@ -371,7 +371,7 @@ class Lease:
         sent = time.monotonic()
         try:
             with self.observe("renew"):
-                renewal = self.backend.renew(self.election, tenure, self.ttl)
+                renewal = self.backend.renew(self.election, term, self.ttl)
         except StoreUnavailable as exc:
             self._store_down(exc)
             # Retry soon: the term is running out and one more try may save it.
@@ -397,20 +397,20 @@ class Lease:
         if now < self._believe_at or deadline <= now:
             return
         with self._lock:
-            if self._stopping.is_set() or self._tenure is None or self._step_down_request:
+            if self._stopping.is_set() or self._term is None or self._step_down_request:
                 return
             self._valid_until = deadline
         if not self._announced:
             self._announce()
 
     def _announce(self) -> None:
-        tenure = self._tenure
-        assert tenure is not None
+        term = self._term
+        assert term is not None
         logger.info(
             "celery-leader: %s elected leader of %r (epoch %d, ttl %g s, store %s)",
             self.instance_id,
             self.election,
-            tenure.epoch,
+            term.epoch,
             self.ttl,
             mask_url(self.backend.url),
         )
@@ -426,14 +426,14 @@ class Lease:
         with self._lock:
             # stop() may have stepped down while the callback ran: then pair the
             # callback with its on_demoted here, and announce nothing.
-            current = self._tenure is tenure
+            current = self._term is term
             if current:
                 self._announced = True
         if not current:
             if self.on_demoted is not None:
                 self.on_demoted(self)
             return
-        _notify("elected", self, tenure.epoch)
+        _notify("elected", self, term.epoch)
 
     def _step_down(
         self,
@@ -449,12 +449,12 @@ class Lease:
         the exact value) and frees it at once when it was ours.
         """
         with self._lock:
-            tenure, self._tenure = self._tenure, None
+            term, self._term = self._term, None
             self._valid_until = 0.0
             announced, self._announced = self._announced, False
             self._step_down_request = None
         self._sit_out_until = time.monotonic() + sit_out
-        if announced and tenure is not None:
+        if announced and term is not None:
             self.last_demotion = kind
             level = logging.INFO if graceful else logging.WARNING
             logger.log(
@@ -462,7 +462,7 @@ class Lease:
                 "celery-leader: %s no longer leads %r (epoch %d): %s",
                 self.instance_id,
                 self.election,
-                tenure.epoch,
+                term.epoch,
                 reason,
             )
             try:
@@ -470,11 +470,11 @@ class Lease:
                     self.on_demoted(self)
             except Exception:
                 logger.exception("celery-leader: on_demoted callback of %r failed", self.election)
-            _notify("demoted", self, tenure.epoch)
-        if tenure is not None:
+            _notify("demoted", self, term.epoch)
+        if term is not None:
             try:
                 with self.observe("release"):
-                    self.backend.release(self.election, tenure)
+                    self.backend.release(self.election, term)
             except StoreUnavailable as exc:
                 logger.warning(
                     "celery-leader: could not release %r (%s); it expires within %g s",

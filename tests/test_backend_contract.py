@@ -25,7 +25,7 @@ import pytest
 import redis
 import requests
 
-from celery_leader.backends import Backend, Claim, Renewal, Tenure, create_backend
+from celery_leader.backends import Backend, Claim, Renewal, Term, create_backend
 from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import StoreUnavailable
 from celery_leader.schedule.state import dump_state
@@ -155,10 +155,10 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
         backend.close()
 
 
-def take(backend: Backend, instance_id: str, min_epoch: int = 0) -> Tenure:
+def take(backend: Backend, instance_id: str, min_epoch: int = 0) -> Term:
     result = backend.acquire(ELECTION, instance_id, TTL, min_epoch)
-    assert result.tenure is not None, result
-    return result.tenure
+    assert result.term is not None, result
+    return result.term
 
 
 # -- acquire, renew, release --------------------------------------------------------
@@ -168,32 +168,32 @@ def test_acquire_renew_release(store: Store) -> None:
     a, b, observer = store.backend(), store.backend(), store.backend()
     assert observer.holder(ELECTION) is None
 
-    tenure = take(a, "a")
-    term = json.loads(tenure.token)
-    assert term["holder"] == "a" and term["epoch"] == tenure.epoch > 0 and term["token"]
+    term = take(a, "a")
+    stored = json.loads(term.token)
+    assert stored["holder"] == "a" and stored["epoch"] == term.epoch > 0 and stored["token"]
 
     lost = b.acquire(ELECTION, "b", TTL, 0)
-    assert lost.tenure is None
+    assert lost.term is None
     assert lost.holder is not None and (lost.holder.instance_id, lost.holder.epoch) == (
         "a",
-        tenure.epoch,
+        term.epoch,
     )
     assert 0 < lost.retry_after <= TTL
 
     holder = observer.holder(ELECTION)
-    assert holder is not None and (holder.instance_id, holder.epoch) == ("a", tenure.epoch)
+    assert holder is not None and (holder.instance_id, holder.epoch) == ("a", term.epoch)
     if store.expires:
         assert holder.ttl_remaining is not None and 0 < holder.ttl_remaining <= TTL
     else:
         assert holder.ttl_remaining is None  # held as long as the holder lives
 
-    assert a.renew(ELECTION, tenure, TTL) is Renewal.RENEWED
+    assert a.renew(ELECTION, term, TTL) is Renewal.RENEWED
     b.leave(ELECTION)  # a PostgreSQL follower stays queued for the lock until it leaves
-    a.release(ELECTION, tenure)
+    a.release(ELECTION, term)
     assert observer.holder(ELECTION) is None
 
     second = take(b, "b")
-    assert second.epoch > tenure.epoch
+    assert second.epoch > term.epoch
     assert ELECTION in observer.elections()
 
 
@@ -216,7 +216,7 @@ def test_a_lost_term_is_over_for_good(store: Store) -> None:
     assert a.claim(ELECTION, old, [Claim("x", '"old"', '"stale"'), Claim("y", None, "1")]) == [
         False,
         False,
-    ], "a stale tenure fails every claim"
+    ], "a stale term fails every claim"
     a.release(ELECTION, old)  # harmless: it never frees the new term
     holder = b.holder(ELECTION)
     assert holder is not None and holder.epoch == new.epoch
@@ -229,7 +229,7 @@ def test_a_lost_term_is_over_for_good(store: Store) -> None:
 
 def test_claims_are_fenced_compare_and_sets_in_order(store: Store) -> None:
     a, observer = store.backend(), store.backend()
-    tenure = take(a, "a")
+    term = take(a, "a")
     claims = [
         Claim("x", None, '"1"'),  # nothing stored: taken
         Claim("x", None, '"2"'),  # now stored: fails
@@ -237,12 +237,12 @@ def test_claims_are_fenced_compare_and_sets_in_order(store: Store) -> None:
         Claim("x", '"1"', '"3"'),  # matches the first claim's value: taken
         Claim("z", None, '"1"'),
     ]
-    assert a.claim(ELECTION, tenure, claims) == [True, False, False, True, True]
+    assert a.claim(ELECTION, term, claims) == [True, False, False, True, True]
     assert observer.load_state(ELECTION) == {"x": '"3"', "z": '"1"'}
-    assert a.claim(ELECTION, tenure, [Claim("z", '"9"', '"2"')]) == [False]
-    assert a.claim(ELECTION, tenure, []) == []
+    assert a.claim(ELECTION, term, [Claim("z", '"9"', '"2"')]) == [False]
+    assert a.claim(ELECTION, term, []) == []
     many = [Claim(f"e{i}", None, str(i)) for i in range(1200)]  # more than one Redis chunk
-    assert a.claim(ELECTION, tenure, many) == [True] * 1200
+    assert a.claim(ELECTION, term, many) == [True] * 1200
     assert len(observer.load_state(ELECTION)) == 1202
     assert observer.load_state("other") == {}
 
@@ -250,23 +250,23 @@ def test_claims_are_fenced_compare_and_sets_in_order(store: Store) -> None:
 def test_a_slot_not_after_the_stored_last_run_at_is_refused(store: Store) -> None:
     """Whatever the scheduler computed, the store never records a slot twice."""
     a, observer = store.backend(), store.backend()
-    tenure = take(a, "a")
+    term = take(a, "a")
     t0 = datetime(2026, 10, 25, 0, 30, tzinfo=timezone.utc)
-    stored = dump_state(t0, 1, tenure.epoch, "a")
-    assert a.claim(ELECTION, tenure, [Claim("x", None, stored)]) == [True]
+    stored = dump_state(t0, 1, term.epoch, "a")
+    assert a.claim(ELECTION, term, [Claim("x", None, stored)]) == [True]
 
     def slot(due: datetime) -> Claim:
-        return Claim("x", stored, dump_state(due, 2, tenure.epoch, "a"), due=due)
+        return Claim("x", stored, dump_state(due, 2, term.epoch, "a"), due=due)
 
     # Due at the recorded instant, before it, and an hour before it written as the
     # same wall time in the repeated hour of a fall-back (02:30 CEST vs 02:30 CET).
     berlin = ZoneInfo("Europe/Berlin")
     same_wall = datetime(2026, 10, 25, 2, 30, tzinfo=berlin)  # fold=0: CEST, = t0
     for due in (t0, t0 - timedelta(seconds=1), same_wall, t0 - timedelta(hours=1)):
-        assert a.claim(ELECTION, tenure, [slot(due)]) == [False], due
+        assert a.claim(ELECTION, term, [slot(due)]) == [False], due
         assert observer.load_state(ELECTION) == {"x": stored}
     later = same_wall.replace(fold=1)  # 02:30 CET, an hour after t0
-    assert a.claim(ELECTION, tenure, [slot(t0 + timedelta(microseconds=1)), slot(later)]) == [
+    assert a.claim(ELECTION, term, [slot(t0 + timedelta(microseconds=1)), slot(later)]) == [
         True,
         False,  # the first claim of the batch changed the stored state
     ]
@@ -278,10 +278,10 @@ def test_a_slot_not_after_the_stored_last_run_at_is_refused(store: Store) -> Non
 def test_resign_reaches_the_holder_at_its_next_renewal(store: Store) -> None:
     a, observer = store.backend(), store.backend()
     assert observer.request_resign(ELECTION) is None, "nobody to ask"
-    tenure = take(a, "a")
+    term = take(a, "a")
     asked = observer.request_resign(ELECTION)
-    assert asked is not None and (asked.instance_id, asked.epoch) == ("a", tenure.epoch)
-    assert a.renew(ELECTION, tenure, TTL) is Renewal.RESIGN
+    assert asked is not None and (asked.instance_id, asked.epoch) == ("a", term.epoch)
+    assert a.renew(ELECTION, term, TTL) is Renewal.RESIGN
 
 
 # -- wait and wake-up -----------------------------------------------------------------
@@ -294,7 +294,7 @@ class Follower:
         self.backend = backend
         self.cancel = threading.Event()
         self.waits = 0  # waits entered
-        self.tenure: Tenure | None = None
+        self.term: Term | None = None
         self.took_at = 0.0
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -302,8 +302,8 @@ class Follower:
     def _run(self) -> None:
         while not self.cancel.is_set():
             result = self.backend.acquire(ELECTION, "b", TTL, 0)
-            if result.tenure is not None:
-                self.tenure, self.took_at = result.tenure, time.monotonic()
+            if result.term is not None:
+                self.term, self.took_at = result.term, time.monotonic()
                 return
             self.waits += 1
             self.backend.wait(ELECTION, result.retry_after, self.cancel)
@@ -315,20 +315,20 @@ class Follower:
 
 def test_a_waiting_follower_wakes_promptly_on_release(store: Store) -> None:
     a = store.backend()
-    tenure = take(a, "a")
+    term = take(a, "a")
     follower = Follower(store.backend())
     try:
         # Settled in its wait (a Redis follower's first wait only subscribes).
         wait_for(lambda: follower.waits >= 1, 5, message="the follower never waited")
         time.sleep(0.3)
-        assert follower.tenure is None, "took a held election"
+        assert follower.term is None, "took a held election"
         released = time.monotonic()
-        a.release(ELECTION, tenure)
-        wait_for(lambda: follower.tenure is not None, 2, message="the follower never woke")
+        a.release(ELECTION, term)
+        wait_for(lambda: follower.term is not None, 2, message="the follower never woke")
         took = follower.took_at - released
         print(f"\nCONTRACT {store.kind}: follower took over {took * 1000:.1f} ms after release")
         assert took < 0.5
-        assert follower.tenure is not None and follower.tenure.epoch > tenure.epoch
+        assert follower.term is not None and follower.term.epoch > term.epoch
     finally:
         follower.stop()
 
@@ -336,7 +336,7 @@ def test_a_waiting_follower_wakes_promptly_on_release(store: Store) -> None:
 def test_wait_ends_at_its_timeout_or_at_cancel(store: Store) -> None:
     a, b = store.backend(), store.backend()
     take(a, "a")
-    assert b.acquire(ELECTION, "b", TTL, 0).tenure is None
+    assert b.acquire(ELECTION, "b", TTL, 0).term is None
     b.wait(ELECTION, 0.1, threading.Event())  # first wait may only set up (subscribe)
     began = time.monotonic()
     b.wait(ELECTION, 0.3, threading.Event())
@@ -387,13 +387,13 @@ def test_foreign_schedule_state_reads_as_empty_and_the_next_claim_replaces_it(
     store: Store, caplog: pytest.LogCaptureFixture
 ) -> None:
     a = store.backend()
-    tenure = take(a, "a")
+    term = take(a, "a")
     where = store.plant("state")
     if where is None:
         pytest.skip(f"{store.kind} keeps its state in typed rows or in process memory")
     assert a.load_state(ELECTION) == {}
     assert where in caplog.text, "logged, naming where"
-    assert a.claim(ELECTION, tenure, [Claim("x", None, '"mine"')]) == [True]
+    assert a.claim(ELECTION, term, [Claim("x", None, '"mine"')]) == [True]
     assert a.load_state(ELECTION) == {"x": '"mine"'}
 
 
@@ -407,7 +407,7 @@ def test_a_store_that_is_down_raises_store_unavailable_only(store: Store) -> Non
     if store.kind == "file":
         shutil.rmtree(Path(store.down_url.removeprefix("file://")))
         Path(store.down_url.removeprefix("file://")).write_text("a file, not a directory")
-    fake = Tenure(json.dumps({"token": "t", "epoch": 1, "holder": "x"}), 1)
+    fake = Term(json.dumps({"token": "t", "epoch": 1, "holder": "x"}), 1)
     with pytest.raises(StoreUnavailable) as info:
         backend.acquire(ELECTION, "a", TTL, 0)
     assert "\n" not in str(info.value)

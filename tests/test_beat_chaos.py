@@ -702,13 +702,13 @@ def test_a_claim_acknowledged_by_postgres_survives_a_crash(
         return None if row is None else str(row[0])
 
     try:
-        tenure = backend.acquire("beat", "r0.1", TTL, 0).tenure
-        assert tenure is not None
+        term = backend.acquire("beat", "r0.1", TTL, 0).term
+        assert term is not None
         # Everything so far (tables, term) is on disk; the WAL writer now sleeps 10 s.
         admin("ALTER SYSTEM SET wal_writer_delay = '10s'", "SELECT pg_reload_conf()", "CHECKPOINT")
         # The server reloaded (and signalled the WAL writer, before forking new sessions).
         wait_for(lambda: wal_writer_delay() == "10000", 10, message="wal_writer_delay not 10 s")
-        assert backend.claim("beat", tenure, [Claim("tick", None, "slot sent")]) == [True]
+        assert backend.claim("beat", term, [Claim("tick", None, "slot sent")]) == [True]
         postgres_server.kill()
         postgres_server.start()
         assert backend.load_state("beat") == {"tick": "slot sent"}

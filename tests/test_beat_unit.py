@@ -92,7 +92,7 @@ def seed_state(app: Celery, states: dict[str, str]) -> None:
     """Write shared state as a previous leader would: with a fenced claim under its own term."""
     config = LeaderConfig.from_app(app)
     backend = create_backend(config)
-    term = backend.acquire(ELECTION, "previous-leader", config.ttl, 0).tenure
+    term = backend.acquire(ELECTION, "previous-leader", config.ttl, 0).term
     assert term is not None, "the store is held; seed before any scheduler ticks"
     stored = backend.load_state(ELECTION)
     claims = [Claim(name, stored.get(name), raw) for name, raw in states.items()]
@@ -231,10 +231,10 @@ def test_promotion_reloads_state_and_rebuilds_the_heap(
     wait_for(rival.is_leader, 3.0, message="rival never took over")
     assert scheduler.tick() == FOLLOWER_INTERVAL
     ran_at = now - timedelta(seconds=60)
-    tenure = rival.tenure
-    assert tenure is not None
+    term = rival.term
+    assert term is not None
     current = rival.backend.load_state(ELECTION).get("e")
-    assert rival.backend.claim(ELECTION, tenure, [Claim("e", current, state(ran_at, 41))]) == [True]
+    assert rival.backend.claim(ELECTION, term, [Claim("e", current, state(ran_at, 41))]) == [True]
     rival.stop()
 
     # Back in office, the scheduler must send "e" at once: the stored state says two
@@ -748,7 +748,7 @@ def test_a_term_lost_while_loading_the_state_is_named_as_such(
     # The store refuses every anchor claim at once: what it does when the term is gone.
     app.conf.beat_schedule = {"a": every(5), "b": every(5)}
     monkeypatch.setattr(
-        MemoryBackend, "claim", lambda self, election, tenure, claims: [False] * len(claims)
+        MemoryBackend, "claim", lambda self, election, term, claims: [False] * len(claims)
     )
     scheduler = make_scheduler()
     wait_leading(scheduler)

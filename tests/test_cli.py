@@ -208,8 +208,8 @@ def test_epoch_column_fits_13_digit_epochs(url: str, redis_server: RedisServer) 
     config = LeaderConfig.from_mapping({"leader_url": url, "leader_ttl": TTL})
     backend = create_backend(config)
     try:
-        tenure = backend.acquire("beat", "holder-ms", TTL, 1_765_000_000_000).tenure
-        assert tenure is not None and len(str(tenure.epoch)) == 13
+        term = backend.acquire("beat", "holder-ms", TTL, 1_765_000_000_000).term
+        assert term is not None and len(str(term.epoch)) == 13
         table = leader_cli(url, "status")
         header, beat = (
             table.stdout.splitlines()[1],
@@ -217,7 +217,7 @@ def test_epoch_column_fits_13_digit_epochs(url: str, redis_server: RedisServer) 
         )
         # Right-aligned under its header, with a space before the next column.
         end = header.index("EPOCH") + len("EPOCH")
-        assert beat[end - 13 : end] == str(tenure.epoch)
+        assert beat[end - 13 : end] == str(term.epoch)
         assert beat[end] == " "
     finally:
         backend.close()

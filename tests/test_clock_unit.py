@@ -116,7 +116,7 @@ def test_state_31_minutes_old_read_at_0201_cet_on_fall_back_day_is_not_in_the_fu
     state looks 29 minutes ahead, in real time it is 31 minutes old."""
     job = Job("q15", cron([0, 15, 30, 45], range(24)), "once", None, BERLIN)
     backend = create_backend(config)
-    term = backend.acquire("beat", "previous", config.ttl, 0).tenure
+    term = backend.acquire("beat", "previous", config.ttl, 0).term
     assert term is not None
     raw = dump_state(FALL + timedelta(minutes=30), 5, term.epoch, "previous")
     assert all(backend.claim("beat", term, [Claim("q15", None, raw)]))

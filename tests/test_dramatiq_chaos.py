@@ -453,7 +453,7 @@ def test_a_stored_state_a_day_ahead_is_repaired_and_the_entry_keeps_firing(
     # than clock skew explains, so the next leader starts the entry anew from now.
     config = LeaderConfig.from_env(env={}, leader_url=redis_url, leader_ttl=TTL)
     backend = create_backend(config)
-    term = backend.acquire(config.beat_election, "fast-replica", TTL, 0).tenure
+    term = backend.acquire(config.beat_election, "fast-replica", TTL, 0).term
     assert term is not None
     ahead = datetime.now(timezone.utc) + timedelta(days=1)
     raw = dump_state(ahead, 5, term.epoch, "fast-replica")

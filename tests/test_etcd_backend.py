@@ -58,12 +58,12 @@ def test_url_forms() -> None:
 def test_the_epoch_is_the_term_keys_create_revision(etcd_url: str) -> None:
     a = backend(etcd_url)
     try:
-        tenure = a.acquire("beat", "a", TTL, 0).tenure
-        assert tenure is not None
+        term = a.acquire("beat", "a", TTL, 0).term
+        assert term is not None
         reply = a._etcd.call(  # the store's own word, not the backend's bookkeeping
             lambda c: c.get("celery_leader/beat/term", metadata=True)
         )
-        assert tenure.epoch == int(reply[0][1]["create_revision"])
+        assert term.epoch == int(reply[0][1]["create_revision"])
     finally:
         a.close()
 
@@ -73,12 +73,12 @@ def test_epochs_stay_above_those_of_a_cluster_that_was_rebuilt(etcd_url: str) ->
     a = backend(etcd_url)
     try:
         seen = 10**6  # far above this cluster's revisions
-        first = a.acquire("beat", "a", TTL, seen).tenure
+        first = a.acquire("beat", "a", TTL, seen).term
         assert first is not None and first.epoch == seen + 1
         holder = a.holder("beat")
         assert holder is not None and holder.epoch == first.epoch
         a.release("beat", first)
-        second = a.acquire("beat", "a", TTL, 0).tenure
+        second = a.acquire("beat", "a", TTL, 0).term
         assert second is not None and second.epoch > first.epoch
         a.release("beat", second)
     finally:
@@ -94,12 +94,12 @@ def test_a_dead_member_is_skipped_at_once(etcd_cluster: EtcdCluster, etcd_url: s
     others = [m.endpoint for m in etcd_cluster.members if m is not first]
     a = backend(f"etcd://{','.join([first.endpoint, *others])}")
     try:
-        tenure = a.acquire("beat", "a", TTL, 0).tenure
-        assert tenure is not None
+        term = a.acquire("beat", "a", TTL, 0).term
+        assert term is not None
         first.kill()
         began = time.monotonic()
-        assert a.renew("beat", tenure, TTL) is Renewal.RENEWED
-        assert a.claim("beat", tenure, [Claim("x", None, "1")]) == [True]
+        assert a.renew("beat", term, TTL) is Renewal.RENEWED
+        assert a.claim("beat", term, [Claim("x", None, "1")]) == [True]
         assert time.monotonic() - began < TIMEOUT, "a refused connection is not waited out"
     finally:
         a.close()
@@ -109,23 +109,23 @@ def test_a_dead_member_is_skipped_at_once(etcd_cluster: EtcdCluster, etcd_url: s
 def test_without_quorum_nobody_can_renew_or_claim(etcd_cluster: EtcdCluster, etcd_url: str) -> None:
     a = backend(etcd_url)
     try:
-        tenure = a.acquire("beat", "a", TTL, 0).tenure
-        assert tenure is not None
+        term = a.acquire("beat", "a", TTL, 0).term
+        assert term is not None
         for member in etcd_cluster.members[1:]:
             member.kill()
         began = time.monotonic()
         with pytest.raises(StoreUnavailable) as info:
-            a.renew("beat", tenure, TTL)
+            a.renew("beat", term, TTL)
         assert time.monotonic() - began < TIMEOUT + 0.2, "one deadline for the whole renewal"
         assert "\n" not in str(info.value)
         with pytest.raises(StoreUnavailable):
-            a.claim("beat", tenure, [Claim("x", None, "1")])
+            a.claim("beat", term, [Claim("x", None, "1")])
         etcd_cluster.start()
         # The new Raft leader carried the lease over: the term survives the outage.
-        assert a.renew("beat", tenure, TTL) is Renewal.RENEWED
+        assert a.renew("beat", term, TTL) is Renewal.RENEWED
         # A claim that failed may still have been applied (the member queued it until
         # quorum returned): beat counts it as not sent, so a slot is skipped, never doubled.
-        assert a.claim("beat", tenure, [Claim("y", None, "1")]) == [True]
+        assert a.claim("beat", term, [Claim("y", None, "1")]) == [True]
     finally:
         a.close()
         etcd_cluster.start()
@@ -157,12 +157,12 @@ def test_tls_and_a_user_limited_to_the_key_prefix(secure_cluster: EtcdCluster) -
     anonymous = backend(f"etcds://{endpoint}?cacert={ca}")
     unverified = backend(f"etcds://leader:s3cret@{endpoint}")  # the system CAs do not know it
     try:
-        tenure = good.acquire("beat", "a", TTL, 0).tenure
-        assert tenure is not None
-        assert good.claim("beat", tenure, [Claim("x", None, "1")]) == [True]
+        term = good.acquire("beat", "a", TTL, 0).term
+        assert term is not None
+        assert good.claim("beat", term, [Claim("x", None, "1")]) == [True]
         assert good.load_state("beat") == {"x": "1"}
-        assert good.renew("beat", tenure, TTL) is Renewal.RENEWED
-        good.release("beat", tenure)
+        assert good.renew("beat", term, TTL) is Renewal.RENEWED
+        good.release("beat", term)
         assert good.holder("beat") is None
 
         with pytest.raises(StoreMisconfigured, match="refused user 'leader'") as info:
@@ -183,15 +183,15 @@ def test_a_release_that_failed_without_quorum_is_done_by_the_next_acquire(
     """Else the new Raft leader would give the orphaned lease a full TTL again."""
     a = backend(etcd_url)
     try:
-        tenure = a.acquire("beat", "a", TTL, 0).tenure
-        assert tenure is not None
+        term = a.acquire("beat", "a", TTL, 0).term
+        assert term is not None
         for member in etcd_cluster.members[1:]:
             member.kill()
         with pytest.raises(StoreUnavailable):
-            a.release("beat", tenure)
+            a.release("beat", term)
         etcd_cluster.start()
-        again = a.acquire("beat", "a", TTL, 0).tenure
-        assert again is not None and again.epoch > tenure.epoch
+        again = a.acquire("beat", "a", TTL, 0).term
+        assert again is not None and again.epoch > term.epoch
     finally:
         a.close()
         etcd_cluster.start()

@@ -142,7 +142,7 @@ def test_blocked_follower_takes_the_kernel_lock_at_once(procs: Procs, store: Pat
     )
     holder.wait_for_line("^locked$", STARTUP)
     backend = FileBackend(f"file://{store}", PREFIX, 1.0)
-    assert backend.acquire(ELECTION, "me", TTL, 0).tenure is None
+    assert backend.acquire(ELECTION, "me", TTL, 0).term is None
     woke: list[float] = []
     cancel = threading.Event()
     waiting = threading.Thread(
@@ -163,10 +163,10 @@ def test_blocked_follower_takes_the_kernel_lock_at_once(procs: Procs, store: Pat
     got = backend.acquire(ELECTION, "me", TTL, 0)
     print(f"\nFILE kernel lock to the blocked follower {took * 1000:.1f} ms after SIGKILL")
     assert took < 0.1
-    assert got.tenure is not None and got.tenure.epoch == 1
+    assert got.term is not None and got.term.epoch == 1
     holder_info = backend.holder(ELECTION)
     assert holder_info is not None and holder_info.instance_id == "me"
-    backend.release(ELECTION, got.tenure)
+    backend.release(ELECTION, got.term)
     assert backend.holder(ELECTION) is None
     cancel.set()
     waiting.join(5)
@@ -192,14 +192,14 @@ def test_holder_whose_lock_file_was_deleted_loses(store: Path) -> None:
     a.start()
     try:
         wait_for(a.is_leader, 5)
-        tenure = a.tenure
-        assert tenure is not None
+        term = a.term
+        assert term is not None
         deleted = time.monotonic()
         (store / f"{PREFIX}.{ELECTION}.lock").unlink()
-        assert a.backend.renew(ELECTION, tenure, 1.0) is Renewal.LOST
+        assert a.backend.renew(ELECTION, term, 1.0) is Renewal.LOST
         wait_for(lambda: demoted, 0.3 + 0.3)
         assert demoted[0] - deleted <= 0.3 + 0.1, "lost at its next renewal"
-        assert not a.is_leader() or a.epoch != tenure.epoch
+        assert not a.is_leader() or a.epoch != term.epoch
     finally:
         a.stop()
 
@@ -289,8 +289,8 @@ def test_file_system_errors_are_store_unavailable(store: Path) -> None:
     """release and request_resign raise StoreUnavailable naming the file, never OSError."""
     a = FileBackend(f"file://{store}", PREFIX, 0.5)
     b = FileBackend(f"file://{store}", PREFIX, 0.5)
-    tenure = a.acquire(ELECTION, "a", TTL, 0).tenure
-    assert tenure is not None
+    term = a.acquire(ELECTION, "a", TTL, 0).term
+    assert term is not None
     resign = store / f"{PREFIX}.{ELECTION}.resign"
     (resign / "in-the-way").mkdir(parents=True)  # a directory where the file goes
     with pytest.raises(StoreUnavailable, match=f"{PREFIX}.{ELECTION}.resign"):
@@ -299,7 +299,7 @@ def test_file_system_errors_are_store_unavailable(store: Path) -> None:
     holder.unlink()
     (holder / "in-the-way").mkdir(parents=True)
     with pytest.raises(StoreUnavailable, match=f"{PREFIX}.{ELECTION}.holder"):
-        a.release(ELECTION, tenure)
+        a.release(ELECTION, term)
     fd = os.open(store / f"{PREFIX}.{ELECTION}.lock", os.O_RDWR)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the flock went all the same

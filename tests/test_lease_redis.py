@@ -484,13 +484,13 @@ def test_a_claim_batch_is_one_round_trip_without_script_exists(
         sends.clear()
         with monkeypatch.context() as patch:
             patch.setattr(redis.connection.AbstractConnection, "send_packed_command", counted)
-            results = backend.claim("beat", tenure, claims)
+            results = backend.claim("beat", term, claims)
         assert results == [True] * n
         return results
 
     try:
-        tenure = backend.acquire("beat", "me", TTL, 0).tenure
-        assert tenure is not None
+        term = backend.acquire("beat", "me", TTL, 0).term
+        assert term is not None
         batch(1, "warm")  # the server's script cache is empty: NOSCRIPT, then EVAL
         for n, chunks in ((1, 1), (200, 1), (1200, 3)):
             redis_server.reset_stats()

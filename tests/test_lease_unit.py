@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from celery_leader import Lease, StoreUnavailable, signals
-from celery_leader.backends.base import Renewal, Tenure
+from celery_leader.backends.base import Renewal, Term
 from celery_leader.backends.memory import _STORES, MemoryBackend
 from celery_leader.config import DRIFT, MARGIN
 from harness.waiting import wait_for
@@ -57,18 +57,18 @@ class Scripted(MemoryBackend):
             raise error
         return super().acquire(election, instance_id, ttl, min_epoch)
 
-    def renew(self, election: str, tenure: Tenure, ttl: float) -> Renewal:
-        self.log("renew", epoch=tenure.epoch)
+    def renew(self, election: str, term: Term, ttl: float) -> Renewal:
+        self.log("renew", epoch=term.epoch)
         self.renew_gate.wait()
         self._fault()
-        result = super().renew(election, tenure, ttl)
-        self.log("renewed", epoch=tenure.epoch, result=result)
+        result = super().renew(election, term, ttl)
+        self.log("renewed", epoch=term.epoch, result=result)
         return result
 
-    def release(self, election: str, tenure: Tenure) -> None:
-        self.log("release", epoch=tenure.epoch, holder=self.holder_or_none(election))
+    def release(self, election: str, term: Term) -> None:
+        self.log("release", epoch=term.epoch, holder=self.holder_or_none(election))
         self._fault()
-        super().release(election, tenure)
+        super().release(election, term)
 
     def holder_or_none(self, election: str) -> int | None:
         info = MemoryBackend.holder(self, election)
@@ -193,7 +193,7 @@ def test_single_lease_leads_and_stops(url, leases, watch) -> None:
     backend = MemoryBackend(url, "p", 0.1)
     a = make(leases, backend, "a", watch)
     leads(a, 1)
-    assert a.epoch == 1 and a.tenure is not None and a.tenure.epoch == 1
+    assert a.epoch == 1 and a.term is not None and a.term.epoch == 1
     assert 0 < a.valid_until - time.monotonic() <= VALIDITY
     holder = a.holder()
     assert holder is not None and (holder.instance_id, holder.epoch) == ("a", 1)
@@ -201,7 +201,7 @@ def test_single_lease_leads_and_stops(url, leases, watch) -> None:
     time.sleep(5 * RENEW)
     assert a.is_leader() and watch.kinds("a") == ["elected"]
     a.stop()
-    assert not a.is_leader() and a.epoch is None and a.tenure is None and a.valid_until == 0
+    assert not a.is_leader() and a.epoch is None and a.term is None and a.valid_until == 0
     assert watch.kinds("a") == ["elected", "demoted"]
     assert backend.holder(ELECTION) is None, "stop() released the term"
     a.stop()  # idempotent
@@ -558,7 +558,7 @@ def test_renewal_lost_to_another_term_steps_down(url, leases, watch) -> None:
     leads(a)
     backend.forget_everything()
     intruder = backend.acquire(ELECTION, "intruder", 30, 0)
-    assert intruder.tenure is not None
+    assert intruder.term is not None
     wait_for(lambda: watch.kinds("a") == ["elected", "demoted"], RENEW + 0.2)
     assert not a.is_leader()
     renewals = [c for c in backend.calls if c[0] == "renewed"]
@@ -573,7 +573,7 @@ class Disconnecting(Scripted):
         super().__init__(url)
         self.gone = threading.Event()
 
-    def hold(self, election: str, tenure: Tenure, timeout: float, cancel: threading.Event) -> bool:
+    def hold(self, election: str, term: Term, timeout: float, cancel: threading.Event) -> bool:
         return not self.gone.wait(timeout)
 
 

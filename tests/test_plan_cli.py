@@ -91,7 +91,7 @@ def test_bad_input_fails_in_one_line_with_exit_code_2(args: list[str], error: st
 def test_stored_state_makes_the_policy_send_missed_slots_late(redis_url: str) -> None:
     url = redis_url.rpartition("/")[0] + "/5"
     backend = create_backend(LeaderConfig.from_env({}, leader_url=url))
-    term = backend.acquire("beat", "previous", 3.0, 0).tenure
+    term = backend.acquire("beat", "previous", 3.0, 0).term
     assert term is not None
     last = dump_state(utc(datetime(2026, 3, 29, 0, 0)), 3, term.epoch, "previous")  # 01:00 CET
     assert all(backend.claim("beat", term, [Claim("q15-all", None, last)]))

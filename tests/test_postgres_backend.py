@@ -70,7 +70,7 @@ def test_lock_key_is_documented_and_visible_in_pg_locks(
     digest = hashlib.sha256(f"{PREFIX}:{ELECTION}".encode()).digest()
     assert key == int.from_bytes(digest[:8], "big", signed=True)
     result = backends().acquire(ELECTION, "a", 5.0, 0)
-    assert result.tenure is not None
+    assert result.term is not None
     with superuser(postgres_server) as conn:
         row = conn.execute(
             "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
@@ -85,7 +85,7 @@ def test_a_session_ended_by_the_server_loses_everything(
     postgres_server: PostgresServer, backends: Callable[..., PostgresBackend]
 ) -> None:
     a, b = backends(), backends()
-    term = a.acquire(ELECTION, "a", 5.0, 0).tenure
+    term = a.acquire(ELECTION, "a", 5.0, 0).term
     assert term is not None
     with superuser(postgres_server) as conn:
         conn.execute(
@@ -98,7 +98,7 @@ def test_a_session_ended_by_the_server_loses_everything(
     assert a.renew(ELECTION, term, 5.0) is Renewal.LOST
     a.release(ELECTION, term)  # nothing left to release: no error
     taken = b.acquire(ELECTION, "b", 5.0, 0)
-    assert taken.tenure is not None and taken.tenure.epoch == 2
+    assert taken.term is not None and taken.term.epoch == 2
     assert b.load_state(ELECTION) == {}
 
 
@@ -108,13 +108,13 @@ def test_idle_session_timeout_frees_the_lock_no_earlier_than_the_belief(
     ttl = 1.0
     a, b = backends(), backends()
     sent = time.monotonic()
-    term = a.acquire(ELECTION, "a", ttl, 0).tenure  # and never renewed: a "paused" holder
+    term = a.acquire(ELECTION, "a", ttl, 0).term  # and never renewed: a "paused" holder
     assert term is not None
-    assert b.acquire(ELECTION, "b", ttl, 0).tenure is None
+    assert b.acquire(ELECTION, "b", ttl, 0).term is None
     b.wait(ELECTION, ttl + 2, threading.Event())
     taken = b.acquire(ELECTION, "b", ttl, 0)
     won = time.monotonic()
-    assert taken.tenure is not None
+    assert taken.term is not None
     # The holder's belief (what Lease trusts after `sent`) ended before b won...
     assert won > sent + ttl * (1 - DRIFT) - MARGIN
     # ...and the server did not keep the lock much longer than the ttl.
@@ -128,10 +128,10 @@ def test_idle_session_timeout_frees_the_lock_no_earlier_than_the_belief(
 
 def test_a_follower_that_leaves_holds_nothing(backends: Callable[..., PostgresBackend]) -> None:
     a, b, c, d = backends(), backends(), backends(), backends()
-    term = a.acquire(ELECTION, "a", 5.0, 0).tenure
+    term = a.acquire(ELECTION, "a", 5.0, 0).term
     assert term is not None
-    assert b.acquire(ELECTION, "b", 5.0, 0).tenure is None
-    assert c.acquire(ELECTION, "c", 5.0, 0).tenure is None
+    assert b.acquire(ELECTION, "b", 5.0, 0).term is None
+    assert c.acquire(ELECTION, "c", 5.0, 0).term is None
     b.leave(ELECTION)  # leaves while queued
 
     # c's waiter is granted the lock when a releases; c leaves without taking it.
@@ -139,20 +139,20 @@ def test_a_follower_that_leaves_holds_nothing(backends: Callable[..., PostgresBa
     c.wait(ELECTION, 5.0, threading.Event())
     c.leave(ELECTION)
     got = wait_for(
-        lambda: d.acquire(ELECTION, "d", 5.0, 0).tenure, 2.0, message="a lock was left behind"
+        lambda: d.acquire(ELECTION, "d", 5.0, 0).term, 2.0, message="a lock was left behind"
     )
     assert got.epoch == 2
 
 
 def test_a_pooled_connection_is_refused(backends: Callable[..., PostgresBackend]) -> None:
     a = backends()
-    term = a.acquire(ELECTION, "a", 5.0, 0).tenure
+    term = a.acquire(ELECTION, "a", 5.0, 0).term
     assert term is not None
     # What a transaction-mode pooler does: the next statement runs in another
     # server session. Simulated by making the backend remember another pid.
-    seat = a._seats[ELECTION]
-    assert seat.session is not None
-    seat.session.pid += 1
+    hold = a._holds[ELECTION]
+    assert hold.session is not None
+    hold.session.pid += 1
     with pytest.raises(StoreMisconfigured, match="PgBouncer"):
         a.renew(ELECTION, term, 5.0)
 
@@ -269,7 +269,7 @@ def test_django_alias(postgres_url: str, procs: Procs) -> None:
         from celery_leader.exceptions import ConfigError
 
         backend = PostgresBackend("django://default", "dj", 0.5)
-        print("EPOCH", backend.acquire("beat", "a", 5.0, 0).tenure.epoch)
+        print("EPOCH", backend.acquire("beat", "a", 5.0, 0).term.epoch)
         for url in ("django://lite", "django://nope"):
             try:
                 PostgresBackend(url, "dj", 0.5)
@@ -312,21 +312,21 @@ class Recording(PostgresBackend):
     def acquire(self, election, instance_id, ttl, min_epoch):
         sent = time.monotonic()
         result = super().acquire(election, instance_id, ttl, min_epoch)
-        if result.tenure is not None:
-            emit("bound", epoch=result.tenure.epoch, bound=sent + validity)
+        if result.term is not None:
+            emit("bound", epoch=result.term.epoch, bound=sent + validity)
         return result
 
-    def renew(self, election, tenure, ttl):
+    def renew(self, election, term, ttl):
         sent = time.monotonic()
-        result = super().renew(election, tenure, ttl)
+        result = super().renew(election, term, ttl)
         if result is not Renewal.LOST:
-            emit("bound", epoch=tenure.epoch, bound=sent + validity)
+            emit("bound", epoch=term.epoch, bound=sent + validity)
         return result
 
 terms = []
 
 def elected(lease):
-    terms.append(lease.tenure)
+    terms.append(lease.term)
     emit("elected", epoch=lease.epoch)
 
 backend = Recording(url, "chaos", store_timeout(ttl, renew))

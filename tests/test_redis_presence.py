@@ -116,12 +116,12 @@ def test_a_server_that_refuses_pubsub_falls_back_to_the_ttl_and_says_so_once(
     try:
         with caplog.at_level(logging.INFO, "celery_leader.backends.redis"):
             first = a.acquire("e", "a", TTL, 0)
-            assert first.tenure is not None
-            assert "presence" not in json.loads(first.tenure.token)
+            assert first.term is not None
+            assert "presence" not in json.loads(first.term.token)
             a.close()  # its connections close without a release, as in a crash
             for backend, name in ((b, "b"), (c, "c"), (b, "b")):
                 seen = backend.acquire("e", name, TTL, 0)
-                assert seen.tenure is None and seen.holder is not None
+                assert seen.term is None and seen.holder is not None
                 assert seen.holder.instance_id == "a", "nobody takes over before the ttl"
                 assert seen.retry_after > TTL - 1, "followers wait for the ttl, none watches"
     finally:

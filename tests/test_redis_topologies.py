@@ -89,10 +89,10 @@ def _run_election(url: str) -> None:
         leader = first[0]
         assert leader.epoch is not None
         epoch = leader.epoch
-        tenure = leader.tenure
-        assert tenure is not None
+        term = leader.term
+        assert term is not None
         results = leader.backend.claim(
-            "topo", tenure, [Claim(f"e{i}", None, "1") for i in range(1200)]
+            "topo", term, [Claim(f"e{i}", None, "1") for i in range(1200)]
         )
         assert results == [True] * 1200
         assert len(leader.backend.load_state("topo")) == 1200
@@ -106,7 +106,7 @@ def _run_election(url: str) -> None:
         assert second[0].epoch is not None and second[0].epoch > epoch
         assert took < 0.5, f"graceful hand-over took {took:.3f}s"
         # The old term can no longer claim anything.
-        assert leader.backend.claim("topo", tenure, [Claim("e1", "1", "2")]) == [False]
+        assert leader.backend.claim("topo", term, [Claim("e1", "1", "2")]) == [False]
     finally:
         for lease in leases:
             lease.stop()

@@ -61,14 +61,14 @@ def test_a_promotion_keeps_claims_and_epochs_only_with_replica_acks(
     assert replicated.link is not None
     backend = _backend(replicated.master.url, acks)
     try:
-        first = backend.acquire("e", "a", TTL, 0).tenure
+        first = backend.acquire("e", "a", TTL, 0).term
         assert first is not None
         assert backend.claim("e", first, [Claim("tick", None, "slot-1")]) == [True]
         backend.release("e", first)
         replicated.wait_synced()
         replicated.link.hold()  # the replica hears nothing more from the master
         try:
-            second = backend.acquire("e", "b", TTL, 0).tenure
+            second = backend.acquire("e", "b", TTL, 0).term
         except StoreUnavailable as exc:
             assert acks is None, exc
             assert "replica" in str(exc) and "\n" not in str(exc)
@@ -83,7 +83,7 @@ def test_a_promotion_keeps_claims_and_epochs_only_with_replica_acks(
     finally:
         backend.close()
     try:
-        third = promoted.acquire("e", "c", TTL, 0).tenure
+        third = promoted.acquire("e", "c", TTL, 0).term
         assert third is not None
         stored = promoted.load_state("e")
         if acks == 0:
@@ -105,16 +105,16 @@ def test_an_unacknowledged_claim_is_handed_back_and_raises(
     assert replicated.link is not None
     backend = _backend(replicated.master.url, None)
     try:
-        tenure = backend.acquire("e", "a", TTL, 0).tenure
-        assert tenure is not None
-        assert backend.claim("e", tenure, [Claim("x", None, "1")]) == [True]
+        term = backend.acquire("e", "a", TTL, 0).term
+        assert term is not None
+        assert backend.claim("e", term, [Claim("x", None, "1")]) == [True]
         replicated.link.hold()
         claims = [Claim("x", "1", "2"), Claim("y", None, "1"), Claim("z", "other", "1")]
         with pytest.raises(StoreUnavailable, match="handed back"):
-            backend.claim("e", tenure, claims)
+            backend.claim("e", term, claims)
         assert backend.load_state("e") == {"x": "1"}
         replicated.link.release()
-        assert backend.claim("e", tenure, claims) == [True, True, False]
+        assert backend.claim("e", term, claims) == [True, True, False]
         assert backend.load_state("e") == {"x": "2", "y": "1"}
     finally:
         backend.close()
@@ -188,18 +188,18 @@ def test_behind_sentinel_auto_waits_for_a_cut_off_replica_sentinel_could_promote
         plain = _backend(store.master.url, None)
         guarded = _backend(store.sentinel_url, None)
         try:
-            terms = {b: b.acquire(e, "a", TTL, 0).tenure for b, e in ((plain, "p"), (guarded, "s"))}
+            terms = {b: b.acquire(e, "a", TTL, 0).term for b, e in ((plain, "p"), (guarded, "s"))}
             store.wait_synced()
             store.link.hold()
             store.link.cut()  # the replica reconnects to a proxy that forwards nothing
             wait_for(lambda: store.online_replicas() == 0, 10, message="replica still online")
-            tenure = terms[plain]
-            assert tenure is not None
-            assert plain.claim("p", tenure, [Claim("tick", None, "slot-1")]) == [True]
-            tenure = terms[guarded]
-            assert tenure is not None
+            term = terms[plain]
+            assert term is not None
+            assert plain.claim("p", term, [Claim("tick", None, "slot-1")]) == [True]
+            term = terms[guarded]
+            assert term is not None
             with pytest.raises(StoreUnavailable, match="handed back"):
-                guarded.claim("s", tenure, [Claim("tick", None, "slot-1")])
+                guarded.claim("s", term, [Claim("tick", None, "slot-1")])
         finally:
             plain.close()
             guarded.close()
@@ -224,18 +224,18 @@ def test_a_postgres_claim_the_synchronous_standby_does_not_confirm_is_handed_bac
         leader = _backend(store.url, None)
         other = _backend(store.url, None)
         try:
-            tenure = leader.acquire("e", "a", TTL, 0).tenure
-            assert tenure is not None
-            assert leader.claim("e", tenure, [Claim("x", None, "1")]) == [True]
+            term = leader.acquire("e", "a", TTL, 0).term
+            assert term is not None
+            assert leader.claim("e", term, [Claim("x", None, "1")]) == [True]
             store.link.hold()
             claims = [Claim("x", "1", "2"), Claim("y", None, "1")]
             with pytest.raises(StoreUnavailable, match=r"2 claim.*handed back"):
-                leader.claim("e", tenure, claims)
+                leader.claim("e", term, claims)
             assert leader.load_state("e") == {"x": "1"}
-            assert leader.renew("e", tenure, TTL) is Renewal.RENEWED
-            assert other.acquire("e", "b", TTL, 0).tenure is None
+            assert leader.renew("e", term, TTL) is Renewal.RENEWED
+            assert other.acquire("e", "b", TTL, 0).term is None
             store.link.release()
-            assert leader.claim("e", tenure, claims) == [True, True]
+            assert leader.claim("e", term, claims) == [True, True]
             assert leader.load_state("e") == {"x": "2", "y": "1"}
         finally:
             leader.close()

@@ -115,7 +115,7 @@ class Kind(ABC):
     def seed(self, states: dict[str, str]) -> None:
         """Write state as a previous leader would: a fenced claim under its own term."""
         backend = create_backend(self.config)
-        term = backend.acquire(ELECTION, "previous-leader", self.config.ttl, 0).tenure
+        term = backend.acquire(ELECTION, "previous-leader", self.config.ttl, 0).term
         assert term is not None, "seed before any scheduler leads"
         stored = backend.load_state(ELECTION)
         claims = [Claim(name, stored.get(name), raw) for name, raw in states.items()]

@@ -240,10 +240,10 @@ def test_postgres_with_an_asynchronous_standby_refuses_claims_by_default() -> No
         config = LeaderConfig.from_mapping({"leader_url": store.url, "leader_ttl": TTL})
         backend = create_backend(config)
         try:
-            tenure = backend.acquire("beat", "r0", TTL, 0).tenure
-            assert tenure is not None
+            term = backend.acquire("beat", "r0", TTL, 0).term
+            assert term is not None
             with pytest.raises(StoreMisconfigured) as info:
-                backend.claim("beat", tenure, [Claim("tick", None, "1")])
+                backend.claim("beat", term, [Claim("tick", None, "1")])
             assert backend.load_state("beat") == {}
         finally:
             backend.close()

@@ -360,10 +360,10 @@ def test_a_killed_leader_node_s_tasks_resume_on_the_next_within_a_second(
 @pytest.mark.slow
 def test_fencing_drops_tasks_of_a_deposed_scheduler(cluster: Cluster) -> None:
     # Two terms of the beat election: the second one's epoch is current.
-    first = cluster.store.acquire("beat", "scheduler", TTL * 10, 0).tenure
+    first = cluster.store.acquire("beat", "scheduler", TTL * 10, 0).term
     assert first is not None
     cluster.store.release("beat", first)
-    second = cluster.store.acquire("beat", "scheduler", TTL * 10, first.epoch).tenure
+    second = cluster.store.acquire("beat", "scheduler", TTL * 10, first.epoch).term
     assert second is not None
     assert second.epoch > first.epoch
     node = cluster.start("nodeA", FENCE="1")
@@ -525,7 +525,7 @@ def _cpu_seconds(proc: Proc) -> float:
 def test_reject_backs_off_while_nobody_leads(cluster: Cluster) -> None:
     # Someone else holds the election for the whole run: to these nodes,
     # nobody leads.
-    rival = cluster.store.acquire("worker", "rival", 60, 0).tenure
+    rival = cluster.store.acquire("worker", "rival", 60, 0).term
     assert rival is not None
     cluster.start("nodeA")
     cluster.start("nodeB")

@@ -12,7 +12,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 from ..exceptions import missing_extra
-from .base import Acquired, Backend, Claim, HolderInfo, Renewal, Tenure
+from .base import Acquired, Backend, Claim, HolderInfo, Renewal, Term
 from .registry import STORES, Store, store_for
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ __all__ = [
     "HolderInfo",
     "Renewal",
     "Store",
-    "Tenure",
+    "Term",
     "create_backend",
     "store_for",
 ]

@@ -18,7 +18,7 @@ from ..schedule.state import parse_state
 
 
 @dataclass(frozen=True)
-class Tenure:
+class Term:
     """One holder's term in office.
 
     ``token`` is the exact value the store keeps for this term; renew, release
@@ -68,13 +68,13 @@ def stored_holder(instance_id: str, deployment: str | None) -> str:
 class Acquired:
     """Result of :meth:`Backend.acquire`.
 
-    Exactly one of ``tenure`` (we hold it now) and ``holder`` (someone else
+    Exactly one of ``term`` (we hold it now) and ``holder`` (someone else
     does) is set, except that both may be ``None`` when the store could not say
     who holds it. ``retry_after`` is when a follower should try again at the
     latest (a release notification may wake it sooner).
     """
 
-    tenure: Tenure | None
+    term: Term | None
     holder: HolderInfo | None
     retry_after: float
 
@@ -176,19 +176,19 @@ class Backend(ABC):
         """
 
     @abstractmethod
-    def renew(self, election: str, tenure: Tenure, ttl: float) -> Renewal:
-        """Extend ``tenure`` by ``ttl`` seconds if it is still current."""
+    def renew(self, election: str, term: Term, ttl: float) -> Renewal:
+        """Extend ``term`` by ``ttl`` seconds if it is still current."""
 
     @abstractmethod
-    def release(self, election: str, tenure: Tenure) -> None:
-        """Free ``election`` if ``tenure`` still holds it, and wake followers."""
+    def release(self, election: str, term: Term) -> None:
+        """Free ``election`` if ``term`` still holds it, and wake followers."""
 
     @abstractmethod
     def wait(self, election: str, timeout: float, cancel: threading.Event) -> None:
         """Block until ``election`` may be free, ``timeout`` passes or ``cancel`` is set."""
 
-    def hold(self, election: str, tenure: Tenure, timeout: float, cancel: threading.Event) -> bool:
-        """Block while holding ``tenure`` until ``timeout`` passes or ``cancel`` is set.
+    def hold(self, election: str, term: Term, timeout: float, cancel: threading.Event) -> bool:
+        """Block while holding ``term`` until ``timeout`` passes or ``cancel`` is set.
 
         Returns False as soon as the store shows that this holder's connection
         is gone, after which another instance may take the term over at once:
@@ -213,10 +213,10 @@ class Backend(ABC):
     def load_state(self, election: str) -> dict[str, str]:
         """Shared schedule state of ``election``: entry name -> JSON string."""
 
-    def claim(self, election: str, tenure: Tenure, claims: Sequence[Claim]) -> list[bool]:
+    def claim(self, election: str, term: Term, claims: Sequence[Claim]) -> list[bool]:
         """Apply ``claims`` in one round trip; one result per claim.
 
-        All fail when ``tenure`` no longer holds ``election``. A claim that is not
+        All fail when ``term`` no longer holds ``election``. A claim that is not
         :meth:`~Claim.admissible` fails without reaching the store: the store
         compares ``expected`` with what it holds, so checking ``expected`` here is
         checking the stored state.
@@ -224,14 +224,14 @@ class Backend(ABC):
         admitted = [i for i, c in enumerate(claims) if c.admissible()]
         results = [False] * len(claims)
         if admitted:
-            applied = self.compare_and_set(election, tenure, [claims[i] for i in admitted])
+            applied = self.compare_and_set(election, term, [claims[i] for i in admitted])
             for i, ok in zip(admitted, applied, strict=True):
                 results[i] = ok
         return results
 
     @abstractmethod
     def compare_and_set(
-        self, election: str, tenure: Tenure, claims: Sequence[Claim]
+        self, election: str, term: Term, claims: Sequence[Claim]
     ) -> list[bool]:
         """The store's part of :meth:`claim`: fenced compare-and-set, one round trip.
 

@@ -31,7 +31,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from ..exceptions import ConfigError, StoreUnavailable
-from .base import Acquired, Backend, Claim, HolderInfo, Renewal, Tenure, apply_claims
+from .base import Acquired, Backend, Claim, HolderInfo, Renewal, Term, apply_claims
 from .terms import holder_info, new_term, parse_epoch, unreadable_state
 from .waiting import LockWaiter, wait_sliced
 
@@ -73,7 +73,7 @@ class FileBackend(Backend):
         except OSError as exc:
             raise ConfigError(f"leader_url {url!r}: cannot create the directory: {exc}") from exc
         self._lock = threading.Lock()
-        self._held: dict[str, tuple[int, Tenure]] = {}
+        self._held: dict[str, tuple[int, Term]] = {}
         self._waiters: dict[str, LockWaiter[int]] = {}
 
     def _path(self, election: str, kind: str) -> Path:
@@ -98,18 +98,18 @@ class FileBackend(Backend):
                     os.close(fd)
                     return Acquired(None, self._read_holder(election), ttl)
             try:
-                result = self._take_office(election, fd, instance_id, ttl, min_epoch)
+                result = self._start_term(election, fd, instance_id, ttl, min_epoch)
             except BaseException:
                 os.close(fd)
                 raise
-        if result.tenure is None:
+        if result.term is None:
             _close(fd)
             return result
         with self._lock:
-            self._held[election] = (fd, result.tenure)
+            self._held[election] = (fd, result.term)
         return result
 
-    def _take_office(
+    def _start_term(
         self, election: str, fd: int, instance_id: str, ttl: float, min_epoch: int
     ) -> Acquired:
         """Write a new term under the flock on ``fd``, unless this lock guards nothing."""
@@ -129,15 +129,15 @@ class FileBackend(Backend):
         text = _read_text(epoch_path)
         epoch = max(parse_epoch(text, str(epoch_path)) if text else 0, min_epoch) + 1
         _write(epoch_path, str(epoch))
-        tenure = new_term(epoch, instance_id, pid=os.getpid(), inode=inode)
-        _write(self._path(election, "holder"), tenure.token)
-        return Acquired(tenure, None, ttl)
+        term = new_term(epoch, instance_id, pid=os.getpid(), inode=inode)
+        _write(self._path(election, "holder"), term.token)
+        return Acquired(term, None, ttl)
 
-    def _holds(self, election: str, tenure: Tenure) -> int | None:
-        """Our descriptor if ``tenure`` is current and its lock file is still in place."""
+    def _holds(self, election: str, term: Term) -> int | None:
+        """Our descriptor if ``term`` is current and its lock file is still in place."""
         with self._lock:
             held = self._held.get(election)
-        if held is None or held[1] != tenure:
+        if held is None or held[1] != term:
             return None
         fd = held[0]
         try:
@@ -147,25 +147,25 @@ class FileBackend(Backend):
             return None
         return fd
 
-    def renew(self, election: str, tenure: Tenure, ttl: float) -> Renewal:
-        if self._holds(election, tenure) is None:
+    def renew(self, election: str, term: Term, ttl: float) -> Renewal:
+        if self._holds(election, term) is None:
             return Renewal.LOST
         resign = self._path(election, "resign")
-        if _read_text(resign) == tenure.token:
+        if _read_text(resign) == term.token:
             with _io(resign):
                 resign.unlink(missing_ok=True)
             return Renewal.RESIGN
         return Renewal.RENEWED
 
-    def release(self, election: str, tenure: Tenure) -> None:
+    def release(self, election: str, term: Term) -> None:
         with self._lock:
             held = self._held.get(election)
-            if held is None or held[1] != tenure:
+            if held is None or held[1] != term:
                 return
             del self._held[election]
         holder = self._path(election, "holder")
         try:
-            if _read_text(holder) == tenure.token:
+            if _read_text(holder) == term.token:
                 with _io(holder):
                     holder.unlink(missing_ok=True)
         finally:
@@ -235,11 +235,11 @@ class FileBackend(Backend):
         return data
 
     def compare_and_set(
-        self, election: str, tenure: Tenure, claims: Sequence[Claim]
+        self, election: str, term: Term, claims: Sequence[Claim]
     ) -> list[bool]:
         # Only the flock holder writes the state file, so read-compare-write
         # needs no further locking.
-        if self._holds(election, tenure) is None:
+        if self._holds(election, term) is None:
             return [False] * len(claims)
         state = self.load_state(election)
         results = apply_claims(state, claims)

@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .base import Acquired, Backend, Claim, HolderInfo, Renewal, Tenure, apply_claims
+from .base import Acquired, Backend, Claim, HolderInfo, Renewal, Term, apply_claims
 from .terms import new_term
 from .waiting import wait_sliced
 
@@ -61,29 +61,29 @@ class MemoryBackend(Backend):
                 return Acquired(None, _info(current), current.expires - time.monotonic())
             epoch = max(store.epochs.get(election, 0), min_epoch) + 1
             store.epochs[election] = epoch
-            tenure = new_term(epoch, instance_id)
+            term = new_term(epoch, instance_id)
             store.records[election] = _Record(
-                tenure.token, epoch, instance_id, time.monotonic() + ttl
+                term.token, epoch, instance_id, time.monotonic() + ttl
             )
-            return Acquired(tenure, None, ttl)
+            return Acquired(term, None, ttl)
 
-    def renew(self, election: str, tenure: Tenure, ttl: float) -> Renewal:
+    def renew(self, election: str, term: Term, ttl: float) -> Renewal:
         store = self._store
         with store.cond:
             current = store.live(election)
-            if current is None or current.token != tenure.token:
+            if current is None or current.token != term.token:
                 return Renewal.LOST
             current.expires = time.monotonic() + ttl
-            if store.resign.get(election) == tenure.token:
+            if store.resign.get(election) == term.token:
                 del store.resign[election]
                 return Renewal.RESIGN
             return Renewal.RENEWED
 
-    def release(self, election: str, tenure: Tenure) -> None:
+    def release(self, election: str, term: Term) -> None:
         store = self._store
         with store.cond:
             current = store.live(election)
-            if current is not None and current.token == tenure.token:
+            if current is not None and current.token == term.token:
                 del store.records[election]
                 store.cond.notify_all()
 
@@ -122,12 +122,12 @@ class MemoryBackend(Backend):
             return dict(self._store.state.get(election, {}))
 
     def compare_and_set(
-        self, election: str, tenure: Tenure, claims: Sequence[Claim]
+        self, election: str, term: Term, claims: Sequence[Claim]
     ) -> list[bool]:
         store = self._store
         with store.cond:
             current = store.live(election)
-            if current is None or current.token != tenure.token:
+            if current is None or current.token != term.token:
                 return [False] * len(claims)
             return apply_claims(store.state.setdefault(election, {}), claims)
 

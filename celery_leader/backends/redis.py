@@ -50,7 +50,7 @@ from redis.sentinel import Sentinel
 
 from .._urls import mask_url
 from ..exceptions import ConfigError, StoreMisconfigured, StoreUnavailable
-from .base import Acquired, Backend, Claim, HolderInfo, Renewal, Tenure
+from .base import Acquired, Backend, Claim, HolderInfo, Renewal, Term
 from .presence import WATCH_INTERVAL, Subscription
 from .redis_acks import Acks, Pinned, promotable_replicas
 from .terms import foreign, holder_info, parse_term, unreadable_state
@@ -402,26 +402,26 @@ class RedisBackend(Backend):
         )
         if taken:
             epoch = parse_term(value, f"Redis key {lock!r}")["epoch"]
-            return Acquired(Tenure(value, epoch), None, ttl)
+            return Acquired(Term(value, epoch), None, ttl)
         info = _holder(value, pttl, lock)
         retry = ttl if pttl < 0 else pttl / 1000
         if watching and watching[0]:
             retry = min(retry, WATCH_INTERVAL)
         return Acquired(None, info, retry)
 
-    def renew(self, election: str, tenure: Tenure, ttl: float) -> Renewal:
+    def renew(self, election: str, term: Term, ttl: float) -> Renewal:
         code = self._script(
             "renew",
             [self._key(election, "lock"), self._key(election, "resign")],
-            [tenure.token, max(1, int(ttl * 1000))],
+            [term.token, max(1, int(ttl * 1000))],
         )
         return {0: Renewal.LOST, 1: Renewal.RENEWED, 2: Renewal.RESIGN}[int(code)]
 
-    def release(self, election: str, tenure: Tenure) -> None:
+    def release(self, election: str, term: Term) -> None:
         self._script(
             "release",
             [self._key(election, "lock")],
-            [tenure.token, self._key(election, "released")],
+            [term.token, self._key(election, "released")],
         )
 
     def wait(self, election: str, timeout: float, cancel: threading.Event) -> None:
@@ -438,8 +438,8 @@ class RedisBackend(Backend):
             self._drop_subscription(election)
             cancel.wait(max(0.0, deadline - time.monotonic()))
 
-    def hold(self, election: str, tenure: Tenure, timeout: float, cancel: threading.Event) -> bool:
-        presence = parse_term(tenure.token, "our own term").get("presence")
+    def hold(self, election: str, term: Term, timeout: float, cancel: threading.Event) -> bool:
+        presence = parse_term(term.token, "our own term").get("presence")
         if presence is None:
             cancel.wait(timeout)
             return True
@@ -555,12 +555,12 @@ class RedisBackend(Backend):
         return dict(zip(flat[::2], flat[1::2], strict=True))
 
     def compare_and_set(
-        self, election: str, tenure: Tenure, claims: Sequence[Claim]
+        self, election: str, term: Term, claims: Sequence[Claim]
     ) -> list[bool]:
         keys = [self._key(election, "lock"), self._key(election, "state")]
         chunks = _chunks(claims)
         calls = [
-            [tenure.token]
+            [term.token]
             + [a for c in chunk for a in (c.entry, _has(c.expected), c.expected or "", c.new)]
             for chunk in chunks
         ]
@@ -585,7 +585,7 @@ class RedisBackend(Backend):
         if not acks.enough:
             won = [c for c, ok in zip(claims, results, strict=True) if ok]
             try:
-                self._unclaim(keys, tenure, won)
+                self._unclaim(keys, term, won)
                 done = "handed back, nothing may be sent on them"
             except StoreUnavailable as exc:
                 # Left claimed on the master: the slots are skipped, never sent twice.
@@ -593,14 +593,14 @@ class RedisBackend(Backend):
             raise self._not_replicated(acks, f"{len(won)} claim(s)", done)
         return results
 
-    def _unclaim(self, keys: list[str], tenure: Tenure, claims: list[Claim]) -> None:
+    def _unclaim(self, keys: list[str], term: Term, claims: list[Claim]) -> None:
         """Put back the state that ``claims`` replaced, where they are still what is stored.
 
         On the master only: if a promotion undoes the claims anyway, the
         replica still has what they replaced.
         """
         calls = [
-            [tenure.token]
+            [term.token]
             + [a for c in chunk for a in (c.entry, c.new, _has(c.expected), c.expected or "")]
             for chunk in _chunks(claims)
         ]
@@ -635,7 +635,7 @@ class RedisBackend(Backend):
         reply, acks = self._call(run)
         reply = self._checked(reply)
         if not acks.enough:
-            self.release(election, Tenure(reply[1], 0))
+            self.release(election, Term(reply[1], 0))
             raise self._not_replicated(acks, "a new term", "released; nobody leads on it")
         return list(reply)
 

@@ -39,15 +39,15 @@ import uuid
 from typing import Any
 
 from ..exceptions import StoreUnavailable
-from .base import HolderInfo, Tenure
+from .base import HolderInfo, Term
 
 logger = logging.getLogger("celery_leader.backends")
 
 
-def new_term(epoch: int, instance_id: str, **extra: object) -> Tenure:
+def new_term(epoch: int, instance_id: str, **extra: object) -> Term:
     """A fresh term of ``instance_id`` with ``epoch``, for stores that build it client-side."""
     token = {"token": uuid.uuid4().hex, "epoch": epoch, "holder": instance_id, **extra}
-    return Tenure(json.dumps(token), epoch)
+    return Term(json.dumps(token), epoch)
 
 
 def foreign(where: str, found: object, expected: str) -> StoreUnavailable:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 
 from .. import metrics
-from ..backends import Claim, Tenure
+from ..backends import Claim, Term
 from ..config import LeaderConfig
 from ..exceptions import StoreUnavailable, TermEnded
 from ..lease import Lease
@@ -103,8 +103,8 @@ class SlotProtocol:
 
     def _tick(self) -> float:
         lease = self.lease
-        tenure = lease.tenure
-        if tenure is None:
+        term = lease.term
+        if term is None:
             if self._epoch is not None:
                 self.logger.info(
                     "celery-leader: stopped dispatching: no longer leader of %r", lease.election
@@ -114,16 +114,16 @@ class SlotProtocol:
             return self.idle
         jobs = self.adapter.jobs()
         now = (self.clock or utcnow)()
-        if tenure.epoch != self._epoch or any(j.name not in self._states for j in jobs):
-            if not self._load(jobs, tenure, now):
+        if term.epoch != self._epoch or any(j.name not in self._states for j in jobs):
+            if not self._load(jobs, term, now):
                 return self.idle
         self._notice_clock(now)
-        return self._dispatch(jobs, tenure, now)
+        return self._dispatch(jobs, term, now)
 
-    def _load(self, jobs: Sequence[Job], tenure: Tenure, now: datetime) -> bool:
+    def _load(self, jobs: Sequence[Job], term: Term, now: datetime) -> bool:
         lease = self.lease
         try:
-            self._states = StateSync(lease, self.logger).load(jobs, tenure, now)
+            self._states = StateSync(lease, self.logger).load(jobs, term, now)
         except TermEnded as exc:
             self.logger.warning("celery-leader: not dispatching: %s", exc)
             self._epoch = None
@@ -139,9 +139,9 @@ class SlotProtocol:
         for job in jobs:
             state = self._states[job.name]
             self.adapter.recorded(job, state.last_run_at, state.count, False)
-        if tenure.epoch != self._epoch:
-            if tenure.epoch != self._promoted_epoch:  # a new term, not a reload within one
-                self._promoted_epoch = tenure.epoch
+        if term.epoch != self._epoch:
+            if term.epoch != self._promoted_epoch:  # a new term, not a reload within one
+                self._promoted_epoch = term.epoch
                 self._promoted_at = now
                 self._stuck_logged.clear()
                 self._publisher = Publisher(
@@ -150,9 +150,9 @@ class SlotProtocol:
             self.logger.info(
                 "celery-leader: dispatching as leader of %r (epoch %d)",
                 lease.election,
-                tenure.epoch,
+                term.epoch,
             )
-        self._epoch = tenure.epoch
+        self._epoch = term.epoch
         return True
 
     def _notice_clock(self, now: datetime) -> None:
@@ -175,7 +175,7 @@ class SlotProtocol:
 
     # -- planning -----------------------------------------------------------
 
-    def _dispatch(self, jobs: Sequence[Job], tenure: Tenure, now: datetime) -> float:
+    def _dispatch(self, jobs: Sequence[Job], term: Term, now: datetime) -> float:
         batches: list[Batch] = []
         sleep = self.max_sleep
         for job in jobs:
@@ -183,7 +183,7 @@ class SlotProtocol:
                 sleep = 0.0
                 break
             state = self._states[job.name]
-            batch, wait = self._plan(job, state, tenure, now)
+            batch, wait = self._plan(job, state, term, now)
             if batch is not None:
                 batches.append(batch)
             sleep = min(sleep, wait)
@@ -191,14 +191,14 @@ class SlotProtocol:
             return max(0.0, sleep)
         publisher = self._publisher
         assert publisher is not None
-        if not publisher.run(batches, tenure, self._states):
+        if not publisher.run(batches, term, self._states):
             # Someone else moved the state (or our term ended): reload it before
             # dispatching anything more.
             self._epoch = None
         return 0.0
 
     def _plan(
-        self, job: Job, state: EntryState, tenure: Tenure, now: datetime
+        self, job: Job, state: EntryState, term: Term, now: datetime
     ) -> tuple[Batch | None, float]:
         """The batch of ``job`` if it is due, and how long until it should be looked at again."""
         if job.series is None:
@@ -227,7 +227,7 @@ class SlotProtocol:
                 state.next_due = None
                 return None, 0.0
             plan = found
-        return self._batch(job, state, tenure, now, plan), 0.0
+        return self._batch(job, state, term, now, plan), 0.0
 
     def _stuck(self, job: Job, due: datetime, state: EntryState) -> None:
         """Log once per term that ``job``'s schedule names a slot not after its last one."""
@@ -243,7 +243,7 @@ class SlotProtocol:
         )
 
     def _batch(
-        self, job: Job, state: EntryState, tenure: Tenure, now: datetime, plan: SlotPlan
+        self, job: Job, state: EntryState, term: Term, now: datetime, plan: SlotPlan
     ) -> Batch:
         lease = self.lease
         slots = [slot_name(job.name, due, job.zone) for due in plan.send]
@@ -261,7 +261,7 @@ class SlotProtocol:
             metrics.count("missed_slots_dropped", lease.election, plan.dropped)
         count = state.count + len(plan.send)
         raw = dump_state(
-            plan.record, count, tenure.epoch, lease.instance_id, slots[-1] if slots else None
+            plan.record, count, term.epoch, lease.instance_id, slots[-1] if slots else None
         )
         after = EntryState(raw, plan.record, count)
         # The store refuses a claim whose slot is not after the state it expects:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from .. import metrics
-from ..backends import Claim, Tenure
+from ..backends import Claim, Term
 from ..exceptions import StoreUnavailable
 from ..lease import Lease
 from .jobs import Adapter, Job, Outcome
@@ -51,7 +51,7 @@ class Publisher:
         self.failures = 0  # failed publishes in a row
         self._refused: set[str] = set()  # entries whose refused slot was logged
 
-    def run(self, batches: list[Batch], tenure: Tenure, states: dict[str, EntryState]) -> bool:
+    def run(self, batches: list[Batch], term: Term, states: dict[str, EntryState]) -> bool:
         """Claim and publish ``batches``; returns False when the local state went stale.
 
         ``states`` is updated with what the store now records.
@@ -59,7 +59,7 @@ class Publisher:
         lease = self.lease
         try:
             with lease.observe("claim"):
-                won = lease.backend.claim(lease.election, tenure, [b.claim for b in batches])
+                won = lease.backend.claim(lease.election, term, [b.claim for b in batches])
         except StoreUnavailable as exc:
             self.logger.warning("celery-leader: claims failed, nothing sent: %s", exc)
             return False
@@ -81,9 +81,9 @@ class Publisher:
             )
             claimed.append(batch)
         with self.adapter.publishing():
-            failure = self._send_all(claimed, tenure.epoch)
+            failure = self._send_all(claimed, term.epoch)
         if failure is not None:
-            in_sync &= self._failed(claimed, failure, tenure, states)
+            in_sync &= self._failed(claimed, failure, term, states)
         return in_sync
 
     def _refuse(self, batch: Batch) -> None:
@@ -122,7 +122,7 @@ class Publisher:
         self,
         batches: list[Batch],
         failure: tuple[str, Outcome],
-        tenure: Tenure,
+        term: Term,
         states: dict[str, EntryState],
     ) -> bool:
         """Hand back what was claimed and not sent; resign after too many failures in a row.
@@ -146,7 +146,7 @@ class Publisher:
                 slot,
                 outcome.error,
             )
-        in_sync = self._hand_back(batches, tenure, states)
+        in_sync = self._hand_back(batches, term, states)
         if self.failures >= self.max_failures:
             self.logger.warning(
                 "celery-leader: %d publishes failed in a row (the last: slot %s): resigning "
@@ -165,7 +165,7 @@ class Publisher:
         return in_sync
 
     def _hand_back(
-        self, batches: list[Batch], tenure: Tenure, states: dict[str, EntryState]
+        self, batches: list[Batch], term: Term, states: dict[str, EntryState]
     ) -> bool:
         """Undo the claims of slots that were not sent, in one fenced compare-and-set.
 
@@ -186,7 +186,7 @@ class Publisher:
             raw = dump_state(
                 last_run_at,
                 count,
-                tenure.epoch,
+                term.epoch,
                 lease.instance_id,
                 batch.sent[-1] if batch.sent else None,
             )
@@ -198,7 +198,7 @@ class Publisher:
         reason = "the term ended"
         try:
             with lease.observe("claim"):
-                won = lease.backend.claim(lease.election, tenure, [b[3] for b in backs])
+                won = lease.backend.claim(lease.election, term, [b[3] for b in backs])
         except StoreUnavailable as exc:
             reason = str(exc)
         for (batch, unsent, state, _), ok in zip(backs, won, strict=True):

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from ..backends import Claim, Tenure
+from ..backends import Claim, Term
 from ..exceptions import TermEnded
 from ..lease import Lease
 from .jobs import Job
@@ -56,7 +56,7 @@ class StateSync:
         self.lease = lease
         self.logger = logger
 
-    def load(self, jobs: Sequence[Job], tenure: Tenure, now: datetime) -> dict[str, EntryState]:
+    def load(self, jobs: Sequence[Job], term: Term, now: datetime) -> dict[str, EntryState]:
         """The state of every job: adopted from the store, or anchored with one claim."""
         lease = self.lease
         with lease.observe("load_state"):
@@ -69,13 +69,13 @@ class StateSync:
                 anchors.append(job)
             else:
                 states[job.name] = adopted
-        self.anchor(anchors, tenure, now, states, stored)
+        self.anchor(anchors, term, now, states, stored)
         return states
 
     def anchor(
         self,
         jobs: Sequence[Job],
-        tenure: Tenure,
+        term: Term,
         now: datetime,
         states: dict[str, EntryState],
         stored: dict[str, str],
@@ -87,14 +87,14 @@ class StateSync:
         fresh = []
         for job in jobs:
             start = job.series.anchor(now) if job.series is not None else now
-            new = dump_state(start, 0, tenure.epoch, lease.instance_id)
+            new = dump_state(start, 0, term.epoch, lease.instance_id)
             fresh.append((job, Claim(job.name, stored.get(job.name), new), start))
         with lease.observe("claim"):
-            won = lease.backend.claim(lease.election, tenure, [c for _, c, _ in fresh])
+            won = lease.backend.claim(lease.election, term, [c for _, c, _ in fresh])
         if not any(won):
             # Every claim fails at once only when the term is no longer current.
             raise TermEnded(
-                f"the term (epoch {tenure.epoch}) ended while loading the schedule state"
+                f"the term (epoch {term.epoch}) ended while loading the schedule state"
             )
         if not all(won):
             raise TermEnded("another leader wrote the schedule state while this one loaded it")

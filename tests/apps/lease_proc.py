@@ -129,10 +129,10 @@ def _recording_backend(inner: Any, rec: Recorder, validity: float) -> Any:
             except StoreUnavailable as exc:
                 self._error("acquire", exc)
                 raise
-            if result.tenure is not None:
+            if result.term is not None:
                 start = time.monotonic()
                 bound = sent + validity
-                epoch = result.tenure.epoch
+                epoch = result.term.epoch
                 with rec._lock:
                     rec.term = {"epoch": epoch, "start": start}
                 rec.emit(
@@ -155,31 +155,31 @@ def _recording_backend(inner: Any, rec: Recorder, validity: float) -> Any:
                 )
             return result
 
-        def renew(self, election: str, tenure: Any, ttl: float) -> Any:
+        def renew(self, election: str, term: Any, ttl: float) -> Any:
             sent = time.monotonic()
             try:
-                result = inner.renew(election, tenure, ttl)
+                result = inner.renew(election, term, ttl)
             except StoreUnavailable as exc:
                 self._error("renew", exc)
                 raise
             if result is Renewal.LOST:
-                rec.emit("lost", epoch=tenure.epoch)
+                rec.emit("lost", epoch=term.epoch)
             else:
                 bound = sent + validity
                 start = (
-                    rec.term.get("start", sent) if rec.term.get("epoch") == tenure.epoch else sent
+                    rec.term.get("start", sent) if rec.term.get("epoch") == term.epoch else sent
                 )
-                rec.emit("renewed", epoch=tenure.epoch, bound=bound, result=result.value)
-                rec.slot(tenure.epoch, start, bound, INF)
+                rec.emit("renewed", epoch=term.epoch, bound=bound, result=result.value)
+                rec.slot(term.epoch, start, bound, INF)
             return result
 
-        def release(self, election: str, tenure: Any) -> None:
+        def release(self, election: str, term: Any) -> None:
             now = time.monotonic()
-            rec.emit("release", epoch=tenure.epoch, end=now)
-            if rec.term.get("epoch") == tenure.epoch:
-                rec.slot(tenure.epoch, rec.term["start"], now, now)
+            rec.emit("release", epoch=term.epoch, end=now)
+            if rec.term.get("epoch") == term.epoch:
+                rec.slot(term.epoch, rec.term["start"], now, now)
             try:
-                inner.release(election, tenure)
+                inner.release(election, term)
             except StoreUnavailable as exc:
                 self._error("release", exc)
                 raise
@@ -187,10 +187,10 @@ def _recording_backend(inner: Any, rec: Recorder, validity: float) -> Any:
         def wait(self, election: str, timeout: float, cancel: threading.Event) -> None:
             inner.wait(election, timeout, cancel)
 
-        def hold(self, election: str, tenure: Any, timeout: float, cancel: threading.Event) -> bool:
-            held = bool(inner.hold(election, tenure, timeout, cancel))
+        def hold(self, election: str, term: Any, timeout: float, cancel: threading.Event) -> bool:
+            held = bool(inner.hold(election, term, timeout, cancel))
             if not held:
-                rec.emit("disconnected", epoch=tenure.epoch)
+                rec.emit("disconnected", epoch=term.epoch)
             return held
 
         def holder(self, election: str) -> Any:
@@ -205,8 +205,8 @@ def _recording_backend(inner: Any, rec: Recorder, validity: float) -> Any:
         def load_state(self, election: str) -> dict[str, str]:
             return dict(inner.load_state(election))
 
-        def compare_and_set(self, election: str, tenure: Any, claims: Sequence[Any]) -> list[bool]:
-            return list(inner.compare_and_set(election, tenure, claims))
+        def compare_and_set(self, election: str, term: Any, claims: Sequence[Any]) -> list[bool]:
+            return list(inner.compare_and_set(election, term, claims))
 
         def leave(self, election: str) -> None:
             inner.leave(election)

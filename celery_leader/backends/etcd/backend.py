@@ -16,7 +16,7 @@ from etcd3gw.exceptions import ConnectionFailedError, Etcd3Exception
 from etcd3gw.lease import Lease
 
 from ...exceptions import StoreUnavailable
-from ..base import Acquired, Backend, Claim, HolderInfo, Renewal, Tenure, claim_rounds
+from ..base import Acquired, Backend, Claim, HolderInfo, Renewal, Term, claim_rounds
 from ..terms import foreign, parse_epoch
 from ..waiting import wait_sliced
 from .client import NOT_FOUND, UNAVAILABLE, Cluster, b64, error_of
@@ -43,7 +43,7 @@ class _Look:
 
 @dataclass(frozen=True)
 class _Ours:
-    """What a tenure handed out by this backend carries besides its epoch."""
+    """What a term handed out by this backend carries besides its epoch."""
 
     nonce: str
     lease: int
@@ -124,10 +124,10 @@ class EtcdBackend(Backend):
             "lease": lease,
             "revision": revision,
         }
-        return Acquired(Tenure(json.dumps(token), epoch), None, ttl)
+        return Acquired(Term(json.dumps(token), epoch), None, ttl)
 
-    def renew(self, election: str, tenure: Tenure, ttl: float) -> Renewal:
-        ours = _ours(tenure)
+    def renew(self, election: str, term: Term, ttl: float) -> Renewal:
+        ours = _ours(term)
         if ours is None:
             return Renewal.LOST
         term_key = self._key(election, "term")
@@ -145,8 +145,8 @@ class EtcdBackend(Backend):
         resign = _kv(reply["responses"][0])
         return Renewal.RESIGN if resign and _value(resign) == ours.nonce else Renewal.RENEWED
 
-    def release(self, election: str, tenure: Tenure) -> None:
-        ours = _ours(tenure)
+    def release(self, election: str, term: Term) -> None:
+        ours = _ours(term)
         if ours is not None:
             # Revoking the lease deletes the term key (and a resign request on
             # it) in one Raft entry; followers' watches see the deletion.
@@ -210,7 +210,7 @@ class EtcdBackend(Backend):
         }
 
     def compare_and_set(
-        self, election: str, tenure: Tenure, claims: Sequence[Claim]
+        self, election: str, term: Term, claims: Sequence[Claim]
     ) -> list[bool]:
         """Apply ``claims`` in transactions fenced by the term key's create revision.
 
@@ -221,7 +221,7 @@ class EtcdBackend(Backend):
         round n; a round is one transaction of up to :data:`MAX_TXN_OPS` claims.
         """
         results = [False] * len(claims)
-        ours = _ours(tenure)
+        ours = _ours(term)
         if ours is None:
             return results
         fence = [_created_at(self._key(election, "term"), ours.revision)]
@@ -404,10 +404,10 @@ def _nonce_of(term: dict[str, Any]) -> str:
     return str(data.get("token", "")) if isinstance(data, dict) else ""
 
 
-def _ours(tenure: Tenure) -> _Ours | None:
-    """The etcd side of a tenure this backend handed out; ``None`` for any other."""
+def _ours(term: Term) -> _Ours | None:
+    """The etcd side of a term this backend handed out; ``None`` for any other."""
     try:
-        data = json.loads(tenure.token)
+        data = json.loads(term.token)
         return _Ours(str(data["token"]), int(data["lease"]), int(data["revision"]))
     except (ValueError, KeyError, TypeError):
         return None

@@ -11,7 +11,7 @@ from typing import Any
 from psycopg.rows import TupleRow
 
 from ...exceptions import StoreMisconfigured, StoreUnavailable
-from ..base import Acquired, Backend, Claim, HolderInfo, Renewal, Tenure, claim_rounds
+from ..base import Acquired, Backend, Claim, HolderInfo, Renewal, Term, claim_rounds
 from ..waiting import LockWaiter, wait_sliced
 from .params import connection_params
 from .session import Canceller, Connector, Session, SessionGone, queue_for_lock
@@ -23,7 +23,7 @@ from .sql import (
     RELEASE,
     RENEW,
     REQUEST_RESIGN,
-    TAKE_OFFICE,
+    START_TERM,
     TRY_LOCK,
     UNCLAIM,
     advisory_key,
@@ -33,11 +33,11 @@ from .sql import (
 
 
 @dataclass
-class _Seat:
+class _Hold:
     """What this backend keeps for one election."""
 
-    tenure: Tenure | None = None
-    session: Session | None = None  # holds the lock while ``tenure`` is current
+    term: Term | None = None
+    session: Session | None = None  # holds the lock while ``term`` is current
     waiter: LockWaiter[Session] | None = None
     left: bool = False
 
@@ -59,7 +59,7 @@ class PostgresBackend(Backend):
         super().__init__(url, key_prefix, timeout)
         self._db = Connector(*connection_params(url, timeout), timeout)
         self._lock = threading.Lock()
-        self._seats: dict[str, _Seat] = {}
+        self._holds: dict[str, _Hold] = {}
         #: Standbys each commit waited for at the last claim (``None``: no claim yet).
         self._sync_standbys: int | None = None
 
@@ -68,12 +68,12 @@ class PostgresBackend(Backend):
     def acquire(self, election: str, instance_id: str, ttl: float, min_epoch: int) -> Acquired:
         key = advisory_key(self.key_prefix, election)
         with self._lock:
-            seat = self._seats.setdefault(election, _Seat())
-            waiter = seat.waiter
+            hold = self._holds.setdefault(election, _Hold())
+            waiter = hold.waiter
             if waiter is not None and not waiter.done.is_set():
                 # Still queued for the lock: somebody holds it and is alive.
                 return Acquired(None, None, ttl)
-            seat.waiter = None
+            hold.waiter = None
         session = waiter.take() if waiter is not None else None
         if session is None:
             session = self._db.connect(ttl)
@@ -88,14 +88,14 @@ class PostgresBackend(Backend):
                 raise
             if not got:
                 waiter = queue_for_lock(self._db, session, key, ttl)
-                if not self._seat_back(election, seat, waiter=waiter):
+                if not self._record_hold(election, hold, waiter=waiter):
                     waiter.cancel()
                 holder = None if holder_id is None else HolderInfo(holder_id, holder_epoch, None)
                 return Acquired(None, holder, ttl)
         try:
             ((pid, epoch, token),) = self._db.execute(
                 session,
-                TAKE_OFFICE,
+                START_TERM,
                 {
                     **self._names(election),
                     "floor": min_epoch,
@@ -107,14 +107,14 @@ class PostgresBackend(Backend):
         except Exception:
             session.close()
             raise
-        tenure = Tenure(token, epoch)
-        if not self._seat_back(election, seat, tenure=tenure, session=session):
+        term = Term(token, epoch)
+        if not self._record_hold(election, hold, term=term, session=session):
             session.close()
             return Acquired(None, None, ttl)
-        return Acquired(tenure, None, ttl)
+        return Acquired(term, None, ttl)
 
-    def renew(self, election: str, tenure: Tenure, ttl: float) -> Renewal:
-        session = self._holding(election, tenure)
+    def renew(self, election: str, term: Term, ttl: float) -> Renewal:
+        session = self._holding(election, term)
         if session is None:
             return Renewal.LOST
         try:
@@ -125,7 +125,7 @@ class PostgresBackend(Backend):
                     **self._names(election),
                     **lock_ids(advisory_key(self.key_prefix, election)),
                     "idle_ms": ms(ttl),
-                    "token": tenure.token,
+                    "token": term.token,
                 },
             )
             self._db.check_pid(session, pid)
@@ -139,12 +139,12 @@ class PostgresBackend(Backend):
             return Renewal.LOST
         return Renewal.RESIGN if resign else Renewal.RENEWED
 
-    def release(self, election: str, tenure: Tenure) -> None:
+    def release(self, election: str, term: Term) -> None:
         with self._lock:
-            seat = self._seats.get(election)
-            if seat is None or seat.tenure != tenure:
+            hold = self._holds.get(election)
+            if hold is None or hold.term != term:
                 return
-            session, seat.session, seat.tenure = seat.session, None, None
+            session, hold.session, hold.term = hold.session, None, None
         if session is None:
             return  # the session ended already, and the lock with it
         try:
@@ -161,8 +161,8 @@ class PostgresBackend(Backend):
 
     def wait(self, election: str, timeout: float, cancel: threading.Event) -> None:
         with self._lock:
-            seat = self._seats.get(election)
-            waiter = seat.waiter if seat is not None else None
+            hold = self._holds.get(election)
+            waiter = hold.waiter if hold is not None else None
         # Without a queued waiter there is nothing to be woken by but cancel.
         event = waiter.done if waiter is not None else cancel
         wait_sliced(event.wait, timeout, cancel)
@@ -191,7 +191,7 @@ class PostgresBackend(Backend):
         return dict(self._admin(LOAD_STATE, self._names(election)))
 
     def compare_and_set(
-        self, election: str, tenure: Tenure, claims: Sequence[Claim]
+        self, election: str, term: Term, claims: Sequence[Claim]
     ) -> list[bool]:
         """Apply ``claims`` on the lock-holding session (one round trip).
 
@@ -212,7 +212,7 @@ class PostgresBackend(Backend):
         term in it, carry on.
         """
         results = [False] * len(claims)
-        session = self._holding(election, tenure)
+        session = self._holding(election, term)
         if session is None or not claims:
             return results
         base = {
@@ -309,12 +309,12 @@ class PostgresBackend(Backend):
 
     def leave(self, election: str) -> None:
         with self._lock:
-            seat = self._seats.pop(election, None)
-            if seat is None:
+            hold = self._holds.pop(election, None)
+            if hold is None:
                 return
-            seat.left = True
-            waiter, session = seat.waiter, seat.session
-            seat.waiter = seat.session = None
+            hold.left = True
+            waiter, session = hold.waiter, hold.session
+            hold.waiter = hold.session = None
         if waiter is not None:
             waiter.cancel()
         if session is not None:
@@ -322,7 +322,7 @@ class PostgresBackend(Backend):
 
     def close(self) -> None:
         with self._lock:
-            elections = list(self._seats)
+            elections = list(self._holds)
         for election in elections:
             self.leave(election)
 
@@ -331,35 +331,35 @@ class PostgresBackend(Backend):
     def _names(self, election: str) -> dict[str, str]:
         return {"prefix": self.key_prefix, "election": election}
 
-    def _seat_back(
+    def _record_hold(
         self,
         election: str,
-        seat: _Seat,
+        hold: _Hold,
         *,
         waiter: LockWaiter[Session] | None = None,
-        tenure: Tenure | None = None,
+        term: Term | None = None,
         session: Session | None = None,
     ) -> bool:
         """Record what acquire got; False if the election was left meanwhile."""
         with self._lock:
-            if seat.left:
+            if hold.left:
                 return False
-            seat.waiter, seat.tenure, seat.session = waiter, tenure, session
+            hold.waiter, hold.term, hold.session = waiter, term, session
             return True
 
-    def _holding(self, election: str, tenure: Tenure) -> Session | None:
-        """The session holding ``tenure``'s lock, or None when the term is over."""
+    def _holding(self, election: str, term: Term) -> Session | None:
+        """The session holding ``term``'s lock, or None when the term is over."""
         with self._lock:
-            seat = self._seats.get(election)
-            if seat is None or seat.tenure != tenure:
+            hold = self._holds.get(election)
+            if hold is None or hold.term != term:
                 return None
-            return seat.session
+            return hold.session
 
     def _drop_session(self, election: str, session: Session) -> None:
         with self._lock:
-            seat = self._seats.get(election)
-            if seat is not None and seat.session is session:
-                seat.session = None
+            hold = self._holds.get(election)
+            if hold is not None and hold.session is session:
+                hold.session = None
         session.close()
 
     def _admin(self, query: str, params: Mapping[str, Any]) -> list[TupleRow]:

@@ -90,7 +90,7 @@ LEFT JOIN celery_leader_lease AS t ON t.prefix = %(prefix)s AND t.election = %(e
 
 # Runs on the session that holds the lock, so two processes can never bump the
 # epoch of one election at the same time.
-TAKE_OFFICE = """
+START_TERM = """
 INSERT INTO celery_leader_lease AS t (prefix, election, epoch, token, instance_id, pid)
 VALUES (
     %(prefix)s, %(election)s, %(floor)s::bigint + 1,
