@@ -28,9 +28,11 @@ if [[ -f mkdocs.yml ]]; then
     NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict -q -d "$site" || fail "mkdocs build --strict"
 fi
 
-echo "==> pytest $*"
+# Two workers (pytest-xdist): the suite mostly waits on real processes and
+# servers, so two at once halve its wall time on two cores. `-n 0` runs serially.
+echo "==> pytest -n 2 $*"
 status=0
-.venv/bin/python -m pytest -p no:cacheprovider -ra "$@" || status=$?
+.venv/bin/python -m pytest -p no:cacheprovider -ra -n 2 --dist worksteal "$@" || status=$?
 case $status in
     0) ;;
     # Exit 5 means no test ran: a green run that tested nothing must not pass.

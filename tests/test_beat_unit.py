@@ -55,13 +55,29 @@ def app() -> Celery:
     return app
 
 
+def replica(app: Celery, n: int, **kwargs: Any) -> LeaderScheduler:
+    """Replica ``n`` of ``app``'s beat: its own instance id from the second one on."""
+    own = app.conf.leader_instance_id
+    if n > 1:
+        app.conf.leader_instance_id = f"{own}-{n}"
+    try:
+        return LeaderScheduler(app=app, **kwargs)
+    finally:
+        app.conf.leader_instance_id = own
+
+
 @pytest.fixture
 def make_scheduler(app: Celery) -> Iterator[Callable[..., LeaderScheduler]]:
-    """Builds schedulers of ``app`` and closes them at teardown (which ends their leases)."""
+    """Builds schedulers of ``app`` and closes them at teardown (which ends their leases).
+
+    Each is another replica: the second and later get an instance id of their own
+    (``under-test-2``, ...), since one process holds one lease per election and
+    settings.
+    """
     built: list[LeaderScheduler] = []
 
     def make(**kwargs: Any) -> LeaderScheduler:
-        scheduler = LeaderScheduler(app=app, **kwargs)
+        scheduler = replica(app, len(built) + 1, **kwargs)
         built.append(scheduler)
         return scheduler
 
@@ -484,7 +500,7 @@ def test_a_store_that_lost_its_data_does_not_make_a_former_leader_resend_a_slot(
     # own memory of the schedule, which is older than what later leaders sent.
     app.conf.leader_url = redis_url
     app.conf.beat_schedule = {"e": every(0.2)}
-    old, new = LeaderScheduler(app=app), LeaderScheduler(app=app)
+    old, new = replica(app, 1), replica(app, 2)
     try:
         wait_leading(old)
         new.lease.start()

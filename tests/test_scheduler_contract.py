@@ -8,6 +8,8 @@ stored. Leases run on real (monotonic) time.
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import logging
 import os
@@ -82,8 +84,12 @@ class Kind(ABC):
         self.on_publish: Callable[[], None] | None = None  # called before each publish
 
     @abstractmethod
-    def scheduler(self, entries: dict[str, dict[str, Any]]) -> Any:
-        """A scheduler with ``entries`` (name -> options: policy, grace)."""
+    def scheduler(self, entries: dict[str, dict[str, Any]], instance_id: str | None = None) -> Any:
+        """A scheduler with ``entries`` (name -> options: policy, grace).
+
+        Another ``instance_id`` makes it another replica: one process holds one
+        lease per election and settings, shared by schedulers built alike.
+        """
 
     @abstractmethod
     def tick(self, scheduler: Any) -> float: ...
@@ -144,7 +150,8 @@ class CeleryKind(Kind):
 
         monkeypatch.setattr(Scheduler, "apply_async", apply_async)
 
-    def scheduler(self, entries: dict[str, dict[str, Any]]) -> Any:
+    def scheduler(self, entries: dict[str, dict[str, Any]], instance_id: str | None = None) -> Any:
+        self.app.conf.leader_instance_id = instance_id or self.settings.get("leader_instance_id")
         self.app.conf.beat_schedule = {
             name: {
                 "task": "t.noop",
@@ -217,7 +224,7 @@ class DramatiqKind(Kind):
         monkeypatch.setattr(self.broker, "enqueue", enqueue)
         self._seen = 0
 
-    def scheduler(self, entries: dict[str, dict[str, Any]]) -> Any:
+    def scheduler(self, entries: dict[str, dict[str, Any]], instance_id: str | None = None) -> Any:
         for name, options in entries.items():
             if f"a_{name}" not in self.broker.actors:
                 schedule = every(
@@ -228,7 +235,10 @@ class DramatiqKind(Kind):
                 )
                 dramatiq.actor(actor_name=f"a_{name}", queue_name="ticks",
                                leader_schedule=schedule)(lambda: None)  # fmt: skip
-        return DramatiqScheduler(self.broker, self.middleware.process_config())
+        config = self.middleware.process_config()
+        if instance_id is not None:
+            config = dataclasses.replace(config, instance_id=instance_id)
+        return DramatiqScheduler(self.broker, config)
 
     def tick(self, scheduler: Any) -> float:
         return float(scheduler.protocol.tick())
@@ -469,7 +479,7 @@ def test_a_term_lost_mid_batch_sends_what_it_claimed_and_its_successor_nothing_t
     # Both slots were claimed under the term before it ended: both are sent, once.
     assert sorted(kind.sent()) == [slot("a", 1), slot("b", 1)]
     assert kind.tick(scheduler) < 1  # a follower now
-    successor = kind.scheduler({"a": {}, "b": {}})
+    successor = kind.scheduler({"a": {}, "b": {}}, instance_id="successor")
     try:
         wait_for(kind.lease(successor).is_leader, 3, message="no successor")
         kind.tick(successor)

@@ -18,7 +18,6 @@ change of the pins.
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import threading
@@ -27,11 +26,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..backends import create_backend
-from ..backends.base import Backend
 from ..config import LeaderConfig, validate_name
 from ..exceptions import NotLeader, StoreUnavailable, missing_extra
 from ..lease import Lease
+from ..leases import lease_set
 from ..pins import on_reset, role_of, watch
 from . import deadline_table
 
@@ -82,8 +80,8 @@ _checks: dict[tuple[Any, str | None], Callable[[], bool]] = {}
 #: dict lookup in C, no Python frame.
 cached_check = _checks.get
 _configs: dict[Any, LeaderConfig] = {}
-_local_leases: dict[tuple[Any, str], Lease] = {}
-_local_backends: dict[Any, Backend] = {}
+# Elections this module joined from this process (the leases live in its lease set).
+_joined: set[tuple[LeaderConfig, str]] = set()
 _lock = threading.RLock()
 
 
@@ -158,15 +156,15 @@ def forget_views() -> None:
 def stop_local_leases() -> None:
     """Leave the elections this process joined by itself: another takes over at once."""
     with _lock:
-        leases = list(_local_leases.values())
-        _local_leases.clear()
+        joined = list(_joined)
+        _joined.clear()
         _views.clear()
         _checks.clear()
-    for lease in leases:
+    for config, election in joined:
         try:
-            lease.stop()
+            lease_set(config).leave(election)
         except Exception:  # best effort: often called while the interpreter exits
-            logger.debug("celery-leader: could not stop %r", lease.election, exc_info=True)
+            logger.debug("celery-leader: could not leave %r", election, exc_info=True)
 
 
 def reset() -> None:
@@ -175,13 +173,9 @@ def reset() -> None:
     Between tests, so that the next one reads its app's settings afresh (a new
     ``leader_url``) and joins no election of the previous one.
     """
-    stop_local_leases()
+    stop_local_leases()  # leaving a set's last election closes its store connection
     with _lock:
-        backends = list(_local_backends.values())
-        _local_backends.clear()
         _configs.clear()
-    for backend in backends:
-        backend.close()
 
 
 def _view_for(election: str | None, app: Any) -> View:
@@ -226,16 +220,15 @@ def _local_lease(app: Any, election: str) -> Lease:
     Waiting (at most one store timeout) means the first call already knows
     whether it leads, instead of always answering "no".
     """
-    lease = _local_leases.get((app, election))
-    if lease is not None:
-        return lease
     config = config_of(app)
-    backend = _local_backends.get(app)
-    if backend is None:
-        backend = _local_backends[app] = create_backend(config)
+    leases = lease_set(config)
+    lease = leases.get(election)
+    if lease is not None:
+        _joined.add((config, election))
+        return lease
     decided = threading.Event()
-    lease = Lease.from_config(election, config, backend, on_elected=lambda _lease: decided.set())
-    _local_leases[app, election] = lease
+    lease = leases.join(election, on_change=lambda _lease: decided.set(), start=False)
+    _joined.add((config, election))
     logger.info(
         "celery-leader: %s joins election %r from this process (store %s)",
         config.instance_id,
@@ -243,7 +236,7 @@ def _local_lease(app: Any, election: str) -> Lease:
         config.display_url,
     )
     lease.start()
-    deadline = time.monotonic() + backend.timeout
+    deadline = time.monotonic() + leases.backend.timeout
     while not decided.wait(0.01) and time.monotonic() < deadline:
         try:
             holder = lease.holder()
@@ -261,12 +254,10 @@ def _after_fork_in_child() -> None:
     _lock = threading.RLock()
     _views.clear()
     _checks.clear()
-    _local_leases.clear()
-    _local_backends.clear()
+    _joined.clear()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
-atexit.register(stop_local_leases)
 watch(forget_views)
 on_reset(reset)
 

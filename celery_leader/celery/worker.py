@@ -29,11 +29,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .. import metrics
-from ..backends import create_backend
+from ..backends import Backend
 from ..config import LeaderConfig
 from ..exceptions import StoreUnavailable, missing_extra
 from ..health import HealthFile
 from ..lease import Lease
+from ..leases import lease_set
 from ..pins import role_of
 from . import deadline_table, decorators, leadership, routing
 from .routing import spec_of
@@ -98,17 +99,17 @@ class LeaderNode:
         self.config = config
         #: Election -> leader queue, for the elections with ``wait``-mode tasks.
         self.queues = dict(queues or {})
-        self.backend = create_backend(config)
+        self._leases = lease_set(config)
         self.table = deadline_table.DeadlineTable.create(
             deadline_table.store_id(config.url, config.key_prefix), elections
         )
+        # A node with a leader queue must be able to consume it to lead.
         self.leases = [
-            Lease.from_config(
+            self._leases.join(
                 name,
-                config,
-                self.backend,
-                on_elected=self._publish,
-                on_demoted=self._publish,
+                on_change=self._publish,
+                health_check=self._consumer_health if name in self.queues else None,
+                start=False,
             )
             for name in elections
         ]
@@ -124,8 +125,6 @@ class LeaderNode:
         # None while it consumes. Starts "down": a node that never reaches the
         # broker must not keep a leader queue's election either.
         self._consumer_down_since: float | None = time.monotonic()
-        for election in self.queues:
-            self._by_election[election].health_check = self._consumer_health
         if config.metrics_port is not None:
             metrics.require()  # a missing [metrics] extra fails as the worker starts
         #: The worker election's health, for ``leader check`` (liveness probes);
@@ -137,6 +136,11 @@ class LeaderNode:
         )
         deadline_table.set_process_table(self.table)
         leadership.forget_views()
+
+    @property
+    def backend(self) -> Backend:
+        """The store connection this node's leases share."""
+        return self._leases.backend
 
     def consumer_up(self) -> None:
         """The consumer is connected and consuming (its queue step started)."""
@@ -207,7 +211,7 @@ class LeaderNode:
             self._leave_now.set()
             for lease in self.leases:
                 try:
-                    lease.stop()
+                    self._leases.leave(lease.election)
                 except Exception:
                     logger.exception("celery-leader: could not leave election %r", lease.election)
             self._left = True
@@ -223,7 +227,6 @@ class LeaderNode:
         if self.health is not None:
             self.health.write()  # says "follower" from now on
         self.table.remove()
-        self.backend.close()
 
     def uninstall(self) -> None:
         """Stop serving this node's table to calls in this process.

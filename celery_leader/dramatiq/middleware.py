@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from multiprocessing.util import Finalize
 from typing import Any
 
-from ..backends import Backend, create_backend
 from ..backends.base import HolderInfo
 from ..config import LeaderConfig, validate_name
 from ..exceptions import ConfigError, LeaderError, StoreUnavailable, missing_extra
 from ..lease import Lease
+from ..leases import LeaseSet, lease_set
 from ..pins import Role, role_of, watch
 from .cli_errors import one_line_errors
 from .gate import Gate, Liveness
@@ -118,8 +118,7 @@ class LeaderMiddleware(Middleware):
         self._lock = threading.Lock()
         self._stop_lock = threading.Lock()  # a second stop() waits for the first one
         self._booted = False  # a Worker of this process booted
-        self._backend: Backend | None = None
-        self._leases: dict[str, Lease] = {}
+        self._leases: LeaseSet | None = None  # this process's, once it used the store
         self._pid = os.getpid()
         self._closed = False  # stop() ran: never join an election again in this process
         self._campaigns: set[str] = set()  # elections this worker process consumes work of
@@ -283,7 +282,8 @@ class LeaderMiddleware(Middleware):
         pin = role_of(election)
         if pin is not None:
             return pin.leads
-        lease = self._leases.get(election)
+        leases = self._leases
+        lease = None if leases is None else leases.get(election)
         return not self._closed and lease is not None and lease.is_leader()
 
     def lease(self, election: str | None = None) -> Lease:
@@ -299,21 +299,14 @@ class LeaderMiddleware(Middleware):
                 raise LeaderError("LeaderMiddleware stopped: this process is shutting down")
             if election not in self._campaigns:
                 raise LeaderError(f"this process does not campaign in {election!r}")
-            lease = self._leases.get(election)
+            leases = self._lease_set()
+            lease = leases.get(election)
             if lease is None:
-                config = self.process_config()
-                lease = Lease(
+                lease = leases.join(
                     election,
-                    self._store(config),
-                    ttl=config.ttl,
-                    renew_interval=config.renew_interval,
-                    instance_id=config.instance_id,
-                    on_elected=self._apply,
-                    on_demoted=self._apply,
+                    on_change=self._apply,
                     health_check=lambda: self._cut_off(election),
                 )
-                self._leases[election] = lease
-                lease.start()
         return lease
 
     def campaigns(self, election: str | None = None) -> bool:
@@ -329,7 +322,7 @@ class LeaderMiddleware(Middleware):
             self._after_fork()
             if self._closed:  # shutting down: no new store connection
                 return None
-            backend = self._store(self.process_config())
+            backend = self._lease_set().backend
         try:
             return backend.holder(election)
         except StoreUnavailable:
@@ -338,16 +331,16 @@ class LeaderMiddleware(Middleware):
     def _after_fork(self) -> None:
         """In a process forked from the one that built the middleware, start afresh."""
         if self._pid != os.getpid():
-            self._pid, self._leases, self._backend = os.getpid(), {}, None
+            self._pid, self._leases = os.getpid(), None
             self._campaigns, self._gates, self._liveness = set(), {}, {}
             self._closed = False
 
-    def _store(self, config: LeaderConfig) -> Backend:
-        """The store connection of this process (call with ``_lock`` held)."""
-        if self._backend is None:
-            self._backend = create_backend(config)
+    def _lease_set(self) -> LeaseSet:
+        """This process's leases and store connection (call with ``_lock`` held)."""
+        if self._leases is None:
+            self._leases = lease_set(self.process_config())
             Finalize(self, self.stop, exitpriority=100)
-        return self._backend
+        return self._leases
 
     def _cut_off(self, election: str) -> str | None:
         """Why this process must not lead ``election``: its consumers cannot reach the broker."""
@@ -366,12 +359,14 @@ class LeaderMiddleware(Middleware):
         with self._stop_lock:
             with self._lock:
                 self._closed = True
-                leases, self._leases = list(self._leases.values()), {}
-                backend, self._backend = self._backend, None
-            for lease in leases:
-                lease.stop()
-            if backend is not None:
-                backend.close()
+                leases, self._leases = self._leases, None
+                elections = list(self._campaigns)
+            if leases is None:
+                return
+            for election in elections:
+                leases.leave(election)
+            if not leases.elections():
+                leases.stop()  # closes the store connection that holder() may have opened
 
     def _apply(self, lease: Lease) -> None:
         """Leadership of ``lease`` changed: open or close the gates of its wait-mode queues."""

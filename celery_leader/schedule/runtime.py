@@ -8,10 +8,10 @@ the same on both.
 from __future__ import annotations
 
 from .. import metrics
-from ..backends import Backend, create_backend
 from ..config import LeaderConfig
 from ..health import HealthFile, Watchdog
 from ..lease import Lease
+from ..leases import lease_set
 
 
 class SchedulerLease:
@@ -26,7 +26,6 @@ class SchedulerLease:
         if config.metrics_port is not None:
             metrics.require()  # a missing [metrics] extra fails at start-up
         self.watchdog = Watchdog(config.watchdog_timeout)
-        self._backend: Backend | None = None
         self._lease: Lease | None = None
         self._health: HealthFile | None = None
 
@@ -42,10 +41,10 @@ class SchedulerLease:
             config = self.config
             if config.metrics_port is not None:
                 metrics.serve(config.metrics_port)
-            self._backend = create_backend(config)
-            lease = Lease.from_config(config.beat_election, config, self._backend)
             # A tick that overruns leader_tick_timeout makes the lease hand over.
-            lease.health_check = self.watchdog.overdue
+            lease = lease_set(config).join(
+                config.beat_election, health_check=self.watchdog.overdue, start=False
+            )
             if config.health_file is not None:
                 self._health = HealthFile(config.health_file, lease, self.watchdog)
                 lease.on_cycle = self._lease_cycle
@@ -66,7 +65,4 @@ class SchedulerLease:
         """Hand over (demote, release, wake a follower), then close the store. Idempotent."""
         lease, self._lease = self._lease, None
         if lease is not None:
-            lease.stop()
-        if self._backend is not None:
-            self._backend.close()
-            self._backend = None
+            lease_set(self.config).leave(lease.election)
