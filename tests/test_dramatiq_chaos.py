@@ -57,12 +57,18 @@ EVERY = 0.2
 #: Longest silence around a fault: the hand-over plus up to one period, because the
 #: fault may strike just before a slot, which then waits for the new leader.
 GRACEFUL = 0.5 + EVERY
+#: etcd looks for expired leases every 0.5 s: it frees a lease up to that long
+#: after its ttl (Redis expires a key to the millisecond).
+ETCD_EXPIRY = 0.5
 #: Every store but etcd sees a dead holder's connection or lock go (Redis: its
-#: presence); etcd frees an expired lease within its 0.5 s expiry loop, after the ttl.
+#: presence); etcd frees the lease after the ttl and its expiry loop. Then the
+#: take-over (0.5 s) and up to one period.
 CRASH = {"redis": 0.5 + EVERY, "postgres": 0.5 + EVERY, "file": 0.5 + EVERY,
-         "etcd": TTL + 0.5 + EVERY}  # fmt: skip
-#: A paused holder keeps its connection open: its term runs out after the ttl.
-PAUSE = TTL + 0.5 + EVERY
+         "etcd": TTL + ETCD_EXPIRY + 0.5 + EVERY}  # fmt: skip
+#: A paused holder keeps its connection open: its term runs out after the ttl
+#: (on etcd, after the expiry loop too).
+PAUSE = {"redis": TTL + 0.5 + EVERY, "postgres": TTL + 0.5 + EVERY,
+         "file": TTL + 0.5 + EVERY, "etcd": TTL + ETCD_EXPIRY + 0.5 + EVERY}  # fmt: skip
 #: Quorum back: etcd's new Raft leader restarts every lease's TTL plus one election
 #: timeout (1 s) before the old holder's lease can run out, and its expiry loop runs
 #: every 0.5 s; then a follower takes over as after a crash.
@@ -270,21 +276,21 @@ def run_faults(
     steady(tap)
     rows = []
     for name in faults:
-        pid = leader_pid(config, PAUSE + 5)
+        pid = leader_pid(config, PAUSE[kind] + 5)
         replica = replica_of(replicas, pid)
         steady(tap, 3)
         old_epoch = tap.sent()[-1].epoch
         fault = time.monotonic()
         if name == "stop_cont":
             os.killpg(replica.pid, signal.SIGSTOP)
-            gap = gap_around(tap, fault, old_epoch, PAUSE + 10)
+            gap = gap_around(tap, fault, old_epoch, PAUSE[kind] + 10)
             wait_for(lambda: time.monotonic() > fault + 1.5 * TTL, 2 * TTL)
             os.killpg(replica.pid, signal.SIGCONT)
             resumed = time.monotonic()
             steady(tap, 10)  # two seconds in which the resumed ex-leader could send
             late = [s for s in tap.sent() if s.seen > resumed and s.epoch <= old_epoch]
             assert not late, f"the resumed ex-leader sent {late}"
-            bound = PAUSE
+            bound = PAUSE[kind]
         elif name == "raft_leader_kill":
             # The others elect a Raft leader and carry every lease over: the holder
             # may keep its term; what counts is how long nothing was sent.

@@ -9,7 +9,6 @@ stored. Leases run on real (monotonic) time.
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import logging
 import os
