@@ -39,6 +39,10 @@ COMMAND = ".venv/bin/python benchmarks/run.py"
 EXTERNAL = (
     ("3. `@leader_only` cost", "bench_leader_only", ()),
     ("4. Dispatch rate, 10,000 entries due at once", "bench_dispatch", ("--rounds", "1")),
+    ("4a. Waiting for the store's replicas: one claim batch", "bench_replica_acks",
+     ("--batches", "30")),
+    ("4b. Publisher confirms on RabbitMQ: one beat publish", "publish_confirms",
+     ("--count", "300")),
 )
 EXTERNAL_TIMEOUT = 300
 #: The Dramatiq schedulers, after the store load: title, module, extra arguments for --quick.
