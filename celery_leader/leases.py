@@ -64,9 +64,10 @@ class LeaseSet:
         """The lease of ``election``, created on the first call; started unless ``start=False``.
 
         ``on_change`` runs after every election and demotion (in the lease's
-        thread, or the one that stops it); ``health_check`` is asked before
-        every acquire and renewal, and any reason it gives makes the lease step
-        down or stay out.
+        thread, or the one that stops it), and at once, in this thread, when
+        the lease already leads; ``health_check`` is asked before every acquire
+        and renewal, and any reason it gives makes the lease step down or stay
+        out.
         """
         with self._lock:
             lease = self._leases.get(election)
@@ -84,6 +85,8 @@ class LeaseSet:
                 self._listeners.setdefault(election, []).append(on_change)
             if health_check is not None:
                 self._checks.setdefault(election, []).append(health_check)
+        if on_change is not None and lease.is_leader():
+            on_change(lease)  # elected before this joiner listened (twice is harmless)
         if start:
             lease.start()
         return lease

@@ -1,0 +1,149 @@
+"""This process's lease set (celery_leader/leases.py): one lease per election and settings."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from typing import Any
+
+from celery_leader.backends import create_backend
+from celery_leader.config import LeaderConfig
+from celery_leader.leases import lease_set
+from harness.waiting import wait_for
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def config(**settings: Any) -> LeaderConfig:
+    values = {
+        "leader_url": f"memory://leases-{uuid.uuid4().hex[:8]}",
+        "leader_ttl": 0.6,
+        "leader_renew_interval": 0.1,
+        "leader_instance_id": "one",
+        **settings,
+    }
+    return LeaderConfig.from_mapping(values)
+
+
+def test_two_joins_share_one_lease_and_each_hears_of_changes() -> None:
+    leases = lease_set(config())
+    heard: list[tuple[str, bool]] = []
+    first = leases.join("e", on_change=lambda lease: heard.append(("first", lease.is_leader())))
+    second = leases.join("e", on_change=lambda lease: heard.append(("second", lease.is_leader())))
+    try:
+        assert first is second
+        wait_for(first.is_leader, 3, message="never elected")
+        wait_for(lambda: len(heard) >= 2, 3, message="listeners not told")
+        assert sorted(heard) == [("first", True), ("second", True)]
+    finally:
+        leases.stop()
+    # Leaving demotes the lease, and both joiners hear of it too.
+    assert sorted(heard) == [("first", False), ("first", True), ("second", False), ("second", True)]
+
+
+def test_a_health_check_added_by_any_joiner_makes_the_lease_step_down() -> None:
+    leases = lease_set(config())
+    broken = threading.Event()
+    lease = leases.join("e", health_check=lambda: None)
+    try:
+        wait_for(lease.is_leader, 3, message="never elected")
+        leases.join(
+            "e", health_check=lambda: "the second joiner is stuck" if broken.is_set() else None
+        )
+        assert lease.is_leader()
+        broken.set()
+        wait_for(lambda: not lease.is_leader(), 3, message="still leads")
+        assert lease.last_demotion == "unhealthy"
+    finally:
+        leases.stop()
+
+
+def test_leaving_the_last_election_closes_the_store_and_a_later_join_starts_afresh() -> None:
+    leases = lease_set(config())
+    a = leases.join("a")
+    leases.join("b")
+    backend = leases.backend
+    wait_for(a.is_leader, 3, message="never elected")
+    leases.leave("a")
+    assert not a.is_leader() and leases.elections() == ["b"]
+    assert leases.backend is backend, "b still uses the store"
+    leases.leave("b")
+    assert leases.elections() == []
+    assert leases.backend is not backend, "the last leave closes the store connection"
+    again = leases.join("a")
+    try:
+        assert again is not a
+        wait_for(again.is_leader, 3, message="a new lease of 'a' never elected")
+    finally:
+        leases.stop()
+
+
+def test_other_instance_ids_are_other_replicas() -> None:
+    url = f"memory://leases-{uuid.uuid4().hex[:8]}"
+    one, two = (
+        lease_set(config(leader_url=url)),
+        lease_set(config(leader_url=url, leader_instance_id="two")),
+    )
+    assert one is not two
+    leases = [one.join("e"), two.join("e")]
+    try:
+        wait_for(lambda: any(lease.is_leader() for lease in leases), 3, message="nobody leads")
+        assert sum(lease.is_leader() for lease in leases) == 1
+    finally:
+        one.stop()
+        two.stop()
+
+
+def test_a_forked_child_starts_with_none_of_its_parents_leases() -> None:
+    settings = config()
+    leases = lease_set(settings)
+    lease = leases.join("e")
+    try:
+        wait_for(lease.is_leader, 3, message="never elected")
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report what it sees, then leave without cleanup
+            mine = lease_set(settings)
+            os.write(write, f"{mine is leases} {mine.elections()}".encode())
+            os._exit(0)
+        os.close(write)
+        seen = os.read(read, 200).decode()
+        os.close(read)
+        os.waitpid(pid, 0)
+        assert seen == "False []"
+        assert lease.is_leader(), "the child did not touch the parent's lease"
+    finally:
+        leases.stop()
+
+
+def test_a_process_that_exits_normally_hands_over_at_once(redis_url: str) -> None:
+    # ttl 30 s: without the release at exit, the election would stay held that long.
+    code = (
+        "from celery_leader.config import LeaderConfig\n"
+        "from celery_leader.leases import lease_set\n"
+        f"config = LeaderConfig.from_mapping({{'leader_url': {redis_url!r}, 'leader_ttl': 30,"
+        " 'leader_instance_id': 'exiting'})\n"
+        "lease = lease_set(config).join('e')\n"
+        "import time\n"
+        "deadline = time.monotonic() + 10\n"
+        "while not lease.is_leader() and time.monotonic() < deadline:\n"
+        "    time.sleep(0.01)\n"
+        "print('leading' if lease.is_leader() else 'not leading', flush=True)\n"
+    )
+    backend = create_backend(LeaderConfig.from_mapping({"leader_url": redis_url}))
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
+        )
+        exited = time.monotonic()
+        assert done.stdout.strip() == "leading", done.stderr
+        holder = backend.holder("e")
+        assert holder is None, (
+            f"{holder} still holds 'e' {time.monotonic() - exited:.2f} s after exit"
+        )
+    finally:
+        backend.close()
