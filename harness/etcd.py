@@ -13,11 +13,11 @@ import shutil
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 import requests
 
-from .servers import _Server, free_port
+from .servers import _Scoped, _Server, free_port
 from .waiting import wait_for
 
 START_TIMEOUT = 30.0
@@ -117,7 +117,7 @@ class EtcdMember(_Server):
             return False
 
 
-class EtcdCluster:
+class EtcdCluster(_Scoped):
     """Three etcd members; ``url`` names them all, as a celery-leader user would."""
 
     def __init__(self, size: int = 3, tls: tuple[Path, Path] | None = None) -> None:
@@ -228,14 +228,3 @@ class EtcdCluster:
             if member.running:
                 member.kill()
         shutil.rmtree(self.root, ignore_errors=True)
-
-    def __enter__(self) -> Self:
-        try:
-            self.start()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -9,7 +9,6 @@ standby never gets. The standby is named ``standby1`` (its
 from __future__ import annotations
 
 import os
-import subprocess
 
 import psycopg
 
@@ -50,19 +49,13 @@ class _Standby(PostgresServer):
         self.socket_dir.mkdir(exist_ok=True)
         self._chown(self.socket_dir)
         env = {**os.environ, "PGPASSWORD": self.superuser_password}
-        result = subprocess.run(
+        result = self._run_as_owner(
             [
                 str(PG_BIN / "pg_basebackup"),
                 "-h", "127.0.0.1", "-p", str(self.primary.port), "-U", "postgres",
                 "-D", str(self.data_dir), "-X", "stream", "--no-sync", "--checkpoint=fast",
             ],
             env=env,
-            capture_output=True,
-            text=True,
-            check=False,
-            user=self._os_user,
-            group=self._os_user,
-            extra_groups=None if self._os_user is None else [],
         )  # fmt: skip
         if result.returncode != 0:
             raise RuntimeError(f"pg_basebackup failed:\n{result.stdout}{result.stderr}")

@@ -60,7 +60,30 @@ def _group_has_live_processes(pgid: int) -> bool:
     return False
 
 
-class _Server:
+class _Scoped:
+    """``with`` for whatever has ``start()`` and ``close()``: a server, or a set of them."""
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        """Start; the ``with`` block's end stops it and removes its data, even on failure."""
+        try:
+            self.start()
+        except BaseException:
+            # A half-started server (or cluster) holds processes and files already.
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _Server(_Scoped):
     """Process bookkeeping shared by all servers; subclasses say how to start and stop."""
 
     name = "server"
@@ -103,18 +126,6 @@ class _Server:
         if self.running:
             self.stop()
         shutil.rmtree(self.root, ignore_errors=True)
-
-    def __enter__(self) -> Self:
-        """Start; the ``with`` block's end stops it and removes its data, even on failure."""
-        try:
-            self.start()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def _launch(self) -> None:
         raise NotImplementedError
@@ -276,13 +287,27 @@ class PostgresServer(_Server):
         if self._os_user is not None:
             shutil.chown(path, self._os_user, self._os_user)
 
+    def _run_as_owner(self, argv: list[str], **options: Any) -> subprocess.CompletedProcess[str]:
+        """Run a PostgreSQL tool (initdb, pg_basebackup) to its end as the server's OS user,
+        output captured: what it writes in the data directory must be the server's own."""
+        return subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            check=False,
+            user=self._os_user,
+            group=self._os_user,
+            extra_groups=None if self._os_user is None else [],
+            **options,
+        )
+
     def _initdb(self) -> None:
         pwfile = self.root / "pwfile"
         pwfile.write_text(self.superuser_password + "\n")
         self._chown(pwfile)
         self.socket_dir.mkdir(exist_ok=True)
         self._chown(self.socket_dir)
-        result = subprocess.run(
+        result = self._run_as_owner(
             [
                 str(PG_BIN / "initdb"),
                 "-D", str(self.data_dir),
@@ -295,12 +320,6 @@ class PostgresServer(_Server):
                 "--no-instructions",
             ],
             cwd=self.root,
-            capture_output=True,
-            text=True,
-            check=False,
-            user=self._os_user,
-            group=self._os_user,
-            extra_groups=None if self._os_user is None else [],
         )  # fmt: skip
         pwfile.unlink()
         if result.returncode != 0:

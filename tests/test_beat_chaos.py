@@ -429,6 +429,30 @@ def beat_env(broker_url: str, ttl: float = TTL, **extra: str) -> dict[str, str]:
     return {"BROKER_URL": broker_url, "LEADER_TTL": str(ttl), "BEAT_EVERY": str(EVERY), **extra}
 
 
+def proxy_each(
+    tcp_proxy: Callable[[str, int], TcpProxy], port: int, url: str, count: int = 3
+) -> tuple[list[TcpProxy], list[str]]:
+    """A proxy of its own per replica in front of the server at ``port``, and ``url``
+    through each: a fault on ``proxies[place]`` then strikes that replica's link alone."""
+    proxies = [tcp_proxy("127.0.0.1", port) for _ in range(count)]
+    return proxies, [proxy.url_for(url) for proxy in proxies]
+
+
+def start_beats(
+    procs: Procs,
+    workdir: Path,
+    env: dict[str, str],
+    store: RedisServer,
+    holder: Holder,
+    count: int = 3,
+    place_env: list[dict[str, str]] | None = None,
+) -> Replicas:
+    """``count`` `celery beat` replicas straight on the lease ``store``, started."""
+    beats = Replicas(procs, workdir, BEAT, env, [store.url] * count, holder, place_env)
+    beats.start()
+    return beats
+
+
 def every_fault(
     store: RedisServer | PostgresServer,
     store_url: str,
@@ -449,15 +473,8 @@ def every_fault(
     is the replicas' (see :func:`beat_env`).
     """
     # The broker is reached directly; only the lease store goes through a proxy per replica.
-    proxies = [tcp_proxy("127.0.0.1", store.port) for _ in range(3)]
-    beats = Replicas(
-        procs,
-        workdir,
-        BEAT,
-        env,
-        [proxy.url_for(store_url) for proxy in proxies],
-        holder,
-    )
+    proxies, urls = proxy_each(tcp_proxy, store.port, store_url)
+    beats = Replicas(procs, workdir, BEAT, env, urls, holder)
     rows: list[Row] = []
     problems: list[str] = []
     try:
@@ -613,9 +630,8 @@ def test_a_beat_leader_whose_store_connection_is_reset_stops_and_hands_over_at_o
     tmp_path: Path,
 ) -> None:
     """The proxy closes the leader's store connections; the leader itself lives on."""
-    proxies = [tcp_proxy("127.0.0.1", lease_store.port) for _ in range(3)]
+    proxies, urls = proxy_each(tcp_proxy, lease_store.port, lease_store.url)
     env = beat_env(redis_url, ttl=DEFAULT_TTL, BEAT_EVERY=str(FAST_EVERY))
-    urls = [proxy.url_for(lease_store.url) for proxy in proxies]
     beats = Replicas(procs, tmp_path, BEAT, env, urls, beat_holder(lease_store.url))
     rows: list[Row] = []
     problems: list[str] = []
@@ -780,15 +796,13 @@ def test_a_crontab_slot_across_a_failover_is_sent_exactly_once(
     if boundary - time.time() < 6:
         time.sleep(max(0.0, boundary - time.time()))  # a wait for the clock, not for an event
         boundary += 60
-    beats = Replicas(
+    beats = start_beats(
         procs,
         tmp_path,
-        BEAT,
         beat_env(redis_url, ttl=ttl, BEAT_CRONTAB="*"),
-        [lease_store.url] * 3,
+        lease_store,
         beat_holder(lease_store.url),
     )
-    beats.start()
     steady(tap)
     if time.time() > boundary - 1:
         # Only on a machine too slow to start three beats in 5 s: the failover then

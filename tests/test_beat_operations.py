@@ -49,7 +49,9 @@ from tests.test_beat_chaos import (  # noqa: F401 - fixtures
     beat_holder,
     broker,
     lease_store,
+    proxy_each,
     slot_problems,
+    start_beats,
     tap,
 )
 
@@ -124,20 +126,6 @@ def test_operations_settings_are_validated(setting: str, value: object) -> None:
 # -- replicas with their own broker and store proxies -----------------------------------
 
 
-def start_beats(
-    procs: Procs,
-    tmp_path: Path,
-    base_env: dict[str, str],
-    store: RedisServer,
-    holder: Holder,
-    count: int = 3,
-    place_env: list[dict[str, str]] | None = None,
-) -> Replicas:
-    beats = Replicas(procs, tmp_path, BEAT, base_env, [store.url] * count, holder, place_env)
-    beats.start()
-    return beats
-
-
 def first_of_other_term(tap: BrokerTap, at: float, epoch: int, timeout: float) -> Publish:
     return wait_for(
         lambda: next((p for p in tap.after(at) if p.epoch != epoch), None),
@@ -171,14 +159,14 @@ def proxied_beats(
     """Starts the three beats with an entry every ``every`` s and waits until they dispatch."""
 
     def start(every: float) -> ProxiedBeats:
-        proxies = [tcp_proxy("127.0.0.1", broker.port) for _ in range(3)]
+        proxies, broker_urls = proxy_each(tcp_proxy, broker.port, broker.url)
         beats = start_beats(
             procs,
             tmp_path,
             env(broker.url, every, CELERY_LEADER_MISSED_SLOTS="all"),
             lease_store,
             beat_holder(lease_store.url),
-            place_env=[{"BROKER_URL": proxy.url_for(broker.url)} for proxy in proxies],
+            place_env=[{"BROKER_URL": url} for url in broker_urls],
         )
         wait_for(lambda: len(tap.published()) >= 4, 15, message="no dispatch")
         place, proc, epoch = beats.leader()

@@ -7,10 +7,11 @@ in this machine's local wheel cache; CI downloads them).
 from __future__ import annotations
 
 import subprocess
-import venv
 from pathlib import Path
 
 import pytest
+
+from harness.venvs import clean_venv
 
 pytestmark = pytest.mark.slow
 
@@ -35,21 +36,7 @@ except ImportError as exc:
 
 
 def test_the_dramatiq_extra_installs_no_celery(tmp_path: Path) -> None:
-    env_dir = tmp_path / "venv"
-    venv.create(env_dir, with_pip=True)
-    python = str(env_dir / "bin" / "python")
-    install = subprocess.run(
-        [python, "-m", "pip", "install", "-q", f"{REPO}[dramatiq,redis]"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=600,
-    )
-    assert install.returncode == 0, install.stdout + install.stderr
-    listed = subprocess.run(
-        [python, "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True
-    ).stdout.lower()
-    names = {line.split("==")[0] for line in listed.splitlines()}
+    python, names = clean_venv(tmp_path, f"{REPO}[dramatiq,redis]")
     assert {"dramatiq", "cronsim", "redis", "celery-leader"} <= names, names
     assert not names & {"celery", "kombu", "billiard"}, names
     # Run from tmp_path so that the installed package is imported, not the checkout.

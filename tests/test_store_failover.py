@@ -31,6 +31,7 @@ from celery_leader.exceptions import StoreMisconfigured
 from harness.pg_standby import PrimaryAndStandby
 from harness.procs import Procs
 from harness.procs import signal as send_signal
+from harness.proxy import TcpProxy
 from harness.redis_replicas import ReplicatedRedis
 from harness.waiting import wait_for
 from tests.test_beat_chaos import (
@@ -97,6 +98,47 @@ def report(title: str, published: list[Publish], at: Failover) -> None:
     )
 
 
+def fail_over(
+    beats: Replicas,
+    tap: BrokerTap,  # noqa: F811
+    link: TcpProxy,
+    kill_primary: Callable[[], None],
+    promote: Callable[[], None],
+    kill_leader: bool,
+) -> Failover:
+    """Start ``beats``, stall replication for :data:`STALL` s, kill the primary
+    (and the leading beat if ``kill_leader``), promote the standby, and wait
+    until dispatch resumes from it.
+
+    The same sequence for every store; ``link`` is the standby's replication
+    link, ``kill_primary`` and ``promote`` the store's own ways to do each.
+    """
+    beats.start()
+    steady(tap)
+    _, leader, _ = beats.leader()
+
+    stalled = time.monotonic()
+    link.hold()
+    hold_fault_until(stalled + STALL)
+    if kill_leader:
+        send_signal(leader, signal.SIGKILL)
+    kill_primary()
+    killed = time.monotonic()
+    promote()
+    at = Failover(stalled, killed, time.monotonic())
+    link.release()
+
+    # Both entries, each at least twice, from the new primary.
+    wait_for(
+        lambda: len(tap.after(at.promoted)) >= 4,
+        FAILOVER + 10,
+        interval=0.02,
+        message="dispatch did not resume after the promotion",
+    )
+    steady(tap)
+    return at
+
+
 @pytest.fixture
 def sentinel_store() -> Iterator[ReplicatedRedis]:
     store = ReplicatedRedis()
@@ -133,29 +175,7 @@ def test_sentinel_failover_after_stalled_replication_sends_no_slot_twice(
         [url, url],
         beat_holder(url),
     )
-    beats.start()
-    steady(tap)
-    _, leader, _ = beats.leader()
-
-    stalled = time.monotonic()
-    store.link.hold()
-    hold_fault_until(stalled + STALL)
-    if kill_leader:
-        send_signal(leader, signal.SIGKILL)
-    store.master.kill()
-    killed = time.monotonic()
-    store.wait_promoted()
-    at = Failover(stalled, killed, time.monotonic())
-    store.link.release()
-
-    # Both entries, each at least twice, from the new primary.
-    wait_for(
-        lambda: len(tap.after(at.promoted)) >= 4,
-        FAILOVER + 10,
-        interval=0.02,
-        message="dispatch did not resume after the promotion",
-    )
-    steady(tap)
+    at = fail_over(beats, tap, store.link, store.master.kill, store.wait_promoted, kill_leader)
     published = tap.published()
     who = "leader killed" if kill_leader else "leader survives"
     report(f"Sentinel fail-over, {who}, leader_replica_acks {acks}", published, at)
@@ -197,28 +217,7 @@ def test_postgres_failover_after_stalled_replication_sends_no_slot_twice(
             [store.url, store.url],
             beat_holder(store.url),
         )
-        beats.start()
-        steady(tap)
-        _, leader, _ = beats.leader()
-
-        stalled = time.monotonic()
-        store.link.hold()
-        hold_fault_until(stalled + STALL)
-        if kill_leader:
-            send_signal(leader, signal.SIGKILL)
-        store.primary.kill()
-        killed = time.monotonic()
-        store.promote()
-        at = Failover(stalled, killed, time.monotonic())
-        store.link.release()
-
-        wait_for(
-            lambda: len(tap.after(at.promoted)) >= 4,
-            FAILOVER + 10,
-            interval=0.02,
-            message="dispatch did not resume after the promotion",
-        )
-        steady(tap)
+        at = fail_over(beats, tap, store.link, store.primary.kill, store.promote, kill_leader)
     finally:
         store.close()
     published = tap.published()

@@ -17,7 +17,6 @@ import subprocess
 import sys
 import time
 import uuid
-import venv
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +33,7 @@ from celery_leader.dramatiq import LeaderMiddleware
 from celery_leader.dramatiq import current_epoch as dramatiq_epoch
 from celery_leader.pins import as_follower, as_leader, reset
 from celery_leader.testing import beat_replicas
+from harness.venvs import clean_venv
 from harness.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
@@ -107,21 +107,7 @@ def test_an_example_project_passes_in_a_clean_venv(
     project: str, extra: str, absent: str, tmp_path: Path
 ) -> None:
     """Only ``celery-leader[<extra>]`` and pytest installed, as the docs page says."""
-    env_dir = tmp_path / "venv"
-    venv.create(env_dir, with_pip=True)
-    python = str(env_dir / "bin" / "python")
-    install = subprocess.run(
-        [python, "-m", "pip", "install", "-q", f"{REPO}[{extra}]", "pytest"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=600,
-    )
-    assert install.returncode == 0, install.stdout + install.stderr
-    listed = subprocess.run(
-        [python, "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True
-    ).stdout.lower()
-    names = {line.split("==")[0] for line in listed.splitlines()}
+    python, names = clean_venv(tmp_path, f"{REPO}[{extra}]", "pytest")
     assert absent not in names and "pytest-celery" not in names, names
     # A copy: inside this repository pytest would pick up its conftest.py and settings.
     folder = shutil.copytree(
