@@ -61,16 +61,27 @@ def waiting(app: Celery, queue: str) -> int:
 
 @contextmanager
 def worker(app: Celery) -> Iterator[Any]:
-    """Celery's in-process worker (solo pool), stopped without its 2 s idle wait."""
-    with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=30) as w:
-        try:
-            yield w
-        finally:
-            # The consumer waits up to 2 s for a message before it checks
-            # should_terminate, and once more after: two messages end both waits.
-            worker_state.should_terminate = 0
-            app.send_task("wake-up")
-            app.send_task("wake-up")
+    """Celery's in-process worker (solo pool), stopped without its 2 s idle wait.
+
+    Starting it sets up Celery's logging (the root logger's level becomes ERROR):
+    the root logger is put back afterwards, or later tests in this process would
+    see no INFO or WARNING record in ``caplog``.
+    """
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    try:
+        with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=30) as w:
+            try:
+                yield w
+            finally:
+                # The consumer waits up to 2 s for a message before it checks
+                # should_terminate, and once more after: two messages end both waits.
+                worker_state.should_terminate = 0
+                app.send_task("wake-up")
+                app.send_task("wake-up")
+    finally:
+        root.setLevel(level)
+        root.handlers[:] = handlers
 
 
 def test_step_is_added_by_the_decorator_alone(app: Celery) -> None:
