@@ -25,25 +25,47 @@ from .backends import Backend, create_backend
 from .config import LeaderConfig
 from .lease import Lease
 
-__all__ = ["LeaseSet", "lease_set", "stop_all"]
+__all__ = ["LeaseSet", "Membership", "lease_set", "stop_all"]
 
 logger = logging.getLogger("celery_leader.lease")
+
+
+class Membership:
+    """One joiner's share of a lease: its callback and health check, until it leaves."""
+
+    def __init__(
+        self,
+        owner: LeaseSet,
+        lease: Lease,
+        on_change: Callable[[Lease], None] | None,
+        health_check: Callable[[], str | None] | None,
+    ) -> None:
+        self._owner = owner
+        #: The election's one lease in this process.
+        self.lease = lease
+        self.on_change = on_change
+        self.health_check = health_check
+
+    def leave(self) -> None:
+        """Stop taking part. The last member to leave ends the lease (demote, release,
+        wake a follower) and hears that demotion; an earlier one just stops listening."""
+        self._owner._leave(self)
 
 
 class LeaseSet:
     """The leases this process holds with one set of settings, by election.
 
-    Several parts of a process may join one election: each adds its own
-    callback and health check, and the one lease runs them all.
+    Several parts of a process may join one election: each gets a
+    :class:`Membership` with its own callback and health check, and the one
+    lease runs them all until the last member leaves.
     """
 
     def __init__(self, config: LeaderConfig) -> None:
         self.config = config
         self._lock = threading.RLock()
         self._backend: Backend | None = None
-        self._leases: dict[str, Lease] = {}
-        self._listeners: dict[str, list[Callable[[Lease], None]]] = {}
-        self._checks: dict[str, list[Callable[[], str | None]]] = {}
+        # election -> its lease and that lease's members (a new lease, a new list)
+        self._leases: dict[str, tuple[Lease, list[Membership]]] = {}
 
     @property
     def backend(self) -> Backend:
@@ -60,60 +82,59 @@ class LeaseSet:
         on_change: Callable[[Lease], None] | None = None,
         health_check: Callable[[], str | None] | None = None,
         start: bool = True,
-    ) -> Lease:
-        """The lease of ``election``, created on the first call; started unless ``start=False``.
+    ) -> Membership:
+        """A membership of ``election``'s lease, created on the first join; started
+        unless ``start=False``.
 
         ``on_change`` runs after every election and demotion (in the lease's
         thread, or the one that stops it), and at once, in this thread, when
-        the lease already leads; ``health_check`` is asked before every acquire
+        another member started the lease already (it may lead by now);
+        ``health_check`` is asked before every acquire
         and renewal, and any reason it gives makes the lease step down or stay
         out.
         """
         with self._lock:
-            lease = self._leases.get(election)
-            if lease is None:
+            found = self._leases.get(election)
+            shared = found is not None
+            if found is None:
+                members: list[Membership] = []
                 lease = Lease.from_config(
                     election,
                     self.config,
                     self.backend,
-                    on_elected=self._changed,
-                    on_demoted=self._changed,
+                    on_elected=lambda lease: _notify(members, lease),
+                    on_demoted=lambda lease: _notify(members, lease),
                 )
-                lease.health_check = lambda: self._health(election)
-                self._leases[election] = lease
-            if on_change is not None:
-                self._listeners.setdefault(election, []).append(on_change)
-            if health_check is not None:
-                self._checks.setdefault(election, []).append(health_check)
-        if on_change is not None and lease.is_leader():
-            on_change(lease)  # elected before this joiner listened (twice is harmless)
+                lease.health_check = lambda: _first_problem(members)
+                found = self._leases[election] = (lease, members)
+            lease, members = found
+            membership = Membership(self, lease, on_change, health_check)
+            members.append(membership)
+        if on_change is not None and shared:
+            on_change(lease)  # it may have been elected before this member listened
         if start:
             lease.start()
-        return lease
-
-    def get(self, election: str) -> Lease | None:
-        """The lease of ``election`` if this process joined it, else ``None``."""
-        return self._leases.get(election)
+        return membership
 
     def elections(self) -> list[str]:
         """The elections joined and not left."""
         return list(self._leases)
 
-    def leave(self, election: str) -> None:
-        """Leave ``election`` (demote, release, wake a follower); a later join starts afresh.
-
-        Leaving the last election closes the store connection (the next use
-        opens another).
-        """
+    def _leave(self, membership: Membership) -> None:
+        lease = membership.lease
         with self._lock:
-            lease = self._leases.pop(election, None)
-        if lease is None:
-            return
-        lease.stop()
+            found = self._leases.get(lease.election)
+            if found is None or found[0] is not lease or membership not in found[1]:
+                return  # left already, or the set was stopped
+            members = found[1]
+            if len(members) > 1:
+                members.remove(membership)
+                return
+            # The last member: a join from now on starts a new lease.
+            del self._leases[lease.election]
+        _end(lease, members)
+        # Leaving the last election closes the store connection (the next use opens another).
         with self._lock:
-            if election not in self._leases:
-                self._listeners.pop(election, None)
-                self._checks.pop(election, None)
             backend = None
             if not self._leases:
                 backend, self._backend = self._backend, None
@@ -121,27 +142,38 @@ class LeaseSet:
             backend.close()
 
     def stop(self) -> None:
-        """Leave every election, then close the store connection. Idempotent."""
-        for election in self.elections():
+        """End every lease, whoever joined it, then close the store connection. Idempotent."""
+        with self._lock:
+            ending, self._leases = list(self._leases.values()), {}
+        for lease, members in ending:
             try:
-                self.leave(election)
+                _end(lease, members)
             except Exception:  # best effort: often called while the interpreter exits
-                logger.exception("celery-leader: could not leave election %r", election)
+                logger.exception("celery-leader: could not leave election %r", lease.election)
         with self._lock:
             backend, self._backend = self._backend, None
         if backend is not None:
             backend.close()
 
-    def _changed(self, lease: Lease) -> None:
-        for listener in list(self._listeners.get(lease.election, ())):
-            listener(lease)
 
-    def _health(self, election: str) -> str | None:
-        for check in list(self._checks.get(election, ())):
-            problem = check()
-            if problem:
-                return problem
-        return None
+def _end(lease: Lease, members: list[Membership]) -> None:
+    """Stop ``lease`` (its members hear the demotion), then forget its members."""
+    lease.stop()
+    members.clear()
+
+
+def _notify(members: list[Membership], lease: Lease) -> None:
+    for member in list(members):
+        if member.on_change is not None:
+            member.on_change(lease)
+
+
+def _first_problem(members: list[Membership]) -> str | None:
+    for member in list(members):
+        problem = None if member.health_check is None else member.health_check()
+        if problem:
+            return problem
+    return None
 
 
 _sets: dict[LeaderConfig, LeaseSet] = {}

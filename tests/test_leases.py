@@ -35,20 +35,47 @@ def test_two_joins_share_one_lease_and_each_hears_of_changes() -> None:
     first = leases.join("e", on_change=lambda lease: heard.append(("first", lease.is_leader())))
     second = leases.join("e", on_change=lambda lease: heard.append(("second", lease.is_leader())))
     try:
-        assert first is second
-        wait_for(first.is_leader, 3, message="never elected")
-        wait_for(lambda: len(heard) >= 2, 3, message="listeners not told")
-        assert sorted(heard) == [("first", True), ("second", True)]
+        assert first.lease is second.lease
+        wait_for(first.lease.is_leader, 3, message="never elected")
+        wait_for(
+            lambda: {("first", True), ("second", True)} <= set(heard), 3, message="not told"
+        )
     finally:
         leases.stop()
-    # Leaving demotes the lease, and both joiners hear of it too.
-    assert sorted(heard) == [("first", False), ("first", True), ("second", False), ("second", True)]
+    # Stopping the set demotes the lease, and both members hear of it last.
+    assert sorted(heard[-2:]) == [("first", False), ("second", False)], heard
+
+
+def test_the_lease_ends_when_its_last_member_leaves() -> None:
+    leases = lease_set(config())
+    heard: list[tuple[str, bool]] = []
+    first = leases.join("e", on_change=lambda lease: heard.append(("first", lease.is_leader())))
+    second = leases.join("e", on_change=lambda lease: heard.append(("second", lease.is_leader())))
+    lease = first.lease
+    try:
+        wait_for(
+            lambda: {("first", True), ("second", True)} <= set(heard), 3, message="not told"
+        )
+        first.leave()
+        told = len(heard)
+        assert lease.is_leader(), "a member that leaves early does not end the lease"
+        assert leases.elections() == ["e"]
+        first.leave()  # twice: nothing more
+        assert lease.is_leader()
+        second.leave()
+        assert not lease.is_leader() and leases.elections() == []
+        # The last member hears the demotion; the one that left before does not.
+        assert heard[told:] == [("second", False)], heard
+        again = leases.join("e")
+        assert again.lease is not lease, "a join after the end starts a new lease"
+    finally:
+        leases.stop()
 
 
 def test_a_health_check_added_by_any_joiner_makes_the_lease_step_down() -> None:
     leases = lease_set(config())
     broken = threading.Event()
-    lease = leases.join("e", health_check=lambda: None)
+    lease = leases.join("e", health_check=lambda: None).lease
     try:
         wait_for(lease.is_leader, 3, message="never elected")
         leases.join(
@@ -65,19 +92,19 @@ def test_a_health_check_added_by_any_joiner_makes_the_lease_step_down() -> None:
 def test_leaving_the_last_election_closes_the_store_and_a_later_join_starts_afresh() -> None:
     leases = lease_set(config())
     a = leases.join("a")
-    leases.join("b")
+    b = leases.join("b")
     backend = leases.backend
-    wait_for(a.is_leader, 3, message="never elected")
-    leases.leave("a")
-    assert not a.is_leader() and leases.elections() == ["b"]
+    wait_for(a.lease.is_leader, 3, message="never elected")
+    a.leave()
+    assert not a.lease.is_leader() and leases.elections() == ["b"]
     assert leases.backend is backend, "b still uses the store"
-    leases.leave("b")
+    b.leave()
     assert leases.elections() == []
     assert leases.backend is not backend, "the last leave closes the store connection"
     again = leases.join("a")
     try:
-        assert again is not a
-        wait_for(again.is_leader, 3, message="a new lease of 'a' never elected")
+        assert again.lease is not a.lease
+        wait_for(again.lease.is_leader, 3, message="a new lease of 'a' never elected")
     finally:
         leases.stop()
 
@@ -89,7 +116,7 @@ def test_other_instance_ids_are_other_replicas() -> None:
         lease_set(config(leader_url=url, leader_instance_id="two")),
     )
     assert one is not two
-    leases = [one.join("e"), two.join("e")]
+    leases = [one.join("e").lease, two.join("e").lease]
     try:
         wait_for(lambda: any(lease.is_leader() for lease in leases), 3, message="nobody leads")
         assert sum(lease.is_leader() for lease in leases) == 1
@@ -101,7 +128,7 @@ def test_other_instance_ids_are_other_replicas() -> None:
 def test_a_forked_child_starts_with_none_of_its_parents_leases() -> None:
     settings = config()
     leases = lease_set(settings)
-    lease = leases.join("e")
+    lease = leases.join("e").lease
     try:
         wait_for(lease.is_leader, 3, message="never elected")
         read, write = os.pipe()
@@ -127,7 +154,7 @@ def test_a_process_that_exits_normally_hands_over_at_once(redis_url: str) -> Non
         "from celery_leader.leases import lease_set\n"
         f"config = LeaderConfig.from_mapping({{'leader_url': {redis_url!r}, 'leader_ttl': 30,"
         " 'leader_instance_id': 'exiting'})\n"
-        "lease = lease_set(config).join('e')\n"
+        "lease = lease_set(config).join('e').lease\n"
         "import time\n"
         "deadline = time.monotonic() + 10\n"
         "while not lease.is_leader() and time.monotonic() < deadline:\n"

@@ -29,7 +29,7 @@ from typing import Any
 from ..config import LeaderConfig, validate_name
 from ..exceptions import NotLeader, StoreUnavailable, missing_extra
 from ..lease import Lease
-from ..leases import lease_set
+from ..leases import Membership, lease_set
 from ..pins import on_reset, role_of, watch
 from . import deadline_table
 
@@ -80,8 +80,8 @@ _checks: dict[tuple[Any, str | None], Callable[[], bool]] = {}
 #: dict lookup in C, no Python frame.
 cached_check = _checks.get
 _configs: dict[Any, LeaderConfig] = {}
-# Elections this module joined from this process (the leases live in its lease set).
-_joined: set[tuple[LeaderConfig, str]] = set()
+# This module's memberships of elections (the leases live in the process's lease set).
+_joined: dict[tuple[LeaderConfig, str], Membership] = {}
 _lock = threading.RLock()
 
 
@@ -156,15 +156,17 @@ def forget_views() -> None:
 def stop_local_leases() -> None:
     """Leave the elections this process joined by itself: another takes over at once."""
     with _lock:
-        joined = list(_joined)
+        joined = list(_joined.values())
         _joined.clear()
         _views.clear()
         _checks.clear()
-    for config, election in joined:
+    for membership in joined:
         try:
-            lease_set(config).leave(election)
+            membership.leave()
         except Exception:  # best effort: often called while the interpreter exits
-            logger.debug("celery-leader: could not leave %r", election, exc_info=True)
+            logger.debug(
+                "celery-leader: could not leave %r", membership.lease.election, exc_info=True
+            )
 
 
 def reset() -> None:
@@ -221,14 +223,14 @@ def _local_lease(app: Any, election: str) -> Lease:
     whether it leads, instead of always answering "no".
     """
     config = config_of(app)
-    leases = lease_set(config)
-    lease = leases.get(election)
-    if lease is not None:
-        _joined.add((config, election))
-        return lease
+    found = _joined.get((config, election))
+    if found is not None:
+        return found.lease
     decided = threading.Event()
-    lease = leases.join(election, on_change=lambda _lease: decided.set(), start=False)
-    _joined.add((config, election))
+    leases = lease_set(config)
+    membership = leases.join(election, on_change=lambda _lease: decided.set(), start=False)
+    _joined[config, election] = membership
+    lease = membership.lease
     logger.info(
         "celery-leader: %s joins election %r from this process (store %s)",
         config.instance_id,

@@ -99,13 +99,13 @@ class LeaderNode:
         self.config = config
         #: Election -> leader queue, for the elections with ``wait``-mode tasks.
         self.queues = dict(queues or {})
-        self._leases = lease_set(config)
+        self._lease_set = lease_set(config)
         self.table = deadline_table.DeadlineTable.create(
             deadline_table.store_id(config.url, config.key_prefix), elections
         )
         # A node with a leader queue must be able to consume it to lead.
-        self.leases = [
-            self._leases.join(
+        self._memberships = [
+            self._lease_set.join(
                 name,
                 on_change=self._publish,
                 health_check=self._consumer_health if name in self.queues else None,
@@ -113,6 +113,7 @@ class LeaderNode:
             )
             for name in elections
         ]
+        self.leases = [membership.lease for membership in self._memberships]
         self._publish_lock = threading.Lock()
         self._leave_now = threading.Event()
         self._leave_lock = threading.Lock()
@@ -140,7 +141,7 @@ class LeaderNode:
     @property
     def backend(self) -> Backend:
         """The store connection this node's leases share."""
-        return self._leases.backend
+        return self._lease_set.backend
 
     def consumer_up(self) -> None:
         """The consumer is connected and consuming (its queue step started)."""
@@ -209,11 +210,13 @@ class LeaderNode:
             if self._left:
                 return
             self._leave_now.set()
-            for lease in self.leases:
+            for membership in self._memberships:
                 try:
-                    self._leases.leave(lease.election)
+                    membership.leave()
                 except Exception:
-                    logger.exception("celery-leader: could not leave election %r", lease.election)
+                    logger.exception(
+                        "celery-leader: could not leave election %r", membership.lease.election
+                    )
             self._left = True
 
     def stop(self) -> None:

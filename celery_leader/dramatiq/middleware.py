@@ -28,7 +28,7 @@ from ..backends.base import HolderInfo
 from ..config import LeaderConfig, validate_name
 from ..exceptions import ConfigError, LeaderError, StoreUnavailable, missing_extra
 from ..lease import Lease
-from ..leases import LeaseSet, lease_set
+from ..leases import LeaseSet, Membership, lease_set
 from ..pins import Role, role_of, watch
 from .cli_errors import one_line_errors
 from .gate import Gate, Liveness
@@ -119,6 +119,7 @@ class LeaderMiddleware(Middleware):
         self._stop_lock = threading.Lock()  # a second stop() waits for the first one
         self._booted = False  # a Worker of this process booted
         self._leases: LeaseSet | None = None  # this process's, once it used the store
+        self._memberships: dict[str, Membership] = {}  # election -> this middleware's share
         self._pid = os.getpid()
         self._closed = False  # stop() ran: never join an election again in this process
         self._campaigns: set[str] = set()  # elections this worker process consumes work of
@@ -282,9 +283,8 @@ class LeaderMiddleware(Middleware):
         pin = role_of(election)
         if pin is not None:
             return pin.leads
-        leases = self._leases
-        lease = None if leases is None else leases.get(election)
-        return not self._closed and lease is not None and lease.is_leader()
+        membership = self._memberships.get(election)
+        return not self._closed and membership is not None and membership.lease.is_leader()
 
     def lease(self, election: str | None = None) -> Lease:
         """This process's lease of ``election`` (default: the worker election).
@@ -299,15 +299,14 @@ class LeaderMiddleware(Middleware):
                 raise LeaderError("LeaderMiddleware stopped: this process is shutting down")
             if election not in self._campaigns:
                 raise LeaderError(f"this process does not campaign in {election!r}")
-            leases = self._lease_set()
-            lease = leases.get(election)
-            if lease is None:
-                lease = leases.join(
+            membership = self._memberships.get(election)
+            if membership is None:
+                membership = self._memberships[election] = self._lease_set().join(
                     election,
                     on_change=self._apply,
                     health_check=lambda: self._cut_off(election),
                 )
-        return lease
+        return membership.lease
 
     def campaigns(self, election: str | None = None) -> bool:
         """Whether this process campaigns in ``election``: a worker consuming its actors."""
@@ -331,7 +330,7 @@ class LeaderMiddleware(Middleware):
     def _after_fork(self) -> None:
         """In a process forked from the one that built the middleware, start afresh."""
         if self._pid != os.getpid():
-            self._pid, self._leases = os.getpid(), None
+            self._pid, self._leases, self._memberships = os.getpid(), None, {}
             self._campaigns, self._gates, self._liveness = set(), {}, {}
             self._closed = False
 
@@ -360,11 +359,11 @@ class LeaderMiddleware(Middleware):
             with self._lock:
                 self._closed = True
                 leases, self._leases = self._leases, None
-                elections = list(self._campaigns)
+                memberships, self._memberships = list(self._memberships.values()), {}
             if leases is None:
                 return
-            for election in elections:
-                leases.leave(election)
+            for membership in memberships:
+                membership.leave()
             if not leases.elections():
                 leases.stop()  # closes the store connection that holder() may have opened
 

@@ -11,7 +11,7 @@ from .. import metrics
 from ..config import LeaderConfig
 from ..health import HealthFile, Watchdog
 from ..lease import Lease
-from ..leases import lease_set
+from ..leases import Membership, lease_set
 
 
 class SchedulerLease:
@@ -26,32 +26,33 @@ class SchedulerLease:
         if config.metrics_port is not None:
             metrics.require()  # a missing [metrics] extra fails at start-up
         self.watchdog = Watchdog(config.watchdog_timeout)
-        self._lease: Lease | None = None
+        self._membership: Membership | None = None
         self._health: HealthFile | None = None
 
     @property
     def joined(self) -> bool:
         """Whether the lease was created (and so runs until :meth:`close`)."""
-        return self._lease is not None
+        return self._membership is not None
 
     @property
     def lease(self) -> Lease:
         """The election's lease; the first use starts it."""
-        if self._lease is None:
+        if self._membership is None:
             config = self.config
             if config.metrics_port is not None:
                 metrics.serve(config.metrics_port)
             # A tick that overruns leader_tick_timeout makes the lease hand over.
-            lease = lease_set(config).join(
+            membership = lease_set(config).join(
                 config.beat_election, health_check=self.watchdog.overdue, start=False
             )
+            lease = membership.lease
             if config.health_file is not None:
                 self._health = HealthFile(config.health_file, lease, self.watchdog)
                 lease.on_cycle = self._lease_cycle
             metrics.track(lease)
-            self._lease = lease
+            self._membership = membership
             lease.start()
-        return self._lease
+        return self._membership.lease
 
     def _lease_cycle(self, lease: Lease) -> None:
         self.write_health()
@@ -63,6 +64,6 @@ class SchedulerLease:
 
     def close(self) -> None:
         """Hand over (demote, release, wake a follower), then close the store. Idempotent."""
-        lease, self._lease = self._lease, None
-        if lease is not None:
-            lease_set(self.config).leave(lease.election)
+        membership, self._membership = self._membership, None
+        if membership is not None:
+            membership.leave()
