@@ -535,6 +535,7 @@ def every_fault(
         others = [p for p in range(3) if p != stale]
         for p in others:
             proxies[p].hold()
+        restarting = time.monotonic()  # the store may answer before start() has seen it
         store.start()
         back = time.monotonic()
         rows.append(measure(tap, restarted, back, None, FAILOVER, on="first"))
@@ -545,7 +546,7 @@ def every_fault(
             problems.append(f"expected replica {stale} to lead after the restart, not {new_place}")
         if new_epoch <= epoch:
             problems.append(f"epoch went back after the store restart: {epoch} -> {new_epoch}")
-        while_down = [p for p in tap.published() if killed + TTL < p.seen < back]
+        while_down = [p for p in tap.published() if killed + TTL < p.seen < restarting]
         if while_down:
             problems.append(f"published while the store was down: {while_down}")
         steady(tap)
