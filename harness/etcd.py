@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import shutil
 import tempfile
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -174,13 +175,27 @@ class EtcdCluster(_Scoped):
     def running(self) -> bool:
         return all(m.running for m in self.members)
 
-    def start(self) -> None:
-        """Start every member that is not running, and wait until all serve."""
+    def start(self) -> float:
+        """Start every member that is not running, and wait until all serve.
+
+        Returns the ``time.monotonic()`` at which the first of them was seen
+        serving, i.e. seeing a Raft leader: when a cluster that had lost quorum
+        has it back. That can be seconds before the last one serves, and etcd
+        itself can take seconds to elect a leader after a relaunch.
+        """
         stopped = [m for m in self.members if not m.running]
         for member in stopped:
             member.launch()
+        wait_for(
+            lambda: not stopped or any(m._ready() for m in stopped),
+            START_TIMEOUT,
+            interval=0.05,
+            message=lambda: f"no relaunched etcd member became healthy; logs under {self.root}",
+        )
+        serving = time.monotonic()
         for member in stopped:
             member.wait_ready()
+        return serving
 
     def raft_leader(self) -> EtcdMember:
         """The member that leads Raft now (asked of the running members)."""

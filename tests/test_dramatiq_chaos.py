@@ -307,11 +307,11 @@ def run_faults(
             for member in victims:
                 member.kill()
             time.sleep(TTL + 1.0)  # the fault's length: the test's choice
-            # Quorum is back as soon as the first member rejoins, which can be
-            # seconds before start() has seen every member healthy.
-            back = time.monotonic()
-            server.start()
-            stray = [s for s in tap.sent() if fault + TTL < s.seen < back]
+            # Nothing may be sent until a member is relaunched; quorum is back once
+            # the first one serves, maybe well before the last one does.
+            relaunched = time.monotonic()
+            back = server.start()
+            stray = [s for s in tap.sent() if fault + TTL < s.seen < relaunched]
             assert not stray, f"sent without quorum: {stray}"
             wait_for(lambda: any(s.seen > back for s in tap.sent()), QUORUM_BACK + 10)
             gap = min(s.seen for s in tap.sent() if s.seen > back) - back
