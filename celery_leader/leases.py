@@ -133,13 +133,7 @@ class LeaseSet:
             # The last member: a join from now on starts a new lease.
             del self._leases[lease.election]
         _end(lease, members)
-        # Leaving the last election closes the store connection (the next use opens another).
-        with self._lock:
-            backend = None
-            if not self._leases:
-                backend, self._backend = self._backend, None
-        if backend is not None:
-            backend.close()
+        self.close_if_idle()
 
     def stop(self) -> None:
         """End every lease, whoever joined it, then close the store connection. Idempotent."""
@@ -150,7 +144,15 @@ class LeaseSet:
                 _end(lease, members)
             except Exception:  # best effort: often called while the interpreter exits
                 logger.exception("celery-leader: could not leave election %r", lease.election)
+        self.close_if_idle()
+
+    def close_if_idle(self) -> None:
+        """Close the store connection unless an election is joined; the next use
+        opens another. Checked and taken under the set's lock, so a lease joined
+        meanwhile keeps its connection."""
         with self._lock:
+            if self._leases:
+                return
             backend, self._backend = self._backend, None
         if backend is not None:
             backend.close()

@@ -174,3 +174,19 @@ def test_a_process_that_exits_normally_hands_over_at_once(redis_url: str) -> Non
         )
     finally:
         backend.close()
+
+
+def test_a_connection_opened_without_a_lease_is_closed_only_while_no_election_is_joined() -> None:
+    """What a Dramatiq process that only asked ``holder()`` leaves behind at stop()."""
+    leases = lease_set(config())
+    asked = leases.backend  # opened by a holder() call, no lease
+    leases.close_if_idle()
+    assert leases.backend is not asked, "an idle connection is closed"
+    member = leases.join("e")
+    try:
+        used = leases.backend
+        leases.close_if_idle()
+        assert leases.backend is used, "a joined election keeps its connection"
+        wait_for(member.lease.is_leader, 3, message="never elected")
+    finally:
+        leases.stop()

@@ -364,8 +364,7 @@ class LeaderMiddleware(Middleware):
                 return
             for membership in memberships:
                 membership.leave()
-            if not leases.elections():
-                leases.stop()  # closes the store connection that holder() may have opened
+            leases.close_if_idle()  # the connection holder() may have opened without a lease
 
     def _apply(self, lease: Lease) -> None:
         """Leadership of ``lease`` changed: open or close the gates of its wait-mode queues."""
