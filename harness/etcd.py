@@ -197,6 +197,19 @@ class EtcdCluster(_Scoped):
             member.wait_ready()
         return serving
 
+    def lose_quorum(self) -> float:
+        """SIGKILL the Raft leader and one more member: no majority until :meth:`start`.
+
+        Returns the ``time.monotonic()`` just before the first kill (finding the
+        Raft leader takes requests, which must not count as the outage).
+        """
+        leader = self.raft_leader()
+        other = next(m for m in self.members if m is not leader and m.running)
+        killed = time.monotonic()
+        leader.kill()
+        other.kill()
+        return killed
+
     def raft_leader(self) -> EtcdMember:
         """The member that leads Raft now (asked of the running members)."""
 

@@ -302,10 +302,7 @@ def run_faults(
             bound = CRASH[kind]
         elif name == "quorum_loss":
             assert isinstance(server, EtcdCluster)
-            victims = [server.raft_leader()]
-            victims.append(next(m for m in server.members if m is not victims[0]))
-            for member in victims:
-                member.kill()
+            server.lose_quorum()
             time.sleep(TTL + 1.0)  # the fault's length: the test's choice
             # Nothing may be sent until a member is relaunched; quorum is back once
             # the first one serves, maybe well before the last one does.

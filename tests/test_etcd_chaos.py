@@ -149,11 +149,7 @@ def test_three_beats_on_etcd_through_every_fault(
         # Quorum lost: nobody may lead until it is back.
         _, _, epoch = beats.leader()
         epochs.append(epoch)
-        victims = [etcd_cluster.raft_leader()]
-        victims.append(next(m for m in etcd_cluster.members if m is not victims[0]))
-        killed = time.monotonic()
-        for member in victims:
-            member.kill()
+        killed = etcd_cluster.lose_quorum()
         hold_fault_until(killed + TTL + 1.0)
         # Nothing may be sent until a member is relaunched. Quorum is back once the
         # first one serves (etcd may take seconds to elect a leader), which can be
