@@ -175,13 +175,16 @@ class EtcdCluster(_Scoped):
     def running(self) -> bool:
         return all(m.running for m in self.members)
 
-    def start(self) -> float:
-        """Start every member that is not running, and wait until all serve.
+    def start(self) -> None:
+        """Start every member that is not running, and wait until all serve."""
+        self.regain_quorum()
 
-        Returns the ``time.monotonic()`` at which the first of them was seen
-        serving, i.e. seeing a Raft leader: when a cluster that had lost quorum
-        has it back. That can be seconds before the last one serves, and etcd
-        itself can take seconds to elect a leader after a relaunch.
+    def regain_quorum(self) -> float:
+        """:meth:`start`, returning the ``time.monotonic()`` at which the first
+        relaunched member was seen serving, i.e. seeing a Raft leader: when a
+        cluster that had lost quorum has it back. That can be seconds before the
+        last one serves, and etcd itself can take seconds to elect a leader
+        after a relaunch.
         """
         stopped = [m for m in self.members if not m.running]
         for member in stopped:

@@ -307,7 +307,7 @@ def run_faults(
             # Nothing may be sent until a member is relaunched; quorum is back once
             # the first one serves, maybe well before the last one does.
             relaunched = time.monotonic()
-            back = server.start()
+            back = server.regain_quorum()
             stray = [s for s in tap.sent() if fault + TTL < s.seen < relaunched]
             assert not stray, f"sent without quorum: {stray}"
             wait_for(lambda: any(s.seen > back for s in tap.sent()), QUORUM_BACK + 10)
