@@ -20,7 +20,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from ._urls import mask_url
-from .backends.base import Backend, HolderInfo, Renewal, Term, stored_holder
+from .backends import Backend, HolderInfo, Renewal, Term
+from .backends.lock import stored_holder
 from .config import LeaderConfig, check_timing, validate_name, validity
 from .exceptions import StoreUnavailable
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from celery_leader import Lease
-from celery_leader.backends.base import Renewal
+from celery_leader.backends import Renewal
 from celery_leader.backends.file import FileBackend
 from celery_leader.exceptions import StoreUnavailable
 from harness.procs import Procs

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from celery_leader import Lease, StoreUnavailable, signals
-from celery_leader.backends.base import Renewal, Term
+from celery_leader.backends import Renewal, Term
 from celery_leader.backends.memory import _STORES, MemoryBackend
 from celery_leader.config import DRIFT, MARGIN
 from harness.waiting import wait_for

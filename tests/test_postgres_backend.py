@@ -23,8 +23,7 @@ import psycopg
 import pytest
 
 from celery_leader import Lease
-from celery_leader.backends import store_timeout
-from celery_leader.backends.base import Claim, Renewal
+from celery_leader.backends import Renewal, Write, store_timeout
 from celery_leader.backends.postgres import PostgresBackend, advisory_key
 from celery_leader.config import DRIFT, MARGIN
 from celery_leader.exceptions import ConfigError, StoreMisconfigured, StoreUnavailable
@@ -94,7 +93,7 @@ def test_a_session_ended_by_the_server_loses_everything(
             (PREFIX, ELECTION),
         )
     # The next claim finds the session gone: nothing is written, nothing raised.
-    assert a.claim(ELECTION, term, [Claim("slot", None, "stale")]) == [False]
+    assert a.claim(ELECTION, term, [Write("slot", None, "stale")]) == [False]
     assert a.renew(ELECTION, term, 5.0) is Renewal.LOST
     a.release(ELECTION, term)  # nothing left to release: no error
     taken = b.acquire(ELECTION, "b", 5.0, 0)
@@ -121,7 +120,7 @@ def test_idle_session_timeout_frees_the_lock_no_earlier_than_the_belief(
     assert won - sent < ttl + 0.5
     # The claim goes to the dead session first (the server's goodbye is still
     # unread on its socket), then the renewal finds the term gone.
-    assert a.claim(ELECTION, term, [Claim("slot", None, "stale")]) == [False]
+    assert a.claim(ELECTION, term, [Write("slot", None, "stale")]) == [False]
     assert a.renew(ELECTION, term, ttl) is Renewal.LOST
     assert b.load_state(ELECTION) == {}
 
@@ -296,7 +295,7 @@ def test_django_alias(postgres_url: str, procs: Procs) -> None:
 LEASE_SCRIPT = """
 import json, os, signal, sys, time
 from celery_leader.backends import store_timeout
-from celery_leader.backends.base import Claim, Renewal
+from celery_leader.backends import Write, Renewal
 from celery_leader.backends.postgres import PostgresBackend
 from celery_leader.config import DRIFT, MARGIN
 from celery_leader.lease import Lease
@@ -336,7 +335,7 @@ lease = Lease("beat", backend, ttl=ttl, renew_interval=renew, instance_id=name,
 def on_cont(signum, frame):
     leader = lease.is_leader()  # the first thing this process does after the pause
     try:
-        claims = backend.claim("beat", terms[-1], [Claim("slot", None, name)])
+        claims = backend.claim("beat", terms[-1], [Write("slot", None, name)])
     except Exception as exc:
         claims = repr(exc)
     emit("resumed", leader=leader, claims=claims)

@@ -12,7 +12,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .base import Acquired, Backend, Claim, HolderInfo, Renewal, Term, apply_claims
+from .base import Backend
+from .fenced import Write, apply_writes
+from .lock import Acquired, HolderInfo, Renewal, Term
 from .terms import new_term
 from .waiting import wait_sliced
 
@@ -122,14 +124,14 @@ class MemoryBackend(Backend):
             return dict(self._store.state.get(election, {}))
 
     def compare_and_set(
-        self, election: str, term: Term, claims: Sequence[Claim]
+        self, election: str, term: Term, claims: Sequence[Write]
     ) -> list[bool]:
         store = self._store
         with store.cond:
             current = store.live(election)
             if current is None or current.token != term.token:
                 return [False] * len(claims)
-            return apply_claims(store.state.setdefault(election, {}), claims)
+            return apply_writes(store.state.setdefault(election, {}), claims)
 
 
 def _info(record: _Record) -> HolderInfo:

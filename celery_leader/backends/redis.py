@@ -50,7 +50,9 @@ from redis.sentinel import Sentinel
 
 from .._urls import mask_url
 from ..exceptions import ConfigError, StoreMisconfigured, StoreUnavailable
-from .base import Acquired, Backend, Claim, HolderInfo, Renewal, Term
+from .base import Backend
+from .fenced import Write
+from .lock import Acquired, HolderInfo, Renewal, Term
 from .presence import WATCH_INTERVAL, Subscription
 from .redis_acks import Acks, Pinned, promotable_replicas
 from .terms import foreign, holder_info, parse_term, unreadable_state
@@ -555,13 +557,13 @@ class RedisBackend(Backend):
         return dict(zip(flat[::2], flat[1::2], strict=True))
 
     def compare_and_set(
-        self, election: str, term: Term, claims: Sequence[Claim]
+        self, election: str, term: Term, claims: Sequence[Write]
     ) -> list[bool]:
         keys = [self._key(election, "lock"), self._key(election, "state")]
         chunks = _chunks(claims)
         calls = [
             [term.token]
-            + [a for c in chunk for a in (c.entry, _has(c.expected), c.expected or "", c.new)]
+            + [a for c in chunk for a in (c.key, _has(c.expected), c.expected or "", c.new)]
             for chunk in chunks
         ]
 
@@ -593,7 +595,7 @@ class RedisBackend(Backend):
             raise self._not_replicated(acks, f"{len(won)} claim(s)", done)
         return results
 
-    def _unclaim(self, keys: list[str], term: Term, claims: list[Claim]) -> None:
+    def _unclaim(self, keys: list[str], term: Term, claims: list[Write]) -> None:
         """Put back the state that ``claims`` replaced, where they are still what is stored.
 
         On the master only: if a promotion undoes the claims anyway, the
@@ -601,7 +603,7 @@ class RedisBackend(Backend):
         """
         calls = [
             [term.token]
-            + [a for c in chunk for a in (c.entry, c.new, _has(c.expected), c.expected or "")]
+            + [a for c in chunk for a in (c.key, c.new, _has(c.expected), c.expected or "")]
             for chunk in _chunks(claims)
         ]
         script = _SCRIPTS["unclaim"]
@@ -704,7 +706,7 @@ def _most(online: int | None, promotable: int | None) -> int | None:
     return max(known) if known else None
 
 
-def _chunks(claims: Sequence[Claim]) -> list[Sequence[Claim]]:
+def _chunks(claims: Sequence[Write]) -> list[Sequence[Write]]:
     return [claims[i : i + _CLAIM_CHUNK] for i in range(0, len(claims), _CLAIM_CHUNK)]
 
 

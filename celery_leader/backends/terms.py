@@ -39,7 +39,7 @@ import uuid
 from typing import Any
 
 from ..exceptions import StoreUnavailable
-from .base import HolderInfo, Term
+from .lock import HolderInfo, Term
 
 logger = logging.getLogger("celery_leader.backends")
 

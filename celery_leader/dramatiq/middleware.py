@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from multiprocessing.util import Finalize
 from typing import Any
 
-from ..backends.base import HolderInfo
+from ..backends import HolderInfo
 from ..config import LeaderConfig, validate_name
 from ..exceptions import ConfigError, LeaderError, StoreUnavailable, missing_extra
 from ..lease import Lease

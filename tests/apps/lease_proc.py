@@ -109,7 +109,7 @@ class Recorder:
 
 
 def _recording_backend(inner: Any, rec: Recorder, validity: float) -> Any:
-    from celery_leader.backends.base import Backend, Renewal
+    from celery_leader.backends import Backend, Renewal
     from celery_leader.exceptions import StoreUnavailable
 
     class RecordingBackend(Backend):
