@@ -24,8 +24,8 @@ import redis
 
 from celery_leader import LeaderConfig, Lease
 from celery_leader.backends import Write, create_backend
-from celery_leader.backends.presence import WATCH_INTERVAL
 from celery_leader.backends.redis import RedisBackend
+from celery_leader.backends.redis.presence import WATCH_INTERVAL
 from celery_leader.exceptions import StoreUnavailable
 from harness.procs import Procs
 from harness.procs import signal as send_signal

@@ -15,7 +15,7 @@ script touches a single Redis Cluster slot:
 Releases and take-overs are announced on the channel ``{p:e}:released`` so
 that followers act at once instead of waiting out the ttl. A holder whose
 connection closed (its process died) is taken over without waiting for the
-ttl: see :mod:`celery_leader.backends.presence`.
+ttl: see :mod:`.presence`.
 
 Every operation is one Lua script, sent with ``EVALSHA``; only when the server
 answers ``NOSCRIPT`` (its script cache is empty after a start or a flush) is
@@ -23,7 +23,7 @@ the script sent once more in full with ``EVAL``, which caches it. Scripts
 check the types of the keys they read and report a key of the wrong type by
 name (``{"foreign", key, what}``) instead of failing with Redis's ``WRONGTYPE``.
 Claims and new terms are on the master's replicas before they count (see
-:mod:`.redis_acks`): a fail-over cannot undo a claimed slot nor hand out an
+:mod:`.acks`): a fail-over cannot undo a claimed slot nor hand out an
 epoch twice. Nothing connects before the first call, so a Redis that is down
 at start-up (or a Cluster seed node) is an outage the lease retries, not a crash.
 """
@@ -48,15 +48,15 @@ from redis.exceptions import NoScriptError, RedisClusterException
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
-from .._urls import mask_url
-from ..exceptions import ConfigError, StoreMisconfigured, StoreUnavailable
-from .base import Backend
-from .fenced import Write
-from .lock import Acquired, HolderInfo, Renewal, Term
+from ..._urls import mask_url
+from ...exceptions import ConfigError, StoreMisconfigured, StoreUnavailable
+from ..base import Backend
+from ..fenced import Write
+from ..lock import Acquired, HolderInfo, Renewal, Term
+from ..terms import foreign, holder_info, parse_term, unreadable_state
+from ..waiting import wait_sliced
+from .acks import Acks, Pinned, promotable_replicas
 from .presence import WATCH_INTERVAL, Subscription
-from .redis_acks import Acks, Pinned, promotable_replicas
-from .terms import foreign, holder_info, parse_term, unreadable_state
-from .waiting import wait_sliced
 
 # Every script reports a key of the wrong type as {'foreign', key, what it holds}.
 # redis.pcall returns an error as a table instead of aborting the script.
