@@ -12,6 +12,7 @@ from psycopg.rows import TupleRow
 
 from ...exceptions import StoreMisconfigured, StoreUnavailable
 from ..base import Backend
+from ..errors import hand_back
 from ..fenced import Write, write_rounds
 from ..lock import Acquired, HolderInfo, Renewal, Term
 from ..waiting import LockWaiter, wait_sliced
@@ -278,23 +279,19 @@ class PostgresBackend(Backend):
         self, session: Session, base: Mapping[str, Any], claims: Sequence[Write], won: list[bool]
     ) -> StoreUnavailable:
         """Put back what the won ``claims`` replaced; the error that says how that went."""
-        back = [c for c, ok in zip(claims, won, strict=True) if ok]
-        done = "nothing claimed"
-        if back:
+
+        def undo(back: list[Write]) -> None:
             params = {
                 **base,
                 "entries": [c.key for c in back],
                 "claimed": [c.new for c in back],
                 "previous": [c.expected for c in back],
             }
-            try:
-                self._db.execute(session, UNCLAIM, params)
-                done = "handed back, nothing may be sent on them"
-            except StoreUnavailable as exc:
-                # Left claimed on the primary: the slots are skipped, never sent twice.
-                done = f"handing them back failed too ({exc})"
+            self._db.execute(session, UNCLAIM, params)
+
+        done = hand_back(claims, won, undo)
         return StoreUnavailable(
-            f"{len(back)} claim(s) not confirmed by the synchronous standby(s) of "
+            f"{sum(won)} claim(s) not confirmed by the synchronous standby(s) of "
             f"{self._db.target} within {self._ack_timeout:g} s, so a fail-over could undo "
             f"them: {done}"
         )
