@@ -16,6 +16,7 @@ import pytest
 from celery_leader import Lease, StoreUnavailable, signals
 from celery_leader.backends import Renewal, Term
 from celery_leader.backends.memory import _STORES, MemoryBackend
+from celery_leader.callbacks import Callbacks
 from celery_leader.config import DRIFT, MARGIN
 from harness.waiting import wait_for
 
@@ -108,7 +109,7 @@ class Watch:
         def demoted(lease: Lease) -> None:
             self._add("demoted", lease)
 
-        return {"on_elected": elected, "on_demoted": demoted}
+        return {"on_started": elected, "on_stopped": demoted}
 
     def _add(self, kind: str, lease: Lease) -> None:
         with self._lock:
@@ -175,7 +176,14 @@ def make(
 ) -> Lease:
     if watch is not None:
         callbacks = {**watch.callbacks(ident), **callbacks}
-    lease = Lease(ELECTION, backend, ttl=ttl, renew_interval=renew, instance_id=ident, **callbacks)
+    lease = Lease(
+        ELECTION,
+        backend,
+        ttl=ttl,
+        renew_interval=renew,
+        instance_id=ident,
+        callbacks=Callbacks(**callbacks),
+    )
     leases.append(lease)
     if start:
         lease.start()
@@ -331,7 +339,7 @@ def test_on_elected_raising_steps_down_releases_and_sits_out(
         if len(calls) == 1:
             raise RuntimeError("cannot start the scheduler")
 
-    a = make(leases, backend, "a", on_elected=flaky_elected)
+    a = make(leases, backend, "a", on_started=flaky_elected)
     wait_for(lambda: calls, 1)
     b = make(leases, backend, "b", watch)
     # The failed term was released at once: b leads without waiting out the ttl.
@@ -339,7 +347,7 @@ def test_on_elected_raising_steps_down_releases_and_sits_out(
     assert not a.is_leader()
     released = [c for c in backend.calls if c[0] == "release"]
     assert released and released[0][1] - calls[0] < 0.5
-    assert "on_elected callback of 'unit' failed; stepping down" in caplog.text
+    assert "on_started of 'unit' failed" in caplog.text
     assert not [s for s in signal_log if s[2]["instance_id"] == "a"], "no signal for a failed term"
     # a comes back after b leaves; its second on_elected succeeds.
     b.stop()
@@ -358,7 +366,7 @@ def test_on_elected_that_always_raises_retries_once_per_renew_interval(url, leas
         raise RuntimeError("broken")
 
     demoted: list[float] = []
-    a = make(leases, backend, "a", on_elected=broken, on_demoted=lambda _: demoted.append(1))
+    a = make(leases, backend, "a", on_started=broken, on_stopped=lambda _: demoted.append(1))
     wait_for(lambda: len(calls) >= 5, 3)
     gaps = [y - x for x, y in itertools.pairwise(calls)]
     assert min(gaps) >= RENEW * 0.95, gaps
@@ -379,13 +387,13 @@ def test_stop_demotes_then_releases_then_wakes(url, leases) -> None:
         order.append(("demoted", time.monotonic(), (lease.is_leader(), backend.holder(ELECTION))))
 
     # Long terms: only the release can wake b (its own retry is up to 30 s away).
-    a = make(leases, backend, "a", on_demoted=on_demoted, ttl=30, renew=10)
+    a = make(leases, backend, "a", on_stopped=on_demoted, ttl=30, renew=10)
     leads(a)
     make(
         leases,
         backend,
         "b",
-        on_elected=lambda lease: order.append(("b elected", time.monotonic(), None)),
+        on_started=lambda lease: order.append(("b elected", time.monotonic(), None)),
         ttl=30,
         renew=10,
     )
@@ -417,7 +425,7 @@ def test_stop_makes_is_leader_false_before_anything_else(url, leases) -> None:
         gate.set()
         time.sleep(0.2)
 
-    a = make(leases, backend, "a", on_demoted=slow_demoted)
+    a = make(leases, backend, "a", on_stopped=slow_demoted)
     leads(a)
     stopper = threading.Thread(target=a.stop)
     stopper.start()
@@ -438,7 +446,7 @@ def test_stop_during_a_slow_on_elected_still_pairs_the_callbacks(
         time.sleep(1.5)
 
     demoted: list[float] = []
-    a = make(leases, backend, "a", on_elected=slow_elected, on_demoted=lambda _: demoted.append(1))
+    a = make(leases, backend, "a", on_started=slow_elected, on_stopped=lambda _: demoted.append(1))
     assert entered.wait(2)
     a.stop()
     # on_elected ran, so on_demoted runs exactly once, once the slow callback returns.

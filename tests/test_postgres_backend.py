@@ -25,6 +25,7 @@ import pytest
 from celery_leader import Lease
 from celery_leader.backends import Renewal, Write, store_timeout
 from celery_leader.backends.postgres import PostgresBackend, advisory_key
+from celery_leader.callbacks import Callbacks
 from celery_leader.config import DRIFT, MARGIN
 from celery_leader.exceptions import ConfigError, StoreMisconfigured, StoreUnavailable
 from harness.procs import Proc, Procs
@@ -298,6 +299,7 @@ from celery_leader.backends import store_timeout
 from celery_leader.backends import Write, Renewal
 from celery_leader.backends.postgres import PostgresBackend
 from celery_leader.config import DRIFT, MARGIN
+from celery_leader.callbacks import Callbacks
 from celery_leader.lease import Lease
 
 url, name, ttl, renew = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
@@ -330,7 +332,7 @@ def elected(lease):
 
 backend = Recording(url, "chaos", store_timeout(ttl, renew))
 lease = Lease("beat", backend, ttl=ttl, renew_interval=renew, instance_id=name,
-              on_elected=elected, on_demoted=lambda lease: emit("demoted"))
+              callbacks=Callbacks(on_started=elected, on_stopped=lambda lease: emit("demoted")))
 
 def on_cont(signum, frame):
     leader = lease.is_leader()  # the first thing this process does after the pause
@@ -534,8 +536,7 @@ def test_cut_off_holder_loses_the_lock_on_time(
         ttl=ttl,
         renew_interval=renew,
         instance_id="cut",
-        on_elected=record("elected"),
-        on_demoted=record("demoted"),
+        callbacks=Callbacks(on_started=record("elected"), on_stopped=record("demoted")),
     )
     cut_off.start()
     direct = Lease(
