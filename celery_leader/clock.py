@@ -20,9 +20,13 @@ class Clock(Protocol):
     def time(self) -> float:
         """Wall-clock seconds since the epoch: for people and stored records only."""
 
-    def wait(self, event: threading.Event, timeout: float) -> bool:
-        """Block until ``event`` is set or ``timeout`` seconds pass on this clock;
-        return whether it is set."""
+    def wait(self, timeout: float, *events: threading.Event) -> bool:
+        """Block until one of ``events`` is set or ``timeout`` seconds pass on this
+        clock; return whether one is set."""
+
+
+#: Longest a wait on several events goes without looking at all of them, in seconds.
+SLICE = 0.05
 
 
 class SystemClock:
@@ -36,9 +40,21 @@ class SystemClock:
         """:func:`time.time`."""
         return time.time()
 
-    def wait(self, event: threading.Event, timeout: float) -> bool:
-        """:meth:`threading.Event.wait`."""
-        return event.wait(timeout)
+    def wait(self, timeout: float, *events: threading.Event) -> bool:
+        """:meth:`threading.Event.wait` on the first event, in slices of
+        :data:`SLICE` when there are others to look at."""
+        first, *others = events
+        if not others:
+            return first.wait(timeout)
+        deadline = time.monotonic() + timeout
+        while True:
+            if any(e.is_set() for e in others):
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return first.is_set()
+            if first.wait(min(left, SLICE)):
+                return True
 
 
 #: The clock every lease runs on unless given another.

@@ -245,7 +245,7 @@ class Lease:
             except Exception:
                 logger.exception("celery-leader: unexpected error in election %r", self.election)
                 self._step_down("unexpected error", kind="error", sit_out=self.renew_interval)
-                self.clock.wait(self._stopping, self.renew_interval)
+                self.clock.wait(self.renew_interval, self._stopping)
             if self._on_cycle is not None:
                 self._guarded("on_cycle", self._on_cycle, self)
 
@@ -273,11 +273,11 @@ class Lease:
     def _follow(self) -> None:
         now = self.clock.monotonic()
         if now < self._sit_out_until:
-            self.clock.wait(self._stopping, self._sit_out_until - now)
+            self.clock.wait(self._sit_out_until - now, self._stopping)
             return
         if self._unhealthy():
             # Campaigning now would hand the role to a process that cannot use it.
-            self.clock.wait(self._stopping, self.renew_interval)
+            self.clock.wait(self.renew_interval, self._stopping)
             return
         sent = self.clock.monotonic()
         try:
@@ -290,7 +290,7 @@ class Lease:
                 )
         except StoreUnavailable as exc:
             self._store_down(exc)
-            self.clock.wait(self._stopping, self.renew_interval)
+            self.clock.wait(self.renew_interval, self._stopping)
             return
         self._store_up()
         if result.holder is not None:
