@@ -372,7 +372,7 @@ def test_unreadable_state_is_logged_and_overwritten(
             return False
         return isinstance(data, dict) and "slot" in data  # a run recorded over it
 
-    with caplog.at_level(logging.ERROR, logger="celery_leader.beat"):
+    with caplog.at_level(logging.ERROR, logger="celery_leader"):
         drive(scheduler, rewritten)
     assert "unreadable schedule state of 'e'" in caplog.text
     fixed = json.loads(stored_state(app)["e"])

@@ -129,7 +129,7 @@ class Kind(ABC):
 
 
 class CeleryKind(Kind):
-    logger = "celery_leader.beat"
+    logger = "celery_leader.celery.beat"
     max_sleep = 300.0  # beat_max_loop_interval
 
     def __init__(self, store: str, settings: dict[str, Any], monkeypatch: Any) -> None:

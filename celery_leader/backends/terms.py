@@ -41,7 +41,7 @@ from typing import Any
 from ..exceptions import StoreUnavailable
 from .lock import HolderInfo, Term
 
-logger = logging.getLogger("celery_leader.backends")
+logger = logging.getLogger(__name__)
 
 
 def new_term(epoch: int, instance_id: str, **extra: object) -> Term:

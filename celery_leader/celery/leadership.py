@@ -54,7 +54,7 @@ __all__ = [
     "view",
 ]
 
-logger = logging.getLogger("celery_leader.leadership")
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,7 @@ __all__ = [
     "install",
 ]
 
-logger = logging.getLogger("celery_leader.worker")
+logger = logging.getLogger(__name__)
 
 #: Longest gap between two publications of a renewed deadline. Pool processes
 #: see the previous deadline meanwhile, which is earlier (never too late) and
@@ -79,7 +79,7 @@ def install_worker_steps(app: Any) -> None:
     decorators.add_steps(app)
 
 
-#: The name of the first releases (DESIGN.md): the same function.
+#: The name the first releases documented: the same function.
 install = install_worker_steps
 
 

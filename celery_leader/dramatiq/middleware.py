@@ -44,7 +44,7 @@ try:
 except ModuleNotFoundError as exc:
     raise missing_extra(exc, "dramatiq") from None
 
-logger = logging.getLogger("celery_leader.dramatiq")
+logger = logging.getLogger(__name__)
 
 #: What a follower does with a leader-only actor's message.
 MODES = ("skip", "wait")

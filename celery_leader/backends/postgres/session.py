@@ -31,7 +31,7 @@ from .sql import (
     ms,
 )
 
-logger = logging.getLogger("celery_leader.backends.postgres")
+logger = logging.getLogger(__name__)
 
 
 class SessionGone(StoreUnavailable):
