@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -26,6 +25,7 @@ from .backends import Backend, HolderInfo, create_backend
 from .callbacks import Callbacks
 from .config import LeaderConfig
 from .lease import Lease
+from .process import after_fork_in_child
 
 __all__ = ["LeaseSet", "Membership", "lease_set", "stop_all"]
 
@@ -274,5 +274,5 @@ def _after_fork_in_child() -> None:
     _sets.clear()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+after_fork_in_child(_after_fork_in_child)
 atexit.register(stop_all)
