@@ -124,26 +124,21 @@ class Lease:
 
     @classmethod
     def from_config(
-        cls,
-        election: str,
-        config: LeaderConfig,
-        backend: Backend,
-        *,
-        callbacks: Callbacks = NO_CALLBACKS,
-        health_check: Callable[[], str | None] | None = None,
-        on_cycle: Callable[[Lease], Any] | None = None,
+        cls, election: str, config: LeaderConfig, backend: Backend, **options: Any
     ) -> Lease:
-        """A lease with the ttl, renew interval and instance id of ``config``."""
+        """A lease with the ttl, renew interval, instance id and deployment of ``config``.
+
+        ``options`` are the constructor's others (``callbacks``, ``health_check``,
+        ``on_cycle``, ``clock``).
+        """
         return cls(
             election,
             backend,
             ttl=config.ttl,
             renew_interval=config.renew_interval,
             instance_id=config.instance_id,
-            callbacks=callbacks,
-            health_check=health_check,
-            on_cycle=on_cycle,
             deployment=config.deployment,
+            **options,
         )
 
     # -- what callers ask ---------------------------------------------------

@@ -19,6 +19,7 @@ import atexit
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from .backends import Backend, HolderInfo, create_backend
@@ -32,6 +33,7 @@ __all__ = ["LeaseSet", "Membership", "lease_set", "stop_all"]
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True, eq=False)
 class Membership:
     """One joiner's share of a lease: everything the joiner brings, until it leaves.
 
@@ -39,28 +41,18 @@ class Membership:
     when it joins; the lease runs those of every member.
     """
 
-    def __init__(
-        self,
-        owner: LeaseSet,
-        lease: Lease,
-        *,
-        callbacks: Callbacks | None,
-        on_change: Callable[[Lease], None] | None,
-        health_check: Callable[[], str | None] | None,
-        on_cycle: Callable[[Lease], None] | None,
-    ) -> None:
-        self._owner = owner
-        #: The election's one lease in this process.
-        self.lease = lease
-        self.callbacks = callbacks
-        self.on_change = on_change
-        self.health_check = health_check
-        self.on_cycle = on_cycle
+    owner: LeaseSet = field(repr=False)
+    #: The election's one lease in this process.
+    lease: Lease
+    callbacks: Callbacks | None
+    on_change: Callable[[Lease], None] | None
+    health_check: Callable[[], str | None] | None
+    on_cycle: Callable[[Lease], None] | None
 
     def leave(self) -> None:
         """Stop taking part. The last member to leave ends the lease (demote, release,
         wake a follower) and hears that demotion; an earlier one just stops listening."""
-        self._owner._leave(self)
+        self.owner._leave(self)
 
 
 class LeaseSet:
@@ -130,14 +122,7 @@ class LeaseSet:
                 )
                 found = self._leases[election] = (lease, members)
             lease, members = found
-            membership = Membership(
-                self,
-                lease,
-                callbacks=callbacks,
-                on_change=on_change,
-                health_check=health_check,
-                on_cycle=on_cycle,
-            )
+            membership = Membership(self, lease, callbacks, on_change, health_check, on_cycle)
             members.append(membership)
         if shared:
             # It may have been elected before this member listened.
