@@ -28,7 +28,7 @@ from .config import LeaderConfig
 from .lease import Lease
 from .process import after_fork_in_child
 
-__all__ = ["LeaseSet", "Membership", "lease_set", "stop_all"]
+__all__ = ["LeaseSet", "Membership", "leader_of", "lease_set", "stop_all"]
 
 logger = logging.getLogger(__name__)
 
@@ -241,6 +241,21 @@ def lease_set(config: LeaderConfig) -> LeaseSet:
         if found is None:
             found = _sets[config] = LeaseSet(config)
         return found
+
+
+def leader_of(config: LeaderConfig, election: str | None = None) -> HolderInfo | None:
+    """Who leads ``election`` (default: the worker election), asked of the store.
+
+    It does not join the election, so the answer is the same in any process, on
+    Celery and on Dramatiq: one round trip on this process's connection for
+    ``config``. ``None`` when nobody leads. Raises
+    :class:`~celery_leader.exceptions.StoreUnavailable`.
+    """
+    leases = lease_set(config)
+    try:
+        return leases.backend.holder(election or config.worker_election)
+    finally:
+        leases.close_if_idle()
 
 
 def stop_all() -> None:

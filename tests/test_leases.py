@@ -15,7 +15,7 @@ import pytest
 from celery_leader.backends import create_backend
 from celery_leader.callbacks import Callbacks
 from celery_leader.config import LeaderConfig
-from celery_leader.leases import lease_set
+from celery_leader.leases import leader_of, lease_set
 from harness.waiting import wait_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -234,3 +234,16 @@ def test_callbacks_are_validated_when_built() -> None:
         Callbacks(on_started="not a function")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="callbacks must be a Callbacks"):
         lease_set(config()).join("e", callbacks={"on_started": print}, start=False)  # type: ignore[arg-type]
+
+
+def test_leader_of_asks_the_store_without_joining() -> None:
+    settings = config(leader_worker_election="e")
+    assert leader_of(settings) is None, "nobody leads yet"
+    leader = lease_set(config(leader_url=settings.url, leader_instance_id="two")).join("e")
+    try:
+        wait_for(leader.lease.is_leader, 3, message="never elected")
+        holder = leader_of(settings)
+        assert holder is not None and (holder.instance_id, holder.epoch) == ("two", 1)
+        assert lease_set(settings).elections() == [], "asking joined nothing"
+    finally:
+        leader.owner.stop()
