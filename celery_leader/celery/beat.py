@@ -27,7 +27,8 @@ from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from ..config import LeaderConfig, validate_grace, validate_missed_slots
+from .. import startup
+from ..config import validate_grace, validate_missed_slots
 from ..exceptions import ConfigError, missing_extra
 from ..schedule.jobs import Adapter, Job, Outcome
 from ..schedule.protocol import SlotProtocol
@@ -73,8 +74,9 @@ class LeaderSchedulerMixin:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         app = kwargs.get("app", args[0] if args else None)
-        # Validate at start-up, so bad settings fail before beat runs.
-        self.leader_config = LeaderConfig.from_app(app)
+        # Validate at start-up (beat builds its scheduler for the banner, before
+        # it runs), so bad settings and a store that cannot be built fail there.
+        self.leader_config = startup.app_config(app)
         self._set_up = False
         self._sending = False  # inside _send: apply_async keeps its error
         self._send_error: BaseException | None = None

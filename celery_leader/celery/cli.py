@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import NoReturn
 
-from .. import ops
+from .. import ops, startup
 from ..config import LeaderConfig
 from ..exceptions import ConfigError, missing_extra
 from ..schedule import plan as planning
@@ -26,7 +26,8 @@ def _config(ctx: click.Context) -> LeaderConfig:
     try:
         return LeaderConfig.from_app(ctx.obj.app)
     except ConfigError as exc:
-        raise click.UsageError(str(exc)) from exc
+        # One line on stderr (a UsageError would print click's usage lines first).
+        raise startup.for_cli(exc) from None
 
 
 def _fail(exc: ops.OpsError) -> NoReturn:
