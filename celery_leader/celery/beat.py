@@ -27,13 +27,12 @@ from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from .. import startup
 from ..config import validate_grace, validate_missed_slots
 from ..exceptions import ConfigError, missing_extra
 from ..schedule.jobs import Adapter, Job, Outcome
 from ..schedule.protocol import SlotProtocol
 from ..schedule.series import CronSeries, Every, Series, utc
-from . import publishing
+from . import publishing, startup
 from .signals import elected as _elected  # noqa: F401 - importing it connects the signals
 
 try:

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from typing import NoReturn
 
-from .. import ops, startup
+from .. import ops
 from ..config import LeaderConfig
 from ..exceptions import ConfigError, missing_extra
 from ..schedule import plan as planning
+from . import startup
 from .beat import LeaderScheduler
 
 try:

@@ -28,9 +28,9 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
-from .. import startup
 from ..config import namespace_of, spelled, validate_name
 from ..exceptions import ConfigError, missing_extra
+from ..startup import check_store
 from . import leadership, routing
 from .routing import ON_FOLLOWER, LeaderOnly, OnFollower, spec_of
 from .signals import elected as _elected  # noqa: F401 - importing it connects the signals
@@ -313,7 +313,7 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
         config = leadership.config_of(app)
         # Build the store too: one it cannot build (file:///proc/nope, django://
         # on SQLite) fails here, not in the lease's loop with a traceback.
-        startup.check_store(config, spelled("leader_url", namespace_of(app)))
+        check_store(config, spelled("leader_url", namespace_of(app)))
         leader_queues = routing.leader_queues(app, config.worker_election)
         queues = app.amqp.queues
         # Queues named by -Q; None without -Q (then the worker consumes task_queues).
