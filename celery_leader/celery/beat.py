@@ -148,8 +148,12 @@ class LeaderSchedulerMixin:
             # apply_entry (not apply_async): code that hooks it, like
             # sentry-sdk's Crons integration, sees every slot.
             self.apply_entry(entry, producer=producer)
-        except Exception as exc:  # a hook of apply_entry raised before sending
-            self._send_error = exc
+        except Exception as exc:
+            # A hook of apply_entry raised before sending; or, after apply_async
+            # kept the real failure and returned None, Celery before 5.4 failed
+            # reading that None's id: the failure kept is the one that counts.
+            if self._send_error is None:
+                self._send_error = exc
         finally:
             self._sending = False
             entry.options = options
