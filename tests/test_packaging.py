@@ -235,3 +235,20 @@ def test_base_install_works_without_celery_or_store_clients() -> None:
     for line, extra in zip(lines[1:], ("celery", "celery", "redis", "postgres"), strict=True):
         assert line.endswith(f"pip install 'celery-leader[{extra}]'"), line
         assert "\n" not in line
+
+
+def test_the_install_page_lists_the_floors_pyproject_declares() -> None:
+    """docs/install.md's table of oldest versions is pyproject.toml's, which the matrix tests."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    declared = {}
+    for requirement in (r for group in extras.values() for r in group):
+        match = re.fullmatch(r"([\w-]+)(?:\[[\w,]+\])?>=([\d.]+)", requirement)
+        assert match, requirement
+        declared[match[1]] = match[2]
+    page = (ROOT / "docs" / "install.md").read_text()
+    listed = dict(re.findall(r"^\| ([\w-]+)(?: \([\w-]+\))? \| ([\d.]+) \|", page, re.MULTILINE))
+    assert listed, "no table of oldest versions in docs/install.md"
+    for name, version in listed.items():
+        assert version.startswith(declared[name]), (name, version, declared[name])
