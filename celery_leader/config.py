@@ -259,6 +259,10 @@ def spelled(setting: str, prefix: str) -> str:
     return f"{prefix}{setting}".upper() if prefix else setting
 
 
+#: ``CELERY_LEADER_*`` names that are not settings: the worker names its
+#: deadline table to spawned pool processes in ``CELERY_LEADER_TABLE``.
+NOT_SETTINGS = ("leader_table",)
+
 #: Keys already warned about: beat reads its settings twice, a worker once per step.
 _warned: set[str] = set()
 
@@ -272,7 +276,7 @@ def warn_unknown(keys: Iterable[str], prefix: str) -> None:
         if not key.upper().startswith(f"{prefix}LEADER_".upper()):
             continue
         name = key[len(prefix) :].lower()
-        if name in SETTINGS or key in _warned:
+        if name in SETTINGS or name in NOT_SETTINGS or key in _warned:
             continue
         _warned.add(key)
         # Compared without the "leader_" every name shares, which would make
