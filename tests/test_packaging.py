@@ -248,7 +248,8 @@ def test_the_install_page_lists_the_floors_pyproject_declares() -> None:
         assert match, requirement
         declared[match[1]] = match[2]
     page = (ROOT / "docs" / "install.md").read_text()
-    listed = dict(re.findall(r"^\| ([\w-]+)(?: \([\w-]+\))? \| ([\d.]+) \|", page, re.MULTILINE))
-    assert listed, "no table of oldest versions in docs/install.md"
+    row = re.compile(r"^\| ([\w-]+)(?: \([\w-]+\))? \| ([\d.]+)[^|]*\|", re.MULTILINE)
+    listed = dict(row.findall(page))
+    assert len(listed) >= 8, f"the table of oldest versions in docs/install.md: {listed}"
     for name, version in listed.items():
         assert version.startswith(declared[name]), (name, version, declared[name])
