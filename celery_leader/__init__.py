@@ -9,6 +9,7 @@ them fails in one line that names ``celery-leader[celery]``.
 from __future__ import annotations
 
 import importlib
+from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
 from .config import LeaderConfig
@@ -65,4 +66,5 @@ __all__ = [
     "leader_only",
     "leader_queue",
 ]
-__version__ = "0.1.0"
+#: The installed distribution's version: pyproject.toml is its one source.
+__version__ = metadata.version("celery-leader")

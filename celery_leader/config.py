@@ -3,15 +3,17 @@
 Every ``leader_*`` setting is read from ``app.conf``; with Django's
 ``config_from_object('django.conf:settings', namespace='CELERY')`` they are
 spelled ``CELERY_LEADER_URL``, ``CELERY_LEADER_TTL`` and so on. A bad value fails
-at startup with one line that names the setting.
+at startup with one line that names the setting as the user spelled it.
 """
 
 from __future__ import annotations
 
+import difflib
+import logging
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -21,6 +23,7 @@ from .backends.registry import STORES, Store, store_for
 from .exceptions import ConfigError
 from .process import default_instance_id
 
+logger = logging.getLogger(__name__)
 #: Schemes ``leader_url`` accepts, and the kind of store each one selects
 #: (read from the one table of stores, :data:`celery_leader.backends.STORES`).
 SCHEMES: dict[str, str] = {scheme: store.kind for store in STORES for scheme in store.schemes}
@@ -119,8 +122,11 @@ class LeaderConfig:
     def from_app(cls, app: Any) -> LeaderConfig:
         """Read and validate the settings of ``app`` (a :class:`celery.Celery`)."""
         conf = app.conf
+        prefix = namespace_of(app)
+        names = {key: spelled(key, prefix) for key in SETTINGS}
+        warn_unknown((str(key) for key in conf.keys()), prefix)
         return cls.from_mapping(
-            {k: conf.get(k) for k in SETTINGS}, broker_url=conf.get("broker_url")
+            {k: conf.get(k) for k in SETTINGS}, broker_url=conf.get("broker_url"), names=names
         )
 
     @classmethod
@@ -137,6 +143,7 @@ class LeaderConfig:
         override its name in ``names`` (``"ttl="`` for a middleware argument).
         """
         environ = os.environ if environ is None else environ
+        warn_unknown(environ, "CELERY_")
         values: dict[str, Any] = {key: environ.get(env_name(key)) for key in SETTINGS}
         shown = {key: env_name(key) for key in SETTINGS}
         for key, value in overrides.items():
@@ -241,6 +248,44 @@ SETTINGS = (
 )
 
 
+def namespace_of(app: Any) -> str:
+    """What ``app``'s settings start with: ``"CELERY_"`` under Django's namespace, else ``""``."""
+    namespace = getattr(app, "namespace", None)
+    return f"{namespace}_" if namespace else ""
+
+
+def spelled(setting: str, prefix: str) -> str:
+    """``setting`` as spelled in ``app.conf``: ``leader_ttl``, or ``CELERY_LEADER_TTL`` (Django)."""
+    return f"{prefix}{setting}".upper() if prefix else setting
+
+
+#: ``CELERY_LEADER_*`` names that are not settings: the worker names its
+#: deadline table to spawned pool processes in ``CELERY_LEADER_TABLE``.
+NOT_SETTINGS = ("leader_table",)
+
+#: Keys already warned about: beat reads its settings twice, a worker once per step.
+_warned: set[str] = set()
+
+
+def warn_unknown(keys: Iterable[str], prefix: str) -> None:
+    """One WARNING per ``leader_*`` key (after ``prefix``) that is no setting, with a suggestion.
+
+    A misspelt setting is otherwise silently ignored and its default used.
+    """
+    for key in keys:
+        if not key.upper().startswith(f"{prefix}LEADER_".upper()):
+            continue
+        name = key[len(prefix) :].lower()
+        if name in SETTINGS or name in NOT_SETTINGS or key in _warned:
+            continue
+        _warned.add(key)
+        # Compared without the "leader_" every name shares, which would make
+        # any key look close to some setting.
+        close = difflib.get_close_matches(name[7:], [s[7:] for s in SETTINGS], n=1)
+        hint = f"; did you mean {spelled('leader_' + close[0], prefix)}?" if close else ""
+        logger.warning("celery-leader: unknown setting %s is ignored%s", key, hint)
+
+
 def env_name(setting: str) -> str:
     """The environment variable (and Django setting) of ``setting``: ``CELERY_LEADER_TTL``."""
     return f"CELERY_{setting.upper()}"
@@ -319,9 +364,8 @@ def _url(value: object, broker_url: object, setting: str) -> str:
             return broker_url
         shown = mask_url(broker_url) if isinstance(broker_url, str) else broker_url
         raise ConfigError(
-            f"leader_url is not set and broker_url ({shown!r}) is not a Redis URL: set "
-            "leader_url (CELERY_LEADER_URL with Django) to redis://, postgresql://, etcd://, "
-            "file:///dir or memory://"
+            f"{setting} is not set and broker_url ({shown!r}) is not a Redis URL: set "
+            f"{setting} to redis://, postgresql://, etcd://, file:///dir or memory://"
         )
     if not isinstance(value, str):
         raise ConfigError(f"{setting} must be a string URL (got {type(value).__name__})")

@@ -14,7 +14,7 @@ import socket
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import amqp
@@ -22,6 +22,10 @@ import psycopg
 import redis
 
 from .waiting import wait_for
+
+if TYPE_CHECKING:
+    # typing.Self is 3.11+; the matrix runs the harness on 3.10 too.
+    from typing_extensions import Self
 
 START_TIMEOUT = 30.0
 STOP_TIMEOUT = 30.0

@@ -39,3 +39,11 @@ case $status in
     5) fail "pytest collected no tests" ;;
     *) fail "pytest (exit status $status)" ;;
 esac
+
+# The compatibility matrix's oldest and newest cells (README, "Run the tests"):
+# the floors pyproject.toml declares and the newest releases, on the oldest and
+# newest Python. Only on a whole run: arguments narrow the run to some tests.
+if (($# == 0)); then
+    echo "==> scripts/matrix.py oldest-3.10 newest-3.13"
+    .venv/bin/python scripts/matrix.py oldest-3.10 newest-3.13 || fail "compatibility matrix"
+fi

@@ -21,6 +21,7 @@ from celery_leader.backends.redis import RedisBackend
 from celery_leader.config import DEFAULT_KEY_PREFIX, DEFAULT_TTL, DRIFT, MARGIN
 from harness.servers import free_port
 from harness.waiting import wait_for
+from tests.docs_text import quoted_messages
 
 SECRET = "s3cr3t-Pw"
 
@@ -178,8 +179,7 @@ def test_bad_fence_tasks(value: object) -> None:
 def test_no_leader_url_and_broker_is_not_redis(broker: str | None) -> None:
     with pytest.raises(ConfigError) as exc:
         LeaderConfig.from_mapping({}, broker_url=broker)
-    message = assert_one_clear_line(exc, "leader_url")
-    assert "CELERY_LEADER_URL" in message, "the error should say what to set with Django"
+    assert_one_clear_line(exc, "leader_url is not set")
 
 
 @pytest.mark.parametrize("url", ["file://relative/dir", "file:relative", "file://host/dir"])
@@ -279,8 +279,8 @@ def test_django_style_bad_value_names_the_setting() -> None:
 
     with pytest.raises(ConfigError) as exc:
         LeaderConfig.from_app(app_from(Bad))
-    # "leader_ttl" is also what a Django user searches for: CELERY_LEADER_TTL.
-    assert_one_clear_line(exc, "leader_ttl")
+    # Named as the Django user wrote it.
+    assert_one_clear_line(exc, "CELERY_LEADER_TTL must be")
 
 
 def test_django_style_without_leader_url_and_a_non_redis_broker() -> None:
@@ -289,7 +289,7 @@ def test_django_style_without_leader_url_and_a_non_redis_broker() -> None:
 
     with pytest.raises(ConfigError) as exc:
         LeaderConfig.from_app(app_from(NoUrl))
-    assert "CELERY_LEADER_URL" in assert_one_clear_line(exc, "leader_url")
+    assert_one_clear_line(exc, "CELERY_LEADER_URL is not set")
 
 
 def test_django_style_redis_broker_is_the_default() -> None:
@@ -399,3 +399,58 @@ def test_from_env_overrides_win_and_errors_name_the_variable() -> None:
         LeaderConfig.from_env({"CELERY_LEADER_URL": "memory://"}, leader_ttl=-1)
     with pytest.raises(ConfigError, match=r"^CELERY_LEADER_URL is not set"):
         LeaderConfig.from_env({})
+
+
+def test_unknown_settings_are_warned_about_once_with_the_closest_name(caplog) -> None:
+    class Misspelt(DjangoSettings):
+        CELERY_LEADER_RENEW_INTERVALL = 2
+        CELERY_LEADER_ZZZ = 1
+
+    app = app_from(Misspelt)
+    with caplog.at_level(logging.WARNING, logger="celery_leader.config"):
+        LeaderConfig.from_app(app)
+        LeaderConfig.from_app(app)
+    assert [r.getMessage() for r in caplog.records] == [
+        "celery-leader: unknown setting CELERY_LEADER_RENEW_INTERVALL is ignored; "
+        "did you mean CELERY_LEADER_RENEW_INTERVAL?",
+        "celery-leader: unknown setting CELERY_LEADER_ZZZ is ignored",
+    ]
+
+
+def test_configuration_docs_quote_the_real_messages() -> None:
+    """Every error line docs/configuration.md quotes is what the code says.
+
+    The store-building errors and warnings it quotes come from real processes
+    (tests/test_startup_errors.py checks those).
+    """
+
+    class Django:
+        CELERY_LEADER_URL = "memory://"
+        CELERY_LEADER_TTL = 0
+
+    cases = [
+        {"leader_url": "memory://", "leader_renew_interval": 20},
+        {"leader_url": "mongodb://u:pw@db/x"},
+        {"leader_url": "memory://", "leader_key_prefix": "my prefix"},
+        {"leader_url": "memory://", "leader_replica_acks": -1},
+        {"broker_url": "amqp://guest:pw@rabbit//"},
+        {"leader_url": "memory://", "leader_ttl": 1e12},
+        {"leader_url": "memory://", "leader_ttl": 0.01},
+    ]
+    real = set()
+    for values in cases:
+        broker = values.pop("broker_url", None)
+        with pytest.raises(ConfigError) as exc:
+            LeaderConfig.from_mapping(values, broker_url=broker)
+        real.add(f"Error: {exc.value}")
+    with pytest.raises(ConfigError) as exc:
+        LeaderConfig.from_app(app_from(Django))
+    real.add(f"Error: {exc.value}")
+    from_processes = {
+        line
+        for line in quoted_messages()
+        if "cannot create the directory" in line
+        or "ENGINE 'django.db.backends.sqlite3'" in line
+        or "unknown setting" in line
+    }
+    assert quoted_messages() - from_processes == real

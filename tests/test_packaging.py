@@ -8,6 +8,8 @@ work without Celery or any store client.
 from __future__ import annotations
 
 import fnmatch
+import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -15,6 +17,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import tomllib
+
+import celery_leader
+from harness.venvs import clean_venv
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "celery_leader"
@@ -100,6 +106,81 @@ def test_sdist_ships_only_tracked_files(dists: dict[str, Path]) -> None:
     assert sorted(n for n in names if _generated(n)) == []
     assert "celery_leader/__init__.py" in names
     assert "tests/test_packaging.py" in names
+    assert {"LICENSE", "CHANGELOG.md"} <= set(names)
+
+
+# -- what PyPI shows -------------------------------------------------------------
+
+
+def _metadata(dists: dict[str, Path]) -> str:
+    with zipfile.ZipFile(dists["wheel"]) as wheel:
+        return wheel.read(
+            next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
+        ).decode()
+
+
+def test_wheel_ships_the_license_and_the_metadata_names_it(dists: dict[str, Path]) -> None:
+    with zipfile.ZipFile(dists["wheel"]) as wheel:
+        licenses = [n for n in wheel.namelist() if "/licenses/" in n]
+        assert [n.rsplit("/", 1)[1] for n in licenses] == ["LICENSE"]
+        assert "MIT License" in wheel.read(licenses[0]).decode()
+    metadata = _metadata(dists)
+    assert "License-Expression: MIT" in metadata
+    assert "License-File: LICENSE" in metadata
+
+
+def test_metadata_has_urls_python_classifiers_and_the_one_version(dists: dict[str, Path]) -> None:
+    metadata = _metadata(dists)
+    urls = {
+        line.split(": ", 1)[1].split(",")[0]
+        for line in metadata.splitlines()
+        if line.startswith("Project-URL: ")
+    }
+    assert urls == {"Documentation", "Source", "Changelog", "Issues"}
+    for minor in (10, 11, 12, 13):
+        assert f"Classifier: Programming Language :: Python :: 3.{minor}" in metadata
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert f"Version: {version}" in metadata
+    # __version__ is read from the installed metadata, never written twice.
+    assert celery_leader.__version__ == version
+    assert f"## [{version}]" in (ROOT / "CHANGELOG.md").read_text()
+
+
+def test_twine_check_passes(dists: dict[str, Path]) -> None:
+    check = subprocess.run(
+        [sys.executable, "-m", "twine", "check", "--strict", *map(str, dists.values())],
+        capture_output=True,
+        text=True,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_readme_links_work_on_pypi() -> None:
+    """The README is the PyPI page, where a relative link leads nowhere."""
+    links = re.findall(r"\]\(([^)]+)\)", (ROOT / "README.md").read_text())
+    assert links
+    assert [link for link in links if not link.startswith("https://")] == []
+
+
+@pytest.mark.slow
+def test_the_wheel_runs_the_quickstart_in_a_clean_venv(
+    dists: dict[str, Path], tmp_path: Path
+) -> None:
+    """What a user gets from PyPI: the built wheel, its extras, nothing from the checkout."""
+    python, names = clean_venv(tmp_path, f"{dists['wheel']}[celery,django]")
+    assert {"celery-leader", "celery", "kombu", "redis", "django"} <= names, names
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CELERY_", "PYTHON"))}
+    # From tmp_path, so that celery_leader comes from the venv, not the checkout.
+    run = subprocess.run(
+        [python, str(ROOT / "example_project" / "quickstart.py"), "--short"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=180,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert re.search(r"^\d+ slots, 0 sent twice$", run.stdout, re.MULTILINE), run.stdout
 
 
 # -- the base install ---------------------------------------------------------
@@ -154,3 +235,21 @@ def test_base_install_works_without_celery_or_store_clients() -> None:
     for line, extra in zip(lines[1:], ("celery", "celery", "redis", "postgres"), strict=True):
         assert line.endswith(f"pip install 'celery-leader[{extra}]'"), line
         assert "\n" not in line
+
+
+def test_the_install_page_lists_the_floors_pyproject_declares() -> None:
+    """docs/install.md's table of oldest versions is pyproject.toml's, which the matrix tests."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    declared = {}
+    for requirement in (r for group in extras.values() for r in group):
+        match = re.fullmatch(r"([\w-]+)(?:\[[\w,]+\])?>=([\d.]+)", requirement)
+        assert match, requirement
+        declared[match[1]] = match[2]
+    page = (ROOT / "docs" / "install.md").read_text()
+    row = re.compile(r"^\| ([\w-]+)(?: \([\w-]+\))? \| ([\d.]+)[^|]*\|", re.MULTILINE)
+    listed = dict(row.findall(page))
+    assert len(listed) >= 8, f"the table of oldest versions in docs/install.md: {listed}"
+    for name, version in listed.items():
+        assert version.startswith(declared[name]), (name, version, declared[name])

@@ -27,12 +27,12 @@ from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from ..config import LeaderConfig, validate_grace, validate_missed_slots
+from ..config import validate_grace, validate_missed_slots
 from ..exceptions import ConfigError, missing_extra
 from ..schedule.jobs import Adapter, Job, Outcome
 from ..schedule.protocol import SlotProtocol
 from ..schedule.series import CronSeries, Every, Series, utc
-from . import publishing
+from . import publishing, startup
 from .signals import elected as _elected  # noqa: F401 - importing it connects the signals
 
 try:
@@ -73,8 +73,9 @@ class LeaderSchedulerMixin:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         app = kwargs.get("app", args[0] if args else None)
-        # Validate at start-up, so bad settings fail before beat runs.
-        self.leader_config = LeaderConfig.from_app(app)
+        # Validate at start-up (beat builds its scheduler for the banner, before
+        # it runs), so bad settings and a store that cannot be built fail there.
+        self.leader_config = startup.app_config(app)
         self._set_up = False
         self._sending = False  # inside _send: apply_async keeps its error
         self._send_error: BaseException | None = None
@@ -147,8 +148,12 @@ class LeaderSchedulerMixin:
             # apply_entry (not apply_async): code that hooks it, like
             # sentry-sdk's Crons integration, sees every slot.
             self.apply_entry(entry, producer=producer)
-        except Exception as exc:  # a hook of apply_entry raised before sending
-            self._send_error = exc
+        except Exception as exc:
+            # A hook of apply_entry raised before sending; or, after apply_async
+            # kept the real failure and returned None, Celery before 5.4 failed
+            # reading that None's id: the failure kept is the one that counts.
+            if self._send_error is None:
+                self._send_error = exc
         finally:
             self._sending = False
             entry.options = options

@@ -14,6 +14,7 @@ from .. import ops
 from ..config import LeaderConfig
 from ..exceptions import ConfigError, missing_extra
 from ..schedule import plan as planning
+from . import startup
 from .beat import LeaderScheduler
 
 try:
@@ -26,7 +27,8 @@ def _config(ctx: click.Context) -> LeaderConfig:
     try:
         return LeaderConfig.from_app(ctx.obj.app)
     except ConfigError as exc:
-        raise click.UsageError(str(exc)) from exc
+        # One line on stderr (a UsageError would print click's usage lines first).
+        raise startup.for_cli(exc) from None
 
 
 def _fail(exc: ops.OpsError) -> NoReturn:

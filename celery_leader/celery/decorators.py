@@ -28,8 +28,9 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
-from ..config import validate_name
+from ..config import namespace_of, spelled, validate_name
 from ..exceptions import ConfigError, missing_extra
+from ..startup import check_store
 from . import leadership, routing
 from .routing import ON_FOLLOWER, LeaderOnly, OnFollower, spec_of
 from .signals import elected as _elected  # noqa: F401 - importing it connects the signals
@@ -310,6 +311,9 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
         return
     try:
         config = leadership.config_of(app)
+        # Build the store too: one it cannot build (file:///proc/nope, django://
+        # on SQLite) fails here, not in the lease's loop with a traceback.
+        check_store(config, spelled("leader_url", namespace_of(app)))
         leader_queues = routing.leader_queues(app, config.worker_election)
         queues = app.amqp.queues
         # Queues named by -Q; None without -Q (then the worker consumes task_queues).

@@ -12,8 +12,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from ..config import SETTINGS, LeaderConfig, env_name
+from ..config import SETTINGS, LeaderConfig, env_name, warn_unknown
 from ..exceptions import ConfigError
+from ..startup import check_store
 
 
 def load_config(arguments: Mapping[str, Any]) -> LeaderConfig:
@@ -28,6 +29,8 @@ def load_config(arguments: Mapping[str, Any]) -> LeaderConfig:
         )
     config = LeaderConfig.from_env(environ, names, **overrides)
     refuse_celery_only(config)
+    # A store that cannot be built fails with the app's import, in one line.
+    check_store(config, names.get("leader_url", env_name("leader_url")))
     return config
 
 
@@ -53,6 +56,7 @@ def _django_settings() -> dict[str, str] | None:
         return None
     if not settings.configured:
         return None
+    warn_unknown(dir(settings), "CELERY_")
     values = {}
     for key in SETTINGS:
         value = getattr(settings, env_name(key), None)

@@ -17,6 +17,7 @@ cut off from the master is not online, yet Sentinel may still promote it.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -49,6 +50,24 @@ class Acks:
         return self.needed is not None and self.acked >= self.needed
 
 
+#: Pool class -> whether its ``get_connection`` requires a command name.
+_WANTS_COMMAND_NAME: dict[type, bool] = {}
+
+
+def _wants_command_name(pool_type: type) -> bool:
+    """Whether ``pool_type.get_connection`` requires a command name (redis-py before 5.3).
+
+    The pool ignores the name; redis-py 5.3 made it optional and warns when given.
+    """
+    wants = _WANTS_COMMAND_NAME.get(pool_type)
+    if wants is None:
+        method = getattr(pool_type, "get_connection")  # noqa: B009 - a type's attribute
+        parameter = inspect.signature(method).parameters.get("command_name")
+        wants = parameter is not None and parameter.default is inspect.Parameter.empty
+        _WANTS_COMMAND_NAME[pool_type] = wants
+    return wants
+
+
 class Pinned:
     """One pooled connection held for several round trips.
 
@@ -65,7 +84,10 @@ class Pinned:
         self._clean = True
 
     def __enter__(self) -> Pinned:
-        self._conn = self._pool.get_connection()
+        if _wants_command_name(type(self._pool)):
+            self._conn = self._pool.get_connection("WAIT")
+        else:
+            self._conn = self._pool.get_connection()
         return self
 
     def __exit__(

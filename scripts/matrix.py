@@ -1,0 +1,156 @@
+"""The compatibility matrix: a fast subset of the suite on each Python and dependency set.
+
+    python scripts/matrix.py                          # every cell: 4 Pythons x oldest/newest
+    python scripts/matrix.py oldest-3.10 newest-3.13  # what CI runs
+
+A cell is a Python (3.10 to 3.13) and a dependency set, installed with uv into a
+fresh virtualenv under ``.matrix/``:
+
+* ``oldest``: ``uv pip install --resolution lowest-direct``, the lowest version of
+  every requirement ``pyproject.toml`` declares (Celery, kombu, Dramatiq, redis-py,
+  psycopg, etcd3gw, Django, django-celery-beat, ...): the floors are what this cell
+  proves, not a list kept by hand beside them;
+* ``newest``: the newest release of each.
+
+Why uv and not nox or pip: only uv resolves to the declared floors
+(``lowest-direct``), and it installs a cell in seconds from its cache, which is
+what lets CI run two cells on every change.
+
+The subset: the unit tests, the store contract on Redis, PostgreSQL and etcd, a
+real three-beat fail-over on Redis and a Dramatiq scheduler fail-over. It prints
+one line per cell and exits 1 when any cell failed. Needs uv (in the dev group)
+and the servers ``scripts/setup.sh`` installs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHONS = ("3.10", "3.11", "3.12", "3.13")
+DEPS = ("oldest", "newest")
+#: Every extra: the matrix covers each store client and both frameworks.
+EXTRAS = "celery,dramatiq,redis,postgres,django,metrics,etcd"
+#: What the tests themselves import (pika: Dramatiq's RabbitMQ broker in unit tests).
+TEST_REQUIREMENTS = ("pytest>=8", "pytest-timeout>=2.2", "pika>=1.3")
+
+#: The fast subset, one pytest run per group (so that -k applies to one file).
+GROUPS: dict[str, list[str]] = {
+    "unit": [
+        "tests/test_config.py",
+        "tests/test_lease_unit.py",
+        "tests/test_beat_unit.py",
+        "tests/test_dramatiq_unit.py",
+        "tests/test_startup_errors.py",
+    ],
+    "contract": ["tests/test_backend_contract.py", "-k", "redis or postgres or etcd"],
+    # Three `celery beat` on Redis at the default ttl, the leader SIGKILLed three times.
+    "beat-failover": [
+        "tests/test_beat_chaos.py::"
+        "test_three_beats_at_the_default_ttl_replace_a_crashed_leader_within_half_a_second"
+    ],
+    # Three Dramatiq replicas on a Redis broker and a PostgreSQL store: the
+    # scheduler's leader killed (group, fork, main process), nothing sent twice.
+    "dramatiq-failover": [
+        "tests/test_dramatiq_chaos.py::"
+        "test_crashes_are_detected_at_once_on_postgres_and_file[postgres]"
+    ],
+}
+
+
+def find_python(version: str) -> str:
+    """An interpreter of ``version``: ``pythonX.Y`` on PATH, else one pyenv installed."""
+    candidates = [shutil.which(f"python{version}")]
+    pyenv_root = os.environ.get("PYENV_ROOT", str(Path.home() / ".pyenv"))
+    candidates += sorted(glob.glob(f"{pyenv_root}/versions/{version}.*/bin/python{version}"))
+    for candidate in candidates:
+        # A pyenv shim exists for every installed version but runs only the selected one.
+        if candidate and subprocess.run([candidate, "-V"], capture_output=True).returncode == 0:
+            return candidate
+    raise SystemExit(f"matrix: no Python {version} found (PATH or pyenv)")
+
+
+def uv() -> str:
+    """The uv of this virtualenv, else the one on PATH."""
+    local = Path(sys.executable).parent / "uv"
+    found = str(local) if local.exists() else shutil.which("uv")
+    if found is None:
+        raise SystemExit("matrix: uv is not installed (pip install uv, or the dev group)")
+    return found
+
+
+def install(cell: str, version: str, deps: str) -> Path:
+    """A fresh virtualenv for ``cell`` with the package, every extra and the test tools."""
+    venv = ROOT / ".matrix" / cell
+    subprocess.run(
+        [uv(), "venv", "-q", "--clear", "--python", find_python(version), str(venv)], check=True
+    )
+    python = venv / "bin" / "python"
+    resolution = ["--resolution", "lowest-direct"] if deps == "oldest" else []
+    subprocess.run(
+        [uv(), "pip", "install", "-q", "--python", str(python), *resolution,
+         f"{ROOT}[{EXTRAS}]", *TEST_REQUIREMENTS],
+        check=True,
+        cwd=ROOT,
+    )  # fmt: skip
+    return python
+
+
+def versions(python: Path) -> str:
+    """The versions this cell tested, for its line in the table."""
+    listed = subprocess.run(
+        [uv(), "pip", "list", "--python", str(python), "--format", "freeze"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    wanted = ("celery", "kombu", "dramatiq", "redis", "psycopg", "etcd3gw", "django",
+              "django-celery-beat")  # fmt: skip
+    found = dict(line.split("==", 1) for line in listed.splitlines() if "==" in line)
+    return " ".join(f"{name} {found[name]}" for name in wanted if name in found)
+
+
+def run_cell(cell: str) -> tuple[bool, str]:
+    """Install and test one cell (``oldest-3.10``); returns (passed, its summary)."""
+    deps, version = cell.split("-", 1)
+    started = time.monotonic()
+    python = install(cell, version, deps)
+    results = []
+    passed = True
+    for group, args in GROUPS.items():
+        status = subprocess.run(
+            [str(python), "-m", "pytest", "-p", "no:cacheprovider", "-q", "-x", *args],
+            cwd=ROOT,
+        ).returncode
+        results.append(f"{group} {'ok' if status == 0 else 'FAILED'}")
+        passed = passed and status == 0
+    took = time.monotonic() - started
+    return passed, f"{', '.join(results)}; {versions(python)} ({took:.0f} s)"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    every = [f"{deps}-{version}" for version in PYTHONS for deps in DEPS]
+    parser.add_argument("cells", nargs="*", choices=[[], *every], metavar="CELL",
+                        help=f"cells to run (default: all of {', '.join(every)})")  # fmt: skip
+    cells = parser.parse_args().cells or every
+    table = []
+    for cell in cells:
+        print(f"==> matrix cell {cell}", flush=True)
+        passed, summary = run_cell(cell)
+        table.append((cell, passed, summary))
+    print("\n| cell | result | what ran |\n|---|---|---|")
+    for cell, passed, summary in table:
+        print(f"| {cell} | {'passed' if passed else 'FAILED'} | {summary} |")
+    return 0 if all(passed for _, passed, _ in table) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
