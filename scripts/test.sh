@@ -28,6 +28,15 @@ if [[ -f mkdocs.yml ]]; then
     NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict -q -d "$site" || fail "mkdocs build --strict"
 fi
 
+# The compatibility matrix's oldest and newest cells (README, "Run the tests"):
+# the floors pyproject.toml declares and the newest releases, on the oldest and
+# newest Python. Only on a whole run: arguments narrow the run to some tests.
+# Before pytest, so that pytest's summary is the run's closing line.
+if (($# == 0)); then
+    echo "==> scripts/matrix.py oldest-3.10 newest-3.13"
+    .venv/bin/python scripts/matrix.py oldest-3.10 newest-3.13 || fail "compatibility matrix"
+fi
+
 # Two workers (pytest-xdist): the suite mostly waits on real processes and
 # servers, so two at once halve its wall time on two cores. `-n 0` runs serially.
 echo "==> pytest -n 2 $*"
@@ -39,11 +48,3 @@ case $status in
     5) fail "pytest collected no tests" ;;
     *) fail "pytest (exit status $status)" ;;
 esac
-
-# The compatibility matrix's oldest and newest cells (README, "Run the tests"):
-# the floors pyproject.toml declares and the newest releases, on the oldest and
-# newest Python. Only on a whole run: arguments narrow the run to some tests.
-if (($# == 0)); then
-    echo "==> scripts/matrix.py oldest-3.10 newest-3.13"
-    .venv/bin/python scripts/matrix.py oldest-3.10 newest-3.13 || fail "compatibility matrix"
-fi
