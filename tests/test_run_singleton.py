@@ -1,0 +1,161 @@
+"""``leader run``: a command on one replica only, under faults, with real processes.
+
+Three ``python -m celery_leader run`` replicas on one Redis wrap a child that
+records its lifetime every 50 ms (:mod:`harness.singleton`). The leading
+replica is SIGKILLed, paused past the ttl and cut off from the store; the
+children's lifetimes must never overlap and nothing may outlive the runners.
+``benchmarks/singleton.py`` runs 20 faults on three stores and single-beat.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.procs import Proc, Procs
+from harness.servers import RedisServer
+from harness.singleton import Fleet, alive, lifetimes, overlaps, wait_until
+from harness.waiting import wait_for
+
+pytestmark = pytest.mark.slow
+
+TTL = 2.0
+GRACE = 0.3
+
+
+def _run(*args: str, url: str = "redis://127.0.0.1:1/0") -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "celery_leader", "run", *args],
+        env={"PATH": "/usr/bin:/bin", "CELERY_LEADER_URL": url},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--election", "x"], "no command to run"),
+        (["--election", "x", "--", "/nonexistent/cmd"], "cannot execute '/nonexistent/cmd'"),
+        (["--election", "x", "--url", "nosuch://h", "--", "true"], "--url has unknown scheme"),
+        (["--election", "x", "--ttl", "2", "--grace", "5", "--", "true"], "--grace must be"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2_before_campaigning(args: list[str], says: str) -> None:
+    # The store URL names a closed port: campaigning would log connection errors.
+    result = _run(*args)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and says in result.stderr, result.stderr
+    assert result.stdout == ""
+
+
+def test_no_overlap_no_orphans_under_faults(
+    redis_server: RedisServer, redis_url: str, tmp_path: Path
+) -> None:
+    fleet = Fleet(
+        "leader",
+        [redis_server.port],
+        lambda proxies: proxies[0].url_for(redis_url),
+        tmp_path,
+        ttl=TTL,
+        grace=GRACE,
+    )
+    try:
+        fleet.top_up()
+        outcomes = [fleet.fault(fault) for fault in ("sigkill", "sigstop", "cut", "sigkill")]
+        _, life = fleet.steady()
+        assert life.epoch.isdigit(), "the child gets LEADER_EPOCH"
+        fleet.stop()
+        # The runners exit after their children: nothing is left.
+        assert [r.proc.popen.returncode for r in fleet.runners] == [0, 0, 0]
+        assert wait_until(lambda: not fleet.orphans(), 1.0) is not None, fleet.orphans()
+    finally:
+        fleet.close()
+    lives = lifetimes(fleet.records)
+    assert overlaps(lives) == []
+    # Epochs grow with every child: each ran under a term of its own or a later one.
+    epochs = [int(life.epoch) for life in lives]
+    assert epochs == sorted(epochs)
+    for outcome in outcomes:
+        assert outcome.old_gone is not None and outcome.new_start is not None, outcome
+        if outcome.fault == "sigkill":
+            assert outcome.old_gone < 0.5, outcome
+            assert outcome.new_start < 1.0, outcome
+        else:
+            # The old child is stopped before the lease can pass: within the ttl.
+            assert outcome.old_gone < TTL, outcome
+            assert outcome.new_start < TTL + 1.0, outcome
+
+
+def test_signal_stops_the_child_then_hands_over_at_once(
+    redis_server: RedisServer, redis_url: str, tmp_path: Path
+) -> None:
+    fleet = Fleet(
+        "leader",
+        [redis_server.port],
+        lambda p: p[0].url_for(redis_url),
+        tmp_path,
+        TTL,
+        GRACE,
+        count=2,
+    )
+    try:
+        fleet.top_up()
+        runner, old = fleet.steady()
+        runner.proc.signal(signal.SIGTERM, group=False)
+        assert runner.proc.wait(timeout=5) == 0
+        assert not alive(old.pid)
+        fleet.runners.remove(runner)
+        _, new = fleet.steady()
+        # Released, not expired: the follower starts well within the ttl.
+        assert new.start - old.last < 1.0
+    finally:
+        fleet.close()
+    assert overlaps(lifetimes(fleet.records)) == []
+
+
+def _runner(procs: Procs, url: str, *args: str) -> Proc:
+    return procs.spawn_python(
+        "import sys; from celery_leader.__main__ import main; sys.exit(main())",
+        "run",
+        "--election",
+        "restarts",
+        "--url",
+        url,
+        "--ttl",
+        str(TTL),
+        *args,
+    )
+
+
+def test_restart_never_resigns_with_the_commands_status(
+    procs: Procs, redis_url: str, tmp_path: Path
+) -> None:
+    runner = _runner(procs, redis_url, "--", "sh", "-c", "exit 7")
+    assert runner.wait(timeout=15) == 7
+    status = subprocess.run(
+        [sys.executable, "-m", "celery_leader", "status", "restarts"],
+        env={"PATH": "/usr/bin:/bin", "CELERY_LEADER_URL": redis_url},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert status.returncode == 3, status.stdout  # released: nobody leads
+
+
+def test_restart_on_failure_starts_a_failed_command_again(
+    procs: Procs, redis_url: str, tmp_path: Path
+) -> None:
+    runs = tmp_path / "runs"
+    script = f'echo "$LEADER_ELECTION $LEADER_EPOCH" >> {runs}; exit 1'
+    runner = _runner(procs, redis_url, "--restart", "on-failure", "--", "sh", "-c", script)
+    wait_for(lambda: runs.exists() and len(runs.read_text().splitlines()) >= 2, 15)
+    runner.signal(signal.SIGTERM, group=False)
+    assert runner.wait(timeout=10) == 0
+    first, second = runs.read_text().splitlines()[:2]
+    assert first == second and first.startswith("restarts "), "one term, restarted within it"
