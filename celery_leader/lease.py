@@ -68,6 +68,9 @@ class Lease:
     non-empty answer (the reason) makes a leader step down and a follower stay
     out, so a process whose own work is stuck does not keep the role.
     ``on_cycle`` runs in the lease thread after every acquire or renew cycle.
+    ``on_new_holder`` runs in the lease thread whenever a holder (instance and
+    epoch) not seen before shows up: in a follower's acquire, or this instance's
+    own term once it is announced.
     """
 
     #: Why the last term ended: ``"expired"``, ``"lost"``, ``"disconnected"``,
@@ -88,6 +91,7 @@ class Lease:
         health_check: Callable[[], str | None] | None = None,
         on_cycle: Callback | None = None,
         deployment: str | None = None,
+        on_new_holder: Callable[[HolderInfo], Any] | None = None,
     ) -> None:
         validate_name("election", election)
         check_timing(ttl, renew_interval, "ttl", "renew_interval")
@@ -103,6 +107,9 @@ class Lease:
         self.on_demoted = on_demoted
         self.health_check = health_check
         self.on_cycle = on_cycle
+        self.on_new_holder = on_new_holder
+        #: The last holder seen (this instance's own term included), else ``None``.
+        self.last_holder: HolderInfo | None = None
         self._validity = validity(ttl)
         self._step_down_request: tuple[str, str, float] | None = None
 
@@ -128,6 +135,7 @@ class Lease:
         *,
         on_elected: Callback | None = None,
         on_demoted: Callback | None = None,
+        on_new_holder: Callable[[HolderInfo], Any] | None = None,
     ) -> Lease:
         """A lease with the ttl, renew interval and instance id of ``config``."""
         return cls(
@@ -139,6 +147,7 @@ class Lease:
             on_elected=on_elected,
             on_demoted=on_demoted,
             deployment=config.deployment,
+            on_new_holder=on_new_holder,
         )
 
     # -- what callers ask ---------------------------------------------------
@@ -276,6 +285,7 @@ class Lease:
         if result.holder is not None:
             self._max_epoch = max(self._max_epoch, result.holder.epoch)
             self._warn_if_foreign(result.holder)
+            self._saw_holder(result.holder)
         if result.term is None:
             wait = min(max(result.retry_after, 0.0) + FOLLOWER_SLACK, self.ttl)
             self.backend.wait(self.election, wait, self._stopping)
@@ -434,6 +444,23 @@ class Lease:
                 self.on_demoted(self)
             return
         _notify("elected", self, term.epoch)
+        self._saw_holder(HolderInfo(self.instance_id, term.epoch, self.ttl, self.deployment))
+
+    def _saw_holder(self, holder: HolderInfo) -> None:
+        """Tell ``on_new_holder`` about a holder (instance, epoch) not seen before."""
+        last = self.last_holder
+        seen = last is not None and (last.instance_id, last.epoch) == (
+            holder.instance_id,
+            holder.epoch,
+        )
+        if seen:
+            return
+        self.last_holder = holder
+        if self.on_new_holder is not None:
+            try:
+                self.on_new_holder(holder)
+            except Exception:
+                logger.exception("celery-leader: on_new_holder of %r failed", self.election)
 
     def _step_down(
         self,

@@ -21,7 +21,7 @@ import os
 import threading
 from collections.abc import Callable
 
-from .backends import Backend, create_backend
+from .backends import Backend, HolderInfo, create_backend
 from .config import LeaderConfig
 from .lease import Lease
 
@@ -39,12 +39,14 @@ class Membership:
         lease: Lease,
         on_change: Callable[[Lease], None] | None,
         health_check: Callable[[], str | None] | None,
+        on_new_leader: Callable[[HolderInfo], None] | None = None,
     ) -> None:
         self._owner = owner
         #: The election's one lease in this process.
         self.lease = lease
         self.on_change = on_change
         self.health_check = health_check
+        self.on_new_leader = on_new_leader
 
     def leave(self) -> None:
         """Stop taking part. The last member to leave ends the lease (demote, release,
@@ -82,6 +84,7 @@ class LeaseSet:
         on_change: Callable[[Lease], None] | None = None,
         health_check: Callable[[], str | None] | None = None,
         start: bool = True,
+        on_new_leader: Callable[[HolderInfo], None] | None = None,
     ) -> Membership:
         """A membership of ``election``'s lease, created on the first join; started
         unless ``start=False``.
@@ -91,7 +94,9 @@ class LeaseSet:
         another member started the lease already (it may lead by now);
         ``health_check`` is asked before every acquire
         and renewal, and any reason it gives makes the lease step down or stay
-        out.
+        out. ``on_new_leader`` runs in the lease's thread for every new holder
+        seen (followers see them too), and at once with the last one seen when
+        the lease was started already.
         """
         with self._lock:
             found = self._leases.get(election)
@@ -104,14 +109,18 @@ class LeaseSet:
                     self.backend,
                     on_elected=lambda lease: _notify(members, lease),
                     on_demoted=lambda lease: _notify(members, lease),
+                    on_new_holder=lambda holder: _notify_holder(members, holder),
                 )
                 lease.health_check = lambda: _first_problem(members)
                 found = self._leases[election] = (lease, members)
             lease, members = found
-            membership = Membership(self, lease, on_change, health_check)
+            membership = Membership(self, lease, on_change, health_check, on_new_leader)
             members.append(membership)
         if on_change is not None and shared:
             on_change(lease)  # it may have been elected before this member listened
+        holder = lease.last_holder
+        if on_new_leader is not None and shared and holder is not None:
+            on_new_leader(holder)
         if start:
             lease.start()
         return membership
@@ -168,6 +177,12 @@ def _notify(members: list[Membership], lease: Lease) -> None:
     for member in list(members):
         if member.on_change is not None:
             member.on_change(lease)
+
+
+def _notify_holder(members: list[Membership], holder: HolderInfo) -> None:
+    for member in list(members):
+        if member.on_new_leader is not None:
+            member.on_new_leader(holder)
 
 
 def _first_problem(members: list[Membership]) -> str | None:
