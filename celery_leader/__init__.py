@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from .config import LeaderConfig
 from .exceptions import ConfigError, LeaderError, MissingExtra, NotLeader, StoreUnavailable
 from .lease import Lease
+from .singleton import LeaderLoop, Leadership, leader_loop
 
 if TYPE_CHECKING:
     from .celery.beat import LeaderScheduler, LeaderSchedulerMixin
@@ -49,8 +50,10 @@ __all__ = [
     "ConfigError",
     "LeaderConfig",
     "LeaderError",
+    "LeaderLoop",
     "LeaderScheduler",
     "LeaderSchedulerMixin",
+    "Leadership",
     "Lease",
     "MissingExtra",
     "NotLeader",
@@ -60,6 +63,7 @@ __all__ = [
     "install",
     "install_worker_steps",
     "is_leader",
+    "leader_loop",
     "leader_only",
     "leader_queue",
 ]
