@@ -53,6 +53,9 @@ class Result:
     outcomes: list[Outcome]
     overlaps: int
     orphans: int
+    #: Faults after which no single child ran steadily within 30 s (the fleet was
+    #: then killed and started afresh).
+    unsettled: int
     seconds: float
 
 
@@ -84,9 +87,16 @@ def run_system(system: str, faults: int, log: Callable[[str], None]) -> Result:
     fleet = Fleet(kind, ports, url_via, workdir, ttl=TTL, grace=GRACE)
     began = time.monotonic()
     outcomes: list[Outcome] = []
+    unsettled = 0
     try:
         fleet.top_up()
         for i in range(faults):
+            try:
+                fleet.steady()
+            except AssertionError:
+                log(f"  {system}: no single child runs steadily; starting afresh")
+                unsettled += 1
+                fleet.reset()
             outcome = fleet.fault(FAULTS[i % len(FAULTS)])
             log(f"  {system} {outcome}")
             outcomes.append(outcome)
@@ -111,6 +121,7 @@ def table(results: list[Result]) -> str:
         "faults": [str(len(r.outcomes)) for r in results],
         "overlapping children": [str(r.overlaps) for r in results],
         "orphans at the end": [str(r.orphans) for r in results],
+        "faults after which no single child settled": [str(r.unsettled) for r in results],
     }
     for fault in FAULTS:
         chosen = [[o for o in r.outcomes if o.fault == fault] for r in results]

@@ -108,8 +108,10 @@ class Lease:
         self.health_check = health_check
         self.on_cycle = on_cycle
         self.on_new_holder = on_new_holder
-        #: The last holder seen (this instance's own term included), else ``None``.
+        #: The last holder seen (this instance's own term included), else ``None``,
+        #: and the ``time.time()`` it was first seen.
         self.last_holder: HolderInfo | None = None
+        self.last_holder_since: float | None = None
         self._validity = validity(ttl)
         self._step_down_request: tuple[str, str, float] | None = None
 
@@ -455,7 +457,7 @@ class Lease:
         )
         if seen:
             return
-        self.last_holder = holder
+        self.last_holder, self.last_holder_since = holder, time.time()
         if self.on_new_holder is not None:
             try:
                 self.on_new_holder(holder)

@@ -180,6 +180,16 @@ class Fleet:
         chain = ancestors(pid)
         return next((r for r in self.runners if r.proc.pid in chain), None)
 
+    def reset(self) -> None:
+        """Kill every runner, its group and every child, and start afresh."""
+        for runner in self.runners:
+            runner.proc.kill_group()
+        for pid in self.orphans():
+            os.kill(pid, signal.SIGKILL)
+        self.retired += self.runners
+        self.runners = []
+        self.top_up()
+
     def steady(self, timeout: float = 30.0) -> tuple[Runner, Life]:
         """Until one child runs, under one of the live runners, for 0.3 s."""
         deadline = time.monotonic() + timeout
@@ -214,6 +224,8 @@ class Fleet:
         if fault == "sigkill":
             # What a container runtime or systemd does once the main process died:
             # kill its process group (single-beat's child is in it; a guard is not).
+            # Half a second after the new child started, so that an orphan shows.
+            time.sleep(0.5)
             runner.proc.kill_group()
         elif fault == "sigstop":
             runner.proc.signal(signal.SIGCONT, group=False)

@@ -9,15 +9,17 @@ children's lifetimes must never overlap and nothing may outlive the runners.
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 from harness.procs import Proc, Procs
-from harness.servers import RedisServer
+from harness.servers import RedisServer, free_port
 from harness.singleton import Fleet, alive, lifetimes, overlaps, wait_until
 from harness.waiting import wait_for
 
@@ -119,7 +121,7 @@ def test_signal_stops_the_child_then_hands_over_at_once(
     assert overlaps(lifetimes(fleet.records)) == []
 
 
-def _runner(procs: Procs, url: str, *args: str) -> Proc:
+def _runner(procs: Procs, url: str, *args: str, env: dict[str, str] | None = None) -> Proc:
     return procs.spawn_python(
         "import sys; from celery_leader.__main__ import main; sys.exit(main())",
         "run",
@@ -130,6 +132,7 @@ def _runner(procs: Procs, url: str, *args: str) -> Proc:
         "--ttl",
         str(TTL),
         *args,
+        env=env,
     )
 
 
@@ -159,3 +162,37 @@ def test_restart_on_failure_starts_a_failed_command_again(
     assert runner.wait(timeout=10) == 0
     first, second = runs.read_text().splitlines()[:2]
     assert first == second and first.startswith("restarts "), "one term, restarted within it"
+
+
+def test_health_endpoint_of_runners(procs: Procs, redis_url: str) -> None:
+    ports = [free_port(), free_port()]
+    runners = [
+        _runner(
+            procs,
+            redis_url,
+            "--",
+            "sleep",
+            "60",
+            env={"CELERY_LEADER_HEALTH_PORT": str(port), "CELERY_LEADER_INSTANCE_ID": f"r{i}"},
+        )
+        for i, port in enumerate(ports)
+    ]
+    leader = wait_for(lambda: next((r for r in runners if "leads 'restarts'" in r.output()), 0), 15)
+    name = f"r{runners.index(leader)}"
+    for runner in runners:
+        runner.wait_for_line("campaigns for", timeout=15)  # serving by then
+    for port in ports:
+        # Leader and follower are both healthy, and both know who leads.
+        url = f"http://127.0.0.1:{port}"
+        with urllib.request.urlopen(f"{url}/healthz", timeout=5) as reply:
+            assert reply.status == 200 and reply.read().startswith(b"OK: ")
+        seen = wait_for(
+            lambda: _json(f"{url}/leader")["holder"] == name and _json(f"{url}/leader"), 5
+        )
+        assert seen["election"] == "restarts" and seen["epoch"] > 0 and seen["since"] > 0
+        assert seen["this_process_leads"] == (port == ports[runners.index(leader)])
+
+
+def _json(url: str) -> dict[str, object]:
+    with urllib.request.urlopen(url, timeout=5) as reply:
+        return dict(json.loads(reply.read()))

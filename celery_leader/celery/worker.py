@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .. import metrics
+from .. import http_health, metrics
 from ..backends import Backend
 from ..config import LeaderConfig
 from ..exceptions import StoreUnavailable, missing_extra
@@ -130,9 +130,10 @@ class LeaderNode:
             metrics.require()  # a missing [metrics] extra fails as the worker starts
         #: The worker election's health, for ``leader check`` (liveness probes);
         #: rewritten by the publishing loop, so a stuck loop shows as a stale file.
+        #: The same record serves the HTTP endpoint (``leader_health_port``).
         self.health = (
             None
-            if config.health_file is None
+            if config.health_file is None and config.health_port is None
             else HealthFile(config.health_file, self._by_election[config.worker_election])
         )
         deadline_table.set_process_table(self.table)
@@ -185,6 +186,8 @@ class LeaderNode:
             self._refresh_beat_epoch()
         if self.config.metrics_port is not None:
             metrics.serve(self.config.metrics_port)
+        if self.config.health_port is not None and self.health is not None:
+            http_health.serve(self.config.health_port, self.health)
         for lease in self.leases:
             metrics.track(lease)
             lease.start()

@@ -25,7 +25,9 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from .. import http_health
 from ..config import LeaderConfig
+from ..health import HealthFile
 from ..lease import Lease
 from ..leases import lease_set
 from . import guard as guard_module
@@ -139,6 +141,16 @@ class Runner:
         """Until a stop signal or the command's final exit; return the exit status."""
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._on_signal)
+        membership = lease_set(self.config).join(
+            self.spec.election, on_change=self._on_change, start=False
+        )
+        lease = membership.lease
+        health = None
+        if self.config.health_port is not None:
+            # Rewritten by the main loop: a runner that hangs shows as stale.
+            health = HealthFile(None, lease)
+            http_health.serve(self.config.health_port, health)
+        lease.start()  # the endpoint answers from the start of the campaign
         logger.info(
             "celery-leader run: %s campaigns for %r on %s to run %s",
             self.config.instance_id,
@@ -146,10 +158,8 @@ class Runner:
             self.config.display_url,
             shlex.join(self.spec.command),
         )
-        membership = lease_set(self.config).join(self.spec.election, on_change=self._on_change)
-        lease = membership.lease
         try:
-            code = self._loop(lease)
+            code = self._loop(lease, health)
         finally:
             self._stop_child(self._stop_signal or signal.SIGTERM)
             # Released only now, when the command is gone: another replica
@@ -157,12 +167,14 @@ class Runner:
             membership.leave()
         return code
 
-    def _loop(self, lease: Lease) -> int:
+    def _loop(self, lease: Lease, health: HealthFile | None) -> int:
         while self._stop_signal is None:
             self._wake.wait(FEED_INTERVAL)
             self._wake.clear()
             if self._stop_signal is not None:
                 break
+            if health is not None:
+                health.write(force=False)
             with self._lock:
                 child = self._child
                 if child is None:

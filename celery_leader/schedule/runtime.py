@@ -1,13 +1,14 @@
-"""A scheduler's lease and what watches it: tick watchdog, health file, metrics endpoint.
+"""A scheduler's lease and what watches it: tick watchdog, health file and
+endpoint, metrics endpoint.
 
 Built the same way for Celery beat and the Dramatiq scheduler, so
-``leader_tick_timeout``, ``leader_health_file`` and ``leader_metrics_port`` mean
-the same on both.
+``leader_tick_timeout``, ``leader_health_file``, ``leader_health_port`` and
+``leader_metrics_port`` mean the same on both.
 """
 
 from __future__ import annotations
 
-from .. import metrics
+from .. import http_health, metrics
 from ..config import LeaderConfig
 from ..health import HealthFile, Watchdog
 from ..lease import Lease
@@ -46,9 +47,11 @@ class SchedulerLease:
                 config.beat_election, health_check=self.watchdog.overdue, start=False
             )
             lease = membership.lease
-            if config.health_file is not None:
+            if config.health_file is not None or config.health_port is not None:
                 self._health = HealthFile(config.health_file, lease, self.watchdog)
                 lease.on_cycle = self._lease_cycle
+                if config.health_port is not None:
+                    http_health.serve(config.health_port, self._health)
             metrics.track(lease)
             self._membership = membership
             lease.start()
@@ -58,7 +61,7 @@ class SchedulerLease:
         self.write_health()
 
     def write_health(self) -> None:
-        """Rewrite the health file, if there is one (rate-limited)."""
+        """Rewrite the health record, if there is one (rate-limited)."""
         if self._health is not None:
             self._health.write(force=False)
 
