@@ -196,3 +196,18 @@ def test_health_endpoint_of_runners(procs: Procs, redis_url: str) -> None:
 def _json(url: str) -> dict[str, object]:
     with urllib.request.urlopen(url, timeout=5) as reply:
         return dict(json.loads(reply.read()))
+
+
+def test_celery_leader_run_takes_the_apps_settings(redis_url: str) -> None:
+    celery = [sys.executable, "-m", "celery", "-A", "tests.apps.beat_app", "leader", "run"]
+    command = ["sh", "-c", 'echo "$LEADER_ELECTION"; exit 4']
+    result = subprocess.run(
+        [*celery, "--election", "from-app", "--", *command],
+        env={"PATH": "/usr/bin:/bin", "BROKER_URL": redis_url, "LEADER_URL": redis_url},
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 4, result.stderr
+    assert result.stdout == "from-app\n"
