@@ -111,6 +111,7 @@ def run_system(system: str, faults: int, log: Callable[[str], None]) -> Result:
         outcomes,
         len(overlaps(lifetimes(fleet.records))),
         orphans,
+        unsettled,
         time.monotonic() - began,
     )
 
