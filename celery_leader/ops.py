@@ -201,6 +201,10 @@ def run(
         spec = run_spec(config, election, command, grace, restart)
         # A store whose client is missing fails here, not later in the lease thread.
         _ = lease_set(config).backend
+        runner = Runner(config, spec)
     except (ConfigError, MissingExtra) as exc:
         raise OpsError(str(exc), EXIT_UNKNOWN) from exc
-    return Runner(config, spec).run()
+    try:
+        return runner.run()
+    except ConfigError as exc:  # the health port is taken
+        raise OpsError(str(exc), EXIT_UNKNOWN) from exc

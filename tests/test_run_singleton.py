@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -54,6 +55,23 @@ def test_bad_input_is_one_line_and_exit_2_before_campaigning(args: list[str], sa
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and says in result.stderr, result.stderr
     assert result.stdout == ""
+
+
+def test_a_taken_health_port_is_one_line_and_exit_2(redis_url: str) -> None:
+    with socket.create_server(("0.0.0.0", 0)) as taken:
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "celery_leader", "run", "--election", "x", "--", "true"],
+            env={"PATH": "/usr/bin:/bin", "CELERY_LEADER_URL": redis_url}
+            | {"CELERY_LEADER_HEALTH_PORT": str(port)},
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    assert result.returncode == 2
+    assert result.stderr == f"Error: leader_health_port {port}: cannot listen: " + (
+        "[Errno 98] Address already in use\n"
+    )
 
 
 def test_no_overlap_no_orphans_under_faults(

@@ -27,6 +27,7 @@ from types import FrameType
 
 from .. import http_health
 from ..config import LeaderConfig
+from ..exceptions import ConfigError
 from ..health import HealthFile
 from ..lease import Lease
 from ..leases import lease_set
@@ -138,7 +139,10 @@ class Runner:
         self._rest_until = 0.0
 
     def run(self) -> int:
-        """Until a stop signal or the command's final exit; return the exit status."""
+        """Until a stop signal or the command's final exit; return the exit status.
+
+        Raises :class:`ConfigError` before campaigning when the health port is taken.
+        """
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._on_signal)
         membership = lease_set(self.config).join(
@@ -149,7 +153,13 @@ class Runner:
         if self.config.health_port is not None:
             # Rewritten by the main loop: a runner that hangs shows as stale.
             health = HealthFile(None, lease)
-            http_health.serve(self.config.health_port, health)
+            try:
+                http_health.serve(self.config.health_port, health)
+            except OSError as exc:
+                membership.leave()
+                raise ConfigError(
+                    f"leader_health_port {self.config.health_port}: cannot listen: {exc}"
+                ) from exc
         lease.start()  # the endpoint answers from the start of the campaign
         logger.info(
             "celery-leader run: %s campaigns for %r on %s to run %s",
