@@ -229,3 +229,18 @@ def test_celery_leader_run_takes_the_apps_settings(redis_url: str) -> None:
     )
     assert result.returncode == 4, result.stderr
     assert result.stdout == "from-app\n"
+
+
+def test_kill_9_of_the_runner_takes_the_whole_group_down(procs: Procs, redis_url: str) -> None:
+    # The command forks a grandchild; both write their pid, then sleep.
+    script = 'sleep 300 & echo "$!" > "$0.grandchild"; echo "$$" > "$0.child"; wait'
+    pids = Path(procs.log_dir) / "pids"
+    runner = _runner(procs, redis_url, "--", "sh", "-c", script, str(pids))
+    child_file, grandchild_file = Path(f"{pids}.child"), Path(f"{pids}.grandchild")
+    wait_for(lambda: child_file.exists() and grandchild_file.exists(), 15)
+    wait_for(lambda: child_file.read_text().strip() and grandchild_file.read_text().strip(), 5)
+    child, grandchild = int(child_file.read_text()), int(grandchild_file.read_text())
+    assert alive(child) and alive(grandchild)
+    runner.signal(signal.SIGKILL, group=False)
+    gone = wait_until(lambda: not alive(child) and not alive(grandchild), 2.0)
+    assert gone is not None and gone < 0.5, gone
