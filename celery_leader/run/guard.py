@@ -15,9 +15,10 @@ group and stops that whole group when any of these happens:
   its end whatever killed it). SIGKILL to the group at once, because the lease
   may pass to another replica within milliseconds.
 
-CMD is a subreaper's child with a parent-death signal (SIGKILL when the guard
-itself dies), and every process it forks stays in its group unless it makes a
-group of its own, so grandchildren are stopped with it. The guard exits with
+CMD gets a parent-death signal (SIGKILL when the guard itself dies), and every
+process it forks stays in its group unless it makes a group of its own, so
+grandchildren are stopped with it: the group is what the guard signals, never
+one pid. The guard exits with
 CMD's exit status (128 + N when signal N ended it) and reports ``F`` on the
 socket first when it stopped CMD because the deadline came.
 
@@ -37,7 +38,6 @@ import sys
 import time
 
 PR_SET_PDEATHSIG = 1
-PR_SET_CHILD_SUBREAPER = 36
 
 #: Longest wait in one select, so a lost wake-up costs at most this.
 _POLL = 0.5
@@ -145,8 +145,6 @@ def main(argv: list[str]) -> int:
     if dashes != "--" or not command:
         print("usage: guard.py FD DEADLINE GRACE SLACK -- CMD...", file=sys.stderr)
         return 2
-    # Orphaned grandchildren are reparented here, so the guard reaps them.
-    _prctl(PR_SET_CHILD_SUBREAPER, 1)
     chan = socket.socket(fileno=int(fd))
     try:
         guard = Guard(chan, float(deadline), float(grace), float(slack), command)
