@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from .config import LeaderConfig
 from .exceptions import ConfigError, LeaderError, MissingExtra, NotLeader, StoreUnavailable
 from .lease import Lease
+from .leases import leader_of
 from .singleton import LeaderLoop, Leadership, leader_loop
 
 if TYPE_CHECKING:
@@ -64,6 +65,7 @@ __all__ = [
     "install_worker_steps",
     "is_leader",
     "leader_loop",
+    "leader_of",
     "leader_only",
     "leader_queue",
 ]

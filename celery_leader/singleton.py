@@ -18,13 +18,14 @@ from types import TracebackType
 from typing import Any
 
 from .backends import HolderInfo
+from .callbacks import Callbacks
 from .config import LeaderConfig
 from .lease import Lease
 from .leases import Membership, lease_set
 
 __all__ = ["LeaderLoop", "Leadership", "leader_loop"]
 
-logger = logging.getLogger("celery_leader.singleton")
+logger = logging.getLogger(__name__)
 
 
 class Leadership:
@@ -55,6 +56,7 @@ class Leadership:
         self._changed = threading.Condition()
         self._started_epoch: int | None = None  # the term on_started was told of
         self._since: float | None = None
+        self._holder: HolderInfo | None = None  # the last leader the lease told of
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -62,7 +64,12 @@ class Leadership:
         """Join the election (campaign in the background); return ``self``. Idempotent."""
         if self._membership is None:
             self._membership = lease_set(self.config).join(
-                self.election, on_change=self._on_change, on_new_leader=self._on_new_leader
+                self.election,
+                callbacks=Callbacks(
+                    on_started=self._started,
+                    on_stopped=self._stopped,
+                    on_new_leader=self._new_leader,
+                ),
             )
         return self
 
@@ -103,7 +110,7 @@ class Leadership:
     @property
     def holder(self) -> HolderInfo | None:
         """The last leader seen (this process included), or ``None`` before any."""
-        return None if self._lease is None else self._lease.last_holder
+        return self._holder
 
     @property
     def since(self) -> float | None:
@@ -128,19 +135,26 @@ class Leadership:
         membership = self._membership
         return None if membership is None else membership.lease
 
-    def _on_change(self, lease: Lease) -> None:
+    def _started(self, lease: Lease) -> None:
         epoch = lease.epoch
-        if epoch is None:
-            self._demoted()
-            return
         with self._changed:
-            if self._started_epoch == epoch:
+            # Joining a lease that leads already runs this in the joining thread,
+            # which may race the lease thread announcing the same term.
+            if epoch is None or self._started_epoch == epoch:
                 return
         if self._on_started is not None:
             self._on_started(epoch)  # raising makes the lease step down: not started
         with self._changed:
-            self._started_epoch, self._since = epoch, time.time()
+            self._started_epoch, self._since = epoch, lease.clock.time()
             self._changed.notify_all()
+
+    def _stopped(self, lease: Lease) -> None:
+        self._demoted()
+
+    def _new_leader(self, lease: Lease, holder: HolderInfo) -> None:
+        self._holder = holder
+        if self._on_new_leader is not None:
+            self._on_new_leader(holder)
 
     def _demoted(self) -> None:
         with self._changed:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -30,12 +29,14 @@ from typing import Any
 
 from .. import http_health, metrics
 from ..backends import Backend
+from ..callbacks import Callbacks
 from ..config import LeaderConfig
 from ..exceptions import StoreUnavailable, missing_extra
 from ..health import HealthFile
 from ..lease import Lease
 from ..leases import lease_set
 from ..pins import role_of
+from ..process import default_instance_id
 from . import deadline_table, decorators, leadership, routing
 from .routing import spec_of
 from .signals import elected as _elected  # noqa: F401 - importing it connects the signals
@@ -54,7 +55,7 @@ __all__ = [
     "install",
 ]
 
-logger = logging.getLogger("celery_leader.worker")
+logger = logging.getLogger(__name__)
 
 #: Longest gap between two publications of a renewed deadline. Pool processes
 #: see the previous deadline meanwhile, which is earlier (never too late) and
@@ -79,7 +80,7 @@ def install_worker_steps(app: Any) -> None:
     decorators.add_steps(app)
 
 
-#: The name of the first releases (DESIGN.md): the same function.
+#: The name the first releases documented: the same function.
 install = install_worker_steps
 
 
@@ -103,10 +104,17 @@ class LeaderNode:
         self.table = deadline_table.DeadlineTable.create(
             deadline_table.store_id(config.url, config.key_prefix), elections
         )
+        #: Who the worker election last saw lead, for the HTTP endpoint's ``/leader``.
+        self.leader_seen = http_health.LeaderSeen()
         # A node with a leader queue must be able to consume it to lead.
         self._memberships = [
             self._lease_set.join(
                 name,
+                callbacks=(
+                    Callbacks(on_new_leader=self.leader_seen)
+                    if name == config.worker_election and config.health_port is not None
+                    else None
+                ),
                 on_change=self._publish,
                 health_check=self._consumer_health if name in self.queues else None,
                 start=False,
@@ -187,7 +195,7 @@ class LeaderNode:
         if self.config.metrics_port is not None:
             metrics.serve(self.config.metrics_port)
         if self.config.health_port is not None and self.health is not None:
-            http_health.serve(self.config.health_port, self.health)
+            http_health.serve(self.config.health_port, self.health, self.leader_seen)
         for lease in self.leases:
             metrics.track(lease)
             lease.start()
@@ -312,7 +320,7 @@ class LeaderStep(bootsteps.StartStopStep):  # type: ignore[misc]  # celery is un
         if w.app.conf.get("leader_instance_id") is None:
             # The node name (name@host) is what operators know workers by; the
             # pid tells apart two nodes started with the same -n by mistake.
-            config = dataclasses.replace(config, instance_id=f"{w.hostname}:{os.getpid()}")
+            config = dataclasses.replace(config, instance_id=default_instance_id(w.hostname))
         elections = _elections(w.app, config)
         _warn_reject_without_acks_late(w.app)
         queues = routing.leader_queues(w.app, config.worker_election)

@@ -26,6 +26,7 @@ from pathlib import Path
 from types import FrameType
 
 from .. import http_health
+from ..callbacks import Callbacks
 from ..config import LeaderConfig
 from ..exceptions import ConfigError
 from ..health import HealthFile
@@ -145,8 +146,13 @@ class Runner:
         """
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._on_signal)
+        seen = http_health.LeaderSeen()
         membership = lease_set(self.config).join(
-            self.spec.election, on_change=self._on_change, start=False
+            self.spec.election,
+            callbacks=Callbacks(
+                on_started=self._on_started, on_stopped=self._on_stopped, on_new_leader=seen
+            ),
+            start=False,
         )
         lease = membership.lease
         health = None
@@ -154,7 +160,7 @@ class Runner:
             # Rewritten by the main loop: a runner that hangs shows as stale.
             health = HealthFile(None, lease)
             try:
-                http_health.serve(self.config.health_port, health)
+                http_health.serve(self.config.health_port, health, seen)
             except OSError as exc:
                 membership.leave()
                 raise ConfigError(
@@ -240,11 +246,13 @@ class Runner:
             self._child.proc.pid,
         )
 
-    def _on_change(self, lease: Lease) -> None:
-        # In the lease thread, before a demoted lease releases its term: the
+    def _on_started(self, lease: Lease) -> None:
+        self._wake.set()  # the main loop starts the command
+
+    def _on_stopped(self, lease: Lease) -> None:
+        # In the lease thread, before the demoted lease releases its term: the
         # command must be gone before anyone else can be elected.
-        if not lease.is_leader():
-            self._stop_child(signal.SIGTERM)
+        self._stop_child(signal.SIGTERM)
         self._wake.set()
 
     def _stop_child(self, sig: int) -> None:

@@ -9,6 +9,7 @@ Built the same way for Celery beat and the Dramatiq scheduler, so
 from __future__ import annotations
 
 from .. import http_health, metrics
+from ..callbacks import Callbacks
 from ..config import LeaderConfig
 from ..health import HealthFile, Watchdog
 from ..lease import Lease
@@ -42,16 +43,22 @@ class SchedulerLease:
             config = self.config
             if config.metrics_port is not None:
                 metrics.serve(config.metrics_port)
+            port = config.health_port
+            health_record = config.health_file is not None or port is not None
+            seen = None if port is None else http_health.LeaderSeen()
             # A tick that overruns leader_tick_timeout makes the lease hand over.
             membership = lease_set(config).join(
-                config.beat_election, health_check=self.watchdog.overdue, start=False
+                config.beat_election,
+                callbacks=None if seen is None else Callbacks(on_new_leader=seen),
+                health_check=self.watchdog.overdue,
+                on_cycle=self._lease_cycle if health_record else None,
+                start=False,
             )
             lease = membership.lease
-            if config.health_file is not None or config.health_port is not None:
+            if health_record:
                 self._health = HealthFile(config.health_file, lease, self.watchdog)
-                lease.on_cycle = self._lease_cycle
-                if config.health_port is not None:
-                    http_health.serve(config.health_port, self._health)
+            if port is not None and seen is not None and self._health is not None:
+                http_health.serve(port, self._health, seen)
             metrics.track(lease)
             self._membership = membership
             lease.start()
