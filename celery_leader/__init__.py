@@ -16,6 +16,7 @@ from .config import LeaderConfig
 from .exceptions import ConfigError, LeaderError, MissingExtra, NotLeader, StoreUnavailable
 from .lease import Lease
 from .leases import leader_of
+from .singleton import LeaderLoop, Leadership, leader_loop
 
 if TYPE_CHECKING:
     from .celery.beat import LeaderScheduler, LeaderSchedulerMixin
@@ -51,8 +52,10 @@ __all__ = [
     "ConfigError",
     "LeaderConfig",
     "LeaderError",
+    "LeaderLoop",
     "LeaderScheduler",
     "LeaderSchedulerMixin",
+    "Leadership",
     "Lease",
     "MissingExtra",
     "NotLeader",
@@ -62,6 +65,7 @@ __all__ = [
     "install",
     "install_worker_steps",
     "is_leader",
+    "leader_loop",
     "leader_of",
     "leader_only",
     "leader_queue",

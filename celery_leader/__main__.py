@@ -1,15 +1,17 @@
-"""``python -m celery_leader status|resign|check|plan``: the ``leader`` commands without Celery.
+"""``python -m celery_leader status|resign|check|plan|run``: the ``leader`` commands without Celery.
 
 Settings come from ``CELERY_LEADER_*`` environment variables
 (:meth:`LeaderConfig.from_env`); the output and exit codes are those of
 ``celery -A proj leader ...`` (both run :mod:`celery_leader.ops`). ``plan``
-lists the slots of a Dramatiq app, with the settings of its ``LeaderMiddleware``.
+lists the slots of a Dramatiq app, with the settings of its ``LeaderMiddleware``;
+``run`` runs a command on one replica only (:mod:`celery_leader.run`).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -18,6 +20,7 @@ from datetime import timezone
 from . import ops
 from .config import LeaderConfig, env_name
 from .exceptions import ConfigError, MissingExtra
+from .run.spec import RESTART
 from .schedule import plan as planning
 
 
@@ -60,7 +63,37 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--stored", action="store_true", help="start from the state in the store")
     plan.add_argument("--json", action="store_true", help="print JSON instead of a table")
     plan.add_argument("--path", "-P", action="append", default=[], help="add to sys.path")
+    run = commands.add_parser(
+        "run",
+        help="run CMD on one replica only: the one that leads ELECTION",
+        description="Campaigns for ELECTION and runs CMD only while leading, with "
+        "LEADER_EPOCH and LEADER_ELECTION set; stops CMD's process group before the "
+        "lease can pass to another replica. Exit codes: CMD's own when it ends the run, "
+        "0 after SIGTERM/SIGINT/SIGHUP, 2 bad arguments or settings.",
+    )
+    run.add_argument("--election", required=True, help="the election (one per singleton)")
+    run.add_argument("--url", help=f"store URL (default: ${env_name('leader_url')})")
+    run.add_argument("--ttl", type=float, help=f"lease ttl, s (default: ${env_name('leader_ttl')})")
+    run.add_argument("--grace", type=float, help="seconds from SIGTERM to SIGKILL (bounded by ttl)")
+    run.add_argument(
+        "--restart",
+        choices=RESTART,
+        default="never",
+        help="when CMD exits on its own: start it again, or resign and exit (default: never)",
+    )
+    run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS ...]")
     return parser
+
+
+def _run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    config = LeaderConfig.from_env(
+        leader_url=args.url,
+        leader_ttl=args.ttl,
+        names={"leader_url": "--url", "leader_ttl": "--ttl"},
+    )
+    return ops.run(config, args.election, command, args.grace, args.restart)
 
 
 def _plan(args: argparse.Namespace, echo: ops.Echo) -> int:
@@ -84,6 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "plan":
             return _plan(args, echo)
+        if args.command == "run":
+            return _run(args)
         config = LeaderConfig.from_env()
         if args.command == "status":
             return ops.status(config, echo, args.elections, args.json)

@@ -82,6 +82,8 @@ class LeaderConfig:
     health_file: str | None = None
     #: Port of the Prometheus endpoint (``None``: no endpoint).
     metrics_port: int | None = None
+    #: Port of the HTTP health endpoint, ``/healthz`` and ``/leader`` (``None``: none).
+    health_port: int | None = None
     missed_slots: str = "once"
     #: A missed slot due longer ago than this is never sent (``None``: no limit).
     missed_slots_grace: float | None = None
@@ -213,6 +215,7 @@ class LeaderConfig:
             ),
             health_file=_path(n("leader_health_file"), values.get("leader_health_file")),
             metrics_port=_port(n("leader_metrics_port"), values.get("leader_metrics_port")),
+            health_port=_port(n("leader_health_port"), values.get("leader_health_port")),
             missed_slots=validate_missed_slots(
                 n("leader_missed_slots"), values.get("leader_missed_slots", "once") or "once"
             ),
@@ -241,6 +244,7 @@ SETTINGS = (
     "leader_max_publish_failures",
     "leader_health_file",
     "leader_metrics_port",
+    "leader_health_port",
     "leader_missed_slots",
     "leader_missed_slots_grace",
     "leader_crontab_dst",

@@ -10,7 +10,9 @@ Two small pieces, usable by beat and by a worker's main process alike:
 * :class:`HealthFile`: a small JSON file rewritten atomically after every
   finished tick and lease cycle (role, epoch, last tick, store reachable), and
   :func:`check`, which reads it for ``celery leader check`` and
-  ``python -m celery_leader check``.
+  ``python -m celery_leader check``. Without a path it keeps the same record in
+  memory only, for the HTTP endpoint (:mod:`celery_leader.http_health`), which
+  judges it by the same rule (:func:`judge`).
 
 A worker uses them like this, joining with ``on_cycle`` (the health file is
 built before the lease starts, so the first cycle finds it)::
@@ -80,15 +82,18 @@ class HealthFile:
 
     Safe to call from the lease thread and the loop at once. A write that fails
     (a full disk) is not an error of the caller: the file then goes stale and
-    the probe reports that.
+    the probe reports that. With ``path=None`` nothing is written to disk; the
+    record of the last write is :attr:`latest` either way.
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], lease: Lease, watchdog: Watchdog | None = None
+        self, path: str | os.PathLike[str] | None, lease: Lease, watchdog: Watchdog | None = None
     ) -> None:
-        self.path = Path(path)
+        self.path = None if path is None else Path(path)
         self.lease = lease
         self.watchdog = watchdog
+        #: What the last :meth:`write` recorded (``None`` before the first).
+        self.latest: dict[str, Any] | None = None
         self._lock = threading.Lock()
         self._last_write = 0.0
         self._last_facts: tuple[Any, ...] = ()
@@ -135,6 +140,9 @@ class HealthFile:
                 return
             self._last_write, self._last_facts = now, facts
             self._written_deadline = deadline
+            self.latest = data
+            if self.path is None:
+                return
             try:
                 _atomic_write(self.path, json.dumps(data))
             except OSError:
@@ -157,29 +165,39 @@ def _atomic_write(path: Path, text: str) -> None:
 
 
 def check(path: str | os.PathLike[str], max_age: float | None = None) -> tuple[bool, str]:
-    """Read a health file: ``(healthy, one line saying why)``.
-
-    Unhealthy when the file is missing or unreadable, older than ``max_age``
-    seconds (default: the ``stale_after`` its writer promised), or when the
-    loop's tick is overdue. A store outage alone is healthy: restarting the
-    process would not bring the store back (the line says so).
-    """
+    """Read a health file: ``(healthy, one line saying why)`` (see :func:`judge`)."""
     try:
         data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return False, f"UNHEALTHY: no health file at {path}"
+    except (OSError, ValueError) as exc:
+        return False, f"UNHEALTHY: unreadable health file {path}: {exc}"
+    return judge(data, str(path), max_age)
+
+
+def judge(data: Any, source: str, max_age: float | None = None) -> tuple[bool, str]:
+    """Judge a health record (``source`` names it in the line): ``(healthy, one line)``.
+
+    Unhealthy when the record is unreadable, older than ``max_age`` seconds
+    (default: the ``stale_after`` its writer promised), or when the loop's tick
+    is overdue. A store outage alone is healthy: restarting the process would
+    not bring the store back (the line says so).
+    """
+    try:
         updated = float(data["updated"])
         stale_after = float(data["stale_after"])
         role, election = str(data["role"]), str(data["election"])
-    except FileNotFoundError:
-        return False, f"UNHEALTHY: no health file at {path}"
-    except (OSError, ValueError, TypeError, KeyError) as exc:
-        return False, f"UNHEALTHY: unreadable health file {path}: {exc}"
+    except (ValueError, TypeError, KeyError) as exc:
+        return False, f"UNHEALTHY: unreadable health record {source}: {exc}"
     now = time.time()
     age = now - updated
     if max_age is not None and age > max_age:
-        return False, f"UNHEALTHY: {path} was last written {age:.1f} s ago (max age {max_age:g} s)"
+        return False, (
+            f"UNHEALTHY: {source} was last written {age:.1f} s ago (max age {max_age:g} s)"
+        )
     if max_age is None and now > stale_after:
         return False, (
-            f"UNHEALTHY: {path} was last written {age:.1f} s ago: the process stopped updating it"
+            f"UNHEALTHY: {source} was last written {age:.1f} s ago: the process stopped updating it"
         )
     due_by = data.get("tick_due_by")
     if due_by is not None and now > float(due_by):

@@ -1,4 +1,4 @@
-"""What ``leader status``, ``resign``, ``check`` and ``plan`` do, without Celery.
+"""What ``leader status``, ``resign``, ``check``, ``plan`` and ``run`` do, without Celery.
 
 One implementation for both command lines: ``celery -A proj leader ...``
 (:mod:`celery_leader.celery.cli`, click, settings from the app) and ``python -m
@@ -19,7 +19,10 @@ from typing import Any
 from . import health
 from .backends import HolderInfo, create_backend
 from .config import LeaderConfig, validate_name
-from .exceptions import ConfigError, StoreUnavailable
+from .exceptions import ConfigError, MissingExtra, StoreUnavailable
+from .leases import lease_set
+from .run.runner import Runner
+from .run.spec import run_spec
 from .schedule import plan as planning
 from .schedule.jobs import Job
 
@@ -192,3 +195,29 @@ def _beat_state(config: LeaderConfig) -> dict[str, str]:
         return backend.load_state(config.beat_election)
     finally:
         backend.close()
+
+
+def run(
+    config: LeaderConfig,
+    election: str,
+    command: Sequence[str],
+    grace: float | None = None,
+    restart: str = "never",
+) -> int:
+    """Run ``command`` while this process leads ``election``; return the exit status.
+
+    Bad arguments, and a store whose client is not installed, raise
+    :class:`OpsError` with code 2 before anything campaigns. See
+    :mod:`celery_leader.run`.
+    """
+    try:
+        spec = run_spec(config, election, command, grace, restart)
+        # A store whose client is missing fails here, not later in the lease thread.
+        _ = lease_set(config).backend
+        runner = Runner(config, spec)
+    except (ConfigError, MissingExtra) as exc:
+        raise OpsError(str(exc), EXIT_UNKNOWN) from exc
+    try:
+        return runner.run()
+    except ConfigError as exc:  # the health port is taken
+        raise OpsError(str(exc), EXIT_UNKNOWN) from exc

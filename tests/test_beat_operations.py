@@ -14,6 +14,7 @@ lease-store URL (and here a broker URL) each. Run with ``-s`` for the measured n
 # ruff: noqa: F811 - the chaos tests' fixtures are imported, and taken as arguments
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -35,7 +36,7 @@ from celery_leader.health import check
 from harness.procs import Proc, Procs
 from harness.procs import signal as send_signal
 from harness.proxy import TcpProxy
-from harness.servers import RabbitServer, RedisServer
+from harness.servers import RabbitServer, RedisServer, free_port
 from harness.waiting import wait_for
 from tests.test_beat_chaos import (  # noqa: F401 - fixtures
     BEAT,
@@ -61,6 +62,19 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def env(broker_url: str, every: float, **extra: str) -> dict[str, str]:
     return {"BROKER_URL": broker_url, "LEADER_TTL": str(TTL), "BEAT_EVERY": str(every), **extra}
+
+
+def curl(port: int, path: str) -> tuple[int, str]:
+    """``curl`` against 127.0.0.1:``port``: the status code and the body."""
+    run = subprocess.run(
+        ["curl", "-s", "-o", "-", "-w", "\n%{http_code}", f"http://127.0.0.1:{port}{path}"],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=False,
+    )
+    body, _, code = run.stdout.rpartition("\n")
+    return int(code or 0), body
 
 
 def wall(p: Publish) -> float:
@@ -343,6 +357,7 @@ def test_a_hung_tick_hands_over_and_the_health_check_fails(
 ) -> None:
     every = 0.5
     hang = tmp_path / "hang"
+    ports = [free_port() for _ in range(3)]
     beats = start_beats(
         procs,
         tmp_path,
@@ -350,12 +365,17 @@ def test_a_hung_tick_hands_over_and_the_health_check_fails(
         lease_store,
         beat_holder(lease_store.url),
         place_env=[
-            {"CELERY_LEADER_HEALTH_FILE": str(tmp_path / f"health-{place}.json")}
+            {
+                "CELERY_LEADER_HEALTH_FILE": str(tmp_path / f"health-{place}.json"),
+                "CELERY_LEADER_HEALTH_PORT": str(ports[place]),
+            }
             for place in range(3)
         ],
     )
     health = [tmp_path / f"health-{place}.json" for place in range(3)]
     wait_for(lambda: len(tap.published()) >= 4, 15, message="no dispatch")
+    # The HTTP endpoint passes on the leader and the followers alike.
+    assert [curl(port, "/healthz")[0] for port in ports] == [200, 200, 200]
     # Healthy leader and followers pass, through the command line without Celery.
     for path in health:
         run = subprocess.run(
@@ -377,6 +397,13 @@ def test_a_hung_tick_hands_over_and_the_health_check_fails(
         interval=0.05,
         message="the health check kept passing",
     )
+    # The endpoint judges by the same rule, from memory: 503 with the same line.
+    _, body = wait_for(
+        lambda: (reply := curl(ports[place], "/healthz"))[0] == 503 and reply,
+        2,
+        message="/healthz kept passing",
+    )
+    assert body.startswith("UNHEALTHY: the scheduler's tick is overdue"), body
     first = first_of_other_term(tap, at, epoch, 2 * TTL + 5)
     handover = first.seen - at
     print(
@@ -403,6 +430,10 @@ def test_a_hung_tick_hands_over_and_the_health_check_fails(
     assert celery_check.stdout.startswith("UNHEALTHY") and celery_check.stdout.count("\n") == 1
     others = [p for p in range(3) if p != place]
     assert all(check(health[p])[0] for p in others), [check(health[p]) for p in others]
+    assert [curl(ports[p], "/healthz")[0] for p in others] == [200, 200]
+    # A follower knows who leads: the hung leader, or by now the one after it.
+    seen = json.loads(curl(ports[others[0]], "/leader")[1])
+    assert seen["election"] == "beat" and seen["epoch"] >= epoch and seen["since"] > 0, seen
     more = time.monotonic()
     wait_for(lambda: len(tap.after(more)) >= 2, 10, message="the new leader stalled")
     assert_no_problems(tap)

@@ -638,11 +638,17 @@ def _scrape(port: int) -> dict[str, float]:
 
 @pytest.mark.slow
 def test_worker_health_file_and_metrics_follow_the_role(cluster: Cluster, tmp_path: Path) -> None:
-    """The worker's main process serves `leader check` and Prometheus, like beat."""
+    """The worker's main process serves `leader check`, /healthz and Prometheus, like beat."""
     ports = {name: free_port() for name in ("nodeA", "nodeB")}
+    health_ports = {name: free_port() for name in ports}
     files = {name: tmp_path / f"{name}.json" for name in ports}
     for name in ports:
-        cluster.start(name, HEALTH_FILE=str(files[name]), METRICS_PORT=str(ports[name]))
+        cluster.start(
+            name,
+            HEALTH_FILE=str(files[name]),
+            METRICS_PORT=str(ports[name]),
+            HEALTH_PORT=str(health_ports[name]),
+        )
     cluster.wait_ready()
     leader = cluster.wait_leader()
     other = "nodeB" if leader == "nodeA" else "nodeA"
@@ -656,6 +662,9 @@ def test_worker_health_file_and_metrics_follow_the_role(cluster: Cluster, tmp_pa
     wait_for(lambda: healthy(other, "follower"), 5, message="follower's health file")
     assert _scrape(ports[leader])[gauge] == 1.0
     assert _scrape(ports[other])[gauge] == 0.0
+    for name in ports:  # leader and follower pass the endpoint's /healthz too
+        with urllib.request.urlopen(f"http://127.0.0.1:{health_ports[name]}/healthz") as reply:
+            assert reply.status == 200 and reply.read().startswith(b"OK: ")
 
     killed_at = time.monotonic()
     cluster.nodes[leader].kill_group()

@@ -1,4 +1,4 @@
-"""``celery -A proj leader status|resign|check|plan``: see and steer the elections.
+"""``celery -A proj leader status|resign|check|plan|run``: see and steer the elections.
 
 Registered through the ``celery.commands`` entry point, so it is a
 subcommand of Celery's own click CLI and gets ``-A`` and the app's settings.
@@ -8,11 +8,13 @@ What each command does lives in :mod:`celery_leader.ops`, shared with
 
 from __future__ import annotations
 
+import logging
 from typing import NoReturn
 
 from .. import ops
-from ..config import LeaderConfig
+from ..config import SETTINGS, LeaderConfig
 from ..exceptions import ConfigError, missing_extra
+from ..run.spec import RESTART
 from ..schedule import plan as planning
 from . import startup
 from .beat import LeaderScheduler
@@ -116,6 +118,52 @@ def plan(
         code = ops.plan(config, click.echo, jobs, (start, end), zone, stored, as_json)
     except planning.PlanError as exc:
         _fail(ops.OpsError(str(exc), ops.EXIT_UNKNOWN))
+    except ops.OpsError as exc:
+        _fail(exc)
+    raise SystemExit(code)
+
+
+@leader.command(context_settings={"ignore_unknown_options": True})
+@click.option("--election", required=True, help="The election (one per singleton).")
+@click.option("--url", help="Store URL (default: the leader_url setting).")
+@click.option("--ttl", type=float, help="Lease ttl in seconds (default: the leader_ttl setting).")
+@click.option("--grace", type=float, help="Seconds from SIGTERM to SIGKILL (bounded by the ttl).")
+@click.option(
+    "--restart",
+    type=click.Choice(RESTART),
+    default="never",
+    show_default=True,
+    help="When CMD exits on its own: start it again, or resign and exit.",
+)
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@click.pass_context
+def run(
+    ctx: click.Context,
+    election: str,
+    url: str | None,
+    ttl: float | None,
+    grace: float | None,
+    restart: str,
+    command: tuple[str, ...],
+) -> None:
+    """Run CMD (after --) on one replica only: the one that leads ELECTION.
+
+    CMD gets LEADER_EPOCH and LEADER_ELECTION, and its whole process group is
+    stopped before the lease can pass to another replica. Exits with CMD's own
+    status when it ends the run, 0 after SIGTERM/SIGINT/SIGHUP, 2 on bad input.
+    """
+    conf = ctx.obj.app.conf
+    values = {key: conf.get(key) for key in SETTINGS}
+    given = {"leader_url": url, "leader_ttl": ttl}
+    values.update({key: value for key, value in given.items() if value is not None})
+    names = {key: f"--{key[len('leader_'):]}" for key, value in given.items() if value is not None}
+    try:
+        config = LeaderConfig.from_mapping(values, broker_url=conf.get("broker_url"), names=names)
+    except ConfigError as exc:
+        _fail(ops.OpsError(str(exc), ops.EXIT_UNKNOWN))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    try:
+        code = ops.run(config, election, command, grace, restart)
     except ops.OpsError as exc:
         _fail(exc)
     raise SystemExit(code)

@@ -27,8 +27,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .. import metrics
+from .. import http_health, metrics
 from ..backends import Backend
+from ..callbacks import Callbacks
 from ..config import LeaderConfig
 from ..exceptions import StoreUnavailable, missing_extra
 from ..health import HealthFile
@@ -103,10 +104,17 @@ class LeaderNode:
         self.table = deadline_table.DeadlineTable.create(
             deadline_table.store_id(config.url, config.key_prefix), elections
         )
+        #: Who the worker election last saw lead, for the HTTP endpoint's ``/leader``.
+        self.leader_seen = http_health.LeaderSeen()
         # A node with a leader queue must be able to consume it to lead.
         self._memberships = [
             self._lease_set.join(
                 name,
+                callbacks=(
+                    Callbacks(on_new_leader=self.leader_seen)
+                    if name == config.worker_election and config.health_port is not None
+                    else None
+                ),
                 on_change=self._publish,
                 health_check=self._consumer_health if name in self.queues else None,
                 start=False,
@@ -130,9 +138,10 @@ class LeaderNode:
             metrics.require()  # a missing [metrics] extra fails as the worker starts
         #: The worker election's health, for ``leader check`` (liveness probes);
         #: rewritten by the publishing loop, so a stuck loop shows as a stale file.
+        #: The same record serves the HTTP endpoint (``leader_health_port``).
         self.health = (
             None
-            if config.health_file is None
+            if config.health_file is None and config.health_port is None
             else HealthFile(config.health_file, self._by_election[config.worker_election])
         )
         deadline_table.set_process_table(self.table)
@@ -185,6 +194,8 @@ class LeaderNode:
             self._refresh_beat_epoch()
         if self.config.metrics_port is not None:
             metrics.serve(self.config.metrics_port)
+        if self.config.health_port is not None and self.health is not None:
+            http_health.serve(self.config.health_port, self.health, self.leader_seen)
         for lease in self.leases:
             metrics.track(lease)
             lease.start()

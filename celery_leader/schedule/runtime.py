@@ -1,13 +1,15 @@
-"""A scheduler's lease and what watches it: tick watchdog, health file, metrics endpoint.
+"""A scheduler's lease and what watches it: tick watchdog, health file and
+endpoint, metrics endpoint.
 
 Built the same way for Celery beat and the Dramatiq scheduler, so
-``leader_tick_timeout``, ``leader_health_file`` and ``leader_metrics_port`` mean
-the same on both.
+``leader_tick_timeout``, ``leader_health_file``, ``leader_health_port`` and
+``leader_metrics_port`` mean the same on both.
 """
 
 from __future__ import annotations
 
-from .. import metrics
+from .. import http_health, metrics
+from ..callbacks import Callbacks
 from ..config import LeaderConfig
 from ..health import HealthFile, Watchdog
 from ..lease import Lease
@@ -41,16 +43,22 @@ class SchedulerLease:
             config = self.config
             if config.metrics_port is not None:
                 metrics.serve(config.metrics_port)
+            port = config.health_port
+            health_record = config.health_file is not None or port is not None
+            seen = None if port is None else http_health.LeaderSeen()
             # A tick that overruns leader_tick_timeout makes the lease hand over.
             membership = lease_set(config).join(
                 config.beat_election,
+                callbacks=None if seen is None else Callbacks(on_new_leader=seen),
                 health_check=self.watchdog.overdue,
-                on_cycle=self._lease_cycle if config.health_file is not None else None,
+                on_cycle=self._lease_cycle if health_record else None,
                 start=False,
             )
             lease = membership.lease
-            if config.health_file is not None:
+            if health_record:
                 self._health = HealthFile(config.health_file, lease, self.watchdog)
+            if port is not None and seen is not None and self._health is not None:
+                http_health.serve(port, self._health, seen)
             metrics.track(lease)
             self._membership = membership
             lease.start()
@@ -60,7 +68,7 @@ class SchedulerLease:
         self.write_health()
 
     def write_health(self) -> None:
-        """Rewrite the health file, if there is one (rate-limited)."""
+        """Rewrite the health record, if there is one (rate-limited)."""
         if self._health is not None:
             self._health.write(force=False)
 

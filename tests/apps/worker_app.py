@@ -71,6 +71,7 @@ app.conf.leader_ttl = float(os.environ.get("LEADER_TTL", "2"))
 app.conf.leader_fence_tasks = os.environ.get("FENCE") == "1"
 app.conf.leader_health_file = os.environ.get("HEALTH_FILE")
 app.conf.leader_metrics_port = os.environ.get("METRICS_PORT")
+app.conf.leader_health_port = os.environ.get("HEALTH_PORT")
 app.conf.worker_pool_start_method = os.environ.get("POOL_START_METHOD", "fork")
 # One message at a time per pool slot: a node does not hoard what another could run.
 app.conf.worker_prefetch_multiplier = 1

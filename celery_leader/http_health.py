@@ -1,0 +1,128 @@
+"""``leader_health_port``: ``GET /healthz`` and ``GET /leader`` over HTTP, standard library only.
+
+``/healthz`` judges the same record a health file holds, by the same rule as
+``leader check`` (:func:`celery_leader.health.judge`): 200 with the ``OK: ...``
+line while healthy (a follower is healthy), 503 with the ``UNHEALTHY: ...`` line
+when the record went stale (the process stopped updating it) or the
+scheduler's tick is overdue. ``/leader`` answers JSON: the election, the last
+holder this process saw, its epoch, and since when this process has seen it
+lead.
+
+One server per port and process, in a daemon thread; several elections of one
+process (beat inside a worker) share it: ``/healthz`` then passes only when
+every record does, and ``/leader`` lists them.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from .backends import HolderInfo
+from .health import HealthFile, judge
+from .lease import Lease
+
+
+class LeaderSeen:
+    """The last leader a lease told of, and when it was first seen: what ``/leader`` says.
+
+    Give it to the join as ``Callbacks(on_new_leader=...)``; the lease calls it
+    once per term, followers included, so "since" is when this process first saw
+    that term.
+    """
+
+    def __init__(self) -> None:
+        # One tuple, replaced whole: the lease thread writes, request threads read.
+        self.last: tuple[HolderInfo, float] | None = None
+
+    def __call__(self, lease: Lease, holder: HolderInfo) -> None:
+        self.last = (holder, lease.clock.time())
+
+
+#: A health record and the leader its election last saw.
+Served = tuple[HealthFile, LeaderSeen]
+
+_lock = threading.Lock()
+_servers: dict[int, tuple[ThreadingHTTPServer, list[Served]]] = {}
+
+
+def serve(port: int, health: HealthFile, seen: LeaderSeen, addr: str = "0.0.0.0") -> None:  # noqa: S104 - probes come from outside
+    """Serve ``health`` and ``seen`` on ``port`` (the server starts on the first
+    call for that port).
+
+    Raises :class:`OSError` when the port is taken.
+    """
+    with _lock:
+        found = _servers.get(port)
+        if found is None:
+            records: list[Served] = []
+            server = ThreadingHTTPServer((addr, port), _handler(records))
+            server.daemon_threads = True
+            threading.Thread(
+                target=server.serve_forever, name=f"celery-leader:health:{port}", daemon=True
+            ).start()
+            found = _servers[port] = (server, records)
+        if (health, seen) not in found[1]:
+            found[1].append((health, seen))
+
+
+def healthz(records: list[Served]) -> tuple[bool, str]:
+    """Every record judged as ``leader check`` judges a file: healthy only if all are."""
+    if not records:
+        return False, "UNHEALTHY: this process takes part in no election"
+    results = [
+        judge(_record(health), f"the health record of {health.lease.election!r}")
+        for health, _ in records
+    ]
+    return all(ok for ok, _ in results), "\n".join(line for _, line in results)
+
+
+def leader(health: HealthFile, seen: LeaderSeen) -> dict[str, Any]:
+    """``/leader`` for one election: who this process last saw lead, and since when."""
+    lease = health.lease
+    last = seen.last
+    return {
+        "election": lease.election,
+        "holder": None if last is None else last[0].instance_id,
+        "epoch": None if last is None else last[0].epoch,
+        "since": None if last is None else last[1],
+        "this_process_leads": lease.is_leader(),
+    }
+
+
+def _record(health: HealthFile) -> dict[str, Any]:
+    # Before the first write (a process still starting) judge a fresh snapshot.
+    latest = health.latest
+    return health.snapshot() if latest is None else latest
+
+
+def _handler(records: list[Served]) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            with _lock:
+                current = list(records)
+            if path == "/healthz":
+                ok, text = healthz(current)
+                self._send(200 if ok else 503, "text/plain; charset=utf-8", text + "\n")
+            elif path == "/leader":
+                rows = [leader(health, seen) for health, seen in current]
+                body: Any = rows[0] if len(rows) == 1 else rows
+                self._send(200, "application/json", json.dumps(body) + "\n")
+            else:
+                self._send(404, "text/plain; charset=utf-8", "not found: try /healthz or /leader\n")
+
+        def _send(self, code: int, content_type: str, text: str) -> None:
+            data = text.encode()
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # probes every few seconds would fill the log
+
+    return Handler

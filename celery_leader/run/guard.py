@@ -1,0 +1,158 @@
+"""The guard: the one process between ``leader run`` and the command it runs.
+
+Started by :mod:`celery_leader.run.runner` as ``python guard.py FD DEADLINE
+GRACE SLACK -- CMD...`` in a session of its own, it starts CMD in a new process
+group and stops that whole group when any of these happens:
+
+* the runner asks (``S <signal>`` on the socket FD): that signal to the group,
+  SIGKILL after GRACE seconds;
+* the lease deadline it was last sent (``D <monotonic time>``) comes within
+  GRACE + SLACK: the same sequence, on its own. The guard runs apart from the
+  runner, so a runner that is paused (SIGSTOP, a stalled VM thread) or cut off
+  from the store still has its child stopped before another replica's lease can
+  begin;
+* the socket closes: the runner died (``kill -9`` included; the kernel closes
+  its end whatever killed it). SIGKILL to the group at once, because the lease
+  may pass to another replica within milliseconds.
+
+CMD gets a parent-death signal (SIGKILL when the guard itself dies), and every
+process it forks stays in its group unless it makes a group of its own, so
+grandchildren are stopped with it: the group is what the guard signals, never
+one pid. The guard exits with
+CMD's exit status (128 + N when signal N ended it) and reports ``F`` on the
+socket first when it stopped CMD because the deadline came.
+
+Only the standard library is imported, and the file runs as a script, not as
+part of the package: a new child is not held up by importing celery-leader.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+PR_SET_PDEATHSIG = 1
+
+#: Longest wait in one select, so a lost wake-up costs at most this.
+_POLL = 0.5
+
+
+def _prctl(option: int, value: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(option, value, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), f"prctl({option}) failed")
+
+
+def _child_setup(guard_pid: int) -> None:
+    """In the child, before exec: a process group of its own (which Popen returns
+    after, so the guard never signals a group that does not exist yet), and SIGKILL
+    when the guard dies, even if it died already."""
+    os.setpgid(0, 0)
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != guard_pid:  # the guard died before prctl took effect
+        os._exit(1)
+
+
+class Guard:
+    """Runs ``command`` and stops its process group on request, on the deadline or on EOF."""
+
+    def __init__(
+        self, chan: socket.socket, deadline: float, grace: float, slack: float, command: list[str]
+    ) -> None:
+        self.chan = chan
+        self.deadline = deadline
+        self.grace = grace
+        self.slack = slack
+        guard_pid = os.getpid()
+        self.child = subprocess.Popen(command, preexec_fn=lambda: _child_setup(guard_pid))
+        self.pidfd = os.pidfd_open(self.child.pid)
+        self._buffer = b""
+
+    def run(self) -> int:
+        """Supervise until the child has exited; return the guard's exit status."""
+        while self.child.poll() is None:
+            fence_at = self.deadline - self.grace - self.slack
+            timeout = min(max(fence_at - time.monotonic(), 0.0), _POLL)
+            readable, _, _ = select.select([self.chan.fileno(), self.pidfd], [], [], timeout)
+            if self.chan.fileno() in readable and not self._read():
+                self._kill_group()  # the runner is gone
+                break
+            if self.child.poll() is not None:
+                break
+            if time.monotonic() >= self.deadline - self.grace - self.slack:
+                self._report(b"F\n")
+                self._stop(signal.SIGTERM)
+        # Whatever the child left in its group dies with it: nothing of a term
+        # may run on after the term.
+        self._kill_group()
+        code = int(self.child.wait())
+        return 128 - code if code < 0 else code
+
+    def _read(self) -> bool:
+        """Take the runner's messages; False once it has gone."""
+        try:
+            data = self.chan.recv(4096)
+        except OSError:
+            return False
+        if not data:
+            return False
+        self._buffer += data
+        *lines, self._buffer = self._buffer.split(b"\n")
+        for line in lines:
+            kind, _, value = line.decode().partition(" ")
+            if kind == "D":
+                self.deadline = float(value)
+            elif kind == "S":
+                self._stop(signal.Signals(int(value)))
+        return True
+
+    def _stop(self, sig: signal.Signals) -> None:
+        """``sig`` to the group, SIGKILL after the grace (sooner if the deadline says so)."""
+        self._signal_group(sig)
+        until = min(time.monotonic() + self.grace, self.deadline - self.slack)
+        while self.child.poll() is None:
+            left = until - time.monotonic()
+            if left <= 0:
+                break
+            select.select([self.pidfd], [], [], left)
+        self._kill_group()
+
+    def _kill_group(self) -> None:
+        self._signal_group(signal.SIGKILL)
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        try:
+            os.killpg(self.child.pid, sig)
+        except ProcessLookupError:
+            pass  # nothing of the group is left
+
+    def _report(self, message: bytes) -> None:
+        try:
+            self.chan.sendall(message)
+        except OSError:
+            pass  # the runner is gone; the EOF is seen next
+
+
+def main(argv: list[str]) -> int:
+    """``FD DEADLINE GRACE SLACK -- CMD...``: see the module docstring."""
+    fd, deadline, grace, slack, dashes, *command = argv
+    if dashes != "--" or not command:
+        print("usage: guard.py FD DEADLINE GRACE SLACK -- CMD...", file=sys.stderr)
+        return 2
+    chan = socket.socket(fileno=int(fd))
+    try:
+        guard = Guard(chan, float(deadline), float(grace), float(slack), command)
+    except OSError as exc:
+        print(f"celery-leader run: cannot execute {command[0]!r}: {exc}", file=sys.stderr)
+        return 127
+    return guard.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
