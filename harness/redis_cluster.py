@@ -107,13 +107,16 @@ class Cluster3x3:
 
     def _replicated(self, master: ClusterNode) -> bool:
         """True when ``master``'s replica acknowledges a write within 0.1 s."""
-        (start, end), *_ = [
+        ranges = [
             (int(s[0]), int(s[1]))
             for s in master.command("CLUSTER", "SLOTS")
             if int(s[2][1]) == master.port
         ]
+        if not ranges:
+            return False  # its own slots not in its map yet
+        start, end = ranges[0]
         key = next(
-            f"probe{n}" for n in range(100000) if start <= key_slot(f"probe{n}".encode()) <= end
+            f"probe{n}" for n in range(1 << 20) if start <= key_slot(f"probe{n}".encode()) <= end
         )
         with redis.Redis(port=master.port, socket_timeout=5) as client:
             client.incr(key)
@@ -135,11 +138,9 @@ class Cluster3x3:
         raise AssertionError(f"no live node knows who serves {key!r}")
 
     def replica_of(self, master: ClusterNode) -> ClusterNode:
-        """The replica that replicates from ``master``."""
-        (replica_line,) = master.command("CLUSTER", "REPLICAS", master.node_id())
-        # "<id> <ip:port@bus> slave <master id> ..."
-        address = replica_line.split()[1]
-        return self._by_port(int(address.split("@")[0].rsplit(":", 1)[1]))
+        """The replica that replicates from ``master`` (``ROLE`` lists it online)."""
+        (replica,) = master.command("ROLE")[2]
+        return self._by_port(int(replica[1]))
 
     def _by_port(self, port: int) -> ClusterNode:
         return next(n for n in self.nodes if n.port == port)

@@ -44,7 +44,13 @@ import redis
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.connection import parse_url
-from redis.exceptions import NoScriptError, RedisClusterException
+from redis.exceptions import (
+    ClusterDownError,
+    MovedError,
+    NoScriptError,
+    RedisClusterException,
+    TryAgainError,
+)
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
@@ -354,11 +360,19 @@ class RedisBackend(Backend):
         return RedisCluster.from_url(url, **self._options)
 
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        """``fn(client, ...)``; every redis-py error becomes StoreUnavailable in one line."""
-        try:
-            return fn(self._client_now(), *args, **kwargs)
-        except (redis.RedisError, RedisClusterException) as exc:
-            raise StoreUnavailable(_describe(exc)) from exc
+        """``fn(client, ...)``; every redis-py error becomes StoreUnavailable in one line.
+
+        In Redis Cluster, a call that found its node gone or no longer serving
+        the slot is tried again on a refreshed slot map until the store
+        deadline (see :func:`_rerouted`).
+        """
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                return fn(self._client_now(), *args, **kwargs)
+            except (redis.RedisError, RedisClusterException) as exc:
+                if not _rerouted(self._redis, exc, deadline):
+                    raise StoreUnavailable(_describe(exc)) from exc
 
     def _script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Run script ``name`` (one round trip once the server has cached it)."""
@@ -696,6 +710,43 @@ def _eval(client: Any, script: _Script, keys: Sequence[str], args: Sequence[Any]
         # The server's script cache is empty (a start or SCRIPT FLUSH): EVAL
         # runs the script and caches it, so the next EVALSHA finds it.
         return client.eval(script.source, len(keys), *keys, *args)
+
+
+#: Errors after which a Cluster client's slot map may be wrong: the node is gone
+#: (killed, its replica promoted), or it says that another node serves the slot.
+_REROUTE = (redis.ConnectionError, MovedError, ClusterDownError, TryAgainError)
+#: Between two tries on a refreshed slot map: until the cluster has promoted a
+#: replica, the map still names the dead master, and refusals come back at once.
+_REROUTE_PAUSE = 0.05
+
+
+def _rerouted(client: Any, exc: BaseException, deadline: float) -> bool:
+    """True when a call that failed with ``exc`` may be tried again: the client is
+    a Cluster client, ``exc`` says the slot map may be wrong, and the map was
+    refreshed before ``deadline``.
+
+    redis-py refreshes the map itself (``NodesManager.initialize``) when a
+    command it routes meets a dead node, but not for a connection taken out of
+    a node's pool (:class:`.redis_acks.Pinned`, which every acquire and claim
+    uses so that ``WAIT`` counts their writes) nor for its pub/sub connections:
+    without this, those kept going to the dead master until some other call
+    happened to refresh the map. Retrying a write whose reply was lost is what
+    the lease would do next anyway: acquires and renewals are fenced by the
+    term, and a claim that already went through no longer matches, so it is
+    skipped, never sent twice.
+    """
+    if not isinstance(client, RedisCluster) or not isinstance(exc, _REROUTE):
+        return False
+    if isinstance(exc, redis.AuthenticationError):
+        return False  # the node is there and refuses us: a new map cannot help
+    while time.monotonic() + _REROUTE_PAUSE < deadline:
+        time.sleep(_REROUTE_PAUSE)
+        try:
+            client.nodes_manager.initialize()
+            return True
+        except (redis.RedisError, RedisClusterException):
+            continue  # no node answered yet: try again while there is time
+    return False
 
 
 def _most(online: int | None, promotable: int | None) -> int | None:

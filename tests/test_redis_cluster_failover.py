@@ -1,0 +1,101 @@
+"""Redis Cluster with replicas (3 + 3): the store keeps working across a master fail-over.
+
+The master that serves the election's hash slot is SIGKILLed and its replica
+promoted with ``CLUSTER FAILOVER TAKEOVER``. Every store operation, on the
+backend that led and on one that followed, must reach the new master within
+one store call deadline of the promotion: none may keep retrying the dead node.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from celery_leader.backends import Claim, create_backend
+from celery_leader.backends.base import Backend
+from celery_leader.config import LeaderConfig
+from celery_leader.exceptions import StoreUnavailable
+from harness.redis_cluster import Cluster3x3
+
+TTL = 3.0
+ELECTION = "beat"
+
+
+@pytest.fixture(scope="module")
+def cluster3x3() -> Iterator[Cluster3x3]:
+    cluster = Cluster3x3()
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.close()
+
+
+def _backend(url: str, **settings: Any) -> Backend:
+    return create_backend(
+        LeaderConfig.from_mapping({"leader_url": url, "leader_ttl": TTL, **settings})
+    )
+
+
+def _until_it_works(call: Callable[[], Any], since: float, timeout: float) -> float:
+    """Seconds from ``since`` until ``call`` first returns without StoreUnavailable."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            call()
+            return time.monotonic() - since
+        except StoreUnavailable as exc:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"still failing {timeout:g} s on: {exc}") from exc
+
+
+def test_every_operation_reaches_the_promoted_master(cluster3x3: Cluster3x3) -> None:
+    """Each backend's first call after the promotion is the one measured, so that no
+    call profits from a slot map another call refreshed."""
+    cluster = cluster3x3
+    leader, follower, watcher = (_backend(cluster.url) for _ in range(3))
+    try:
+        term = leader.acquire(ELECTION, "leader", TTL, 0).term
+        assert term is not None
+        assert leader.claim(ELECTION, term, [Claim("tick", None, "1")]) == [True]
+        assert follower.acquire(ELECTION, "follower", TTL, 0).term is None
+        assert watcher.holder(ELECTION) is not None
+        lock = f"{{{leader.key_prefix}:{ELECTION}}}:lock"
+        master = cluster.master_of(lock)
+        replica = cluster.replica_of(master)
+        cluster.wait_synced(master)
+
+        master.kill()
+        cluster.take_over(replica)
+        promoted = time.monotonic()
+        claimed: list[bool] = []
+        won: list[Any] = []
+        took = {
+            "leader claim": _until_it_works(
+                lambda: claimed.extend(leader.claim(ELECTION, term, [Claim("tick", "1", "2")])),
+                promoted,
+                8,
+            ),
+            "leader renew": _until_it_works(lambda: leader.renew(ELECTION, term, TTL), promoted, 8),
+            "watcher holder": _until_it_works(lambda: watcher.holder(ELECTION), promoted, 8),
+            # The leader's presence lived on the dead master: the follower takes over.
+            "follower acquire": _until_it_works(
+                lambda: won.append(follower.acquire(ELECTION, "follower", TTL, 0).term),
+                promoted,
+                8,
+            ),
+        }
+        print("\nafter TAKEOVER: " + ", ".join(f"{k} {v:.2f} s" for k, v in took.items()))
+        # One store call deadline: the first try fails on the dead node, the retry on
+        # the refreshed map reaches the new master.
+        assert all(v <= leader.timeout for v in took.values()), took
+        assert claimed == [True]
+        assert won[0] is not None and won[0].epoch > term.epoch
+        assert watcher.holder(ELECTION).instance_id == "follower"
+        assert follower.load_state(ELECTION) == {"tick": "2"}
+    finally:
+        for backend in (leader, follower, watcher):
+            backend.close()
