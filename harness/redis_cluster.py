@@ -164,6 +164,32 @@ class Cluster3x3:
                 pipe.set(f"{tag}:ballast:{n}", chunk)
             pipe.execute()
 
+    def wait_failed(self, node: ClusterNode, timeout: float) -> None:
+        """Until the other live nodes flag ``node`` failed (``fail`` in ``CLUSTER NODES``)."""
+        node_id = node.node_id() if not node.paused else self._id_by_port(node.port)
+
+        def flagged() -> bool:
+            for other in self.nodes:
+                if other is node or not other.running or other.paused:
+                    continue
+                for line in other.command("CLUSTER", "NODES").splitlines():
+                    row = line.split()
+                    if row[0] == node_id and "fail" not in row[2].split(","):
+                        return False
+            return True
+
+        wait_for(flagged, timeout, interval=0.05, message=f"node {node.port} not flagged failed")
+
+    def _id_by_port(self, port: int) -> str:
+        for other in self.nodes:
+            if other.port == port or not other.running or other.paused:
+                continue
+            for line in other.command("CLUSTER", "NODES").splitlines():
+                row = line.split()
+                if row[1].split("@")[0].endswith(f":{port}"):
+                    return row[0]
+        raise AssertionError(f"no live node knows a node on port {port}")
+
     def cut_replica_link(self, master: ClusterNode) -> int:
         """Close ``master``'s replica connections (``CLIENT KILL TYPE replica``); how many."""
         return int(master.command("CLIENT", "KILL", "TYPE", "replica"))

@@ -99,3 +99,40 @@ def test_every_operation_reaches_the_promoted_master(cluster3x3: Cluster3x3) -> 
     finally:
         for backend in (leader, follower, watcher):
             backend.close()
+
+
+def test_a_replica_cut_off_during_a_term_is_waited_for_until_the_cluster_fails_it(
+    cluster3x3: Cluster3x3,
+) -> None:
+    """With ``"auto"``, a replica the term's master had when the term began stays
+    needed while the cluster lists it: claims are refused, not lost to a promotion
+    of that replica. Once the cluster flags it failed, claims go through again:
+    the shard is not down for ever."""
+    cluster = cluster3x3
+    leader = _backend(cluster.url)
+    election = "cut"
+    try:
+        term = leader.acquire(election, "leader", TTL, 0).term
+        assert term is not None
+        assert leader.claim(election, term, [Claim("tick", None, "1")]) == [True]
+        lock = f"{{{leader.key_prefix}:{election}}}:lock"
+        master = cluster.master_of(lock)
+        replica = cluster.replica_of(master)
+        # Cut for good: the link closed, and the replica stopped before it reconnects.
+        replica.pause()
+        assert cluster.cut_replica_link(master) == 1
+        cut = time.monotonic()
+        try:
+            with pytest.raises(StoreUnavailable, match="not on 1 replica"):
+                leader.claim(election, term, [Claim("tick", "1", "2")])
+            assert leader.load_state(election) == {"tick": "1"}, "handed back"
+            cluster.wait_failed(replica, timeout=10)
+            failed = time.monotonic() - cut
+            assert leader.renew(election, term, TTL).name == "RENEWED"
+            assert leader.claim(election, term, [Claim("tick", "1", "2")]) == [True]
+            print(f"\nreplica cut off: claims refused until the cluster failed it, {failed:.2f} s")
+        finally:
+            replica.resume()
+        cluster.wait_synced(master)
+    finally:
+        leader.close()

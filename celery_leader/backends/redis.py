@@ -47,6 +47,7 @@ from redis.connection import parse_url
 from redis.exceptions import (
     ClusterDownError,
     MovedError,
+    NoPermissionError,
     NoScriptError,
     RedisClusterException,
     TryAgainError,
@@ -58,7 +59,7 @@ from .._urls import mask_url
 from ..exceptions import ConfigError, StoreMisconfigured, StoreUnavailable
 from .base import Acquired, Backend, Claim, HolderInfo, Renewal, Term
 from .presence import WATCH_INTERVAL, Subscription
-from .redis_acks import Acks, Pinned, promotable_replicas
+from .redis_acks import Acks, Pinned, listed_replicas, promotable_replicas
 from .terms import foreign, holder_info, parse_term, unreadable_state
 from .waiting import wait_sliced
 
@@ -328,6 +329,9 @@ class RedisBackend(Backend):
         self._lock = threading.Lock()
         #: (when, count) of :meth:`_promotable`, asked of the sentinels.
         self._promotable_cache: tuple[float, int | None] | None = None
+        #: Per election, in Cluster with "auto": (term, node, replicas) of
+        #: :meth:`_replicas_in_term`.
+        self._term_replicas: dict[str, tuple[str, str, int]] = {}
 
     # -- talking to Redis -----------------------------------------------------
 
@@ -587,6 +591,7 @@ class RedisBackend(Backend):
                     script.sha, script.source, keys, calls, self.replica_acks
                 )
                 needed = _most(online, promotable)
+                needed = self._replicas_in_term(election, term.token, conn, needed)
                 wrote = any(1 in reply for reply in replies)
                 return replies, conn.wait(needed, self._ack_timeout) if wrote else Acks(0, 0)
 
@@ -644,6 +649,7 @@ class RedisBackend(Backend):
                 needed = self.replica_acks
                 if needed is None:
                     needed = _most(conn.online(), self._promotable(client))
+                    needed = self._replicas_in_term(election, reply[1], conn, needed)
                 return reply, conn.wait(needed, self._ack_timeout)
 
         reply, acks = self._call(run)
@@ -652,6 +658,39 @@ class RedisBackend(Backend):
             self.release(election, Term(reply[1], 0))
             raise self._not_replicated(acks, "a new term", "released; nobody leads on it")
         return list(reply)
+
+    def _replicas_in_term(
+        self, election: str, token: str, conn: Pinned, online: int | None
+    ) -> int | None:
+        """In Cluster with ``"auto"``: replicas that must acknowledge a write of term
+        ``token``, ``online`` being how many the master lists online now.
+
+        A replica whose link drops is no longer online, yet an operator (or the
+        cluster) can still promote it, and a write it never got would be lost:
+        so the replicas a term saw on its master stay needed for the rest of the
+        term, while ``CLUSTER NODES`` still lists them for that master, not
+        flagged failed (``cluster-node-timeout`` after they stop answering).
+        A term on another node starts over (a promoted master without replicas
+        needs none), and so does a new term: the count is kept per term and node.
+        """
+        if online is None or conn.node is None:
+            return online
+        with self._lock:
+            seen = self._term_replicas.get(election)
+        needed = online
+        if seen is not None and seen[:2] == (token, conn.node) and seen[2] > online:
+            # Only when replicas went missing: one more round trip, to the same node.
+            (nodes,) = conn.send([("CLUSTER", "NODES")])
+            if isinstance(nodes, NoPermissionError):
+                listed = seen[2]  # nobody to ask: the replicas stay needed for the term
+            elif isinstance(nodes, Exception):
+                raise nodes
+            else:
+                listed = listed_replicas(nodes)
+            needed = max(online, min(seen[2], listed))
+        with self._lock:
+            self._term_replicas[election] = (token, conn.node, needed)
+        return needed
 
     def _promotable(self, client: Any) -> int | None:
         """With ``"auto"`` behind Sentinel, the replicas Sentinel could promote.
