@@ -332,6 +332,11 @@ class RedisBackend(Backend):
         #: Per election, in Cluster with "auto": (term, node, replicas) of
         #: :meth:`_replicas_in_term`.
         self._term_replicas: dict[str, tuple[str, str, int]] = {}
+        #: How often a Cluster call was tried again on a refreshed slot map, and
+        #: that count when each election's subscription was opened: a
+        #: subscription older than the last refresh may be on a dead node.
+        self._reroutes = 0
+        self._subscribed_at: dict[str, int] = {}
 
     # -- talking to Redis -----------------------------------------------------
 
@@ -377,6 +382,8 @@ class RedisBackend(Backend):
             except (redis.RedisError, RedisClusterException) as exc:
                 if not _rerouted(self._redis, exc, deadline):
                     raise StoreUnavailable(_describe(exc)) from exc
+                with self._lock:
+                    self._reroutes += 1
 
     def _script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Run script ``name`` (one round trip once the server has cached it)."""
@@ -402,6 +409,10 @@ class RedisBackend(Backend):
     def acquire(self, election: str, instance_id: str, ttl: float, min_epoch: int) -> Acquired:
         ttl_ms = max(1, int(ttl * 1000))
         lock = self._key(election, "lock")
+        if self._rerouted_since(election):
+            # Opened on the node the old slot map named, maybe dead: a term must
+            # not name a presence that no node of the election counts.
+            self._drop_subscription(election)
         subscription = self._subscription(election)
         presence = subscription.presence if subscription is not None else None
         taken, value, pttl, *watching = self._acquire_durably(
@@ -419,6 +430,10 @@ class RedisBackend(Backend):
             ],
         )
         if taken:
+            if presence is not None and self._rerouted_since(election):
+                # The slot moved during this acquire: keep the term's presence
+                # on the node that now holds it.
+                self._subscription(election, presence)
             epoch = parse_term(value, f"Redis key {lock!r}")["epoch"]
             return Acquired(Term(value, epoch), None, ttl)
         info = _holder(value, pttl, lock)
@@ -472,20 +487,24 @@ class RedisBackend(Backend):
             return False
         return True
 
-    def _subscription(self, election: str) -> Subscription | None:
+    def _subscription(self, election: str, ident: str | None = None) -> Subscription | None:
         """Our subscription for ``election``, opened and confirmed first if need be.
 
         ``None`` when the server refuses it (ACL channel rules): then followers
-        poll at the holder's ttl, and terms keep no presence.
+        poll at the holder's ttl, and terms keep no presence. With ``ident``,
+        the current one is replaced by one that keeps that presence id.
         """
+        if ident is not None:
+            self._drop_subscription(election)
         with self._lock:
             current = self._subscriptions.get(election)
+            reroutes = self._reroutes
         if current is not None:
             return current
         released = self._key(election, "released")
         presence = None
         if self._presence is not False:
-            ident = uuid.uuid4().hex
+            ident = ident or uuid.uuid4().hex
             presence = (self._key(election, f"present:{ident}"), ident)
         subscription: Subscription
         try:
@@ -501,7 +520,14 @@ class RedisBackend(Backend):
             subscription.presence = None
         with self._lock:
             self._subscriptions[election] = subscription
+            self._subscribed_at[election] = reroutes
         return subscription
+
+    def _rerouted_since(self, election: str) -> bool:
+        """True when a Cluster call went to a refreshed slot map after ``election``'s
+        subscription was opened."""
+        with self._lock:
+            return self._subscribed_at.get(election, self._reroutes) != self._reroutes
 
     def _check_presence(self, election: str, channel: str, subscription: Subscription) -> None:
         """Presence on, if a script on the election's node counts ``channel``'s subscriber."""
