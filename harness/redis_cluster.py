@@ -190,9 +190,19 @@ class Cluster3x3:
                     return row[0]
         raise AssertionError(f"no live node knows a node on port {port}")
 
-    def cut_replica_link(self, master: ClusterNode) -> int:
-        """Close ``master``'s replica connections (``CLIENT KILL TYPE replica``); how many."""
-        return int(master.command("CLIENT", "KILL", "TYPE", "replica"))
+    def cut_replica_link(self, master: ClusterNode, replica: ClusterNode) -> None:
+        """Cut ``replica``'s replication link for good, while both keep running.
+
+        The master closes it (``CLIENT KILL TYPE replica``), and the replica's
+        next handshakes authenticate as a user the master does not have, so it
+        cannot reconnect: the master lists no replica, the cluster still lists
+        it (its bus is untouched), and ``TAKEOVER`` can promote it.
+        """
+        replica.command("CONFIG", "SET", "masteruser", "cut-off", "masterauth", "cut-off")
+        master.command("CLIENT", "KILL", "TYPE", "replica")
+        wait_for(
+            lambda: not master.command("ROLE")[2], 5, interval=0.01, message="the link stayed up"
+        )
 
     def take_over(self, replica: ClusterNode, timeout: float = 10) -> None:
         """Promote ``replica`` with ``CLUSTER FAILOVER TAKEOVER``; returns once it acts as a

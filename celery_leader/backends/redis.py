@@ -469,7 +469,12 @@ class RedisBackend(Backend):
             wait_sliced(subscription.message, timeout, cancel)
         except (redis.RedisError, RedisClusterException):
             self._drop_subscription(election)
-            cancel.wait(max(0.0, deadline - time.monotonic()))
+            # Its node may be gone (a Cluster or Sentinel fail-over): ask again
+            # as soon as the designated successor would, rather than at the
+            # holder's ttl, so that this follower subscribes on the new node
+            # and can take over a holder that dies there. A store that is down
+            # fails that acquire, and the lease then backs off.
+            cancel.wait(max(0.0, min(WATCH_INTERVAL, deadline - time.monotonic())))
 
     def hold(self, election: str, term: Term, timeout: float, cancel: threading.Event) -> bool:
         presence = parse_term(term.token, "our own term").get("presence")
