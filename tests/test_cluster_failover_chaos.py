@@ -103,6 +103,7 @@ def cluster() -> Iterator[Cluster3x3]:
 
 
 def fail_over(
+    title: str,
     cluster: Cluster3x3,
     fault: str,
     arrivals: Callable[[], list[Arrival]],
@@ -154,7 +155,7 @@ def fail_over(
         during_fault=sum(began < a.seen <= killed for a in sent),
     )
     print(
-        f"\n{fault}: promoted {promoted - killed:.2f} s after the kill; first dispatch "
+        f"\nFAILOVER {title}: promoted {promoted - killed:.2f} s after the kill; first dispatch "
         f"{outcome.dispatch:.2f} s after the kill; next hand-over {outcome.handover:.2f} s; "
         f"{outcome.during_fault} sent during the {FAULT:g} s fault; {len(sent)} sent, "
         f"{outcome.twice} twice"
@@ -203,7 +204,8 @@ def test_three_beats_through_a_cluster_master_failover(
         _, proc, epoch = wait_for(newer, DISPATCH + 10, interval=0.05, message="a newer holder")
         return epoch, lambda: send_signal(proc, signal.SIGKILL)
 
-    outcome = fail_over(cluster, fault, arrivals, leader, lambda: beat_steady(tap))
+    title = f"beat, {fault}, leader_replica_acks {acks}"
+    outcome = fail_over(title, cluster, fault, arrivals, leader, lambda: beat_steady(tap))
     if acks == "0":
         # Proves the cut reached the replica: claims it never got are sent again.
         assert outcome.twice > 0, outcome
@@ -251,7 +253,8 @@ def test_three_dramatiq_schedulers_through_a_cluster_master_failover(
         return holder.epoch, lambda: os.killpg(proc.pid, signal.SIGKILL)
 
     try:
-        outcome = fail_over(cluster, fault, arrivals, leader, lambda: dramatiq_steady(dtap))
+        title = f"dramatiq, {fault}, leader_replica_acks auto"
+        outcome = fail_over(title, cluster, fault, arrivals, leader, lambda: dramatiq_steady(dtap))
     finally:
         backend.close()
     _check(outcome)
