@@ -204,6 +204,33 @@ class Cluster3x3:
             lambda: not master.command("ROLE")[2], 5, interval=0.01, message="the link stayed up"
         )
 
+    def move_slot(self, key: str, target: ClusterNode, timeout: float = 10) -> None:
+        """Migrate ``key``'s hash slot, keys included, to the master ``target``, as
+        ``redis-cli --cluster reshard`` does; returns once every live master maps it there."""
+        source = self.master_of(key)
+        slot = int(source.command("CLUSTER", "KEYSLOT", key))
+        target.command("CLUSTER", "SETSLOT", slot, "IMPORTING", source.node_id())
+        source.command("CLUSTER", "SETSLOT", slot, "MIGRATING", target.node_id())
+        while keys := source.command("CLUSTER", "GETKEYSINSLOT", slot, 100):
+            source.command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys)
+        masters = [n for n in self.nodes if n.running and not n.paused and n.role() == "master"]
+        for node in masters:
+            node.command("CLUSTER", "SETSLOT", slot, "NODE", target.node_id())
+        wait_for(
+            lambda: all(self._owner(n, slot) == target.port for n in masters),
+            timeout,
+            interval=0.01,
+            message=f"slot {slot} not moved",
+        )
+
+    @staticmethod
+    def _owner(node: ClusterNode, slot: int) -> int | None:
+        """Port of the master ``node`` maps ``slot`` to."""
+        for start, end, master, *_ in node.command("CLUSTER", "SLOTS"):
+            if int(start) <= slot <= int(end):
+                return int(master[1])
+        return None
+
     def take_over(self, replica: ClusterNode, timeout: float = 10) -> None:
         """Promote ``replica`` with ``CLUSTER FAILOVER TAKEOVER``; returns once it acts as a
         master and the other live masters map its slots to it."""

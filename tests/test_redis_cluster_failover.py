@@ -101,6 +101,34 @@ def test_every_operation_reaches_the_promoted_master(cluster3x3: Cluster3x3) -> 
             backend.close()
 
 
+def test_calls_follow_a_slot_moved_to_another_master(cluster3x3: Cluster3x3) -> None:
+    """A slot migration: the old node answers MOVED, and the claim (pinned, for WAIT)
+    and the renewal reach the new owner within the store call deadline."""
+    cluster = cluster3x3
+    leader = _backend(cluster.url)
+    election = "moved"
+    try:
+        term = leader.acquire(election, "leader", 30, 0).term
+        assert term is not None
+        assert leader.claim(election, term, [Claim("tick", None, "1")]) == [True]
+        lock = f"{{{leader.key_prefix}:{election}}}:lock"
+        source = cluster.master_of(lock)
+        target = next(
+            n for n in cluster.nodes if n.running and n is not source and n.role() == "master"
+        )
+        cluster.move_slot(lock, target)
+        moved = time.monotonic()
+        assert leader.claim(election, term, [Claim("tick", "1", "2")]) == [True]
+        assert leader.renew(election, term, 30).name == "RENEWED"
+        took = time.monotonic() - moved
+        print(f"\nafter the slot moved: claim and renewal {took:.2f} s")
+        assert took <= leader.timeout
+        assert cluster.master_of(lock) is target
+        assert leader.load_state(election) == {"tick": "2"}
+    finally:
+        leader.close()
+
+
 def test_a_replica_cut_off_during_a_term_is_waited_for_until_the_cluster_fails_it(
     cluster3x3: Cluster3x3,
 ) -> None:
