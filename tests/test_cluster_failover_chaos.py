@@ -30,8 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from celery_leader.backends import create_backend
-from celery_leader.backends.base import HolderInfo
+from celery_leader.backends import HolderInfo, create_backend
 from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import StoreUnavailable
 from harness.procs import Proc, Procs

@@ -14,8 +14,7 @@ from typing import Any
 
 import pytest
 
-from celery_leader.backends import Claim, create_backend
-from celery_leader.backends.base import Backend
+from celery_leader.backends import Backend, Write, create_backend
 from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import StoreUnavailable
 from harness.redis_cluster import Cluster3x3
@@ -60,7 +59,7 @@ def test_every_operation_reaches_the_promoted_master(cluster3x3: Cluster3x3) -> 
     try:
         term = leader.acquire(ELECTION, "leader", TTL, 0).term
         assert term is not None
-        assert leader.claim(ELECTION, term, [Claim("tick", None, "1")]) == [True]
+        assert leader.claim(ELECTION, term, [Write("tick", None, "1")]) == [True]
         assert follower.acquire(ELECTION, "follower", TTL, 0).term is None
         assert watcher.holder(ELECTION) is not None
         lock = f"{{{leader.key_prefix}:{ELECTION}}}:lock"
@@ -75,7 +74,7 @@ def test_every_operation_reaches_the_promoted_master(cluster3x3: Cluster3x3) -> 
         won: list[Any] = []
         took = {
             "leader claim": _until_it_works(
-                lambda: claimed.extend(leader.claim(ELECTION, term, [Claim("tick", "1", "2")])),
+                lambda: claimed.extend(leader.claim(ELECTION, term, [Write("tick", "1", "2")])),
                 promoted,
                 8,
             ),
@@ -110,7 +109,7 @@ def test_calls_follow_a_slot_moved_to_another_master(cluster3x3: Cluster3x3) -> 
     try:
         term = leader.acquire(election, "leader", 30, 0).term
         assert term is not None
-        assert leader.claim(election, term, [Claim("tick", None, "1")]) == [True]
+        assert leader.claim(election, term, [Write("tick", None, "1")]) == [True]
         lock = f"{{{leader.key_prefix}:{election}}}:lock"
         source = cluster.master_of(lock)
         target = next(
@@ -118,7 +117,7 @@ def test_calls_follow_a_slot_moved_to_another_master(cluster3x3: Cluster3x3) -> 
         )
         cluster.move_slot(lock, target)
         moved = time.monotonic()
-        assert leader.claim(election, term, [Claim("tick", "1", "2")]) == [True]
+        assert leader.claim(election, term, [Write("tick", "1", "2")]) == [True]
         assert leader.renew(election, term, 30).name == "RENEWED"
         took = time.monotonic() - moved
         print(f"\nafter the slot moved: claim and renewal {took:.2f} s")
@@ -143,14 +142,14 @@ def test_a_replica_cut_off_during_a_term_is_waited_for_until_the_cluster_fails_i
         # A term that outlives the wait for the cluster to fail the replica.
         term = leader.acquire(election, "leader", 30, 0).term
         assert term is not None
-        assert leader.claim(election, term, [Claim("tick", None, "1")]) == [True]
+        assert leader.claim(election, term, [Write("tick", None, "1")]) == [True]
         lock = f"{{{leader.key_prefix}:{election}}}:lock"
         master = cluster.master_of(lock)
         replica = cluster.replica_of(master)
         cluster.cut_replica_link(master, replica)
         cut = time.monotonic()
         with pytest.raises(StoreUnavailable, match="not on 1 replica"):
-            leader.claim(election, term, [Claim("tick", "1", "2")])
+            leader.claim(election, term, [Write("tick", "1", "2")])
         assert leader.load_state(election) == {"tick": "1"}, "handed back"
         # Still refused while the cluster lists the replica; stopped, it is flagged
         # failed after cluster-node-timeout, and claims no longer wait for it.
@@ -158,7 +157,7 @@ def test_a_replica_cut_off_during_a_term_is_waited_for_until_the_cluster_fails_i
         try:
             cluster.wait_failed(replica, timeout=10)
             failed = time.monotonic() - cut
-            assert leader.claim(election, term, [Claim("tick", "1", "2")]) == [True]
+            assert leader.claim(election, term, [Write("tick", "1", "2")]) == [True]
             print(f"\nreplica cut off: claims refused until the cluster failed it, {failed:.2f} s")
         finally:
             replica.resume()
