@@ -76,8 +76,11 @@ class Pinned:
     """
 
     def __init__(self, client: Any, key: str) -> None:
+        #: The Cluster node (``host:port``) the connection goes to; ``None`` outside Cluster.
+        self.node: str | None = None
         if isinstance(client, RedisCluster):
             node = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
+            self.node = node.name
             client = client.get_redis_connection(node)
         self._pool = client.connection_pool
         self._conn: Any = None
@@ -170,6 +173,14 @@ def _online(role: Any) -> int | None:
         raise role
     # ["master", offset, [[host, port, offset], ...]]; a replica has none of its own.
     return len(role[2]) if role[0] == "master" else 0
+
+
+def listed_replicas(nodes: str) -> int:
+    """Replicas that a ``CLUSTER NODES`` reply lists for the node that sent it, not
+    flagged failed: the cluster still counts them, and an operator may promote them."""
+    rows = [line.split() for line in nodes.splitlines() if line.strip()]
+    me = next(row[0] for row in rows if "myself" in row[2].split(","))
+    return sum(1 for row in rows if row[3] == me and "fail" not in row[2].split(","))
 
 
 def promotable_replicas(client: Any) -> int | None:

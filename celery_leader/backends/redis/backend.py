@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis
-from redis.exceptions import RedisClusterException
+from redis.exceptions import NoPermissionError, RedisClusterException
 
 from ..._urls import mask_url
 from ...exceptions import StoreMisconfigured, StoreUnavailable
@@ -43,7 +43,7 @@ from ..fenced import Write
 from ..lock import Acquired, HolderInfo, Renewal, Term
 from ..terms import holder_info, parse_term, unreadable_state
 from ..waiting import wait_sliced
-from .acks import Acks, Pinned, promotable_replicas
+from .acks import Acks, Pinned, listed_replicas, promotable_replicas
 from .connection import Connection
 from .presence import WATCH_INTERVAL, Subscription
 from .scripts import SOURCES, checked
@@ -73,6 +73,13 @@ class RedisBackend(Backend):
         self._lock = threading.Lock()
         #: (when, count) of :meth:`_promotable`, asked of the sentinels.
         self._promotable_cache: tuple[float, int | None] | None = None
+        #: Per election, in Cluster with "auto": (term, node, replicas) of
+        #: :meth:`_replicas_in_term`.
+        self._term_replicas: dict[str, tuple[str, str, int]] = {}
+        #: Per election, the connection's reroute count when its subscription
+        #: was opened: a subscription older than the last slot-map refresh may
+        #: be on a dead node.
+        self._subscribed_at: dict[str, int] = {}
 
     # -- talking to Redis -----------------------------------------------------
 
@@ -84,6 +91,10 @@ class RedisBackend(Backend):
     def acquire(self, election: str, instance_id: str, ttl: float, min_epoch: int) -> Acquired:
         ttl_ms = max(1, int(ttl * 1000))
         lock = self._key(election, "lock")
+        if self._rerouted_since(election):
+            # Opened on the node the old slot map named, maybe dead: a term must
+            # not name a presence that no node of the election counts.
+            self._drop_subscription(election)
         subscription = self._subscription(election)
         presence = subscription.presence if subscription is not None else None
         taken, value, pttl, *watching = self._acquire_durably(
@@ -101,6 +112,10 @@ class RedisBackend(Backend):
             ],
         )
         if taken:
+            if presence is not None and self._rerouted_since(election):
+                # The slot moved during this acquire: keep the term's presence
+                # on the node that now holds it.
+                self._subscription(election, presence)
             epoch = parse_term(value, f"Redis key {lock!r}")["epoch"]
             return Acquired(Term(value, epoch), None, ttl)
         info = _holder(value, pttl, lock)
@@ -136,7 +151,12 @@ class RedisBackend(Backend):
             wait_sliced(subscription.message, timeout, cancel)
         except (redis.RedisError, RedisClusterException):
             self._drop_subscription(election)
-            cancel.wait(max(0.0, deadline - time.monotonic()))
+            # Its node may be gone (a Cluster or Sentinel fail-over): ask again
+            # as soon as the designated successor would, rather than at the
+            # holder's ttl, so that this follower subscribes on the new node
+            # and can take over a holder that dies there. A store that is down
+            # fails that acquire, and the lease then backs off.
+            cancel.wait(max(0.0, min(WATCH_INTERVAL, deadline - time.monotonic())))
 
     def hold(self, election: str, term: Term, timeout: float, cancel: threading.Event) -> bool:
         presence = parse_term(term.token, "our own term").get("presence")
@@ -154,20 +174,24 @@ class RedisBackend(Backend):
             return False
         return True
 
-    def _subscription(self, election: str) -> Subscription | None:
+    def _subscription(self, election: str, ident: str | None = None) -> Subscription | None:
         """Our subscription for ``election``, opened and confirmed first if need be.
 
         ``None`` when the server refuses it (ACL channel rules): then followers
-        poll at the holder's ttl, and terms keep no presence.
+        poll at the holder's ttl, and terms keep no presence. With ``ident``,
+        the current one is replaced by one that keeps that presence id.
         """
+        if ident is not None:
+            self._drop_subscription(election)
         with self._lock:
             current = self._subscriptions.get(election)
+        reroutes = self._conn.reroutes
         if current is not None:
             return current
         released = self._key(election, "released")
         presence = None
         if self._presence is not False:
-            ident = uuid.uuid4().hex
+            ident = ident or uuid.uuid4().hex
             presence = (self._key(election, f"present:{ident}"), ident)
         subscription: Subscription
         try:
@@ -183,7 +207,15 @@ class RedisBackend(Backend):
             subscription.presence = None
         with self._lock:
             self._subscriptions[election] = subscription
+            self._subscribed_at[election] = reroutes
         return subscription
+
+    def _rerouted_since(self, election: str) -> bool:
+        """True when a Cluster call went to a refreshed slot map after ``election``'s
+        subscription was opened."""
+        reroutes = self._conn.reroutes
+        with self._lock:
+            return self._subscribed_at.get(election, reroutes) != reroutes
 
     def _check_presence(self, election: str, channel: str, subscription: Subscription) -> None:
         """Presence on, if a script on the election's node counts ``channel``'s subscriber."""
@@ -269,6 +301,7 @@ class RedisBackend(Backend):
             with Pinned(client, keys[0]) as conn:
                 replies, online = conn.scripts(script.sha, source, keys, calls, self.replica_acks)
                 needed = _most(online, promotable)
+                needed = self._replicas_in_term(election, term.token, conn, needed)
                 wrote = any(1 in reply for reply in replies)
                 return replies, conn.wait(needed, self._ack_timeout) if wrote else Acks(0, 0)
 
@@ -320,6 +353,7 @@ class RedisBackend(Backend):
                 needed = self.replica_acks
                 if needed is None:
                     needed = _most(conn.online(), self._promotable(client))
+                    needed = self._replicas_in_term(election, reply[1], conn, needed)
                 return reply, conn.wait(needed, self._ack_timeout)
 
         reply, acks = self._conn.call(run)
@@ -328,6 +362,39 @@ class RedisBackend(Backend):
             self.release(election, Term(reply[1], 0))
             raise self._not_replicated(acks, "a new term", "released; nobody leads on it")
         return list(reply)
+
+    def _replicas_in_term(
+        self, election: str, token: str, conn: Pinned, online: int | None
+    ) -> int | None:
+        """In Cluster with ``"auto"``: replicas that must acknowledge a write of term
+        ``token``, ``online`` being how many the master lists online now.
+
+        A replica whose link drops is no longer online, yet an operator (or the
+        cluster) can still promote it, and a write it never got would be lost:
+        so the replicas a term saw on its master stay needed for the rest of the
+        term, while ``CLUSTER NODES`` still lists them for that master, not
+        flagged failed (``cluster-node-timeout`` after they stop answering).
+        A term on another node starts over (a promoted master without replicas
+        needs none), and so does a new term: the count is kept per term and node.
+        """
+        if online is None or conn.node is None:
+            return online
+        with self._lock:
+            seen = self._term_replicas.get(election)
+        needed = online
+        if seen is not None and seen[:2] == (token, conn.node) and seen[2] > online:
+            # Only when replicas went missing: one more round trip, to the same node.
+            (nodes,) = conn.send([("CLUSTER", "NODES")])
+            if isinstance(nodes, NoPermissionError):
+                listed = seen[2]  # nobody to ask: the replicas stay needed for the term
+            elif isinstance(nodes, Exception):
+                raise nodes
+            else:
+                listed = listed_replicas(nodes)
+            needed = max(online, min(seen[2], listed))
+        with self._lock:
+            self._term_replicas[election] = (token, conn.node, needed)
+        return needed
 
     def _promotable(self, client: Any) -> int | None:
         """With ``"auto"`` behind Sentinel, the replicas Sentinel could promote.

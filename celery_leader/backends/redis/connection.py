@@ -3,12 +3,14 @@
 ``redis://``, ``rediss://``, ``unix://``, ``redis+sentinel://``, and Redis
 Cluster with ``?cluster=true``. Nothing connects before the first call, so a
 Redis that is down at start-up (or a Cluster seed node) is an outage the lease
-retries, not a crash.
+retries, not a crash. In Cluster, a call that meets a dead node or a moved
+slot is tried again on a refreshed slot map within the store deadline.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
@@ -18,7 +20,7 @@ from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.commands.core import Script
 from redis.connection import parse_url
-from redis.exceptions import RedisClusterException
+from redis.exceptions import ClusterDownError, MovedError, RedisClusterException, TryAgainError
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
@@ -84,11 +86,15 @@ class Connection:
 
     def __init__(self, url: str, timeout: float) -> None:
         self.url = url
+        self.timeout = timeout
         self._options = _options(url, timeout)
         self._cluster_url = _cluster_url(url)
         self._redis: Any = None
         self._scripts: dict[str, Script] = {}
         self._lock = threading.Lock()
+        #: How often a Cluster call was tried again on a refreshed slot map: a
+        #: subscription opened before the last refresh may be on a dead node.
+        self.reroutes = 0
         try:
             if self._cluster_url is None:
                 self._redis = _client(url, self._options)
@@ -133,11 +139,21 @@ class Connection:
         return RedisCluster.from_url(url, **self._options)
 
     def call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        """``fn(client, ...)``; every redis-py error becomes StoreUnavailable in one line."""
-        try:
-            return fn(self.client(), *args, **kwargs)
-        except (redis.RedisError, RedisClusterException) as exc:
-            raise StoreUnavailable(summarise(exc)) from exc
+        """``fn(client, ...)``; every redis-py error becomes StoreUnavailable in one line.
+
+        In Redis Cluster, a call that found its node gone or no longer serving
+        the slot is tried again on a refreshed slot map until the store
+        deadline (see :func:`_rerouted`).
+        """
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                return fn(self.client(), *args, **kwargs)
+            except (redis.RedisError, RedisClusterException) as exc:
+                if not _rerouted(self._redis, exc, deadline):
+                    raise StoreUnavailable(summarise(exc)) from exc
+                with self._lock:  # the client is built, so nobody holds this one for long
+                    self.reroutes += 1
 
     def script(self, name: str) -> Script:
         """Script ``name``, registered on the client (built first if need be)."""
@@ -153,3 +169,52 @@ class Connection:
         """Close the client's connections, if it was ever built."""
         if self._redis is not None:
             self._redis.close()
+
+
+#: Errors after which a Cluster client's slot map may be wrong: the node is gone
+#: (killed, its replica promoted), or it says that another node serves the slot.
+_REROUTE = (redis.ConnectionError, MovedError, ClusterDownError, TryAgainError)
+#: Between two tries on a refreshed slot map: until the cluster has promoted a
+#: replica, the map still names the dead master, and refusals come back at once.
+#:
+#: A Cluster master and the leader die together. The followers' subscriptions
+#: close with the master; each asks again presence.WATCH_INTERVAL later, and
+#: that call keeps trying on refreshed maps until the store deadline, so a
+#: promotion within the deadline costs, from the promotion:
+#:   at most this pause, one CLUSTER SLOTS, the subscription and the acquire
+#:   on the new master (the old term names a presence nobody keeps there) ~ 0.06 s
+#: + beat's look at its lease (0.1 s) and up to one schedule period.
+#: A later promotion adds up to renew_interval (ttl / 3): the lease's wait
+#: after a call that failed.
+#: Measured (3 beats, ttl 3 s, an entry every 0.2 s, TAKEOVER 0.02-0.06 s after
+#: the kill): first dispatch 0.1-0.4 s after the kill.
+_REROUTE_PAUSE = 0.05
+
+
+def _rerouted(client: Any, exc: BaseException, deadline: float) -> bool:
+    """True when a call that failed with ``exc`` may be tried again: the client is
+    a Cluster client, ``exc`` says the slot map may be wrong, and the map was
+    refreshed before ``deadline``.
+
+    redis-py refreshes the map itself (``NodesManager.initialize``) when a
+    command it routes meets a dead node, but not for a connection taken out of
+    a node's pool (:class:`.acks.Pinned`, which every acquire and claim
+    uses so that ``WAIT`` counts their writes) nor for its pub/sub connections:
+    without this, those kept going to the dead master until some other call
+    happened to refresh the map. Retrying a write whose reply was lost is what
+    the lease would do next anyway: acquires and renewals are fenced by the
+    term, and a claim that already went through no longer matches, so it is
+    skipped, never sent twice.
+    """
+    if not isinstance(client, RedisCluster) or not isinstance(exc, _REROUTE):
+        return False
+    if isinstance(exc, redis.AuthenticationError):
+        return False  # the node is there and refuses us: a new map cannot help
+    while time.monotonic() + _REROUTE_PAUSE < deadline:
+        time.sleep(_REROUTE_PAUSE)
+        try:
+            client.nodes_manager.initialize()
+            return True
+        except (redis.RedisError, RedisClusterException):
+            continue  # no node answered yet: try again while there is time
+    return False
