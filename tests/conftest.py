@@ -1,8 +1,8 @@
 """Fixtures for real servers, processes and network faults.
 
 Servers are session-scoped and start only when a test asks for them; the function-scoped
-``redis_url``, ``postgres_url``, ``mariadb_url`` and ``amqp_url`` give every test a running server with no
-state left over from earlier tests.
+``redis_url``, ``postgres_url``, ``mariadb_url`` and ``amqp_url`` give every test a running
+server with no state left over from earlier tests.
 """
 
 from __future__ import annotations
