@@ -47,7 +47,7 @@ from harness.etcd import EtcdCluster
 from harness.groups import VENV_BIN, group_alive, pgrp_of, start_child
 from harness.procs import Proc
 from harness.proxy import TcpProxy
-from harness.servers import PostgresServer, RedisServer
+from harness.servers import MariaDbServer, PostgresServer, RedisServer
 
 #: Seconds between runs of the one schedule entry.
 PERIOD = 0.1
@@ -79,7 +79,7 @@ class System:
     key: str
     label: str
     kind: str  # "leader", "redbeat" or "single-beat"
-    store: str  # "redis", "postgres", "etcd" or "file"
+    store: str  # "redis", "postgres", "mysql", "etcd" or "file"
     #: Lease ttl / lock timeout of this system's replicas.
     ttl: float = TTL
     #: The faults to run, when not every one that applies (``benchmarks/crash_gap.py``).
@@ -110,6 +110,7 @@ class System:
 SYSTEMS = (
     System("leader-redis", "celery-leader, Redis", "leader", "redis"),
     System("leader-postgres", "celery-leader, PostgreSQL", "leader", "postgres"),
+    System("leader-mysql", "celery-leader, MariaDB", "leader", "mysql"),
     System("leader-etcd", "celery-leader, etcd (3 members)", "leader", "etcd"),
     System("leader-file", "celery-leader, file", "leader", "file"),
     System("redbeat", "celery-redbeat", "redbeat", "redis"),
@@ -206,7 +207,7 @@ class Store:
     """The lock store of one system: a server on loopback, or a directory."""
 
     def __init__(self, kind: str, pg: PostgresServer | None) -> None:
-        self.server: RedisServer | PostgresServer | None = None
+        self.server: RedisServer | PostgresServer | MariaDbServer | None = None
         self.etcd: EtcdCluster | None = None
         self.directory: Path | None = None
         if kind == "etcd":
@@ -219,6 +220,9 @@ class Store:
             assert pg is not None
             pg.reset()
             self.server = pg
+        elif kind == "mysql":
+            self.server = MariaDbServer()
+            self.server.start()
         else:
             self.directory = Path(tempfile.mkdtemp(prefix="bench-file-store-"))
 
@@ -248,7 +252,7 @@ class Store:
     def close(self) -> None:
         if self.etcd is not None:
             self.etcd.close()
-        if isinstance(self.server, RedisServer):
+        if isinstance(self.server, RedisServer | MariaDbServer):
             self.server.close()
         if self.directory is not None:
             shutil.rmtree(self.directory, ignore_errors=True)

@@ -369,8 +369,10 @@ class MariaDbServer(_Server):
     password = "leaderpw"
     root_password = "rootpw"
 
-    def __init__(self) -> None:
+    def __init__(self, *extra_args: str) -> None:
         super().__init__("celery-leader-mariadb-")
+        #: More mariadbd options (a Galera switch, replication ...).
+        self.extra_args = list(extra_args)
         self.data_dir = self.root / "data"
         self.socket = self.root / "mariadb.sock"
         self._os_user = "mysql" if os.geteuid() == 0 else None
@@ -467,6 +469,7 @@ class MariaDbServer(_Server):
                 "--performance-schema=OFF",
                 # Set by the first start: the root password the harness connects with.
                 f"--init-file={self._init_file()}",
+                *self.extra_args,
             ],
             user=self._os_user,
         )  # fmt: skip

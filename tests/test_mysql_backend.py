@@ -153,6 +153,16 @@ def test_errors_are_one_line_with_the_password_masked(mariadb_server: MariaDbSer
     assert "Access denied" in message and "leader:***@" in message
 
 
+def test_a_galera_node_is_refused_in_one_line() -> None:
+    # wsrep on without a provider: the server says it is a Galera node, alone.
+    with MariaDbServer("--wsrep-on=ON", "--wsrep-provider=none", "--binlog-format=ROW") as node:
+        backend = MySqlBackend(node.url, PREFIX, 0.5)
+        with pytest.raises(StoreMisconfigured) as info:
+            backend.acquire(ELECTION, "a", 5.0, 0)
+    message = str(info.value)
+    assert "\n" not in message and "Galera" in message and "not replicated" in message
+
+
 def test_explicit_replica_acks_are_refused(backends: Callable[..., MySqlBackend]) -> None:
     a = backends()
     a.replica_acks = 1
