@@ -4,18 +4,20 @@ Dramatiq chaos tests."""
 
 from __future__ import annotations
 
+import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
+from urllib.parse import urlsplit
 
 import pytest
 
-from celery_leader.backends import create_backend
 from celery_leader.backends.base import Claim, Renewal
 from celery_leader.backends.mysql import MySqlBackend, lock_name
 from celery_leader.backends.mysql.params import connection_params
-from celery_leader.config import DRIFT, MARGIN, LeaderConfig
+from celery_leader.config import DRIFT, MARGIN
 from celery_leader.exceptions import ConfigError, StoreMisconfigured, StoreUnavailable
+from harness.procs import Procs
 from harness.proxy import TcpProxy
 from harness.servers import MariaDbServer
 
@@ -191,6 +193,44 @@ def test_url_parameters() -> None:
         connection_params("mariadb://u:p@host/")
     with pytest.raises(ConfigError, match="unknown or invalid query parameter sslmode"):
         connection_params("mariadb://u:p@host/db?sslmode=require")
-    config = LeaderConfig.from_mapping({"leader_url": "mariadb://u:p@host/db"})
-    assert config.store_kind == "mysql"
-    assert isinstance(create_backend(config), MySqlBackend)
+
+
+def test_django_alias_selects_the_store_by_engine(mariadb_url: str, procs: Procs) -> None:
+    parts = urlsplit(mariadb_url)
+    code = textwrap.dedent(
+        f"""
+        import django
+        from django.conf import settings
+        settings.configure(DATABASES={{
+            "default": {{
+                "ENGINE": "django.db.backends.mysql",
+                "NAME": {parts.path.lstrip("/")!r}, "USER": {parts.username!r},
+                "PASSWORD": {parts.password!r}, "HOST": {parts.hostname!r},
+                "PORT": {str(parts.port)!r}, "OPTIONS": {{"charset": "utf8mb4"}},
+            }},
+            "pg": {{"ENGINE": "django.db.backends.postgresql", "NAME": "x"}},
+        }})
+        django.setup()
+        from celery_leader.backends import create_backend
+        from celery_leader.backends.mysql import MySqlBackend
+        from celery_leader.config import LeaderConfig
+        from celery_leader.exceptions import ConfigError
+
+        for alias in ("default", "pg"):
+            config = LeaderConfig.from_mapping({{"leader_url": f"django://{{alias}}"}})
+            print("KIND", alias, config.store_kind)
+        backend = create_backend(LeaderConfig.from_mapping({{"leader_url": "django://default"}}))
+        print("EPOCH", backend.acquire("beat", "a", 5.0, 0).term.epoch)
+        try:
+            MySqlBackend("django://pg", "dj", 0.5)
+        except ConfigError as exc:
+            print("ERROR", exc)
+        """
+    )
+    proc = procs.spawn_python(code)
+    assert proc.wait(30) == 0, proc.output()
+    lines = proc.lines()
+    assert "KIND default mysql" in lines and "KIND pg postgres" in lines, proc.output()
+    assert "EPOCH 1" in lines, proc.output()
+    errors = [line for line in lines if line.startswith("ERROR")]
+    assert len(errors) == 1 and "not django.db.backends.mysql" in errors[0], proc.output()
