@@ -408,7 +408,7 @@ class MariaDbServer(_Server):
 
     def reset(self) -> None:
         """Fresh logical state: end every ``leader`` session (releasing its named locks)
-        and drop every table in its database."""
+        and empty its database (Django's tables included)."""
         with self.root_connection() as conn, conn.cursor() as cur:
             cur.execute(
                 "SELECT id FROM information_schema.processlist WHERE user = %s", (self.user,)
@@ -422,12 +422,9 @@ class MariaDbServer(_Server):
                 STOP_TIMEOUT,
                 message="killed leader sessions of mariadb did not end",
             )
-            cur.execute(
-                "SELECT table_name FROM information_schema.tables WHERE table_schema = %s",
-                (self.user,),
-            )
-            for (table,) in cur.fetchall():
-                cur.execute(f"DROP TABLE {self.user}.`{table}`")
+            # The user's grant names the database, so it outlives the drop.
+            cur.execute(f"DROP DATABASE {self.user}")
+            cur.execute(f"CREATE DATABASE {self.user}")
 
     def _install_db(self) -> None:
         result = subprocess.run(
