@@ -41,7 +41,7 @@ from celery import Celery
 from celery.beat import PersistentScheduler, Scheduler
 
 from celery_leader import LeaderScheduler
-from celery_leader.backends import Claim, create_backend
+from celery_leader.backends import Write, create_backend
 from celery_leader.config import LeaderConfig
 from harness.servers import RedisServer
 from harness.waiting import wait_for
@@ -111,7 +111,7 @@ def seed_leader_state(app: Celery) -> None:
         assert term is not None, "someone holds the beat election"
         last_run = (datetime.now(timezone.utc) - OVERDUE).isoformat()
         state = json.dumps({"last_run_at": last_run, "total_run_count": 1})
-        claims = [Claim(name, None, state) for name in app.conf.beat_schedule]
+        claims = [Write(name, None, state) for name in app.conf.beat_schedule]
         assert all(backend.claim(config.beat_election, term, claims)), "state not seeded"
         backend.release(config.beat_election, term)
     finally:

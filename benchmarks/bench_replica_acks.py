@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 
-from celery_leader.backends import Claim, create_backend
+from celery_leader.backends import Write, create_backend
 from celery_leader.config import LeaderConfig
 from harness.pg_standby import PrimaryAndStandby
 from harness.servers import PostgresServer, RedisServer
@@ -44,7 +44,7 @@ def time_claims(url: str, acks: str, batches: int) -> list[str]:
         for size in SIZES:
             times = []
             for n in range(batches):
-                claims = [Claim(f"e{i}", state.get(f"e{i}"), f"{n}") for i in range(size)]
+                claims = [Write(f"e{i}", state.get(f"e{i}"), f"{n}") for i in range(size)]
                 start = time.perf_counter()
                 won = backend.claim("bench", term, claims)
                 times.append(time.perf_counter() - start)

@@ -33,6 +33,7 @@ from pathlib import Path
 import psycopg
 
 from celery_leader.backends import create_backend
+from celery_leader.callbacks import Callbacks
 from celery_leader.config import LeaderConfig
 from celery_leader.lease import Lease
 from harness.etcd import EtcdCluster
@@ -62,7 +63,7 @@ def holder_main(url: str, first: int, count: int, generation: int) -> None:
             ttl=config.ttl,
             renew_interval=config.renew_interval,
             instance_id=f"g{generation}-h{i}",
-            on_elected=elected,
+            callbacks=Callbacks(on_started=elected),
         )
         for i in range(first, first + count)
     ]

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from .config import LeaderConfig
 from .exceptions import ConfigError, LeaderError, MissingExtra, NotLeader, StoreUnavailable
 from .lease import Lease
+from .leases import leader_of
 
 if TYPE_CHECKING:
     from .celery.beat import LeaderScheduler, LeaderSchedulerMixin
@@ -60,6 +61,7 @@ __all__ = [
     "install",
     "install_worker_steps",
     "is_leader",
+    "leader_of",
     "leader_only",
     "leader_queue",
 ]

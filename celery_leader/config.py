@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +19,7 @@ from urllib.parse import urlsplit
 from ._urls import mask_url, scheme_of
 from .backends.registry import STORES, Store, store_for, store_for_url
 from .exceptions import ConfigError
+from .process import default_instance_id
 
 #: Schemes ``leader_url`` accepts, and the kind of store each one selects
 #: (read from the one table of stores, :data:`celery_leader.backends.STORES`).
@@ -415,7 +415,7 @@ def _name(setting: str, value: object, default: str) -> str:
 
 def _instance_id(value: object, setting: str) -> str:
     if value is None:
-        return f"{socket.gethostname()}:{os.getpid()}"
+        return default_instance_id()
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(f"{setting} must be a non-empty string (got {value!r})")
     return value

@@ -12,10 +12,12 @@ Two small pieces, usable by beat and by a worker's main process alike:
   :func:`check`, which reads it for ``celery leader check`` and
   ``python -m celery_leader check``.
 
-A worker uses them like this::
+A worker uses them like this, joining with ``on_cycle`` (the health file is
+built before the lease starts, so the first cycle finds it)::
 
-    health = HealthFile(path, lease)          # no watchdog: a worker has no tick
-    lease.on_cycle = lambda _lease: health.write()
+    membership = lease_set(config).join(election, on_cycle=lambda _: health.write(), start=False)
+    health = HealthFile(path, membership.lease)   # no watchdog: a worker has no tick
+    membership.lease.start()
 """
 
 from __future__ import annotations

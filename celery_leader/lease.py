@@ -14,17 +14,19 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from ._urls import mask_url
-from .backends.base import Backend, HolderInfo, Renewal, Term, stored_holder
+from .backends import Backend, HolderInfo, Renewal, Term
+from .backends.lock import stored_holder
+from .callbacks import NO_CALLBACKS, Callbacks
+from .clock import SYSTEM_CLOCK, Clock
 from .config import LeaderConfig, check_timing, validate_name, validity
 from .exceptions import StoreUnavailable
 
-logger = logging.getLogger("celery_leader.lease")
+logger = logging.getLogger(__name__)
 
 #: Followers wake this long after the holder's term should have run out, so
 #: they do not find it a hair before the store expires it.
@@ -33,8 +35,6 @@ FOLLOWER_SLACK = 0.005
 #: How often a leader with a ``health_check`` asks it (a local call, no I/O),
 #: so an unhealthy leader hands over within this of the check failing.
 HEALTH_POLL = 0.1
-
-Callback = Callable[["Lease"], Any]
 
 #: Called as ``hook(event, lease, epoch)`` after every announced transition,
 #: ``event`` being ``"elected"`` or ``"demoted"``. :mod:`celery_leader.signals`
@@ -57,17 +57,16 @@ def _notify(event: str, lease: Lease, epoch: int) -> None:
 
 
 class Lease:
-    """Membership of one instance in one election.
+    """Membership of one instance in one election: the elector.
 
-    ``on_elected`` and ``on_demoted`` run once per transition, in the lease
-    thread (``on_demoted`` may also run in the thread calling :meth:`stop`). An
-    ``on_elected`` that raises makes the instance step down and sit out one
-    renew interval.
-
-    ``health_check``, when set, is asked before every acquire and renewal: a
-    non-empty answer (the reason) makes a leader step down and a follower stay
-    out, so a process whose own work is stuck does not keep the role.
-    ``on_cycle`` runs in the lease thread after every acquire or renew cycle.
+    Everything it tells or asks is given at construction. ``callbacks``
+    (:class:`~celery_leader.callbacks.Callbacks`) hear of transitions and of
+    new leaders. ``health_check``, when set, is asked before every acquire and
+    renewal: a non-empty answer (the reason) makes a leader step down and a
+    follower stay out, so a process whose own work is stuck does not keep the
+    role. ``on_cycle`` runs in the lease thread after every acquire or renew
+    cycle. ``clock`` is the time it runs on (the system's unless a test gives
+    another); the store's own waits (``wait``, ``hold``) are the store's.
     """
 
     #: Why the last term ended: ``"expired"``, ``"lost"``, ``"disconnected"``,
@@ -83,11 +82,11 @@ class Lease:
         ttl: float,
         renew_interval: float,
         instance_id: str,
-        on_elected: Callback | None = None,
-        on_demoted: Callback | None = None,
+        callbacks: Callbacks = NO_CALLBACKS,
         health_check: Callable[[], str | None] | None = None,
-        on_cycle: Callback | None = None,
+        on_cycle: Callable[[Lease], Any] | None = None,
         deployment: str | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         validate_name("election", election)
         check_timing(ttl, renew_interval, "ttl", "renew_interval")
@@ -99,10 +98,14 @@ class Lease:
         #: This instance's deployment (its broker), stored with each of its terms.
         self.deployment = deployment
         self._foreign_epoch: int | None = None  # the foreign holder's term already warned of
-        self.on_elected = on_elected
-        self.on_demoted = on_demoted
-        self.health_check = health_check
-        self.on_cycle = on_cycle
+        if not isinstance(callbacks, Callbacks):
+            raise TypeError(f"callbacks must be a Callbacks, not {callbacks!r}")
+        self.callbacks = callbacks
+        self._health_check = health_check
+        self._on_cycle = on_cycle
+        #: The time this lease runs on.
+        self.clock = clock
+        self._leader_seen: tuple[str, int] | None = None  # the last (holder, epoch) announced
         self._validity = validity(ttl)
         self._step_down_request: tuple[str, str, float] | None = None
 
@@ -111,7 +114,7 @@ class Lease:
         self._thread: threading.Thread | None = None
         self._term: Term | None = None
         self._valid_until = 0.0  # monotonic deadline of our belief; 0 = follower
-        self._announced = False  # on_elected ran and on_demoted has not yet
+        self._announced = False  # on_started ran and on_stopped has not yet
         self._acked_sent = 0.0  # when the last successful acquire/renew was sent
         self._next_renew = 0.0
         self._believe_at = 0.0  # end of the backend's hold-off after winning
@@ -121,35 +124,32 @@ class Lease:
 
     @classmethod
     def from_config(
-        cls,
-        election: str,
-        config: LeaderConfig,
-        backend: Backend,
-        *,
-        on_elected: Callback | None = None,
-        on_demoted: Callback | None = None,
+        cls, election: str, config: LeaderConfig, backend: Backend, **options: Any
     ) -> Lease:
-        """A lease with the ttl, renew interval and instance id of ``config``."""
+        """A lease with the ttl, renew interval, instance id and deployment of ``config``.
+
+        ``options`` are the constructor's others (``callbacks``, ``health_check``,
+        ``on_cycle``, ``clock``).
+        """
         return cls(
             election,
             backend,
             ttl=config.ttl,
             renew_interval=config.renew_interval,
             instance_id=config.instance_id,
-            on_elected=on_elected,
-            on_demoted=on_demoted,
             deployment=config.deployment,
+            **options,
         )
 
     # -- what callers ask ---------------------------------------------------
 
     def is_leader(self) -> bool:
         """True while this instance holds a term that is still valid."""
-        return time.monotonic() < self._valid_until
+        return self.clock.monotonic() < self._valid_until
 
     @property
     def valid_until(self) -> float:
-        """``time.monotonic()`` deadline of the current belief; 0.0 for a follower."""
+        """Deadline of the current belief on :attr:`clock`'s monotonic time; 0.0 for a follower."""
         return self._valid_until
 
     @property
@@ -176,13 +176,13 @@ class Lease:
     @contextmanager
     def observe(self, operation: str) -> Iterator[None]:
         """Time a store call for :data:`store_hooks` (``ok`` is False when it raised)."""
-        started = time.monotonic()
+        started = self.clock.monotonic()
         ok = False
         try:
             yield
             ok = True
         finally:
-            elapsed = time.monotonic() - started
+            elapsed = self.clock.monotonic() - started
             for hook in list(store_hooks):
                 try:
                     hook(self, operation, elapsed, ok)
@@ -240,26 +240,41 @@ class Lease:
             except Exception:
                 logger.exception("celery-leader: unexpected error in election %r", self.election)
                 self._step_down("unexpected error", kind="error", sit_out=self.renew_interval)
-                self._stopping.wait(self.renew_interval)
-            if self.on_cycle is not None:
-                try:
-                    self.on_cycle(self)
-                except Exception:
-                    logger.exception("celery-leader: on_cycle of %r failed", self.election)
+                self.clock.wait(self.renew_interval, self._stopping)
+            if self._on_cycle is not None:
+                self._guarded("on_cycle", self._on_cycle, self)
+
+    def _guarded(self, name: str, callback: Callable[..., Any], *args: Any) -> bool:
+        """Run a callback; an exception is logged, never raised. Returns whether it returned."""
+        try:
+            callback(*args)
+        except Exception:
+            logger.exception("celery-leader: %s of %r failed", name, self.election)
+            return False
+        return True
+
+    def _saw_leader(self, holder: HolderInfo) -> None:
+        """Tell ``on_new_leader`` of a holder (term) not seen before."""
+        seen = (holder.instance_id, holder.epoch)
+        if seen == self._leader_seen:
+            return
+        self._leader_seen = seen
+        if self.callbacks.on_new_leader is not None:
+            self._guarded("on_new_leader", self.callbacks.on_new_leader, self, holder)
 
     def _unhealthy(self) -> str | None:
-        return None if self.health_check is None else self.health_check()
+        return None if self._health_check is None else self._health_check()
 
     def _follow(self) -> None:
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if now < self._sit_out_until:
-            self._stopping.wait(self._sit_out_until - now)
+            self.clock.wait(self._sit_out_until - now, self._stopping)
             return
         if self._unhealthy():
             # Campaigning now would hand the role to a process that cannot use it.
-            self._stopping.wait(self.renew_interval)
+            self.clock.wait(self.renew_interval, self._stopping)
             return
-        sent = time.monotonic()
+        sent = self.clock.monotonic()
         try:
             with self.observe("acquire"):
                 result = self.backend.acquire(
@@ -270,12 +285,13 @@ class Lease:
                 )
         except StoreUnavailable as exc:
             self._store_down(exc)
-            self._stopping.wait(self.renew_interval)
+            self.clock.wait(self.renew_interval, self._stopping)
             return
         self._store_up()
         if result.holder is not None:
             self._max_epoch = max(self._max_epoch, result.holder.epoch)
             self._warn_if_foreign(result.holder)
+            self._saw_leader(result.holder)
         if result.term is None:
             wait = min(max(result.retry_after, 0.0) + FOLLOWER_SLACK, self.ttl)
             self.backend.wait(self.election, wait, self._stopping)
@@ -324,13 +340,13 @@ class Lease:
         )
 
     def _lead(self) -> None:
-        now = time.monotonic()
+        now = self.clock.monotonic()
         wake = self._next_renew
         if self._announced:
             wake = min(wake, self._valid_until)
         elif self._believe_at > now:
             wake = min(wake, self._believe_at)
-        if self.health_check is not None:
+        if self._health_check is not None:
             wake = min(wake, now + HEALTH_POLL)
         term = self._term
         assert term is not None
@@ -354,7 +370,7 @@ class Lease:
         if unhealthy:
             self._step_down(unhealthy, kind="unhealthy", sit_out=self.renew_interval)
             return
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if self._announced and now >= self._valid_until:
             # Sit out one interval so that a holder that was paused or cut off
             # lets the others in rather than racing them for the term.
@@ -368,14 +384,14 @@ class Lease:
         if now < self._next_renew:
             self._refresh()  # the hold-off ended
             return
-        sent = time.monotonic()
+        sent = self.clock.monotonic()
         try:
             with self.observe("renew"):
                 renewal = self.backend.renew(self.election, term, self.ttl)
         except StoreUnavailable as exc:
             self._store_down(exc)
             # Retry soon: the term is running out and one more try may save it.
-            self._next_renew = time.monotonic() + self.renew_interval / 4
+            self._next_renew = self.clock.monotonic() + self.renew_interval / 4
             return
         self._store_up()
         if renewal is Renewal.LOST:
@@ -392,7 +408,7 @@ class Lease:
 
     def _refresh(self) -> None:
         """Extend the belief after an acknowledged request, once any hold-off is over."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         deadline = self._acked_sent + self._validity
         if now < self._believe_at or deadline <= now:
             return
@@ -414,26 +430,22 @@ class Lease:
             self.ttl,
             mask_url(self.backend.url),
         )
-        try:
-            if self.on_elected is not None:
-                self.on_elected(self)
-        except Exception:
-            logger.exception(
-                "celery-leader: on_elected callback of %r failed; stepping down", self.election
-            )
-            self._step_down("on_elected failed", kind="error", sit_out=self.renew_interval)
+        started = self.callbacks.on_started
+        if started is not None and not self._guarded("on_started", started, self):
+            self._step_down("on_started failed", kind="error", sit_out=self.renew_interval)
             return
         with self._lock:
             # stop() may have stepped down while the callback ran: then pair the
-            # callback with its on_demoted here, and announce nothing.
+            # callback with its on_stopped here, and announce nothing.
             current = self._term is term
             if current:
                 self._announced = True
         if not current:
-            if self.on_demoted is not None:
-                self.on_demoted(self)
+            if self.callbacks.on_stopped is not None:
+                self._guarded("on_stopped", self.callbacks.on_stopped, self)
             return
         _notify("elected", self, term.epoch)
+        self._saw_leader(HolderInfo(self.instance_id, term.epoch, self.ttl, self.deployment))
 
     def _step_down(
         self,
@@ -453,7 +465,7 @@ class Lease:
             self._valid_until = 0.0
             announced, self._announced = self._announced, False
             self._step_down_request = None
-        self._sit_out_until = time.monotonic() + sit_out
+        self._sit_out_until = self.clock.monotonic() + sit_out
         if announced and term is not None:
             self.last_demotion = kind
             level = logging.INFO if graceful else logging.WARNING
@@ -465,11 +477,8 @@ class Lease:
                 term.epoch,
                 reason,
             )
-            try:
-                if self.on_demoted is not None:
-                    self.on_demoted(self)
-            except Exception:
-                logger.exception("celery-leader: on_demoted callback of %r failed", self.election)
+            if self.callbacks.on_stopped is not None:
+                self._guarded("on_stopped", self.callbacks.on_stopped, self)
             _notify("demoted", self, term.epoch)
         if term is not None:
             try:

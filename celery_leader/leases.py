@@ -17,46 +17,49 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
-from .backends import Backend, create_backend
+from .backends import Backend, HolderInfo, create_backend
+from .callbacks import Callbacks
 from .config import LeaderConfig
 from .lease import Lease
+from .process import after_fork_in_child
 
-__all__ = ["LeaseSet", "Membership", "lease_set", "stop_all"]
+__all__ = ["LeaseSet", "Membership", "leader_of", "lease_set", "stop_all"]
 
-logger = logging.getLogger("celery_leader.lease")
+logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True, eq=False)
 class Membership:
-    """One joiner's share of a lease: its callback and health check, until it leaves."""
+    """One joiner's share of a lease: everything the joiner brings, until it leaves.
 
-    def __init__(
-        self,
-        owner: LeaseSet,
-        lease: Lease,
-        on_change: Callable[[Lease], None] | None,
-        health_check: Callable[[], str | None] | None,
-    ) -> None:
-        self._owner = owner
-        #: The election's one lease in this process.
-        self.lease = lease
-        self.on_change = on_change
-        self.health_check = health_check
+    Its ``callbacks``, ``on_change``, ``health_check`` and ``on_cycle`` are fixed
+    when it joins; the lease runs those of every member.
+    """
+
+    owner: LeaseSet = field(repr=False)
+    #: The election's one lease in this process.
+    lease: Lease
+    callbacks: Callbacks | None
+    on_change: Callable[[Lease], None] | None
+    health_check: Callable[[], str | None] | None
+    on_cycle: Callable[[Lease], None] | None
 
     def leave(self) -> None:
         """Stop taking part. The last member to leave ends the lease (demote, release,
         wake a follower) and hears that demotion; an earlier one just stops listening."""
-        self._owner._leave(self)
+        self.owner._leave(self)
 
 
 class LeaseSet:
     """The leases this process holds with one set of settings, by election.
 
     Several parts of a process may join one election: each gets a
-    :class:`Membership` with its own callback and health check, and the one
+    :class:`Membership` with its own callbacks and health check, and the one
     lease runs them all until the last member leaves.
     """
 
@@ -79,20 +82,27 @@ class LeaseSet:
         self,
         election: str,
         *,
+        callbacks: Callbacks | None = None,
         on_change: Callable[[Lease], None] | None = None,
         health_check: Callable[[], str | None] | None = None,
+        on_cycle: Callable[[Lease], None] | None = None,
         start: bool = True,
     ) -> Membership:
         """A membership of ``election``'s lease, created on the first join; started
         unless ``start=False``.
 
+        ``callbacks`` (:class:`~celery_leader.callbacks.Callbacks`) hear this
+        instance start and stop leading and every new leader seen; joining a
+        lease that leads already runs ``on_started`` at once, in this thread.
         ``on_change`` runs after every election and demotion (in the lease's
         thread, or the one that stops it), and at once, in this thread, when
         another member started the lease already (it may lead by now);
-        ``health_check`` is asked before every acquire
-        and renewal, and any reason it gives makes the lease step down or stay
-        out.
+        ``health_check`` is asked before every acquire and renewal, and any
+        reason it gives makes the lease step down or stay out; ``on_cycle`` runs
+        after every acquire or renew cycle.
         """
+        if callbacks is not None and not isinstance(callbacks, Callbacks):
+            raise TypeError(f"callbacks must be a Callbacks, not {callbacks!r}")
         with self._lock:
             found = self._leases.get(election)
             shared = found is not None
@@ -102,16 +112,24 @@ class LeaseSet:
                     election,
                     self.config,
                     self.backend,
-                    on_elected=lambda lease: _notify(members, lease),
-                    on_demoted=lambda lease: _notify(members, lease),
+                    callbacks=Callbacks(
+                        on_started=lambda lease: _started(members, lease),
+                        on_stopped=lambda lease: _stopped(members, lease),
+                        on_new_leader=lambda lease, holder: _new_leader(members, lease, holder),
+                    ),
+                    health_check=lambda: _first_problem(members),
+                    on_cycle=lambda lease: _cycle(members, lease),
                 )
-                lease.health_check = lambda: _first_problem(members)
                 found = self._leases[election] = (lease, members)
             lease, members = found
-            membership = Membership(self, lease, on_change, health_check)
+            membership = Membership(self, lease, callbacks, on_change, health_check, on_cycle)
             members.append(membership)
-        if on_change is not None and shared:
-            on_change(lease)  # it may have been elected before this member listened
+        if shared:
+            # It may have been elected before this member listened.
+            if on_change is not None:
+                on_change(lease)
+            if callbacks is not None and callbacks.on_started is not None and lease.is_leader():
+                callbacks.on_started(lease)
         if start:
             lease.start()
         return membership
@@ -164,10 +182,44 @@ def _end(lease: Lease, members: list[Membership]) -> None:
     members.clear()
 
 
-def _notify(members: list[Membership], lease: Lease) -> None:
+def _started(members: list[Membership], lease: Lease) -> None:
+    for member in list(members):
+        if member.callbacks is not None and member.callbacks.on_started is not None:
+            member.callbacks.on_started(lease)
+    _changed(members, lease)
+
+
+def _stopped(members: list[Membership], lease: Lease) -> None:
+    for member in list(members):
+        if member.callbacks is not None and member.callbacks.on_stopped is not None:
+            _guarded("on_stopped", member.callbacks.on_stopped, lease)
+    _changed(members, lease)
+
+
+def _changed(members: list[Membership], lease: Lease) -> None:
     for member in list(members):
         if member.on_change is not None:
             member.on_change(lease)
+
+
+def _new_leader(members: list[Membership], lease: Lease, holder: HolderInfo) -> None:
+    for member in list(members):
+        if member.callbacks is not None and member.callbacks.on_new_leader is not None:
+            _guarded("on_new_leader", member.callbacks.on_new_leader, lease, holder)
+
+
+def _cycle(members: list[Membership], lease: Lease) -> None:
+    for member in list(members):
+        if member.on_cycle is not None:
+            _guarded("on_cycle", member.on_cycle, lease)
+
+
+def _guarded(name: str, callback: Callable[..., Any], lease: Lease, *args: Any) -> None:
+    """One member's callback failing must not keep the others from hearing."""
+    try:
+        callback(lease, *args)
+    except Exception:
+        logger.exception("celery-leader: %s of a member of %r failed", name, lease.election)
 
 
 def _first_problem(members: list[Membership]) -> str | None:
@@ -191,6 +243,21 @@ def lease_set(config: LeaderConfig) -> LeaseSet:
         return found
 
 
+def leader_of(config: LeaderConfig, election: str | None = None) -> HolderInfo | None:
+    """Who leads ``election`` (default: the worker election), asked of the store.
+
+    It does not join the election, so the answer is the same in any process, on
+    Celery and on Dramatiq: one round trip on this process's connection for
+    ``config``. ``None`` when nobody leads. Raises
+    :class:`~celery_leader.exceptions.StoreUnavailable`.
+    """
+    leases = lease_set(config)
+    try:
+        return leases.backend.holder(election or config.worker_election)
+    finally:
+        leases.close_if_idle()
+
+
 def stop_all() -> None:
     """Leave every election this process joined and close its store connections."""
     with _lock:
@@ -207,5 +274,5 @@ def _after_fork_in_child() -> None:
     _sets.clear()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+after_fork_in_child(_after_fork_in_child)
 atexit.register(stop_all)

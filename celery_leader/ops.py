@@ -167,7 +167,11 @@ def plan(
     try:
         now = datetime.now(timezone.utc)
         start, end = (planning.parse_moment(text, zone, now) for text in window)
-        last_runs = planning.stored_last_runs(config) if stored else None
+        if end < start:
+            raise OpsError(
+                f"--to ({end.isoformat()}) is before --from ({start.isoformat()})", EXIT_UNKNOWN
+            )
+        last_runs = planning.stored_last_runs(_beat_state(config)) if stored else None
         result = planning.plan(jobs, start, end, last_runs)
     except (planning.PlanError, ConfigError) as exc:
         raise OpsError(str(exc), EXIT_UNKNOWN) from exc
@@ -179,3 +183,12 @@ def plan(
         for line in planning.to_lines(result, zone):
             echo(line)
     return 0
+
+
+def _beat_state(config: LeaderConfig) -> dict[str, str]:
+    """The beat election's stored state, in one round trip on a connection of its own."""
+    backend = create_backend(config)
+    try:
+        return backend.load_state(config.beat_election)
+    finally:
+        backend.close()

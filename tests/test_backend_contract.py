@@ -17,18 +17,23 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from zoneinfo import ZoneInfo
 
 import pytest
 import redis
 import requests
 
-from celery_leader.backends import Backend, Claim, Renewal, Term, create_backend
+from celery_leader.backends import (
+    Backend,
+    FencedState,
+    LockStore,
+    Renewal,
+    Term,
+    Write,
+    create_backend,
+)
 from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import StoreUnavailable
-from celery_leader.schedule.state import dump_state
 from harness.servers import free_port
 from harness.waiting import wait_for
 
@@ -171,132 +176,6 @@ def take(backend: Backend, instance_id: str, min_epoch: int = 0) -> Term:
     return result.term
 
 
-# -- acquire, renew, release --------------------------------------------------------
-
-
-def test_acquire_renew_release(store: Store) -> None:
-    a, b, observer = store.backend(), store.backend(), store.backend()
-    assert observer.holder(ELECTION) is None
-
-    term = take(a, "a")
-    stored = json.loads(term.token)
-    assert stored["holder"] == "a" and stored["epoch"] == term.epoch > 0 and stored["token"]
-
-    lost = b.acquire(ELECTION, "b", TTL, 0)
-    assert lost.term is None
-    assert lost.holder is not None and (lost.holder.instance_id, lost.holder.epoch) == (
-        "a",
-        term.epoch,
-    )
-    assert 0 < lost.retry_after <= TTL
-
-    holder = observer.holder(ELECTION)
-    assert holder is not None and (holder.instance_id, holder.epoch) == ("a", term.epoch)
-    if store.expires:
-        assert holder.ttl_remaining is not None and 0 < holder.ttl_remaining <= TTL
-    else:
-        assert holder.ttl_remaining is None  # held as long as the holder lives
-
-    assert a.renew(ELECTION, term, TTL) is Renewal.RENEWED
-    b.leave(ELECTION)  # a PostgreSQL follower stays queued for the lock until it leaves
-    a.release(ELECTION, term)
-    assert observer.holder(ELECTION) is None
-
-    second = take(b, "b")
-    assert second.epoch > term.epoch
-    assert ELECTION in observer.elections()
-
-
-def test_epochs_grow_past_the_highest_one_seen(store: Store) -> None:
-    a = store.backend()
-    first = take(a, "a", min_epoch=41)
-    assert first.epoch >= 42
-    a.release(ELECTION, first)
-    assert take(a, "a").epoch > first.epoch
-
-
-def test_a_lost_term_is_over_for_good(store: Store) -> None:
-    a, b = store.backend(), store.backend()
-    old = take(a, "a")
-    assert a.claim(ELECTION, old, [Claim("x", None, '"old"')]) == [True]
-    a.release(ELECTION, old)
-    new = take(b, "b")
-
-    assert a.renew(ELECTION, old, TTL) is Renewal.LOST
-    assert a.claim(ELECTION, old, [Claim("x", '"old"', '"stale"'), Claim("y", None, "1")]) == [
-        False,
-        False,
-    ], "a stale term fails every claim"
-    a.release(ELECTION, old)  # harmless: it never frees the new term
-    holder = b.holder(ELECTION)
-    assert holder is not None and holder.epoch == new.epoch
-    assert b.renew(ELECTION, new, TTL) is Renewal.RENEWED
-    assert b.load_state(ELECTION) == {"x": '"old"'}
-
-
-# -- claims and state ---------------------------------------------------------------
-
-
-def test_claims_are_fenced_compare_and_sets_in_order(store: Store) -> None:
-    a, observer = store.backend(), store.backend()
-    term = take(a, "a")
-    claims = [
-        Claim("x", None, '"1"'),  # nothing stored: taken
-        Claim("x", None, '"2"'),  # now stored: fails
-        Claim("y", '"0"', '"1"'),  # expects a value that is not there: fails
-        Claim("x", '"1"', '"3"'),  # matches the first claim's value: taken
-        Claim("z", None, '"1"'),
-    ]
-    assert a.claim(ELECTION, term, claims) == [True, False, False, True, True]
-    assert observer.load_state(ELECTION) == {"x": '"3"', "z": '"1"'}
-    assert a.claim(ELECTION, term, [Claim("z", '"9"', '"2"')]) == [False]
-    assert a.claim(ELECTION, term, []) == []
-    many = [Claim(f"e{i}", None, str(i)) for i in range(1200)]  # more than one Redis chunk
-    assert a.claim(ELECTION, term, many) == [True] * 1200
-    assert len(observer.load_state(ELECTION)) == 1202
-    assert observer.load_state("other") == {}
-
-
-def test_a_slot_not_after_the_stored_last_run_at_is_refused(store: Store) -> None:
-    """Whatever the scheduler computed, the store never records a slot twice."""
-    a, observer = store.backend(), store.backend()
-    term = take(a, "a")
-    t0 = datetime(2026, 10, 25, 0, 30, tzinfo=timezone.utc)
-    stored = dump_state(t0, 1, term.epoch, "a")
-    assert a.claim(ELECTION, term, [Claim("x", None, stored)]) == [True]
-
-    def slot(due: datetime) -> Claim:
-        return Claim("x", stored, dump_state(due, 2, term.epoch, "a"), due=due)
-
-    # Due at the recorded instant, before it, and an hour before it written as the
-    # same wall time in the repeated hour of a fall-back (02:30 CEST vs 02:30 CET).
-    berlin = ZoneInfo("Europe/Berlin")
-    same_wall = datetime(2026, 10, 25, 2, 30, tzinfo=berlin)  # fold=0: CEST, = t0
-    for due in (t0, t0 - timedelta(seconds=1), same_wall, t0 - timedelta(hours=1)):
-        assert a.claim(ELECTION, term, [slot(due)]) == [False], due
-        assert observer.load_state(ELECTION) == {"x": stored}
-    later = same_wall.replace(fold=1)  # 02:30 CET, an hour after t0
-    assert a.claim(ELECTION, term, [slot(t0 + timedelta(microseconds=1)), slot(later)]) == [
-        True,
-        False,  # the first claim of the batch changed the stored state
-    ]
-
-
-# -- resign ---------------------------------------------------------------------------
-
-
-def test_resign_reaches_the_holder_at_its_next_renewal(store: Store) -> None:
-    a, observer = store.backend(), store.backend()
-    assert observer.request_resign(ELECTION) is None, "nobody to ask"
-    term = take(a, "a")
-    asked = observer.request_resign(ELECTION)
-    assert asked is not None and (asked.instance_id, asked.epoch) == ("a", term.epoch)
-    assert a.renew(ELECTION, term, TTL) is Renewal.RESIGN
-
-
-# -- wait and wake-up -----------------------------------------------------------------
-
-
 class Follower:
     """A follower's loop as the lease runs it: acquire, else wait; until it holds a term."""
 
@@ -323,118 +202,239 @@ class Follower:
         self._thread.join(5)
 
 
-def test_a_waiting_follower_wakes_promptly_on_release(store: Store) -> None:
-    a = store.backend()
-    term = take(a, "a")
-    follower = Follower(store.backend())
-    try:
-        # Settled in its wait (a Redis follower's first wait only subscribes).
-        wait_for(lambda: follower.waits >= 1, 5, message="the follower never waited")
-        time.sleep(0.3)
-        assert follower.term is None, "took a held election"
-        released = time.monotonic()
-        a.release(ELECTION, term)
-        wait_for(lambda: follower.term is not None, 2, message="the follower never woke")
-        took = follower.took_at - released
-        print(f"\nCONTRACT {store.kind}: follower took over {took * 1000:.1f} ms after release")
-        assert took < 0.5
-        assert follower.term is not None and follower.term.epoch > term.epoch
-    finally:
-        follower.stop()
+#: A term no store handed out, for calls to a store that is down.
+FAKE = Term(json.dumps({"token": "t", "epoch": 1, "holder": "x"}), 1)
 
 
-def test_wait_ends_at_its_timeout_or_at_cancel(store: Store) -> None:
-    a, b = store.backend(), store.backend()
-    take(a, "a")
-    assert b.acquire(ELECTION, "b", TTL, 0).term is None
-    b.wait(ELECTION, 0.1, threading.Event())  # first wait may only set up (subscribe)
-    began = time.monotonic()
-    b.wait(ELECTION, 0.3, threading.Event())
-    waited = time.monotonic() - began
-    assert 0.25 <= waited < 0.8, waited
-
-    cancel = threading.Event()
-    set_at: list[float] = []
-
-    def fire() -> None:
-        set_at.append(time.monotonic())
-        cancel.set()
-
-    threading.Timer(0.2, fire).start()
-    b.wait(ELECTION, 10.0, cancel)
-    assert time.monotonic() - set_at[0] < 0.1, "a stopping lease is not held up"
-
-
-# -- foreign values: never taken for free, always named -------------------------------
-
-
-def test_a_foreign_term_is_never_taken_and_names_where_it_is(store: Store) -> None:
-    a, b = store.backend(), store.backend()
-    held = take(a, "a")  # the file store keeps its term record beside a held lock
-    where = store.plant("term")
-    if where is None:
-        pytest.skip(f"{store.kind} keeps no term it did not write")
-    with pytest.raises(StoreUnavailable, match="not a celery-leader term") as info:
-        b.acquire(ELECTION, "b", TTL, 0)
-    assert where in str(info.value) and "\n" not in str(info.value)
-    with pytest.raises(StoreUnavailable, match="not a celery-leader term"):
-        b.holder(ELECTION)
-    if store.kind == "file":  # the flock, not the record, is the lock: still ours
-        assert a.renew(ELECTION, held, TTL) is Renewal.RENEWED
-
-
-def test_a_foreign_epoch_counter_is_never_restarted(store: Store) -> None:
-    a = store.backend()
-    where = store.plant("epoch")
-    if where is None:
-        pytest.skip(f"{store.kind} keeps its epoch in a typed column or in memory")
-    with pytest.raises(StoreUnavailable, match="not an epoch counter") as info:
-        a.acquire(ELECTION, "a", TTL, 0)
-    assert where in str(info.value) and "\n" not in str(info.value)
-
-
-def test_foreign_schedule_state_reads_as_empty_and_the_next_claim_replaces_it(
-    store: Store, caplog: pytest.LogCaptureFixture
-) -> None:
-    a = store.backend()
-    term = take(a, "a")
-    where = store.plant("state")
-    if where is None:
-        pytest.skip(f"{store.kind} keeps its state in typed rows or in process memory")
-    assert a.load_state(ELECTION) == {}
-    assert where in caplog.text, "logged, naming where"
-    assert a.claim(ELECTION, term, [Claim("x", None, '"mine"')]) == [True]
-    assert a.load_state(ELECTION) == {"x": '"mine"'}
-
-
-# -- the store is down ------------------------------------------------------------------
-
-
-def test_a_store_that_is_down_raises_store_unavailable_only(store: Store) -> None:
+def _down(store: Store) -> Backend:
+    """A backend of ``store``'s kind where nothing answers (skips stores that cannot be down)."""
     if store.down_url is None:
         pytest.skip(f"{store.kind} lives in this process and cannot be down")
     backend = store.backend(store.down_url)  # building it does not contact the store
     if store.kind == "file":
         shutil.rmtree(Path(store.down_url.removeprefix("file://")))
         Path(store.down_url.removeprefix("file://")).write_text("a file, not a directory")
-    fake = Term(json.dumps({"token": "t", "epoch": 1, "holder": "x"}), 1)
-    with pytest.raises(StoreUnavailable) as info:
-        backend.acquire(ELECTION, "a", TTL, 0)
-    assert "\n" not in str(info.value)
-    calls: list[Callable[[], object]] = [
-        lambda: backend.renew(ELECTION, fake, TTL),
-        lambda: backend.release(ELECTION, fake),
-        lambda: backend.holder(ELECTION),
-        lambda: backend.request_resign(ELECTION),
-        lambda: backend.elections(),
-        lambda: backend.load_state(ELECTION),
-        lambda: backend.claim(ELECTION, fake, [Claim("x", None, "1")]),
-    ]
+    return backend
+
+
+def _only_store_unavailable(*calls: Callable[[], object]) -> None:
     for call in calls:
         try:
             call()
         except StoreUnavailable:
             pass  # the only error a store call may raise
-    began = time.monotonic()
-    backend.wait(ELECTION, 0.2, threading.Event())  # never raises; waits its time at most
-    assert time.monotonic() - began < 0.2 + TIMEOUT + 0.2
+
+
+class TestLockStore:
+    """The lock interface (:class:`~celery_leader.backends.LockStore`): terms, holders, waits."""
+
+    def test_every_store_is_a_lock_store(self, store: Store) -> None:
+        assert isinstance(store.backend(), LockStore)
+
+    def test_acquire_renew_release(self, store: Store) -> None:
+        a, b, observer = store.backend(), store.backend(), store.backend()
+        assert observer.holder(ELECTION) is None
+
+        term = take(a, "a")
+        stored = json.loads(term.token)
+        assert stored["holder"] == "a" and stored["epoch"] == term.epoch > 0 and stored["token"]
+
+        lost = b.acquire(ELECTION, "b", TTL, 0)
+        assert lost.term is None
+        assert lost.holder is not None and (lost.holder.instance_id, lost.holder.epoch) == (
+            "a",
+            term.epoch,
+        )
+        assert 0 < lost.retry_after <= TTL
+
+        holder = observer.holder(ELECTION)
+        assert holder is not None and (holder.instance_id, holder.epoch) == ("a", term.epoch)
+        if store.expires:
+            assert holder.ttl_remaining is not None and 0 < holder.ttl_remaining <= TTL
+        else:
+            assert holder.ttl_remaining is None  # held as long as the holder lives
+
+        assert a.renew(ELECTION, term, TTL) is Renewal.RENEWED
+        b.leave(ELECTION)  # a PostgreSQL follower stays queued for the lock until it leaves
+        a.release(ELECTION, term)
+        assert observer.holder(ELECTION) is None
+
+        second = take(b, "b")
+        assert second.epoch > term.epoch
+        assert ELECTION in observer.elections()
+
+    def test_epochs_grow_past_the_highest_one_seen(self, store: Store) -> None:
+        a = store.backend()
+        first = take(a, "a", min_epoch=41)
+        assert first.epoch >= 42
+        a.release(ELECTION, first)
+        assert take(a, "a").epoch > first.epoch
+
+    def test_resign_reaches_the_holder_at_its_next_renewal(self, store: Store) -> None:
+        a, observer = store.backend(), store.backend()
+        assert observer.request_resign(ELECTION) is None, "nobody to ask"
+        term = take(a, "a")
+        asked = observer.request_resign(ELECTION)
+        assert asked is not None and (asked.instance_id, asked.epoch) == ("a", term.epoch)
+        assert a.renew(ELECTION, term, TTL) is Renewal.RESIGN
+
+    def test_a_waiting_follower_wakes_promptly_on_release(self, store: Store) -> None:
+        a = store.backend()
+        term = take(a, "a")
+        follower = Follower(store.backend())
+        try:
+            # Settled in its wait (a Redis follower's first wait only subscribes).
+            wait_for(lambda: follower.waits >= 1, 5, message="the follower never waited")
+            time.sleep(0.3)
+            assert follower.term is None, "took a held election"
+            released = time.monotonic()
+            a.release(ELECTION, term)
+            wait_for(lambda: follower.term is not None, 2, message="the follower never woke")
+            took = follower.took_at - released
+            print(f"\nCONTRACT {store.kind}: follower took over {took * 1000:.1f} ms after release")
+            assert took < 0.5
+            assert follower.term is not None and follower.term.epoch > term.epoch
+        finally:
+            follower.stop()
+
+    def test_wait_ends_at_its_timeout_or_at_cancel(self, store: Store) -> None:
+        a, b = store.backend(), store.backend()
+        take(a, "a")
+        assert b.acquire(ELECTION, "b", TTL, 0).term is None
+        b.wait(ELECTION, 0.1, threading.Event())  # first wait may only set up (subscribe)
+        began = time.monotonic()
+        b.wait(ELECTION, 0.3, threading.Event())
+        waited = time.monotonic() - began
+        assert 0.25 <= waited < 0.8, waited
+
+        cancel = threading.Event()
+        set_at: list[float] = []
+
+        def fire() -> None:
+            set_at.append(time.monotonic())
+            cancel.set()
+
+        threading.Timer(0.2, fire).start()
+        b.wait(ELECTION, 10.0, cancel)
+        assert time.monotonic() - set_at[0] < 0.1, "a stopping lease is not held up"
+
+    def test_a_foreign_term_is_never_taken_and_names_where_it_is(self, store: Store) -> None:
+        a, b = store.backend(), store.backend()
+        held = take(a, "a")  # the file store keeps its term record beside a held lock
+        where = store.plant("term")
+        if where is None:
+            pytest.skip(f"{store.kind} keeps no term it did not write")
+        with pytest.raises(StoreUnavailable, match="not a celery-leader term") as info:
+            b.acquire(ELECTION, "b", TTL, 0)
+        assert where in str(info.value) and "\n" not in str(info.value)
+        with pytest.raises(StoreUnavailable, match="not a celery-leader term"):
+            b.holder(ELECTION)
+        if store.kind == "file":  # the flock, not the record, is the lock: still ours
+            assert a.renew(ELECTION, held, TTL) is Renewal.RENEWED
+
+    def test_a_foreign_epoch_counter_is_never_restarted(self, store: Store) -> None:
+        a = store.backend()
+        where = store.plant("epoch")
+        if where is None:
+            pytest.skip(f"{store.kind} keeps its epoch in a typed column or in memory")
+        with pytest.raises(StoreUnavailable, match="not an epoch counter") as info:
+            a.acquire(ELECTION, "a", TTL, 0)
+        assert where in str(info.value) and "\n" not in str(info.value)
+
+    def test_a_store_that_is_down_raises_store_unavailable_only(self, store: Store) -> None:
+        backend = _down(store)
+        with pytest.raises(StoreUnavailable) as info:
+            backend.acquire(ELECTION, "a", TTL, 0)
+        assert "\n" not in str(info.value)
+        _only_store_unavailable(
+            lambda: backend.renew(ELECTION, FAKE, TTL),
+            lambda: backend.release(ELECTION, FAKE),
+            lambda: backend.holder(ELECTION),
+            lambda: backend.request_resign(ELECTION),
+            lambda: backend.elections(),
+        )
+        began = time.monotonic()
+        backend.wait(ELECTION, 0.2, threading.Event())  # never raises; waits its time at most
+        assert time.monotonic() - began < 0.2 + TIMEOUT + 0.2
+
+
+class TestFencedState:
+    """The fenced-state interface (:class:`~celery_leader.backends.FencedState`)."""
+
+    def test_every_store_is_a_fenced_state_store(self, store: Store) -> None:
+        assert isinstance(store.backend(), FencedState)
+
+    def test_a_lost_term_is_over_for_good(self, store: Store) -> None:
+        a, b = store.backend(), store.backend()
+        old = take(a, "a")
+        assert a.claim(ELECTION, old, [Write("x", None, '"old"')]) == [True]
+        a.release(ELECTION, old)
+        new = take(b, "b")
+
+        assert a.renew(ELECTION, old, TTL) is Renewal.LOST
+        assert a.claim(ELECTION, old, [Write("x", '"old"', '"stale"'), Write("y", None, "1")]) == [
+            False,
+            False,
+        ], "a stale term fails every claim"
+        a.release(ELECTION, old)  # harmless: it never frees the new term
+        holder = b.holder(ELECTION)
+        assert holder is not None and holder.epoch == new.epoch
+        assert b.renew(ELECTION, new, TTL) is Renewal.RENEWED
+        assert b.load_state(ELECTION) == {"x": '"old"'}
+
+    def test_claims_are_fenced_compare_and_sets_in_order(self, store: Store) -> None:
+        a, observer = store.backend(), store.backend()
+        term = take(a, "a")
+        claims = [
+            Write("x", None, '"1"'),  # nothing stored: taken
+            Write("x", None, '"2"'),  # now stored: fails
+            Write("y", '"0"', '"1"'),  # expects a value that is not there: fails
+            Write("x", '"1"', '"3"'),  # matches the first claim's value: taken
+            Write("z", None, '"1"'),
+        ]
+        assert a.claim(ELECTION, term, claims) == [True, False, False, True, True]
+        assert observer.load_state(ELECTION) == {"x": '"3"', "z": '"1"'}
+        assert a.claim(ELECTION, term, [Write("z", '"9"', '"2"')]) == [False]
+        assert a.claim(ELECTION, term, []) == []
+        many = [Write(f"e{i}", None, str(i)) for i in range(1200)]  # more than one Redis chunk
+        assert a.claim(ELECTION, term, many) == [True] * 1200
+        assert len(observer.load_state(ELECTION)) == 1202
+        assert observer.load_state("other") == {}
+
+    def test_a_write_must_come_after_the_record_it_replaces(self, store: Store) -> None:
+        """Order keys are compared as strings, never parsed: a record only moves forward."""
+        a, observer = store.backend(), store.backend()
+        term = take(a, "a")
+        assert a.claim(ELECTION, term, [Write("x", None, "r1", order="0005")]) == [True]
+
+        def step(order: str, new: str = "r2") -> Write:
+            return Write("x", "r1", new, order=order, after="0005")
+
+        for order in ("0005", "0004", "0000"):
+            assert a.claim(ELECTION, term, [step(order)]) == [False], order
+            assert observer.load_state(ELECTION) == {"x": "r1"}
+        assert a.claim(ELECTION, term, [step("0006"), step("0007", "r3")]) == [
+            True,
+            False,  # the first write of the batch changed the stored record
+        ]
+        assert observer.load_state(ELECTION) == {"x": "r2"}
+
+    def test_foreign_schedule_state_reads_as_empty_and_the_next_claim_replaces_it(
+        self, store: Store, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        a = store.backend()
+        term = take(a, "a")
+        where = store.plant("state")
+        if where is None:
+            pytest.skip(f"{store.kind} keeps its state in typed rows or in process memory")
+        assert a.load_state(ELECTION) == {}
+        assert where in caplog.text, "logged, naming where"
+        assert a.claim(ELECTION, term, [Write("x", None, '"mine"')]) == [True]
+        assert a.load_state(ELECTION) == {"x": '"mine"'}
+
+    def test_a_store_that_is_down_raises_store_unavailable_only(self, store: Store) -> None:
+        backend = _down(store)
+        _only_store_unavailable(
+            lambda: backend.load_state(ELECTION),
+            lambda: backend.claim(ELECTION, FAKE, [Write("x", None, "1")]),
+        )

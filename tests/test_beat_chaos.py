@@ -42,7 +42,7 @@ import psycopg
 import pytest
 import redis
 
-from celery_leader.backends import Claim, HolderInfo, create_backend
+from celery_leader.backends import HolderInfo, Write, create_backend
 from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import StoreUnavailable
 from harness.procs import Proc, Procs
@@ -737,7 +737,7 @@ def test_a_claim_acknowledged_by_postgres_survives_a_crash(
         admin("ALTER SYSTEM SET wal_writer_delay = '10s'", "SELECT pg_reload_conf()", "CHECKPOINT")
         # The server reloaded (and signalled the WAL writer, before forking new sessions).
         wait_for(lambda: wal_writer_delay() == "10000", 10, message="wal_writer_delay not 10 s")
-        assert backend.claim("beat", term, [Claim("tick", None, "slot sent")]) == [True]
+        assert backend.claim("beat", term, [Write("tick", None, "slot sent")]) == [True]
         postgres_server.kill()
         postgres_server.start()
         assert backend.load_state("beat") == {"tick": "slot sent"}

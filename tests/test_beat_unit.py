@@ -28,7 +28,7 @@ from celery.schedules import crontab
 from kombu import Producer
 from kombu.exceptions import OperationalError
 
-from celery_leader.backends import Claim, create_backend
+from celery_leader.backends import Write, create_backend
 from celery_leader.backends.memory import MemoryBackend
 from celery_leader.celery.beat import FOLLOWER_INTERVAL, LeaderScheduler
 from celery_leader.config import LeaderConfig
@@ -111,7 +111,7 @@ def seed_state(app: Celery, states: dict[str, str]) -> None:
     term = backend.acquire(ELECTION, "previous-leader", config.ttl, 0).term
     assert term is not None, "the store is held; seed before any scheduler ticks"
     stored = backend.load_state(ELECTION)
-    claims = [Claim(name, stored.get(name), raw) for name, raw in states.items()]
+    claims = [Write(name, stored.get(name), raw) for name, raw in states.items()]
     assert all(backend.claim(ELECTION, term, claims))
     backend.release(ELECTION, term)
 
@@ -250,7 +250,7 @@ def test_promotion_reloads_state_and_rebuilds_the_heap(
     term = rival.term
     assert term is not None
     current = rival.backend.load_state(ELECTION).get("e")
-    assert rival.backend.claim(ELECTION, term, [Claim("e", current, state(ran_at, 41))]) == [True]
+    assert rival.backend.claim(ELECTION, term, [Write("e", current, state(ran_at, 41))]) == [True]
     rival.stop()
 
     # Back in office, the scheduler must send "e" at once: the stored state says two
@@ -372,7 +372,7 @@ def test_unreadable_state_is_logged_and_overwritten(
             return False
         return isinstance(data, dict) and "slot" in data  # a run recorded over it
 
-    with caplog.at_level(logging.ERROR, logger="celery_leader.beat"):
+    with caplog.at_level(logging.ERROR, logger="celery_leader"):
         drive(scheduler, rewritten)
     assert "unreadable schedule state of 'e'" in caplog.text
     fixed = json.loads(stored_state(app)["e"])

@@ -35,7 +35,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from celery_leader.backends import Claim, create_backend
+from celery_leader.backends import Write, create_backend
 from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import StoreUnavailable
 from celery_leader.schedule.state import dump_state
@@ -469,7 +469,7 @@ def test_a_stored_state_a_day_ahead_is_repaired_and_the_entry_keeps_firing(
     assert term is not None
     ahead = datetime.now(timezone.utc) + timedelta(days=1)
     raw = dump_state(ahead, 5, term.epoch, "fast-replica")
-    assert backend.claim(config.beat_election, term, [Claim("tick", None, raw)]) == [True]
+    assert backend.claim(config.beat_election, term, [Write("tick", None, raw)]) == [True]
     backend.release(config.beat_election, term)
     backend.close()
     env = {"BROKER_URL": broker_server.url, "LEADER_URL": redis_url, "LEADER_TTL": str(TTL)}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from celery_leader.backends import Claim, Renewal, create_backend
+from celery_leader.backends import Renewal, Write, create_backend
 from celery_leader.backends.etcd import EtcdBackend
 from celery_leader.backends.etcd.params import EtcdParams, etcd_params
 from celery_leader.config import LeaderConfig
@@ -99,7 +99,7 @@ def test_a_dead_member_is_skipped_at_once(etcd_cluster: EtcdCluster, etcd_url: s
         first.kill()
         began = time.monotonic()
         assert a.renew("beat", term, TTL) is Renewal.RENEWED
-        assert a.claim("beat", term, [Claim("x", None, "1")]) == [True]
+        assert a.claim("beat", term, [Write("x", None, "1")]) == [True]
         assert time.monotonic() - began < TIMEOUT, "a refused connection is not waited out"
     finally:
         a.close()
@@ -119,13 +119,13 @@ def test_without_quorum_nobody_can_renew_or_claim(etcd_cluster: EtcdCluster, etc
         assert time.monotonic() - began < TIMEOUT + 0.2, "one deadline for the whole renewal"
         assert "\n" not in str(info.value)
         with pytest.raises(StoreUnavailable):
-            a.claim("beat", term, [Claim("x", None, "1")])
+            a.claim("beat", term, [Write("x", None, "1")])
         etcd_cluster.start()
         # The new Raft leader carried the lease over: the term survives the outage.
         assert a.renew("beat", term, TTL) is Renewal.RENEWED
         # A claim that failed may still have been applied (the member queued it until
         # quorum returned): beat counts it as not sent, so a slot is skipped, never doubled.
-        assert a.claim("beat", term, [Claim("y", None, "1")]) == [True]
+        assert a.claim("beat", term, [Write("y", None, "1")]) == [True]
     finally:
         a.close()
         etcd_cluster.start()
@@ -159,7 +159,7 @@ def test_tls_and_a_user_limited_to_the_key_prefix(secure_cluster: EtcdCluster) -
     try:
         term = good.acquire("beat", "a", TTL, 0).term
         assert term is not None
-        assert good.claim("beat", term, [Claim("x", None, "1")]) == [True]
+        assert good.claim("beat", term, [Write("x", None, "1")]) == [True]
         assert good.load_state("beat") == {"x": "1"}
         assert good.renew("beat", term, TTL) is Renewal.RENEWED
         good.release("beat", term)

@@ -1,5 +1,6 @@
-"""The package imports one way: no cycles, no function-level imports, no private names,
-and no Celery in the store-free core that Dramatiq users get.
+"""The package imports one way: along the layer table of the architecture page, with no
+cycles, no function-level imports, no private names, and no Celery in the store-free
+core that Dramatiq users get.
 
 Read from the source with :mod:`ast`, so nothing is imported and every
 module counts, whatever extras are installed.
@@ -8,6 +9,7 @@ module counts, whatever extras are installed.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import celery_leader
@@ -129,11 +131,13 @@ def _third_party_imports(name: str) -> set[str]:
     return found
 
 
-#: Each framework, and the packages that come only with it, is imported by one subpackage.
+#: Each framework, and the packages that come only with it, is imported by one subpackage
+#: (and Celery by the beat replica program that testing/ runs in a process of its own).
 FRAMEWORKS = {
     "celery_leader.celery": {"celery", "kombu", "click", "billiard", "django_celery_beat"},
     "celery_leader.dramatiq": {"dramatiq", "cronsim"},
 }
+OWN_PROGRAMS = {"celery_leader.testing.beat_replica": "celery_leader.celery"}
 
 
 def test_each_framework_is_imported_by_its_own_subpackage_only() -> None:
@@ -141,16 +145,66 @@ def test_each_framework_is_imported_by_its_own_subpackage_only() -> None:
     assert "celery_leader.celery.beat" in MODULES and "celery_leader.schedule" in MODULES
     for owner, names in FRAMEWORKS.items():
         for name in MODULES:
-            if name == owner or name.startswith(owner + "."):
+            if name == owner or name.startswith(owner + ".") or OWN_PROGRAMS.get(name) == owner:
                 continue
             assert not (_third_party_imports(name) & names), f"{name} imports {names}"
 
 
-def test_the_slot_protocol_knows_no_framework() -> None:
-    """The schedule package imports neither framework subpackage."""
+#: The layer table of the contributors' architecture page, read by the tests below.
+ARCHITECTURE = Path(__file__).parent.parent / "docs" / "architecture.md"
+
+
+def _layers() -> list[tuple[list[str], list[str]]]:
+    """(modules of the layer, what it may import) for each row of the doc's layer table."""
+    text = ARCHITECTURE.read_text()
+    table = text[text.index("| layer | may import |") :].split("\n\n")[0]
+    rows = []
+    for line in table.splitlines()[2:]:
+        layer, allowed = line.strip("|").split("|")
+        rows.append((re.findall(r"`([^`]+)`", layer), re.findall(r"`([^`]+)`", allowed)))
+    assert rows, "the layer table has no rows"
+    return rows
+
+
+def _short(name: str) -> str:
+    """A module's name as the table writes it: relative to the package."""
+    return name.removeprefix("celery_leader.") if name != "celery_leader" else name
+
+
+def _covers(entry: str, short: str) -> bool:
+    """Whether table entry ``entry`` names module ``short`` or a package holding it."""
+    return short == entry or short.startswith(entry + ".")
+
+
+def _layer_of(short: str, layers: list[tuple[list[str], list[str]]]) -> int | None:
+    """Index of the row naming ``short`` most closely (the longest matching entry)."""
+    best: tuple[int, int] | None = None
+    for index, (names, _) in enumerate(layers):
+        for entry in names:
+            if _covers(entry, short) and (best is None or len(entry) > best[0]):
+                best = (len(entry), index)
+    return None if best is None else best[1]
+
+
+def test_every_module_has_a_row_in_the_layer_table_and_every_row_a_module() -> None:
+    layers = _layers()
+    shorts = [_short(name) for name in MODULES]
+    assert [s for s in shorts if _layer_of(s, layers) is None] == []
+    for names, allowed in layers:
+        for entry in names + allowed:
+            assert any(_covers(entry, s) for s in shorts), f"the table names {entry}: no module"
+
+
+def test_every_import_follows_the_layer_table_row_by_row() -> None:
+    """A module imports only from its own layer and the layers its row names."""
+    layers = _layers()
+    wrong = []
     for name in MODULES:
-        if name.startswith("celery_leader.schedule"):
-            for _, target, _ in _imports(name):
-                assert not target.startswith(("celery_leader.celery", "celery_leader.dramatiq")), (
-                    f"{name} imports {target}"
-                )
+        own = _layer_of(_short(name), layers)
+        assert own is not None
+        names, allowed = layers[own]
+        for _, target, _ in _imports(name):
+            short = _short(target)
+            if not any(_covers(entry, short) for entry in names + allowed):
+                wrong.append(f"{_short(name)} imports {short}")
+    assert not wrong, "not allowed by the layer table of docs/architecture.md: " + "; ".join(wrong)

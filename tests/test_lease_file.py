@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from celery_leader import Lease
-from celery_leader.backends.base import Renewal
+from celery_leader.backends import Renewal
 from celery_leader.backends.file import FileBackend
+from celery_leader.callbacks import Callbacks
 from celery_leader.exceptions import StoreUnavailable
 from harness.procs import Procs
 from harness.procs import signal as send_signal
@@ -188,7 +189,8 @@ def _lease(store: Path, ident: str, **kwargs) -> Lease:
 
 def test_holder_whose_lock_file_was_deleted_loses(store: Path) -> None:
     demoted: list[float] = []
-    a = _lease(store, "a", on_demoted=lambda _: demoted.append(time.monotonic()))
+    stopped = Callbacks(on_stopped=lambda _: demoted.append(time.monotonic()))
+    a = _lease(store, "a", callbacks=stopped)
     a.start()
     try:
         wait_for(a.is_leader, 5)
@@ -225,9 +227,10 @@ def test_deleted_lock_file_never_gives_two_leaders(store: Path) -> None:
 
 def test_follower_does_not_leak_threads_or_descriptors(store: Path) -> None:
     ttl, renew = 0.6, 0.2
+    elections: list[str] = []
     a = Lease(
         ELECTION, FileBackend(f"file://{store}", PREFIX, 0.1), ttl=ttl, renew_interval=renew,
-        instance_id="a",
+        instance_id="a", callbacks=Callbacks(on_started=lambda x: elections.append(x.instance_id)),
     )  # fmt: skip
     b = Lease(
         ELECTION, FileBackend(f"file://{store}", PREFIX, 0.1), ttl=ttl, renew_interval=renew,
@@ -235,8 +238,6 @@ def test_follower_does_not_leak_threads_or_descriptors(store: Path) -> None:
     )  # fmt: skip
     # Threads of earlier tests' leases may still be winding down: not this test's.
     earlier = set(threading.enumerate())
-    elections: list[str] = []
-    a.on_elected = lambda lease: elections.append(lease.instance_id)
     a.start()
     try:
         wait_for(a.is_leader, 5)

@@ -23,10 +23,9 @@ import pytest
 import redis
 
 from celery_leader import LeaderConfig, Lease
-from celery_leader.backends import create_backend
-from celery_leader.backends.base import Claim
-from celery_leader.backends.presence import WATCH_INTERVAL
+from celery_leader.backends import Write, create_backend
 from celery_leader.backends.redis import RedisBackend
+from celery_leader.backends.redis.presence import WATCH_INTERVAL
 from celery_leader.exceptions import StoreUnavailable
 from harness.procs import Procs
 from harness.procs import signal as send_signal
@@ -480,7 +479,7 @@ def test_a_claim_batch_is_one_round_trip_without_script_exists(
         return real_send(self, *args, **kwargs)
 
     def batch(n: int, tag: str) -> list[bool]:
-        claims = [Claim(f"{tag}{j}", None, "1") for j in range(n)]
+        claims = [Write(f"{tag}{j}", None, "1") for j in range(n)]
         sends.clear()
         with monkeypatch.context() as patch:
             patch.setattr(redis.connection.AbstractConnection, "send_packed_command", counted)

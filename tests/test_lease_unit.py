@@ -1,4 +1,8 @@
-"""Lease state machine with the memory store and with fault-injecting fakes (fast, in-process)."""
+"""Lease state machine with the memory store and with fault-injecting fakes (in-process).
+
+Every lease and store here runs on one :class:`~harness.manual_clock.ManualClock`:
+a test moves lease time forward (``clock.run``), and nothing sleeps in real time.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,6 @@ import itertools
 import logging
 import random
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -14,10 +17,11 @@ from typing import Any
 import pytest
 
 from celery_leader import Lease, StoreUnavailable, signals
-from celery_leader.backends.base import Renewal, Term
+from celery_leader.backends import Renewal, Term
 from celery_leader.backends.memory import _STORES, MemoryBackend
+from celery_leader.callbacks import Callbacks
 from celery_leader.config import DRIFT, MARGIN
-from harness.waiting import wait_for
+from harness.manual_clock import ManualClock
 
 TTL = 0.5
 RENEW = 0.15
@@ -28,8 +32,8 @@ ELECTION = "unit"
 class Scripted(MemoryBackend):
     """The memory store, plus a call log and faults a test switches on and off."""
 
-    def __init__(self, url: str, prefix: str = "p", timeout: float = 0.1) -> None:
-        super().__init__(url, prefix, timeout)
+    def __init__(self, url: str, clock: ManualClock, prefix: str = "p", timeout: float = 0.1):
+        super().__init__(url, prefix, timeout, clock)
         self.down = False
         self.renew_gate = threading.Event()
         self.renew_gate.set()
@@ -39,7 +43,7 @@ class Scripted(MemoryBackend):
 
     def log(self, name: str, **detail: Any) -> None:
         with self._log_lock:
-            self.calls.append((name, time.monotonic(), detail))
+            self.calls.append((name, self.clock.monotonic(), detail))
 
     def names(self) -> list[str]:
         with self._log_lock:
@@ -59,7 +63,9 @@ class Scripted(MemoryBackend):
 
     def renew(self, election: str, term: Term, ttl: float) -> Renewal:
         self.log("renew", epoch=term.epoch)
-        self.renew_gate.wait()
+        if not self.renew_gate.is_set():
+            with self.clock.blocking(self.renew_gate):  # type: ignore[attr-defined]
+                self.renew_gate.wait()
         self._fault()
         result = super().renew(election, term, ttl)
         self.log("renewed", epoch=term.epoch, result=result)
@@ -76,7 +82,7 @@ class Scripted(MemoryBackend):
 
     def wait(self, election: str, timeout: float, cancel: threading.Event) -> None:
         if self.down:
-            cancel.wait(timeout)
+            self.clock.wait(timeout, cancel)
             return
         super().wait(election, timeout, cancel)
 
@@ -108,12 +114,12 @@ class Watch:
         def demoted(lease: Lease) -> None:
             self._add("demoted", lease)
 
-        return {"on_elected": elected, "on_demoted": demoted}
+        return {"on_started": elected, "on_stopped": demoted}
 
     def _add(self, kind: str, lease: Lease) -> None:
         with self._lock:
             self.events.append(
-                (kind, lease.instance_id, lease.epoch, time.monotonic(), lease.is_leader())
+                (kind, lease.instance_id, lease.epoch, lease.clock.monotonic(), lease.is_leader())
             )
 
     def of(self, ident: str, kind: str | None = None) -> list[tuple]:
@@ -122,6 +128,11 @@ class Watch:
 
     def kinds(self, ident: str) -> list[str]:
         return [e[0] for e in self.of(ident)]
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
 
 
 @pytest.fixture
@@ -173,9 +184,18 @@ def make(
     renew: float = RENEW,
     **callbacks: Any,
 ) -> Lease:
+    """A lease of ``ident`` on ``backend``, on the backend's clock."""
     if watch is not None:
         callbacks = {**watch.callbacks(ident), **callbacks}
-    lease = Lease(ELECTION, backend, ttl=ttl, renew_interval=renew, instance_id=ident, **callbacks)
+    lease = Lease(
+        ELECTION,
+        backend,
+        ttl=ttl,
+        renew_interval=renew,
+        instance_id=ident,
+        callbacks=Callbacks(**callbacks),
+        clock=backend.clock,
+    )
     leases.append(lease)
     if start:
         lease.start()
@@ -183,22 +203,24 @@ def make(
 
 
 def leads(lease: Lease, timeout: float = 2.0) -> None:
-    wait_for(lease.is_leader, timeout, message=f"{lease.instance_id} never led")
+    """Run the clock until ``lease`` leads (``timeout`` seconds of lease time at most)."""
+    clock: ManualClock = lease.clock  # type: ignore[assignment]
+    clock.run_until(lease.is_leader, timeout, f"{lease.instance_id} never led")
 
 
 # -- basics ----------------------------------------------------------------------
 
 
-def test_single_lease_leads_and_stops(url, leases, watch) -> None:
-    backend = MemoryBackend(url, "p", 0.1)
+def test_single_lease_leads_and_stops(url, leases, watch, clock) -> None:
+    backend = MemoryBackend(url, "p", 0.1, clock)
     a = make(leases, backend, "a", watch)
     leads(a, 1)
     assert a.epoch == 1 and a.term is not None and a.term.epoch == 1
-    assert 0 < a.valid_until - time.monotonic() <= VALIDITY
+    assert clock.monotonic() < a.valid_until <= clock.monotonic() + VALIDITY
     holder = a.holder()
     assert holder is not None and (holder.instance_id, holder.epoch) == ("a", 1)
-    # Stays leader across many renewals (an observation period, not a wait).
-    time.sleep(5 * RENEW)
+    # Stays leader across many renewals.
+    clock.run(5 * RENEW)
     assert a.is_leader() and watch.kinds("a") == ["elected"]
     a.stop()
     assert not a.is_leader() and a.epoch is None and a.term is None and a.valid_until == 0
@@ -208,8 +230,8 @@ def test_single_lease_leads_and_stops(url, leases, watch) -> None:
     assert watch.kinds("a") == ["elected", "demoted"]
 
 
-def test_stop_before_start_and_start_twice(url, leases) -> None:
-    backend = MemoryBackend(url, "p", 0.1)
+def test_stop_before_start_and_start_twice(url, leases, clock) -> None:
+    backend = MemoryBackend(url, "p", 0.1, clock)
     never = make(leases, backend, "never", start=False)
     never.stop()
     assert not never.is_leader()
@@ -219,25 +241,25 @@ def test_stop_before_start_and_start_twice(url, leases) -> None:
     assert len([t for t in threading.enumerate() if t.name == f"celery-leader:{ELECTION}"]) == 1
 
 
-def test_callbacks_and_signals_once_per_transition(url, leases, watch, signal_log) -> None:
+def test_callbacks_and_signals_once_per_transition(url, leases, watch, signal_log, clock) -> None:
     """Hand-overs by stop(), by resign and by expiry: one callback pair per term, in order."""
-    backend = Scripted(url)
+    backend = Scripted(url, clock)
     a = make(leases, backend, "a", watch)
     leads(a)
     b = make(leases, backend, "b", watch)
     c = make(leases, backend, "c", watch)
-    wait_for(lambda: backend.names().count("acquire") >= 3, 2)
+    clock.run_until(lambda: backend.names().count("acquire") >= 3, 2)
 
     a.stop()  # graceful
-    wait_for(lambda: b.is_leader() or c.is_leader(), 1)
+    clock.run_until(lambda: b.is_leader() or c.is_leader(), 1)
     second = b if b.is_leader() else c
     third = c if second is b else b
     backend.request_resign(ELECTION)  # resign: second sits out, third takes over
     leads(third)
-    hang = time.monotonic()
+    hang = clock.monotonic()
     backend.renew_gate.clear()  # renewals hang: the belief runs out, then the store's term
-    wait_for(lambda: not third.is_leader(), VALIDITY + 0.1)
-    time.sleep(max(0.0, hang + TTL + 0.05 - time.monotonic()))
+    clock.run_until(lambda: not third.is_leader(), VALIDITY + 0.1)
+    clock.run(max(0.0, hang + TTL + 0.05 - clock.monotonic()))
     backend.renew_gate.set()
     leads(second, 3)
     for lease in (second, third):
@@ -253,7 +275,7 @@ def test_callbacks_and_signals_once_per_transition(url, leases, watch, signal_lo
         assert kinds[-1] == "demoted", (ident, kinds)
     assert not errors
     # Never two announced leaders: walk the callbacks in time order. Only up to the
-    # hang: a lease thread stuck in a store call cannot run on_demoted until the call
+    # hang: a lease thread stuck in a store call cannot run on_stopped until the call
     # returns (is_leader() is false on time regardless; checked elsewhere).
     ordered = sorted(watch.events, key=lambda e: e[3])
     announced: set[str] = set()
@@ -265,7 +287,7 @@ def test_callbacks_and_signals_once_per_transition(url, leases, watch, signal_lo
             announced.add(ident)
         else:
             announced.discard(ident)
-    # on_elected sees itself leading; on_demoted sees itself not leading.
+    # on_started sees itself leading; on_stopped sees itself not leading.
     assert all(e[4] for e in watch.events if e[0] == "elected")
     assert not any(e[4] for e in watch.events if e[0] == "demoted")
     # Signals mirror the callbacks, with sender = election and the term's epoch.
@@ -276,13 +298,14 @@ def test_callbacks_and_signals_once_per_transition(url, leases, watch, signal_lo
     assert all(isinstance(kw["lease"], Lease) for _, _, kw in signal_log)
 
 
-def test_at_most_one_leader_among_threads_under_churn(url, leases) -> None:
-    """Three leases start and stop at random; sampled every 2 ms under the store's lock.
+def test_at_most_one_leader_among_threads_under_churn(url, leases, clock) -> None:
+    """Three leases start and stop at random; sampled whenever the threads have settled,
+    and by a thread that holds the store's lock while it looks.
 
     Holding the store's lock freezes every acquire, renew and release, so a sample
     cannot catch one lease between releasing and another between acquiring.
     """
-    backend = MemoryBackend(url, "p", 0.05)
+    backend = MemoryBackend(url, "p", 0.05, clock)
     store = backend._store
     rng = random.Random(7)
     idents = ["a", "b", "c"]
@@ -291,22 +314,25 @@ def test_at_most_one_leader_among_threads_under_churn(url, leases) -> None:
     several: list[list[str]] = []
     stop = threading.Event()
 
-    def sample() -> None:
+    def look() -> None:
         nonlocal samples
-        while not stop.is_set():
-            with store.cond:
-                who = [i for i, lease in list(current.items()) if lease.is_leader()]
-            samples += 1
-            if len(who) > 1:
-                several.append(who)
-            time.sleep(0.002)
+        with store.cond:
+            who = [i for i, lease in list(current.items()) if lease.is_leader()]
+        samples += 1
+        if len(who) > 1:
+            several.append(who)
 
-    sampler = threading.Thread(target=sample)
+    def sample() -> None:
+        while not clock.wait(0.002, stop):  # every 2 ms of lease time
+            look()
+
+    # Named like a lease thread, so that the clock waits for each sample.
+    sampler = threading.Thread(target=sample, name="celery-leader:sampler")
     sampler.start()
     try:
-        end = time.monotonic() + 2.0
-        while time.monotonic() < end:
-            time.sleep(rng.uniform(0.02, 0.15))
+        end = clock.monotonic() + 2.0
+        while clock.monotonic() < end:
+            clock.run(rng.uniform(0.02, 0.15))
             ident = rng.choice(idents)
             current[ident].stop()
             current[ident] = make(leases, backend, ident, ttl=0.2, renew=0.06)
@@ -317,31 +343,31 @@ def test_at_most_one_leader_among_threads_under_churn(url, leases) -> None:
     assert not several, several[:5]
 
 
-# -- on_elected failures ----------------------------------------------------------
+# -- on_started failures ----------------------------------------------------------
 
 
-def test_on_elected_raising_steps_down_releases_and_sits_out(
-    url, leases, watch, signal_log, caplog
+def test_on_started_raising_steps_down_releases_and_sits_out(
+    url, leases, watch, signal_log, caplog, clock
 ) -> None:
-    backend = Scripted(url)
+    backend = Scripted(url, clock)
     calls: list[float] = []
 
-    def flaky_elected(lease: Lease) -> None:
-        calls.append(time.monotonic())
+    def flaky_started(lease: Lease) -> None:
+        calls.append(clock.monotonic())
         if len(calls) == 1:
             raise RuntimeError("cannot start the scheduler")
 
-    a = make(leases, backend, "a", on_elected=flaky_elected)
-    wait_for(lambda: calls, 1)
+    a = make(leases, backend, "a", on_started=flaky_started)
+    clock.run_until(lambda: bool(calls), 1)
     b = make(leases, backend, "b", watch)
     # The failed term was released at once: b leads without waiting out the ttl.
     leads(b, 1)
     assert not a.is_leader()
     released = [c for c in backend.calls if c[0] == "release"]
     assert released and released[0][1] - calls[0] < 0.5
-    assert "on_elected callback of 'unit' failed; stepping down" in caplog.text
+    assert "on_started of 'unit' failed" in caplog.text
     assert not [s for s in signal_log if s[2]["instance_id"] == "a"], "no signal for a failed term"
-    # a comes back after b leaves; its second on_elected succeeds.
+    # a comes back after b leaves; its second on_started succeeds.
     b.stop()
     leads(a)
     assert len(calls) == 2
@@ -349,53 +375,56 @@ def test_on_elected_raising_steps_down_releases_and_sits_out(
     assert [s[0] for s in signal_log if s[2]["instance_id"] == "a"] == ["elected"]
 
 
-def test_on_elected_that_always_raises_retries_once_per_renew_interval(url, leases) -> None:
-    backend = Scripted(url)
+def test_on_started_that_always_raises_retries_once_per_renew_interval(
+    url, leases, clock
+) -> None:
+    backend = Scripted(url, clock)
     calls: list[float] = []
 
     def broken(lease: Lease) -> None:
-        calls.append(time.monotonic())
+        calls.append(clock.monotonic())
         raise RuntimeError("broken")
 
-    demoted: list[float] = []
-    a = make(leases, backend, "a", on_elected=broken, on_demoted=lambda _: demoted.append(1))
-    wait_for(lambda: len(calls) >= 5, 3)
+    stopped: list[float] = []
+    a = make(leases, backend, "a", on_started=broken, on_stopped=lambda _: stopped.append(1))
+    clock.run_until(lambda: len(calls) >= 5, 3)
     gaps = [y - x for x, y in itertools.pairwise(calls)]
     assert min(gaps) >= RENEW * 0.95, gaps
-    # (is_leader() is true while on_elected runs: the belief is set just before it.)
-    wait_for(lambda: not a.is_leader(), 1)
-    assert not demoted, "on_demoted pairs with a successful on_elected only"
+    # (is_leader() is true while on_started runs: the belief is set just before it.)
+    clock.run_until(lambda: not a.is_leader(), 1)
+    assert not stopped, "on_stopped pairs with a successful on_started only"
 
 
 # -- stop() ----------------------------------------------------------------------
 
 
-def test_stop_demotes_then_releases_then_wakes(url, leases) -> None:
-    backend = Scripted(url)
+def test_stop_demotes_then_releases_then_wakes(url, leases, clock) -> None:
+    backend = Scripted(url, clock)
     order: list[tuple[str, float, Any]] = []
 
-    def on_demoted(lease: Lease) -> None:
+    def on_stopped(lease: Lease) -> None:
         # Demoted first: not leading any more, but the store still holds our term.
-        order.append(("demoted", time.monotonic(), (lease.is_leader(), backend.holder(ELECTION))))
+        order.append(("demoted", clock.monotonic(), (lease.is_leader(), backend.holder(ELECTION))))
 
     # Long terms: only the release can wake b (its own retry is up to 30 s away).
-    a = make(leases, backend, "a", on_demoted=on_demoted, ttl=30, renew=10)
+    a = make(leases, backend, "a", on_stopped=on_stopped, ttl=30, renew=10)
     leads(a)
     make(
         leases,
         backend,
         "b",
-        on_elected=lambda lease: order.append(("b elected", time.monotonic(), None)),
+        on_started=lambda lease: order.append(("b elected", clock.monotonic(), None)),
         ttl=30,
         renew=10,
     )
-    wait_for(lambda: "acquire" in backend.names()[1:], 1)
-    stopping = time.monotonic()
+    clock.run_until(lambda: "acquire" in backend.names()[1:], 1)
+    clock.settle()
+    stopping = clock.monotonic()
     a.stop()
-    stopped = time.monotonic()
+    stopped = clock.monotonic()
     release = [c for c in backend.calls if c[0] == "release"][-1]
     leave = [c for c in backend.calls if c[0] == "leave"][-1]
-    wait_for(lambda: len(order) == 2, 1, message=f"b not woken: {order}")
+    clock.run_until(lambda: len(order) == 2, 1, f"b not woken: {order}")
     demoted, b_elected = order
     assert demoted[0] == "demoted" and b_elected[0] == "b elected"
     is_leader_then, holder_then = demoted[2]
@@ -408,42 +437,45 @@ def test_stop_demotes_then_releases_then_wakes(url, leases) -> None:
     assert stopped - stopping < 0.5
 
 
-def test_stop_makes_is_leader_false_before_anything_else(url, leases) -> None:
-    backend = Scripted(url)
+def test_stop_makes_is_leader_false_before_anything_else(url, leases, clock) -> None:
+    backend = Scripted(url, clock)
     seen: list[bool] = []
-    gate = threading.Event()
+    entered, finish = threading.Event(), threading.Event()
 
-    def slow_demoted(lease: Lease) -> None:
-        gate.set()
-        time.sleep(0.2)
+    def slow_stopped(lease: Lease) -> None:
+        entered.set()
+        finish.wait(2)
 
-    a = make(leases, backend, "a", on_demoted=slow_demoted)
+    a = make(leases, backend, "a", on_stopped=slow_stopped)
     leads(a)
     stopper = threading.Thread(target=a.stop)
     stopper.start()
-    gate.wait(2)
-    seen.append(a.is_leader())
+    assert entered.wait(2)
+    seen.append(a.is_leader())  # while on_stopped still runs
+    finish.set()
     stopper.join()
     assert seen == [False]
 
 
-def test_stop_during_a_slow_on_elected_still_pairs_the_callbacks(
-    url, leases, watch, signal_log
+def test_stop_during_a_slow_on_started_still_pairs_the_callbacks(
+    url, leases, watch, signal_log, clock
 ) -> None:
-    backend = MemoryBackend(url, "p", 0.1)  # stop() joins for 1.1 s
-    entered = threading.Event()
+    backend = MemoryBackend(url, "p", 0.1, clock)
+    entered, finish = threading.Event(), threading.Event()
 
-    def slow_elected(lease: Lease) -> None:
+    def slow_started(lease: Lease) -> None:
         entered.set()
-        time.sleep(1.5)
+        with clock.blocking(finish):
+            finish.wait(2)
 
-    demoted: list[float] = []
-    a = make(leases, backend, "a", on_elected=slow_elected, on_demoted=lambda _: demoted.append(1))
-    assert entered.wait(2)
-    a.stop()
-    # on_elected ran, so on_demoted runs exactly once, once the slow callback returns.
-    wait_for(lambda: demoted, 3, message="on_demoted after the slow on_elected")
-    assert len(demoted) == 1
+    stopped: list[float] = []
+    a = make(leases, backend, "a", on_started=slow_started, on_stopped=lambda _: stopped.append(1))
+    clock.run_until(entered.is_set, 2)
+    a.stop(timeout=0.05)  # gives up waiting for the lease thread, stuck in on_started
+    finish.set()
+    # on_started ran, so on_stopped runs exactly once, once the slow callback returns.
+    clock.run_until(lambda: bool(stopped), 3, "on_stopped after the slow on_started")
+    assert len(stopped) == 1
     kinds = [k for k, _, kw in signal_log if kw["instance_id"] == "a"]
     assert kinds in ([], ["elected", "demoted"]), kinds
 
@@ -451,39 +483,40 @@ def test_stop_during_a_slow_on_elected_still_pairs_the_callbacks(
 # -- the store ---------------------------------------------------------------------
 
 
-def test_belief_ends_at_the_deadline_while_a_renewal_hangs(url, leases, watch) -> None:
+def test_belief_ends_at_the_deadline_while_a_renewal_hangs(url, leases, watch, clock) -> None:
     """Validity, not a flag: the lease thread is stuck, yet is_leader() turns false on time."""
-    backend = Scripted(url)
+    backend = Scripted(url, clock)
     a = make(leases, backend, "a", watch)
     leads(a)
-    cleared = time.monotonic()
+    cleared = clock.monotonic()
     backend.renew_gate.clear()
-    hung = wait_for(
-        lambda: [c[1] for c in backend.calls if c[0] == "renew" and c[1] > cleared], RENEW + 0.5
-    )[0]
+    clock.run_until(
+        lambda: any(c[0] == "renew" and c[1] > cleared for c in backend.calls), RENEW + 0.5
+    )
+    hung = next(c[1] for c in backend.calls if c[0] == "renew" and c[1] > cleared)
     # The last acknowledged renewal was sent before ``hung`` (and after cleared - RENEW):
     # the belief's deadline is fixed by it, whatever the stuck thread does.
     deadline = a.valid_until
     assert cleared - RENEW + VALIDITY - 0.02 <= deadline <= hung + VALIDITY
-    wait_for(lambda: not a.is_leader(), VALIDITY + 1)
-    assert time.monotonic() >= deadline and a.valid_until == deadline
+    clock.run_until(lambda: not a.is_leader(), VALIDITY + 1)
+    assert clock.monotonic() >= deadline and a.valid_until == deadline
     assert watch.kinds("a") == ["elected"], "the stuck thread cannot have noticed yet"
     # Once the store's term has run out too, the hung renewal comes back LOST.
-    time.sleep(max(0.0, cleared + TTL + 0.05 - time.monotonic()))
+    clock.run(max(0.0, cleared + TTL + 0.05 - clock.monotonic()))
     backend.renew_gate.set()
-    wait_for(lambda: watch.kinds("a")[:2] == ["elected", "demoted"], 1)
+    clock.run_until(lambda: watch.kinds("a")[:2] == ["elected", "demoted"], 1)
     assert watch.of("a", "demoted")[0][3] >= cleared + TTL
 
 
-def test_store_errors_mean_nobody_leads_then_recovery(url, leases, watch, caplog) -> None:
-    backend = Scripted(url)
+def test_store_errors_mean_nobody_leads_then_recovery(url, leases, watch, caplog, clock) -> None:
+    backend = Scripted(url, clock)
     caplog.set_level(logging.INFO, logger="celery_leader")
     a = make(leases, backend, "a", watch)
     leads(a)
     b = make(leases, backend, "b", watch)
-    wait_for(lambda: "acquire" in backend.names()[1:], 1)
+    clock.run_until(lambda: "acquire" in backend.names()[1:], 1)
 
-    down = time.monotonic()
+    down = clock.monotonic()
     backend.down = True
     deadlines: list[float] = []
 
@@ -491,75 +524,76 @@ def test_store_errors_mean_nobody_leads_then_recovery(url, leases, watch, caplog
         deadlines.append(a.valid_until)
         return not a.is_leader()
 
-    wait_for(ended, TTL + 1, message="a still leads after the store went away")
+    clock.run_until(ended, TTL + 1, "a still leads after the store went away")
     # No renewal sent after ``down`` succeeded: the belief ended within the ttl.
     assert max(deadlines) <= down + VALIDITY < down + TTL
-    wait_for(lambda: watch.kinds("a") == ["elected", "demoted"], 0.5)
-    # Nobody leads while the store is down, for two ttls.
-    end = time.monotonic() + 2 * TTL
-    while time.monotonic() < end:
-        assert not a.is_leader() and not b.is_leader()
-        time.sleep(0.005)
-    up = time.monotonic()
+    clock.run_until(lambda: watch.kinds("a") == ["elected", "demoted"], 0.5)
+    # Nobody leads while the store is down, for two ttls: looked at after every step.
+
+    def somebody_leads() -> bool:
+        return a.is_leader() or b.is_leader()
+
+    assert not clock.run(2 * TTL, until=somebody_leads)
+    up = clock.monotonic()
     backend.down = False
-    wait_for(lambda: a.is_leader() or b.is_leader(), RENEW + 0.5)
-    recovered = time.monotonic() - up
+    clock.run_until(somebody_leads, RENEW + 0.5)
+    recovered = clock.monotonic() - up
     assert recovered <= RENEW + 0.5
     new = a if a.is_leader() else b
     assert new.epoch == 2
     # One warning per lease for the outage (not one per retry), and a note when it ends.
     unreachable = [r for r in caplog.records if "unreachable" in r.getMessage()]
     assert len(unreachable) == 2 and all(r.levelno == logging.WARNING for r in unreachable)
-    wait_for(lambda: caplog.text.count("answers again") >= 1, 1)
+    clock.run_until(lambda: caplog.text.count("answers again") >= 1, 1)
 
 
-def test_epochs_grow_past_a_store_that_forgot(url, leases, watch) -> None:
+def test_epochs_grow_past_a_store_that_forgot(url, leases, watch, clock) -> None:
     """A store restarted empty would start epochs at 1 again; min_epoch prevents it."""
-    backend = Scripted(url)
+    backend = Scripted(url, clock)
     a = make(leases, backend, "a", watch)
     leads(a)
     b = make(leases, backend, "b", watch)
-    wait_for(lambda: "acquire" in backend.names()[1:], 1)
+    clock.run_until(lambda: "acquire" in backend.names()[1:], 1)
     a.stop()
     leads(b)
     assert b.epoch == 2
     old = b.epoch
     backend.forget_everything()
     # b's next renewal finds the term gone (LOST): it steps down and takes a new term.
-    wait_for(lambda: watch.kinds("b")[:2] == ["elected", "demoted"], RENEW + 0.2)
+    clock.run_until(lambda: watch.kinds("b")[:2] == ["elected", "demoted"], RENEW + 0.2)
     leads(b)
     assert b.epoch == old + 1
     acquires = [c[2]["min_epoch"] for c in backend.calls if c[0] == "acquire"]
     assert acquires[-1] == old, "the acquire passed the highest epoch seen"
 
 
-def test_follower_carries_the_highest_epoch_it_saw(url, leases) -> None:
-    backend = Scripted(url)
+def test_follower_carries_the_highest_epoch_it_saw(url, leases, clock) -> None:
+    backend = Scripted(url, clock)
     a = make(leases, backend, "a")
     leads(a)
     # Push the epoch up: a few quick terms of a.
     for _ in range(3):
         backend.request_resign(ELECTION)
-        wait_for(lambda: not a.is_leader(), 1)
+        clock.run_until(lambda: not a.is_leader(), 1)
         leads(a)
     high = a.epoch
     assert high == 4
     b = make(leases, backend, "b")
-    wait_for(lambda: any(c[2].get("instance_id") == "b" for c in backend.calls), 1)
+    clock.run_until(lambda: any(c[2].get("instance_id") == "b" for c in backend.calls), 1)
     backend.forget_everything()
     a.stop()
     leads(b)
     assert b.epoch is not None and b.epoch > high
 
 
-def test_renewal_lost_to_another_term_steps_down(url, leases, watch) -> None:
-    backend = Scripted(url)
+def test_renewal_lost_to_another_term_steps_down(url, leases, watch, clock) -> None:
+    backend = Scripted(url, clock)
     a = make(leases, backend, "a", watch)
     leads(a)
     backend.forget_everything()
     intruder = backend.acquire(ELECTION, "intruder", 30, 0)
     assert intruder.term is not None
-    wait_for(lambda: watch.kinds("a") == ["elected", "demoted"], RENEW + 0.2)
+    clock.run_until(lambda: watch.kinds("a") == ["elected", "demoted"], RENEW + 0.2)
     assert not a.is_leader()
     renewals = [c for c in backend.calls if c[0] == "renewed"]
     assert renewals[-1][2]["result"] is Renewal.LOST
@@ -569,22 +603,25 @@ def test_renewal_lost_to_another_term_steps_down(url, leases, watch) -> None:
 class Disconnecting(Scripted):
     """A store whose ``hold`` reports the holder's connection gone once ``gone`` is set."""
 
-    def __init__(self, url: str) -> None:
-        super().__init__(url)
+    def __init__(self, url: str, clock: ManualClock) -> None:
+        super().__init__(url, clock)
         self.gone = threading.Event()
 
     def hold(self, election: str, term: Term, timeout: float, cancel: threading.Event) -> bool:
-        return not self.gone.wait(timeout)
+        self.clock.wait(timeout, self.gone, cancel)
+        return not self.gone.is_set()
 
 
-def test_a_holder_whose_connection_is_gone_stops_believing_at_once(url, leases, watch) -> None:
-    backend = Disconnecting(url)
+def test_a_holder_whose_connection_is_gone_stops_believing_at_once(
+    url, leases, watch, clock
+) -> None:
+    backend = Disconnecting(url, clock)
     a = make(leases, backend, "a", watch, renew=TTL / 3)
     leads(a)
     epoch = a.epoch
-    gone = time.monotonic()
+    gone = clock.monotonic()
     backend.gone.set()
-    wait_for(lambda: watch.kinds("a") == ["elected", "demoted"], 0.1)
+    clock.run_until(lambda: watch.kinds("a") == ["elected", "demoted"], 0.1)
     demoted = watch.of("a", "demoted")[0]
     assert demoted[3] - gone < 0.05, "not at the next renewal: at once"
     assert not a.is_leader() and a.last_demotion == "disconnected"
@@ -592,45 +629,45 @@ def test_a_holder_whose_connection_is_gone_stops_believing_at_once(url, leases, 
     assert released and released[-1][2]["epoch"] == epoch, "it hands its term back"
 
 
-def test_resign_hands_over(url, leases, watch) -> None:
-    backend = Scripted(url)
+def test_resign_hands_over(url, leases, watch, clock) -> None:
+    backend = Scripted(url, clock)
     a = make(leases, backend, "a", watch)
     leads(a)
     b = make(leases, backend, "b", watch)
-    wait_for(lambda: "acquire" in backend.names()[1:], 1)
-    asked = time.monotonic()
+    clock.run_until(lambda: "acquire" in backend.names()[1:], 1)
+    asked = clock.monotonic()
     holder = backend.request_resign(ELECTION)
     assert holder is not None and holder.instance_id == "a"
     leads(b, RENEW + 0.3)
-    assert time.monotonic() - asked < RENEW + 0.5
+    assert clock.monotonic() - asked < RENEW + 0.5
     assert b.epoch == 2
     assert watch.kinds("a") == ["elected", "demoted"]
     # a sat out and now follows; it does not take the term back.
-    time.sleep(RENEW * 2)
+    clock.run(RENEW * 2)
     assert b.is_leader() and not a.is_leader()
     assert backend.request_resign("nobody-holds-this") is None
 
 
-def test_unexpected_backend_error_does_not_kill_the_lease(url, leases, caplog) -> None:
-    backend = Scripted(url)
+def test_unexpected_backend_error_does_not_kill_the_lease(url, leases, caplog, clock) -> None:
+    backend = Scripted(url, clock)
     backend.acquire_error = KeyError("bug in a backend")
     a = make(leases, backend, "a")
     leads(a, RENEW + 1)
     assert "unexpected error in election 'unit'" in caplog.text
 
 
-def test_memory_store_is_per_url_and_prefix(url, leases) -> None:
-    one = make(leases, MemoryBackend(url, "p", 0.1), "one")
-    other_prefix = make(leases, MemoryBackend(url, "q", 0.1), "other-prefix")
-    other_url = make(leases, MemoryBackend(url + "-2", "p", 0.1), "other-url")
+def test_memory_store_is_per_url_and_prefix(url, leases, clock) -> None:
+    one = make(leases, MemoryBackend(url, "p", 0.1, clock), "one")
+    other_prefix = make(leases, MemoryBackend(url, "q", 0.1, clock), "other-prefix")
+    other_url = make(leases, MemoryBackend(url + "-2", "p", 0.1, clock), "other-url")
     for lease in (one, other_prefix, other_url):
         leads(lease)
 
 
-def test_renew_interval_close_to_ttl_does_not_flap(url, leases, watch) -> None:
+def test_renew_interval_close_to_ttl_does_not_flap(url, leases, watch, clock) -> None:
     # The longest renew interval the settings accept for a 0.5 s ttl: 10 ms under the
     # belief's validity (0.49 s). Every renewal lands just in time; none may demote.
-    backend = MemoryBackend(url, "p", 0.1)
+    backend = MemoryBackend(url, "p", 0.1, clock)
     renewals = []
     original = backend.renew
 
@@ -642,53 +679,70 @@ def test_renew_interval_close_to_ttl_does_not_flap(url, leases, watch) -> None:
     backend.renew = renew  # type: ignore[method-assign]
     a = make(leases, backend, "a", watch, ttl=0.5, renew=0.48)
     leads(a)
-    wait_for(lambda: len(renewals) >= 4, 4.0, message="four renewals")
+    clock.run_until(lambda: len(renewals) >= 4, 4.0, "four renewals")
     assert a.is_leader()
     assert watch.kinds("a") == ["elected"]
+
+
+# -- new leaders seen -----------------------------------------------------------------
+
+
+def test_new_leaders_are_seen_by_followers_and_by_the_leader_itself(url, leases, clock) -> None:
+    backend = MemoryBackend(url, "p", 0.1, clock)
+    seen: list[tuple[str, str, int]] = []
+
+    def saw(ident: str) -> Callable[[Lease, Any], None]:
+        return lambda lease, holder: seen.append((ident, holder.instance_id, holder.epoch))
+
+    a = make(leases, backend, "a", on_new_leader=saw("a"))
+    leads(a)
+    b = make(leases, backend, "b", on_new_leader=saw("b"))
+    clock.run(3 * RENEW)  # b asks many times: it is told once per term
+    assert seen == [("a", "a", 1), ("b", "a", 1)]
+    a.stop()
+    leads(b)
+    assert seen[2:] == [("b", "b", 2)]
+    broken = make(leases, backend, "c", on_new_leader=lambda *_: 1 / 0)
+    clock.run(3 * RENEW)  # an error in on_new_leader is logged; the follower goes on
+    assert not broken.is_leader() and b.is_leader()
 
 
 # -- deployments sharing a store (issue 19) ----------------------------------------
 
 
-def test_a_follower_names_a_holder_of_another_deployment_once_per_term(url, leases, caplog) -> None:
-    backend = MemoryBackend(url, "p", 0.1)
-    a = Lease(
-        ELECTION,
-        backend,
-        ttl=TTL,
-        renew_interval=RENEW,
-        instance_id="a",
-        deployment="amqp://h:5672/A",
-    )
-    same = Lease(
-        ELECTION,
-        backend,
-        ttl=TTL,
-        renew_interval=RENEW,
-        instance_id="s",
-        deployment="amqp://h:5672/A",
-    )
-    other = Lease(
-        ELECTION,
-        backend,
-        ttl=TTL,
-        renew_interval=RENEW,
-        instance_id="o",
-        deployment="amqp://h:5672/B",
-    )
-    leases.extend([a, same, other])
+def test_a_follower_names_a_holder_of_another_deployment_once_per_term(
+    url, leases, caplog, clock
+) -> None:
+    backend = MemoryBackend(url, "p", 0.1, clock)
+
+    def lease(ident: str, deployment: str) -> Lease:
+        made = Lease(
+            ELECTION,
+            backend,
+            ttl=TTL,
+            renew_interval=RENEW,
+            instance_id=ident,
+            deployment=deployment,
+            clock=clock,
+        )
+        leases.append(made)
+        return made
+
+    a = lease("a", "amqp://h:5672/A")
+    same = lease("s", "amqp://h:5672/A")
+    other = lease("o", "amqp://h:5672/B")
     a.start()
     leads(a, 1)
     holder = a.holder()
     assert holder is not None
     assert (holder.instance_id, holder.deployment) == ("a", "amqp://h:5672/A")
-    started = time.monotonic()
+    started = clock.monotonic()
     with caplog.at_level(logging.WARNING, logger="celery_leader"):
         same.start()
         other.start()
-        wait_for(lambda: "another deployment" in caplog.text, TTL, message="no warning")
-        waited = time.monotonic() - started
-        time.sleep(3 * RENEW)  # followers retry meanwhile: still one line
+        clock.run_until(lambda: "another deployment" in caplog.text, TTL, "no warning")
+        waited = clock.monotonic() - started
+        clock.run(3 * RENEW)  # followers retry meanwhile: still one line
     lines = [r.getMessage() for r in caplog.records if "another deployment" in r.getMessage()]
     assert len(lines) == 1, lines
     assert lines[0].startswith("celery-leader: o cannot lead")

@@ -10,9 +10,12 @@ import time
 import uuid
 from typing import Any
 
+import pytest
+
 from celery_leader.backends import create_backend
+from celery_leader.callbacks import Callbacks
 from celery_leader.config import LeaderConfig
-from celery_leader.leases import lease_set
+from celery_leader.leases import leader_of, lease_set
 from harness.waiting import wait_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -190,3 +193,57 @@ def test_a_connection_opened_without_a_lease_is_closed_only_while_no_election_is
         wait_for(member.lease.is_leader, 3, message="never elected")
     finally:
         leases.stop()
+
+
+def test_members_bring_callbacks_and_followers_hear_of_new_leaders() -> None:
+    """One validated Callbacks object per member; on_new_leader fires on a follower too."""
+    one, two = lease_set(config()), None
+    heard: list[tuple[str, str, object]] = []
+
+    def callbacks(who: str) -> Callbacks:
+        return Callbacks(
+            on_started=lambda lease: heard.append((who, "started", lease.epoch)),
+            on_stopped=lambda lease: heard.append((who, "stopped", None)),
+            on_new_leader=lambda lease, holder: heard.append(
+                (who, "new leader", (holder.instance_id, holder.epoch))
+            ),
+        )
+
+    leader = one.join("e", callbacks=callbacks("one"))
+    try:
+        wait_for(leader.lease.is_leader, 3, message="never elected")
+        two = lease_set(config(leader_url=one.config.url, leader_instance_id="two"))
+        two.join("e", callbacks=callbacks("two"))
+        wait_for(lambda: ("two", "new leader", ("one", 1)) in heard, 3, message="follower not told")
+        # A late member of a lease that leads already hears on_started at once.
+        late = one.join("e", callbacks=callbacks("late"))
+        assert ("late", "started", 1) in heard
+        late.leave()
+    finally:
+        one.stop()
+        if two is not None:
+            wait_for(lambda: ("two", "started", 2) in heard, 3, message="two never took over")
+            two.stop()
+    assert heard[:2] == [("one", "started", 1), ("one", "new leader", ("one", 1))], heard
+    assert ("one", "stopped", None) in heard and ("two", "stopped", None) in heard
+    assert ("two", "new leader", ("two", 2)) in heard
+
+
+def test_callbacks_are_validated_when_built() -> None:
+    with pytest.raises(TypeError, match=r"Callbacks\.on_started must be callable"):
+        Callbacks(on_started="not a function")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="callbacks must be a Callbacks"):
+        lease_set(config()).join("e", callbacks={"on_started": print}, start=False)  # type: ignore[arg-type]
+
+
+def test_leader_of_asks_the_store_without_joining() -> None:
+    settings = config(leader_worker_election="e")
+    assert leader_of(settings) is None, "nobody leads yet"
+    leader = lease_set(config(leader_url=settings.url, leader_instance_id="two")).join("e")
+    try:
+        wait_for(leader.lease.is_leader, 3, message="never elected")
+        holder = leader_of(settings)
+        assert holder is not None and (holder.instance_id, holder.epoch) == ("two", 1)
+        assert lease_set(settings).elections() == [], "asking joined nothing"
+    finally:
+        leader.owner.stop()

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from celery_leader.backends.base import Claim, Renewal
+from celery_leader.backends import Renewal, Write
 from celery_leader.backends.mysql import MySqlBackend, lock_name
 from celery_leader.backends.mysql.params import connection_params
 from celery_leader.config import DRIFT, MARGIN
@@ -80,7 +80,7 @@ def test_a_session_killed_by_the_server_loses_everything(
     # The queued follower is granted the lock the moment the session is gone.
     b.wait(ELECTION, 5.0, threading.Event())
     assert time.monotonic() - killed < 0.5
-    assert a.claim(ELECTION, term, [Claim("slot", None, "stale")]) == [False]
+    assert a.claim(ELECTION, term, [Write("slot", None, "stale")]) == [False]
     assert a.renew(ELECTION, term, 5.0) is Renewal.LOST
     a.release(ELECTION, term)  # nothing left to release: no error
     taken = b.acquire(ELECTION, "b", 5.0, 0)
@@ -105,7 +105,7 @@ def test_wait_timeout_frees_the_lock_no_earlier_than_the_belief(
     assert won > sent + ttl * (1 - DRIFT) - MARGIN
     # ...and the server kept the lock no longer than the ttl rounded up to whole seconds.
     assert won - sent < -(-ttl // 1) + 0.5
-    assert a.claim(ELECTION, term, [Claim("slot", None, "stale")]) == [False]
+    assert a.claim(ELECTION, term, [Write("slot", None, "stale")]) == [False]
     assert a.renew(ELECTION, term, ttl) is Renewal.LOST
 
 
@@ -117,7 +117,7 @@ def test_a_renewing_holder_outlives_wait_timeout(backends: Callable[..., MySqlBa
     while time.monotonic() < until:
         assert a.renew(ELECTION, term, 1.0) is Renewal.RENEWED
         time.sleep(0.3)  # the renew interval of a 1 s ttl
-    assert a.claim(ELECTION, term, [Claim("slot", None, "1")]) == [True]
+    assert a.claim(ELECTION, term, [Write("slot", None, "1")]) == [True]
 
 
 def test_a_cut_off_holder_loses_its_claims_and_a_follower_takes_over_after_the_ttl(
@@ -132,7 +132,7 @@ def test_a_cut_off_holder_loses_its_claims_and_a_follower_takes_over_after_the_t
     assert term is not None
     proxy.hold()
     began = time.monotonic()
-    assert a.claim(ELECTION, term, [Claim("slot", None, "cut")]) == [False]
+    assert a.claim(ELECTION, term, [Write("slot", None, "cut")]) == [False]
     assert time.monotonic() - began < 0.5 + 0.3  # the store deadline, not longer
     assert b.acquire(ELECTION, "b", 1.0, 0).term is None
     b.wait(ELECTION, 5.0, threading.Event())
@@ -171,7 +171,7 @@ def test_explicit_replica_acks_are_refused(backends: Callable[..., MySqlBackend]
     term = a.acquire(ELECTION, "a", 5.0, 0).term
     assert term is not None
     with pytest.raises(StoreMisconfigured, match="leader_replica_acks is 1"):
-        a.claim(ELECTION, term, [Claim("slot", None, "1")])
+        a.claim(ELECTION, term, [Write("slot", None, "1")])
     assert a.load_state(ELECTION) == {}
 
 

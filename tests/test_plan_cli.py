@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from celery_leader.backends import Claim, create_backend
+from celery_leader.backends import Write, create_backend
 from celery_leader.config import LeaderConfig
 from celery_leader.schedule.series import utc
 from celery_leader.schedule.state import dump_state
@@ -94,7 +94,7 @@ def test_stored_state_makes_the_policy_send_missed_slots_late(redis_url: str) ->
     term = backend.acquire("beat", "previous", 3.0, 0).term
     assert term is not None
     last = dump_state(utc(datetime(2026, 3, 29, 0, 0)), 3, term.epoch, "previous")  # 01:00 CET
-    assert all(backend.claim("beat", term, [Claim("q15-all", None, last)]))
+    assert all(backend.claim("beat", term, [Write("q15-all", None, last)]))
     backend.release("beat", term)
     backend.close()
     window = ["--from", "2026-03-29T01:10Z", "--to", "2026-03-29T01:20Z", "--json"]

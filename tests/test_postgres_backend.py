@@ -23,9 +23,9 @@ import psycopg
 import pytest
 
 from celery_leader import Lease
-from celery_leader.backends import store_timeout
-from celery_leader.backends.base import Claim, Renewal
+from celery_leader.backends import Renewal, Write, store_timeout
 from celery_leader.backends.postgres import PostgresBackend, advisory_key
+from celery_leader.callbacks import Callbacks
 from celery_leader.config import DRIFT, MARGIN
 from celery_leader.exceptions import ConfigError, StoreMisconfigured, StoreUnavailable
 from harness.procs import Proc, Procs
@@ -94,7 +94,7 @@ def test_a_session_ended_by_the_server_loses_everything(
             (PREFIX, ELECTION),
         )
     # The next claim finds the session gone: nothing is written, nothing raised.
-    assert a.claim(ELECTION, term, [Claim("slot", None, "stale")]) == [False]
+    assert a.claim(ELECTION, term, [Write("slot", None, "stale")]) == [False]
     assert a.renew(ELECTION, term, 5.0) is Renewal.LOST
     a.release(ELECTION, term)  # nothing left to release: no error
     taken = b.acquire(ELECTION, "b", 5.0, 0)
@@ -121,7 +121,7 @@ def test_idle_session_timeout_frees_the_lock_no_earlier_than_the_belief(
     assert won - sent < ttl + 0.5
     # The claim goes to the dead session first (the server's goodbye is still
     # unread on its socket), then the renewal finds the term gone.
-    assert a.claim(ELECTION, term, [Claim("slot", None, "stale")]) == [False]
+    assert a.claim(ELECTION, term, [Write("slot", None, "stale")]) == [False]
     assert a.renew(ELECTION, term, ttl) is Renewal.LOST
     assert b.load_state(ELECTION) == {}
 
@@ -296,9 +296,10 @@ def test_django_alias(postgres_url: str, procs: Procs) -> None:
 LEASE_SCRIPT = """
 import json, os, signal, sys, time
 from celery_leader.backends import store_timeout
-from celery_leader.backends.base import Claim, Renewal
+from celery_leader.backends import Write, Renewal
 from celery_leader.backends.postgres import PostgresBackend
 from celery_leader.config import DRIFT, MARGIN
+from celery_leader.callbacks import Callbacks
 from celery_leader.lease import Lease
 
 url, name, ttl, renew = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
@@ -331,12 +332,12 @@ def elected(lease):
 
 backend = Recording(url, "chaos", store_timeout(ttl, renew))
 lease = Lease("beat", backend, ttl=ttl, renew_interval=renew, instance_id=name,
-              on_elected=elected, on_demoted=lambda lease: emit("demoted"))
+              callbacks=Callbacks(on_started=elected, on_stopped=lambda lease: emit("demoted")))
 
 def on_cont(signum, frame):
     leader = lease.is_leader()  # the first thing this process does after the pause
     try:
-        claims = backend.claim("beat", terms[-1], [Claim("slot", None, name)])
+        claims = backend.claim("beat", terms[-1], [Write("slot", None, name)])
     except Exception as exc:
         claims = repr(exc)
     emit("resumed", leader=leader, claims=claims)
@@ -535,8 +536,7 @@ def test_cut_off_holder_loses_the_lock_on_time(
         ttl=ttl,
         renew_interval=renew,
         instance_id="cut",
-        on_elected=record("elected"),
-        on_demoted=record("demoted"),
+        callbacks=Callbacks(on_started=record("elected"), on_stopped=record("demoted")),
     )
     cut_off.start()
     direct = Lease(

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from celery_leader.backends.presence import WATCH_INTERVAL
-from celery_leader.backends.redis import _FALLBACKS, RedisBackend
+from celery_leader.backends.redis import RedisBackend
+from celery_leader.backends.redis.backend import _FALLBACKS
+from celery_leader.backends.redis.presence import WATCH_INTERVAL
 from harness.procs import Procs
 from harness.proxy import TcpProxy
 from harness.servers import RedisServer

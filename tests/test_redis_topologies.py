@@ -21,8 +21,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from celery_leader.backends import create_backend
-from celery_leader.backends.base import Claim
+from celery_leader.backends import Write, create_backend
 from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import StoreMisconfigured, StoreUnavailable
 from celery_leader.lease import Lease
@@ -92,7 +91,7 @@ def _run_election(url: str) -> None:
         term = leader.term
         assert term is not None
         results = leader.backend.claim(
-            "topo", term, [Claim(f"e{i}", None, "1") for i in range(1200)]
+            "topo", term, [Write(f"e{i}", None, "1") for i in range(1200)]
         )
         assert results == [True] * 1200
         assert len(leader.backend.load_state("topo")) == 1200
@@ -106,7 +105,7 @@ def _run_election(url: str) -> None:
         assert second[0].epoch is not None and second[0].epoch > epoch
         assert took < 0.5, f"graceful hand-over took {took:.3f}s"
         # The old term can no longer claim anything.
-        assert leader.backend.claim("topo", term, [Claim("e1", "1", "2")]) == [False]
+        assert leader.backend.claim("topo", term, [Write("e1", "1", "2")]) == [False]
     finally:
         for lease in leases:
             lease.stop()

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from celery_leader.backends import Backend, Claim, Renewal, create_backend
+from celery_leader.backends import Backend, Renewal, Write, create_backend
 from celery_leader.backends.postgres.sql import sync_standbys
 from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import ConfigError, StoreUnavailable
@@ -63,7 +63,7 @@ def test_a_promotion_keeps_claims_and_epochs_only_with_replica_acks(
     try:
         first = backend.acquire("e", "a", TTL, 0).term
         assert first is not None
-        assert backend.claim("e", first, [Claim("tick", None, "slot-1")]) == [True]
+        assert backend.claim("e", first, [Write("tick", None, "slot-1")]) == [True]
         backend.release("e", first)
         replicated.wait_synced()
         replicated.link.hold()  # the replica hears nothing more from the master
@@ -78,7 +78,7 @@ def test_a_promotion_keeps_claims_and_epochs_only_with_replica_acks(
             assert acks == 0
             assert second.epoch > first.epoch
             # Accepted by the master alone.
-            assert backend.claim("e", second, [Claim("tick", "slot-1", "slot-2")]) == [True]
+            assert backend.claim("e", second, [Write("tick", "slot-1", "slot-2")]) == [True]
         promoted = _promote(replicated)
     finally:
         backend.close()
@@ -107,9 +107,9 @@ def test_an_unacknowledged_claim_is_handed_back_and_raises(
     try:
         term = backend.acquire("e", "a", TTL, 0).term
         assert term is not None
-        assert backend.claim("e", term, [Claim("x", None, "1")]) == [True]
+        assert backend.claim("e", term, [Write("x", None, "1")]) == [True]
         replicated.link.hold()
-        claims = [Claim("x", "1", "2"), Claim("y", None, "1"), Claim("z", "other", "1")]
+        claims = [Write("x", "1", "2"), Write("y", None, "1"), Write("z", "other", "1")]
         with pytest.raises(StoreUnavailable, match="handed back"):
             backend.claim("e", term, claims)
         assert backend.load_state("e") == {"x": "1"}
@@ -195,11 +195,11 @@ def test_behind_sentinel_auto_waits_for_a_cut_off_replica_sentinel_could_promote
             wait_for(lambda: store.online_replicas() == 0, 10, message="replica still online")
             term = terms[plain]
             assert term is not None
-            assert plain.claim("p", term, [Claim("tick", None, "slot-1")]) == [True]
+            assert plain.claim("p", term, [Write("tick", None, "slot-1")]) == [True]
             term = terms[guarded]
             assert term is not None
             with pytest.raises(StoreUnavailable, match="handed back"):
-                guarded.claim("s", term, [Claim("tick", None, "slot-1")])
+                guarded.claim("s", term, [Write("tick", None, "slot-1")])
         finally:
             plain.close()
             guarded.close()
@@ -226,9 +226,9 @@ def test_a_postgres_claim_the_synchronous_standby_does_not_confirm_is_handed_bac
         try:
             term = leader.acquire("e", "a", TTL, 0).term
             assert term is not None
-            assert leader.claim("e", term, [Claim("x", None, "1")]) == [True]
+            assert leader.claim("e", term, [Write("x", None, "1")]) == [True]
             store.link.hold()
-            claims = [Claim("x", "1", "2"), Claim("y", None, "1")]
+            claims = [Write("x", "1", "2"), Write("y", None, "1")]
             with pytest.raises(StoreUnavailable, match=r"2 claim.*handed back"):
                 leader.claim("e", term, claims)
             assert leader.load_state("e") == {"x": "1"}

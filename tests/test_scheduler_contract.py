@@ -26,7 +26,7 @@ from celery import Celery
 from celery.beat import Scheduler
 from dramatiq.brokers.stub import StubBroker
 
-from celery_leader.backends import Claim, create_backend
+from celery_leader.backends import Write, create_backend
 from celery_leader.celery.beat import LeaderScheduler
 from celery_leader.config import LeaderConfig
 from celery_leader.dramatiq import LeaderMiddleware, every
@@ -123,13 +123,13 @@ class Kind(ABC):
         term = backend.acquire(ELECTION, "previous-leader", self.config.ttl, 0).term
         assert term is not None, "seed before any scheduler leads"
         stored = backend.load_state(ELECTION)
-        claims = [Claim(name, stored.get(name), raw) for name, raw in states.items()]
+        claims = [Write(name, stored.get(name), raw) for name, raw in states.items()]
         assert all(backend.claim(ELECTION, term, claims))
         backend.release(ELECTION, term)
 
 
 class CeleryKind(Kind):
-    logger = "celery_leader.beat"
+    logger = "celery_leader.celery.beat"
     max_sleep = 300.0  # beat_max_loop_interval
 
     def __init__(self, store: str, settings: dict[str, Any], monkeypatch: Any) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from celery_leader.backends import Claim, create_backend
+from celery_leader.backends import Write, create_backend
 from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import StoreMisconfigured
 from harness.pg_standby import PrimaryAndStandby
@@ -242,7 +242,7 @@ def test_postgres_with_an_asynchronous_standby_refuses_claims_by_default() -> No
             term = backend.acquire("beat", "r0", TTL, 0).term
             assert term is not None
             with pytest.raises(StoreMisconfigured) as info:
-                backend.claim("beat", term, [Claim("tick", None, "1")])
+                backend.claim("beat", term, [Write("tick", None, "1")])
             assert backend.load_state("beat") == {}
         finally:
             backend.close()

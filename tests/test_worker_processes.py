@@ -26,8 +26,7 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_leader.backends import create_backend
-from celery_leader.backends.base import Backend
+from celery_leader.backends import Backend, create_backend
 from celery_leader.config import LeaderConfig
 from celery_leader.health import check
 from harness.procs import Proc, Procs

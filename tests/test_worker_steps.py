@@ -321,7 +321,7 @@ def test_reject_without_acks_late_warns_at_startup(app: Celery) -> None:
     # The in-process worker sets up Celery's logging (root handler replaced,
     # level ERROR): listen on the logger itself.
     records = _Records()
-    logger = logging.getLogger("celery_leader.worker")
+    logger = logging.getLogger("celery_leader.celery.worker")
     logger.addHandler(records)
     logger.setLevel(logging.WARNING)
     try:

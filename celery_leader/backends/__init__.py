@@ -9,24 +9,46 @@ against it, and :func:`create_backend` builds from it.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..exceptions import missing_extra
-from .base import Acquired, Backend, Claim, HolderInfo, Renewal, Term
+from .base import Backend
+from .fenced import FencedState, Write
+from .lock import Acquired, HolderInfo, LockStore, Renewal, Term
 from .registry import STORES, Store, store_for
 
-if TYPE_CHECKING:
-    from ..config import LeaderConfig
+
+class StoreSettings(Protocol):
+    """What :func:`create_backend` reads of the settings (``LeaderConfig`` has it all).
+
+    Spelled out here so that the store layer never imports the settings layer.
+    """
+
+    @property
+    def store(self) -> Store: ...
+    @property
+    def url(self) -> str: ...
+    @property
+    def key_prefix(self) -> str: ...
+    @property
+    def ttl(self) -> float: ...
+    @property
+    def renew_interval(self) -> float: ...
+    @property
+    def replica_acks(self) -> int | None: ...
 
 __all__ = [
     "STORES",
     "Acquired",
     "Backend",
-    "Claim",
+    "FencedState",
     "HolderInfo",
+    "LockStore",
     "Renewal",
     "Store",
+    "StoreSettings",
     "Term",
+    "Write",
     "create_backend",
     "store_for",
 ]
@@ -42,7 +64,7 @@ def store_timeout(ttl: float, renew_interval: float) -> float:
     return max(0.05, min(renew_interval, ttl - renew_interval))
 
 
-def create_backend(config: LeaderConfig) -> Backend:
+def create_backend(config: StoreSettings) -> Backend:
     """Build the backend that ``config.url`` selects. It does not contact the store yet.
 
     A store whose client is not installed fails in one line naming its extra.

@@ -31,7 +31,9 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from ..exceptions import ConfigError, StoreUnavailable
-from .base import Acquired, Backend, Claim, HolderInfo, Renewal, Term, apply_claims
+from .base import Backend
+from .fenced import Write, apply_writes
+from .lock import Acquired, HolderInfo, Renewal, Term
 from .terms import holder_info, new_term, parse_epoch, unreadable_state
 from .waiting import LockWaiter, wait_sliced
 
@@ -235,14 +237,14 @@ class FileBackend(Backend):
         return data
 
     def compare_and_set(
-        self, election: str, term: Term, claims: Sequence[Claim]
+        self, election: str, term: Term, claims: Sequence[Write]
     ) -> list[bool]:
         # Only the flock holder writes the state file, so read-compare-write
         # needs no further locking.
         if self._holds(election, term) is None:
             return [False] * len(claims)
         state = self.load_state(election)
-        results = apply_claims(state, claims)
+        results = apply_writes(state, claims)
         if any(results):
             _write(self._path(election, "state"), json.dumps(state))
         return results

@@ -8,13 +8,14 @@ compete. With a single lease per election it always leads.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .base import Acquired, Backend, Claim, HolderInfo, Renewal, Term, apply_claims
+from ..clock import SYSTEM_CLOCK, Clock
+from .base import Backend
+from .fenced import Write, apply_writes
+from .lock import Acquired, HolderInfo, Renewal, Term
 from .terms import new_term
-from .waiting import wait_sliced
 
 
 @dataclass
@@ -22,7 +23,7 @@ class _Record:
     token: str
     epoch: int
     instance_id: str
-    expires: float  # time.monotonic()
+    expires: float  # on the backend's clock
 
 
 @dataclass
@@ -32,10 +33,12 @@ class _Store:
     epochs: dict[str, int] = field(default_factory=dict)
     resign: dict[str, str] = field(default_factory=dict)
     state: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: Set at the next release (then replaced): what waiting followers wake on.
+    released: threading.Event = field(default_factory=threading.Event)
 
-    def live(self, election: str) -> _Record | None:
+    def live(self, election: str, now: float) -> _Record | None:
         record = self.records.get(election)
-        if record is not None and record.expires <= time.monotonic():
+        if record is not None and record.expires <= now:
             del self.records[election]
             return None
         return record
@@ -48,32 +51,37 @@ _STORES_LOCK = threading.Lock()
 class MemoryBackend(Backend):
     """Process-local store; see the module docstring."""
 
-    def __init__(self, url: str, key_prefix: str, timeout: float) -> None:
+    def __init__(
+        self, url: str, key_prefix: str, timeout: float, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
         super().__init__(url, key_prefix, timeout)
+        #: What terms expire on; tests give leases and their store one clock they move.
+        self.clock = clock
         with _STORES_LOCK:
             self._store = _STORES.setdefault((url, key_prefix), _Store())
 
     def acquire(self, election: str, instance_id: str, ttl: float, min_epoch: int) -> Acquired:
         store = self._store
         with store.cond:
-            current = store.live(election)
+            now = self.clock.monotonic()
+            current = store.live(election, now)
             if current is not None:
-                return Acquired(None, _info(current), current.expires - time.monotonic())
+                return Acquired(None, _info(current, now), current.expires - now)
             epoch = max(store.epochs.get(election, 0), min_epoch) + 1
             store.epochs[election] = epoch
             term = new_term(epoch, instance_id)
             store.records[election] = _Record(
-                term.token, epoch, instance_id, time.monotonic() + ttl
+                term.token, epoch, instance_id, self.clock.monotonic() + ttl
             )
             return Acquired(term, None, ttl)
 
     def renew(self, election: str, term: Term, ttl: float) -> Renewal:
         store = self._store
         with store.cond:
-            current = store.live(election)
+            current = store.live(election, self.clock.monotonic())
             if current is None or current.token != term.token:
                 return Renewal.LOST
-            current.expires = time.monotonic() + ttl
+            current.expires = self.clock.monotonic() + ttl
             if store.resign.get(election) == term.token:
                 del store.resign[election]
                 return Renewal.RESIGN
@@ -82,36 +90,41 @@ class MemoryBackend(Backend):
     def release(self, election: str, term: Term) -> None:
         store = self._store
         with store.cond:
-            current = store.live(election)
+            current = store.live(election, self.clock.monotonic())
             if current is not None and current.token == term.token:
                 del store.records[election]
-                store.cond.notify_all()
+                store.released.set()
+                store.released = threading.Event()
 
     def wait(self, election: str, timeout: float, cancel: threading.Event) -> None:
         store = self._store
+        deadline = self.clock.monotonic() + timeout
+        while not cancel.is_set():
+            with store.cond:
+                if store.live(election, self.clock.monotonic()) is None:
+                    return
+                released = store.released
+            left = deadline - self.clock.monotonic()
+            if left <= 0:
+                return
+            self.clock.wait(left, released, cancel)
 
-        def free(seconds: float) -> bool:
-            # The condition is notified on every release.
-            if store.live(election) is None:
-                return True
-            store.cond.wait(seconds)
-            return store.live(election) is None
-
-        with store.cond:
-            wait_sliced(free, timeout, cancel)
+    def hold(self, election: str, term: Term, timeout: float, cancel: threading.Event) -> bool:
+        self.clock.wait(timeout, cancel)  # the base class's wait, on this backend's clock
+        return True
 
     def holder(self, election: str) -> HolderInfo | None:
         with self._store.cond:
-            current = self._store.live(election)
-            return None if current is None else _info(current)
+            current = self._store.live(election, self.clock.monotonic())
+            return None if current is None else _info(current, self.clock.monotonic())
 
     def request_resign(self, election: str) -> HolderInfo | None:
         with self._store.cond:
-            current = self._store.live(election)
+            current = self._store.live(election, self.clock.monotonic())
             if current is None:
                 return None
             self._store.resign[election] = current.token
-            return _info(current)
+            return _info(current, self.clock.monotonic())
 
     def elections(self) -> list[str]:
         with self._store.cond:
@@ -122,15 +135,15 @@ class MemoryBackend(Backend):
             return dict(self._store.state.get(election, {}))
 
     def compare_and_set(
-        self, election: str, term: Term, claims: Sequence[Claim]
+        self, election: str, term: Term, claims: Sequence[Write]
     ) -> list[bool]:
         store = self._store
         with store.cond:
-            current = store.live(election)
+            current = store.live(election, self.clock.monotonic())
             if current is None or current.token != term.token:
                 return [False] * len(claims)
-            return apply_claims(store.state.setdefault(election, {}), claims)
+            return apply_writes(store.state.setdefault(election, {}), claims)
 
 
-def _info(record: _Record) -> HolderInfo:
-    return HolderInfo(record.instance_id, record.epoch, max(0.0, record.expires - time.monotonic()))
+def _info(record: _Record, now: float) -> HolderInfo:
+    return HolderInfo(record.instance_id, record.epoch, max(0.0, record.expires - now))

@@ -39,9 +39,9 @@ import uuid
 from typing import Any
 
 from ..exceptions import StoreUnavailable
-from .base import HolderInfo, Term
+from .lock import HolderInfo, Term
 
-logger = logging.getLogger("celery_leader.backends")
+logger = logging.getLogger(__name__)
 
 
 def new_term(epoch: int, instance_id: str, **extra: object) -> Term:

@@ -41,7 +41,7 @@ try:
 except ModuleNotFoundError as exc:
     raise missing_extra(exc, "celery") from None
 
-logger = logging.getLogger("celery_leader.beat")
+logger = logging.getLogger(__name__)
 
 #: How often a follower's beat looks at its lease (a local clock compare, no
 #: I/O). It bounds how long a promotion goes unnoticed, which is the part of

@@ -45,7 +45,7 @@ except ModuleNotFoundError as exc:
 
 __all__ = ["CONSUMER_STEPS", "WORKER_STEP", "OnFollower", "add_steps", "leader_only"]
 
-logger = logging.getLogger("celery_leader.decorators")
+logger = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
 

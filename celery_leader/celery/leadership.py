@@ -19,7 +19,6 @@ change of the pins.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from ..exceptions import NotLeader, StoreUnavailable, missing_extra
 from ..lease import Lease
 from ..leases import Membership, lease_set
 from ..pins import on_reset, role_of, watch
+from ..process import after_fork_in_child
 from . import deadline_table
 
 try:
@@ -54,7 +54,7 @@ __all__ = [
     "view",
 ]
 
-logger = logging.getLogger("celery_leader.leadership")
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -259,7 +259,7 @@ def _after_fork_in_child() -> None:
     _joined.clear()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+after_fork_in_child(_after_fork_in_child)
 watch(forget_views)
 on_reset(reset)
 

@@ -43,7 +43,7 @@ try:
 except ModuleNotFoundError as exc:
     raise missing_extra(exc, "celery") from None
 
-logger = logging.getLogger("celery_leader.beat")
+logger = logging.getLogger(__name__)
 
 __all__ = ["BeatPublisher", "PublishOutcomeUnknown", "known_unsent", "publisher_of"]
 

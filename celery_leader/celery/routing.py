@@ -56,7 +56,7 @@ __all__ = [
     "spec_of",
 ]
 
-logger = logging.getLogger("celery_leader.worker")
+logger = logging.getLogger(__name__)
 
 #: What a follower does with a task it received.
 OnFollower = Literal["wait", "skip", "retry", "reject"]

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -36,6 +35,7 @@ from ..health import HealthFile
 from ..lease import Lease
 from ..leases import lease_set
 from ..pins import role_of
+from ..process import default_instance_id
 from . import deadline_table, decorators, leadership, routing
 from .routing import spec_of
 from .signals import elected as _elected  # noqa: F401 - importing it connects the signals
@@ -54,7 +54,7 @@ __all__ = [
     "install",
 ]
 
-logger = logging.getLogger("celery_leader.worker")
+logger = logging.getLogger(__name__)
 
 #: Longest gap between two publications of a renewed deadline. Pool processes
 #: see the previous deadline meanwhile, which is earlier (never too late) and
@@ -79,7 +79,7 @@ def install_worker_steps(app: Any) -> None:
     decorators.add_steps(app)
 
 
-#: The name of the first releases (DESIGN.md): the same function.
+#: The name the first releases documented: the same function.
 install = install_worker_steps
 
 
@@ -309,7 +309,7 @@ class LeaderStep(bootsteps.StartStopStep):  # type: ignore[misc]  # celery is un
         if w.app.conf.get("leader_instance_id") is None:
             # The node name (name@host) is what operators know workers by; the
             # pid tells apart two nodes started with the same -n by mistake.
-            config = dataclasses.replace(config, instance_id=f"{w.hostname}:{os.getpid()}")
+            config = dataclasses.replace(config, instance_id=default_instance_id(w.hostname))
         elections = _elections(w.app, config)
         _warn_reject_without_acks_late(w.app)
         queues = routing.leader_queues(w.app, config.worker_election)

@@ -17,7 +17,7 @@ from typing import ParamSpec, TypeVar
 
 from ..exceptions import ConfigError
 
-logger = logging.getLogger("celery_leader.dramatiq")
+logger = logging.getLogger(__name__)
 
 #: ``dramatiq.cli.RET_IMPORT``: "module import(s) failed or invalid command line argument".
 RET_IMPORT = 2

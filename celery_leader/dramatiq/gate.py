@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-logger = logging.getLogger("celery_leader.dramatiq")
+logger = logging.getLogger(__name__)
 
 
 class Gate:

@@ -15,21 +15,20 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import signal
-import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.util import Finalize
 from typing import Any
 
-from ..backends.base import HolderInfo
+from ..backends import HolderInfo
 from ..config import LeaderConfig, validate_name
 from ..exceptions import ConfigError, LeaderError, StoreUnavailable, missing_extra
 from ..lease import Lease
 from ..leases import LeaseSet, Membership, lease_set
 from ..pins import Role, role_of, watch
+from ..process import after_fork_in_child, default_instance_id
 from .cli_errors import one_line_errors
 from .gate import Gate, Liveness
 from .pika_logs import quiet_connect_errors
@@ -44,7 +43,7 @@ try:
 except ModuleNotFoundError as exc:
     raise missing_extra(exc, "dramatiq") from None
 
-logger = logging.getLogger("celery_leader.dramatiq")
+logger = logging.getLogger(__name__)
 
 #: What a follower does with a leader-only actor's message.
 MODES = ("skip", "wait")
@@ -111,7 +110,7 @@ class LeaderMiddleware(Middleware):
             raise ConfigError(f"scheduler= must be True or False (got {scheduler!r})")
         self.scheduler = scheduler
         # The default id names the process; recomputed per process (forks).
-        self._pid_instance = self.config.instance_id == _default_instance_id()
+        self._pid_instance = self.config.instance_id == default_instance_id()
         self._rules: dict[str, Rule] = {}  # actor name -> rule
         self._queues: dict[str, tuple[Rule, str]] = {}  # queue -> rule, an actor showing it
         self._entries: dict[str, str] = {}  # schedule entry name -> its actor
@@ -120,11 +119,11 @@ class LeaderMiddleware(Middleware):
         self._booted = False  # a Worker of this process booted
         self._leases: LeaseSet | None = None  # this process's, once it used the store
         self._memberships: dict[str, Membership] = {}  # election -> this middleware's share
-        self._pid = os.getpid()
         self._closed = False  # stop() ran: never join an election again in this process
         self._campaigns: set[str] = set()  # elections this worker process consumes work of
         self._gates: dict[str, Gate] = {}  # wait-mode queue -> its consumer's gate
         self._liveness: dict[str, list[Liveness]] = {}  # election -> its queues' consumers
+        after_fork_in_child(self._forget_parent)
         _current = self
 
     # -- Dramatiq's middleware interface -------------------------------------
@@ -142,7 +141,7 @@ class LeaderMiddleware(Middleware):
     def process_config(self) -> LeaderConfig:
         """The settings of this process: the default instance id names this pid."""
         if self._pid_instance:
-            return dataclasses.replace(self.config, instance_id=_default_instance_id())
+            return dataclasses.replace(self.config, instance_id=default_instance_id())
         return self.config
 
     @one_line_errors
@@ -294,7 +293,6 @@ class LeaderMiddleware(Middleware):
         """
         election = election or self.config.worker_election
         with self._lock:
-            self._after_fork()
             if self._closed:
                 raise LeaderError("LeaderMiddleware stopped: this process is shutting down")
             if election not in self._campaigns:
@@ -311,14 +309,12 @@ class LeaderMiddleware(Middleware):
     def campaigns(self, election: str | None = None) -> bool:
         """Whether this process campaigns in ``election``: a worker consuming its actors."""
         with self._lock:
-            self._after_fork()
             return (election or self.config.worker_election) in self._campaigns
 
     def holder(self, election: str | None = None) -> HolderInfo | None:
         """Who holds ``election``, read from the store (``None``: nobody, or unreachable)."""
         election = election or self.config.worker_election
         with self._lock:
-            self._after_fork()
             if self._closed:  # shutting down: no new store connection
                 return None
             backend = self._lease_set().backend
@@ -327,12 +323,13 @@ class LeaderMiddleware(Middleware):
         except StoreUnavailable:
             return None
 
-    def _after_fork(self) -> None:
-        """In a process forked from the one that built the middleware, start afresh."""
-        if self._pid != os.getpid():
-            self._pid, self._leases, self._memberships = os.getpid(), None, {}
-            self._campaigns, self._gates, self._liveness = set(), {}, {}
-            self._closed = False
+    def _forget_parent(self) -> None:
+        """In a process forked from the one that built the middleware, start afresh
+        (a parent's thread may have held the locks at the fork)."""
+        self._lock, self._stop_lock = threading.Lock(), threading.Lock()
+        self._leases, self._memberships = None, {}
+        self._campaigns, self._gates, self._liveness = set(), {}, {}
+        self._closed = False
 
     def _lease_set(self) -> LeaseSet:
         """This process's leases and store connection (call with ``_lock`` held)."""
@@ -477,10 +474,6 @@ def _entry_names(actor: Any) -> list[str]:
     """Names of the schedule entries of ``actor`` (its name, or each schedule's ``name=``)."""
     schedules = schedules_of(actor.options.get("leader_schedule"))
     return [s.name or actor.actor_name for s in schedules]
-
-
-def _default_instance_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def _describe(rule: Rule) -> str:

@@ -30,7 +30,7 @@ try:
 except ModuleNotFoundError as exc:
     raise missing_extra(exc, "dramatiq") from None
 
-logger = logging.getLogger("celery_leader.dramatiq")
+logger = logging.getLogger(__name__)
 
 
 def standalone(argv: Sequence[str] | None = None) -> int:

@@ -22,7 +22,7 @@ from ..schedule.jobs import NOT_CONNECTED, Adapter, Job, Outcome, caused_by
 from ..schedule.protocol import SlotProtocol
 from .schedules import Schedule
 
-logger = logging.getLogger("celery_leader.dramatiq.scheduler")
+logger = logging.getLogger(__name__)
 
 #: Longest sleep of the loop: how long a promotion or a dead parent goes
 #: unnoticed (a stop request is noticed at once).

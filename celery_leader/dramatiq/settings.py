@@ -15,17 +15,6 @@ from typing import Any
 from ..config import SETTINGS, LeaderConfig, env_name
 from ..exceptions import ConfigError
 
-#: ``LeaderMiddleware`` keyword arguments, in contract order.
-ARGUMENTS = (
-    "url",
-    "ttl",
-    "renew_interval",
-    "key_prefix",
-    "instance_id",
-    "beat_election",
-    "worker_election",
-)
-
 
 def load_config(arguments: Mapping[str, Any]) -> LeaderConfig:
     """Validate ``arguments`` (``None`` = not given), completed from Django or the environment."""

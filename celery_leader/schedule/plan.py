@@ -1,7 +1,8 @@
 """``leader plan``: the slots a leader would send in a window, without sending any.
 
 A dry run of the slot protocol for people (and tests): which slot of which entry
-falls due when, named exactly as its ``leader_slot`` would be. The arithmetic is
+falls due when, named exactly as its ``leader_slot`` would be. It does no I/O:
+the caller reads the stored state when it wants the plan to start from it. The arithmetic is
 the scheduler's own (:class:`~celery_leader.schedule.series.Series` and
 :func:`~celery_leader.schedule.policy.plan_slots`); only the clock is simulated.
 
@@ -10,10 +11,11 @@ until ``end`` and ticks at every due instant. Each entry's state at ``start`` is
 
 * by default, anchored at ``start`` as a new entry's is: the first slot listed is
   the first one due after ``start``, and the missed-slot policy never applies;
-* with stored state (``last_runs``, read from the store by ``--stored``), what the
-  store records: slots due between the stored ``last_run_at`` and ``start`` were
-  missed, and the entry's missed-slot policy and grace decide which of them are
-  sent at ``start`` (late); slots recorded already are never listed. Stored state
+* with stored state (``last_runs``, which :func:`stored_last_runs` reads out of
+  what the caller loaded from the store), what the store records: slots due
+  between the stored ``last_run_at`` and ``start`` were missed, and the entry's
+  missed-slot policy and grace decide which of them are sent at ``start``
+  (late); slots recorded already are never listed. Stored state
   further ahead than :data:`~celery_leader.schedule.sync.REPAIR_AFTER` is
   re-anchored at ``start``, as a promotion would.
 
@@ -28,8 +30,6 @@ from datetime import datetime, timedelta, tzinfo
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from ..backends import create_backend
-from ..config import LeaderConfig
 from .jobs import Job
 from .policy import plan_slots
 from .series import utc
@@ -83,7 +83,9 @@ def plan(
     """
     start, end = utc(start), utc(end)
     if end < start:
-        raise PlanError(f"--to ({end.isoformat()}) is before --from ({start.isoformat()})")
+        raise PlanError(
+            f"the window ends ({end.isoformat()}) before it starts ({start.isoformat()})"
+        )
     if end - start > MAX_WINDOW:
         raise PlanError(f"the window is longer than {MAX_WINDOW.days} days: plan a shorter one")
     slots: list[PlannedSlot] = []
@@ -130,19 +132,13 @@ def _state_at(anchor: datetime, stored: datetime | None, start: datetime) -> dat
     return stored
 
 
-def stored_last_runs(config: LeaderConfig) -> dict[str, datetime]:
-    """Each entry's ``last_run_at`` as the store records it for the beat election.
+def stored_last_runs(stored: Mapping[str, str]) -> dict[str, datetime]:
+    """Each entry's ``last_run_at`` in ``stored``, the beat election's stored state.
 
     Unreadable values are left out (a leader replaces them with an anchor).
-    Raises :class:`~celery_leader.exceptions.StoreUnavailable`.
     """
-    backend = create_backend(config)
-    try:
-        raw = backend.load_state(config.beat_election)
-    finally:
-        backend.close()
     runs = {}
-    for name, value in raw.items():
+    for name, value in stored.items():
         state = parse_state(value)
         if state is not None:
             runs[name] = state.last_run_at

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 
 from .. import metrics
-from ..backends import Claim, Term
+from ..backends import Term
 from ..config import LeaderConfig
 from ..exceptions import StoreUnavailable, TermEnded
 from ..lease import Lease
@@ -32,7 +32,7 @@ from .jobs import Adapter, Job
 from .policy import SlotPlan, plan_slots
 from .publisher import Batch, Publisher
 from .runtime import SchedulerLease
-from .state import dump_state, slot_name
+from .state import Claim, dump_state, slot_name
 from .sync import MAX_CLOCK_SKEW, EntryState, StateSync
 
 #: Due entries claimed and published per tick. Between batches the leader

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from .. import metrics
-from ..backends import Claim, Term
+from ..backends import Term
 from ..exceptions import StoreUnavailable
 from ..lease import Lease
 from .jobs import Adapter, Job, Outcome
-from .state import dump_state
+from .state import Claim, dump_state
 from .sync import EntryState
 
 
@@ -59,7 +59,7 @@ class Publisher:
         lease = self.lease
         try:
             with lease.observe("claim"):
-                won = lease.backend.claim(lease.election, term, [b.claim for b in batches])
+                won = lease.backend.claim(lease.election, term, [b.claim.write() for b in batches])
         except StoreUnavailable as exc:
             self.logger.warning("celery-leader: claims failed, nothing sent: %s", exc)
             return False
@@ -198,7 +198,7 @@ class Publisher:
         reason = "the term ended"
         try:
             with lease.observe("claim"):
-                won = lease.backend.claim(lease.election, term, [b[3] for b in backs])
+                won = lease.backend.claim(lease.election, term, [b[3].write() for b in backs])
         except StoreUnavailable as exc:
             reason = str(exc)
         for (batch, unsent, state, _), ok in zip(backs, won, strict=True):

@@ -43,12 +43,14 @@ class SchedulerLease:
                 metrics.serve(config.metrics_port)
             # A tick that overruns leader_tick_timeout makes the lease hand over.
             membership = lease_set(config).join(
-                config.beat_election, health_check=self.watchdog.overdue, start=False
+                config.beat_election,
+                health_check=self.watchdog.overdue,
+                on_cycle=self._lease_cycle if config.health_file is not None else None,
+                start=False,
             )
             lease = membership.lease
             if config.health_file is not None:
                 self._health = HealthFile(config.health_file, lease, self.watchdog)
-                lease.on_cycle = self._lease_cycle
             metrics.track(lease)
             self._membership = membership
             lease.start()

@@ -1,7 +1,9 @@
-"""Slot names and the stored run state of a schedule entry, shared by beat and Dramatiq.
+"""Slot names, the stored run state of a schedule entry, and claims of it.
 
-Pure functions, no task queue: a slot is named ``"<entry>@<ISO due time>"`` and an
-entry's state is stored as JSON (never a pickle) that both schedulers read back.
+Shared by beat and Dramatiq, no task queue: a slot is named
+``"<entry>@<ISO due time>"``, an entry's state is stored as JSON (never a
+pickle) that both schedulers read back, and a :class:`Claim` turns a change of
+that state into the store's fenced :class:`~celery_leader.backends.Write`.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import json
 from dataclasses import dataclass
 from datetime import datetime, timezone, tzinfo
 
+from ..backends import Write
 from .series import utc
 
 
@@ -60,3 +63,43 @@ def parse_state(raw: str) -> RunState | None:
     if not isinstance(count, int) or isinstance(count, bool):
         return None
     return RunState(last, count)
+
+
+def order_key(instant: datetime) -> str:
+    """``instant`` (aware) as a key whose string order is time order: fixed-width UTC."""
+    at = utc(instant)
+    return f"{at.year:04d}-{at:%m-%dT%H:%M:%S.%f}Z"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A fenced change of one schedule entry's stored state.
+
+    It succeeds only if the claimer's term is still current and the stored
+    state of ``entry`` is exactly ``expected`` (``None``: nothing stored yet).
+    A claim of a slot names its ``due`` instant: it also fails unless that is
+    strictly after the ``last_run_at`` recorded in ``expected``, so a slot can
+    never be claimed twice, whatever the scheduler's clock arithmetic did.
+    Claims without ``due`` (anchoring an entry, handing a slot back) only
+    compare and set.
+    """
+
+    entry: str
+    expected: str | None
+    new: str
+    due: datetime | None = None
+
+    def write(self) -> Write:
+        """The store's write: the state as opaque text, the slot order as keys it compares."""
+        recorded = None if self.expected is None else parse_state(self.expected)
+        return Write(
+            self.entry,
+            self.expected,
+            self.new,
+            order=None if self.due is None else order_key(self.due),
+            after=None if recorded is None else order_key(recorded.last_run_at),
+        )
+
+    def admissible(self) -> bool:
+        """Whether the claim's slot is after the one its expected state records."""
+        return self.write().in_order()

@@ -24,11 +24,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from ..backends import Claim, Term
+from ..backends import Term
 from ..exceptions import TermEnded
 from ..lease import Lease
 from .jobs import Job
-from .state import dump_state, parse_state
+from .state import Claim, dump_state, parse_state
 
 #: Clock skew that goes unmentioned: replicas' clocks disagree by milliseconds.
 MAX_CLOCK_SKEW = timedelta(seconds=1)
@@ -90,7 +90,7 @@ class StateSync:
             new = dump_state(start, 0, term.epoch, lease.instance_id)
             fresh.append((job, Claim(job.name, stored.get(job.name), new), start))
         with lease.observe("claim"):
-            won = lease.backend.claim(lease.election, term, [c for _, c, _ in fresh])
+            won = lease.backend.claim(lease.election, term, [c.write() for _, c, _ in fresh])
         if not any(won):
             # Every claim fails at once only when the term is no longer current.
             raise TermEnded(

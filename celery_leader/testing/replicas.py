@@ -1,6 +1,6 @@
 """Real ``celery beat`` replicas against one lease store, for an integration test.
 
-Each replica is a process of its own (``python -m celery_leader.celery.replica``,
+Each replica is a process of its own (``python -m celery_leader.testing.beat_replica``,
 which runs ``celery -A APP beat -S celery_leader.LeaderScheduler``), so the
 election, the fenced slot claims and the publishing are the real ones. Every
 replica notes what it published in a ledger file; :meth:`BeatReplicas.sent`
@@ -122,7 +122,7 @@ def beat_replicas(
                     [
                         sys.executable,
                         "-m",
-                        "celery_leader.celery.replica",
+                        "celery_leader.testing.beat_replica",
                         "--ledger",
                         str(workdir / f"{name}.jsonl"),
                         "--settings",

@@ -109,7 +109,7 @@ class Recorder:
 
 
 def _recording_backend(inner: Any, rec: Recorder, validity: float) -> Any:
-    from celery_leader.backends.base import Backend, Renewal
+    from celery_leader.backends import Backend, Renewal
     from celery_leader.exceptions import StoreUnavailable
 
     class RecordingBackend(Backend):
@@ -242,6 +242,7 @@ def main(argv: list[str]) -> int:
     import celery_leader.backends.redis  # noqa: F401
     from celery_leader import LeaderConfig, Lease
     from celery_leader.backends import create_backend
+    from celery_leader.callbacks import Callbacks
     from celery_leader.config import DRIFT, MARGIN
 
     rec = Recorder(args.events, args.slots, args.slot, args.id)
@@ -266,7 +267,10 @@ def main(argv: list[str]) -> int:
 
     backend = _recording_backend(create_backend(config), rec, validity)
     lease = Lease.from_config(
-        args.election, config, backend, on_elected=on_elected, on_demoted=on_demoted
+        args.election,
+        config,
+        backend,
+        callbacks=Callbacks(on_started=on_elected, on_stopped=on_demoted),
     )
 
     # Handlers run in the main thread; the wakeup fd makes its select() return at

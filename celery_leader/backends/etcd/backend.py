@@ -16,7 +16,9 @@ from etcd3gw.exceptions import ConnectionFailedError, Etcd3Exception
 from etcd3gw.lease import Lease
 
 from ...exceptions import StoreUnavailable
-from ..base import Acquired, Backend, Claim, HolderInfo, Renewal, Term, claim_rounds
+from ..base import Backend
+from ..fenced import Write, write_rounds
+from ..lock import Acquired, HolderInfo, Renewal, Term
 from ..terms import foreign, parse_epoch
 from ..waiting import wait_sliced
 from .client import NOT_FOUND, UNAVAILABLE, Cluster, b64, error_of
@@ -210,7 +212,7 @@ class EtcdBackend(Backend):
         }
 
     def compare_and_set(
-        self, election: str, term: Term, claims: Sequence[Claim]
+        self, election: str, term: Term, claims: Sequence[Write]
     ) -> list[bool]:
         """Apply ``claims`` in transactions fenced by the term key's create revision.
 
@@ -225,7 +227,7 @@ class EtcdBackend(Backend):
         if ours is None:
             return results
         fence = [_created_at(self._key(election, "term"), ours.revision)]
-        for indexes in claim_rounds(claims):
+        for indexes in write_rounds(claims):
             for start in range(0, len(indexes), MAX_TXN_OPS):
                 chunk = indexes[start : start + MAX_TXN_OPS]
                 reply = self._txn(fence, [self._claim_op(election, claims[i]) for i in chunk])
@@ -313,8 +315,8 @@ class EtcdBackend(Backend):
 
         self._etcd.call(revoke)
 
-    def _claim_op(self, election: str, claim: Claim) -> Op:
-        key = self._key(election, f"state/{claim.entry}")
+    def _claim_op(self, election: str, claim: Write) -> Op:
+        key = self._key(election, f"state/{claim.key}")
         if claim.expected is None:
             compare = _created_at(key, 0)
         else:

@@ -38,6 +38,7 @@ from etcd3gw.exceptions import (
 )
 
 from ...exceptions import StoreMisconfigured, StoreUnavailable
+from ..errors import summarise
 from .params import EtcdParams
 
 T = TypeVar("T")
@@ -294,5 +295,4 @@ def error_of(exc: Etcd3Exception) -> tuple[int | None, str]:
 def _brief(exc: BaseException) -> str:
     if isinstance(exc, Etcd3Exception) and exc.detail_text:
         return error_of(exc)[1]
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0][:300] if lines else ''}"
+    return summarise(exc)

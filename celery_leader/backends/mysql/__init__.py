@@ -29,7 +29,7 @@ Two tables (created on first use, shared by every key prefix):
   lock's own session on every acquisition), the lock name, the current term's
   token JSON, instance id and server connection id, and the token an
   operator asked to resign;
-* ``celery_leader_state`` - shared schedule state: election, entry, JSON value.
+* ``celery_leader_state`` - the fenced records: election, key, value.
 
 Named locks live in one server's memory and are not replicated: under Galera
 or group replication two nodes would each grant the same lock, so such
@@ -41,7 +41,7 @@ acquire and renew statement with its session's and refuses to go on.
 The package: :mod:`.sql` (the statements and the lock name), :mod:`.session`
 (dedicated sessions, the store deadline, a follower's queued wait),
 :mod:`.params` (``leader_url`` or a Django alias -> PyMySQL parameters),
-:mod:`.state` (the fenced schedule state) and :mod:`.backend` (the lock
+:mod:`.state` (the fenced records) and :mod:`.backend` (the lock
 protocol on top of them).
 """
 

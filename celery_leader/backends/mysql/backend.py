@@ -1,7 +1,7 @@
 """The MySQL / MariaDB backend: terms held as named locks (see the package docstring).
 
 :class:`MySqlBackend` is the lock part (acquire, renew, release, hold, holder,
-wait); its schedule state goes through :class:`~.state.FencedState`, on the
+wait); its fenced records go through :class:`~.state.StateTable`, on the
 lock-holding session.
 """
 
@@ -13,12 +13,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..base import Acquired, Backend, Claim, HolderInfo, Renewal, Term
+from ..base import Backend
+from ..fenced import Write
+from ..lock import Acquired, HolderInfo, Renewal, Term
 from ..waiting import LockWaiter, wait_sliced
 from .params import connection_params
 from .session import Connector, Result, Session, SessionGone, queue_for_lock
 from .sql import ELECTIONS, HOLDER, RELEASE, RENEW, REQUEST_RESIGN, START_TERM, TRY_LOCK, lock_name
-from .state import FencedState
+from .state import StateTable
 
 
 @dataclass
@@ -48,7 +50,7 @@ class MySqlBackend(Backend):
     def __init__(self, url: str, key_prefix: str, timeout: float) -> None:
         super().__init__(url, key_prefix, timeout)
         self._db = Connector(*connection_params(url), timeout)
-        self._state = FencedState(self._db, key_prefix)
+        self._state = StateTable(self._db, key_prefix)
         self._lock = threading.Lock()
         self._holds: dict[str, _Hold] = {}
 
@@ -202,23 +204,21 @@ class MySqlBackend(Backend):
         finally:
             session.close()
 
-    def compare_and_set(
-        self, election: str, term: Term, claims: Sequence[Claim]
-    ) -> list[bool]:
-        """Apply ``claims`` on the lock-holding session; see :meth:`.FencedState.compare_and_set`.
+    def compare_and_set(self, election: str, term: Term, writes: Sequence[Write]) -> list[bool]:
+        """Apply ``writes`` on the lock-holding session; see :meth:`.StateTable.compare_and_set`.
 
-        Every claim fails when ``term`` is over or its session ends.
+        Every write fails when ``term`` is over or its session ends.
         """
         session = self._holding(election, term)
-        if session is None or not claims:
-            return [False] * len(claims)
+        if session is None or not writes:
+            return [False] * len(writes)
         try:
             return self._state.compare_and_set(
-                session, election, self._lock_name(election), claims, self.replica_acks
+                session, election, self._lock_name(election), writes, self.replica_acks
             )
         except SessionGone:
             self._drop_session(election, session)
-            return [False] * len(claims)
+            return [False] * len(writes)
 
     # -- helpers ------------------------------------------------------------
 

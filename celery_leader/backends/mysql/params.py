@@ -7,7 +7,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from ..._urls import mask_url, scheme_of
 from ...exceptions import ConfigError
-from ..registry import django_alias
+from ..django_db import django_database
 
 #: URL query parameters, as PyMySQL names them: TLS, and a local socket.
 _STRING_QUERY = ("ssl_ca", "ssl_cert", "ssl_key", "ssl_key_password", "unix_socket")
@@ -69,26 +69,7 @@ def _django_params(url: str) -> tuple[dict[str, Any], str]:
     ``read_default_file`` are read too. The other OPTIONS (``init_command``,
     ``charset``, ``isolation_level`` ...) shape Django's own connections only.
     """
-    alias = django_alias(url)
-    try:
-        from django.conf import settings  # type: ignore[import-untyped]
-        from django.core.exceptions import ImproperlyConfigured  # type: ignore[import-untyped]
-    except ImportError:
-        raise ConfigError(
-            f"leader_url {url!r} reads Django's DATABASES, but Django is not installed"
-        ) from None
-    try:
-        databases = settings.DATABASES
-    except ImproperlyConfigured as exc:
-        raise ConfigError(
-            f"leader_url {url!r}: Django settings are not configured ({exc})"
-        ) from None
-    database = databases.get(alias)
-    if database is None:
-        raise ConfigError(
-            f"leader_url {url!r}: settings.DATABASES has no {alias!r} "
-            f"(it has {', '.join(map(repr, databases)) or 'none'})"
-        )
+    alias, database = django_database(url)
     engine = str(database.get("ENGINE", ""))
     if not engine.endswith(".mysql"):
         raise ConfigError(

@@ -15,10 +15,11 @@ from pymysql.constants import CLIENT, ER
 
 from ..._urls import mask_url
 from ...exceptions import StoreMisconfigured, StoreUnavailable
+from ..errors import first_line
 from ..waiting import LockWaiter
 from .sql import CREATE_SCHEMA, SCHEMA_EXISTS, SETUP, STATEMENT_DEADLINE, WAIT_LOCK, whole_seconds
 
-logger = logging.getLogger("celery_leader.backends.mysql")
+logger = logging.getLogger(__name__)
 
 
 class SessionGone(StoreUnavailable):
@@ -168,8 +169,9 @@ class Connector:
     def describe(self, exc: BaseException) -> str:
         """One line from a PyMySQL error, without its tuple form or any password."""
         args = exc.args
-        text = str(args[1]) if len(args) >= 2 else (str(exc) or type(exc).__name__)
-        text = " ".join(text.split())
+        # PyMySQL's errors are (code, message); others are one message.
+        text = " ".join(str(args[1]).split()) if len(args) >= 2 else first_line(exc)
+        text = text or type(exc).__name__
         text = re.sub(r"\s*\(timed out\)$", " (no answer within the store deadline)", text)
         if self._password:
             text = text.replace(self._password, "***")

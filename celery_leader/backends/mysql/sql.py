@@ -165,10 +165,10 @@ LOAD_STATE = """
 SELECT entry, value FROM celery_leader_state WHERE prefix = %(prefix)s AND election = %(election)s
 """
 
-# Claims, one statement each, in order, in one transaction and one round trip.
-# Each writes only while this session holds the election's lock. Connections
-# report *matched* rows (CLIENT.FOUND_ROWS), so a claim whose new value equals
-# the expected one still counts as applied.
+# Fenced writes, one statement each, in order, in one transaction and one round
+# trip. Each writes only while this session holds the election's lock.
+# Connections report *matched* rows (CLIENT.FOUND_ROWS), so a write whose new
+# value equals the expected one still counts as applied.
 CLAIM_NEW = """
 INSERT INTO celery_leader_state (prefix, election, entry, value)
 SELECT %(prefix)s, %(election)s, %(entry)s, %(new)s FROM DUAL

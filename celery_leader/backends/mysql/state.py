@@ -1,4 +1,4 @@
-"""The fenced-state part of the store: schedule state and claims in a table,
+"""The fenced-state part of the store: an election's records in a table,
 written only by the session that holds the election's named lock."""
 
 from __future__ import annotations
@@ -7,20 +7,20 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...exceptions import StoreMisconfigured, StoreUnavailable
-from ..base import Claim
+from ..fenced import Write
 from .session import Connector, Session, SessionGone
 from .sql import CLAIM_NEW, CLAIM_UPDATE, LOAD_STATE
 
 
-class FencedState:
-    """Schedule state of the elections under one key prefix, in ``celery_leader_state``."""
+class StateTable:
+    """Records of the elections under one key prefix, in ``celery_leader_state``."""
 
     def __init__(self, connector: Connector, key_prefix: str) -> None:
         self._db = connector
         self._prefix = key_prefix
 
     def load(self, session: Session, election: str) -> dict[str, str]:
-        """Entry name -> JSON string, as stored."""
+        """Key -> value, as stored."""
         rows = self._db.execute(
             session, LOAD_STATE, {"prefix": self._prefix, "election": election}
         )[0].rows
@@ -31,17 +31,17 @@ class FencedState:
         session: Session,
         election: str,
         lock: str,
-        claims: Sequence[Claim],
+        writes: Sequence[Write],
         replica_acks: int | None,
     ) -> list[bool]:
-        """Apply ``claims`` in order on ``session`` (which must hold ``lock``), in one
+        """Apply ``writes`` in order on ``session`` (which must hold ``lock``), in one
         transaction and one round trip; one result each.
 
         Every statement writes only while ``IS_USED_LOCK`` says this very
-        session holds the lock. A claim naming an entry again sees the claims
+        session holds the lock. A write naming a key again sees the writes
         before it. The results count only once ``COMMIT`` answered: when the
         session ends first, :class:`SessionGone` is raised and the caller
-        reports every claim failed (a slot is then skipped, never sent twice).
+        reports every write failed (a slot is then skipped, never sent twice).
         """
         if replica_acks:
             raise StoreMisconfigured(
@@ -53,13 +53,13 @@ class FencedState:
         base = {"prefix": self._prefix, "election": election, "lock": lock}
         statements: list[str] = ["START TRANSACTION"]
         params: dict[str, Any] = dict(base)
-        for i, c in enumerate(claims):
+        for i, w in enumerate(writes):
             names = {k: f"%({k}{i})s" for k in ("entry", "new", "expected")}
-            template = CLAIM_NEW if c.expected is None else CLAIM_UPDATE
+            template = CLAIM_NEW if w.expected is None else CLAIM_UPDATE
             for k, placeholder in names.items():
                 template = template.replace(f"%({k})s", placeholder)
             statements.append(template)
-            params.update({f"entry{i}": c.entry, f"new{i}": c.new, f"expected{i}": c.expected})
+            params.update({f"entry{i}": w.key, f"new{i}": w.new, f"expected{i}": w.expected})
         statements.append("COMMIT")
         try:
             results = self._db.execute(session, ";\n".join(statements), params)
@@ -74,4 +74,4 @@ class FencedState:
             except StoreUnavailable as exc:
                 raise SessionGone(str(exc)) from exc
             raise
-        return [r.rowcount == 1 for r in results[1 : 1 + len(claims)]]
+        return [r.rowcount == 1 for r in results[1 : 1 + len(writes)]]

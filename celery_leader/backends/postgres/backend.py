@@ -11,7 +11,10 @@ from typing import Any
 from psycopg.rows import TupleRow
 
 from ...exceptions import StoreMisconfigured, StoreUnavailable
-from ..base import Acquired, Backend, Claim, HolderInfo, Renewal, Term, claim_rounds
+from ..base import Backend
+from ..errors import hand_back
+from ..fenced import Write, write_rounds
+from ..lock import Acquired, HolderInfo, Renewal, Term
 from ..waiting import LockWaiter, wait_sliced
 from .params import connection_params
 from .session import Canceller, Connector, Session, SessionGone, queue_for_lock
@@ -191,7 +194,7 @@ class PostgresBackend(Backend):
         return dict(self._admin(LOAD_STATE, self._names(election)))
 
     def compare_and_set(
-        self, election: str, term: Term, claims: Sequence[Claim]
+        self, election: str, term: Term, claims: Sequence[Write]
     ) -> list[bool]:
         """Apply ``claims`` on the lock-holding session (one round trip).
 
@@ -221,11 +224,11 @@ class PostgresBackend(Backend):
             "replica_acks": -1 if self.replica_acks is None else self.replica_acks,
         }
         try:
-            for indexes in claim_rounds(claims):
+            for indexes in write_rounds(claims):
                 batch = [claims[i] for i in indexes]
                 params = {
                     **base,
-                    "entries": [c.entry for c in batch],
+                    "entries": [c.key for c in batch],
                     "expected": [c.expected for c in batch],
                     "new": [c.new for c in batch],
                 }
@@ -246,7 +249,7 @@ class PostgresBackend(Backend):
                         raise self._not_synchronous(standbys, sync, needed)
                 won = {entry for (entry, *_) in rows}
                 for i in indexes:
-                    results[i] = claims[i].entry in won
+                    results[i] = claims[i].key in won
                 if cancelled:
                     # Maybe cancelled in the commit's wait for the standbys: it then
                     # stands on the primary alone. Undo it, send nothing.
@@ -273,26 +276,22 @@ class PostgresBackend(Backend):
         return self.timeout / 2
 
     def _not_confirmed(
-        self, session: Session, base: Mapping[str, Any], claims: Sequence[Claim], won: list[bool]
+        self, session: Session, base: Mapping[str, Any], claims: Sequence[Write], won: list[bool]
     ) -> StoreUnavailable:
         """Put back what the won ``claims`` replaced; the error that says how that went."""
-        back = [c for c, ok in zip(claims, won, strict=True) if ok]
-        done = "nothing claimed"
-        if back:
+
+        def undo(back: list[Write]) -> None:
             params = {
                 **base,
-                "entries": [c.entry for c in back],
+                "entries": [c.key for c in back],
                 "claimed": [c.new for c in back],
                 "previous": [c.expected for c in back],
             }
-            try:
-                self._db.execute(session, UNCLAIM, params)
-                done = "handed back, nothing may be sent on them"
-            except StoreUnavailable as exc:
-                # Left claimed on the primary: the slots are skipped, never sent twice.
-                done = f"handing them back failed too ({exc})"
+            self._db.execute(session, UNCLAIM, params)
+
+        done = hand_back(claims, won, undo)
         return StoreUnavailable(
-            f"{len(back)} claim(s) not confirmed by the synchronous standby(s) of "
+            f"{sum(won)} claim(s) not confirmed by the synchronous standby(s) of "
             f"{self._db.target} within {self._ack_timeout:g} s, so a fail-over could undo "
             f"them: {done}"
         )

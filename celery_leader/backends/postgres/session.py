@@ -17,6 +17,7 @@ from psycopg.rows import TupleRow
 
 from ..._urls import mask_url
 from ...exceptions import StoreMisconfigured, StoreUnavailable
+from ..errors import first_line
 from ..waiting import LockWaiter
 from .sql import (
     CLIENT_CHECK_MS,
@@ -30,7 +31,7 @@ from .sql import (
     ms,
 )
 
-logger = logging.getLogger("celery_leader.backends.postgres")
+logger = logging.getLogger(__name__)
 
 
 class SessionGone(StoreUnavailable):
@@ -216,8 +217,7 @@ class Connector:
 
     def describe(self, exc: BaseException) -> str:
         """One line from a psycopg error, without libpq's noise or any password."""
-        lines = str(exc).strip().splitlines()
-        text = lines[0] if lines else type(exc).__name__
+        text = first_line(exc) or type(exc).__name__
         text = re.sub(r"^connection failed: ", "", text)
         text = re.sub(r'^connection to server (?:at|on) "[^"]*".*? failed: ', "", text)
         text = re.sub(r"^FATAL:\s+", "", text)

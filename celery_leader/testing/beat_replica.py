@@ -1,6 +1,6 @@
 """One ``celery beat`` replica of :func:`celery_leader.testing.beat_replicas`.
 
-``python -m celery_leader.celery.replica --ledger FILE --settings JSON --schedule FILE APP``
+``python -m celery_leader.testing.beat_replica --ledger FILE --settings JSON --schedule FILE APP``
 imports the app as ``celery -A APP`` does, applies the settings (the test's
 ``leader_url``, broker, instance id), and runs ``celery beat -S
 celery_leader.LeaderScheduler`` in this process through Celery's own command
@@ -30,7 +30,7 @@ __all__ = ["main"]
 
 def main(argv: list[str] | None = None) -> int:
     """Run one replica until SIGTERM; the exit status of ``celery beat``."""
-    parser = argparse.ArgumentParser(prog="python -m celery_leader.celery.replica")
+    parser = argparse.ArgumentParser(prog="python -m celery_leader.testing.beat_replica")
     parser.add_argument("--ledger", required=True, help="file to append JSON lines to")
     parser.add_argument("--settings", default="{}", help="JSON object of app settings")
     parser.add_argument("--schedule", required=True, help="beat's -s (local schedule file)")

@@ -1,0 +1,47 @@
+"""What every store says when a call fails, and how it hands back writes.
+
+One wording for all stores, so an operator reads the same line whichever
+store is behind ``leader_url``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from ..exceptions import StoreUnavailable
+from .fenced import Write
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of a store client's error, at most 300 characters.
+
+    Clients' messages can run to many lines (Redis Cluster, libpq), and a log
+    line should not.
+    """
+    lines = str(exc).strip().splitlines()
+    return lines[0][:300] if lines else ""
+
+
+def summarise(exc: BaseException) -> str:
+    """One line for a store client's error: its type and :func:`first_line`."""
+    return f"{type(exc).__name__}: {first_line(exc)}"
+
+
+def hand_back(
+    writes: Sequence[Write], won: Sequence[bool], undo: Callable[[list[Write]], None]
+) -> str:
+    """Undo the ``writes`` that ``won`` after the replicas did not confirm them.
+
+    ``undo`` puts back what they replaced, where they are still stored.
+    Returns how that went, to end the error the store raises: nothing may be
+    acted on either way.
+    """
+    back = [w for w, ok in zip(writes, won, strict=True) if ok]
+    if not back:
+        return "nothing claimed"
+    try:
+        undo(back)
+    except StoreUnavailable as exc:
+        # Left claimed on the primary: the slots are skipped, never sent twice.
+        return f"handing them back failed too ({exc})"
+    return "handed back, nothing may be sent on them"

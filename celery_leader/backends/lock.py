@@ -1,0 +1,144 @@
+"""The lock interface: terms, holders and presence of an election.
+
+A lock store only stores and compares; it never decides who leads (that is
+:mod:`celery_leader.lease`). Values it keeps are JSON strings, never pickles.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Term:
+    """One holder's term in office.
+
+    ``token`` is opaque outside the store that issued it: renew, release and
+    fenced writes hand it back, and the store compares it with what it keeps,
+    so a new term (even of the same instance) never matches an old one.
+    ``epoch`` is the fencing token: it grows with every term of the election.
+    """
+
+    token: str
+    epoch: int
+
+
+@dataclass(frozen=True)
+class HolderInfo:
+    """What the store says about the current holder of an election.
+
+    Stores keep ``instance_id`` and the holder's deployment as one string
+    (:func:`stored_holder`); they are split here, so every store reports both.
+    """
+
+    instance_id: str
+    epoch: int
+    #: Seconds until the store frees the election unless renewed; ``None`` for a
+    #: store that frees it only when the holder's process or session ends.
+    ttl_remaining: float | None
+    #: The holder's broker (``LeaderConfig.deployment``); ``None`` when it did not say.
+    deployment: str | None = None
+
+    def __post_init__(self) -> None:
+        instance, sep, deployment = self.instance_id.partition(DEPLOYMENT_SEP)
+        if sep:
+            object.__setattr__(self, "instance_id", instance)
+            object.__setattr__(self, "deployment", deployment)
+
+
+#: Between instance id and deployment in what stores keep: a control character
+#: that no host name, pid or Celery node name contains.
+DEPLOYMENT_SEP = "\x1f"
+
+
+def stored_holder(instance_id: str, deployment: str | None) -> str:
+    """The holder string a store keeps for ``instance_id`` of ``deployment``."""
+    return instance_id if deployment is None else f"{instance_id}{DEPLOYMENT_SEP}{deployment}"
+
+
+@dataclass(frozen=True)
+class Acquired:
+    """Result of :meth:`LockStore.acquire`.
+
+    Exactly one of ``term`` (we hold it now) and ``holder`` (someone else
+    does) is set, except that both may be ``None`` when the store could not say
+    who holds it. ``retry_after`` is when a follower should try again at the
+    latest (a release notification may wake it sooner).
+    """
+
+    term: Term | None
+    holder: HolderInfo | None
+    retry_after: float
+
+
+class Renewal(enum.Enum):
+    """Outcome of :meth:`LockStore.renew`."""
+
+    RENEWED = "renewed"
+    LOST = "lost"  # the store holds another value: someone else's term
+    RESIGN = "resign"  # renewed, but an operator asked this holder to hand over
+
+
+class LockStore(ABC):
+    """Terms, holders and presence of elections: what the elector needs of a store.
+
+    Strictly for :mod:`celery_leader.lease`; nothing else campaigns. One
+    instance may serve several elections and threads.
+    """
+
+    #: Extra seconds a new holder waits after winning before it believes it
+    #: leads, for stores that cannot cut an old holder off on time by themselves.
+    holdoff: float = 0.0
+
+    @abstractmethod
+    def acquire(self, election: str, instance_id: str, ttl: float, min_epoch: int) -> Acquired:
+        """Try to take ``election`` for ``ttl`` seconds.
+
+        The new epoch is greater than the store's last epoch *and* than
+        ``min_epoch`` (the highest epoch this process has seen), so epochs keep
+        growing even if the store lost its data. Raises
+        :class:`~celery_leader.exceptions.StoreUnavailable`.
+        """
+
+    @abstractmethod
+    def renew(self, election: str, term: Term, ttl: float) -> Renewal:
+        """Extend ``term`` by ``ttl`` seconds if it is still current."""
+
+    @abstractmethod
+    def release(self, election: str, term: Term) -> None:
+        """Free ``election`` if ``term`` still holds it, and wake followers."""
+
+    @abstractmethod
+    def wait(self, election: str, timeout: float, cancel: threading.Event) -> None:
+        """Block until ``election`` may be free, ``timeout`` passes or ``cancel`` is set."""
+
+    def hold(self, election: str, term: Term, timeout: float, cancel: threading.Event) -> bool:
+        """Block while holding ``term`` until ``timeout`` passes or ``cancel`` is set.
+
+        Returns False as soon as the store shows that this holder's connection
+        is gone, after which another instance may take the term over at once:
+        the caller must stop believing it leads. Stores that cannot tell just wait.
+        """
+        cancel.wait(timeout)
+        return True
+
+    @abstractmethod
+    def holder(self, election: str) -> HolderInfo | None:
+        """The current holder of ``election``, or ``None`` when nobody holds it."""
+
+    @abstractmethod
+    def request_resign(self, election: str) -> HolderInfo | None:
+        """Ask the current holder to hand over at its next renewal; return it."""
+
+    @abstractmethod
+    def elections(self) -> list[str]:
+        """Names of the elections under this key prefix that the store knows."""
+
+    def leave(self, election: str) -> None:  # noqa: B027 - optional hook
+        """Drop what this backend keeps for ``election`` (waiters, connections).
+
+        Called after the lease of ``election`` stopped and released its term.
+        """

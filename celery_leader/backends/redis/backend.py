@@ -1,0 +1,397 @@
+"""Redis store: ``redis://``, ``rediss://``, ``unix://``, ``redis+sentinel://``, Cluster.
+
+Add ``?cluster=true`` to a ``redis://`` or ``rediss://`` URL for Redis Cluster.
+
+Keys of one election share the hash tag ``{<prefix>:<election>}`` so that every
+script touches a single Redis Cluster slot:
+
+* ``{p:e}:lock``   - the term: JSON ``{"token", "epoch", "holder", "presence"}``,
+  with a PX ttl
+* ``{p:e}:epoch``  - counter of terms; never expires
+* ``{p:e}:resign`` - the term an operator asked to hand over (``leader resign``)
+* ``{p:e}:watch``  - presence id of the follower that watches the holder closely
+* ``{p:e}:state``  - hash of shared schedule state, entry -> JSON
+
+Releases and take-overs are announced on the channel ``{p:e}:released`` so
+that followers act at once instead of waiting out the ttl. A holder whose
+connection closed (its process died) is taken over without waiting for the
+ttl: see :mod:`.presence`.
+
+Every operation is one Lua script (:mod:`.scripts`); the client and the URL
+forms are :mod:`.connection`'s. Claims and new terms are on the master's
+replicas before they count (see :mod:`.acks`): a fail-over cannot undo a
+claimed slot nor hand out an epoch twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+from redis.exceptions import RedisClusterException
+
+from ..._urls import mask_url
+from ...exceptions import StoreMisconfigured, StoreUnavailable
+from ..base import Backend
+from ..errors import hand_back
+from ..fenced import Write
+from ..lock import Acquired, HolderInfo, Renewal, Term
+from ..terms import holder_info, parse_term, unreadable_state
+from ..waiting import wait_sliced
+from .acks import Acks, Pinned, promotable_replicas
+from .connection import Connection
+from .presence import WATCH_INTERVAL, Subscription
+from .scripts import SOURCES, checked
+
+logger = logging.getLogger(__name__)
+
+#: Claims per script call: bounds how long one call blocks Redis; all chunks
+#: still go out in one pipelined round trip.
+_CLAIM_CHUNK = 500
+
+#: Store URLs this process has said it falls back to the ttl for: once is enough
+#: (a worker and its embedded beat, or many leases, each have a backend of their own).
+_FALLBACKS: set[str] = set()
+_FALLBACKS_LOCK = threading.Lock()
+
+
+class RedisBackend(Backend):
+    """Lease store on one Redis (standalone, Sentinel-managed, Cluster, or behind TLS)."""
+
+    def __init__(self, url: str, key_prefix: str, timeout: float) -> None:
+        super().__init__(url, key_prefix, timeout)
+        self._conn = Connection(url, timeout)
+        self._subscriptions: dict[str, Subscription] = {}
+        #: Whether terms keep a presence: None until the first subscription
+        #: has checked that this server counts it where the scripts run.
+        self._presence: bool | None = None
+        self._lock = threading.Lock()
+        #: (when, count) of :meth:`_promotable`, asked of the sentinels.
+        self._promotable_cache: tuple[float, int | None] | None = None
+
+    # -- talking to Redis -----------------------------------------------------
+
+    def _key(self, election: str, name: str) -> str:
+        return f"{{{self.key_prefix}:{election}}}:{name}"
+
+    # -- the protocol ---------------------------------------------------------
+
+    def acquire(self, election: str, instance_id: str, ttl: float, min_epoch: int) -> Acquired:
+        ttl_ms = max(1, int(ttl * 1000))
+        lock = self._key(election, "lock")
+        subscription = self._subscription(election)
+        presence = subscription.presence if subscription is not None else None
+        taken, value, pttl, *watching = self._acquire_durably(
+            election,
+            [lock, self._key(election, "epoch"), self._key(election, "watch")],
+            [
+                uuid.uuid4().hex,
+                instance_id,
+                ttl_ms,
+                min_epoch,
+                presence or "",
+                self._key(election, "present:"),
+                "1" if self._presence else "0",
+                self._key(election, "released"),
+            ],
+        )
+        if taken:
+            epoch = parse_term(value, f"Redis key {lock!r}")["epoch"]
+            return Acquired(Term(value, epoch), None, ttl)
+        info = _holder(value, pttl, lock)
+        retry = ttl if pttl < 0 else pttl / 1000
+        if watching and watching[0]:
+            retry = min(retry, WATCH_INTERVAL)
+        return Acquired(None, info, retry)
+
+    def renew(self, election: str, term: Term, ttl: float) -> Renewal:
+        code = self._conn.run(
+            "renew",
+            [self._key(election, "lock"), self._key(election, "resign")],
+            [term.token, max(1, int(ttl * 1000))],
+        )
+        return {0: Renewal.LOST, 1: Renewal.RENEWED, 2: Renewal.RESIGN}[int(code)]
+
+    def release(self, election: str, term: Term) -> None:
+        self._conn.run(
+            "release",
+            [self._key(election, "lock")],
+            [term.token, self._key(election, "released")],
+        )
+
+    def wait(self, election: str, timeout: float, cancel: threading.Event) -> None:
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            subscription = self._subscriptions.get(election)
+        if subscription is None:
+            # Dropped after an error; the next acquire subscribes again.
+            cancel.wait(timeout)
+            return
+        try:
+            wait_sliced(subscription.message, timeout, cancel)
+        except (redis.RedisError, RedisClusterException):
+            self._drop_subscription(election)
+            cancel.wait(max(0.0, deadline - time.monotonic()))
+
+    def hold(self, election: str, term: Term, timeout: float, cancel: threading.Event) -> bool:
+        presence = parse_term(term.token, "our own term").get("presence")
+        if presence is None:
+            cancel.wait(timeout)
+            return True
+        with self._lock:
+            subscription = self._subscriptions.get(election)
+        if subscription is None or subscription.presence != presence:
+            return False  # the connection the term names was dropped already
+        try:
+            wait_sliced(subscription.idle, timeout, cancel)
+        except (redis.RedisError, RedisClusterException):
+            self._drop_subscription(election)
+            return False
+        return True
+
+    def _subscription(self, election: str) -> Subscription | None:
+        """Our subscription for ``election``, opened and confirmed first if need be.
+
+        ``None`` when the server refuses it (ACL channel rules): then followers
+        poll at the holder's ttl, and terms keep no presence.
+        """
+        with self._lock:
+            current = self._subscriptions.get(election)
+        if current is not None:
+            return current
+        released = self._key(election, "released")
+        presence = None
+        if self._presence is not False:
+            ident = uuid.uuid4().hex
+            presence = (self._key(election, f"present:{ident}"), ident)
+        subscription: Subscription
+        try:
+            subscription = self._conn.call(Subscription.open, released, presence, self.timeout)
+        except StoreUnavailable as exc:
+            if not isinstance(exc.__cause__, redis.ResponseError):
+                raise
+            self._presence_off(f"SUBSCRIBE was refused ({exc})")
+            return None
+        if presence is not None and self._presence is None:
+            self._check_presence(election, presence[0], subscription)
+        if not self._presence:
+            subscription.presence = None
+        with self._lock:
+            self._subscriptions[election] = subscription
+        return subscription
+
+    def _check_presence(self, election: str, channel: str, subscription: Subscription) -> None:
+        """Presence on, if a script on the election's node counts ``channel``'s subscriber."""
+        try:
+            count = self._conn.run("subscribers", [self._key(election, "lock")], [channel])
+        except StoreUnavailable as exc:
+            if not isinstance(exc.__cause__, redis.ResponseError):
+                subscription.close()
+                raise
+            self._presence_off(f"PUBSUB NUMSUB in a script was refused ({exc})")
+            return
+        if int(count) < 1:
+            self._presence_off("PUBSUB NUMSUB does not count this client's subscription there")
+            return
+        self._presence = True
+
+    def _presence_off(self, why: str) -> None:
+        with self._lock:
+            self._presence = False
+        with _FALLBACKS_LOCK:
+            said = self.url in _FALLBACKS
+            _FALLBACKS.add(self.url)
+        if not said:
+            logger.info(
+                "celery-leader: Redis at %s: %s; a holder that dies is replaced when its "
+                "ttl runs out, not at once",
+                mask_url(self.url),
+                why,
+            )
+
+    def _drop_subscription(self, election: str) -> None:
+        with self._lock:
+            subscription = self._subscriptions.pop(election, None)
+        if subscription is not None:
+            subscription.close()
+
+    def _term(self, election: str) -> tuple[str | None, int]:
+        """The stored term of ``election`` and its PTTL, in one round trip."""
+        value, pttl = self._conn.run("term", [self._key(election, "lock")], [])
+        return value, pttl
+
+    def holder(self, election: str) -> HolderInfo | None:
+        value, pttl = self._term(election)
+        return None if value is None else _holder(value, pttl, self._key(election, "lock"))
+
+    def request_resign(self, election: str) -> HolderInfo | None:
+        value, pttl = self._term(election)
+        if value is None:
+            return None
+        info = _holder(value, pttl, self._key(election, "lock"))
+        # Expires with the term it names, so a stale request never lingers.
+        self._conn.call(lambda c: c.set(self._key(election, "resign"), value, px=max(1, pttl)))
+        return info
+
+    def elections(self) -> list[str]:
+        names = set()
+        for suffix in ("epoch", "state"):
+            pattern = f"{{{self.key_prefix}:*}}:{suffix}"
+            for key in self._conn.call(lambda c, p=pattern: list(c.scan_iter(match=p))):
+                names.add(key[len(self.key_prefix) + 2 : -len(suffix) - 2])
+        return sorted(names)
+
+    def load_state(self, election: str) -> dict[str, str]:
+        key = self._key(election, "state")
+        reply = self._conn.run("load_state", [key], [])
+        if reply[0] == 0:
+            return unreadable_state(f"Redis key {key!r}", f"a {reply[1]}")
+        flat = reply[1:]
+        return dict(zip(flat[::2], flat[1::2], strict=True))
+
+    def compare_and_set(self, election: str, term: Term, claims: Sequence[Write]) -> list[bool]:
+        keys = [self._key(election, "lock"), self._key(election, "state")]
+        chunks = _chunks(claims)
+        calls = [
+            [term.token]
+            + [a for c in chunk for a in (c.key, _has(c.expected), c.expected or "", c.new)]
+            for chunk in chunks
+        ]
+
+        def run(client: Any) -> tuple[list[Any], Acks]:
+            script, source = self._conn.script("claim"), SOURCES["claim"]
+            promotable = self._promotable(client)
+            with Pinned(client, keys[0]) as conn:
+                replies, online = conn.scripts(script.sha, source, keys, calls, self.replica_acks)
+                needed = _most(online, promotable)
+                wrote = any(1 in reply for reply in replies)
+                return replies, conn.wait(needed, self._ack_timeout) if wrote else Acks(0, 0)
+
+        replies, acks = self._conn.call(run)
+        results: list[bool] = []
+        for chunk, reply in zip(chunks, replies, strict=True):
+            # An empty reply: our term was gone, so nothing in the chunk was claimed.
+            reply = checked(reply)
+            results += [bool(r) for r in reply] if reply else [False] * len(chunk)
+        if not acks.enough:
+            done = hand_back(claims, results, lambda won: self._unclaim(keys, term, won))
+            raise self._not_replicated(acks, f"{sum(results)} claim(s)", done)
+        return results
+
+    def _unclaim(self, keys: list[str], term: Term, claims: list[Write]) -> None:
+        """Put back the state that ``claims`` replaced, where they are still what is stored.
+
+        On the master only: if a promotion undoes the claims anyway, the
+        replica still has what they replaced.
+        """
+        calls = [
+            [term.token]
+            + [a for c in chunk for a in (c.key, c.new, _has(c.expected), c.expected or "")]
+            for chunk in _chunks(claims)
+        ]
+        script, source = self._conn.script("unclaim"), SOURCES["unclaim"]
+
+        def run(client: Any) -> None:
+            with Pinned(client, keys[0]) as conn:
+                conn.scripts(script.sha, source, keys, calls, 0)
+
+        self._conn.call(run)
+
+    def _acquire_durably(self, election: str, keys: list[str], args: list[Any]) -> list[Any]:
+        """The acquire script's reply; a term it hands out is on the replicas before it counts.
+
+        Otherwise a promoted replica would still have the previous epoch, and
+        the next term would get the same one again. A term the replicas did not
+        acknowledge in time is released and the call fails: nobody leads on it.
+        """
+        script, source = self._conn.script("acquire"), SOURCES["acquire"]
+
+        def run(client: Any) -> tuple[list[Any], Acks]:
+            with Pinned(client, keys[0]) as conn:
+                # Followers call this often; only a won term asks for the replicas.
+                (reply,), _ = conn.scripts(script.sha, source, keys, [args], 0)
+                if reply[0] != 1:
+                    return reply, Acks(0, 0)
+                needed = self.replica_acks
+                if needed is None:
+                    needed = _most(conn.online(), self._promotable(client))
+                return reply, conn.wait(needed, self._ack_timeout)
+
+        reply, acks = self._conn.call(run)
+        reply = checked(reply)
+        if not acks.enough:
+            self.release(election, Term(reply[1], 0))
+            raise self._not_replicated(acks, "a new term", "released; nobody leads on it")
+        return list(reply)
+
+    def _promotable(self, client: Any) -> int | None:
+        """With ``"auto"`` behind Sentinel, the replicas Sentinel could promote.
+
+        Asked of the sentinels at most once per store deadline: a replica that
+        drops out meanwhile is still waited for (claims fail, safely), one that
+        joins is online, so ``ROLE`` counts it.
+        """
+        if self.replica_acks is not None:
+            return None
+        now = time.monotonic()
+        with self._lock:
+            cached = self._promotable_cache
+        if cached is not None and now - cached[0] < self.timeout:
+            return cached[1]
+        count = promotable_replicas(client)
+        if count is None and cached is not None:
+            count = cached[1]  # no sentinel answered: they cannot promote anyone either
+        with self._lock:
+            self._promotable_cache = (now, count)
+        return count
+
+    @property
+    def _ack_timeout(self) -> float:
+        """How long a write waits for replicas: half the store deadline, so that
+        handing back what they did not acknowledge still fits in the other half."""
+        return self.timeout / 2
+
+    def _not_replicated(self, acks: Acks, what: str, done: str) -> StoreUnavailable:
+        if acks.needed is None:
+            return StoreMisconfigured(
+                f"leader_replica_acks is 'auto', which asks the Redis master how many replicas "
+                f"it has (ROLE), and this user may not run ROLE ({done}): grant it +role, or "
+                "set leader_replica_acks to how many replicas must acknowledge each claim"
+            )
+        return StoreUnavailable(
+            f"{what} not on {acks.needed} replica(s) of the Redis master within "
+            f"{self._ack_timeout:g} s ({acks.acked} acknowledged), so a fail-over could "
+            f"undo it: {done}"
+        )
+
+    def leave(self, election: str) -> None:
+        self._drop_subscription(election)
+
+    def close(self) -> None:
+        for election in list(self._subscriptions):
+            self._drop_subscription(election)
+        self._conn.close()
+
+
+def _most(online: int | None, promotable: int | None) -> int | None:
+    """Replicas that must acknowledge: the larger count known; ``None`` if neither is."""
+    known = [n for n in (online, promotable) if n is not None]
+    return max(known) if known else None
+
+
+def _chunks(claims: Sequence[Write]) -> list[Sequence[Write]]:
+    return [claims[i : i + _CLAIM_CHUNK] for i in range(0, len(claims), _CLAIM_CHUNK)]
+
+
+def _has(expected: str | None) -> str:
+    """A script argument saying whether a claim expects a stored value."""
+    return "0" if expected is None else "1"
+
+
+def _holder(value: str, pttl: int, key: str) -> HolderInfo:
+    return holder_info(value, f"Redis key {key!r}", None if pttl < 0 else pttl / 1000)

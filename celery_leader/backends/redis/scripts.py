@@ -1,0 +1,195 @@
+"""The Redis store's Lua scripts, registered with redis-py's ``register_script``.
+
+Every operation is one script. redis-py sends it with ``EVALSHA`` and, when
+the server answers ``NOSCRIPT`` (its script cache is empty after a start or a
+flush), loads it and tries once more. Scripts touch only the keys they are
+given, check the types of the keys they read and report a key of the wrong
+type by name (``{"foreign", key, what}``) instead of failing with ``WRONGTYPE``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from redis.commands.core import Script
+
+from ..terms import foreign
+
+# Every script reports a key of the wrong type as {'foreign', key, what it holds}.
+# redis.pcall returns an error as a table instead of aborting the script.
+
+# KEYS: lock, epoch, watch. ARGV: nonce, instance id, ttl ms, lowest acceptable
+# epoch - 1, our presence id ("" for none), presence channel prefix, "1" when
+# presence may be checked, release channel.
+# Returns {1, value, ttl ms} when taken, {0, holder value, pttl, watching} when
+# held; watching = 1 makes the caller the election's designated successor.
+# A holder whose term names a presence nobody keeps any more (its connection
+# closed) is taken over here, atomically with reading its term; the other
+# followers hear of it on the release channel.
+ACQUIRE = """
+local function present(id)
+  return redis.call('PUBSUB', 'NUMSUB', ARGV[6] .. id)[2] > 0
+end
+local cur = redis.pcall('GET', KEYS[1])
+if type(cur) == 'table' then return {'foreign', KEYS[1], redis.call('TYPE', KEYS[1]).ok} end
+local check = ARGV[7] == '1'
+local taken_over = false
+if cur then
+  local ok, term = pcall(cjson.decode, cur)
+  local id = ok and type(term) == 'table' and term.presence
+  if not check or type(id) ~= 'string' or present(id) then
+    -- One follower watches closely (the caller, unless a present one does already).
+    local watching = 0
+    if check and ARGV[5] ~= '' then
+      local w = redis.pcall('GET', KEYS[3])
+      if type(w) ~= 'string' or w == ARGV[5] or not present(w) then
+        redis.call('SET', KEYS[3], ARGV[5], 'PX', ARGV[3])
+        watching = 1
+      end
+    end
+    return {0, cur, redis.call('PTTL', KEYS[1]), watching}
+  end
+  taken_over = true
+end
+local kind = redis.call('TYPE', KEYS[2]).ok
+if kind == 'none' then
+  -- First term, or the store lost its data: start from the server's clock in ms
+  -- so that epochs still grow past any term handed out before.
+  local t = redis.call('TIME')
+  redis.call('SET', KEYS[2], t[1] * 1000 + math.floor(t[2] / 1000))
+elseif kind ~= 'string' then
+  return {'foreign', KEYS[2], kind}
+end
+local epoch = redis.pcall('INCR', KEYS[2])
+if type(epoch) == 'table' then return {'foreign', KEYS[2], redis.call('GET', KEYS[2])} end
+local floor = tonumber(ARGV[4])
+if epoch <= floor then
+  epoch = floor + 1
+  redis.call('SET', KEYS[2], epoch)
+end
+local presence = nil
+if ARGV[5] ~= '' then presence = ARGV[5] end
+local value = cjson.encode({token = ARGV[1], epoch = epoch, holder = ARGV[2], presence = presence})
+redis.call('SET', KEYS[1], value, 'PX', ARGV[3])
+if presence and redis.pcall('GET', KEYS[3]) == presence then redis.call('DEL', KEYS[3]) end
+if taken_over then redis.call('PUBLISH', ARGV[8], 'taken over') end
+return {1, value, tonumber(ARGV[3])}
+"""
+
+# KEYS: lock, resign. ARGV: our exact value, ttl ms. 0 lost, 1 renewed, 2 resign.
+# A lock or resign key of another type cannot hold our value: lost, no resign.
+RENEW = """
+if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+if redis.pcall('GET', KEYS[2]) == ARGV[1] then
+  redis.call('DEL', KEYS[2])
+  return 2
+end
+return 1
+"""
+
+# KEYS: lock. ARGV: our exact value, release channel.
+RELEASE = """
+if redis.pcall('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], 'released')
+  return 1
+end
+return 0
+"""
+
+# KEYS: lock (only so that Cluster runs it on the election's node). ARGV: channel.
+# How many subscribers the channel has on that node.
+SUBSCRIBERS = """
+return redis.call('PUBSUB', 'NUMSUB', ARGV[1])[2]
+"""
+
+# KEYS: lock. Returns {value or nil, pttl}.
+TERM = """
+local cur = redis.pcall('GET', KEYS[1])
+if type(cur) == 'table' then return {'foreign', KEYS[1], redis.call('TYPE', KEYS[1]).ok} end
+return {cur, redis.call('PTTL', KEYS[1])}
+"""
+
+# KEYS: state. Returns {1, field, value, ...}, or {0, type} when it is no hash.
+LOAD_STATE = """
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind ~= 'hash' and kind ~= 'none' then return {0, kind} end
+local out = redis.call('HGETALL', KEYS[1])
+table.insert(out, 1, 1)
+return out
+"""
+
+# KEYS: lock, state. ARGV: our exact value, then per claim: entry, has-expected
+# ("0"/"1"), expected, new. Returns one 0/1 per claim; {} when the term is gone.
+# A state of another type is not ours to keep: the fenced claim replaces it.
+CLAIM = """
+if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then return {} end
+local kind = redis.call('TYPE', KEYS[2]).ok
+if kind ~= 'hash' and kind ~= 'none' then redis.call('DEL', KEYS[2]) end
+local out = {}
+for i = 2, #ARGV, 4 do
+  local cur = redis.call('HGET', KEYS[2], ARGV[i])
+  local ok
+  if ARGV[i + 1] == '0' then ok = (cur == false) else ok = (cur == ARGV[i + 2]) end
+  if ok then
+    redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 3])
+    out[#out + 1] = 1
+  else
+    out[#out + 1] = 0
+  end
+end
+return out
+"""
+
+# KEYS: lock, state. ARGV: our exact value, then per claim: entry, the value the
+# claim wrote, has-previous ("0"/"1"), previous. Puts back what a claim
+# replaced, where the claim's value is still there; returns how many.
+UNCLAIM = """
+if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if redis.call('TYPE', KEYS[2]).ok ~= 'hash' then return 0 end
+local n = 0
+for i = 2, #ARGV, 4 do
+  if redis.call('HGET', KEYS[2], ARGV[i]) == ARGV[i + 1] then
+    if ARGV[i + 2] == '1' then
+      redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 3])
+    else
+      redis.call('HDEL', KEYS[2], ARGV[i])
+    end
+    n = n + 1
+  end
+end
+return n
+"""
+
+#: Every script by name.
+SOURCES = {
+    "acquire": ACQUIRE,
+    "renew": RENEW,
+    "release": RELEASE,
+    "term": TERM,
+    "subscribers": SUBSCRIBERS,
+    "load_state": LOAD_STATE,
+    "claim": CLAIM,
+    "unclaim": UNCLAIM,
+}
+
+#: What each key is meant to hold, for errors about a key of the wrong type.
+_EXPECTED = {
+    "lock": "a celery-leader term (a JSON string)",
+    "epoch": "an epoch counter (an integer string)",
+}
+
+
+def register(client: Any) -> dict[str, Script]:
+    """Every script, registered on ``client`` (nothing is sent to the server yet)."""
+    return {name: client.register_script(source) for name, source in SOURCES.items()}
+
+
+def checked(reply: Any) -> Any:
+    """``reply``, or the error naming the key a script found of the wrong type."""
+    if isinstance(reply, list) and reply and reply[0] == "foreign":
+        key, found = reply[1], reply[2]
+        expected = _EXPECTED.get(key.rsplit(":", 1)[-1], "a celery-leader value")
+        raise foreign(f"Redis key {key!r}", found, expected)
+    return reply
