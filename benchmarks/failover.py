@@ -16,11 +16,12 @@ Faults, applied to whichever replica is publishing at the time:
 * ``sigkill``: SIGKILL to its process group
 * ``sigstop``: SIGSTOP for ``PAUSE`` seconds (past the ttl), then SIGCONT
 * ``partition``: its store proxy holds all traffic for ``PARTITION`` seconds
-* ``store-restart``: the lock store itself is stopped and started again (once per system;
-  for etcd, all three members at once, keeping their data)
+* ``store-restart``: the lock store itself is stopped and started again (after the
+  other faults, once per system unless ``--restarts`` says more; for etcd, all three
+  members at once, keeping their data)
 
-``python -m benchmarks.failover [--quick] [--reps N] [SYSTEM ...]`` runs this benchmark
-alone (for the named systems, e.g. ``leader-etcd``) and prints its tables.
+``python -m benchmarks.failover [--quick] [--reps N] [--restarts N] [SYSTEM ...]`` runs
+this benchmark alone (for the named systems, e.g. ``leader-etcd``) and prints its tables.
 """
 
 from __future__ import annotations
@@ -509,6 +510,7 @@ def run_system(
     broker: RedisServer,
     pg: PostgresServer | None,
     log: Callable[[str], None],
+    restarts: int = 1,
 ) -> SystemResult:
     result = SystemResult(system, dup_method="period" if system.kind == "single-beat" else "slot")
     reason = system.unavailable()
@@ -526,9 +528,11 @@ def run_system(
     try:
         faults = system.faults(quick)
         plan = [(f, rep) for rep in range(reps) for f in faults if f != "store-restart"]
-        # Once at the end: redbeat's beats do not survive it, and nothing after should
-        # start from a wiped store.
-        plan += [("store-restart", 0)] if "store-restart" in faults else []
+        # At the end: redbeat's beats do not survive it, and no other fault should
+        # start from a wiped store. Restarts in a row each start from replicas topped
+        # up to three, so every one is measured like the first.
+        if "store-restart" in faults:
+            plan += [("store-restart", rep) for rep in range(restarts)]
         for fault, rep in plan:
             trial = run_trial(cluster, fault, rep)
             result.trials.append(trial)
@@ -556,7 +560,11 @@ def run_system(
 
 
 def run(
-    reps: int, quick: bool, log: Callable[[str], None], systems: tuple[System, ...] = SYSTEMS
+    reps: int,
+    quick: bool,
+    log: Callable[[str], None],
+    systems: tuple[System, ...] = SYSTEMS,
+    restarts: int = 1,
 ) -> list[SystemResult]:
     broker = RedisServer()
     broker.start()
@@ -570,7 +578,7 @@ def run(
             pg.close()
             pg = None
     try:
-        return [run_system(s, reps, quick, broker, pg, log) for s in systems]
+        return [run_system(s, reps, quick, broker, pg, log, restarts) for s in systems]
     finally:
         broker.close()
         if pg is not None:
@@ -705,6 +713,9 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1 run, fewer faults")
     parser.add_argument("--reps", type=int, help="runs of each fault (default 5; --quick: 1)")
+    parser.add_argument(
+        "--restarts", type=int, default=1, help="store restarts per system (default 1)"
+    )
     parser.add_argument("systems", nargs="*", metavar="SYSTEM")
     args = parser.parse_args(argv)
     known = [s.key for s in SYSTEMS]
@@ -713,7 +724,7 @@ def main(argv: list[str]) -> int:
         parser.error(f"unknown {', '.join(unknown)}; choose from {', '.join(known)}")
     systems = tuple(s for s in SYSTEMS if not args.systems or s.key in args.systems)
     reps = args.reps or (1 if args.quick else 5)
-    results = run(reps, args.quick, lambda line: print(line, flush=True), systems)
+    results = run(reps, args.quick, lambda line: print(line, flush=True), systems, args.restarts)
     print(f"\n{handover_table(results)}\n\n{safety_table(results)}")
     return 0
 
