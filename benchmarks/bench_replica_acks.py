@@ -49,7 +49,7 @@ def time_claims(url: str, acks: str, batches: int) -> list[str]:
                 won = backend.claim("bench", term, claims)
                 times.append(time.perf_counter() - start)
                 assert all(won), won
-                state.update((c.entry, c.new) for c in claims)
+                state.update((c.key, c.new) for c in claims)
             p90 = statistics.quantiles(times, n=10)[-1]
             cells.append(f"{statistics.median(times) * 1000:.2f} / {p90 * 1000:.2f}")
         backend.release("bench", term)

@@ -16,11 +16,12 @@ Faults, applied to whichever replica is publishing at the time:
 * ``sigkill``: SIGKILL to its process group
 * ``sigstop``: SIGSTOP for ``PAUSE`` seconds (past the ttl), then SIGCONT
 * ``partition``: its store proxy holds all traffic for ``PARTITION`` seconds
-* ``store-restart``: the lock store itself is stopped and started again (once per system;
-  for etcd, all three members at once, keeping their data)
+* ``store-restart``: the lock store itself is stopped and started again (after the
+  other faults, once per system unless ``--restarts`` says more; for etcd, all three
+  members at once, keeping their data)
 
-``python -m benchmarks.failover [--quick] [--reps N] [SYSTEM ...]`` runs this benchmark
-alone (for the named systems, e.g. ``leader-etcd``) and prints its tables.
+``python -m benchmarks.failover [--quick] [--reps N] [--restarts N] [SYSTEM ...]`` runs
+this benchmark alone (for the named systems, e.g. ``leader-etcd``) and prints its tables.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from harness.etcd import EtcdCluster
 from harness.groups import VENV_BIN, group_alive, pgrp_of, start_child
 from harness.procs import Proc
 from harness.proxy import TcpProxy
-from harness.servers import PostgresServer, RedisServer
+from harness.servers import MariaDbServer, PostgresServer, RedisServer
 
 #: Seconds between runs of the one schedule entry.
 PERIOD = 0.1
@@ -79,7 +80,7 @@ class System:
     key: str
     label: str
     kind: str  # "leader", "redbeat" or "single-beat"
-    store: str  # "redis", "postgres", "etcd" or "file"
+    store: str  # "redis", "postgres", "mysql", "etcd" or "file"
     #: Lease ttl / lock timeout of this system's replicas.
     ttl: float = TTL
     #: The faults to run, when not every one that applies (``benchmarks/crash_gap.py``).
@@ -110,6 +111,7 @@ class System:
 SYSTEMS = (
     System("leader-redis", "celery-leader, Redis", "leader", "redis"),
     System("leader-postgres", "celery-leader, PostgreSQL", "leader", "postgres"),
+    System("leader-mysql", "celery-leader, MariaDB", "leader", "mysql"),
     System("leader-etcd", "celery-leader, etcd (3 members)", "leader", "etcd"),
     System("leader-file", "celery-leader, file", "leader", "file"),
     System("redbeat", "celery-redbeat", "redbeat", "redis"),
@@ -206,7 +208,7 @@ class Store:
     """The lock store of one system: a server on loopback, or a directory."""
 
     def __init__(self, kind: str, pg: PostgresServer | None) -> None:
-        self.server: RedisServer | PostgresServer | None = None
+        self.server: RedisServer | PostgresServer | MariaDbServer | None = None
         self.etcd: EtcdCluster | None = None
         self.directory: Path | None = None
         if kind == "etcd":
@@ -219,6 +221,9 @@ class Store:
             assert pg is not None
             pg.reset()
             self.server = pg
+        elif kind == "mysql":
+            self.server = MariaDbServer()
+            self.server.start()
         else:
             self.directory = Path(tempfile.mkdtemp(prefix="bench-file-store-"))
 
@@ -248,7 +253,7 @@ class Store:
     def close(self) -> None:
         if self.etcd is not None:
             self.etcd.close()
-        if isinstance(self.server, RedisServer):
+        if isinstance(self.server, RedisServer | MariaDbServer):
             self.server.close()
         if self.directory is not None:
             shutil.rmtree(self.directory, ignore_errors=True)
@@ -505,6 +510,7 @@ def run_system(
     broker: RedisServer,
     pg: PostgresServer | None,
     log: Callable[[str], None],
+    restarts: int = 1,
 ) -> SystemResult:
     result = SystemResult(system, dup_method="period" if system.kind == "single-beat" else "slot")
     reason = system.unavailable()
@@ -522,9 +528,11 @@ def run_system(
     try:
         faults = system.faults(quick)
         plan = [(f, rep) for rep in range(reps) for f in faults if f != "store-restart"]
-        # Once at the end: redbeat's beats do not survive it, and nothing after should
-        # start from a wiped store.
-        plan += [("store-restart", 0)] if "store-restart" in faults else []
+        # At the end: redbeat's beats do not survive it, and no other fault should
+        # start from a wiped store. Restarts in a row each start from replicas topped
+        # up to three, so every one is measured like the first.
+        if "store-restart" in faults:
+            plan += [("store-restart", rep) for rep in range(restarts)]
         for fault, rep in plan:
             trial = run_trial(cluster, fault, rep)
             result.trials.append(trial)
@@ -552,7 +560,11 @@ def run_system(
 
 
 def run(
-    reps: int, quick: bool, log: Callable[[str], None], systems: tuple[System, ...] = SYSTEMS
+    reps: int,
+    quick: bool,
+    log: Callable[[str], None],
+    systems: tuple[System, ...] = SYSTEMS,
+    restarts: int = 1,
 ) -> list[SystemResult]:
     broker = RedisServer()
     broker.start()
@@ -566,7 +578,7 @@ def run(
             pg.close()
             pg = None
     try:
-        return [run_system(s, reps, quick, broker, pg, log) for s in systems]
+        return [run_system(s, reps, quick, broker, pg, log, restarts) for s in systems]
     finally:
         broker.close()
         if pg is not None:
@@ -701,6 +713,9 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1 run, fewer faults")
     parser.add_argument("--reps", type=int, help="runs of each fault (default 5; --quick: 1)")
+    parser.add_argument(
+        "--restarts", type=int, default=1, help="store restarts per system (default 1)"
+    )
     parser.add_argument("systems", nargs="*", metavar="SYSTEM")
     args = parser.parse_args(argv)
     known = [s.key for s in SYSTEMS]
@@ -709,7 +724,7 @@ def main(argv: list[str]) -> int:
         parser.error(f"unknown {', '.join(unknown)}; choose from {', '.join(known)}")
     systems = tuple(s for s in SYSTEMS if not args.systems or s.key in args.systems)
     reps = args.reps or (1 if args.quick else 5)
-    results = run(reps, args.quick, lambda line: print(line, flush=True), systems)
+    results = run(reps, args.quick, lambda line: print(line, flush=True), systems, args.restarts)
     print(f"\n{handover_table(results)}\n\n{safety_table(results)}")
     return 0
 

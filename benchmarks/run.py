@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib.metadata
+import math
 import os
 import platform
 import re
@@ -121,6 +122,15 @@ def claims_table(results: list[failover.SystemResult]) -> str:
             "partition": ttl + 0.5,
             "store-restart": renew + 0.5,
         },
+        # wait_timeout counts whole seconds: a paused or cut-off holder's session
+        # ends ceil(ttl) after its last statement.
+        "leader-mysql": {
+            "graceful": 0.5,
+            "sigkill": 0.5,
+            "sigstop": math.ceil(ttl) + 0.5,
+            "partition": math.ceil(ttl) + 0.5,
+            "store-restart": renew + 0.5,
+        },
         "leader-etcd": {
             "graceful": 0.5,
             # etcd frees an expired lease up to 0.5 s after its ttl (its expiry
@@ -218,7 +228,7 @@ def summary(results: list[failover.SystemResult]) -> str:
     for fault in ("graceful", "sigkill"):
         ours = {
             k: _median(by_key.get(k), fault)
-            for k in ("leader-redis", "leader-postgres", "leader-file")
+            for k in ("leader-redis", "leader-postgres", "leader-mysql", "leader-file")
         }
         others = {k: _median(by_key.get(k), fault) for k in ("redbeat", "single-beat")}
         parts = []
@@ -259,15 +269,19 @@ def environment() -> str:
     etcd_version = subprocess.run(
         ["etcd", "--version"], capture_output=True, text=True, check=False
     ).stdout.split()[2]
+    mariadb_version = subprocess.run(
+        ["/usr/sbin/mariadbd", "--version"], capture_output=True, text=True, check=False
+    ).stdout.split()[2].split("-")[0]
     versions = ", ".join(
         f"{name} {importlib.metadata.version(name)}"
-        for name in ("celery", "redis", "etcd3gw", "celery-redbeat", "single-beat")
+        for name in ("celery", "redis", "etcd3gw", "pymysql", "celery-redbeat", "single-beat")
         if _installed(name)
     )
     return (
         f"{datetime.date.today().isoformat()}; {os.cpu_count()} CPUs, "
         f"load {os.getloadavg()[0]:.2f} at start; Python {platform.python_version()}, "
-        f"{versions}; redis-server {redis_version}, PostgreSQL {pg_version}, etcd {etcd_version}"
+        f"{versions}; redis-server {redis_version}, PostgreSQL {pg_version}, "
+        f"MariaDB {mariadb_version}, etcd {etcd_version}"
     )
 
 

@@ -14,7 +14,7 @@ Run as ``python -m benchmarks.store_load holder URL FIRST COUNT GENERATION`` it 
 one of those holder processes: it prints ``elected <election> <time>`` as its
 leases win, and on SIGTERM stops them all (each releases what it holds).
 ``python -m benchmarks.store_load [--quick] [STORE ...]`` runs this benchmark alone
-(for the named stores: redis, postgres, etcd) and prints its table.
+(for the named stores: redis, postgres, mysql, etcd) and prints its table.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from celery_leader.config import LeaderConfig
 from celery_leader.lease import Lease
 from harness.etcd import EtcdCluster
 from harness.groups import group_cpu_seconds, start_child
-from harness.servers import PostgresServer, RedisServer
+from harness.servers import MariaDbServer, PostgresServer, RedisServer
 
 HOLDERS = 200
 ELECTIONS = 20
@@ -222,6 +222,34 @@ class _Postgres:
         self.server.close()
 
 
+class _MariaDb:
+    name = "MariaDB"
+    unit = "statements"
+
+    def __init__(self) -> None:
+        self.server = MariaDbServer()
+        self.server.start()
+        with self.server.root_connection() as conn, conn.cursor() as cur:
+            # Every holder keeps a session of its own, holding or queued for the lock.
+            cur.execute(f"SET GLOBAL max_connections = {HOLDERS * 2 + 10}")
+        self.url = self.server.url
+        self._pid = int((self.server.root / "mariadb.pid").read_text())
+        self._probes = 0
+
+    def counters(self) -> tuple[int, int, float]:
+        """Statements clients sent (each one round trip), the same again, CPU seconds."""
+        with self.server.root_connection() as conn, conn.cursor() as cur:
+            cur.execute("SHOW GLOBAL STATUS LIKE 'Questions'")
+            row = cur.fetchone()
+        assert row is not None
+        self._probes += 1  # leave out this probe's own statements
+        statements = int(row[1]) - self._probes
+        return statements, statements, group_cpu_seconds(self._pid)
+
+    def close(self) -> None:
+        self.server.close()
+
+
 class _Etcd:
     name = "etcd (3 members)"
     unit = "requests"
@@ -252,7 +280,10 @@ class _Etcd:
 
 
 def measure(
-    store: _Redis | _Postgres | _Etcd, window: float, quick: bool, log: Callable[[str], None]
+    store: _Redis | _Postgres | _MariaDb | _Etcd,
+    window: float,
+    quick: bool,
+    log: Callable[[str], None],
 ) -> LoadResult:
     workdir = Path(tempfile.mkdtemp(prefix="bench-load-"))
     fleets = [Fleet(store.url, 0, workdir)]
@@ -300,9 +331,10 @@ def _after(restart: Restart) -> str:
     return f"after {restart.elected:.2f} s{started}"
 
 
-STORES: dict[str, type[_Redis] | type[_Postgres] | type[_Etcd]] = {
+STORES: dict[str, type[_Redis] | type[_Postgres] | type[_MariaDb] | type[_Etcd]] = {
     "redis": _Redis,
     "postgres": _Postgres,
+    "mysql": _MariaDb,
     "etcd": _Etcd,
 }
 

@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ._urls import mask_url, scheme_of
-from .backends.registry import STORES, Store, store_for
+from .backends.registry import STORES, Store, store_for, store_for_url
 from .exceptions import ConfigError
 from .process import default_instance_id
 
@@ -105,7 +105,7 @@ class LeaderConfig:
     @property
     def store(self) -> Store:
         """The store ``url`` selects (validated, so always known)."""
-        store = store_for(scheme_of(self.url))
+        store = store_for_url(self.url)
         if store is None:  # only a LeaderConfig built by hand, not by from_mapping
             raise ConfigError(f"leader_url {mask_url(self.url)!r} names no known store")
         return store

@@ -1,4 +1,5 @@
-"""Real Redis, PostgreSQL and RabbitMQ servers on loopback, one throwaway data directory each.
+"""Real Redis, PostgreSQL, MariaDB and RabbitMQ servers on loopback, one throwaway data
+directory each.
 
 All run as direct children of the test process, in a process group of their own, so a
 test can stop, kill and restart them on the same port, and a Ctrl-C aimed at pytest does
@@ -19,6 +20,7 @@ from urllib.parse import quote
 
 import amqp
 import psycopg
+import pymysql
 import redis
 
 from .waiting import wait_for
@@ -353,6 +355,141 @@ class PostgresServer(_Server):
             with psycopg.connect(self.superuser_url, connect_timeout=1):
                 return True
         except psycopg.OperationalError:
+            return False
+
+
+class MariaDbServer(_Server):
+    """A MariaDB server (Debian's ``mariadb-server``) with user ``leader`` owning database
+    ``leader``.
+
+    As for PostgreSQL, when the tests run as root the server runs as the ``mysql`` user
+    (mariadbd refuses root without ``--user``, and ``--user`` would leave the data
+    directory root's), started directly so that it stays our child. No binary log and no
+    fsync: durability across an OS crash is not what these tests are about.
+    """
+
+    name = "mariadb"
+    user = "leader"
+    password = "leaderpw"
+    root_password = "rootpw"
+
+    def __init__(self, *extra_args: str) -> None:
+        super().__init__("celery-leader-mariadb-")
+        #: More mariadbd options (a Galera switch, replication ...).
+        self.extra_args = list(extra_args)
+        self.data_dir = self.root / "data"
+        self.socket = self.root / "mariadb.sock"
+        self._os_user = "mysql" if os.geteuid() == 0 else None
+        if self._os_user is not None:
+            shutil.chown(self.root, self._os_user, self._os_user)
+        self._initialized = False
+
+    @property
+    def url(self) -> str:
+        return f"mariadb://{self.user}:{self.password}@127.0.0.1:{self.port}/{self.user}"
+
+    def root_connection(self) -> pymysql.Connection[Any]:
+        """A connection as the server's ``root`` user (autocommit), for faults and checks."""
+        return pymysql.connect(
+            host="127.0.0.1",
+            port=self.port,
+            user="root",
+            password=self.root_password,
+            autocommit=True,
+            connect_timeout=2,
+        )
+
+    def start(self) -> None:
+        if not self._initialized:
+            self._install_db()
+        super().start()
+        if not self._initialized:
+            with self.root_connection() as conn, conn.cursor() as cur:
+                cur.execute(f"CREATE DATABASE {self.user}")
+                cur.execute(f"CREATE USER '{self.user}'@'%' IDENTIFIED BY '{self.password}'")
+                cur.execute(f"GRANT ALL ON {self.user}.* TO '{self.user}'@'%'")
+            self._initialized = True
+
+    def reset(self) -> None:
+        """Fresh logical state: end every ``leader`` session (releasing its named locks)
+        and empty its database (Django's tables included)."""
+        with self.root_connection() as conn, conn.cursor() as cur:
+            cur.execute(
+                "SELECT id FROM information_schema.processlist WHERE user = %s", (self.user,)
+            )
+            for (thread_id,) in cur.fetchall():
+                cur.execute(f"KILL CONNECTION {int(thread_id)}")
+            wait_for(
+                lambda: not cur.execute(
+                    "SELECT 1 FROM information_schema.processlist WHERE user = %s", (self.user,)
+                ),
+                STOP_TIMEOUT,
+                message="killed leader sessions of mariadb did not end",
+            )
+            # The user's grant names the database, so it outlives the drop.
+            cur.execute(f"DROP DATABASE {self.user}")
+            cur.execute(f"CREATE DATABASE {self.user}")
+
+    def _install_db(self) -> None:
+        result = subprocess.run(
+            [
+                "mariadb-install-db",
+                "--no-defaults",
+                f"--datadir={self.data_dir}",
+                "--auth-root-authentication-method=normal",
+                "--skip-test-db",
+                "--skip-name-resolve",
+                "--innodb-log-file-size=16M",
+                *([f"--user={self._os_user}"] if self._os_user else []),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            cwd=self.root,
+        )  # fmt: skip
+        if result.returncode != 0:
+            raise RuntimeError(
+                f"mariadb-install-db failed ({result.returncode}):\n{result.stdout}{result.stderr}"
+            )
+
+    def _launch(self) -> None:
+        self._popen(
+            [
+                "/usr/sbin/mariadbd",
+                "--no-defaults",
+                f"--datadir={self.data_dir}",
+                f"--port={self.port}",
+                "--bind-address=127.0.0.1",
+                f"--socket={self.socket}",
+                f"--pid-file={self.root / 'mariadb.pid'}",
+                "--skip-name-resolve",
+                "--skip-log-bin",
+                "--innodb-flush-log-at-trx-commit=2",
+                "--innodb-buffer-pool-size=32M",
+                "--innodb-log-file-size=16M",
+                "--performance-schema=OFF",
+                # Set by the first start: the root password the harness connects with.
+                f"--init-file={self._init_file()}",
+                *self.extra_args,
+            ],
+            user=self._os_user,
+        )  # fmt: skip
+
+    def _init_file(self) -> Path:
+        path = self.root / "init.sql"
+        path.write_text(
+            f"ALTER USER 'root'@'localhost' IDENTIFIED BY '{self.root_password}';\n"
+            f"ALTER USER 'root'@'127.0.0.1' IDENTIFIED BY '{self.root_password}';\n"
+        )
+        if self._os_user is not None:
+            shutil.chown(path, self._os_user, self._os_user)
+        return path
+
+    def _is_accepting(self) -> bool:
+        try:
+            with self.root_connection():
+                return True
+        except pymysql.err.OperationalError:
             return False
 
 

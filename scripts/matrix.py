@@ -16,8 +16,8 @@ Why uv and not nox or pip: only uv resolves to the declared floors
 (``lowest-direct``), and it installs a cell in seconds from its cache, which is
 what lets CI run two cells on every change.
 
-The subset: the unit tests, the store contract on Redis, PostgreSQL and etcd, a
-real three-beat fail-over on Redis and a Dramatiq scheduler fail-over. It prints
+The subset: the unit tests, the store contract on Redis, PostgreSQL, etcd and
+MariaDB, a real three-beat fail-over on Redis and a Dramatiq scheduler fail-over. It prints
 one line per cell and exits 1 when any cell failed. Needs uv (in the dev group)
 and the servers ``scripts/setup.sh`` installs.
 """
@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PYTHONS = ("3.10", "3.11", "3.12", "3.13")
 DEPS = ("oldest", "newest")
 #: Every extra: the matrix covers each store client and both frameworks.
-EXTRAS = "celery,dramatiq,redis,postgres,django,metrics,etcd"
+EXTRAS = "celery,dramatiq,redis,postgres,django,metrics,etcd,mysql"
 #: What the tests themselves import (pika: Dramatiq's RabbitMQ broker in unit tests).
 TEST_REQUIREMENTS = ("pytest>=8", "pytest-timeout>=2.2", "pika>=1.3")
 
@@ -50,7 +50,7 @@ GROUPS: dict[str, list[str]] = {
         "tests/test_dramatiq_unit.py",
         "tests/test_startup_errors.py",
     ],
-    "contract": ["tests/test_backend_contract.py", "-k", "redis or postgres or etcd"],
+    "contract": ["tests/test_backend_contract.py", "-k", "redis or postgres or etcd or mariadb"],
     # Three `celery beat` on Redis at the default ttl, the leader SIGKILLed three times.
     "beat-failover": [
         "tests/test_beat_chaos.py::"

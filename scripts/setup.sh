@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what the tests and the demo need on a fresh Debian 12 machine (run as root):
-# redis-server, PostgreSQL 15, RabbitMQ, etcd, libfaketime, and the venv with the package, every extra and the dev dependency group.
+# redis-server, PostgreSQL 15, MariaDB, RabbitMQ, etcd, libfaketime, and the venv with the package, every extra and the dev dependency group.
 # Idempotent and quick when nothing changed. The tests start their own servers on
 # random ports, so no system-wide server is left running.
 set -euo pipefail
@@ -16,6 +16,8 @@ set -euo pipefail
     # libfaketime runs real beat processes on a fake wall clock (DST tests).
     [[ -x /usr/sbin/rabbitmq-server ]] || missing+=(rabbitmq-server)
     [[ -x /usr/bin/etcd ]] || missing+=(etcd-server etcd-client)
+    # MariaDB is the MySQL-family store the tests run on.
+    [[ -x /usr/sbin/mariadbd ]] || missing+=(mariadb-server)
     [[ -x /usr/bin/faketime ]] || missing+=(faketime)
     # The TLS test makes its own certificate.
     command -v openssl >/dev/null || missing+=(openssl)
@@ -60,7 +62,7 @@ set -euo pipefail
     if [[ ! -f $stamp || $(<"$stamp") != "$wanted" ]]; then
         echo "setup: installing the package with every extra and the dev group into .venv"
         .venv/bin/pip install -q --disable-pip-version-check 'pip>=25.1'
-        .venv/bin/pip install -q --disable-pip-version-check -e '.[celery,dramatiq,redis,postgres,django,metrics,etcd]' --group dev
+        .venv/bin/pip install -q --disable-pip-version-check -e '.[celery,dramatiq,redis,postgres,django,metrics,etcd,mysql]' --group dev
         echo "$wanted" >"$stamp"
     fi
 )

@@ -1,8 +1,8 @@
 """Fixtures for real servers, processes and network faults.
 
 Servers are session-scoped and start only when a test asks for them; the function-scoped
-``redis_url``, ``postgres_url`` and ``amqp_url`` give every test a running server with no
-state left over from earlier tests.
+``redis_url``, ``postgres_url``, ``mariadb_url`` and ``amqp_url`` give every test a running
+server with no state left over from earlier tests.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from harness.etcd import EtcdCluster
 from harness.procs import Procs
 from harness.proxy import TcpProxy
-from harness.servers import PostgresServer, RabbitServer, RedisServer
+from harness.servers import MariaDbServer, PostgresServer, RabbitServer, RedisServer
 
 # pytest-celery, when installed, makes ``celery_worker`` a Docker fixture; this plugin
 # puts back Celery's own in-process worker fixtures, and nothing here may need Docker.
@@ -25,7 +25,13 @@ pytest_plugins = ("celery.contrib.pytest",)
 # its own root conftest.py); tests/test_testing_helpers.py runs them in a subprocess.
 collect_ignore = ["projects"]
 
-_SERVER_FIXTURES = ("redis_server", "postgres_server", "etcd_cluster", "rabbitmq_server")
+_SERVER_FIXTURES = (
+    "redis_server",
+    "postgres_server",
+    "mariadb_server",
+    "etcd_cluster",
+    "rabbitmq_server",
+)
 
 
 @pytest.fixture(scope="session")
@@ -38,6 +44,12 @@ def redis_server() -> Iterator[RedisServer]:
 def postgres_server() -> Iterator[PostgresServer]:
     # No skip on failure: a suite that silently skips its PostgreSQL tests looks green.
     with PostgresServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def mariadb_server() -> Iterator[MariaDbServer]:
+    with MariaDbServer() as server:
         yield server
 
 
@@ -79,6 +91,14 @@ def postgres_url(postgres_server: PostgresServer) -> str:
     """URL of a running PostgreSQL where role ``leader`` has no sessions and no objects."""
     postgres_server.reset()
     return postgres_server.url
+
+
+@pytest.fixture
+def mariadb_url(mariadb_server: MariaDbServer) -> str:
+    """``mariadb://`` URL of a running MariaDB where user ``leader`` has no sessions and
+    its database no tables."""
+    mariadb_server.reset()
+    return mariadb_server.url
 
 
 @pytest.fixture

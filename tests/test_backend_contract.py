@@ -1,4 +1,4 @@
-"""One contract, every store: the same cases against memory, file, Redis, PostgreSQL and etcd.
+"""One contract, every store: memory, file, Redis, PostgreSQL, MariaDB and etcd.
 
 Each case talks to the store through several backend instances, as separate
 processes would (separate connections; for ``memory://`` one process-wide store).
@@ -108,6 +108,13 @@ def _postgres_store(url: str) -> Store:
     return Store("postgres", url, False, plant, down)
 
 
+def _mariadb_store(url: str) -> Store:
+    def plant(what: str) -> str | None:
+        return None  # typed columns, written only by the holder's own statements
+
+    return Store("mysql", url, False, plant, f"mariadb://leader:pw@127.0.0.1:{free_port()}/leader")
+
+
 def _etcd_store(url: str) -> Store:
     endpoint = url.removeprefix("etcd://").split(",")[0]
 
@@ -140,6 +147,7 @@ def _memory_store() -> Store:
         "file",
         "redis",
         pytest.param("postgres", marks=pytest.mark.postgres),
+        pytest.param("mariadb", marks=pytest.mark.mariadb),
         "etcd",
     ]
 )
@@ -153,6 +161,8 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
         made = _redis_store(request.getfixturevalue("redis_url"))
     elif kind == "etcd":
         made = _etcd_store(request.getfixturevalue("etcd_url"))
+    elif kind == "mariadb":
+        made = _mariadb_store(request.getfixturevalue("mariadb_url"))
     else:
         made = _postgres_store(request.getfixturevalue("postgres_url"))
     yield made

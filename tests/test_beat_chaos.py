@@ -2,7 +2,8 @@
 
 Three replicas of the beat test app (tests/apps/beat_app.py) share a broker and a lease
 store, two separate servers, so the store can be killed and come back (empty, for Redis;
-with its tables, for PostgreSQL) while the messages already published stay in the broker.
+with its tables, for PostgreSQL and MariaDB) while the messages already published stay in
+the broker.
 Faults: SIGKILL, SIGSTOP past the ttl, SIGTERM, a TCP proxy that stalls one replica's
 store traffic past the ttl, and a store restart. A replica that exits is replaced, so
 three are running at any time. Who leads is asked of the store through the library's
@@ -47,7 +48,7 @@ from celery_leader.exceptions import StoreUnavailable
 from harness.procs import Proc, Procs
 from harness.procs import signal as send_signal
 from harness.proxy import TcpProxy
-from harness.servers import PostgresServer, RedisServer
+from harness.servers import MariaDbServer, PostgresServer, RedisServer
 from harness.waiting import wait_for
 
 pytestmark = pytest.mark.slow
@@ -454,7 +455,7 @@ def start_beats(
 
 
 def every_fault(
-    store: RedisServer | PostgresServer,
+    store: RedisServer | PostgresServer | MariaDbServer,
     store_url: str,
     crash_budget: float,
     restarted: str,
@@ -659,11 +660,17 @@ def test_a_beat_leader_whose_store_connection_is_reset_stops_and_hands_over_at_o
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.postgres
-def test_three_beats_on_postgres_never_send_a_slot_twice(
+@pytest.mark.parametrize(
+    "kind",
+    [
+        pytest.param("postgres", marks=pytest.mark.postgres),
+        pytest.param("mariadb", marks=pytest.mark.mariadb),
+    ],
+)
+def test_three_beats_on_a_sql_store_never_send_a_slot_twice(
+    kind: str,
+    request: pytest.FixtureRequest,
     redis_url: str,
-    postgres_server: PostgresServer,
-    postgres_url: str,
     beat_holder: Callable[[str], Holder],
     tcp_proxy: Callable[[str, int], TcpProxy],
     procs: Procs,
@@ -671,17 +678,22 @@ def test_three_beats_on_postgres_never_send_a_slot_twice(
     tmp_path: Path,
 ) -> None:
     # The server frees a crashed holder's lock when its session's socket closes, and a
-    # paused or cut-off one's when idle_session_timeout (the ttl) ends the session. A
-    # killed server recovers its tables: epochs and schedule state survive the restart,
-    # because the backend turns synchronous_commit on for its sessions (the suite's server
-    # runs with it off; see test_a_claim_acknowledged_by_postgres_survives_a_crash).
+    # paused or cut-off one's when the session's idle timeout (PostgreSQL's
+    # idle_session_timeout, MariaDB's wait_timeout: the ttl) ends the session. A killed
+    # server recovers its tables: epochs and schedule state survive the restart, because
+    # the backend turns synchronous_commit on for its PostgreSQL sessions (the suite's
+    # server runs with it off; see test_a_claim_acknowledged_by_postgres_survives_a_crash)
+    # and the suite's MariaDB writes InnoDB's log at every commit (flushed once a second,
+    # which a killed process does not need).
+    server = request.getfixturevalue(f"{kind}_server")
+    url = request.getfixturevalue(f"{kind}_url")
     every_fault(
-        postgres_server,
-        postgres_url,
+        server,
+        url,
         GRACEFUL,
         "store killed, back with its data",
         env=beat_env(redis_url),
-        holder=beat_holder(postgres_url),
+        holder=beat_holder(url),
         tcp_proxy=tcp_proxy,
         procs=procs,
         tap=tap,

@@ -17,6 +17,7 @@ from celery_leader.backends import create_backend
 from celery_leader.backends.etcd import EtcdBackend
 from celery_leader.backends.file import FileBackend
 from celery_leader.backends.memory import MemoryBackend
+from celery_leader.backends.mysql import MySqlBackend
 from celery_leader.backends.redis import RedisBackend
 from celery_leader.config import DEFAULT_KEY_PREFIX, DEFAULT_TTL, DRIFT, MARGIN
 from harness.servers import free_port
@@ -68,6 +69,8 @@ def test_renew_interval_defaults_to_a_third_of_the_ttl() -> None:
         ("file:///{tmp}", "file", FileBackend),
         ("etcd://127.0.0.1:2379,127.0.0.1:22379", "etcd", EtcdBackend),
         ("etcds://u:pw@127.0.0.1?cacert=/ca.pem", "etcd", EtcdBackend),
+        ("mysql://u:pw@127.0.0.1:3306/db", "mysql", MySqlBackend),
+        ("mariadb://u:pw@127.0.0.1/db?ssl_ca=/ca.pem", "mysql", MySqlBackend),
     ],
 )
 def test_scheme_selects_the_backend(url: str, kind: str, backend: type, tmp_path) -> None:

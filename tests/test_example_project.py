@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from celery_leader.backends import create_backend
+from celery_leader.config import LeaderConfig
 from harness.procs import Proc, Procs
 from harness.waiting import wait_for
 
@@ -92,10 +94,14 @@ def _published(client: redis.Redis) -> list[dict[str, object]]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "database", ["sqlite", pytest.param("mariadb", marks=pytest.mark.mariadb)]
+)
 def test_database_scheduler_survives_sigkill_without_duplicates(
-    tmp_path: Path, redis_url: str, procs: Procs
+    tmp_path: Path, redis_url: str, procs: Procs, database: str, request: pytest.FixtureRequest
 ) -> None:
-    """3 replicas of LeaderDatabaseScheduler on SQLite, Redis store: kill the leader."""
+    """3 replicas of LeaderDatabaseScheduler: on SQLite with a Redis store, and on MariaDB
+    with the project's own database as the store (``django://default``). Kill the leader."""
     broker_url = redis_url.rsplit("/", 1)[0] + "/1"
     extra = {
         "CELERY_LEADER_URL": redis_url,
@@ -103,6 +109,11 @@ def test_database_scheduler_survives_sigkill_without_duplicates(
         "CELERY_LEADER_TTL": "2",
         "DEMO_EVERY": "1",
     }
+    store_url = redis_url
+    if database == "mariadb":
+        store_url = request.getfixturevalue("mariadb_url")
+        extra["DJANGO_MYSQL"] = store_url.removeprefix("mariadb://")
+        extra["CELERY_LEADER_URL"] = "django://default"
     assert _manage(tmp_path, "migrate", "--no-input", **extra).returncode == 0
     # django-celery-beat's own table gets an entry every second too.
     shell = _manage(
@@ -130,9 +141,11 @@ def test_database_scheduler_survives_sigkill_without_duplicates(
     epochs = {h["leader_epoch"] for h in _published(client)}
     assert len(epochs) == 1
     leader_epoch = epochs.pop()
-    store = redis.Redis.from_url(redis_url)
-    # The stored holder is the instance id, then U+001F and the holder's broker.
-    holder = json.loads(store.get("{celery_leader:beat}:lock"))["holder"].partition("\x1f")[0]
+    store = create_backend(LeaderConfig.from_mapping({"leader_url": store_url}))
+    info = store.holder("beat")
+    store.close()
+    assert info is not None
+    holder = info.instance_id
     killed = beats[holder]
     os.killpg(killed.pid, signal.SIGKILL)
     killed_at = time.monotonic()

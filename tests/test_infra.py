@@ -9,12 +9,13 @@ import time
 
 import amqp
 import psycopg
+import pymysql
 import pytest
 import redis
 
 from harness.procs import Procs
 from harness.procs import signal as send_signal
-from harness.servers import PostgresServer, RabbitServer, RedisServer
+from harness.servers import MariaDbServer, PostgresServer, RabbitServer, RedisServer
 from harness.waiting import wait_for
 
 
@@ -183,6 +184,57 @@ def test_postgres_url_ends_sessions_of_earlier_tests(postgres_server: PostgresSe
         assert conn.execute("SELECT to_regclass('leftover')").fetchone() == (None,)
     with pytest.raises(psycopg.OperationalError):
         leaked.execute("SELECT 1")
+
+
+def _leader_connection(server: MariaDbServer) -> pymysql.Connection:
+    return pymysql.connect(
+        host="127.0.0.1", port=server.port, user=server.user, password=server.password,
+        database=server.user, autocommit=True, connect_timeout=2,
+    )  # fmt: skip
+
+
+def _one(conn: pymysql.Connection, query: str) -> object:
+    with conn.cursor() as cur:
+        cur.execute(query)
+        row = cur.fetchone()
+    return None if row is None else row[0]
+
+
+@pytest.mark.mariadb
+def test_mariadb_kill_drops_sessions_and_recovers_its_tables(
+    mariadb_server: MariaDbServer, mariadb_url: str
+) -> None:
+    holder = _leader_connection(mariadb_server)
+    assert _one(holder, "SELECT GET_LOCK('x', 0)") == 1
+    _one(holder, "CREATE TABLE survives (x int) ENGINE = InnoDB")
+    _one(holder, "INSERT INTO survives VALUES (1)")
+    port = mariadb_server.port
+
+    mariadb_server.kill()
+    with pytest.raises(pymysql.err.OperationalError):
+        _one(holder, "SELECT 1")
+
+    mariadb_server.start()
+    assert mariadb_server.port == port
+    with _leader_connection(mariadb_server) as conn:
+        assert _one(conn, "SELECT GET_LOCK('x', 0)") == 1
+        assert _one(conn, "SELECT count(*) FROM survives") == 1
+
+
+@pytest.mark.mariadb
+def test_mariadb_url_ends_sessions_of_earlier_tests(mariadb_server: MariaDbServer) -> None:
+    leaked = _leader_connection(mariadb_server)
+    _one(leaked, "SELECT GET_LOCK('y', 0)")
+    _one(leaked, "CREATE TABLE leftover (x int)")
+
+    mariadb_server.reset()
+
+    with _leader_connection(mariadb_server) as conn:
+        assert _one(conn, "SELECT GET_LOCK('y', 0)") == 1
+        assert _one(conn, "SELECT count(*) FROM information_schema.tables"
+                          " WHERE table_schema = 'leader'") == 0  # fmt: skip
+    with pytest.raises(pymysql.err.OperationalError):
+        _one(leaked, "SELECT 1")
 
 
 def _amqp_connect(url: str) -> amqp.Connection:

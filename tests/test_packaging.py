@@ -92,7 +92,7 @@ def test_wheel_ships_exactly_the_tracked_package_files(dists: dict[str, Path]) -
         for line in metadata.splitlines()
         if line.startswith("Requires-Dist:") and "; extra ==" in line
     ]
-    for extra in ("celery", "dramatiq", "redis", "postgres", "django", "metrics", "etcd"):
+    for extra in ("celery", "dramatiq", "redis", "postgres", "django", "metrics", "etcd", "mysql"):
         assert f"Provides-Extra: {extra}" in metadata
 
 
@@ -190,7 +190,7 @@ import importlib.abc, sys
 
 class Block(importlib.abc.MetaPathFinder):
     # As if only the base install were there: no Celery, no store clients.
-    names = {"celery", "kombu", "billiard", "click", "redis", "psycopg", "django",
+    names = {"celery", "kombu", "billiard", "click", "redis", "psycopg", "pymysql", "django",
              "django_celery_beat", "dramatiq", "prometheus_client"}
     def find_spec(self, name, path=None, target=None):
         if name.split(".")[0] in self.names:
@@ -216,7 +216,7 @@ for name in ("LeaderScheduler", "leader_only"):
         getattr(celery_leader, name)
     except MissingExtra as exc:
         print(name, "->", exc)
-for url in ("redis://127.0.0.1:1/0", "postgresql://u@127.0.0.1:1/db"):
+for url in ("redis://127.0.0.1:1/0", "postgresql://u@127.0.0.1:1/db", "mysql://u@127.0.0.1:1/db"):
     try:
         create_backend(LeaderConfig.from_mapping({"leader_url": url}))
     except MissingExtra as exc:
@@ -231,8 +231,9 @@ def test_base_install_works_without_celery_or_store_clients() -> None:
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0] == "base ok"
-    assert len(lines) == 5, lines
-    for line, extra in zip(lines[1:], ("celery", "celery", "redis", "postgres"), strict=True):
+    assert len(lines) == 6, lines
+    extras = ("celery", "celery", "redis", "postgres", "mysql")
+    for line, extra in zip(lines[1:], extras, strict=True):
         assert line.endswith(f"pip install 'celery-leader[{extra}]'"), line
         assert "\n" not in line
 

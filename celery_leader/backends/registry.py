@@ -8,6 +8,7 @@ A leaf module (it imports nothing of the package), so that
 from __future__ import annotations
 
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ STORES: tuple[Store, ...] = (
     Store(
         "postgres", ("postgresql", "postgres", "django"), ".postgres", "PostgresBackend", "postgres"
     ),
+    Store("mysql", ("mysql", "mariadb"), ".mysql", "MySqlBackend", "mysql"),
     Store("etcd", ("etcd", "etcds"), ".etcd", "EtcdBackend", "etcd"),
     Store("file", ("file",), ".file", "FileBackend"),
     Store("memory", ("memory",), ".memory", "MemoryBackend"),
@@ -40,3 +42,31 @@ _BY_SCHEME = {scheme: store for store in STORES for scheme in store.schemes}
 def store_for(scheme: str) -> Store | None:
     """The store that URLs of ``scheme`` (lower case) select, if any."""
     return _BY_SCHEME.get(scheme)
+
+
+def django_alias(url: str) -> str:
+    """The ``DATABASES`` alias ``django://ALIAS`` names (``default`` when none)."""
+    parts = urlsplit(url)
+    return parts.netloc or parts.path.strip("/") or "default"
+
+
+def store_for_url(url: str) -> Store | None:
+    """The store ``url`` selects, if any.
+
+    ``django://ALIAS`` selects the MySQL store when Django's ``DATABASES[ALIAS]``
+    uses ``django.db.backends.mysql`` (MySQL and MariaDB alike), PostgreSQL otherwise.
+    """
+    scheme = urlsplit(url).scheme.lower()
+    if scheme == "django" and _django_engine(django_alias(url)).endswith(".mysql"):
+        return _BY_SCHEME["mysql"]
+    return store_for(scheme)
+
+
+def _django_engine(alias: str) -> str:
+    try:
+        from django.conf import settings  # type: ignore[import-untyped]
+
+        return str(settings.DATABASES[alias].get("ENGINE", ""))
+    except Exception:
+        # The PostgreSQL store's parameters then say in one line what is missing.
+        return ""

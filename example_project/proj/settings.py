@@ -50,6 +50,25 @@ DATABASES = {
         "NAME": os.environ.get("DJANGO_DB", str(DATA / "db.sqlite3")),
     }
 }
+# DJANGO_MYSQL=user:password@host:port/name runs the project on MySQL or MariaDB,
+# whose database can then be the lease store too: CELERY_LEADER_URL=django://default.
+if os.environ.get("DJANGO_MYSQL"):
+    from urllib.parse import urlsplit
+
+    import pymysql
+
+    # Django's MySQL backend imports mysqlclient (MySQLdb); PyMySQL, which
+    # celery-leader[mysql] installs, stands in for it.
+    pymysql.install_as_MySQLdb()
+    _db = urlsplit(f"mysql://{os.environ['DJANGO_MYSQL']}")
+    DATABASES["default"] = {
+        "ENGINE": "django.db.backends.mysql",
+        "NAME": _db.path.lstrip("/"),
+        "USER": _db.username,
+        "PASSWORD": _db.password,
+        "HOST": _db.hostname,
+        "PORT": _db.port,
+    }
 USE_TZ = True
 TIME_ZONE = "UTC"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import math
 from typing import Any
-from urllib.parse import urlsplit
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from ..._urls import mask_url, scheme_of
 from ...exceptions import ConfigError
+from ..django_db import django_database
 from .sql import ms
 
 #: Django ``OPTIONS`` keys that are Django's or psycopg's own, not libpq's.
@@ -61,27 +61,7 @@ def _url_params(url: str) -> dict[str, Any]:
 
 def _django_params(url: str) -> tuple[dict[str, Any], str]:
     """libpq parameters of ``settings.DATABASES[alias]`` for ``django://alias``."""
-    parts = urlsplit(url)
-    alias = parts.netloc or parts.path.strip("/") or "default"
-    try:
-        from django.conf import settings  # type: ignore[import-untyped]
-        from django.core.exceptions import ImproperlyConfigured  # type: ignore[import-untyped]
-    except ImportError:
-        raise ConfigError(
-            f"leader_url {url!r} reads Django's DATABASES, but Django is not installed"
-        ) from None
-    try:
-        databases = settings.DATABASES
-    except ImproperlyConfigured as exc:
-        raise ConfigError(
-            f"leader_url {url!r}: Django settings are not configured ({exc})"
-        ) from None
-    database = databases.get(alias)
-    if database is None:
-        raise ConfigError(
-            f"leader_url {url!r}: settings.DATABASES has no {alias!r} "
-            f"(it has {', '.join(map(repr, databases)) or 'none'})"
-        )
+    alias, database = django_database(url)
     engine = str(database.get("ENGINE", ""))
     if not engine.endswith((".postgresql", ".postgis")):
         raise ConfigError(

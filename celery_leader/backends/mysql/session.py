@@ -1,0 +1,224 @@
+"""Dedicated sessions: connecting, running statements under the store deadline,
+and queueing a follower's session for the election's lock (the lock part)."""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pymysql
+from pymysql.constants import CLIENT, ER
+
+from ..._urls import mask_url
+from ...exceptions import StoreMisconfigured, StoreUnavailable
+from ..errors import first_line
+from ..waiting import LockWaiter
+from .sql import CREATE_SCHEMA, SCHEMA_EXISTS, SETUP, STATEMENT_DEADLINE, WAIT_LOCK, whole_seconds
+
+logger = logging.getLogger(__name__)
+
+
+class SessionGone(StoreUnavailable):
+    """The session is over (closed by the server, the network or our deadline).
+
+    Whatever it held is released, or will be as soon as the server notices,
+    so a term that lived in it is lost for good.
+    """
+
+
+@dataclass(frozen=True)
+class Result:
+    """One statement's result: its rows (empty for a write) and the rows it matched."""
+
+    rows: tuple[tuple[Any, ...], ...]
+    rowcount: int
+
+
+class Session:
+    """A dedicated connection and the server thread (``CONNECTION_ID()``) behind it."""
+
+    def __init__(self, conn: pymysql.Connection[Any], conn_id: int) -> None:
+        self.conn = conn
+        self.conn_id = conn_id
+        #: One statement at a time, and ``close()`` never races a statement
+        #: (PyMySQL connections are not thread-safe).
+        self.lock = threading.Lock()
+
+    def close(self) -> None:
+        with self.lock:
+            try:
+                self.conn.close()
+            except pymysql.MySQLError:
+                pass  # already broken: closing the socket is all there was to do
+
+
+class Connector:
+    """Opens sessions to one database and runs statements on them.
+
+    Every statement runs under the store deadline: PyMySQL's read and write
+    timeouts (= the store deadline) close the connection when the server or
+    the network does not answer in time, and the server cancels a slow
+    statement a little before (``max_statement_time`` on MariaDB,
+    ``max_execution_time`` for SELECTs on MySQL), so that a merely slow server
+    costs one failed call, not the session and the term held in it.
+    PyMySQL errors become :class:`StoreUnavailable` in one line, with the
+    password masked.
+    """
+
+    def __init__(self, params: Mapping[str, Any], target: str, timeout: float) -> None:
+        self.params = dict(params)
+        #: The database as messages name it: the URL with its password masked.
+        self.target = target
+        self.timeout = timeout
+        self._password = str(params.get("password") or "")
+        self._schema_ready = False
+
+    @property
+    def database(self) -> str:
+        """The database every session uses (named locks include it)."""
+        return str(self.params["database"])
+
+    def connect(self, ttl: float | None) -> Session:
+        """A new dedicated session; ``ttl`` set means it may hold a lock.
+
+        Such a session runs with ``wait_timeout`` = the ttl rounded up to whole
+        seconds: the server ends it, and frees its lock, when it sent nothing
+        for that long (see the package docstring). Renewals are statements on
+        it and restart the count, so the server never drops a healthy holder.
+        """
+        try:
+            conn = pymysql.connect(
+                **self.params,
+                autocommit=True,
+                client_flag=CLIENT.MULTI_STATEMENTS | CLIENT.FOUND_ROWS,
+                charset="utf8mb4",
+                program_name="celery-leader",
+                connect_timeout=max(2.0, self.timeout),
+                read_timeout=self.timeout,
+                write_timeout=self.timeout,
+            )
+        except pymysql.MySQLError as exc:
+            raise StoreUnavailable(
+                f"cannot connect to {self.target}: {self.describe(exc)}"
+            ) from exc
+        session = Session(conn, 0)
+        try:
+            # Admin sessions keep the server's wait_timeout: they live for one statement.
+            idle_s = whole_seconds(ttl) if ttl is not None else None
+            _, ident, variables = self.execute(
+                session, SETUP, {"idle_s": idle_s, "lock_wait_s": whole_seconds(self.timeout)}
+            )
+            session.conn_id, version = ident.rows[0]
+            self._refuse_clusters(dict(variables.rows))
+            flavor = "mariadb" if "mariadb" in str(version).lower() else "mysql"
+            # 90 % of the deadline: the server gives up first, the session survives.
+            self.execute(
+                session,
+                STATEMENT_DEADLINE[flavor],
+                {"seconds": round(self.timeout * 0.9, 3), "ms": max(1, int(self.timeout * 900))},
+            )
+        except Exception:
+            session.close()
+            raise
+        return session
+
+    def ensure_schema(self, session: Session) -> None:
+        """Create the tables on first use (a user without CREATE can use an admin's)."""
+        if self._schema_ready:
+            return
+        ((exists,),) = self.execute(session, SCHEMA_EXISTS)[0].rows
+        if not exists:
+            self.execute(session, CREATE_SCHEMA)
+        self._schema_ready = True
+
+    def execute(
+        self, session: Session, query: str, params: Mapping[str, Any] | None = None
+    ) -> list[Result]:
+        """Run ``query`` (one or more statements, one round trip) under the store
+        deadline; one :class:`Result` per statement. PyMySQL errors become
+        StoreUnavailable (SessionGone when the connection is closed)."""
+        with session.lock:
+            try:
+                with session.conn.cursor() as cursor:
+                    cursor.execute(query, params)
+                    results = [Result(tuple(cursor.fetchall()), cursor.rowcount)]
+                    while cursor.nextset():
+                        results.append(Result(tuple(cursor.fetchall()), cursor.rowcount))
+                    return results
+            except pymysql.MySQLError as exc:
+                if _code(exc) == ER.NO_SUCH_TABLE:
+                    self._schema_ready = False  # dropped behind our back: make it again
+                message = f"{self.target}: {self.describe(exc)}"
+                if not session.conn.open:
+                    raise SessionGone(message) from exc
+                raise StoreUnavailable(message) from exc
+
+    def check_conn_id(self, session: Session, conn_id: int) -> None:
+        """Refuse a proxy that runs our statements on more than one server connection."""
+        if conn_id != session.conn_id:
+            raise StoreMisconfigured(
+                f"leader_url {self.target}: statements on one connection ran on two server "
+                "connections; a proxy that multiplexes connections (ProxySQL?) is in the way. "
+                "celery-leader holds a session lock: connect to the server directly"
+            )
+
+    def describe(self, exc: BaseException) -> str:
+        """One line from a PyMySQL error, without its tuple form or any password."""
+        args = exc.args
+        # PyMySQL's errors are (code, message); others are one message.
+        text = " ".join(str(args[1]).split()) if len(args) >= 2 else first_line(exc)
+        text = text or type(exc).__name__
+        text = re.sub(r"\s*\(timed out\)$", " (no answer within the store deadline)", text)
+        if self._password:
+            text = text.replace(self._password, "***")
+        return mask_url(text)
+
+    def _refuse_clusters(self, variables: Mapping[str, str]) -> None:
+        """Refuse Galera and group replication: named locks are not replicated there."""
+        if str(variables.get("wsrep_on", "OFF")).upper() == "ON":
+            cluster = "a Galera cluster (wsrep_on)"
+        elif variables.get("group_replication_group_name"):
+            cluster = "a group replication member"
+        else:
+            return
+        raise StoreMisconfigured(
+            f"leader_url {self.target} is {cluster}: GET_LOCK locks are not replicated, so "
+            "two nodes would each grant an election; point leader_url at one server "
+            "(a primary with asynchronous or semi-synchronous replicas)"
+        )
+
+
+def _code(exc: BaseException) -> int | None:
+    args = exc.args
+    return args[0] if args and isinstance(args[0], int) else None
+
+
+def queue_for_lock(
+    connector: Connector, session: Session, lock: str
+) -> LockWaiter[Session]:
+    """Queue ``session`` for the named lock ``lock`` in a thread of its own.
+
+    The server grants the lock to it the moment the holder releases it or its
+    session ends, so a crashed holder is replaced without any polling. It
+    waits in slices of half the store deadline, each one ``GET_LOCK`` whose
+    answer must come within the deadline: a follower cut off from the server
+    notices, and a follower that left stops within one slice.
+    """
+    slice_s = round(connector.timeout / 2, 3)
+
+    def wait(session: Session, cancelled: threading.Event) -> bool:
+        try:
+            while not cancelled.is_set():
+                result = connector.execute(session, WAIT_LOCK, {"lock": lock, "slice_s": slice_s})
+                if result[0].rows[0][0] == 1:
+                    return True
+        except StoreUnavailable as exc:
+            # The follower's next acquire connects afresh and reports errors itself.
+            logger.debug("celery-leader: lock waiter stopped: %s", exc)
+        return False
+
+    return LockWaiter(session, wait, Session.close, name="celery-leader-mysql-waiter")

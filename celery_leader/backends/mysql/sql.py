@@ -1,0 +1,183 @@
+"""The SQL of the MySQL / MariaDB store, and the ``GET_LOCK`` name of an election.
+
+Every value travels as a parameter (PyMySQL quotes it on the client); the few
+statements that splice in another constant are built from constants only
+(hence their S608 waivers). Only statements both MySQL (>= 8.0) and MariaDB
+(>= 10.4) run are used: no ``RETURNING`` (MariaDB only), no
+``INSERT ... AS new`` (MySQL only); the epoch comes back through
+``LAST_INSERT_ID(expr)``, which both have.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+#: ``GET_LOCK`` names longer than this are refused by MySQL (ER_USER_LOCK_WRONG_NAME).
+MAX_LOCK_NAME = 64
+
+#: Starts every hashed lock name. Key prefixes and election names cannot
+#: contain ``#`` (config checks them), so no readable name starts with it.
+HASHED = "celery_leader#"
+
+
+def lock_name(database: str, key_prefix: str, election: str) -> str:
+    """The ``GET_LOCK`` name of ``election``: ``"<prefix>:<election>@<database>"``.
+
+    Named locks are server-wide, not per database, so the database is part of
+    the name: two databases on one server keep their elections apart, as
+    their tables are apart. Names over 64 characters become
+    ``"celery_leader#"`` + the first 50 hex digits of their SHA-256; the
+    readable name stays in the lease table (``prefix``, ``election``) next to it.
+    """
+    name = f"{key_prefix}:{election}@{database}"
+    if len(name) <= MAX_LOCK_NAME:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()
+    return HASHED + digest[: MAX_LOCK_NAME - len(HASHED)]
+
+
+def whole_seconds(seconds: float) -> int:
+    """A timeout the server takes in whole seconds, rounded up so it never shrinks."""
+    return max(1, math.ceil(seconds))
+
+
+#: Serializes table creation between processes (a named lock of its own:
+#: ``#`` keeps it apart from every election's name).
+SCHEMA_LOCK = "celery_leader#schema"
+
+SCHEMA_EXISTS = """
+SELECT COUNT(*) = 2 FROM information_schema.tables
+WHERE table_schema = DATABASE() AND table_name IN ('celery_leader_lease', 'celery_leader_state')
+"""
+
+# utf8mb4_bin: values and names compare byte for byte. The default collations
+# ignore case and trailing spaces, which would let a compare-and-set match a
+# state it did not read.
+CREATE_SCHEMA = f"""
+DO GET_LOCK('{SCHEMA_LOCK}', 10);
+CREATE TABLE IF NOT EXISTS celery_leader_lease (
+    prefix      VARCHAR(190) NOT NULL,
+    election    VARCHAR(190) NOT NULL,
+    lock_name   VARCHAR(64)  NOT NULL,
+    epoch       BIGINT       NOT NULL,
+    token       TEXT,
+    instance_id TEXT,
+    conn        BIGINT UNSIGNED,
+    resign      TEXT,
+    PRIMARY KEY (prefix, election)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+CREATE TABLE IF NOT EXISTS celery_leader_state (
+    prefix   VARCHAR(190) NOT NULL,
+    election VARCHAR(190) NOT NULL,
+    entry    VARCHAR(190) NOT NULL,
+    value    MEDIUMTEXT   NOT NULL,
+    PRIMARY KEY (prefix, election, entry)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+DO RELEASE_LOCK('{SCHEMA_LOCK}')
+"""
+
+# Every connection. The session values are the server-side half of the lease
+# (see the package docstring); the last statement reports what the server is.
+# innodb_lock_wait_timeout and lock_wait_timeout (row and metadata locks; whole
+# seconds, 1 at least) keep a statement stuck behind another session's lock
+# from waiting the default 50 s / 1 year: it fails, and the session (and any
+# term in it) carries on.
+SETUP = """
+SET SESSION wait_timeout = COALESCE(%(idle_s)s, @@GLOBAL.wait_timeout),
+            innodb_lock_wait_timeout = %(lock_wait_s)s,
+            lock_wait_timeout = %(lock_wait_s)s,
+            sql_mode = 'STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION';
+SELECT CONNECTION_ID(), VERSION();
+SHOW GLOBAL VARIABLES WHERE Variable_name IN
+    ('wsrep_on', 'group_replication_group_name', 'group_replication_single_primary_mode')
+"""
+
+# The server's own statement deadline, a little under ours (MariaDB: any
+# statement, in seconds; MySQL: read-only SELECTs, in milliseconds).
+STATEMENT_DEADLINE = {
+    "mariadb": "SET SESSION max_statement_time = %(seconds)s",
+    "mysql": "SET SESSION max_execution_time = %(ms)s",
+}
+
+LEASE_ROW = (
+    "SELECT instance_id, epoch FROM celery_leader_lease"
+    " WHERE prefix = %(prefix)s AND election = %(election)s"
+)
+
+TRY_LOCK = f"""
+SELECT CONNECTION_ID(), GET_LOCK(%(lock)s, 0), t.instance_id, t.epoch
+FROM (SELECT 1) AS one LEFT JOIN ({LEASE_ROW}) AS t ON TRUE
+"""  # noqa: S608
+
+# Runs on the session that holds the lock, so two processes can never bump the
+# epoch of one election at the same time. One round trip, three statements.
+START_TERM = """
+INSERT INTO celery_leader_lease (prefix, election, lock_name, epoch, instance_id, conn)
+VALUES (%(prefix)s, %(election)s, %(lock)s, LAST_INSERT_ID(%(floor)s + 1), %(instance)s,
+        CONNECTION_ID())
+ON DUPLICATE KEY UPDATE
+    epoch = LAST_INSERT_ID(GREATEST(epoch, %(floor)s) + 1),
+    lock_name = %(lock)s, instance_id = %(instance)s, conn = CONNECTION_ID(), resign = NULL;
+UPDATE celery_leader_lease
+SET token = JSON_OBJECT('token', %(nonce)s, 'epoch', LAST_INSERT_ID(), 'holder', %(instance)s)
+WHERE prefix = %(prefix)s AND election = %(election)s;
+SELECT CONNECTION_ID(), epoch, token FROM celery_leader_lease
+WHERE prefix = %(prefix)s AND election = %(election)s
+"""
+
+# The renewal: a ping with the store deadline that also says whether this
+# session still holds the lock and whether an operator asked it to resign.
+RENEW = """
+SELECT CONNECTION_ID(), IS_USED_LOCK(%(lock)s) <=> CONNECTION_ID(),
+       EXISTS (SELECT 1 FROM celery_leader_lease
+               WHERE prefix = %(prefix)s AND election = %(election)s AND resign = %(token)s)
+"""
+
+RELEASE = "SELECT RELEASE_LOCK(%(lock)s)"
+
+# A queued follower's slice: GET_LOCK returns 1 the moment the holder releases
+# the lock or its session ends, 0 at the end of the slice (then it queues again).
+WAIT_LOCK = "SELECT GET_LOCK(%(lock)s, %(slice_s)s)"
+
+HOLDER = """
+SELECT IS_USED_LOCK(%(lock)s), t.instance_id, t.epoch, t.conn
+FROM (SELECT 1) AS one
+LEFT JOIN celery_leader_lease AS t ON t.prefix = %(prefix)s AND t.election = %(election)s
+"""
+
+REQUEST_RESIGN = """
+UPDATE celery_leader_lease SET resign = token
+WHERE prefix = %(prefix)s AND election = %(election)s AND conn = IS_USED_LOCK(%(lock)s);
+SELECT instance_id, epoch FROM celery_leader_lease
+WHERE prefix = %(prefix)s AND election = %(election)s AND conn = IS_USED_LOCK(%(lock)s)
+  AND resign = token
+"""
+
+ELECTIONS = """
+SELECT election FROM celery_leader_lease WHERE prefix = %(prefix)s
+UNION
+SELECT election FROM celery_leader_state WHERE prefix = %(prefix)s
+ORDER BY 1
+"""
+
+LOAD_STATE = """
+SELECT entry, value FROM celery_leader_state WHERE prefix = %(prefix)s AND election = %(election)s
+"""
+
+# Fenced writes, one statement each, in order, in one transaction and one round
+# trip. Each writes only while this session holds the election's lock.
+# Connections report *matched* rows (CLIENT.FOUND_ROWS), so a write whose new
+# value equals the expected one still counts as applied.
+CLAIM_NEW = """
+INSERT INTO celery_leader_state (prefix, election, entry, value)
+SELECT %(prefix)s, %(election)s, %(entry)s, %(new)s FROM DUAL
+WHERE IS_USED_LOCK(%(lock)s) <=> CONNECTION_ID()
+  AND NOT EXISTS (SELECT 1 FROM celery_leader_state
+                  WHERE prefix = %(prefix)s AND election = %(election)s AND entry = %(entry)s)
+"""
+CLAIM_UPDATE = """
+UPDATE celery_leader_state SET value = %(new)s
+WHERE prefix = %(prefix)s AND election = %(election)s AND entry = %(entry)s
+  AND value = %(expected)s AND IS_USED_LOCK(%(lock)s) <=> CONNECTION_ID()
+"""

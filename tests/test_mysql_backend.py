@@ -1,0 +1,236 @@
+"""MySqlBackend against a real MariaDB: what only this store does. The protocol itself
+is in tests/test_backend_contract.py, its faults with real processes in the beat and
+Dramatiq chaos tests."""
+
+from __future__ import annotations
+
+import textwrap
+import threading
+import time
+from collections.abc import Callable, Iterator
+from urllib.parse import urlsplit
+
+import pytest
+
+from celery_leader.backends import Renewal, Write
+from celery_leader.backends.mysql import MySqlBackend, lock_name
+from celery_leader.backends.mysql.params import connection_params
+from celery_leader.config import DRIFT, MARGIN
+from celery_leader.exceptions import ConfigError, StoreMisconfigured, StoreUnavailable
+from harness.procs import Procs
+from harness.proxy import TcpProxy
+from harness.servers import MariaDbServer
+
+pytestmark = pytest.mark.mariadb
+
+PREFIX = "t"
+ELECTION = "beat"
+
+
+@pytest.fixture
+def backends(mariadb_url: str) -> Iterator[Callable[..., MySqlBackend]]:
+    """Factory of backends on the test database; all closed at teardown."""
+    made: list[MySqlBackend] = []
+
+    def make(url: str = mariadb_url, timeout: float = 0.5, prefix: str = PREFIX) -> MySqlBackend:
+        backend = MySqlBackend(url, prefix, timeout)
+        made.append(backend)
+        return backend
+
+    yield make
+    for backend in made:
+        backend.close()
+
+
+def _used_by(server: MariaDbServer, name: str) -> int | None:
+    with server.root_connection() as conn, conn.cursor() as cur:
+        cur.execute("SELECT IS_USED_LOCK(%s)", (name,))
+        row = cur.fetchone()
+    return None if row is None else row[0]
+
+
+def test_long_names_are_hashed_and_the_readable_one_stays_in_the_table(
+    mariadb_server: MariaDbServer, backends: Callable[..., MySqlBackend]
+) -> None:
+    assert lock_name("leader", PREFIX, ELECTION) == "t:beat@leader"
+    prefix = "p" * 80
+    name = lock_name("leader", prefix, ELECTION)
+    assert len(name) == 64 and name.startswith("celery_leader#")
+    backend = backends(prefix=prefix)
+    term = backend.acquire(ELECTION, "a", 5.0, 0).term
+    assert term is not None
+    assert _used_by(mariadb_server, name) is not None
+    with mariadb_server.root_connection() as conn, conn.cursor() as cur:
+        cur.execute("SELECT prefix, election, lock_name FROM leader.celery_leader_lease")
+        assert cur.fetchall() == ((prefix, ELECTION, name),)
+
+
+def test_a_session_killed_by_the_server_loses_everything(
+    mariadb_server: MariaDbServer, backends: Callable[..., MySqlBackend]
+) -> None:
+    a, b = backends(), backends()
+    term = a.acquire(ELECTION, "a", 5.0, 0).term
+    assert term is not None
+    follower = b.acquire(ELECTION, "b", 5.0, 0)
+    assert follower.term is None and follower.holder is not None
+    thread_id = _used_by(mariadb_server, lock_name("leader", PREFIX, ELECTION))
+    killed = time.monotonic()
+    with mariadb_server.root_connection() as conn, conn.cursor() as cur:
+        cur.execute(f"KILL CONNECTION {int(thread_id or 0)}")
+    # The queued follower is granted the lock the moment the session is gone.
+    b.wait(ELECTION, 5.0, threading.Event())
+    assert time.monotonic() - killed < 0.5
+    assert a.claim(ELECTION, term, [Write("slot", None, "stale")]) == [False]
+    assert a.renew(ELECTION, term, 5.0) is Renewal.LOST
+    a.release(ELECTION, term)  # nothing left to release: no error
+    taken = b.acquire(ELECTION, "b", 5.0, 0)
+    assert taken.term is not None and taken.term.epoch == 2
+    assert b.load_state(ELECTION) == {}
+
+
+@pytest.mark.parametrize("ttl", [1.0, 1.4])
+def test_wait_timeout_frees_the_lock_no_earlier_than_the_belief(
+    backends: Callable[..., MySqlBackend], ttl: float
+) -> None:
+    a, b = backends(), backends()
+    sent = time.monotonic()
+    term = a.acquire(ELECTION, "a", ttl, 0).term  # and never renewed: a "paused" holder
+    assert term is not None
+    assert b.acquire(ELECTION, "b", ttl, 0).term is None
+    b.wait(ELECTION, ttl + 3, threading.Event())
+    taken = b.acquire(ELECTION, "b", ttl, 0)
+    won = time.monotonic()
+    assert taken.term is not None
+    # The holder's belief (what Lease trusts after `sent`) ended before b won...
+    assert won > sent + ttl * (1 - DRIFT) - MARGIN
+    # ...and the server kept the lock no longer than the ttl rounded up to whole seconds.
+    assert won - sent < -(-ttl // 1) + 0.5
+    assert a.claim(ELECTION, term, [Write("slot", None, "stale")]) == [False]
+    assert a.renew(ELECTION, term, ttl) is Renewal.LOST
+
+
+def test_a_renewing_holder_outlives_wait_timeout(backends: Callable[..., MySqlBackend]) -> None:
+    a = backends()
+    term = a.acquire(ELECTION, "a", 1.0, 0).term
+    assert term is not None
+    until = time.monotonic() + 2.5
+    while time.monotonic() < until:
+        assert a.renew(ELECTION, term, 1.0) is Renewal.RENEWED
+        time.sleep(0.3)  # the renew interval of a 1 s ttl
+    assert a.claim(ELECTION, term, [Write("slot", None, "1")]) == [True]
+
+
+def test_a_cut_off_holder_loses_its_claims_and_a_follower_takes_over_after_the_ttl(
+    mariadb_server: MariaDbServer,
+    backends: Callable[..., MySqlBackend],
+    tcp_proxy: Callable[[str, int], TcpProxy],
+) -> None:
+    proxy = tcp_proxy("127.0.0.1", mariadb_server.port)
+    a, b = backends(proxy.url_for(mariadb_server.url)), backends()
+    sent = time.monotonic()
+    term = a.acquire(ELECTION, "a", 1.0, 0).term
+    assert term is not None
+    proxy.hold()
+    began = time.monotonic()
+    assert a.claim(ELECTION, term, [Write("slot", None, "cut")]) == [False]
+    assert time.monotonic() - began < 0.5 + 0.3  # the store deadline, not longer
+    assert b.acquire(ELECTION, "b", 1.0, 0).term is None
+    b.wait(ELECTION, 5.0, threading.Event())
+    taken = b.acquire(ELECTION, "b", 1.0, 0)
+    assert taken.term is not None
+    # The server counts wait_timeout from its answer to the holder's last statement.
+    assert sent + 1.0 * (1 - DRIFT) - MARGIN < time.monotonic() < sent + 1.5
+    proxy.release()
+    assert a.renew(ELECTION, term, 1.0) is Renewal.LOST
+    assert b.load_state(ELECTION) == {}
+
+
+def test_errors_are_one_line_with_the_password_masked(mariadb_server: MariaDbServer) -> None:
+    url = f"mariadb://leader:s3cret-pw@127.0.0.1:{mariadb_server.port}/leader"
+    backend = MySqlBackend(url, PREFIX, 0.5)
+    with pytest.raises(StoreUnavailable) as info:
+        backend.acquire(ELECTION, "a", 5.0, 0)
+    message = str(info.value)
+    assert "s3cret-pw" not in message and "\n" not in message
+    assert "Access denied" in message and "leader:***@" in message
+
+
+def test_a_galera_node_is_refused_in_one_line() -> None:
+    # wsrep on without a provider: the server says it is a Galera node, alone.
+    with MariaDbServer("--wsrep-on=ON", "--wsrep-provider=none", "--binlog-format=ROW") as node:
+        backend = MySqlBackend(node.url, PREFIX, 0.5)
+        with pytest.raises(StoreMisconfigured) as info:
+            backend.acquire(ELECTION, "a", 5.0, 0)
+    message = str(info.value)
+    assert "\n" not in message and "Galera" in message and "not replicated" in message
+
+
+def test_explicit_replica_acks_are_refused(backends: Callable[..., MySqlBackend]) -> None:
+    a = backends()
+    a.replica_acks = 1
+    term = a.acquire(ELECTION, "a", 5.0, 0).term
+    assert term is not None
+    with pytest.raises(StoreMisconfigured, match="leader_replica_acks is 1"):
+        a.claim(ELECTION, term, [Write("slot", None, "1")])
+    assert a.load_state(ELECTION) == {}
+
+
+def test_url_parameters() -> None:
+    params, target = connection_params(
+        "mysql://u:p%40w@db.example:3307/app?ssl_ca=/ca.pem&ssl_verify_identity=true"
+    )
+    assert params == {
+        "host": "db.example",
+        "port": 3307,
+        "database": "app",
+        "user": "u",
+        "password": "p@w",
+        "ssl_ca": "/ca.pem",
+        "ssl_verify_identity": True,
+    }
+    assert target == "mysql://u:***@db.example:3307/app?ssl_ca=/ca.pem&ssl_verify_identity=true"
+    with pytest.raises(ConfigError, match="names no database"):
+        connection_params("mariadb://u:p@host/")
+    with pytest.raises(ConfigError, match="unknown or invalid query parameter sslmode"):
+        connection_params("mariadb://u:p@host/db?sslmode=require")
+
+
+def test_django_alias_selects_the_store_by_engine(mariadb_url: str, procs: Procs) -> None:
+    parts = urlsplit(mariadb_url)
+    code = textwrap.dedent(
+        f"""
+        import django
+        from django.conf import settings
+        settings.configure(DATABASES={{
+            "default": {{
+                "ENGINE": "django.db.backends.mysql",
+                "NAME": {parts.path.lstrip("/")!r}, "USER": {parts.username!r},
+                "PASSWORD": {parts.password!r}, "HOST": {parts.hostname!r},
+                "PORT": {str(parts.port)!r}, "OPTIONS": {{"charset": "utf8mb4"}},
+            }},
+            "pg": {{"ENGINE": "django.db.backends.postgresql", "NAME": "x"}},
+        }})
+        django.setup()
+        from celery_leader.backends import create_backend
+        from celery_leader.backends.mysql import MySqlBackend
+        from celery_leader.config import LeaderConfig
+        from celery_leader.exceptions import ConfigError
+
+        for alias in ("default", "pg"):
+            config = LeaderConfig.from_mapping({{"leader_url": f"django://{{alias}}"}})
+            print("KIND", alias, config.store_kind)
+        backend = create_backend(LeaderConfig.from_mapping({{"leader_url": "django://default"}}))
+        print("EPOCH", backend.acquire("beat", "a", 5.0, 0).term.epoch)
+        try:
+            MySqlBackend("django://pg", "dj", 0.5)
+        except ConfigError as exc:
+            print("ERROR", exc)
+        """
+    )
+    proc = procs.spawn_python(code)
+    assert proc.wait(30) == 0, proc.output()
+    lines = proc.lines()
+    assert "KIND default mysql" in lines and "KIND pg postgres" in lines, proc.output()
+    assert "EPOCH 1" in lines, proc.output()
+    errors = [line for line in lines if line.startswith("ERROR")]
+    assert len(errors) == 1 and "not django.db.backends.mysql" in errors[0], proc.output()
