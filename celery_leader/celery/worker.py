@@ -38,7 +38,7 @@ from ..pins import role_of
 from ..process import default_instance_id
 from . import deadline_table, decorators, leadership, routing
 from .routing import spec_of
-from .signals import elected as _elected  # noqa: F401 - importing it connects the signals
+from .signals import SIGNALS
 
 try:
     from celery import bootsteps, signals
@@ -109,6 +109,7 @@ class LeaderNode:
                 name,
                 on_change=self._publish,
                 health_check=self._consumer_health if name in self.queues else None,
+                observers=(SIGNALS, metrics.OBSERVER),
                 start=False,
             )
             for name in elections

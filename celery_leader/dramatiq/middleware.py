@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from multiprocessing.util import Finalize
 from typing import Any
 
+from .. import metrics
 from ..backends import HolderInfo
 from ..config import LeaderConfig, validate_name
 from ..exceptions import ConfigError, LeaderError, StoreUnavailable, missing_extra
@@ -303,6 +304,7 @@ class LeaderMiddleware(Middleware):
                     election,
                     on_change=self._apply,
                     health_check=lambda: self._cut_off(election),
+                    observers=(metrics.OBSERVER,),
                 )
         return membership.lease
 

@@ -20,11 +20,12 @@ The tick watchdog, health file and metrics come with the lease
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timezone
 
 from .. import metrics
 from ..backends import Term
+from ..callbacks import Observer
 from ..config import LeaderConfig
 from ..exceptions import StoreUnavailable, TermEnded
 from ..lease import Lease
@@ -57,11 +58,12 @@ class SlotProtocol:
         idle: float,
         max_sleep: float,
         clock: Callable[[], datetime] | None = None,
+        observers: Iterable[Observer] = (),
     ) -> None:
         self.config = config
         self.adapter = adapter
         self.logger = logger
-        self.runtime = SchedulerLease(config)
+        self.runtime = SchedulerLease(config, observers)
         #: Sleep of a follower's tick: how long a promotion goes unnoticed.
         self.idle = idle
         #: Longest sleep of a leader's tick.

@@ -7,7 +7,10 @@ the same on both.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from .. import metrics
+from ..callbacks import Observer
 from ..config import LeaderConfig
 from ..health import HealthFile, Watchdog
 from ..lease import Lease
@@ -19,10 +22,12 @@ class SchedulerLease:
 
     The lease is not created in ``__init__``: Celery builds its scheduler once
     more just to print the banner, and that one must not join the election.
+    ``observers`` watch the lease (the framework's signals, metrics).
     """
 
-    def __init__(self, config: LeaderConfig) -> None:
+    def __init__(self, config: LeaderConfig, observers: Iterable[Observer] = ()) -> None:
         self.config = config
+        self.observers = tuple(observers)
         if config.metrics_port is not None:
             metrics.require()  # a missing [metrics] extra fails at start-up
         self.watchdog = Watchdog(config.watchdog_timeout)
@@ -46,6 +51,7 @@ class SchedulerLease:
                 config.beat_election,
                 health_check=self.watchdog.overdue,
                 on_cycle=self._lease_cycle if config.health_file is not None else None,
+                observers=self.observers,
                 start=False,
             )
             lease = membership.lease
