@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -31,7 +30,7 @@ from .. import metrics
 from ..backends import Backend
 from ..config import LeaderConfig
 from ..exceptions import StoreUnavailable, missing_extra
-from ..health import HealthFile
+from ..health import ConsumerLiveness, HealthFile
 from ..lease import Lease
 from ..leases import lease_set
 from ..pins import role_of
@@ -99,6 +98,10 @@ class LeaderNode:
         self.config = config
         #: Election -> leader queue, for the elections with ``wait``-mode tasks.
         self.queues = dict(queues or {})
+        #: The consumer's broker connection, told by :class:`LeaderQueueStep`. A
+        #: node whose consumer is cut off for a ttl cannot consume a leader queue:
+        #: it steps down and stays out until the consumer is back.
+        self.consumer = ConsumerLiveness("the worker's broker consumer", config.ttl)
         self._lease_set = lease_set(config)
         self.table = deadline_table.DeadlineTable.create(
             deadline_table.store_id(config.url, config.key_prefix), elections
@@ -108,7 +111,7 @@ class LeaderNode:
             self._lease_set.join(
                 name,
                 on_change=self._publish,
-                health_check=self._consumer_health if name in self.queues else None,
+                health_check=self.consumer.problem if name in self.queues else None,
                 observers=(SIGNALS, metrics.OBSERVER),
                 start=False,
             )
@@ -123,10 +126,6 @@ class LeaderNode:
         self._beat_epoch = 0
         self._epoch_lock = threading.Lock()
         self._by_election = {lease.election: lease for lease in self.leases}
-        # When the consumer last lost (or had not yet made) its broker connection;
-        # None while it consumes. Starts "down": a node that never reaches the
-        # broker must not keep a leader queue's election either.
-        self._consumer_down_since: float | None = time.monotonic()
         if config.metrics_port is not None:
             metrics.require()  # a missing [metrics] extra fails as the worker starts
         #: The worker election's health, for ``leader check`` (liveness probes);
@@ -143,31 +142,6 @@ class LeaderNode:
     def backend(self) -> Backend:
         """The store connection this node's leases share."""
         return self._lease_set.backend
-
-    def consumer_up(self) -> None:
-        """The consumer is connected and consuming (its queue step started)."""
-        self._consumer_down_since = None
-
-    def consumer_down(self) -> None:
-        """The consumer lost its broker connection (its queue step stopped)."""
-        if self._consumer_down_since is None:
-            self._consumer_down_since = time.monotonic()
-
-    def _consumer_health(self) -> str | None:
-        """Why this node must not lead an election with a leader queue now, if it must not.
-
-        A node whose consumer has been cut off from the broker for a ttl cannot
-        consume the leader queue: it steps down (the lease's health check) and
-        does not campaign until the consumer is back, so a node that reaches the
-        broker runs what waits there. Shorter outages (a reconnect) keep the lead.
-        """
-        since = self._consumer_down_since
-        if since is None:
-            return None
-        down = time.monotonic() - since
-        if down < self.config.ttl:
-            return None
-        return f"the worker's broker consumer has been down for {down:.1f} s"
 
     def leads(self, election: str) -> bool:
         """True while this node leads ``election`` (main process, no I/O).
@@ -367,7 +341,7 @@ class LeaderQueueStep(bootsteps.StartStopStep):  # type: ignore[misc]  # celery 
         """Start comparing leadership and consumption (the consumer is connected)."""
         if self.node is None or not self.node.queues or self._timer is not None:
             return
-        self.node.consumer_up()
+        self.node.consumer.connected()
         self._sync(c)
         self._timer = c.timer.call_repeatedly(QUEUE_SYNC_INTERVAL, self._sync, (c,))
 
@@ -378,7 +352,7 @@ class LeaderQueueStep(bootsteps.StartStopStep):  # type: ignore[misc]  # celery 
         it reconnects and starts this step again.
         """
         if self.node is not None:
-            self.node.consumer_down()
+            self.node.consumer.disconnected()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
