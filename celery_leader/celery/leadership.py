@@ -117,7 +117,7 @@ def is_leader(election: str | None = None, *, app: Any = None) -> bool:
     """True while this process (or its worker) leads ``election``.
 
     The same check ``@leader_only`` makes: in a worker's pool process it reads
-    the deadline the worker published; elsewhere it joins the election on the
+    the deadline the worker wrote; elsewhere it joins the election on the
     first call. ``election`` defaults to ``leader_worker_election`` and
     ``app`` to the current Celery app.
     """

@@ -1,7 +1,7 @@
-"""Worker bootsteps: run the elections in the main process, publish them to the pool.
+"""Worker bootsteps: run the elections in the main process, share them with the pool.
 
 :class:`LeaderStep` (worker blueprint) joins ``leader_worker_election`` and
-every election named by a ``@leader_only`` function, and publishes each
+every election named by a ``@leader_only`` function, and writes each
 lease's validity deadline into the deadline table that pool processes read
 (:mod:`celery_leader.celery.deadline_table`). :class:`LeaderQueueStep` (consumer
 blueprint) consumes the leader queue of each election with ``wait``-mode
@@ -110,7 +110,7 @@ class LeaderNode:
         self._memberships = [
             self._lease_set.join(
                 name,
-                on_change=self._publish,
+                on_change=self._write_deadline,
                 health_check=self.consumer.problem if name in self.queues else None,
                 observers=(SIGNALS, metrics.OBSERVER),
                 start=False,
@@ -118,7 +118,7 @@ class LeaderNode:
             for name in elections
         ]
         self.leases = [membership.lease for membership in self._memberships]
-        self._publish_lock = threading.Lock()
+        self._write_lock = threading.Lock()
         self._leave_now = threading.Event()
         self._leave_lock = threading.Lock()
         self._left = False
@@ -129,7 +129,7 @@ class LeaderNode:
         if config.metrics_port is not None:
             metrics.require()  # a missing [metrics] extra fails as the worker starts
         #: The worker election's health, for ``leader check`` (liveness probes);
-        #: rewritten by the publishing loop, so a stuck loop shows as a stale file.
+        #: rewritten by the deadline loop, so a stuck loop shows as a stale file.
         self.health = (
             None
             if config.health_file is None
@@ -155,7 +155,7 @@ class LeaderNode:
         return self._by_election[election].is_leader()
 
     def start(self) -> None:
-        """Join every election and start publishing."""
+        """Join every election and start writing their deadlines."""
         if self.config.fence_tasks:
             self._refresh_beat_epoch()
         if self.config.metrics_port is not None:
@@ -163,11 +163,11 @@ class LeaderNode:
         for lease in self.leases:
             metrics.track(lease)
             lease.start()
-        self._thread = threading.Thread(target=self._run, name="celery-leader:publish", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="celery-leader:table", daemon=True)
         self._thread.start()
 
     def request_leave(self) -> None:
-        """Ask the publishing thread to leave every election now.
+        """Ask the deadline thread to leave every election now.
 
         Only sets an event, so it is safe in a signal handler: Celery runs
         ``worker_shutting_down`` receivers there, up to a second before its
@@ -195,12 +195,12 @@ class LeaderNode:
             self._left = True
 
     def stop(self) -> None:
-        """Leave every election, stop publishing, remove the table file. Idempotent."""
+        """Leave every election, stop writing deadlines, remove the table file. Idempotent."""
         self.leave()
         if self._thread is not None:
             self._thread.join()
         for lease in self.leases:
-            self.table.publish(lease.election, 0.0, 0)
+            self.table.write(lease.election, 0.0, 0)
             metrics.untrack(lease)
         if self.health is not None:
             self.health.write()  # says "follower" from now on
@@ -231,20 +231,20 @@ class LeaderNode:
         """Highest epoch of the beat election this node has seen."""
         return self._beat_epoch
 
-    def _publish(self, lease: Lease) -> None:
+    def _write_deadline(self, lease: Lease) -> None:
         # Reading the lease under the lock orders a demotion against a
-        # concurrent periodic publish: whichever writes last read the lease
+        # concurrent periodic write: whichever writes last read the lease
         # after it dropped its belief, so a stale deadline never lands after
         # the zero that precedes the release.
-        with self._publish_lock:
-            self.table.publish(lease.election, lease.valid_until, lease.epoch or 0)
+        with self._write_lock:
+            self.table.write(lease.election, lease.valid_until, lease.epoch or 0)
 
     def _run(self) -> None:
         interval = min(self.config.renew_interval / 4, MAX_PUBLISH_INTERVAL)
         next_fence = 0.0
         while not self._leave_now.wait(interval):
             for lease in self.leases:
-                self._publish(lease)
+                self._write_deadline(lease)
             if self.health is not None:
                 self.health.write(force=False)
             if self.config.fence_tasks:

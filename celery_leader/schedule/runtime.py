@@ -17,7 +17,7 @@ from ..lease import Lease
 from ..leases import Membership, lease_set
 
 
-class SchedulerLease:
+class SchedulerRuntime:
     """The scheduler election's lease, joined on first use, with its watchdog and probes.
 
     The lease is not created in ``__init__``: Celery builds its scheduler once
