@@ -114,7 +114,7 @@ def main() -> None:
         table = deadline_table.DeadlineTable.create(
             deadline_table.store_id(config.url, config.key_prefix), [config.worker_election]
         )
-        table.publish(config.worker_election, time.monotonic() + 3600, 1)
+        table.write(config.worker_election, time.monotonic() + 3600, 1)
         deadline_table.set_process_table(table)
         leadership.forget_views()
         assert gated(1) == 1

@@ -1,4 +1,5 @@
-"""What an elector tells the code that uses it: one validated object, given at construction."""
+"""What an elector tells the code that uses it, and what watches it: validated objects,
+given at construction."""
 
 from __future__ import annotations
 
@@ -43,3 +44,31 @@ class Callbacks:
 
 #: No callbacks.
 NO_CALLBACKS = Callbacks()
+
+
+@dataclass(frozen=True)
+class Observer:
+    """What watches a lease without taking part in it (Celery's signals, metrics).
+
+    Each is optional; an exception from either is logged and otherwise ignored.
+
+    * ``on_transition(lease, event, epoch)``: after this instance was announced
+      leader (``event`` ``"elected"``) or stopped leading (``"demoted"``), with
+      the epoch of the term that started or ended.
+    * ``on_store_call(lease, operation, seconds, ok)``: after every store call
+      timed by :meth:`~celery_leader.lease.Lease.observe` (``ok`` is False
+      when it raised).
+
+    Given to the lease when it is built (or to a
+    :meth:`~celery_leader.leases.LeaseSet.join`), so that what a lease reports
+    to is fixed by the code that made it, not by what the process imported.
+    """
+
+    on_transition: Callable[[LeaseArg, str, int], Any] | None = None
+    on_store_call: Callable[[LeaseArg, str, float, bool], Any] | None = None
+
+    def __post_init__(self) -> None:
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if value is not None and not callable(value):
+                raise TypeError(f"Observer.{field.name} must be callable or None, not {value!r}")

@@ -1,12 +1,16 @@
 """Health of a process that takes part in an election: for liveness probes.
 
-Two small pieces, usable by beat and by a worker's main process alike:
+Three small pieces, usable by beat and by a worker's main process alike:
 
 * :class:`Watchdog`: a deadline by which the scheduler must finish its next
   tick. Pass :meth:`Watchdog.overdue` as the lease's ``health_check``: a
   leader whose loop hangs (a blocking ``is_due``, a stuck publish) then stops
   renewing and hands over, instead of holding the role while dispatching
   nothing.
+* :class:`ConsumerLiveness`: whether a worker's broker consumer reached the
+  broker lately, on Celery and on Dramatiq. Pass :meth:`ConsumerLiveness.problem`
+  as the lease's ``health_check``: a leader whose consumer is cut off hands
+  over to a worker that can run what waits on the broker.
 * :class:`HealthFile`: a small JSON file rewritten atomically after every
   finished tick and lease cycle (role, epoch, last tick, store reachable), and
   :func:`check`, which reads it for ``celery leader check`` and
@@ -75,6 +79,48 @@ class Watchdog:
             f"the scheduler has not finished a tick for {self.timeout + late:.1f} s "
             f"(leader_tick_timeout {self.timeout:g} s)"
         )
+
+
+class ConsumerLiveness:
+    """Whether a broker consumer reached its broker within ``grace`` seconds.
+
+    The framework tells it either by events (:meth:`connected`,
+    :meth:`disconnected`: Celery's consumer steps start and stop) or by
+    heartbeats (:meth:`alive`: Dramatiq's consumer loop goes round). It starts
+    cut off: a consumer that never reaches the broker must not let its process
+    lead. Shorter outages (a reconnect) keep the lead.
+    """
+
+    def __init__(self, name: str, grace: float) -> None:
+        #: What the reason names: the consumer of what.
+        self.name = name
+        self.grace = grace
+        # Since when nothing told that the consumer reaches the broker; None
+        # while it is connected (no heartbeat needed).
+        self._silent_since: float | None = time.monotonic()
+
+    def alive(self) -> None:
+        """The consumer reached the broker just now (a heartbeat)."""
+        self._silent_since = time.monotonic()
+
+    def connected(self) -> None:
+        """The consumer is connected and consuming, until :meth:`disconnected`."""
+        self._silent_since = None
+
+    def disconnected(self) -> None:
+        """The consumer lost its broker connection."""
+        if self._silent_since is None:
+            self._silent_since = time.monotonic()
+
+    def problem(self) -> str | None:
+        """Why this consumer counts as cut off from the broker, or ``None``."""
+        since = self._silent_since
+        if since is None:
+            return None
+        silent = time.monotonic() - since
+        if silent <= self.grace:
+            return None
+        return f"{self.name} has not reached the broker for {silent:.1f} s"
 
 
 class HealthFile:

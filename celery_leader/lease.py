@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from ._urls import mask_url
 from .backends import Backend, HolderInfo, Renewal, Term
 from .backends.lock import stored_holder
-from .callbacks import NO_CALLBACKS, Callbacks
+from .callbacks import NO_CALLBACKS, Callbacks, Observer
 from .clock import SYSTEM_CLOCK, Clock
 from .config import LeaderConfig, check_timing, validate_name, validity
 from .exceptions import StoreUnavailable
@@ -36,32 +36,15 @@ FOLLOWER_SLACK = 0.005
 #: so an unhealthy leader hands over within this of the check failing.
 HEALTH_POLL = 0.1
 
-#: Called as ``hook(event, lease, epoch)`` after every announced transition,
-#: ``event`` being ``"elected"`` or ``"demoted"``. :mod:`celery_leader.signals`
-#: adds Celery's signals here; the lease itself needs no task queue.
-transition_hooks: list[Callable[[str, Lease, int], None]] = []
-
-
-#: Called as ``hook(lease, operation, seconds, ok)`` after every store call made
-#: through :meth:`Lease.observe` (the lease's own, and beat's loads and claims):
-#: what :mod:`celery_leader.metrics` counts round trips and store errors with.
-store_hooks: list[Callable[[Lease, str, float, bool], None]] = []
-
-
-def _notify(event: str, lease: Lease, epoch: int) -> None:
-    for hook in list(transition_hooks):
-        try:
-            hook(event, lease, epoch)
-        except Exception:
-            logger.exception("celery-leader: %s hook of %r failed", event, lease.election)
-
 
 class Lease:
     """Membership of one instance in one election: the elector.
 
     Everything it tells or asks is given at construction. ``callbacks``
     (:class:`~celery_leader.callbacks.Callbacks`) hear of transitions and of
-    new leaders. ``health_check``, when set, is asked before every acquire and
+    new leaders; ``observers`` (:class:`~celery_leader.callbacks.Observer`)
+    watch its transitions and store calls (Celery's signals, metrics).
+    ``health_check``, when set, is asked before every acquire and
     renewal: a non-empty answer (the reason) makes a leader step down and a
     follower stay out, so a process whose own work is stuck does not keep the
     role. ``on_cycle`` runs in the lease thread after every acquire or renew
@@ -83,6 +66,7 @@ class Lease:
         renew_interval: float,
         instance_id: str,
         callbacks: Callbacks = NO_CALLBACKS,
+        observers: Iterable[Observer] = (),
         health_check: Callable[[], str | None] | None = None,
         on_cycle: Callable[[Lease], Any] | None = None,
         deployment: str | None = None,
@@ -101,6 +85,10 @@ class Lease:
         if not isinstance(callbacks, Callbacks):
             raise TypeError(f"callbacks must be a Callbacks, not {callbacks!r}")
         self.callbacks = callbacks
+        self._observers = tuple(observers)
+        for observer in self._observers:
+            if not isinstance(observer, Observer):
+                raise TypeError(f"observers must be Observer objects, not {observer!r}")
         self._health_check = health_check
         self._on_cycle = on_cycle
         #: The time this lease runs on.
@@ -128,7 +116,7 @@ class Lease:
     ) -> Lease:
         """A lease with the ttl, renew interval, instance id and deployment of ``config``.
 
-        ``options`` are the constructor's others (``callbacks``, ``health_check``,
+        ``options`` are the constructor's others (``callbacks``, ``observers``, ``health_check``,
         ``on_cycle``, ``clock``).
         """
         return cls(
@@ -175,7 +163,7 @@ class Lease:
 
     @contextmanager
     def observe(self, operation: str) -> Iterator[None]:
-        """Time a store call for :data:`store_hooks` (``ok`` is False when it raised)."""
+        """Time a store call for the observers' ``on_store_call`` (``ok``: it returned)."""
         started = self.clock.monotonic()
         ok = False
         try:
@@ -183,11 +171,11 @@ class Lease:
             ok = True
         finally:
             elapsed = self.clock.monotonic() - started
-            for hook in list(store_hooks):
-                try:
-                    hook(self, operation, elapsed, ok)
-                except Exception:
-                    logger.exception("celery-leader: store hook of %r failed", self.election)
+            for observer in self._observers:
+                if observer.on_store_call is not None:
+                    self._guarded(
+                        "on_store_call", observer.on_store_call, self, operation, elapsed, ok
+                    )
 
     def step_down(self, reason: str, *, kind: str = "stepped_down", sit_out: float = 0.0) -> None:
         """Stop believing at once; release the term and sit out ``sit_out`` seconds.
@@ -252,6 +240,11 @@ class Lease:
             logger.exception("celery-leader: %s of %r failed", name, self.election)
             return False
         return True
+
+    def _notify(self, event: str, epoch: int) -> None:
+        for observer in self._observers:
+            if observer.on_transition is not None:
+                self._guarded("on_transition", observer.on_transition, self, event, epoch)
 
     def _saw_leader(self, holder: HolderInfo) -> None:
         """Tell ``on_new_leader`` of a holder (term) not seen before."""
@@ -444,7 +437,7 @@ class Lease:
             if self.callbacks.on_stopped is not None:
                 self._guarded("on_stopped", self.callbacks.on_stopped, self)
             return
-        _notify("elected", self, term.epoch)
+        self._notify("elected", term.epoch)
         self._saw_leader(HolderInfo(self.instance_id, term.epoch, self.ttl, self.deployment))
 
     def _step_down(
@@ -479,7 +472,7 @@ class Lease:
             )
             if self.callbacks.on_stopped is not None:
                 self._guarded("on_stopped", self.callbacks.on_stopped, self)
-            _notify("demoted", self, term.epoch)
+            self._notify("demoted", term.epoch)
         if term is not None:
             try:
                 with self.observe("release"):

@@ -18,12 +18,12 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from .backends import Backend, HolderInfo, create_backend
-from .callbacks import Callbacks
+from .callbacks import Callbacks, Observer
 from .config import LeaderConfig
 from .lease import Lease
 from .process import after_fork_in_child
@@ -37,8 +37,9 @@ logger = logging.getLogger(__name__)
 class Membership:
     """One joiner's share of a lease: everything the joiner brings, until it leaves.
 
-    Its ``callbacks``, ``on_change``, ``health_check`` and ``on_cycle`` are fixed
-    when it joins; the lease runs those of every member.
+    Its ``callbacks``, ``on_change``, ``health_check``, ``on_cycle`` and
+    ``observers`` are fixed when it joins; the lease runs those of every member
+    (an observer that several members brought, once).
     """
 
     owner: LeaseSet = field(repr=False)
@@ -48,6 +49,7 @@ class Membership:
     on_change: Callable[[Lease], None] | None
     health_check: Callable[[], str | None] | None
     on_cycle: Callable[[Lease], None] | None
+    observers: tuple[Observer, ...] = ()
 
     def leave(self) -> None:
         """Stop taking part. The last member to leave ends the lease (demote, release,
@@ -86,6 +88,7 @@ class LeaseSet:
         on_change: Callable[[Lease], None] | None = None,
         health_check: Callable[[], str | None] | None = None,
         on_cycle: Callable[[Lease], None] | None = None,
+        observers: Iterable[Observer] = (),
         start: bool = True,
     ) -> Membership:
         """A membership of ``election``'s lease, created on the first join; started
@@ -99,8 +102,13 @@ class LeaseSet:
         another member started the lease already (it may lead by now);
         ``health_check`` is asked before every acquire and renewal, and any
         reason it gives makes the lease step down or stay out; ``on_cycle`` runs
-        after every acquire or renew cycle.
+        after every acquire or renew cycle; ``observers``
+        (:class:`~celery_leader.callbacks.Observer`) watch the lease's
+        transitions and store calls while this member takes part.
         """
+        observers = tuple(observers)
+        if any(not isinstance(observer, Observer) for observer in observers):
+            raise TypeError(f"observers must be Observer objects, not {observers!r}")
         if callbacks is not None and not isinstance(callbacks, Callbacks):
             raise TypeError(f"callbacks must be a Callbacks, not {callbacks!r}")
         with self._lock:
@@ -117,12 +125,20 @@ class LeaseSet:
                         on_stopped=lambda lease: _stopped(members, lease),
                         on_new_leader=lambda lease, holder: _new_leader(members, lease, holder),
                     ),
+                    observers=(
+                        Observer(
+                            on_transition=lambda lease, *event: _transition(members, lease, *event),
+                            on_store_call=lambda lease, *call: _store_call(members, lease, *call),
+                        ),
+                    ),
                     health_check=lambda: _first_problem(members),
                     on_cycle=lambda lease: _cycle(members, lease),
                 )
                 found = self._leases[election] = (lease, members)
             lease, members = found
-            membership = Membership(self, lease, callbacks, on_change, health_check, on_cycle)
+            membership = Membership(
+                self, lease, callbacks, on_change, health_check, on_cycle, observers
+            )
             members.append(membership)
         if shared:
             # It may have been elected before this member listened.
@@ -206,6 +222,29 @@ def _new_leader(members: list[Membership], lease: Lease, holder: HolderInfo) -> 
     for member in list(members):
         if member.callbacks is not None and member.callbacks.on_new_leader is not None:
             _guarded("on_new_leader", member.callbacks.on_new_leader, lease, holder)
+
+
+def _observers(members: list[Membership]) -> list[Observer]:
+    """The members' observers, each once: two members that report to the same
+    signals or metrics must not count one transition twice."""
+    found: list[Observer] = []
+    for member in list(members):
+        found.extend(observer for observer in member.observers if observer not in found)
+    return found
+
+
+def _transition(members: list[Membership], lease: Lease, event: str, epoch: int) -> None:
+    for observer in _observers(members):
+        if observer.on_transition is not None:
+            _guarded("on_transition", observer.on_transition, lease, event, epoch)
+
+
+def _store_call(
+    members: list[Membership], lease: Lease, operation: str, seconds: float, ok: bool
+) -> None:
+    for observer in _observers(members):
+        if observer.on_store_call is not None:
+            _guarded("on_store_call", observer.on_store_call, lease, operation, seconds, ok)
 
 
 def _cycle(members: list[Membership], lease: Lease) -> None:

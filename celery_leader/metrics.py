@@ -5,10 +5,12 @@ worker's main process) can too::
 
     from celery_leader import metrics
     metrics.serve(9808)      # idempotent; starts the HTTP endpoint once per process
-    metrics.track(lease)     # gauges for this lease; elections and demotions counted
+    metrics.track(lease)     # gauges for this lease
 
-Until :func:`serve` runs, :func:`count` and :func:`track` do nothing, so code
-can call them unconditionally without ``prometheus_client`` installed. The
+Elections, demotions, store round trips and errors are counted for the leases
+that observe :data:`OBSERVER` (given when they join). Until :func:`serve` runs,
+:data:`OBSERVER`, :func:`count` and :func:`track` do nothing, so code can use
+them unconditionally without ``prometheus_client`` installed. The
 metric names are listed in docs/operations.md.
 """
 
@@ -18,7 +20,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from . import lease as _lease_module
+from .callbacks import Observer
 from .exceptions import missing_extra
 from .lease import Lease
 
@@ -91,7 +93,7 @@ class _Metrics:
     def describe(self) -> list[Any]:
         return []  # collected lazily: nothing to check at registration
 
-    def on_transition(self, event: str, lease: Lease, epoch: int) -> None:
+    def on_transition(self, lease: Lease, event: str, epoch: int) -> None:
         self.last_epoch[lease.election] = epoch
         if event == "elected":
             self.elections.labels(lease.election).inc()
@@ -127,10 +129,23 @@ def serve(port: int, addr: str = "0.0.0.0") -> None:  # noqa: S104 - probes come
     with _lock:
         if _metrics is None:
             _metrics = _Metrics()
-            _lease_module.transition_hooks.append(_metrics.on_transition)
-            _lease_module.store_hooks.append(_metrics.on_store_call)
         if port not in _servers:
             _servers[port] = _metrics.prom.start_http_server(port, addr=addr)
+
+
+def _on_transition(lease: Lease, event: str, epoch: int) -> None:
+    if _metrics is not None:
+        _metrics.on_transition(lease, event, epoch)
+
+
+def _on_store_call(lease: Lease, operation: str, seconds: float, ok: bool) -> None:
+    if _metrics is not None:
+        _metrics.on_store_call(lease, operation, seconds, ok)
+
+
+#: Counts the elections, demotions and store calls of the leases it observes
+#: (nothing before :func:`serve`).
+OBSERVER = Observer(on_transition=_on_transition, on_store_call=_on_store_call)
 
 
 def track(lease: Lease) -> None:

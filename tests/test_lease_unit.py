@@ -19,7 +19,8 @@ import pytest
 from celery_leader import Lease, StoreUnavailable, signals
 from celery_leader.backends import Renewal, Term
 from celery_leader.backends.memory import _STORES, MemoryBackend
-from celery_leader.callbacks import Callbacks
+from celery_leader.callbacks import Callbacks, Observer
+from celery_leader.celery.signals import SIGNALS
 from celery_leader.config import DRIFT, MARGIN
 from harness.manual_clock import ManualClock
 
@@ -184,7 +185,8 @@ def make(
     renew: float = RENEW,
     **callbacks: Any,
 ) -> Lease:
-    """A lease of ``ident`` on ``backend``, on the backend's clock."""
+    """A lease of ``ident`` on ``backend``, on the backend's clock, sending Celery's
+    signals as the leases of beat and the worker step do."""
     if watch is not None:
         callbacks = {**watch.callbacks(ident), **callbacks}
     lease = Lease(
@@ -194,6 +196,7 @@ def make(
         renew_interval=renew,
         instance_id=ident,
         callbacks=Callbacks(**callbacks),
+        observers=(SIGNALS,),
         clock=backend.clock,
     )
     leases.append(lease)
@@ -341,6 +344,39 @@ def test_at_most_one_leader_among_threads_under_churn(url, leases, clock) -> Non
         sampler.join()
     assert samples > 300
     assert not several, several[:5]
+
+
+def test_a_lease_reports_to_its_observers_only(url, leases, signal_log, caplog, clock) -> None:
+    """No observer, no signal: a lease's reports are fixed when it is built."""
+    backend = MemoryBackend(url, "p", 0.1, clock)
+    heard: list[tuple[str, int]] = []
+
+    def broken(lease: Lease, operation: str, seconds: float, ok: bool) -> None:
+        raise RuntimeError("observer bug")
+
+    lease = Lease(
+        ELECTION,
+        backend,
+        ttl=TTL,
+        renew_interval=RENEW,
+        instance_id="quiet",
+        observers=(
+            Observer(
+                on_transition=lambda lease, event, epoch: heard.append((event, epoch)),
+                on_store_call=broken,
+            ),
+        ),
+        clock=clock,
+    )
+    leases.append(lease)
+    lease.start()
+    leads(lease)
+    lease.stop()
+    assert heard == [("elected", 1), ("demoted", 1)]
+    assert signal_log == [], "signals only for leases given SIGNALS"
+    assert "on_store_call of 'unit' failed" in caplog.text
+    with pytest.raises(TypeError, match="observers must be Observer"):
+        Lease(ELECTION, backend, ttl=TTL, renew_interval=RENEW, instance_id="x", observers=[print])  # type: ignore[list-item]
 
 
 # -- on_started failures ----------------------------------------------------------

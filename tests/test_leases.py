@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from celery_leader.backends import create_backend
-from celery_leader.callbacks import Callbacks
+from celery_leader.callbacks import Callbacks, Observer
 from celery_leader.config import LeaderConfig
 from celery_leader.leases import leader_of, lease_set
 from harness.waiting import wait_for
@@ -234,6 +234,39 @@ def test_callbacks_are_validated_when_built() -> None:
         Callbacks(on_started="not a function")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="callbacks must be a Callbacks"):
         lease_set(config()).join("e", callbacks={"on_started": print}, start=False)  # type: ignore[arg-type]
+
+
+def test_members_bring_observers_and_one_brought_twice_hears_once() -> None:
+    """What a lease reports to is what its members brought: nothing process-wide."""
+    leases = lease_set(config())
+    heard: list[tuple[str, str, int]] = []
+    calls: list[str] = []
+    shared = Observer(
+        on_transition=lambda lease, event, epoch: heard.append(("shared", event, epoch)),
+        on_store_call=lambda lease, operation, seconds, ok: calls.append(operation),
+    )
+    own = Observer(on_transition=lambda lease, event, epoch: heard.append(("own", event, epoch)))
+    silent = leases.join("e", start=False)
+    first = leases.join("e", observers=(shared,), start=False)
+    second = leases.join("e", observers=(shared, own), start=False)
+    try:
+        first.lease.start()
+        wait_for(first.lease.is_leader, 3, message="never elected")
+        wait_for(lambda: len(heard) >= 2, 3, message="not told")
+        # A member that left hears nothing more: the demotion reaches only `first`.
+        second.leave()
+        silent.leave()
+        first.leave()
+    finally:
+        leases.stop()
+    assert sorted(heard) == [
+        ("own", "elected", 1),
+        ("shared", "demoted", 1),
+        ("shared", "elected", 1),
+    ]
+    assert calls and set(calls) <= {"acquire", "renew", "release"}, calls
+    with pytest.raises(TypeError, match="observers must be Observer"):
+        leases.join("e", observers=(print,), start=False)  # type: ignore[arg-type]
 
 
 def test_leader_of_asks_the_store_without_joining() -> None:

@@ -35,10 +35,10 @@ def test_new_slots_say_not_leading(table: DeadlineTable) -> None:
 
 
 def test_deadline_decides(table: DeadlineTable) -> None:
-    table.publish("worker", time.monotonic() + 60, 7)
+    table.write("worker", time.monotonic() + 60, 7)
     assert table.checker(1)()
     assert table.read(1)[1] == 7
-    table.publish("worker", time.monotonic() - 0.001, 7)
+    table.write("worker", time.monotonic() - 0.001, 7)
     assert not table.checker(1)()
 
 
@@ -46,7 +46,7 @@ def test_file_is_private_and_removed(table: DeadlineTable) -> None:
     assert table.path.stat().st_mode & 0o777 == 0o600
     table.remove()
     assert not table.path.exists()
-    table.publish("beat", 1.0, 1)  # the mapping stays usable for those who have it
+    table.write("beat", 1.0, 1)  # the mapping stays usable for those who have it
     assert table.read(0) == (1.0, 1)
 
 
@@ -57,7 +57,7 @@ def _read_in_child(path: str, index: int, out: multiprocessing.SimpleQueue) -> N
 
 def test_a_spawned_process_reads_by_path(table: DeadlineTable) -> None:
     deadline = time.monotonic() + 60
-    table.publish("worker", deadline, 3)
+    table.write("worker", deadline, 3)
     out = SPAWN.SimpleQueue()
     child = SPAWN.Process(target=_read_in_child, args=(str(table.path), 1, out))
     child.start()
@@ -84,7 +84,7 @@ def test_readers_never_see_a_torn_pair(table: DeadlineTable) -> None:
     n = 0
     while child.is_alive():
         n += 1
-        table.publish("beat", float(n), n)  # every consistent pair has value == epoch
+        table.write("beat", float(n), n)  # every consistent pair has value == epoch
     child.join()
     reads, torn = out.get()
     assert n > 100, "the writer hardly ran while the reader read"
@@ -103,7 +103,7 @@ def _slot_words(table: DeadlineTable, index: int) -> memoryview:
 
 def test_a_writer_stopped_mid_write(table: DeadlineTable) -> None:
     deadline = time.monotonic() + 60
-    table.publish("worker", deadline, 1)
+    table.write("worker", deadline, 1)
     words = _slot_words(table, 1)
     words[0] += 1  # the odd sequence number SIGSTOP mid-publish leaves
     # No consistent pair to be had; the deadline word alone is never torn.

@@ -27,13 +27,14 @@ from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from .. import metrics
 from ..config import validate_grace, validate_missed_slots
 from ..exceptions import ConfigError, missing_extra
 from ..schedule.jobs import Adapter, Job, Outcome
 from ..schedule.protocol import SlotProtocol
 from ..schedule.series import CronSeries, Every, Series, utc
 from . import publishing, startup
-from .signals import elected as _elected  # noqa: F401 - importing it connects the signals
+from .signals import SIGNALS
 
 try:
     from celery.beat import ScheduleEntry, Scheduler
@@ -86,6 +87,7 @@ class LeaderSchedulerMixin:
             logger,
             idle=FOLLOWER_INTERVAL,
             max_sleep=self.max_interval,
+            observers=(SIGNALS, metrics.OBSERVER),
         )
 
     def setup_schedule(self) -> None:

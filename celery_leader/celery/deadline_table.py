@@ -1,7 +1,7 @@
 """The deadline table: how a worker's pool processes learn who leads.
 
 The worker's main process runs the leases; its pool processes run the tasks.
-The main process publishes, per election, the ``time.monotonic()`` deadline
+The main process writes, per election, the ``time.monotonic()`` deadline
 of its belief and the epoch of its term into a small memory-mapped file. Pool
 processes read it with no system call and no round trip. ``CLOCK_MONOTONIC``
 is one clock for the whole machine on Linux (and macOS), so a deadline written
@@ -72,7 +72,7 @@ def store_id(url: str, key_prefix: str) -> str:
 
 
 def _table_dir() -> Path:
-    # /dev/shm keeps the file in memory (no disk writes on every publish);
+    # /dev/shm keeps the file in memory (no disk writes on every write of a deadline);
     # elsewhere the temp dir works the same, only with page cache behind it.
     shm = Path("/dev/shm")  # noqa: S108 - files are created O_EXCL, mode 0600
     if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK):
@@ -83,7 +83,7 @@ def _table_dir() -> Path:
 class DeadlineTable:
     """A mapped deadline table; see the module docstring.
 
-    Build one with :meth:`create` (the publishing process) or :meth:`open`
+    Build one with :meth:`create` (the writing process) or :meth:`open`
     (a reader). Readers use :meth:`checker` on the hot path.
     """
 
@@ -136,7 +136,7 @@ class DeadlineTable:
         table._lock_fd = fd
         return table
 
-    def publish(self, name: str, valid_until: float, epoch: int) -> None:
+    def write(self, name: str, valid_until: float, epoch: int) -> None:
         """Write one election's deadline and epoch (owner only)."""
         word = self._word(self._index[name])
         ints = self._ints

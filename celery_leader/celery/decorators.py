@@ -33,7 +33,6 @@ from ..exceptions import ConfigError, missing_extra
 from ..startup import check_store
 from . import leadership, routing
 from .routing import ON_FOLLOWER, LeaderOnly, OnFollower, spec_of
-from .signals import elected as _elected  # noqa: F401 - importing it connects the signals
 
 try:
     from celery import signals

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .. import metrics
 from ..config import LeaderConfig, validate_name
 from ..exceptions import NotLeader, StoreUnavailable, missing_extra
 from ..lease import Lease
@@ -32,6 +33,7 @@ from ..leases import Membership, lease_set
 from ..pins import on_reset, role_of, watch
 from ..process import after_fork_in_child
 from . import deadline_table
+from .signals import SIGNALS
 
 try:
     from celery import signals
@@ -115,7 +117,7 @@ def is_leader(election: str | None = None, *, app: Any = None) -> bool:
     """True while this process (or its worker) leads ``election``.
 
     The same check ``@leader_only`` makes: in a worker's pool process it reads
-    the deadline the worker published; elsewhere it joins the election on the
+    the deadline the worker wrote; elsewhere it joins the election on the
     first call. ``election`` defaults to ``leader_worker_election`` and
     ``app`` to the current Celery app.
     """
@@ -228,7 +230,12 @@ def _local_lease(app: Any, election: str) -> Lease:
         return found.lease
     decided = threading.Event()
     leases = lease_set(config)
-    membership = leases.join(election, on_change=lambda _lease: decided.set(), start=False)
+    membership = leases.join(
+        election,
+        on_change=lambda _lease: decided.set(),
+        observers=(SIGNALS, metrics.OBSERVER),
+        start=False,
+    )
     _joined[config, election] = membership
     lease = membership.lease
     logger.info(

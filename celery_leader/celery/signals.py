@@ -6,14 +6,16 @@ the term that starts or ends) and ``instance_id``. Receivers run in the thread
 that noticed the change (the lease's own thread, or the one calling ``stop()``),
 so they must return quickly. Celery logs and swallows a receiver's exception.
 
-Importing this module (beat, the worker bootstep and ``@leader_only`` do) is what
-connects the signals to every :class:`~celery_leader.lease.Lease` of the process.
+The lease knows nothing of Celery (Dramatiq users have none): the Celery parts
+that join an election (beat, the worker bootstep, ``is_leader()`` and
+``@leader_only`` outside a worker) pass :data:`SIGNALS` among its observers.
 """
 
 from __future__ import annotations
 
+from ..callbacks import Observer
 from ..exceptions import missing_extra
-from ..lease import Lease, transition_hooks
+from ..lease import Lease
 
 try:
     from celery.utils.dispatch import Signal
@@ -27,11 +29,10 @@ elected = Signal(name="celery_leader.elected")
 demoted = Signal(name="celery_leader.demoted")
 
 
-def _send(event: str, lease: Lease, epoch: int) -> None:
+def _send(lease: Lease, event: str, epoch: int) -> None:
     signal = elected if event == "elected" else demoted
     signal.send(sender=lease.election, lease=lease, epoch=epoch, instance_id=lease.instance_id)
 
 
-# The lease knows nothing of Celery (Dramatiq users have none): these signals
-# are sent through its transition hooks once this module is imported.
-transition_hooks.append(_send)
+#: Sends :data:`elected` and :data:`demoted` for the leases it observes.
+SIGNALS = Observer(on_transition=_send)

@@ -1,7 +1,7 @@
-"""Worker bootsteps: run the elections in the main process, publish them to the pool.
+"""Worker bootsteps: run the elections in the main process, share them with the pool.
 
 :class:`LeaderStep` (worker blueprint) joins ``leader_worker_election`` and
-every election named by a ``@leader_only`` function, and publishes each
+every election named by a ``@leader_only`` function, and writes each
 lease's validity deadline into the deadline table that pool processes read
 (:mod:`celery_leader.celery.deadline_table`). :class:`LeaderQueueStep` (consumer
 blueprint) consumes the leader queue of each election with ``wait``-mode
@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -32,14 +31,14 @@ from ..backends import Backend
 from ..callbacks import Callbacks
 from ..config import LeaderConfig
 from ..exceptions import StoreUnavailable, missing_extra
-from ..health import HealthFile
+from ..health import ConsumerLiveness, HealthFile
 from ..lease import Lease
 from ..leases import lease_set
 from ..pins import role_of
 from ..process import default_instance_id
 from . import deadline_table, decorators, leadership, routing
 from .routing import spec_of
-from .signals import elected as _elected  # noqa: F401 - importing it connects the signals
+from .signals import SIGNALS
 
 try:
     from celery import bootsteps, signals
@@ -100,6 +99,10 @@ class LeaderNode:
         self.config = config
         #: Election -> leader queue, for the elections with ``wait``-mode tasks.
         self.queues = dict(queues or {})
+        #: The consumer's broker connection, told by :class:`LeaderQueueStep`. A
+        #: node whose consumer is cut off for a ttl cannot consume a leader queue:
+        #: it steps down and stays out until the consumer is back.
+        self.consumer = ConsumerLiveness("the worker's broker consumer", config.ttl)
         self._lease_set = lease_set(config)
         self.table = deadline_table.DeadlineTable.create(
             deadline_table.store_id(config.url, config.key_prefix), elections
@@ -115,14 +118,15 @@ class LeaderNode:
                     if name == config.worker_election and config.health_port is not None
                     else None
                 ),
-                on_change=self._publish,
-                health_check=self._consumer_health if name in self.queues else None,
+                on_change=self._write_deadline,
+                health_check=self.consumer.problem if name in self.queues else None,
+                observers=(SIGNALS, metrics.OBSERVER),
                 start=False,
             )
             for name in elections
         ]
         self.leases = [membership.lease for membership in self._memberships]
-        self._publish_lock = threading.Lock()
+        self._write_lock = threading.Lock()
         self._leave_now = threading.Event()
         self._leave_lock = threading.Lock()
         self._left = False
@@ -130,14 +134,10 @@ class LeaderNode:
         self._beat_epoch = 0
         self._epoch_lock = threading.Lock()
         self._by_election = {lease.election: lease for lease in self.leases}
-        # When the consumer last lost (or had not yet made) its broker connection;
-        # None while it consumes. Starts "down": a node that never reaches the
-        # broker must not keep a leader queue's election either.
-        self._consumer_down_since: float | None = time.monotonic()
         if config.metrics_port is not None:
             metrics.require()  # a missing [metrics] extra fails as the worker starts
         #: The worker election's health, for ``leader check`` (liveness probes);
-        #: rewritten by the publishing loop, so a stuck loop shows as a stale file.
+        #: rewritten by the deadline loop, so a stuck loop shows as a stale file.
         #: The same record serves the HTTP endpoint (``leader_health_port``).
         self.health = (
             None
@@ -152,31 +152,6 @@ class LeaderNode:
         """The store connection this node's leases share."""
         return self._lease_set.backend
 
-    def consumer_up(self) -> None:
-        """The consumer is connected and consuming (its queue step started)."""
-        self._consumer_down_since = None
-
-    def consumer_down(self) -> None:
-        """The consumer lost its broker connection (its queue step stopped)."""
-        if self._consumer_down_since is None:
-            self._consumer_down_since = time.monotonic()
-
-    def _consumer_health(self) -> str | None:
-        """Why this node must not lead an election with a leader queue now, if it must not.
-
-        A node whose consumer has been cut off from the broker for a ttl cannot
-        consume the leader queue: it steps down (the lease's health check) and
-        does not campaign until the consumer is back, so a node that reaches the
-        broker runs what waits there. Shorter outages (a reconnect) keep the lead.
-        """
-        since = self._consumer_down_since
-        if since is None:
-            return None
-        down = time.monotonic() - since
-        if down < self.config.ttl:
-            return None
-        return f"the worker's broker consumer has been down for {down:.1f} s"
-
     def leads(self, election: str) -> bool:
         """True while this node leads ``election`` (main process, no I/O).
 
@@ -189,7 +164,7 @@ class LeaderNode:
         return self._by_election[election].is_leader()
 
     def start(self) -> None:
-        """Join every election and start publishing."""
+        """Join every election and start writing their deadlines."""
         if self.config.fence_tasks:
             self._refresh_beat_epoch()
         if self.config.metrics_port is not None:
@@ -199,11 +174,11 @@ class LeaderNode:
         for lease in self.leases:
             metrics.track(lease)
             lease.start()
-        self._thread = threading.Thread(target=self._run, name="celery-leader:publish", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="celery-leader:table", daemon=True)
         self._thread.start()
 
     def request_leave(self) -> None:
-        """Ask the publishing thread to leave every election now.
+        """Ask the deadline thread to leave every election now.
 
         Only sets an event, so it is safe in a signal handler: Celery runs
         ``worker_shutting_down`` receivers there, up to a second before its
@@ -231,12 +206,12 @@ class LeaderNode:
             self._left = True
 
     def stop(self) -> None:
-        """Leave every election, stop publishing, remove the table file. Idempotent."""
+        """Leave every election, stop writing deadlines, remove the table file. Idempotent."""
         self.leave()
         if self._thread is not None:
             self._thread.join()
         for lease in self.leases:
-            self.table.publish(lease.election, 0.0, 0)
+            self.table.write(lease.election, 0.0, 0)
             metrics.untrack(lease)
         if self.health is not None:
             self.health.write()  # says "follower" from now on
@@ -267,20 +242,20 @@ class LeaderNode:
         """Highest epoch of the beat election this node has seen."""
         return self._beat_epoch
 
-    def _publish(self, lease: Lease) -> None:
+    def _write_deadline(self, lease: Lease) -> None:
         # Reading the lease under the lock orders a demotion against a
-        # concurrent periodic publish: whichever writes last read the lease
+        # concurrent periodic write: whichever writes last read the lease
         # after it dropped its belief, so a stale deadline never lands after
         # the zero that precedes the release.
-        with self._publish_lock:
-            self.table.publish(lease.election, lease.valid_until, lease.epoch or 0)
+        with self._write_lock:
+            self.table.write(lease.election, lease.valid_until, lease.epoch or 0)
 
     def _run(self) -> None:
         interval = min(self.config.renew_interval / 4, MAX_PUBLISH_INTERVAL)
         next_fence = 0.0
         while not self._leave_now.wait(interval):
             for lease in self.leases:
-                self._publish(lease)
+                self._write_deadline(lease)
             if self.health is not None:
                 self.health.write(force=False)
             if self.config.fence_tasks:
@@ -377,7 +352,7 @@ class LeaderQueueStep(bootsteps.StartStopStep):  # type: ignore[misc]  # celery 
         """Start comparing leadership and consumption (the consumer is connected)."""
         if self.node is None or not self.node.queues or self._timer is not None:
             return
-        self.node.consumer_up()
+        self.node.consumer.connected()
         self._sync(c)
         self._timer = c.timer.call_repeatedly(QUEUE_SYNC_INTERVAL, self._sync, (c,))
 
@@ -388,7 +363,7 @@ class LeaderQueueStep(bootsteps.StartStopStep):  # type: ignore[misc]  # celery 
         it reconnects and starts this step again.
         """
         if self.node is not None:
-            self.node.consumer_down()
+            self.node.consumer.disconnected()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

@@ -22,15 +22,20 @@ So every wait-mode queue's consumer thread gets a :class:`Gate`:
   process (handed to a worker and not yet acked or held), so its close returns
   what was held and never what ran. After the close it resumes if this process
   leads again.
+
+And :func:`liveness` tells a :class:`~celery_leader.health.ConsumerLiveness`
+(the same as a Celery worker's) when a consumer thread goes round its loop, so
+a process whose consumers cannot reach the broker hands its elections over.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
+
+from ..health import ConsumerLiveness
 
 logger = logging.getLogger(__name__)
 
@@ -169,30 +174,20 @@ class Gate:
         )
 
 
-class Liveness:
-    """When a consumer thread last went round its loop: a consumer cut off from the broker stops.
+def liveness(thread: Any, grace: float) -> ConsumerLiveness:
+    """The liveness of a consumer thread, told each time it goes round its loop.
 
     Dramatiq's consumer loop calls ``handle_delayed_messages`` after every
     message and every idle poll (at most ``worker_timeout`` apart). A consumer
-    whose connection failed sits in Dramatiq's restart delay instead, retrying.
+    whose connection failed sits in Dramatiq's restart delay instead, retrying,
+    and so falls silent.
     """
+    found = ConsumerLiveness(f"consumer of {thread.queue_name!r}", grace)
+    original = thread.handle_delayed_messages
 
-    def __init__(self, thread: Any, grace: float) -> None:
-        self.thread = thread
-        self.grace = grace
-        self.seen = time.monotonic()
-        original = thread.handle_delayed_messages
+    def handle_delayed_messages() -> None:
+        found.alive()
+        original()
 
-        def handle_delayed_messages() -> None:
-            self.seen = time.monotonic()
-            original()
-
-        thread.handle_delayed_messages = handle_delayed_messages
-
-    def problem(self) -> str | None:
-        """Why this consumer counts as cut off from the broker, or ``None``."""
-        silent = time.monotonic() - self.seen
-        if silent <= self.grace:
-            return None
-        queue = self.thread.queue_name
-        return f"consumer of {queue!r} has not reached the broker for {silent:.1f} s"
+    thread.handle_delayed_messages = handle_delayed_messages
+    return found

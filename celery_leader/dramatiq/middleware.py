@@ -22,15 +22,17 @@ from dataclasses import dataclass
 from multiprocessing.util import Finalize
 from typing import Any
 
+from .. import metrics
 from ..backends import HolderInfo
 from ..config import LeaderConfig, validate_name
 from ..exceptions import ConfigError, LeaderError, StoreUnavailable, missing_extra
+from ..health import ConsumerLiveness
 from ..lease import Lease
 from ..leases import LeaseSet, Membership, lease_set
 from ..pins import Role, role_of, watch
 from ..process import after_fork_in_child, default_instance_id
 from .cli_errors import one_line_errors
-from .gate import Gate, Liveness
+from .gate import Gate, liveness
 from .pika_logs import quiet_connect_errors
 from .runner import embedded_scheduler
 from .scheduler import schedules_of
@@ -122,7 +124,7 @@ class LeaderMiddleware(Middleware):
         self._closed = False  # stop() ran: never join an election again in this process
         self._campaigns: set[str] = set()  # elections this worker process consumes work of
         self._gates: dict[str, Gate] = {}  # wait-mode queue -> its consumer's gate
-        self._liveness: dict[str, list[Liveness]] = {}  # election -> its queues' consumers
+        self._liveness: dict[str, list[ConsumerLiveness]] = {}  # election -> its queues' consumers
         after_fork_in_child(self._forget_parent)
         _current = self
 
@@ -210,7 +212,7 @@ class LeaderMiddleware(Middleware):
             # its silence means this process cannot reach the broker.
             grace = CONSUMER_RESTART_DELAY_SECS + 2 * thread.worker_timeout / 1000
             with self._lock:
-                self._liveness.setdefault(rule.election, []).append(Liveness(thread, grace))
+                self._liveness.setdefault(rule.election, []).append(liveness(thread, grace))
         elif rule.mode == "wait":
             election = rule.election
             self._gates[queue] = Gate(thread, election, lambda: self.leads(election))
@@ -303,6 +305,7 @@ class LeaderMiddleware(Middleware):
                     election,
                     on_change=self._apply,
                     health_check=lambda: self._cut_off(election),
+                    observers=(metrics.OBSERVER,),
                 )
         return membership.lease
 
@@ -340,8 +343,8 @@ class LeaderMiddleware(Middleware):
 
     def _cut_off(self, election: str) -> str | None:
         """Why this process must not lead ``election``: its consumers cannot reach the broker."""
-        for liveness in list(self._liveness.get(election, [])):
-            problem = liveness.problem()
+        for consumer in list(self._liveness.get(election, [])):
+            problem = consumer.problem()
             if problem is not None:
                 return problem
         return None

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from .. import metrics
 from ..config import LeaderConfig
 from ..exceptions import ConfigError
 from ..schedule.jobs import NOT_CONNECTED, Adapter, Job, Outcome, caused_by
@@ -100,6 +101,7 @@ class DramatiqScheduler:
             logger,
             idle=INTERVAL,
             max_sleep=INTERVAL,
+            observers=(metrics.OBSERVER,),
         )
 
     def run(self, stop: threading.Event, parent_pid: int | None = None) -> None:

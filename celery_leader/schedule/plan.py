@@ -4,7 +4,7 @@ A dry run of the slot protocol for people (and tests): which slot of which entry
 falls due when, named exactly as its ``leader_slot`` would be. It does no I/O:
 the caller reads the stored state when it wants the plan to start from it. The arithmetic is
 the scheduler's own (:class:`~celery_leader.schedule.series.Series` and
-:func:`~celery_leader.schedule.policy.plan_slots`); only the clock is simulated.
+:func:`~celery_leader.schedule.policy.due_slots`); only the clock is simulated.
 
 What it simulates: a leader promoted at ``start`` that leads without a break
 until ``end`` and ticks at every due instant. Each entry's state at ``start`` is
@@ -31,7 +31,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from .jobs import Job
-from .policy import plan_slots
+from .policy import due_slots
 from .series import utc
 from .state import parse_state, slot_name
 from .sync import REPAIR_AFTER
@@ -98,7 +98,7 @@ def plan(
             continue
         last = _state_at(series.anchor(start), (last_runs or {}).get(job.name), start)
         # The promotion at ``start``: what the policy sends of the missed slots.
-        found = plan_slots(series, last, start, start, job.missed_slots, job.grace)
+        found = due_slots(series, last, start, start, job.missed_slots, job.grace)
         if found is not None:
             slots.extend(
                 PlannedSlot(job.name, due, slot_name(job.name, due, job.zone), start)
@@ -112,7 +112,7 @@ def plan(
             due = series.next_after(last)
             if due is None or due > end:
                 break
-            step = plan_slots(series, last, due, start, job.missed_slots, job.grace)
+            step = due_slots(series, last, due, start, job.missed_slots, job.grace)
             assert step is not None  # ``due`` itself is due
             slots.extend(
                 PlannedSlot(job.name, sent, slot_name(job.name, sent, job.zone), sent)

@@ -10,7 +10,7 @@ hand-over or while nobody led. ``leader_missed_slots`` says what to do with them
 * ``all``: send every missed slot (the newest :data:`MAX_MISSED`), oldest first.
 
 ``leader_missed_slots_grace`` drops missed slots older than that many seconds
-whatever the policy. Every slot planned lies strictly after the stored
+whatever the policy. Every slot chosen lies strictly after the stored
 ``last_run_at``, so no policy can pick a slot that was recorded already, and the
 state recorded afterwards is the newest due slot, sent or dropped.
 """
@@ -29,7 +29,7 @@ MAX_MISSED = 100
 
 
 @dataclass(frozen=True)
-class SlotPlan:
+class DueSlots:
     """What one due entry sends now, and what the store records for it."""
 
     send: list[datetime]  # due instants to send, oldest first (UTC)
@@ -37,14 +37,14 @@ class SlotPlan:
     record: datetime  # the new last_run_at: the newest due slot, sent or dropped
 
 
-def plan_slots(
+def due_slots(
     series: Series,
     last_run_at: datetime,
     now: datetime,
     promoted_at: datetime | None,
     policy: str,
     grace: float | None,
-) -> SlotPlan | None:
+) -> DueSlots | None:
     """The slots of ``series`` due in ``(last_run_at, now]`` to send under ``policy``.
 
     ``None`` when nothing is due. ``promoted_at`` is when this leader's term
@@ -67,4 +67,4 @@ def plan_slots(
     else:
         catch_up = missed[-MAX_MISSED:]
     send = catch_up + ([on_time] if on_time is not None else [])
-    return SlotPlan(send, total - len(send), newest)
+    return DueSlots(send, total - len(send), newest)

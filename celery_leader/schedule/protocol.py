@@ -20,18 +20,19 @@ The tick watchdog, health file and metrics come with the lease
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timezone
 
 from .. import metrics
 from ..backends import Term
+from ..callbacks import Observer
 from ..config import LeaderConfig
 from ..exceptions import StoreUnavailable, TermEnded
 from ..lease import Lease
 from .jobs import Adapter, Job
-from .policy import SlotPlan, plan_slots
+from .policy import DueSlots, due_slots
 from .publisher import Batch, Publisher
-from .runtime import SchedulerLease
+from .runtime import SchedulerRuntime
 from .state import Claim, dump_state, slot_name
 from .sync import MAX_CLOCK_SKEW, EntryState, StateSync
 
@@ -57,11 +58,12 @@ class SlotProtocol:
         idle: float,
         max_sleep: float,
         clock: Callable[[], datetime] | None = None,
+        observers: Iterable[Observer] = (),
     ) -> None:
         self.config = config
         self.adapter = adapter
         self.logger = logger
-        self.runtime = SchedulerLease(config)
+        self.runtime = SchedulerRuntime(config, observers)
         #: Sleep of a follower's tick: how long a promotion goes unnoticed.
         self.idle = idle
         #: Longest sleep of a leader's tick.
@@ -173,7 +175,7 @@ class SlotProtocol:
             )
         self._last_now = now
 
-    # -- planning -----------------------------------------------------------
+    # -- due slots ----------------------------------------------------------
 
     def _dispatch(self, jobs: Sequence[Job], term: Term, now: datetime) -> float:
         batches: list[Batch] = []
@@ -183,7 +185,7 @@ class SlotProtocol:
                 sleep = 0.0
                 break
             state = self._states[job.name]
-            batch, wait = self._plan(job, state, term, now)
+            batch, wait = self._due_batch(job, state, term, now)
             if batch is not None:
                 batches.append(batch)
             sleep = min(sleep, wait)
@@ -197,7 +199,7 @@ class SlotProtocol:
             self._epoch = None
         return 0.0
 
-    def _plan(
+    def _due_batch(
         self, job: Job, state: EntryState, term: Term, now: datetime
     ) -> tuple[Batch | None, float]:
         """The batch of ``job`` if it is due, and how long until it should be looked at again."""
@@ -212,7 +214,7 @@ class SlotProtocol:
                 # Looked at again in a second, not in a busy loop.
                 self._stuck(job, due, state)
                 return None, min(1.0, self.max_sleep)
-            plan = SlotPlan([due], 0, due)
+            chosen = DueSlots([due], 0, due)
         else:
             if state.next_due is None:
                 state.next_due = job.series.next_after(state.last_run_at)
@@ -220,14 +222,14 @@ class SlotProtocol:
                 return None, self.max_sleep  # the series has ended
             if state.next_due > now:
                 return None, (state.next_due - now).total_seconds()
-            found = plan_slots(
+            found = due_slots(
                 job.series, state.last_run_at, now, self._promoted_at, job.missed_slots, job.grace
             )
             if found is None:  # a series whose next slot moved (it cannot, but be safe)
                 state.next_due = None
                 return None, 0.0
-            plan = found
-        return self._batch(job, state, term, now, plan), 0.0
+            chosen = found
+        return self._batch(job, state, term, now, chosen), 0.0
 
     def _stuck(self, job: Job, due: datetime, state: EntryState) -> None:
         """Log once per term that ``job``'s schedule names a slot not after its last one."""
@@ -243,28 +245,28 @@ class SlotProtocol:
         )
 
     def _batch(
-        self, job: Job, state: EntryState, term: Term, now: datetime, plan: SlotPlan
+        self, job: Job, state: EntryState, term: Term, now: datetime, chosen: DueSlots
     ) -> Batch:
         lease = self.lease
-        slots = [slot_name(job.name, due, job.zone) for due in plan.send]
-        if plan.dropped:
+        slots = [slot_name(job.name, due, job.zone) for due in chosen.send]
+        if chosen.dropped:
             grace = job.grace
             self.logger.info(
                 "celery-leader: not sending %d missed slot(s) of %r, the last due %s "
                 "(leader_missed_slots %s%s)",
-                plan.dropped,
+                chosen.dropped,
                 job.name,
-                slot_name(job.name, plan.record, job.zone).partition("@")[2],
+                slot_name(job.name, chosen.record, job.zone).partition("@")[2],
                 job.missed_slots,
                 "" if grace is None else f", grace {grace:g} s",
             )
-            metrics.count("missed_slots_dropped", lease.election, plan.dropped)
-        count = state.count + len(plan.send)
+            metrics.count("missed_slots_dropped", lease.election, chosen.dropped)
+        count = state.count + len(chosen.send)
         raw = dump_state(
-            plan.record, count, term.epoch, lease.instance_id, slots[-1] if slots else None
+            chosen.record, count, term.epoch, lease.instance_id, slots[-1] if slots else None
         )
-        after = EntryState(raw, plan.record, count)
+        after = EntryState(raw, chosen.record, count)
         # The store refuses a claim whose slot is not after the state it expects:
         # the last line of defence against due-time arithmetic going backwards.
-        claim = Claim(job.name, state.raw, raw, due=plan.record)
-        return Batch(job, slots, list(plan.send), state, after, claim)
+        claim = Claim(job.name, state.raw, raw, due=chosen.record)
+        return Batch(job, slots, list(chosen.send), state, after, claim)

@@ -8,23 +8,27 @@ Built the same way for Celery beat and the Dramatiq scheduler, so
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from .. import http_health, metrics
-from ..callbacks import Callbacks
+from ..callbacks import Callbacks, Observer
 from ..config import LeaderConfig
 from ..health import HealthFile, Watchdog
 from ..lease import Lease
 from ..leases import Membership, lease_set
 
 
-class SchedulerLease:
+class SchedulerRuntime:
     """The scheduler election's lease, joined on first use, with its watchdog and probes.
 
     The lease is not created in ``__init__``: Celery builds its scheduler once
     more just to print the banner, and that one must not join the election.
+    ``observers`` watch the lease (the framework's signals, metrics).
     """
 
-    def __init__(self, config: LeaderConfig) -> None:
+    def __init__(self, config: LeaderConfig, observers: Iterable[Observer] = ()) -> None:
         self.config = config
+        self.observers = tuple(observers)
         if config.metrics_port is not None:
             metrics.require()  # a missing [metrics] extra fails at start-up
         self.watchdog = Watchdog(config.watchdog_timeout)
@@ -52,6 +56,7 @@ class SchedulerLease:
                 callbacks=None if seen is None else Callbacks(on_new_leader=seen),
                 health_check=self.watchdog.overdue,
                 on_cycle=self._lease_cycle if health_record else None,
+                observers=self.observers,
                 start=False,
             )
             lease = membership.lease
