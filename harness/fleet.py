@@ -58,6 +58,7 @@ class Fleet:
         redis_url: str,
         db: int,
         env: dict[str, str] | None = None,
+        leader_url: str | None = None,
     ) -> None:
         #: "beat", "dramatiq" or "persistent" (Celery's own PersistentScheduler).
         self.kind = kind
@@ -66,7 +67,8 @@ class Fleet:
         self.db = db
         server = redis_url.rpartition("/")[0]
         self.broker_url = f"{server}/{db}"
-        self.leader_url = f"{server}/{db + 1}"
+        #: The lease store: ``leader_url``, else database ``db + 1`` of the broker's Redis.
+        self.leader_url = leader_url or f"{server}/{db + 1}"
         self.env = env or {}
         self.replicas: dict[str, tuple[Proc, str]] = {}  # instance -> (process, clock name)
         self._spawned = 0
@@ -122,6 +124,12 @@ class Fleet:
 
     def holder(self) -> HolderInfo | None:
         return self._backend.holder("beat")
+
+    def store_time(self) -> float:
+        """The lease store's clock now (seconds since the epoch; one round trip)."""
+        now = self._backend.store_time("beat")
+        assert now is not None, f"{self.leader_url} has no clock"
+        return now
 
     def leader(self, newer_than: int = 0, timeout: float = TTL + 10) -> tuple[str, int]:
         """Instance and epoch of the holder (waits for one with an epoch above ``newer_than``)."""
