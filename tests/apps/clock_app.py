@@ -5,7 +5,8 @@
 policy: ``fixed230-<policy>`` (crontab 02:30), ``q15-<policy>`` (crontab every 15
 minutes) and ``min-<policy>`` (every 60 s). BROKER_URL, LEADER_URL, LEADER_TTL and
 INSTANCE_ID as in beat_app; CLOCK_CRONTAB_DST sets ``leader_crontab_dst`` and
-CELERY_LEADER_CLOCK ``leader_clock``. CLOCK_EVERY5=1 adds ``five`` (every 5 s).
+CELERY_LEADER_CLOCK ``leader_clock`` (CELERY_LEADER_MAX_CLOCK_SKEW its bound).
+CLOCK_EVERY5=1 adds ``five`` (every 5 s).
 
 Beat loops at least every 0.05 s: its sleeps are real seconds while the clock runs
 fast, and a long sleep would skip fake minutes.
@@ -23,6 +24,7 @@ app.conf.leader_url = os.environ.get("LEADER_URL")
 app.conf.leader_ttl = float(os.environ.get("LEADER_TTL", "3"))
 app.conf.leader_instance_id = os.environ.get("INSTANCE_ID")
 app.conf.leader_clock = os.environ.get("CELERY_LEADER_CLOCK")
+app.conf.leader_max_clock_skew = os.environ.get("CELERY_LEADER_MAX_CLOCK_SKEW")
 if os.environ.get("CLOCK_CRONTAB_DST"):
     app.conf.leader_crontab_dst = os.environ["CLOCK_CRONTAB_DST"]
 app.conf.beat_schedule = {}
