@@ -86,10 +86,12 @@ class SlotProtocol:
         """The time slots fall due on: the store's clock as the lease measures it
         (``leader_clock = "store"``; the local one until it has, and for stores
         without a clock), else this host's."""
-        store = self.lease.store_clock
-        if self.config.clock == "store" and store.measured:
-            return datetime.fromtimestamp(store.time(), timezone.utc)
+        if self._on_store_clock():
+            return datetime.fromtimestamp(self.lease.store_clock.time(), timezone.utc)
         return utcnow()
+
+    def _on_store_clock(self) -> bool:
+        return self.config.clock == "store" and self.lease.store_clock.measured
 
     def tick(self) -> float:
         """One pass; returns how long to sleep. Only a current leader dispatches.
@@ -177,7 +179,7 @@ class SlotProtocol:
                 "celery-leader: the %s clock went back %.1f s (from %s to %s): slots already "
                 "sent are not sent again; each entry resumes when the clock passes its last "
                 "slot",
-                "store's" if self.lease.store_clock.measured else "wall",
+                "store's" if self._on_store_clock() else "wall",
                 (previous - now).total_seconds(),
                 previous.isoformat(),
                 now.isoformat(),
