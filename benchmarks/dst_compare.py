@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from harness.fakeclock import FakeClock
-from harness.fleet import Fleet
+from harness.fleet import OWN_CLOCK, Fleet
 from harness.procs import Procs
 from harness.servers import RedisServer
 
@@ -27,10 +27,10 @@ WINDOWS = {
     "spring-forward 2026-03-29": (datetime(2026, 3, 29, 0, 35), datetime(2026, 3, 29, 1, 25)),
 }
 KINDS = [
-    ("persistent", {}),
-    ("beat", {}),
-    ("beat", {"CLOCK_CRONTAB_DST": "celery"}),
-    ("dramatiq", {}),
+    ("persistent", OWN_CLOCK),
+    ("beat", OWN_CLOCK),
+    ("beat", {**OWN_CLOCK, "CLOCK_CRONTAB_DST": "celery"}),
+    ("dramatiq", OWN_CLOCK),
 ]
 
 

@@ -59,3 +59,92 @@ class SystemClock:
 
 #: The clock every lease runs on unless given another.
 SYSTEM_CLOCK: Clock = SystemClock()
+
+
+#: Samples a :class:`StoreClock` keeps: the offset is read from the one with the
+#: smallest error among them. Eight renewals are a few seconds at the default
+#: renew interval, enough for one quiet round trip among congested ones, and
+#: few enough that a slow drift of this host's clock is followed within them.
+SAMPLES = 8
+
+#: Added to the two samples' error bounds before a disagreement counts as a jump
+#: of the store's clock rather than noise: scheduling delay inside the store
+#: (a Lua script, a statement) is not part of either round trip's bound.
+JUMP_SLACK = 0.5
+
+
+class StoreClock:
+    """The store's clock, read through this process's monotonic clock.
+
+    Every acquire and renewal of a store that has a clock of its own brings the
+    store's time back (:meth:`sample`). NTP-style, the store read it somewhere
+    inside the round trip, so its time at the midpoint is known within half the
+    round trip (plus the resolution of what the store reports). The offset is
+    kept against the *monotonic* clock, so a step of this host's wall clock
+    does not move the store's time; :attr:`offset` compares it with the wall
+    clock instead, for the skew warning and the metric.
+
+    :meth:`time` is the store's wall time once sampled, before that the local
+    one; :meth:`monotonic` and :meth:`wait` are the local clock's.
+    """
+
+    def __init__(self, local: Clock = SYSTEM_CLOCK) -> None:
+        self.local = local
+        # (store time - local monotonic at the midpoint, error bound), newest last
+        self._samples: list[tuple[float, float]] = []
+        self._best: tuple[float, float] | None = None
+        #: Times the store's clock jumped against this one (a fail-over to a
+        #: server whose clock differs, or a step of the store's own clock).
+        self.jumps = 0
+        #: Size of the last jump in seconds (positive: the store's clock went forward).
+        self.last_jump = 0.0
+
+    def sample(
+        self, store_time: float, sent: float, received: float, resolution: float = 0.0
+    ) -> None:
+        """Take the store's ``store_time`` answered to a request sent at ``sent`` and
+        answered at ``received`` (both on :meth:`monotonic`); ``resolution`` is how
+        coarsely the store reports its time (truncated to it, as HTTP ``Date`` is)."""
+        half = max(0.0, received - sent) / 2
+        # The store read its clock between sent and received; truncation means
+        # its true time lies in [store_time, store_time + resolution).
+        offset = store_time + resolution / 2 - (sent + half)
+        error = half + resolution / 2
+        best = self._best
+        if best is not None and abs(offset - best[0]) > error + best[1] + JUMP_SLACK:
+            self.jumps += 1
+            self.last_jump = offset - best[0]
+            self._samples.clear()
+        self._samples.append((offset, error))
+        del self._samples[:-SAMPLES]
+        self._best = min(self._samples, key=lambda s: s[1])
+
+    @property
+    def measured(self) -> bool:
+        """Whether the store's time was sampled at least once."""
+        return self._best is not None
+
+    @property
+    def offset(self) -> float | None:
+        """The store's wall time minus this host's, in seconds; ``None`` before a sample."""
+        best = self._best
+        return None if best is None else best[0] + self.local.monotonic() - self.local.time()
+
+    @property
+    def error(self) -> float | None:
+        """How far :attr:`offset` may be off, in seconds; ``None`` before a sample."""
+        best = self._best
+        return None if best is None else best[1]
+
+    def monotonic(self) -> float:
+        """The local clock's."""
+        return self.local.monotonic()
+
+    def time(self) -> float:
+        """The store's wall-clock seconds since the epoch; the local ones before a sample."""
+        best = self._best
+        return self.local.time() if best is None else self.local.monotonic() + best[0]
+
+    def wait(self, timeout: float, *events: threading.Event) -> bool:
+        """The local clock's."""
+        return self.local.wait(timeout, *events)

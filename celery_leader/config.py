@@ -59,6 +59,20 @@ DEFAULT_MAX_PUBLISH_FAILURES = 3
 CRONTAB_DST = ("cron", "celery")
 #: ``leader_replica_acks`` value that lets the store's topology decide.
 AUTO = "auto"
+#: ``leader_clock`` values: the clock schedules run on. ``"store"``: the store's
+#: (Redis ``TIME``, PostgreSQL ``clock_timestamp()``, etcd's HTTP ``Date``), as
+#: measured by each lease, so replicas' own clocks stop mattering; stores without
+#: a clock (file, memory) use the local one. ``"local"``: each replica's own.
+CLOCKS = ("store", "local")
+#: ``leader_max_clock_skew``: how far (seconds) a host's clock may be from the
+#: store's before it is logged (and, with ``leader_clock = "local"``, before the
+#: host stops leading). NTP keeps hosts within milliseconds, so 5 s means a
+#: broken clock, not jitter; it is also well above what the measurement can
+#: blur (etcd's ``Date`` has 1 s resolution: 0.5 s error, plus half a round trip),
+#: so no healthy host warns; and it is under one period of the common every-10 s
+#: entries, so with local clocks a skewed replica stops leading before it sends
+#: a slot a whole period early.
+DEFAULT_MAX_CLOCK_SKEW = 5.0
 
 
 @dataclass(frozen=True)
@@ -96,6 +110,11 @@ class LeaderConfig:
     #: Replicas of the store that must hold a claim or a new term before it
     #: counts (``None``: ``"auto"``, decided by the store's topology).
     replica_acks: int | None = None
+    #: The clock schedules run on: ``"store"`` or ``"local"`` (see :data:`CLOCKS`).
+    clock: str = "store"
+    #: Seconds a host's clock may be off the store's before it is logged, and with
+    #: ``clock = "local"`` before the host stops leading.
+    max_clock_skew: float = DEFAULT_MAX_CLOCK_SKEW
 
     @property
     def display_url(self) -> str:
@@ -227,6 +246,12 @@ class LeaderConfig:
                 n("leader_crontab_dst"), values.get("leader_crontab_dst") or "cron", CRONTAB_DST
             ),
             replica_acks=_replica_acks(n("leader_replica_acks"), values.get("leader_replica_acks")),
+            clock=_choice(n("leader_clock"), values.get("leader_clock") or "store", CLOCKS),
+            max_clock_skew=_positive(
+                n("leader_max_clock_skew"),
+                values.get("leader_max_clock_skew"),
+                DEFAULT_MAX_CLOCK_SKEW,
+            ),
         )
 
 
@@ -249,6 +274,8 @@ SETTINGS = (
     "leader_missed_slots_grace",
     "leader_crontab_dst",
     "leader_replica_acks",
+    "leader_clock",
+    "leader_max_clock_skew",
 )
 
 

@@ -157,6 +157,10 @@ class HealthFile:
             "role": "leader" if epoch is not None else "follower",
             "epoch": epoch,
             "store_reachable": lease.store_reachable,
+            # The store's clock minus this host's (None: not measured, or no store clock).
+            "clock_offset": lease.store_clock.offset,
+            # Why this host does not lead although healthy (its clock), or None.
+            "clock_problem": lease.clock_problem,
             "updated": now,
             # Lease cycles come at least every ttl (a follower's longest wait)
             # plus one renew interval: later than this the writer is stuck.
@@ -173,7 +177,7 @@ class HealthFile:
         """Rewrite the file; with ``force=False`` skip it if only times changed lately
         and the tick deadline in the file is not about to pass."""
         data = self.snapshot()
-        facts = (data["role"], data["epoch"], data["store_reachable"])
+        facts = (data["role"], data["epoch"], data["store_reachable"], data["clock_problem"])
         with self._lock:
             now = time.monotonic()
             deadline = now + (self.watchdog.remaining() if self.watchdog is not None else 0.0)

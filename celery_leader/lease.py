@@ -22,7 +22,7 @@ from ._urls import mask_url
 from .backends import Backend, HolderInfo, Renewal, Term
 from .backends.lock import stored_holder
 from .callbacks import NO_CALLBACKS, Callbacks, Observer
-from .clock import SYSTEM_CLOCK, Clock
+from .clock import SYSTEM_CLOCK, Clock, StoreClock
 from .config import LeaderConfig, check_timing, validate_name, validity
 from .exceptions import StoreUnavailable
 
@@ -50,6 +50,12 @@ class Lease:
     role. ``on_cycle`` runs in the lease thread after every acquire or renew
     cycle. ``clock`` is the time it runs on (the system's unless a test gives
     another); the store's own waits (``wait``, ``hold``) are the store's.
+
+    Every acquire and renewal of a store with a clock of its own samples that
+    clock into :attr:`store_clock`. A local wall clock further than
+    ``max_clock_skew`` seconds off it is logged (once per crossing); with
+    ``clock_source="local"`` (schedules run on this host's clock) such a lease
+    also gives up any term it wins until the clock is back within the bound.
     """
 
     #: Why the last term ended: ``"expired"``, ``"lost"``, ``"disconnected"``,
@@ -71,6 +77,8 @@ class Lease:
         on_cycle: Callable[[Lease], Any] | None = None,
         deployment: str | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        max_clock_skew: float | None = None,
+        clock_source: str = "store",
     ) -> None:
         validate_name("election", election)
         check_timing(ttl, renew_interval, "ttl", "renew_interval")
@@ -93,6 +101,13 @@ class Lease:
         self._on_cycle = on_cycle
         #: The time this lease runs on.
         self.clock = clock
+        #: The store's clock as this lease measured it (the local one until a
+        #: sample, and for stores without a clock of their own).
+        self.store_clock = StoreClock(clock)
+        self.max_clock_skew = max_clock_skew
+        self.clock_source = clock_source
+        self._skewed = False  # the local clock is off by more than max_clock_skew
+        self._jumps_seen = 0
         self._leader_seen: tuple[str, int] | None = None  # the last (holder, epoch) announced
         self._validity = validity(ttl)
         self._step_down_request: tuple[str, str, float] | None = None
@@ -114,7 +129,8 @@ class Lease:
     def from_config(
         cls, election: str, config: LeaderConfig, backend: Backend, **options: Any
     ) -> Lease:
-        """A lease with the ttl, renew interval, instance id and deployment of ``config``.
+        """A lease with the ttl, renew interval, instance id, deployment and clock
+        settings of ``config``.
 
         ``options`` are the constructor's others (``callbacks``, ``observers``, ``health_check``,
         ``on_cycle``, ``clock``).
@@ -126,6 +142,8 @@ class Lease:
             renew_interval=config.renew_interval,
             instance_id=config.instance_id,
             deployment=config.deployment,
+            max_clock_skew=config.max_clock_skew,
+            clock_source=config.clock,
             **options,
         )
 
@@ -156,6 +174,18 @@ class Lease:
     def store_reachable(self) -> bool:
         """False after a store call failed, until one succeeds again."""
         return self._store_error is None
+
+    @property
+    def clock_problem(self) -> str | None:
+        """Why this lease gives up terms it wins (its clock is off and schedules run
+        on it, ``clock_source="local"``); ``None`` when it campaigns."""
+        if not self._skewed or self.clock_source != "local":
+            return None
+        return (
+            f"this host's clock is {-(self.store_clock.offset or 0.0):+.1f} s off the store's, "
+            f"more than leader_max_clock_skew ({self.max_clock_skew:g} s), and "
+            'leader_clock is "local": it does not lead until its clock is fixed'
+        )
 
     def holder(self) -> HolderInfo | None:
         """Ask the store who holds the election now (one round trip)."""
@@ -281,6 +311,7 @@ class Lease:
             self.clock.wait(self.renew_interval, self._stopping)
             return
         self._store_up()
+        self._sample(result.store_time, sent)
         if result.holder is not None:
             self._max_epoch = max(self._max_epoch, result.holder.epoch)
             self._warn_if_foreign(result.holder)
@@ -294,6 +325,11 @@ class Lease:
         if self._stopping.is_set():
             # stop() gave up waiting for this call: hand the term straight back.
             self._step_down("stopping", graceful=True)
+            return
+        problem = self.clock_problem
+        if problem is not None:
+            # Never believed, never announced: the term goes straight back.
+            self._step_down(problem, kind="clock_skew", sit_out=self.renew_interval)
             return
         self._max_epoch = max(self._max_epoch, result.term.epoch)
         self._acked_sent = sent
@@ -380,13 +416,14 @@ class Lease:
         sent = self.clock.monotonic()
         try:
             with self.observe("renew"):
-                renewal = self.backend.renew(self.election, term, self.ttl)
+                renewal, store_time = self.backend.renew_timed(self.election, term, self.ttl)
         except StoreUnavailable as exc:
             self._store_down(exc)
             # Retry soon: the term is running out and one more try may save it.
             self._next_renew = self.clock.monotonic() + self.renew_interval / 4
             return
         self._store_up()
+        self._sample(store_time, sent)
         if renewal is Renewal.LOST:
             self._step_down("lost the lease: the store no longer holds this term", kind="lost")
             return
@@ -398,6 +435,56 @@ class Lease:
             self._step_down(
                 "resigned on request", kind="resigned", graceful=True, sit_out=self.renew_interval
             )
+            return
+        problem = self.clock_problem
+        if problem is not None:
+            self._step_down(problem, kind="clock_skew", sit_out=self.renew_interval)
+
+    def _sample(self, store_time: float | None, sent: float) -> None:
+        """Take the store's clock from an answer to a request sent at ``sent``; say when
+        it jumped and when the local clock crosses ``max_clock_skew``."""
+        resolution = self.backend.clock_resolution
+        if store_time is None or resolution is None:
+            return
+        clock = self.store_clock
+        clock.sample(store_time, sent, self.clock.monotonic(), resolution)
+        if clock.jumps != self._jumps_seen:
+            self._jumps_seen = clock.jumps
+            logger.warning(
+                "celery-leader: the clock of store %s jumped %+.1f s (a fail-over to a server "
+                "whose clock differs?): %r now runs on the new one; slots already sent are "
+                "not sent again",
+                mask_url(self.backend.url),
+                clock.last_jump,
+                self.election,
+            )
+        offset, error = clock.offset, clock.error
+        if self.max_clock_skew is None or offset is None or error is None:
+            return
+        # Only what the error bound cannot explain counts.
+        skewed = abs(offset) - error > self.max_clock_skew
+        if skewed != self._skewed:
+            self._skewed = skewed
+            if skewed:
+                logger.warning(
+                    "celery-leader: this host's clock is %+.1f s off the clock of store %s "
+                    "(within %.3f s), more than leader_max_clock_skew (%g s)%s",
+                    -offset,
+                    mask_url(self.backend.url),
+                    error,
+                    self.max_clock_skew,
+                    (
+                        ': leader_clock is "local", so it does not lead until its clock is fixed'
+                        if self.clock_source == "local"
+                        else "; schedules run on the store's clock (leader_clock \"store\")"
+                    ),
+                )
+            else:
+                logger.info(
+                    "celery-leader: this host's clock is back within %g s of the store's (%+.1f s)",
+                    self.max_clock_skew,
+                    -offset,
+                )
 
     def _refresh(self) -> None:
         """Extend the belief after an acknowledged request, once any hold-off is over."""

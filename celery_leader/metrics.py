@@ -82,13 +82,23 @@ class _Metrics:
             "Epoch (fencing token) of this instance's current or last term.",
             labels=["election"],
         )
+        offset = self.gauge_family(
+            "celery_leader_clock_offset_seconds",
+            "The store's clock minus this host's, as the lease measured it "
+            "(absent for stores without a clock and before the first sample).",
+            labels=["election"],
+        )
         for lease in list(self.leases):
             leading.add_metric([lease.election], 1.0 if lease.is_leader() else 0.0)
             last = self.last_epoch.get(lease.election)
             if last is not None:
                 epoch.add_metric([lease.election], float(last))
+            measured = lease.store_clock.offset
+            if measured is not None:
+                offset.add_metric([lease.election], measured)
         yield leading
         yield epoch
+        yield offset
 
     def describe(self) -> list[Any]:
         return []  # collected lazily: nothing to check at registration

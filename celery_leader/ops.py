@@ -17,7 +17,8 @@ from datetime import datetime, timezone, tzinfo
 from typing import Any
 
 from . import health
-from .backends import HolderInfo, create_backend
+from .backends import Backend, HolderInfo, create_backend
+from .clock import StoreClock
 from .config import LeaderConfig, validate_name
 from .exceptions import ConfigError, MissingExtra, StoreUnavailable
 from .leases import lease_set
@@ -80,6 +81,7 @@ def status(
             set(backend.elections()) | {config.beat_election, config.worker_election}
         )
         rows = [_row(name, backend.holder(name)) for name in names]
+        clock = _clock(config, backend, names[0])
     except (StoreUnavailable, ConfigError) as exc:
         raise _unreachable(config, exc) from exc
     finally:
@@ -87,7 +89,7 @@ def status(
     led = [row["holder"] is not None for row in rows]
     code = EXIT_LEADER if (all(led) if elections else any(led)) else EXIT_NO_LEADER
     if as_json:
-        echo(json.dumps({"store": config.display_url, "elections": rows}, indent=2))
+        echo(json.dumps({"store": config.display_url, "elections": rows, **clock}, indent=2))
         return code
     width = max([len(row["election"]) for row in rows] + [19])
     holder_width = max([len(row["holder"] or "") for row in rows] + [31])
@@ -103,7 +105,39 @@ def status(
             f"{row['election']:<{width}} {row['holder'] or '(nobody)':<{holder_width}} "
             f"{epoch:>13} {left:>9}"
         )
+    offset = clock["clock_offset"]
+    if offset is not None:
+        echo(
+            f"clock: this host's is {-offset:+.3f} s off the store's "
+            f"(within {clock['clock_error']:.3f} s; leader_clock {config.clock!r})"
+        )
+    if clock["clock_problem"] is not None:
+        echo(f"this host does not lead: {clock['clock_problem']}")
     return code
+
+
+def _clock(config: LeaderConfig, backend: Backend, election: str) -> dict[str, Any]:
+    """This host's clock against the store's (one round trip): ``clock_offset`` (the
+    store's minus this host's; ``None`` for a store without a clock), its
+    ``clock_error``, and ``clock_problem``: why this host does not lead, if so."""
+    measured = StoreClock()
+    sent = measured.monotonic()
+    now = backend.store_time(election)
+    if now is not None and backend.clock_resolution is not None:
+        measured.sample(now, sent, measured.monotonic(), backend.clock_resolution)
+    offset, error = measured.offset, measured.error
+    problem = None
+    if (
+        offset is not None
+        and error is not None
+        and config.clock == "local"
+        and abs(offset) - error > config.max_clock_skew
+    ):
+        problem = (
+            f"its clock is {-offset:+.1f} s off the store's, more than leader_max_clock_skew "
+            f'({config.max_clock_skew:g} s), and leader_clock is "local"'
+        )
+    return {"clock_offset": offset, "clock_error": error, "clock_problem": problem}
 
 
 def resign(config: LeaderConfig, echo: Echo, election: str | None, wait: bool = True) -> int:

@@ -32,6 +32,10 @@ PYTHON = Path(sys.executable)
 CELERY = PYTHON.with_name("celery")
 REPO = Path(__file__).resolve().parents[1]
 TTL = 3.0
+#: Settings of replicas that schedule on their own fake clocks, months off the
+#: store's real one and racing through days: skew must not keep them from
+#: leading (1e9 s: 31 years).
+OWN_CLOCK = {"CELERY_LEADER_CLOCK": "local", "CELERY_LEADER_MAX_CLOCK_SKEW": "1e9"}
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,7 @@ class Fleet:
         redis_url: str,
         db: int,
         env: dict[str, str] | None = None,
+        leader_url: str | None = None,
     ) -> None:
         #: "beat", "dramatiq" or "persistent" (Celery's own PersistentScheduler).
         self.kind = kind
@@ -66,7 +71,8 @@ class Fleet:
         self.db = db
         server = redis_url.rpartition("/")[0]
         self.broker_url = f"{server}/{db}"
-        self.leader_url = f"{server}/{db + 1}"
+        #: The lease store: ``leader_url``, else database ``db + 1`` of the broker's Redis.
+        self.leader_url = leader_url or f"{server}/{db + 1}"
         self.env = env or {}
         self.replicas: dict[str, tuple[Proc, str]] = {}  # instance -> (process, clock name)
         self._spawned = 0
@@ -122,6 +128,12 @@ class Fleet:
 
     def holder(self) -> HolderInfo | None:
         return self._backend.holder("beat")
+
+    def store_time(self) -> float:
+        """The lease store's clock now (seconds since the epoch; one round trip)."""
+        now = self._backend.store_time("beat")
+        assert now is not None, f"{self.leader_url} has no clock"
+        return now
 
     def leader(self, newer_than: int = 0, timeout: float = TTL + 10) -> tuple[str, int]:
         """Instance and epoch of the holder (waits for one with an epoch above ``newer_than``)."""

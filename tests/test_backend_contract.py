@@ -231,6 +231,27 @@ class TestLockStore:
     def test_every_store_is_a_lock_store(self, store: Store) -> None:
         assert isinstance(store.backend(), LockStore)
 
+    def test_acquire_and_renew_carry_the_store_clock(self, store: Store) -> None:
+        """Stores with a clock answer acquire, renew and the probe with it (the servers
+        here run on this host's clock); the others say they have none."""
+        a, b = store.backend(), store.backend()
+        won = a.acquire(ELECTION, "a", TTL, 0)
+        lost = b.acquire(ELECTION, "b", TTL, 0)
+        assert won.term is not None
+        renewal, renewed_at = a.renew_timed(ELECTION, won.term, TTL)
+        assert renewal is Renewal.RENEWED
+        times = [won.store_time, lost.store_time, renewed_at, b.store_time(ELECTION)]
+        resolution = a.clock_resolution
+        if resolution is None:
+            assert times == [None] * 4
+        else:
+            # Truncated to the resolution, read within a second of now on this host.
+            for when in times:
+                assert when is not None
+                assert abs(when + resolution / 2 - time.time()) < 1.0 + resolution
+        b.leave(ELECTION)
+        a.release(ELECTION, won.term)
+
     def test_acquire_renew_release(self, store: Store) -> None:
         a, b, observer = store.backend(), store.backend(), store.backend()
         assert observer.holder(ELECTION) is None

@@ -457,3 +457,28 @@ def test_configuration_docs_quote_the_real_messages() -> None:
         or "unknown setting" in line
     }
     assert quoted_messages() - from_processes == real
+
+
+@pytest.mark.parametrize("value", ["Store", "utc", "ntp", 1, True])
+def test_leader_clock_is_store_or_local(value: object) -> None:
+    assert (config().clock, config().max_clock_skew) == ("store", 5.0)
+    assert config(leader_clock="local").clock == "local"
+    with pytest.raises(ConfigError) as exc:
+        config(leader_clock=value)
+    assert "store, local" in assert_one_clear_line(exc, "leader_clock")
+
+
+@pytest.mark.parametrize("value", [0, -2, "abc", math.nan, True])
+def test_leader_max_clock_skew_is_seconds_above_zero(value: object) -> None:
+    assert config(leader_max_clock_skew="2.5").max_clock_skew == 2.5
+    with pytest.raises(ConfigError) as exc:
+        config(leader_max_clock_skew=value)
+    assert_one_clear_line(exc, "leader_max_clock_skew")
+
+
+def test_clock_settings_from_the_environment_name_the_variable() -> None:
+    env = {"CELERY_LEADER_URL": "memory://", "CELERY_LEADER_CLOCK": "local"}
+    assert LeaderConfig.from_env(env).clock == "local"
+    with pytest.raises(ConfigError) as exc:
+        LeaderConfig.from_env({**env, "CELERY_LEADER_MAX_CLOCK_SKEW": "-1"})
+    assert_one_clear_line(exc, "CELERY_LEADER_MAX_CLOCK_SKEW")

@@ -25,7 +25,7 @@ import pytest
 from celery_leader import ops
 from celery_leader.config import LeaderConfig
 from harness.fakeclock import FakeClock
-from harness.fleet import Fleet, Sent, duplicates, minutes
+from harness.fleet import OWN_CLOCK, Fleet, Sent, duplicates, minutes
 from harness.procs import Procs
 
 pytestmark = pytest.mark.slow
@@ -53,7 +53,8 @@ def make_clock(clock_dir: Path) -> Iterator[list[FakeClock]]:
 def _fleets(
     procs: Procs, clock: FakeClock, redis_url: str, env: dict[str, str] | None = None
 ) -> list[Fleet]:
-    env = {"CLOCK_POLICIES": ",".join(POLICIES), **(env or {})}
+    # What is tested here is scheduling on each replica's own clock.
+    env = {"CLOCK_POLICIES": ",".join(POLICIES), **OWN_CLOCK, **(env or {})}
     return [
         Fleet("beat", procs, clock, redis_url, 0, env),
         Fleet("dramatiq", procs, clock, redis_url, 2, env),

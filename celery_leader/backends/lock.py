@@ -72,6 +72,9 @@ class Acquired:
     term: Term | None
     holder: HolderInfo | None
     retry_after: float
+    #: The store's clock when it answered (seconds since the epoch); ``None``
+    #: for a store without a clock of its own.
+    store_time: float | None = None
 
 
 class Renewal(enum.Enum):
@@ -93,6 +96,11 @@ class LockStore(ABC):
     #: leads, for stores that cannot cut an old holder off on time by themselves.
     holdoff: float = 0.0
 
+    #: How coarsely the store reports its clock with acquire and renew answers,
+    #: in seconds; ``None`` for a store with no clock of its own (its users
+    #: share this host's clock, or the store is one process's memory).
+    clock_resolution: float | None = None
+
     @abstractmethod
     def acquire(self, election: str, instance_id: str, ttl: float, min_epoch: int) -> Acquired:
         """Try to take ``election`` for ``ttl`` seconds.
@@ -106,6 +114,13 @@ class LockStore(ABC):
     @abstractmethod
     def renew(self, election: str, term: Term, ttl: float) -> Renewal:
         """Extend ``term`` by ``ttl`` seconds if it is still current."""
+
+    def renew_timed(self, election: str, term: Term, ttl: float) -> tuple[Renewal, float | None]:
+        """:meth:`renew`, with the store's clock when it answered (``None`` without one).
+
+        Stores with a clock read it in the renewal itself: no extra round trip.
+        """
+        return self.renew(election, term, ttl), None
 
     @abstractmethod
     def release(self, election: str, term: Term) -> None:
@@ -124,6 +139,12 @@ class LockStore(ABC):
         """
         cancel.wait(timeout)
         return True
+
+    def store_time(self, election: str) -> float | None:
+        """The store's clock now, where ``election`` lives (one round trip; seconds
+        since the epoch), for a process that measures it without campaigning;
+        ``None`` for a store without a clock of its own."""
+        return None
 
     @abstractmethod
     def holder(self, election: str) -> HolderInfo | None:

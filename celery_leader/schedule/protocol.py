@@ -68,7 +68,7 @@ class SlotProtocol:
         self.idle = idle
         #: Longest sleep of a leader's tick.
         self.max_sleep = max_sleep
-        #: The wall clock (aware UTC); ``None``: :func:`utcnow`, looked up at each tick.
+        #: The wall clock (aware UTC); ``None``: :meth:`now`, looked up at each tick.
         self.clock = clock
         self._epoch: int | None = None  # the term whose state is loaded
         self._promoted_epoch: int | None = None
@@ -83,6 +83,17 @@ class SlotProtocol:
     def lease(self) -> Lease:
         """The scheduler election's lease (joined on first use)."""
         return self.runtime.lease
+
+    def now(self) -> datetime:
+        """The time slots fall due on: the store's clock as the lease measures it
+        (``leader_clock = "store"``; the local one until it has, and for stores
+        without a clock), else this host's."""
+        if self._on_store_clock():
+            return datetime.fromtimestamp(self.lease.store_clock.time(), timezone.utc)
+        return utcnow()
+
+    def _on_store_clock(self) -> bool:
+        return self.config.clock == "store" and self.lease.store_clock.measured
 
     def tick(self) -> float:
         """One pass; returns how long to sleep. Only a current leader dispatches.
@@ -115,7 +126,7 @@ class SlotProtocol:
                 self.adapter.demoted()
             return self.idle
         jobs = self.adapter.jobs()
-        now = (self.clock or utcnow)()
+        now = (self.clock or self.now)()
         if term.epoch != self._epoch or any(j.name not in self._states for j in jobs):
             if not self._load(jobs, term, now):
                 return self.idle
@@ -158,7 +169,8 @@ class SlotProtocol:
         return True
 
     def _notice_clock(self, now: datetime) -> None:
-        """Say once when the wall clock went back: nothing is resent, entries wait.
+        """Say once when the clock slots run on went back (this host's, or the store's
+        after a fail-over): nothing is resent, entries wait.
 
         Compared with the previous tick, not with the latest time seen: while the
         clock is behind every tick would repeat the warning.
@@ -166,9 +178,10 @@ class SlotProtocol:
         previous = self._last_now
         if previous is not None and now < previous - MAX_CLOCK_SKEW:
             self.logger.warning(
-                "celery-leader: the wall clock went back %.1f s (from %s to %s): slots already "
+                "celery-leader: the %s clock went back %.1f s (from %s to %s): slots already "
                 "sent are not sent again; each entry resumes when the clock passes its last "
                 "slot",
+                "store's" if self._on_store_clock() else "wall",
                 (previous - now).total_seconds(),
                 previous.isoformat(),
                 now.isoformat(),

@@ -4,7 +4,9 @@
 ``leader_missed_slots`` values, default ``once``) three entries, suffixed with the
 policy: ``fixed230-<policy>`` (crontab 02:30), ``q15-<policy>`` (crontab every 15
 minutes) and ``min-<policy>`` (every 60 s). BROKER_URL, LEADER_URL, LEADER_TTL and
-INSTANCE_ID as in beat_app; CLOCK_CRONTAB_DST sets ``leader_crontab_dst``.
+INSTANCE_ID as in beat_app; CLOCK_CRONTAB_DST sets ``leader_crontab_dst`` and
+CELERY_LEADER_CLOCK ``leader_clock`` (CELERY_LEADER_MAX_CLOCK_SKEW its bound).
+CLOCK_EVERY5=1 adds ``five`` (every 5 s).
 
 Beat loops at least every 0.05 s: its sleeps are real seconds while the clock runs
 fast, and a long sleep would skip fake minutes.
@@ -21,6 +23,8 @@ app.conf.beat_max_loop_interval = 0.05
 app.conf.leader_url = os.environ.get("LEADER_URL")
 app.conf.leader_ttl = float(os.environ.get("LEADER_TTL", "3"))
 app.conf.leader_instance_id = os.environ.get("INSTANCE_ID")
+app.conf.leader_clock = os.environ.get("CELERY_LEADER_CLOCK")
+app.conf.leader_max_clock_skew = os.environ.get("CELERY_LEADER_MAX_CLOCK_SKEW")
 if os.environ.get("CLOCK_CRONTAB_DST"):
     app.conf.leader_crontab_dst = os.environ["CLOCK_CRONTAB_DST"]
 app.conf.beat_schedule = {}
@@ -41,3 +45,5 @@ for _policy in os.environ.get("CLOCK_POLICIES", "once").split(","):
             f"min-{_policy}": {"task": "clock_app.run", "schedule": 60.0, "options": _options},
         }
     )
+if os.environ.get("CLOCK_EVERY5"):
+    app.conf.beat_schedule["five"] = {"task": "clock_app.run", "schedule": 5.0}

@@ -3,7 +3,8 @@
 For each policy in CLOCK_POLICIES (default ``once``): ``fixed230-<policy>``
 (``cron("30 2 * * *", tz="Europe/Berlin")``), ``q15-<policy>``
 (``cron("*/15 * * * *", tz="Europe/Berlin")``) and ``min-<policy>`` (``every(60)``).
-BROKER_URL (Redis), LEADER_URL and LEADER_TTL as in dramatiq_app. The ``ticks``
+BROKER_URL (Redis), LEADER_URL and LEADER_TTL as in dramatiq_app (the middleware
+reads CELERY_LEADER_CLOCK itself); CLOCK_EVERY5=1 adds ``five`` (``every(5)``). The ``ticks``
 queue is consumed by nobody: the tests read the sent slots from the broker.
 """
 
@@ -27,6 +28,10 @@ for _policy in os.environ.get("CLOCK_POLICIES", "once").split(","):
         cron("*/15 * * * *", tz="Europe/Berlin", name=f"q15-{_policy}", missed_slots=_policy),
         every(60, name=f"min-{_policy}", missed_slots=_policy),
     ]
+
+
+if os.environ.get("CLOCK_EVERY5"):
+    _schedules.append(every(5, name="five"))
 
 
 @dramatiq.actor(queue_name="ticks", leader_schedule=_schedules)

@@ -21,7 +21,7 @@ from ..fenced import Write, write_rounds
 from ..lock import Acquired, HolderInfo, Renewal, Term
 from ..terms import foreign, parse_epoch
 from ..waiting import wait_sliced
-from .client import NOT_FOUND, UNAVAILABLE, Cluster, b64, error_of
+from .client import NOT_FOUND, UNAVAILABLE, Cluster, b64, error_of, server_time
 from .params import etcd_params
 
 #: Claims per transaction. etcd's ``--max-txn-ops`` (128 by default) bounds
@@ -55,6 +55,9 @@ class _Ours:
 class EtcdBackend(Backend):
     """Lease store on an etcd cluster (>= 3.4); see the package docstring."""
 
+    #: The gateway's HTTP ``Date`` header: whole seconds.
+    clock_resolution = 1.0
+
     #: No hold-off. The lease trusts a term until ``t_sent + ttl * 0.99 - 0.005``.
     #: etcd's leader frees an etcd lease no earlier than its TTL (the ttl,
     #: rounded up to whole seconds) after it *received* the grant or keep-alive,
@@ -83,7 +86,7 @@ class EtcdBackend(Backend):
             if look.term is not None:
                 # Held: no lease is granted just to find that out.
                 info, remaining = self._holder(election, look)
-                return Acquired(None, info, min(ttl, remaining + 1.0))
+                return Acquired(None, info, min(ttl, remaining + 1.0), server_time())
             lease = self._etcd.call(lambda c: c.lease(_lease_ttl(ttl))).id
             nonce = uuid.uuid4().hex
             value = json.dumps({"token": nonce, "holder": instance_id})
@@ -102,9 +105,9 @@ class EtcdBackend(Backend):
                 self._revoke(lease)
                 self._saw(election, int(reply["header"]["revision"]))
                 if term is None:
-                    return Acquired(None, None, 0.0)  # taken and gone again: look again
+                    return Acquired(None, None, 0.0, server_time())  # taken and gone: look again
                 info = self._info(election, term, self._offset(offset_key, offset_kv))
-                return Acquired(None, info, ttl)
+                return Acquired(None, info, ttl, server_time())
             offset = self._offset(offset_key, offset_kv)
             epoch = revision + offset
             if epoch <= min_epoch:
@@ -117,7 +120,7 @@ class EtcdBackend(Backend):
                 )
                 if not raised.get("succeeded"):
                     self._revoke(lease)
-                    return Acquired(None, None, 0.0)
+                    return Acquired(None, None, 0.0, server_time())
                 epoch = min_epoch + 1
         token = {
             "token": nonce,
@@ -126,26 +129,31 @@ class EtcdBackend(Backend):
             "lease": lease,
             "revision": revision,
         }
-        return Acquired(Term(json.dumps(token), epoch), None, ttl)
+        return Acquired(Term(json.dumps(token), epoch), None, ttl, server_time())
 
     def renew(self, election: str, term: Term, ttl: float) -> Renewal:
+        return self.renew_timed(election, term, ttl)[0]
+
+    def renew_timed(self, election: str, term: Term, ttl: float) -> tuple[Renewal, float | None]:
         ours = _ours(term)
         if ours is None:
-            return Renewal.LOST
+            return Renewal.LOST, None
         term_key = self._key(election, "term")
         with self._etcd.deadline():
             # The keep-alive restarts the lease's TTL (fixed when it was granted).
             left = self._etcd.call(lambda c: _lease_call(c, "/lease/keepalive", ours.lease))
             if left <= 0:
-                return Renewal.LOST
+                return Renewal.LOST, server_time()
             # The lease lives, but is the term key still the one it created?
             reply = self._txn(
                 [_created_at(term_key, ours.revision)], [_range(self._key(election, "resign"))]
             )
+        now = server_time()
         if not reply.get("succeeded"):
-            return Renewal.LOST
+            return Renewal.LOST, now
         resign = _kv(reply["responses"][0])
-        return Renewal.RESIGN if resign and _value(resign) == ours.nonce else Renewal.RENEWED
+        renewal = Renewal.RESIGN if resign and _value(resign) == ours.nonce else Renewal.RENEWED
+        return renewal, now
 
     def release(self, election: str, term: Term) -> None:
         ours = _ours(term)
@@ -170,6 +178,11 @@ class EtcdBackend(Backend):
             wait_sliced(watch.done.wait, timeout, cancel)
         finally:
             watch.close()
+
+    def store_time(self, election: str) -> float | None:
+        with self._etcd.deadline():
+            self._look(election)
+        return server_time()
 
     def holder(self, election: str) -> HolderInfo | None:
         with self._etcd.deadline():

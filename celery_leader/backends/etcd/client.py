@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from email.utils import parsedate_to_datetime
 from typing import Any, TypeVar
 
 import requests
@@ -70,7 +71,22 @@ class _DeadlineSession(requests.Session):
                 raise requests.exceptions.Timeout("the store deadline passed")
             # requests applies it to the connect and to every read.
             kwargs["timeout"] = min(left, kwargs.get("timeout") or left)
-        return super().request(method, url, *args, **kwargs)
+        response = super().request(method, url, *args, **kwargs)
+        _local.date = response.headers.get("Date")
+        return response
+
+
+def server_time() -> float | None:
+    """The HTTP ``Date`` of the last answer this thread received from etcd's gateway,
+    in seconds since the epoch (whole seconds: the header's resolution); ``None``
+    when there was none or it is unreadable."""
+    date: str | None = getattr(_local, "date", None)
+    if not date:
+        return None
+    try:
+        return parsedate_to_datetime(date).timestamp()
+    except (TypeError, ValueError):
+        return None
 
 
 class _Member:

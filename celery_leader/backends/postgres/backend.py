@@ -20,6 +20,7 @@ from .params import connection_params
 from .session import Canceller, Connector, Session, SessionGone, queue_for_lock
 from .sql import (
     CLAIM,
+    CLOCK,
     ELECTIONS,
     HOLDER,
     LOAD_STATE,
@@ -47,6 +48,9 @@ class _Hold:
 
 class PostgresBackend(Backend):
     """Lease store on one PostgreSQL database (>= 14); see the package docstring."""
+
+    #: ``clock_timestamp()`` in the acquire and renew statements: microseconds.
+    clock_resolution = 1e-6
 
     #: No hold-off. The lease trusts a term until ``t_sent + ttl * 0.99 - 0.005``
     #: (``t_sent``: when it sent the acquire or renew). The server receives that
@@ -82,7 +86,7 @@ class PostgresBackend(Backend):
             session = self._db.connect(ttl)
             try:
                 self._db.ensure_schema(session)
-                ((pid, got, holder_id, holder_epoch),) = self._db.execute(
+                ((pid, got, holder_id, holder_epoch, now),) = self._db.execute(
                     session, TRY_LOCK, {"key": key, **self._names(election)}
                 )
                 self._db.check_pid(session, pid)
@@ -94,9 +98,9 @@ class PostgresBackend(Backend):
                 if not self._record_hold(election, hold, waiter=waiter):
                     waiter.cancel()
                 holder = None if holder_id is None else HolderInfo(holder_id, holder_epoch, None)
-                return Acquired(None, holder, ttl)
+                return Acquired(None, holder, ttl, now)
         try:
-            ((pid, epoch, token),) = self._db.execute(
+            ((pid, epoch, token, now),) = self._db.execute(
                 session,
                 START_TERM,
                 {
@@ -113,15 +117,18 @@ class PostgresBackend(Backend):
         term = Term(token, epoch)
         if not self._record_hold(election, hold, term=term, session=session):
             session.close()
-            return Acquired(None, None, ttl)
-        return Acquired(term, None, ttl)
+            return Acquired(None, None, ttl, now)
+        return Acquired(term, None, ttl, now)
 
     def renew(self, election: str, term: Term, ttl: float) -> Renewal:
+        return self.renew_timed(election, term, ttl)[0]
+
+    def renew_timed(self, election: str, term: Term, ttl: float) -> tuple[Renewal, float | None]:
         session = self._holding(election, term)
         if session is None:
-            return Renewal.LOST
+            return Renewal.LOST, None
         try:
-            ((pid, _, held, resign),) = self._db.execute(
+            ((pid, _, held, resign, now),) = self._db.execute(
                 session,
                 RENEW,
                 {
@@ -136,11 +143,11 @@ class PostgresBackend(Backend):
             # The lock went with the session: the server may hand it to a
             # follower any moment, so stop believing now, not at the ttl.
             self._drop_session(election, session)
-            return Renewal.LOST
+            return Renewal.LOST, None
         if not held:
             self._drop_session(election, session)
-            return Renewal.LOST
-        return Renewal.RESIGN if resign else Renewal.RENEWED
+            return Renewal.LOST, now
+        return Renewal.RESIGN if resign else Renewal.RENEWED, now
 
     def release(self, election: str, term: Term) -> None:
         with self._lock:
@@ -169,6 +176,10 @@ class PostgresBackend(Backend):
         # Without a queued waiter there is nothing to be woken by but cancel.
         event = waiter.done if waiter is not None else cancel
         wait_sliced(event.wait, timeout, cancel)
+
+    def store_time(self, election: str) -> float | None:
+        ((now,),) = self._admin(CLOCK, {})
+        return float(now)
 
     def holder(self, election: str) -> HolderInfo | None:
         params = {**self._names(election), **lock_ids(advisory_key(self.key_prefix, election))}

@@ -82,15 +82,22 @@ SELECT pg_backend_pid(),
                   false)
 """
 
-TRY_LOCK = """
-SELECT pg_backend_pid(), pg_try_advisory_lock(%(key)s::bigint), t.instance_id, t.epoch
+# The server's clock as the statement runs (seconds since the epoch), returned by
+# the acquire and renew statements: the lease measures its offset on it.
+# clock_timestamp(), not now(): now() is the transaction's start.
+NOW = "extract(epoch FROM clock_timestamp())::float8"
+CLOCK = f"SELECT {NOW}"
+
+TRY_LOCK = f"""
+SELECT pg_backend_pid(), pg_try_advisory_lock(%(key)s::bigint), t.instance_id, t.epoch,
+       {NOW}
 FROM (VALUES (1)) AS one (x)
 LEFT JOIN celery_leader_lease AS t ON t.prefix = %(prefix)s AND t.election = %(election)s
-"""
+"""  # noqa: S608
 
 # Runs on the session that holds the lock, so two processes can never bump the
 # epoch of one election at the same time.
-START_TERM = """
+START_TERM = f"""
 INSERT INTO celery_leader_lease AS t (prefix, election, epoch, token, instance_id, pid)
 VALUES (
     %(prefix)s, %(election)s, %(floor)s::bigint + 1,
@@ -106,8 +113,8 @@ ON CONFLICT (prefix, election) DO UPDATE SET
     instance_id = EXCLUDED.instance_id,
     pid = EXCLUDED.pid,
     resign = NULL
-RETURNING pg_backend_pid(), epoch, token
-"""
+RETURNING pg_backend_pid(), epoch, token, {NOW}
+"""  # noqa: S608
 
 # "This session holds the election's lock", for statements on the holder's session.
 # The queries below that splice in this and LOCKED_BY are built from constants
@@ -123,7 +130,8 @@ SELECT pg_backend_pid(),
        set_config('idle_session_timeout', %(idle_ms)s, false),
        EXISTS ({I_HOLD}),
        EXISTS (SELECT FROM celery_leader_lease
-               WHERE prefix = %(prefix)s AND election = %(election)s AND resign = %(token)s)
+               WHERE prefix = %(prefix)s AND election = %(election)s AND resign = %(token)s),
+       {NOW}
 """  # noqa: S608
 
 RELEASE = "SELECT pg_advisory_unlock(%(key)s::bigint)"

@@ -63,6 +63,9 @@ _FALLBACKS_LOCK = threading.Lock()
 class RedisBackend(Backend):
     """Lease store on one Redis (standalone, Sentinel-managed, Cluster, or behind TLS)."""
 
+    #: The scripts return ``TIME``: microseconds.
+    clock_resolution = 1e-6
+
     def __init__(self, url: str, key_prefix: str, timeout: float) -> None:
         super().__init__(url, key_prefix, timeout)
         self._conn = Connection(url, timeout)
@@ -97,7 +100,7 @@ class RedisBackend(Backend):
             self._drop_subscription(election)
         subscription = self._subscription(election)
         presence = subscription.presence if subscription is not None else None
-        taken, value, pttl, *watching = self._acquire_durably(
+        taken, value, pttl, watching, *now = self._acquire_durably(
             election,
             [lock, self._key(election, "epoch"), self._key(election, "watch")],
             [
@@ -117,20 +120,27 @@ class RedisBackend(Backend):
                 # on the node that now holds it.
                 self._subscription(election, presence)
             epoch = parse_term(value, f"Redis key {lock!r}")["epoch"]
-            return Acquired(Term(value, epoch), None, ttl)
+            return Acquired(Term(value, epoch), None, ttl, _seconds(now))
         info = _holder(value, pttl, lock)
         retry = ttl if pttl < 0 else pttl / 1000
-        if watching and watching[0]:
+        if watching:
             retry = min(retry, WATCH_INTERVAL)
-        return Acquired(None, info, retry)
+        return Acquired(None, info, retry, _seconds(now))
 
     def renew(self, election: str, term: Term, ttl: float) -> Renewal:
-        code = self._conn.run(
+        return self.renew_timed(election, term, ttl)[0]
+
+    def renew_timed(self, election: str, term: Term, ttl: float) -> tuple[Renewal, float | None]:
+        code, *now = self._conn.run(
             "renew",
             [self._key(election, "lock"), self._key(election, "resign")],
             [term.token, max(1, int(ttl * 1000))],
         )
-        return {0: Renewal.LOST, 1: Renewal.RENEWED, 2: Renewal.RESIGN}[int(code)]
+        renewal = {0: Renewal.LOST, 1: Renewal.RENEWED, 2: Renewal.RESIGN}[int(code)]
+        return renewal, _seconds(now)
+
+    def store_time(self, election: str) -> float | None:
+        return _seconds(self._conn.run("time", [self._key(election, "lock")], []))
 
     def release(self, election: str, term: Term) -> None:
         self._conn.run(
@@ -458,6 +468,11 @@ def _chunks(claims: Sequence[Write]) -> list[Sequence[Write]]:
 def _has(expected: str | None) -> str:
     """A script argument saying whether a claim expects a stored value."""
     return "0" if expected is None else "1"
+
+
+def _seconds(time: list[Any]) -> float:
+    """Redis ``TIME`` (``[seconds, microseconds]``) as seconds since the epoch."""
+    return int(time[0]) + int(time[1]) / 1e6
 
 
 def _holder(value: str, pttl: int, key: str) -> HolderInfo:

@@ -21,8 +21,10 @@ from ..terms import foreign
 # KEYS: lock, epoch, watch. ARGV: nonce, instance id, ttl ms, lowest acceptable
 # epoch - 1, our presence id ("" for none), presence channel prefix, "1" when
 # presence may be checked, release channel.
-# Returns {1, value, ttl ms} when taken, {0, holder value, pttl, watching} when
-# held; watching = 1 makes the caller the election's designated successor.
+# Returns {1, value, ttl ms, 0, TIME} when taken, {0, holder value, pttl,
+# watching, TIME} when held; watching = 1 makes the caller the election's
+# designated successor. TIME ({seconds, microseconds}, read last, after every
+# write) is the server's clock: the lease measures its offset on it.
 # A holder whose term names a presence nobody keeps any more (its connection
 # closed) is taken over here, atomically with reading its term; the other
 # followers hear of it on the release channel.
@@ -47,7 +49,8 @@ if cur then
         watching = 1
       end
     end
-    return {0, cur, redis.call('PTTL', KEYS[1]), watching}
+    local now = redis.call('TIME')
+    return {0, cur, redis.call('PTTL', KEYS[1]), watching, now[1], now[2]}
   end
   taken_over = true
 end
@@ -73,19 +76,26 @@ local value = cjson.encode({token = ARGV[1], epoch = epoch, holder = ARGV[2], pr
 redis.call('SET', KEYS[1], value, 'PX', ARGV[3])
 if presence and redis.pcall('GET', KEYS[3]) == presence then redis.call('DEL', KEYS[3]) end
 if taken_over then redis.call('PUBLISH', ARGV[8], 'taken over') end
-return {1, value, tonumber(ARGV[3])}
+local now = redis.call('TIME')
+return {1, value, tonumber(ARGV[3]), 0, now[1], now[2]}
 """
 
-# KEYS: lock, resign. ARGV: our exact value, ttl ms. 0 lost, 1 renewed, 2 resign.
+# KEYS: lock, resign. ARGV: our exact value, ttl ms. Returns {code, TIME}: code
+# 0 lost, 1 renewed, 2 resign; TIME as in ACQUIRE (read after the writes).
 # A lock or resign key of another type cannot hold our value: lost, no resign.
 RENEW = """
-if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-if redis.pcall('GET', KEYS[2]) == ARGV[1] then
-  redis.call('DEL', KEYS[2])
-  return 2
+local code = 1
+if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then
+  code = 0
+else
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  if redis.pcall('GET', KEYS[2]) == ARGV[1] then
+    redis.call('DEL', KEYS[2])
+    code = 2
+  end
 end
-return 1
+local now = redis.call('TIME')
+return {code, now[1], now[2]}
 """
 
 # KEYS: lock. ARGV: our exact value, release channel.
@@ -162,6 +172,11 @@ end
 return n
 """
 
+# KEYS: lock (only so that Cluster runs it on the election's node). The server's TIME.
+TIME = """
+return redis.call('TIME')
+"""
+
 #: Every script by name.
 SOURCES = {
     "acquire": ACQUIRE,
@@ -172,6 +187,7 @@ SOURCES = {
     "load_state": LOAD_STATE,
     "claim": CLAIM,
     "unclaim": UNCLAIM,
+    "time": TIME,
 }
 
 #: What each key is meant to hold, for errors about a key of the wrong type.
