@@ -5,7 +5,9 @@ as a lock owned by one dedicated session, and queue a follower's session for it
 with a :class:`~.waiting.LockWaiter`. :class:`SessionLockBackend` is the part of
 the two backends that only tracks those sessions: which one holds which
 election's term, which waiter is queued, and closing them when the election is
-left. The statements stay in each store's backend.
+left, and the acquire and renew that only order the store's statements. The
+statements stay in each store's backend; :class:`SessionGone` is how both
+stores' sessions say they have ended.
 """
 
 from __future__ import annotations
@@ -16,9 +18,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
+from ..exceptions import StoreUnavailable
 from .base import Backend
-from .lock import Acquired, HolderInfo, Term
+from .lock import Acquired, HolderInfo, Renewal, Term
 from .waiting import LockWaiter, wait_sliced
+
+
+class SessionGone(StoreUnavailable):
+    """The session is over (closed by the server, the network or our deadline).
+
+    Whatever it held is released, or will be as soon as the server notices,
+    so a term that lived in it is lost for good.
+    """
 
 
 class Closable(Protocol):
@@ -58,8 +69,8 @@ class Hold(Generic[S]):
 class SessionLockBackend(Backend, Generic[S, R]):
     """A store whose terms are locks held by sessions of ``db`` (see the module).
 
-    A store supplies the three statements of :meth:`acquire`: :meth:`_try_lock`,
-    :meth:`_queue` and :meth:`_start_term`.
+    A store supplies the statements: :meth:`_try_lock`, :meth:`_queue` and
+    :meth:`_start_term` for :meth:`acquire`, :meth:`_renew_in` for :meth:`renew`.
     """
 
     def __init__(
@@ -115,6 +126,27 @@ class SessionLockBackend(Backend, Generic[S, R]):
     def _start_term(self, session: S, election: str, instance_id: str, min_epoch: int) -> Term:
         """Write a new term, above ``min_epoch``, as ``session`` (which holds the lock)."""
 
+    @abstractmethod
+    def _renew_in(self, session: S, election: str, term: Term, ttl: float) -> tuple[bool, bool]:
+        """Renew ``term`` in ``session``: whether the session still holds the lock,
+        and whether the holder is asked to resign."""
+
+    def renew(self, election: str, term: Term, ttl: float) -> Renewal:
+        session = self._holding(election, term)
+        if session is None:
+            return Renewal.LOST
+        try:
+            held, resign = self._renew_in(session, election, term, ttl)
+        except SessionGone:
+            # The lock went with the session: the server may hand it to a
+            # follower any moment, so stop believing now, not at the ttl.
+            self._drop_session(election, session)
+            return Renewal.LOST
+        if not held:
+            self._drop_session(election, session)
+            return Renewal.LOST
+        return Renewal.RESIGN if resign else Renewal.RENEWED
+
     def wait(self, election: str, timeout: float, cancel: threading.Event) -> None:
         with self._lock:
             hold = self._holds.get(election)
@@ -142,7 +174,7 @@ class SessionLockBackend(Backend, Generic[S, R]):
         for election in elections:
             self.leave(election)
 
-    # -- for the stores' renew, release and statements ------------------------
+    # -- for the stores' release and statements ------------------------------
 
     def _names(self, election: str) -> dict[str, str]:
         return {"prefix": self.key_prefix, "election": election}

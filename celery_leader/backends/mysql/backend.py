@@ -12,11 +12,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..fenced import Write
-from ..lock import HolderInfo, Renewal, Term
-from ..session_lock import SessionLockBackend
+from ..lock import HolderInfo, Term
+from ..session_lock import SessionGone, SessionLockBackend
 from ..waiting import LockWaiter
 from .params import connection_params
-from .session import Connector, Result, Session, SessionGone, queue_for_lock
+from .session import Connector, Result, Session, queue_for_lock
 from .sql import ELECTIONS, HOLDER, RELEASE, RENEW, REQUEST_RESIGN, START_TERM, TRY_LOCK, lock_name
 from .state import StateTable
 
@@ -72,26 +72,16 @@ class MySqlBackend(SessionLockBackend[Session, Result]):
         self._db.check_conn_id(session, conn_id)
         return Term(str(token), int(epoch))
 
-    def renew(self, election: str, term: Term, ttl: float) -> Renewal:
-        session = self._holding(election, term)
-        if session is None:
-            return Renewal.LOST
-        try:
-            ((conn_id, held, resign),) = self._one(
-                session,
-                RENEW,
-                {**self._names(election), "lock": self._lock_name(election), "token": term.token},
-            ).rows
-            self._db.check_conn_id(session, conn_id)
-        except SessionGone:
-            # The lock went with the session: the server may hand it to a
-            # follower any moment, so stop believing now, not at the ttl.
-            self._drop_session(election, session)
-            return Renewal.LOST
-        if held != 1:
-            self._drop_session(election, session)
-            return Renewal.LOST
-        return Renewal.RESIGN if resign else Renewal.RENEWED
+    def _renew_in(
+        self, session: Session, election: str, term: Term, ttl: float
+    ) -> tuple[bool, bool]:
+        ((conn_id, held, resign),) = self._one(
+            session,
+            RENEW,
+            {**self._names(election), "lock": self._lock_name(election), "token": term.token},
+        ).rows
+        self._db.check_conn_id(session, conn_id)
+        return held == 1, bool(resign)
 
     def release(self, election: str, term: Term) -> None:
         session = self._end_term(election, term)

@@ -11,11 +11,11 @@ from psycopg.rows import TupleRow
 from ...exceptions import StoreMisconfigured, StoreUnavailable
 from ..errors import hand_back
 from ..fenced import Write, write_rounds
-from ..lock import HolderInfo, Renewal, Term
-from ..session_lock import SessionLockBackend
+from ..lock import HolderInfo, Term
+from ..session_lock import SessionGone, SessionLockBackend
 from ..waiting import LockWaiter
 from .params import connection_params
-from .session import Canceller, Connector, Session, SessionGone, queue_for_lock
+from .session import Canceller, Connector, Session, queue_for_lock
 from .sql import (
     CLAIM,
     ELECTIONS,
@@ -86,31 +86,21 @@ class PostgresBackend(SessionLockBackend[Session, TupleRow]):
         self._db.check_pid(session, pid)
         return Term(token, epoch)
 
-    def renew(self, election: str, term: Term, ttl: float) -> Renewal:
-        session = self._holding(election, term)
-        if session is None:
-            return Renewal.LOST
-        try:
-            ((pid, _, held, resign),) = self._db.execute(
-                session,
-                RENEW,
-                {
-                    **self._names(election),
-                    **lock_ids(advisory_key(self.key_prefix, election)),
-                    "idle_ms": ms(ttl),
-                    "token": term.token,
-                },
-            )
-            self._db.check_pid(session, pid)
-        except SessionGone:
-            # The lock went with the session: the server may hand it to a
-            # follower any moment, so stop believing now, not at the ttl.
-            self._drop_session(election, session)
-            return Renewal.LOST
-        if not held:
-            self._drop_session(election, session)
-            return Renewal.LOST
-        return Renewal.RESIGN if resign else Renewal.RENEWED
+    def _renew_in(
+        self, session: Session, election: str, term: Term, ttl: float
+    ) -> tuple[bool, bool]:
+        ((pid, _, held, resign),) = self._db.execute(
+            session,
+            RENEW,
+            {
+                **self._names(election),
+                **lock_ids(advisory_key(self.key_prefix, election)),
+                "idle_ms": ms(ttl),
+                "token": term.token,
+            },
+        )
+        self._db.check_pid(session, pid)
+        return bool(held), bool(resign)
 
     def release(self, election: str, term: Term) -> None:
         session = self._end_term(election, term)
