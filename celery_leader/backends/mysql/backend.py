@@ -7,33 +7,21 @@ lock-holding session.
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from ..base import Backend
 from ..fenced import Write
-from ..lock import Acquired, HolderInfo, Renewal, Term
-from ..waiting import LockWaiter, wait_sliced
+from ..lock import HolderInfo, Term
+from ..session_lock import SessionGone, SessionLockBackend
+from ..waiting import LockWaiter
 from .params import connection_params
-from .session import Connector, Result, Session, SessionGone, queue_for_lock
+from .session import Connector, Result, Session, queue_for_lock
 from .sql import ELECTIONS, HOLDER, RELEASE, RENEW, REQUEST_RESIGN, START_TERM, TRY_LOCK, lock_name
 from .state import StateTable
 
 
-@dataclass
-class _Hold:
-    """What this backend keeps for one election."""
-
-    term: Term | None = None
-    session: Session | None = None  # holds the lock while ``term`` is current
-    waiter: LockWaiter[Session] | None = None
-    left: bool = False
-
-
-class MySqlBackend(Backend):
+class MySqlBackend(SessionLockBackend[Session, Result]):
     """Lease store on one MySQL (>= 8.0) or MariaDB (>= 10.4) database (see the package)."""
 
     #: No hold-off. The lease trusts a term until ``t_sent + ttl * 0.99 - 0.005``
@@ -47,94 +35,63 @@ class MySqlBackend(Backend):
     #: off holder is replaced after ``ceil(ttl)`` rather than ``ttl``.
     holdoff = 0.0
 
+    _db: Connector
+
     def __init__(self, url: str, key_prefix: str, timeout: float) -> None:
-        super().__init__(url, key_prefix, timeout)
-        self._db = Connector(*connection_params(url), timeout)
+        super().__init__(url, key_prefix, timeout, Connector(*connection_params(url), timeout))
         self._state = StateTable(self._db, key_prefix)
-        self._lock = threading.Lock()
-        self._holds: dict[str, _Hold] = {}
 
     # -- the lock part ----------------------------------------------------------
 
-    def acquire(self, election: str, instance_id: str, ttl: float, min_epoch: int) -> Acquired:
-        lock = self._lock_name(election)
-        with self._lock:
-            hold = self._holds.setdefault(election, _Hold())
-            waiter = hold.waiter
-            if waiter is not None and not waiter.done.is_set():
-                # Still queued for the lock: somebody holds it and is alive.
-                return Acquired(None, None, ttl)
-            hold.waiter = None
-        session = waiter.take() if waiter is not None else None
-        if session is None:
-            session = self._db.connect(ttl)
-            try:
-                self._db.ensure_schema(session)
-                ((conn_id, got, holder_id, holder_epoch),) = self._one(
-                    session, TRY_LOCK, {"lock": lock, **self._names(election)}
-                ).rows
-                self._db.check_conn_id(session, conn_id)
-            except Exception:
-                session.close()
-                raise
-            if got != 1:
-                waiter = queue_for_lock(self._db, session, lock)
-                if not self._record_hold(election, hold, waiter=waiter):
-                    waiter.cancel()
-                holder = None if holder_id is None else HolderInfo(holder_id, holder_epoch, None)
-                return Acquired(None, holder, ttl)
-        try:
-            *_, started = self._db.execute(
-                session,
-                START_TERM,
-                {
-                    **self._names(election),
-                    "lock": lock,
-                    "floor": min_epoch,
-                    "nonce": uuid.uuid4().hex,
-                    "instance": instance_id,
-                },
-            )
-            ((conn_id, epoch, token),) = started.rows
-            self._db.check_conn_id(session, conn_id)
-        except Exception:
-            session.close()
-            raise
-        term = Term(str(token), int(epoch))
-        if not self._record_hold(election, hold, term=term, session=session):
-            session.close()
-            return Acquired(None, None, ttl)
-        return Acquired(term, None, ttl)
+    # No store clock yet: these return None for it, so leases here schedule on
+    # the local clock (as the file store does).
 
-    def renew(self, election: str, term: Term, ttl: float) -> Renewal:
-        session = self._holding(election, term)
-        if session is None:
-            return Renewal.LOST
-        try:
-            ((conn_id, held, resign),) = self._one(
-                session,
-                RENEW,
-                {**self._names(election), "lock": self._lock_name(election), "token": term.token},
-            ).rows
-            self._db.check_conn_id(session, conn_id)
-        except SessionGone:
-            # The lock went with the session: the server may hand it to a
-            # follower any moment, so stop believing now, not at the ttl.
-            self._drop_session(election, session)
-            return Renewal.LOST
-        if held != 1:
-            self._drop_session(election, session)
-            return Renewal.LOST
-        return Renewal.RESIGN if resign else Renewal.RENEWED
+    def _try_lock(
+        self, session: Session, election: str
+    ) -> tuple[bool, HolderInfo | None, float | None]:
+        ((conn_id, got, holder_id, holder_epoch),) = self._one(
+            session, TRY_LOCK, {"lock": self._lock_name(election), **self._names(election)}
+        ).rows
+        self._db.check_conn_id(session, conn_id)
+        holder = None if holder_id is None else HolderInfo(holder_id, holder_epoch, None)
+        return got == 1, holder, None
+
+    def _queue(self, session: Session, election: str, ttl: float) -> LockWaiter[Session]:
+        return queue_for_lock(self._db, session, self._lock_name(election))
+
+    def _start_term(
+        self, session: Session, election: str, instance_id: str, min_epoch: int
+    ) -> tuple[Term, float | None]:
+        *_, started = self._db.execute(
+            session,
+            START_TERM,
+            {
+                **self._names(election),
+                "lock": self._lock_name(election),
+                "floor": min_epoch,
+                "nonce": uuid.uuid4().hex,
+                "instance": instance_id,
+            },
+        )
+        ((conn_id, epoch, token),) = started.rows
+        self._db.check_conn_id(session, conn_id)
+        return Term(str(token), int(epoch)), None
+
+    def _renew_in(
+        self, session: Session, election: str, term: Term, ttl: float
+    ) -> tuple[bool, bool, float | None]:
+        ((conn_id, held, resign),) = self._one(
+            session,
+            RENEW,
+            {**self._names(election), "lock": self._lock_name(election), "token": term.token},
+        ).rows
+        self._db.check_conn_id(session, conn_id)
+        return held == 1, bool(resign), None
 
     def release(self, election: str, term: Term) -> None:
-        with self._lock:
-            hold = self._holds.get(election)
-            if hold is None or hold.term != term:
-                return
-            session, hold.session, hold.term = hold.session, None, None
+        session = self._end_term(election, term)
         if session is None:
-            return  # the session ended already, and the lock with it
+            return
         try:
             # Releasing first makes the hand-over synchronous: a queued
             # follower has the lock before this returns.
@@ -146,14 +103,6 @@ class MySqlBackend(Backend):
             pass
         finally:
             session.close()
-
-    def wait(self, election: str, timeout: float, cancel: threading.Event) -> None:
-        with self._lock:
-            hold = self._holds.get(election)
-            waiter = hold.waiter if hold is not None else None
-        # Without a queued waiter there is nothing to be woken by but cancel.
-        event = waiter.done if waiter is not None else cancel
-        wait_sliced(event.wait, timeout, cancel)
 
     def holder(self, election: str) -> HolderInfo | None:
         rows = self._admin(HOLDER, {**self._names(election), "lock": self._lock_name(election)})
@@ -174,25 +123,6 @@ class MySqlBackend(Backend):
     def elections(self) -> list[str]:
         rows = self._admin(ELECTIONS, {"prefix": self.key_prefix})[0].rows
         return [str(name) for (name,) in rows]
-
-    def leave(self, election: str) -> None:
-        with self._lock:
-            hold = self._holds.pop(election, None)
-            if hold is None:
-                return
-            hold.left = True
-            waiter, session = hold.waiter, hold.session
-            hold.waiter = hold.session = None
-        if waiter is not None:
-            waiter.cancel()
-        if session is not None:
-            session.close()
-
-    def close(self) -> None:
-        with self._lock:
-            elections = list(self._holds)
-        for election in elections:
-            self.leave(election)
 
     # -- the fenced-state part ------------------------------------------------
 
@@ -222,51 +152,8 @@ class MySqlBackend(Backend):
 
     # -- helpers ------------------------------------------------------------
 
-    def _names(self, election: str) -> dict[str, str]:
-        return {"prefix": self.key_prefix, "election": election}
-
     def _lock_name(self, election: str) -> str:
         return lock_name(self._db.database, self.key_prefix, election)
 
     def _one(self, session: Session, query: str, params: Mapping[str, Any]) -> Result:
         return self._db.execute(session, query, params)[0]
-
-    def _record_hold(
-        self,
-        election: str,
-        hold: _Hold,
-        *,
-        waiter: LockWaiter[Session] | None = None,
-        term: Term | None = None,
-        session: Session | None = None,
-    ) -> bool:
-        """Record what acquire got; False if the election was left meanwhile."""
-        with self._lock:
-            if hold.left:
-                return False
-            hold.waiter, hold.term, hold.session = waiter, term, session
-            return True
-
-    def _holding(self, election: str, term: Term) -> Session | None:
-        """The session holding ``term``'s lock, or None when the term is over."""
-        with self._lock:
-            hold = self._holds.get(election)
-            if hold is None or hold.term != term:
-                return None
-            return hold.session
-
-    def _drop_session(self, election: str, session: Session) -> None:
-        with self._lock:
-            hold = self._holds.get(election)
-            if hold is not None and hold.session is session:
-                hold.session = None
-        session.close()
-
-    def _admin(self, query: str, params: Mapping[str, Any]) -> list[Result]:
-        """Run statements on a short-lived connection of their own."""
-        session = self._db.connect(None)
-        try:
-            self._db.ensure_schema(session)
-            return self._db.execute(session, query, params)
-        finally:
-            session.close()

@@ -16,18 +16,11 @@ from pymysql.constants import CLIENT, ER
 from ..._urls import mask_url
 from ...exceptions import StoreMisconfigured, StoreUnavailable
 from ..errors import first_line
+from ..session_lock import SessionGone
 from ..waiting import LockWaiter
 from .sql import CREATE_SCHEMA, SCHEMA_EXISTS, SETUP, STATEMENT_DEADLINE, WAIT_LOCK, whole_seconds
 
 logger = logging.getLogger(__name__)
-
-
-class SessionGone(StoreUnavailable):
-    """The session is over (closed by the server, the network or our deadline).
-
-    Whatever it held is released, or will be as soon as the server notices,
-    so a term that lived in it is lost for good.
-    """
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ from typing import Any
 
 from ...exceptions import StoreMisconfigured, StoreUnavailable
 from ..fenced import Write
-from .session import Connector, Session, SessionGone
+from ..session_lock import SessionGone
+from .session import Connector, Session
 from .sql import CLAIM_NEW, CLAIM_UPDATE, LOAD_STATE
 
 

@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from psycopg.rows import TupleRow
 
 from ...exceptions import StoreMisconfigured, StoreUnavailable
-from ..base import Backend
 from ..errors import hand_back
 from ..fenced import Write, write_rounds
-from ..lock import Acquired, HolderInfo, Renewal, Term
-from ..waiting import LockWaiter, wait_sliced
+from ..lock import HolderInfo, Term
+from ..session_lock import SessionGone, SessionLockBackend
+from ..waiting import LockWaiter
 from .params import connection_params
-from .session import Canceller, Connector, Session, SessionGone, queue_for_lock
+from .session import Canceller, Connector, Session, queue_for_lock
 from .sql import (
     CLAIM,
     CLOCK,
@@ -36,17 +34,7 @@ from .sql import (
 )
 
 
-@dataclass
-class _Hold:
-    """What this backend keeps for one election."""
-
-    term: Term | None = None
-    session: Session | None = None  # holds the lock while ``term`` is current
-    waiter: LockWaiter[Session] | None = None
-    left: bool = False
-
-
-class PostgresBackend(Backend):
+class PostgresBackend(SessionLockBackend[Session, TupleRow]):
     """Lease store on one PostgreSQL database (>= 14); see the package docstring."""
 
     #: ``clock_timestamp()`` in the acquire and renew statements: microseconds.
@@ -62,101 +50,68 @@ class PostgresBackend(Backend):
     #: covers timer rounding. The old holder's belief ends first.
     holdoff = 0.0
 
+    _db: Connector
+
     def __init__(self, url: str, key_prefix: str, timeout: float) -> None:
-        super().__init__(url, key_prefix, timeout)
-        self._db = Connector(*connection_params(url, timeout), timeout)
-        self._lock = threading.Lock()
-        self._holds: dict[str, _Hold] = {}
+        super().__init__(
+            url, key_prefix, timeout, Connector(*connection_params(url, timeout), timeout)
+        )
         #: Standbys each commit waited for at the last claim (``None``: no claim yet).
         self._sync_standbys: int | None = None
 
     # -- the protocol ---------------------------------------------------------
 
-    def acquire(self, election: str, instance_id: str, ttl: float, min_epoch: int) -> Acquired:
-        key = advisory_key(self.key_prefix, election)
-        with self._lock:
-            hold = self._holds.setdefault(election, _Hold())
-            waiter = hold.waiter
-            if waiter is not None and not waiter.done.is_set():
-                # Still queued for the lock: somebody holds it and is alive.
-                return Acquired(None, None, ttl)
-            hold.waiter = None
-        session = waiter.take() if waiter is not None else None
-        if session is None:
-            session = self._db.connect(ttl)
-            try:
-                self._db.ensure_schema(session)
-                ((pid, got, holder_id, holder_epoch, now),) = self._db.execute(
-                    session, TRY_LOCK, {"key": key, **self._names(election)}
-                )
-                self._db.check_pid(session, pid)
-            except Exception:
-                session.close()
-                raise
-            if not got:
-                waiter = queue_for_lock(self._db, session, key, ttl)
-                if not self._record_hold(election, hold, waiter=waiter):
-                    waiter.cancel()
-                holder = None if holder_id is None else HolderInfo(holder_id, holder_epoch, None)
-                return Acquired(None, holder, ttl, now)
-        try:
-            ((pid, epoch, token, now),) = self._db.execute(
-                session,
-                START_TERM,
-                {
-                    **self._names(election),
-                    "floor": min_epoch,
-                    "nonce": uuid.uuid4().hex,
-                    "instance": instance_id,
-                },
-            )
-            self._db.check_pid(session, pid)
-        except Exception:
-            session.close()
-            raise
-        term = Term(token, epoch)
-        if not self._record_hold(election, hold, term=term, session=session):
-            session.close()
-            return Acquired(None, None, ttl, now)
-        return Acquired(term, None, ttl, now)
+    def _try_lock(
+        self, session: Session, election: str
+    ) -> tuple[bool, HolderInfo | None, float | None]:
+        ((pid, got, holder_id, holder_epoch, now),) = self._db.execute(
+            session,
+            TRY_LOCK,
+            {"key": advisory_key(self.key_prefix, election), **self._names(election)},
+        )
+        self._db.check_pid(session, pid)
+        holder = None if holder_id is None else HolderInfo(holder_id, holder_epoch, None)
+        return bool(got), holder, now
 
-    def renew(self, election: str, term: Term, ttl: float) -> Renewal:
-        return self.renew_timed(election, term, ttl)[0]
+    def _queue(self, session: Session, election: str, ttl: float) -> LockWaiter[Session]:
+        return queue_for_lock(self._db, session, advisory_key(self.key_prefix, election), ttl)
 
-    def renew_timed(self, election: str, term: Term, ttl: float) -> tuple[Renewal, float | None]:
-        session = self._holding(election, term)
-        if session is None:
-            return Renewal.LOST, None
-        try:
-            ((pid, _, held, resign, now),) = self._db.execute(
-                session,
-                RENEW,
-                {
-                    **self._names(election),
-                    **lock_ids(advisory_key(self.key_prefix, election)),
-                    "idle_ms": ms(ttl),
-                    "token": term.token,
-                },
-            )
-            self._db.check_pid(session, pid)
-        except SessionGone:
-            # The lock went with the session: the server may hand it to a
-            # follower any moment, so stop believing now, not at the ttl.
-            self._drop_session(election, session)
-            return Renewal.LOST, None
-        if not held:
-            self._drop_session(election, session)
-            return Renewal.LOST, now
-        return Renewal.RESIGN if resign else Renewal.RENEWED, now
+    def _start_term(
+        self, session: Session, election: str, instance_id: str, min_epoch: int
+    ) -> tuple[Term, float | None]:
+        ((pid, epoch, token, now),) = self._db.execute(
+            session,
+            START_TERM,
+            {
+                **self._names(election),
+                "floor": min_epoch,
+                "nonce": uuid.uuid4().hex,
+                "instance": instance_id,
+            },
+        )
+        self._db.check_pid(session, pid)
+        return Term(token, epoch), now
+
+    def _renew_in(
+        self, session: Session, election: str, term: Term, ttl: float
+    ) -> tuple[bool, bool, float | None]:
+        ((pid, _, held, resign, now),) = self._db.execute(
+            session,
+            RENEW,
+            {
+                **self._names(election),
+                **lock_ids(advisory_key(self.key_prefix, election)),
+                "idle_ms": ms(ttl),
+                "token": term.token,
+            },
+        )
+        self._db.check_pid(session, pid)
+        return bool(held), bool(resign), now
 
     def release(self, election: str, term: Term) -> None:
-        with self._lock:
-            hold = self._holds.get(election)
-            if hold is None or hold.term != term:
-                return
-            session, hold.session, hold.term = hold.session, None, None
+        session = self._end_term(election, term)
         if session is None:
-            return  # the session ended already, and the lock with it
+            return
         try:
             # Unlocking first makes the hand-over synchronous: a queued
             # follower has the lock before this returns.
@@ -168,14 +123,6 @@ class PostgresBackend(Backend):
             pass
         finally:
             session.close()
-
-    def wait(self, election: str, timeout: float, cancel: threading.Event) -> None:
-        with self._lock:
-            hold = self._holds.get(election)
-            waiter = hold.waiter if hold is not None else None
-        # Without a queued waiter there is nothing to be woken by but cancel.
-        event = waiter.done if waiter is not None else cancel
-        wait_sliced(event.wait, timeout, cancel)
 
     def store_time(self, election: str) -> float | None:
         ((now,),) = self._admin(CLOCK, {})
@@ -316,67 +263,3 @@ class PostgresBackend(Backend):
             "would be sent twice: list the standbys in synchronous_standby_names on the "
             "primary, or set leader_replica_acks to 0 if no standby is ever promoted"
         )
-
-    def leave(self, election: str) -> None:
-        with self._lock:
-            hold = self._holds.pop(election, None)
-            if hold is None:
-                return
-            hold.left = True
-            waiter, session = hold.waiter, hold.session
-            hold.waiter = hold.session = None
-        if waiter is not None:
-            waiter.cancel()
-        if session is not None:
-            session.close()
-
-    def close(self) -> None:
-        with self._lock:
-            elections = list(self._holds)
-        for election in elections:
-            self.leave(election)
-
-    # -- helpers ------------------------------------------------------------
-
-    def _names(self, election: str) -> dict[str, str]:
-        return {"prefix": self.key_prefix, "election": election}
-
-    def _record_hold(
-        self,
-        election: str,
-        hold: _Hold,
-        *,
-        waiter: LockWaiter[Session] | None = None,
-        term: Term | None = None,
-        session: Session | None = None,
-    ) -> bool:
-        """Record what acquire got; False if the election was left meanwhile."""
-        with self._lock:
-            if hold.left:
-                return False
-            hold.waiter, hold.term, hold.session = waiter, term, session
-            return True
-
-    def _holding(self, election: str, term: Term) -> Session | None:
-        """The session holding ``term``'s lock, or None when the term is over."""
-        with self._lock:
-            hold = self._holds.get(election)
-            if hold is None or hold.term != term:
-                return None
-            return hold.session
-
-    def _drop_session(self, election: str, session: Session) -> None:
-        with self._lock:
-            hold = self._holds.get(election)
-            if hold is not None and hold.session is session:
-                hold.session = None
-        session.close()
-
-    def _admin(self, query: str, params: Mapping[str, Any]) -> list[TupleRow]:
-        """Run one statement on a short-lived connection of its own."""
-        session = self._db.connect(None)
-        try:
-            self._db.ensure_schema(session)
-            return self._db.execute(session, query, params)
-        finally:
-            session.close()

@@ -18,6 +18,7 @@ from psycopg.rows import TupleRow
 from ..._urls import mask_url
 from ...exceptions import StoreMisconfigured, StoreUnavailable
 from ..errors import first_line
+from ..session_lock import SessionGone
 from ..waiting import LockWaiter
 from .sql import (
     CLIENT_CHECK_MS,
@@ -32,14 +33,6 @@ from .sql import (
 )
 
 logger = logging.getLogger(__name__)
-
-
-class SessionGone(StoreUnavailable):
-    """The session is over (closed by the server, the network or our deadline).
-
-    Whatever it held is released, or will be as soon as the server notices,
-    so a term that lived in it is lost for good.
-    """
 
 
 class Session:
