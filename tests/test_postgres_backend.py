@@ -317,12 +317,12 @@ class Recording(PostgresBackend):
             emit("bound", epoch=result.term.epoch, bound=sent + validity)
         return result
 
-    def renew(self, election, term, ttl):
+    def renew_timed(self, election, term, ttl):  # what the lease calls to renew
         sent = time.monotonic()
-        result = super().renew(election, term, ttl)
+        result, store_time = super().renew_timed(election, term, ttl)
         if result is not Renewal.LOST:
             emit("bound", epoch=term.epoch, bound=sent + validity)
-        return result
+        return result, store_time
 
 terms = []
 
