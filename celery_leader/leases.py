@@ -1,8 +1,8 @@
 """This process's leases: one per election and settings, on one store connection.
 
 Everything that campaigns from a process joins through here: a Celery worker's
-node, a function's own election (``is_leader()`` outside a worker), a Dramatiq
-worker process and the schedulers. So:
+node, a function's own election (``@leader_only`` on a plain function outside a
+worker), a Dramatiq worker process and the schedulers. So:
 
 * a process never holds two leases of one election (with one instance id, they
   would compete with each other, and ``is_leader()`` would depend on which one
@@ -153,6 +153,15 @@ class LeaseSet:
     def elections(self) -> list[str]:
         """The elections joined and not left."""
         return list(self._leases)
+
+    def lease_of(self, election: str) -> Lease | None:
+        """The lease of ``election`` if a part of this process joined it, else ``None``.
+
+        It never joins and never talks to the store: what ``is_leader()`` asks.
+        """
+        with self._lock:
+            found = self._leases.get(election)
+        return None if found is None else found[0]
 
     def _leave(self, membership: Membership) -> None:
         lease = membership.lease

@@ -17,6 +17,7 @@ from celery_leader import (
     current_epoch,
     ensure_leader,
     is_leader,
+    leader_of,
     leader_only,
     leader_queue,
 )
@@ -25,6 +26,7 @@ from celery_leader.celery import leadership
 from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import ConfigError, NotLeader
 from celery_leader.lease import Lease
+from celery_leader.leases import lease_set
 from harness.waiting import wait_for
 
 
@@ -130,6 +132,25 @@ def test_keeps_name_and_doc() -> None:
 # -- plain functions: join lazily, a follower's call returns None ------------
 
 
+def test_is_leader_outside_a_worker_never_joins(app: Celery) -> None:
+    config = leadership.config_of(app)
+    assert not is_leader() and current_epoch() is None
+    with pytest.raises(NotLeader):
+        ensure_leader()
+    assert lease_set(config).elections() == []  # it joined nothing
+    assert leader_of(config) is None  # and nobody campaigns: the store has no holder
+
+    @leader_only
+    def job() -> str:
+        return "ran"
+
+    # The "no lease" answer was not kept: once this process joins, it answers from the lease.
+    assert job() == "ran"
+    holder = leader_of(config)
+    assert holder is not None and holder.instance_id == config.instance_id
+    assert is_leader() and current_epoch() == holder.epoch
+
+
 def test_plain_function_runs_on_the_leader(app: Celery) -> None:
     calls = []
 
@@ -171,7 +192,8 @@ def test_default_election_follows_the_setting(app: Celery) -> None:
         return "ran"
 
     assert job() is None
-    assert is_leader("worker")  # an election nobody else holds
+    # The job joined the setting's election, not "worker".
+    assert lease_set(leadership.config_of(app)).elections() == ["crons"]
     other.stop()
 
 
@@ -205,10 +227,19 @@ def test_bad_settings_fail_on_first_use_naming_the_setting(app: Celery) -> None:
 
 
 def test_current_epoch_and_ensure_leader_follow_the_term(app: Celery) -> None:
-    epoch = current_epoch()  # joins the election, which nobody else holds
+    @leader_only
+    def job() -> int | None:
+        return current_epoch()
+
+    @leader_only(election="reports")
+    def report() -> str:
+        return "ran"
+
+    epoch = job()  # joins the election, which nobody else holds
     assert isinstance(epoch, int)
     ensure_leader()
     other = rival(app, "reports")
+    assert report() is None  # joins "reports" as a follower
     assert current_epoch("reports") is None
     with pytest.raises(NotLeader, match="does not lead 'reports'"):
         ensure_leader("reports")

@@ -232,8 +232,8 @@ def test_wait_mode_requeues_what_a_demoted_leader_prefetched(
 def test_a_process_that_only_asks_never_campaigns(
     procs: Procs, broker_url: str, redis_url: str, tmp_path: Path
 ) -> None:
-    """A web process imports the app and calls is_leader() 100 times: it reads the
-    holder, never takes the election from the workers."""
+    """A web process imports the app and calls is_leader() 100 times: it holds no
+    lease, so it answers False and never takes the election from the workers."""
     start(procs, app_env(broker_url, redis_url, tmp_path / "record"), "waiting")
     worker = worker_leader(redis_url)
     web = procs.spawn_python(

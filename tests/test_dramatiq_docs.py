@@ -1,8 +1,7 @@
 """Every example of docs/dramatiq.md runs as written.
 
 The Python blocks run in order in one fresh interpreter, as a reader would paste
-them, with the host ``redis`` of their URLs pointing at the test's Redis server
-(the middleware reads the store when ``is_leader()`` is asked outside a worker).
+them, with the host ``redis`` of their URLs pointing at the test's Redis server.
 The error shown for a bad setting is the one the middleware raises.
 """
 

@@ -15,11 +15,20 @@ import dramatiq
 import pytest
 from dramatiq.brokers.stub import StubBroker
 
+import celery_leader
 from celery_leader.backends import create_backend
-from celery_leader.dramatiq import LeaderActorError, LeaderMiddleware, cron, every
+from celery_leader.dramatiq import (
+    LeaderActorError,
+    LeaderMiddleware,
+    cron,
+    current_epoch,
+    every,
+    is_leader,
+)
 from celery_leader.dramatiq.scheduler import DramatiqScheduler
 from celery_leader.exceptions import ConfigError, LeaderError
 from celery_leader.lease import Lease
+from celery_leader.leases import lease_set
 from harness.waiting import wait_for
 
 UTC = timezone.utc
@@ -365,7 +374,36 @@ def test_only_a_worker_consuming_a_leader_only_queue_campaigns(broker: StubBroke
     assert not middleware.campaigns()
     with pytest.raises(LeaderError, match="does not campaign"):
         middleware.lease()
-    assert middleware.holder() is None  # it reads the store, and nobody holds the role
+    assert not is_leader()
+    assert celery_leader.leader_of(middleware.process_config()) is None  # nobody holds the role
+
+
+def test_is_leader_outside_a_worker_never_joins(broker: StubBroker) -> None:
+    @dramatiq.actor(queue_name="reports", leader_only=True)
+    def report() -> None: ...
+
+    middleware = leader_of(broker)
+    config = middleware.process_config()
+    assert not is_leader() and current_epoch() is None
+    assert lease_set(config).elections() == []  # it joined nothing
+    assert celery_leader.leader_of(config) is None  # and nobody campaigns
+
+    # A lease another part of this process joined (the scheduler's, say) answers.
+    scheduler = lease_set(config).join(config.beat_election)
+    try:
+        holder = wait_for(lambda: celery_leader.leader_of(config, config.beat_election), 5)
+        assert holder.instance_id == config.instance_id
+        assert is_leader(config.beat_election)
+        assert current_epoch(config.beat_election) == holder.epoch
+    finally:
+        scheduler.leave()
+    assert not is_leader(config.beat_election)
+
+    # So does a worker process that consumes the election's actors, once it booted.
+    middleware.after_worker_boot(broker, _Worker(_ConsumerThread("reports")))
+    holder = wait_for(lambda: celery_leader.leader_of(config), 5, message="elected")
+    assert holder.instance_id == config.instance_id
+    assert is_leader() and current_epoch() == holder.epoch
 
 
 @pytest.mark.parametrize(

@@ -180,12 +180,17 @@ def test_decorated_pins_and_bad_epochs(app: Celery) -> None:
 
 
 def test_reset_reads_the_settings_afresh(app: Celery) -> None:
-    assert is_leader()  # joins the election on the first store
+    @leader_only
+    def job() -> str:
+        return "ran"
+
+    assert job() == "ran" and is_leader()  # joins the election on the first store
     first = leadership.config_of(app).url
     app.conf.leader_url = f"memory://{uuid.uuid4().hex}"
     reset()
+    assert not is_leader()  # reset left the election: nothing to answer from
     assert leadership.config_of(app).url != first
-    assert is_leader()
+    assert job() == "ran" and is_leader()
 
 
 # -- beat_replicas ----------------------------------------------------------------

@@ -11,7 +11,8 @@ A forked child inherits the mapping; a spawned child (``worker_pool_start_method
 = "spawn"``) opens the file named by :data:`ENV_VAR`, which the main process
 sets before its pool starts. Only the owner and its direct children trust the
 table (the header names the owner's pid): anything further down the process
-tree joins the election on its own.
+tree answers from its own leases (a ``@leader_only`` plain function joins on its
+own).
 
 Layout (the header little-endian, the slots in native byte order)::
 

@@ -7,13 +7,18 @@ A check of leadership comes from one of three places, in the order tried:
 2. the worker's deadline table (:mod:`celery_leader.celery.deadline_table`), which
    the worker's main process fills for every election it joined when it
    started: a pool process reads one float from shared memory, no round trip;
-3. otherwise a lease that this process joins on first use, with the settings
-   of the Celery app (a plain function in a web process, a script, or an
-   election first named after the worker started).
+3. otherwise a lease of this process: ``@leader_only`` on a plain function (in
+   a web process, a script, or for an election first named after the worker
+   started) joins the election on first use, with the settings of the Celery
+   app. :func:`is_leader`, :func:`current_epoch` and :func:`ensure_leader`
+   never join: they answer from a lease some part of this process joined (the
+   worker's node, a scheduler, such a function), else "not leading".
 
 Each (app, election) pair resolves once to a :class:`View` and is cached; the
 worker calls :func:`forget_views` when it serves a new table, and so does a
-change of the pins.
+change of the pins. A lease another part of this process joined is looked up
+on every call instead (it may leave, and a later one replace it), and so is
+"no lease": the process may join later.
 """
 
 from __future__ import annotations
@@ -106,20 +111,26 @@ def config_of(app: Any) -> LeaderConfig:
 
 
 def view(app: Any, election: str | None) -> View:
-    """The cached view of ``election`` (``None``: the app's default) for ``app``."""
+    """The cached view of ``election`` (``None``: the app's default) for ``app``.
+
+    ``@leader_only``'s: outside a worker, the first call joins the election.
+    """
     try:
         return _views[app, election]
     except KeyError:
-        return _resolve(app, election)
+        return _resolve(app, election, join=True)
 
 
 def is_leader(election: str | None = None, *, app: Any = None) -> bool:
     """True while this process (or its worker) leads ``election``.
 
-    The same check ``@leader_only`` makes: in a worker's pool process it reads
-    the deadline the worker wrote; elsewhere it joins the election on the
-    first call. ``election`` defaults to ``leader_worker_election`` and
-    ``app`` to the current Celery app.
+    It never joins an election and never talks to the store: it answers from a
+    lease this process already takes part in (in a worker's pool process, the
+    deadline the worker wrote; else a lease of this process: the worker's, a
+    scheduler's, or one a ``@leader_only`` plain function joined), otherwise
+    ``False``. A test's pin answers first. To ask who leads from any process:
+    :func:`celery_leader.leader_of`. ``election`` defaults to
+    ``leader_worker_election`` and ``app`` to the current Celery app.
     """
     return _view_for(election, app).leads()
 
@@ -127,7 +138,8 @@ def is_leader(election: str | None = None, *, app: Any = None) -> bool:
 def current_epoch(election: str | None = None, *, app: Any = None) -> int | None:
     """The fencing token of this process's term of ``election``; ``None`` when not leading.
 
-    Epochs only grow: pass it with a write to a store that remembers the
+    Answered like :func:`is_leader`: never joins, ``None`` without a lease of
+    this process. Epochs only grow: pass it with a write to a store that remembers the
     highest one it has seen, and a deposed leader's late write is refused.
     """
     return _view_for(election, app).epoch()
@@ -183,12 +195,21 @@ def reset() -> None:
 
 
 def _view_for(election: str | None, app: Any) -> View:
+    """The view :func:`is_leader` answers from: never joins."""
     if election is not None:
         validate_name("election", election)
-    return view(get_current_app() if app is None else app, election)
+    app = get_current_app() if app is None else app
+    try:
+        return _views[app, election]
+    except KeyError:
+        return _resolve(app, election, join=False)
 
 
-def _resolve(app: Any, key: str | None) -> View:
+# Not leading, from no lease: what a process that does not take part answers.
+_OUTSIDE = View(lambda: False, lambda: None)
+
+
+def _resolve(app: Any, key: str | None, *, join: bool) -> View:
     with _lock:
         found = _views.get((app, key))
         if found is not None:
@@ -210,9 +231,15 @@ def _resolve(app: Any, key: str | None) -> View:
         index = None if table is None else table.index(election)
         if table is not None and index is not None:
             found = View(table.checker(index), table.epoch_reader(index))
-        else:
+        elif join:
             lease = _local_lease(app, election)
             found = View(lease.is_leader, lambda: lease.epoch)
+        else:
+            # Not cached: the lease may leave, or this process join later.
+            held = lease_set(config).lease_of(election)
+            if held is None:
+                return _OUTSIDE
+            return View(held.is_leader, lambda: held.epoch)
         _views[app, key] = found
         _checks[app, key] = found.leads
         return found

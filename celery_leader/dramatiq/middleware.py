@@ -2,8 +2,9 @@
 
 Every Dramatiq process that builds the broker gets its own middleware instance.
 Only worker processes that consume a leader-only actor's queue campaign, each
-with its own lease (instance id ``host:pid``); any other process (a web server
-asking :func:`is_leader`, the scheduler fork) only reads who holds the election.
+with its own lease (instance id ``host:pid``); the scheduler campaigns in its
+own election. :func:`is_leader` never joins: in any other process (a web server)
+it answers "not leading".
 Leases are released at the first SIGTERM or SIGHUP, in ``before_worker_shutdown``
 and, because ``atexit`` does not run in Dramatiq's worker processes, by a
 ``multiprocessing.util.Finalize`` too: a second SIGTERM (Dramatiq's main process
@@ -23,9 +24,8 @@ from multiprocessing.util import Finalize
 from typing import Any
 
 from .. import metrics
-from ..backends import HolderInfo
 from ..config import LeaderConfig, validate_name
-from ..exceptions import ConfigError, LeaderError, StoreUnavailable, missing_extra
+from ..exceptions import ConfigError, LeaderError, missing_extra
 from ..health import ConsumerLiveness
 from ..lease import Lease
 from ..leases import LeaseSet, Membership, lease_set
@@ -314,18 +314,6 @@ class LeaderMiddleware(Middleware):
         with self._lock:
             return (election or self.config.worker_election) in self._campaigns
 
-    def holder(self, election: str | None = None) -> HolderInfo | None:
-        """Who holds ``election``, read from the store (``None``: nobody, or unreachable)."""
-        election = election or self.config.worker_election
-        with self._lock:
-            if self._closed:  # shutting down: no new store connection
-                return None
-            backend = self._lease_set().backend
-        try:
-            return backend.holder(election)
-        except StoreUnavailable:
-            return None
-
     def _forget_parent(self) -> None:
         """In a process forked from the one that built the middleware, start afresh
         (a parent's thread may have held the locks at the fork)."""
@@ -362,9 +350,9 @@ class LeaderMiddleware(Middleware):
                 memberships, self._memberships = list(self._memberships.values()), {}
             if leases is None:
                 return
+            # Leaving the set's last lease closes its store connection.
             for membership in memberships:
                 membership.leave()
-            leases.close_if_idle()  # the connection holder() may have opened without a lease
 
     def _apply(self, lease: Lease) -> None:
         """Leadership of ``lease`` changed: open or close the gates of its wait-mode queues."""
@@ -412,35 +400,29 @@ class LeaderMiddleware(Middleware):
 def is_leader(election: str | None = None) -> bool:
     """Whether this process leads ``election`` now (default: the worker election).
 
-    A test's pin (:mod:`celery_leader.pins`) answers first. A worker process
-    that consumes the election's actors answers from its own lease, without a
-    round trip. Any other process never campaigns: it reads the holder from the
-    store, so it leads only if that holder is itself.
+    It never joins an election and never talks to the store: it answers from a
+    lease this process already takes part in (a worker process's, for the
+    actors it consumes, or the scheduler's in its process), otherwise
+    ``False``. A test's pin (:mod:`celery_leader.pins`) answers first. To ask
+    who leads from any process: :func:`celery_leader.leader_of`.
     """
     pin = _pin(election)
     if pin is not None:
         return pin.leads
-    middleware = _middleware()
-    if middleware.campaigns(election):
-        lease = _lease(middleware, election)
-        return lease is not None and lease.is_leader()
-    holder = middleware.holder(election)
-    return holder is not None and holder.instance_id == middleware.process_config().instance_id
+    lease = _held(election)
+    return lease is not None and lease.is_leader()
 
 
 def current_epoch(election: str | None = None) -> int | None:
-    """The fencing token of this process's current term of ``election``, else ``None``."""
+    """The fencing token of this process's current term of ``election``, else ``None``.
+
+    Answered like :func:`is_leader`: never joins, ``None`` without a lease of this process.
+    """
     pin = _pin(election)
     if pin is not None:
         return pin.epoch
-    middleware = _middleware()
-    if middleware.campaigns(election):
-        lease = _lease(middleware, election)
-        return None if lease is None else lease.epoch
-    holder = middleware.holder(election)
-    if holder is None or holder.instance_id != middleware.process_config().instance_id:
-        return None
-    return holder.epoch
+    lease = _held(election)
+    return None if lease is None else lease.epoch
 
 
 def _pin(election: str | None) -> Role | None:
@@ -448,14 +430,11 @@ def _pin(election: str | None) -> Role | None:
     return role_of(election or _middleware().config.worker_election)
 
 
-def _lease(middleware: LeaderMiddleware, election: str | None) -> Lease | None:
-    """This process's lease of ``election``; ``None`` once the process is shutting down."""
-    try:
-        return middleware.lease(election)
-    except LeaderError:
-        if middleware._closed:
-            return None
-        raise
+def _held(election: str | None) -> Lease | None:
+    """The lease of ``election`` a part of this process joined, if any (no join, no I/O)."""
+    middleware = _middleware()
+    config = middleware.process_config()
+    return lease_set(config).lease_of(election or config.worker_election)
 
 
 def _on_pins_changed() -> None:
