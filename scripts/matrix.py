@@ -60,7 +60,7 @@ GROUPS: dict[str, list[str]] = {
     # scheduler's leader killed (group, fork, main process), nothing sent twice.
     "dramatiq-failover": [
         "tests/test_dramatiq_chaos.py::"
-        "test_crashes_are_detected_at_once_on_postgres_and_file[postgres]"
+        "test_crashes_are_detected_at_once_on_postgres_mariadb_and_file[postgres]"
     ],
 }
 

@@ -254,3 +254,19 @@ def test_the_install_page_lists_the_floors_pyproject_declares() -> None:
     assert len(listed) >= 8, f"the table of oldest versions in docs/install.md: {listed}"
     for name, version in listed.items():
         assert version.startswith(declared[name]), (name, version, declared[name])
+
+
+def test_the_matrix_names_tests_that_exist() -> None:
+    """Every test id scripts/matrix.py runs in a cell is collected: a renamed test
+    must not leave the matrix (and so CI) running nothing for that group."""
+    source = (ROOT / "scripts" / "matrix.py").read_text()
+    ids = re.findall(r'"(tests/test_\w+\.py::[^"]+)"', source.replace('"\n        "', ""))
+    assert ids, "no test ids found in scripts/matrix.py"
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q", *ids],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
