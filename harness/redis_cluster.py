@@ -9,14 +9,16 @@ master or the other masters, as an operator does when the master is gone.
 from __future__ import annotations
 
 import os
+import random
 import signal
+import socket
 import subprocess
 from typing import Any
 
 import redis
 from redis.crc import key_slot
 
-from .servers import RedisServer, free_port
+from .servers import RedisServer
 from .waiting import wait_for
 
 #: A node that stops answering is flagged failing after this long; only an
@@ -24,6 +26,29 @@ from .waiting import wait_for
 NODE_TIMEOUT_MS = 2000
 #: No full-sync delay: a replica is online within a moment of starting.
 _FAST_SYNC = ("--repl-diskless-sync-delay", "0")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def _port_with_free_bus() -> int:
+    """A free port whose cluster bus port (port + 10000) is free too.
+
+    Both lie below the kernel's ephemeral range (32768 and up on Linux): a port
+    the kernel picks for us lands its bus port in that range too, where any
+    client connection may hold it by the time the node binds it (seen in CI:
+    "bind: Address already in use" on the bus).
+    """
+    while True:
+        port = random.randint(20000, 22767)
+        if _bindable(port) and _bindable(port + 10000):
+            return port
 
 
 class ClusterNode(RedisServer):
@@ -37,8 +62,7 @@ class ClusterNode(RedisServer):
             "--cluster-replica-no-failover", "yes",
             *_FAST_SYNC,
         )  # fmt: skip
-        while self.port + 10000 > 65535:
-            self.port = free_port()
+        self.port = _port_with_free_bus()
         self.paused = False
 
     def command(self, *args: Any, timeout: float = 5) -> Any:

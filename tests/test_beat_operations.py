@@ -619,13 +619,15 @@ def test_a_replica_whose_clock_runs_ahead_is_not_replayed_by_the_next_leader(
     # Replica 0's wall clock runs 4 s ahead; it leads first and records slots 4 s in
     # the others' future. Then it dies. Replica 1 must not send those slots again: it
     # waits until its own clock passes the last one, says so once, and goes on.
+    # Each replica schedules on its own clock here (leader_clock "local"): on the
+    # store's clock (the default) the fast replica's clock would not be used at all.
     ahead = 4.0
     holder = beat_holder(lease_store.url)
     beats = Replicas(
         procs,
         tmp_path,
         BEAT,
-        env(redis_url, 0.5),
+        env(redis_url, 0.5, CELERY_LEADER_CLOCK="local"),
         [lease_store.url] * 2,
         holder,
         [{"CLOCK_AHEAD": str(ahead)}, {}],
