@@ -33,7 +33,7 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     status = commands.add_parser(
         "status",
-        help="holder, epoch and time left of every election",
+        help="holder, epoch, time left and term start of every election",
         description="Exit codes: 0 a leader exists (with ELECTIONs: each has one), "
         "3 nobody leads, 2 store unreachable or bad settings.",
     )

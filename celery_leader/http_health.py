@@ -5,8 +5,9 @@
 line while healthy (a follower is healthy), 503 with the ``UNHEALTHY: ...`` line
 when the record went stale (the process stopped updating it) or the
 scheduler's tick is overdue. ``/leader`` answers JSON: the election, the last
-holder this process saw, its epoch, and since when this process has seen it
-lead.
+holder this process saw, its epoch, and since when it leads (when its term
+began, as the store recorded it; when this process first saw it, for a term
+that does not say).
 
 One server per port and process, in a daemon thread; several elections of one
 process (beat inside a worker) share it: ``/healthz`` then passes only when
@@ -29,8 +30,9 @@ class LeaderSeen:
     """The last leader a lease told of, and when it was first seen: what ``/leader`` says.
 
     Give it to the join as ``Callbacks(on_new_leader=...)``; the lease calls it
-    once per term, followers included, so "since" is when this process first saw
-    that term.
+    once per term, followers included. "Since" is the term's start as the store
+    recorded it, or, for a term that does not say (written by celery-leader
+    0.4.0), when this process first saw it.
     """
 
     def __init__(self) -> None:
@@ -38,7 +40,7 @@ class LeaderSeen:
         self.last: tuple[HolderInfo, float] | None = None
 
     def __call__(self, lease: Lease, holder: HolderInfo) -> None:
-        self.last = (holder, lease.clock.time())
+        self.last = (holder, lease.clock.time() if holder.since is None else holder.since)
 
 
 #: A health record and the leader its election last saw.

@@ -57,13 +57,21 @@ def _row(election: str, info: HolderInfo | None) -> dict[str, Any]:
         "holder": None if info is None else info.instance_id,
         "epoch": None if info is None else info.epoch,
         "ttl_remaining": None if info is None else info.ttl_remaining,
+        "since": None if info is None else info.since,
     }
+
+
+def _since(seconds: float | None) -> str:
+    """A term's start for the status table: UTC to the second, ``-`` when unknown."""
+    if seconds is None:
+        return "-"
+    return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
 def status(
     config: LeaderConfig, echo: Echo, elections: Sequence[str] = (), as_json: bool = False
 ) -> int:
-    """Print holder, epoch and time left of each election; return the exit code.
+    """Print holder, epoch, time left and term start of each election; return the exit code.
 
     Without ``elections``: every election the store knows plus the configured
     beat and worker elections, and 0 when at least one of them has a leader.
@@ -94,7 +102,10 @@ def status(
     width = max([len(row["election"]) for row in rows] + [19])
     holder_width = max([len(row["holder"] or "") for row in rows] + [31])
     echo(f"store: {config.display_url}")
-    echo(f"{'ELECTION':<{width}} {'HOLDER':<{holder_width}} {'EPOCH':>13} {'TTL LEFT':>9}")
+    echo(
+        f"{'ELECTION':<{width}} {'HOLDER':<{holder_width}} {'EPOCH':>13} {'TTL LEFT':>9}"
+        "  SINCE (UTC)"
+    )
     for row in rows:
         ttl = row["ttl_remaining"]
         left = "-" if ttl is None else f"{ttl:.1f}s"
@@ -103,7 +114,7 @@ def status(
         epoch = "-" if row["epoch"] is None else str(row["epoch"])
         echo(
             f"{row['election']:<{width}} {row['holder'] or '(nobody)':<{holder_width}} "
-            f"{epoch:>13} {left:>9}"
+            f"{epoch:>13} {left:>9}  {_since(row['since'])}"
         )
     offset = clock["clock_offset"]
     if offset is not None:

@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psycopg
+import pymysql
 import pytest
 import redis
 import requests
@@ -32,6 +34,7 @@ from celery_leader.backends import (
     Write,
     create_backend,
 )
+from celery_leader.backends.mysql.params import connection_params
 from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import StoreUnavailable
 from harness.servers import free_port
@@ -58,6 +61,9 @@ class Store:
     plant: Callable[[str], str | None]
     #: A URL of this kind where nothing answers; None for a store that cannot be down.
     down_url: str | None
+    #: Rewrite the stored term of ELECTION as celery-leader 0.4.0 wrote it (no
+    #: ``since``); None for a store whose terms never outlive the process (memory).
+    as_written_by_0_4: Callable[[], None] | None = None
     made: list[Backend] = field(default_factory=list)
 
     def backend(self, url: str | None = None) -> Backend:
@@ -85,7 +91,13 @@ def _redis_store(url: str) -> Store:
             client.rpush(key, "not ours")  # the wrong type altogether
         return key
 
-    return Store("redis", url, True, plant, f"redis://127.0.0.1:{free_port()}/0")
+    def as_written_by_0_4() -> None:
+        key = f"{{{PREFIX}:{ELECTION}}}:lock"
+        term = json.loads(client.get(key))
+        del term["since"]
+        client.set(key, json.dumps(term), keepttl=True)
+
+    return Store("redis", url, True, plant, f"redis://127.0.0.1:{free_port()}/0", as_written_by_0_4)
 
 
 def _file_store(directory: Path) -> Store:
@@ -95,24 +107,52 @@ def _file_store(directory: Path) -> Store:
         path.write_text("{not json" if what != "state" else '{"x": 1}')
         return str(path)
 
+    def as_written_by_0_4() -> None:
+        path = directory / f"{PREFIX}.{ELECTION}.holder"
+        term = json.loads(path.read_text())
+        del term["since"]
+        path.write_text(json.dumps(term))
+
     # Down: the directory is replaced by a file after the backend was built.
-    return Store("file", f"file://{directory}", False, plant, f"file://{directory}/down")
+    down = f"file://{directory}/down"
+    return Store("file", f"file://{directory}", False, plant, down, as_written_by_0_4)
 
 
 def _postgres_store(url: str) -> Store:
     def plant(what: str) -> str | None:
         return None  # typed columns, written only by the holder's own statements
 
+    def as_written_by_0_4() -> None:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(
+                "UPDATE celery_leader_lease SET token = (token::jsonb - 'since')::text"
+                " WHERE prefix = %s AND election = %s",
+                (PREFIX, ELECTION),
+            )
+
     host, port = "127.0.0.1", free_port()
     down = f"postgresql://leader:pw@{host}:{port}/leader"
-    return Store("postgres", url, False, plant, down)
+    return Store("postgres", url, False, plant, down, as_written_by_0_4)
 
 
 def _mariadb_store(url: str) -> Store:
     def plant(what: str) -> str | None:
         return None  # typed columns, written only by the holder's own statements
 
-    return Store("mysql", url, False, plant, f"mariadb://leader:pw@127.0.0.1:{free_port()}/leader")
+    def as_written_by_0_4() -> None:
+        conn = pymysql.connect(**connection_params(url)[0], autocommit=True)
+        try:
+            with conn.cursor() as cursor:
+                cursor.execute(
+                    "UPDATE celery_leader_lease SET token = JSON_REMOVE(token, '$.since')"
+                    " WHERE prefix = %s AND election = %s",
+                    (PREFIX, ELECTION),
+                )
+        finally:
+            conn.close()
+
+    down = f"mariadb://leader:pw@127.0.0.1:{free_port()}/leader"
+    return Store("mysql", url, False, plant, down, as_written_by_0_4)
 
 
 def _etcd_store(url: str) -> Store:
@@ -128,9 +168,18 @@ def _etcd_store(url: str) -> Store:
         requests.post(f"http://{endpoint}/v3/kv/put", json=encoded, timeout=5).raise_for_status()
         return key
 
-    return Store(
-        "etcd", url, True, plant, f"etcd://127.0.0.1:{free_port()},127.0.0.1:{free_port()}"
-    )
+    def as_written_by_0_4() -> None:
+        key = _b64(f"{PREFIX}/{ELECTION}/term")
+        found = requests.post(f"http://{endpoint}/v3/kv/range", json={"key": key}, timeout=5)
+        (kv,) = found.json()["kvs"]
+        term = json.loads(base64.b64decode(kv["value"]))
+        del term["since"]
+        # Rewritten on the term's own lease: its create revision (the epoch) stays.
+        put = {"key": key, "value": _b64(json.dumps(term)), "lease": kv["lease"]}
+        requests.post(f"http://{endpoint}/v3/kv/put", json=put, timeout=5).raise_for_status()
+
+    down = f"etcd://127.0.0.1:{free_port()},127.0.0.1:{free_port()}"
+    return Store("etcd", url, True, plant, down, as_written_by_0_4)
 
 
 def _b64(text: str) -> str:
@@ -283,6 +332,45 @@ class TestLockStore:
         second = take(b, "b")
         assert second.epoch > term.epoch
         assert ELECTION in observer.elections()
+
+    def test_holders_say_since_when_their_term_began(self, store: Store) -> None:
+        a, b, observer = store.backend(), store.backend(), store.backend()
+        before = time.time()
+        term = take(a, "a")
+        after = time.time()
+        holder = observer.holder(ELECTION)
+        assert holder is not None and holder.since is not None
+        # On the store's clock (this host's, in these tests), to its resolution:
+        # etcd's is the whole second of an HTTP Date header.
+        assert before - 1.0 <= holder.since <= after + 0.01
+        lost = b.acquire(ELECTION, "b", TTL, 0)
+        assert lost.holder is not None and lost.holder.since == holder.since
+        asked = observer.request_resign(ELECTION)
+        assert asked is not None and asked.since == holder.since
+        assert a.renew(ELECTION, term, TTL) is Renewal.RESIGN
+        still = observer.holder(ELECTION)
+        assert still is not None and still.since == holder.since, "renewals keep the start"
+        b.leave(ELECTION)
+        a.release(ELECTION, term)
+        time.sleep(0.01)  # the next term starts at a later time, even on a coarse clock
+        second = take(b, "b")
+        again = observer.holder(ELECTION)
+        assert again is not None and again.epoch == second.epoch
+        assert again.since is not None and again.since >= holder.since
+
+    def test_a_term_written_by_0_4_reads_with_since_unknown(self, store: Store) -> None:
+        if store.as_written_by_0_4 is None:
+            pytest.skip(f"{store.kind} keeps no term past its process")
+        a, b, observer = store.backend(), store.backend(), store.backend()
+        term = take(a, "a")
+        store.as_written_by_0_4()
+        holder = observer.holder(ELECTION)
+        assert holder is not None and (holder.instance_id, holder.epoch) == ("a", term.epoch)
+        assert holder.since is None
+        lost = b.acquire(ELECTION, "b", TTL, 0)
+        assert lost.holder is not None and lost.holder.since is None
+        assert lost.holder.epoch == term.epoch
+        b.leave(ELECTION)
 
     def test_epochs_grow_past_the_highest_one_seen(self, store: Store) -> None:
         a = store.backend()

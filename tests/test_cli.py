@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,7 @@ def join(leases: list[Lease], url: str, instance_id: str) -> Lease:
 def test_status_names_holder_epoch_and_ttl_with_the_password_masked(
     url: str, leases: list[Lease]
 ) -> None:
+    started = time.time()
     holder = join(leases, url, "holder-1")
     wait_for(holder.is_leader, 5, message="holder-1 leads")
 
@@ -86,14 +88,18 @@ def test_status_names_holder_epoch_and_ttl_with_the_password_masked(
     assert rows["beat"]["holder"] == "holder-1"
     assert rows["beat"]["epoch"] == holder.epoch
     assert 0 < rows["beat"]["ttl_remaining"] <= TTL
+    # Since when: the term's start on the store's clock (this host's, here).
+    assert started - 1.0 <= rows["beat"]["since"] <= time.time()
     assert rows["worker"] == {"election": "worker", "holder": None, "epoch": None,
-                              "ttl_remaining": None}  # fmt: skip
+                              "ttl_remaining": None, "since": None}  # fmt: skip
 
     table = leader_cli(url, "status")
     assert table.returncode == 0, table.stderr
     assert PASSWORD not in table.stdout + table.stderr
     beat_line = next(line for line in table.stdout.splitlines() if line.startswith("beat "))
     assert "holder-1" in beat_line and str(holder.epoch) in beat_line
+    since = datetime.fromtimestamp(rows["beat"]["since"], timezone.utc)
+    assert beat_line.endswith(since.strftime("%Y-%m-%d %H:%M:%SZ"))
 
 
 def test_resign_hands_over_to_another_instance(url: str, leases: list[Lease]) -> None:
@@ -196,7 +202,7 @@ def test_the_module_prints_what_the_celery_command_prints(url: str, leases: list
     assert table.returncode == 0, table.stderr
     assert PASSWORD not in table.stdout + table.stderr
     header = table.stdout.splitlines()[1]
-    assert header.split() == ["ELECTION", "HOLDER", "EPOCH", "TTL", "LEFT"]
+    assert header.split() == ["ELECTION", "HOLDER", "EPOCH", "TTL", "LEFT", "SINCE", "(UTC)"]
 
     second = join(leases, url, "second")
     run = module_cli(url, "resign")

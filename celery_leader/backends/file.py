@@ -3,7 +3,7 @@
 Files of election ``e`` under key prefix ``p``, all in ``dir``:
 
 * ``p.e.lock``   - the lock; held with ``flock(LOCK_EX)`` by the leader
-* ``p.e.holder`` - JSON of the current term (token, epoch, holder, pid)
+* ``p.e.holder`` - JSON of the current term (token, epoch, holder, since, pid)
 * ``p.e.epoch``  - last epoch handed out; written only under the lock
 * ``p.e.resign`` - the term an operator asked to hand over
 * ``p.e.state``  - JSON of the shared schedule state
@@ -24,6 +24,7 @@ import fcntl
 import json
 import os
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -131,7 +132,8 @@ class FileBackend(Backend):
         text = _read_text(epoch_path)
         epoch = max(parse_epoch(text, str(epoch_path)) if text else 0, min_epoch) + 1
         _write(epoch_path, str(epoch))
-        term = new_term(epoch, instance_id, pid=os.getpid(), inode=inode)
+        # One host shares one clock: its wall clock is the store's.
+        term = new_term(epoch, instance_id, time.time(), pid=os.getpid(), inode=inode)
         _write(self._path(election, "holder"), term.token)
         return Acquired(term, None, ttl)
 
@@ -236,9 +238,7 @@ class FileBackend(Backend):
             return unreadable_state(str(path), text)
         return data
 
-    def compare_and_set(
-        self, election: str, term: Term, claims: Sequence[Write]
-    ) -> list[bool]:
+    def compare_and_set(self, election: str, term: Term, claims: Sequence[Write]) -> list[bool]:
         # Only the flock holder writes the state file, so read-compare-write
         # needs no further locking.
         if self._holds(election, term) is None:

@@ -41,6 +41,10 @@ class HolderInfo:
     ttl_remaining: float | None
     #: The holder's broker (``LeaderConfig.deployment``); ``None`` when it did not say.
     deployment: str | None = None
+    #: When the term began, in seconds since the epoch on the store's clock (the
+    #: local wall clock of the winner for the file and memory stores); ``None``
+    #: when unknown, as for a term written by celery-leader 0.4.0.
+    since: float | None = None
 
     def __post_init__(self) -> None:
         instance, sep, deployment = self.instance_id.partition(DEPLOYMENT_SEP)

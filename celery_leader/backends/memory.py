@@ -24,6 +24,7 @@ class _Record:
     epoch: int
     instance_id: str
     expires: float  # on the backend's clock
+    since: float  # wall-clock seconds since the epoch
 
 
 @dataclass
@@ -69,9 +70,10 @@ class MemoryBackend(Backend):
                 return Acquired(None, _info(current, now), current.expires - now)
             epoch = max(store.epochs.get(election, 0), min_epoch) + 1
             store.epochs[election] = epoch
-            term = new_term(epoch, instance_id)
+            since = self.clock.time()
+            term = new_term(epoch, instance_id, since)
             store.records[election] = _Record(
-                term.token, epoch, instance_id, self.clock.monotonic() + ttl
+                term.token, epoch, instance_id, self.clock.monotonic() + ttl, since
             )
             return Acquired(term, None, ttl)
 
@@ -134,9 +136,7 @@ class MemoryBackend(Backend):
         with self._store.cond:
             return dict(self._store.state.get(election, {}))
 
-    def compare_and_set(
-        self, election: str, term: Term, claims: Sequence[Write]
-    ) -> list[bool]:
+    def compare_and_set(self, election: str, term: Term, claims: Sequence[Write]) -> list[bool]:
         store = self._store
         with store.cond:
             current = store.live(election, self.clock.monotonic())
@@ -146,4 +146,6 @@ class MemoryBackend(Backend):
 
 
 def _info(record: _Record, now: float) -> HolderInfo:
-    return HolderInfo(record.instance_id, record.epoch, max(0.0, record.expires - now))
+    return HolderInfo(
+        record.instance_id, record.epoch, max(0.0, record.expires - now), since=record.since
+    )

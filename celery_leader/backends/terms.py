@@ -1,14 +1,16 @@
 """The term record every store keeps, and the one policy for values it cannot read.
 
-A term is stored as the JSON object ``{"token", "epoch", "holder"}`` (a store
-may add fields of its own, like the file store's ``pid``): ``token`` is random
+A term is stored as the JSON object ``{"token", "epoch", "holder", "since"}``
+(a store may add fields of its own, like the file store's ``pid``): ``token`` is random
 per term, so the exact string names one term of one holder; ``epoch`` is the
-fencing token; ``holder`` is the instance id. Memory and file build it with
+fencing token; ``holder`` is the instance id; ``since`` is when the term began
+(seconds since the epoch, on the store's clock where it has one; terms written
+by celery-leader 0.4.0 lack it, and read as "since unknown"). Memory and file build it with
 :func:`new_term`; Redis (in Lua) and PostgreSQL (in SQL) build the same object
 server-side, where the epoch is decided. Redis and the file store read it back
 with :func:`holder_info` / :func:`parse_term`; memory and PostgreSQL keep its
 fields beside it (in process memory, in typed columns). etcd stores
-``{"token", "holder"}`` only: the epoch is the key's own create revision, known
+``{"token", "holder", "since"}`` only: the epoch is the key's own create revision, known
 once the transaction that wrote it has committed.
 
 **Foreign values.** A value celery-leader did not write (not its JSON, not an
@@ -44,9 +46,16 @@ from .lock import HolderInfo, Term
 logger = logging.getLogger(__name__)
 
 
-def new_term(epoch: int, instance_id: str, **extra: object) -> Term:
-    """A fresh term of ``instance_id`` with ``epoch``, for stores that build it client-side."""
-    token = {"token": uuid.uuid4().hex, "epoch": epoch, "holder": instance_id, **extra}
+def new_term(epoch: int, instance_id: str, since: float, **extra: object) -> Term:
+    """A fresh term of ``instance_id`` with ``epoch`` that began at ``since``, for
+    stores that build it client-side."""
+    token = {
+        "token": uuid.uuid4().hex,
+        "epoch": epoch,
+        "holder": instance_id,
+        "since": since,
+        **extra,
+    }
     return Term(json.dumps(token), epoch)
 
 
@@ -77,7 +86,23 @@ def parse_term(value: str, where: str) -> dict[str, Any]:
 def holder_info(value: str, where: str, ttl_remaining: float | None) -> HolderInfo:
     """:class:`HolderInfo` of the stored term ``value``."""
     data = parse_term(value, where)
-    return HolderInfo(str(data.get("holder", "?")), data["epoch"], ttl_remaining)
+    return HolderInfo(
+        str(data.get("holder", "?")), data["epoch"], ttl_remaining, since=since_of(data)
+    )
+
+
+def since_of(data: object) -> float | None:
+    """The ``since`` of a stored term (its JSON text, or that text parsed);
+    ``None`` when it has none (a term of celery-leader 0.4.0) or is unreadable."""
+    if isinstance(data, str):
+        try:
+            data = json.loads(data)
+        except ValueError:
+            return None
+    since = data.get("since") if isinstance(data, dict) else None
+    if isinstance(since, bool) or not isinstance(since, (int, float)):
+        return None
+    return float(since)
 
 
 def parse_epoch(text: str, where: str) -> int:

@@ -48,7 +48,7 @@ def leader() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.pass_context
 def status(ctx: click.Context, elections: tuple[str, ...], as_json: bool) -> None:
-    """Print holder, epoch and time left on the lease of every election (or of ELECTIONS).
+    """Print holder, epoch, time left and term start of every election (or of ELECTIONS).
 
     Exits 0 when a leader exists (with ELECTIONS: when each of them has one),
     3 when nobody leads, 2 when the store is unreachable.
@@ -156,7 +156,7 @@ def run(
     values = {key: conf.get(key) for key in SETTINGS}
     given = {"leader_url": url, "leader_ttl": ttl}
     values.update({key: value for key, value in given.items() if value is not None})
-    names = {key: f"--{key[len('leader_'):]}" for key, value in given.items() if value is not None}
+    names = {key: f"--{key[len('leader_') :]}" for key, value in given.items() if value is not None}
     try:
         config = LeaderConfig.from_mapping(values, broker_url=conf.get("broker_url"), names=names)
     except ConfigError as exc:

@@ -8,7 +8,7 @@ to through its gRPC gateway (JSON over HTTP, etcd >= 3.4), see :mod:`.client`.
 
 Keys of election ``e`` under key prefix ``p``:
 
-* ``p/e/term``         - the term: JSON ``{"token", "holder"}``, attached to an
+* ``p/e/term``         - the term: JSON ``{"token", "holder", "since"}``, attached to an
   etcd lease of the ttl (rounded up to whole seconds). Created by a
   transaction that requires the key not to exist (``create_revision == 0``);
   renewed by keeping the lease alive; released by revoking the lease, which

@@ -6,9 +6,10 @@ import base64
 import json
 import math
 import threading
+import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from etcd3gw.client import Etcd3Client
@@ -19,7 +20,7 @@ from ...exceptions import StoreUnavailable
 from ..base import Backend
 from ..fenced import Write, write_rounds
 from ..lock import Acquired, HolderInfo, Renewal, Term
-from ..terms import foreign, parse_epoch
+from ..terms import foreign, parse_epoch, since_of
 from ..waiting import wait_sliced
 from .client import NOT_FOUND, UNAVAILABLE, Cluster, b64, error_of, server_time
 from .params import etcd_params
@@ -89,7 +90,12 @@ class EtcdBackend(Backend):
                 return Acquired(None, info, min(ttl, remaining + 1.0), server_time())
             lease = self._etcd.call(lambda c: c.lease(_lease_ttl(ttl))).id
             nonce = uuid.uuid4().hex
-            value = json.dumps({"token": nonce, "holder": instance_id})
+            # etcd cannot write its own time into a value: the term's start is
+            # the Date of the lease grant just answered (whole seconds).
+            since = server_time()
+            value = json.dumps(
+                {"token": nonce, "holder": instance_id, "since": since or time.time()}
+            )
             reply = self._txn(
                 [_created_at(term_key, 0)],
                 [_put(term_key, value.encode(), lease), _range(offset_key)],
@@ -224,9 +230,7 @@ class EtcdBackend(Backend):
             for key, value in self._range_prefix(prefix)
         }
 
-    def compare_and_set(
-        self, election: str, term: Term, claims: Sequence[Write]
-    ) -> list[bool]:
+    def compare_and_set(self, election: str, term: Term, claims: Sequence[Write]) -> list[bool]:
         """Apply ``claims`` in transactions fenced by the term key's create revision.
 
         Each claim is a nested transaction (compare its entry's value, then
@@ -289,7 +293,7 @@ class EtcdBackend(Backend):
         remaining = float(
             max(0, self._etcd.call(lambda c: _lease_call(c, "/kv/lease/timetolive", lease)))
         )
-        return HolderInfo(info.instance_id, info.epoch, remaining), remaining
+        return replace(info, ttl_remaining=remaining), remaining
 
     def _info(self, election: str, term: dict[str, Any], offset: int) -> HolderInfo:
         where = f"etcd key {self._key(election, 'term').decode()!r}"
@@ -305,7 +309,8 @@ class EtcdBackend(Backend):
             or "lease" not in term
         ):
             raise foreign(where, text, _TERM)
-        return HolderInfo(data["holder"], int(term["create_revision"]) + offset, None)
+        epoch = int(term["create_revision"]) + offset
+        return HolderInfo(data["holder"], epoch, None, since=since_of(data))
 
     def _offset(self, key: bytes, kv: dict[str, Any] | None) -> int:
         return 0 if kv is None else parse_epoch(_value(kv), f"etcd key {key.decode()!r}")

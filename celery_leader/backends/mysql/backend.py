@@ -14,6 +14,7 @@ from typing import Any
 from ..fenced import Write
 from ..lock import HolderInfo, Term
 from ..session_lock import SessionGone, SessionLockBackend
+from ..terms import since_of
 from ..waiting import LockWaiter
 from .params import connection_params
 from .session import Connector, Result, Session, queue_for_lock
@@ -49,11 +50,15 @@ class MySqlBackend(SessionLockBackend[Session, Result]):
     def _try_lock(
         self, session: Session, election: str
     ) -> tuple[bool, HolderInfo | None, float | None]:
-        ((conn_id, got, holder_id, holder_epoch),) = self._one(
+        ((conn_id, got, holder_id, holder_epoch, token),) = self._one(
             session, TRY_LOCK, {"lock": self._lock_name(election), **self._names(election)}
         ).rows
         self._db.check_conn_id(session, conn_id)
-        holder = None if holder_id is None else HolderInfo(holder_id, holder_epoch, None)
+        holder = (
+            None
+            if holder_id is None
+            else HolderInfo(holder_id, holder_epoch, None, since=since_of(token))
+        )
         return got == 1, holder, None
 
     def _queue(self, session: Session, election: str, ttl: float) -> LockWaiter[Session]:
@@ -106,19 +111,22 @@ class MySqlBackend(SessionLockBackend[Session, Result]):
 
     def holder(self, election: str) -> HolderInfo | None:
         rows = self._admin(HOLDER, {**self._names(election), "lock": self._lock_name(election)})
-        used_by, instance_id, epoch, conn = rows[-1].rows[0]
+        used_by, instance_id, epoch, token, conn = rows[-1].rows[0]
         if used_by is None:
             return None
         if conn != used_by:
             # Locked by a session that has not written its term yet (a
             # follower that was just granted the lock), or by a stranger.
             return HolderInfo("?", epoch or 0, None)
-        return HolderInfo(instance_id, epoch, None)
+        return HolderInfo(instance_id, epoch, None, since=since_of(token))
 
     def request_resign(self, election: str) -> HolderInfo | None:
         params = {**self._names(election), "lock": self._lock_name(election)}
         rows = self._admin(REQUEST_RESIGN, params)[-1].rows
-        return HolderInfo(rows[0][0], rows[0][1], None) if rows else None
+        if not rows:
+            return None
+        instance_id, epoch, token = rows[0]
+        return HolderInfo(instance_id, epoch, None, since=since_of(token))
 
     def elections(self) -> list[str]:
         rows = self._admin(ELECTIONS, {"prefix": self.key_prefix})[0].rows

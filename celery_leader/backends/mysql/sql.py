@@ -101,18 +101,26 @@ STATEMENT_DEADLINE = {
 }
 
 LEASE_ROW = (
-    "SELECT instance_id, epoch FROM celery_leader_lease"
+    "SELECT instance_id, epoch, token FROM celery_leader_lease"
     " WHERE prefix = %(prefix)s AND election = %(election)s"
 )
 
 TRY_LOCK = f"""
-SELECT CONNECTION_ID(), GET_LOCK(%(lock)s, 0), t.instance_id, t.epoch
+SELECT CONNECTION_ID(), GET_LOCK(%(lock)s, 0), t.instance_id, t.epoch, t.token
 FROM (SELECT 1) AS one LEFT JOIN ({LEASE_ROW}) AS t ON TRUE
 """  # noqa: S608
 
+# The server's clock in seconds since the epoch (4 decimals): UTC_TIMESTAMP does
+# not depend on the session's time zone, and the difference of two DATETIMEs
+# is plain arithmetic (UNIX_TIMESTAMP(NOW()) would go through the zone and
+# be an hour off in the hour a DST change repeats).
+SINCE = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000"
+
 # Runs on the session that holds the lock, so two processes can never bump the
 # epoch of one election at the same time. One round trip, three statements.
-START_TERM = """
+# The term (JSON text in ``token``) says since when it holds; reads take it
+# from there, so a table created by 0.4.0 serves as it is.
+START_TERM = f"""
 INSERT INTO celery_leader_lease (prefix, election, lock_name, epoch, instance_id, conn)
 VALUES (%(prefix)s, %(election)s, %(lock)s, LAST_INSERT_ID(%(floor)s + 1), %(instance)s,
         CONNECTION_ID())
@@ -120,11 +128,12 @@ ON DUPLICATE KEY UPDATE
     epoch = LAST_INSERT_ID(GREATEST(epoch, %(floor)s) + 1),
     lock_name = %(lock)s, instance_id = %(instance)s, conn = CONNECTION_ID(), resign = NULL;
 UPDATE celery_leader_lease
-SET token = JSON_OBJECT('token', %(nonce)s, 'epoch', LAST_INSERT_ID(), 'holder', %(instance)s)
+SET token = JSON_OBJECT('token', %(nonce)s, 'epoch', LAST_INSERT_ID(), 'holder', %(instance)s,
+                        'since', {SINCE})
 WHERE prefix = %(prefix)s AND election = %(election)s;
 SELECT CONNECTION_ID(), epoch, token FROM celery_leader_lease
 WHERE prefix = %(prefix)s AND election = %(election)s
-"""
+"""  # noqa: S608
 
 # The renewal: a ping with the store deadline that also says whether this
 # session still holds the lock and whether an operator asked it to resign.
@@ -141,7 +150,7 @@ RELEASE = "SELECT RELEASE_LOCK(%(lock)s)"
 WAIT_LOCK = "SELECT GET_LOCK(%(lock)s, %(slice_s)s)"
 
 HOLDER = """
-SELECT IS_USED_LOCK(%(lock)s), t.instance_id, t.epoch, t.conn
+SELECT IS_USED_LOCK(%(lock)s), t.instance_id, t.epoch, t.token, t.conn
 FROM (SELECT 1) AS one
 LEFT JOIN celery_leader_lease AS t ON t.prefix = %(prefix)s AND t.election = %(election)s
 """
@@ -149,7 +158,7 @@ LEFT JOIN celery_leader_lease AS t ON t.prefix = %(prefix)s AND t.election = %(e
 REQUEST_RESIGN = """
 UPDATE celery_leader_lease SET resign = token
 WHERE prefix = %(prefix)s AND election = %(election)s AND conn = IS_USED_LOCK(%(lock)s);
-SELECT instance_id, epoch FROM celery_leader_lease
+SELECT instance_id, epoch, token FROM celery_leader_lease
 WHERE prefix = %(prefix)s AND election = %(election)s AND conn = IS_USED_LOCK(%(lock)s)
   AND resign = token
 """

@@ -13,6 +13,7 @@ from ..errors import hand_back
 from ..fenced import Write, write_rounds
 from ..lock import HolderInfo, Term
 from ..session_lock import SessionGone, SessionLockBackend
+from ..terms import since_of
 from ..waiting import LockWaiter
 from .params import connection_params
 from .session import Canceller, Connector, Session, queue_for_lock
@@ -64,13 +65,17 @@ class PostgresBackend(SessionLockBackend[Session, TupleRow]):
     def _try_lock(
         self, session: Session, election: str
     ) -> tuple[bool, HolderInfo | None, float | None]:
-        ((pid, got, holder_id, holder_epoch, now),) = self._db.execute(
+        ((pid, got, holder_id, holder_epoch, token, now),) = self._db.execute(
             session,
             TRY_LOCK,
             {"key": advisory_key(self.key_prefix, election), **self._names(election)},
         )
         self._db.check_pid(session, pid)
-        holder = None if holder_id is None else HolderInfo(holder_id, holder_epoch, None)
+        holder = (
+            None
+            if holder_id is None
+            else HolderInfo(holder_id, holder_epoch, None, since=since_of(token))
+        )
         return bool(got), holder, now
 
     def _queue(self, session: Session, election: str, ttl: float) -> LockWaiter[Session]:
@@ -133,17 +138,20 @@ class PostgresBackend(SessionLockBackend[Session, TupleRow]):
         rows = self._admin(HOLDER, params)
         if not rows:
             return None
-        instance_id, epoch, current = rows[0]
+        instance_id, epoch, token, current = rows[0]
         if not current:
             # Locked by a session that has not written its term yet (a
             # follower that was just granted the lock), or by a stranger.
             return HolderInfo("?", epoch or 0, None)
-        return HolderInfo(instance_id, epoch, None)
+        return HolderInfo(instance_id, epoch, None, since=since_of(token))
 
     def request_resign(self, election: str) -> HolderInfo | None:
         params = {**self._names(election), **lock_ids(advisory_key(self.key_prefix, election))}
         rows = self._admin(REQUEST_RESIGN, params)
-        return HolderInfo(rows[0][0], rows[0][1], None) if rows else None
+        if not rows:
+            return None
+        instance_id, epoch, token = rows[0]
+        return HolderInfo(instance_id, epoch, None, since=since_of(token))
 
     def elections(self) -> list[str]:
         return [name for (name,) in self._admin(ELECTIONS, {"prefix": self.key_prefix})]
@@ -151,9 +159,7 @@ class PostgresBackend(SessionLockBackend[Session, TupleRow]):
     def load_state(self, election: str) -> dict[str, str]:
         return dict(self._admin(LOAD_STATE, self._names(election)))
 
-    def compare_and_set(
-        self, election: str, term: Term, claims: Sequence[Write]
-    ) -> list[bool]:
+    def compare_and_set(self, election: str, term: Term, claims: Sequence[Write]) -> list[bool]:
         """Apply ``claims`` on the lock-holding session (one round trip).
 
         The statement checks ``pg_locks`` for the lock first, so nothing is

@@ -90,26 +90,28 @@ CLOCK = f"SELECT {NOW}"
 
 TRY_LOCK = f"""
 SELECT pg_backend_pid(), pg_try_advisory_lock(%(key)s::bigint), t.instance_id, t.epoch,
-       {NOW}
+       t.token, {NOW}
 FROM (VALUES (1)) AS one (x)
 LEFT JOIN celery_leader_lease AS t ON t.prefix = %(prefix)s AND t.election = %(election)s
 """  # noqa: S608
 
 # Runs on the session that holds the lock, so two processes can never bump the
-# epoch of one election at the same time.
+# epoch of one election at the same time. The term (JSON text in ``token``) says
+# since when it holds, on the server's clock; reads take it from there, so a
+# table created by 0.4.0 serves as it is.
 START_TERM = f"""
 INSERT INTO celery_leader_lease AS t (prefix, election, epoch, token, instance_id, pid)
 VALUES (
     %(prefix)s, %(election)s, %(floor)s::bigint + 1,
     jsonb_build_object('token', %(nonce)s::text, 'epoch', %(floor)s::bigint + 1,
-                       'holder', %(instance)s::text)::text,
+                       'holder', %(instance)s::text, 'since', {NOW})::text,
     %(instance)s, pg_backend_pid()
 )
 ON CONFLICT (prefix, election) DO UPDATE SET
     epoch = GREATEST(t.epoch, %(floor)s::bigint) + 1,
     token = jsonb_build_object('token', %(nonce)s::text,
                                'epoch', GREATEST(t.epoch, %(floor)s::bigint) + 1,
-                               'holder', %(instance)s::text)::text,
+                               'holder', %(instance)s::text, 'since', {NOW})::text,
     instance_id = EXCLUDED.instance_id,
     pid = EXCLUDED.pid,
     resign = NULL
@@ -243,7 +245,7 @@ LOCKED_BY = """
 """
 
 HOLDER = f"""
-SELECT t.instance_id, t.epoch, t.pid IS NOT DISTINCT FROM l.pid
+SELECT t.instance_id, t.epoch, t.token, t.pid IS NOT DISTINCT FROM l.pid
 FROM pg_locks AS l
 LEFT JOIN celery_leader_lease AS t ON t.prefix = %(prefix)s AND t.election = %(election)s
 WHERE {LOCKED_BY}
@@ -253,7 +255,7 @@ REQUEST_RESIGN = f"""
 UPDATE celery_leader_lease AS t SET resign = t.token
 FROM pg_locks AS l
 WHERE t.prefix = %(prefix)s AND t.election = %(election)s AND l.pid = t.pid AND {LOCKED_BY}
-RETURNING t.instance_id, t.epoch
+RETURNING t.instance_id, t.epoch, t.token
 """  # noqa: S608
 
 ELECTIONS = """

@@ -72,7 +72,13 @@ if epoch <= floor then
 end
 local presence = nil
 if ARGV[5] ~= '' then presence = ARGV[5] end
-local value = cjson.encode({token = ARGV[1], epoch = epoch, holder = ARGV[2], presence = presence})
+-- The term's start on the server's clock, for "leader status" (seconds, 4 decimals
+-- survive cjson's 14 significant digits).
+local started = redis.call('TIME')
+local since = tonumber(started[1]) + tonumber(started[2]) / 1000000
+local value = cjson.encode({
+  token = ARGV[1], epoch = epoch, holder = ARGV[2], presence = presence, since = since
+})
 redis.call('SET', KEYS[1], value, 'PX', ARGV[3])
 if presence and redis.pcall('GET', KEYS[3]) == presence then redis.call('DEL', KEYS[3]) end
 if taken_over then redis.call('PUBLISH', ARGV[8], 'taken over') end
