@@ -123,9 +123,6 @@ class Lease:
         self._believe_at = 0.0  # end of the backend's hold-off after winning
         self._sit_out_until = 0.0
         self._max_epoch = 0  # highest epoch seen, so epochs grow even if the store forgets
-        # When our term began: the store's clock as it answered the acquire
-        # (this host's wall clock for a store without one), as holders report it.
-        self._term_since: float | None = None
         self._store_error: str | None = None
 
     @classmethod
@@ -335,7 +332,6 @@ class Lease:
             self._step_down(problem, kind="clock_skew", sit_out=self.renew_interval)
             return
         self._max_epoch = max(self._max_epoch, result.term.epoch)
-        self._term_since = result.store_time if result.store_time is not None else self.clock.time()
         self._acked_sent = sent
         self._next_renew = sent + self.renew_interval
         # A store that cannot cut an old holder off by itself makes the winner
@@ -530,9 +526,7 @@ class Lease:
             return
         self._notify("elected", term.epoch)
         self._saw_leader(
-            HolderInfo(
-                self.instance_id, term.epoch, self.ttl, self.deployment, since=self._term_since
-            )
+            HolderInfo(self.instance_id, term.epoch, self.ttl, self.deployment, since=term.since)
         )
 
     def _step_down(

@@ -343,6 +343,7 @@ class TestLockStore:
         # On the store's clock (this host's, in these tests), to its resolution:
         # etcd's is the whole second of an HTTP Date header.
         assert before - 1.0 <= holder.since <= after + 0.01
+        assert term.since == holder.since, "the winner knows its term's start as others read it"
         lost = b.acquire(ELECTION, "b", TTL, 0)
         assert lost.holder is not None and lost.holder.since == holder.since
         asked = observer.request_resign(ELECTION)

@@ -24,6 +24,8 @@ class Term:
 
     token: str
     epoch: int
+    #: When the term began, as :attr:`HolderInfo.since` reports it to others.
+    since: float | None = None
 
 
 @dataclass(frozen=True)

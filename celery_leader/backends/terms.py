@@ -56,7 +56,7 @@ def new_term(epoch: int, instance_id: str, since: float, **extra: object) -> Ter
         "since": since,
         **extra,
     }
-    return Term(json.dumps(token), epoch)
+    return Term(json.dumps(token), epoch, since)
 
 
 def foreign(where: str, found: object, expected: str) -> StoreUnavailable:

@@ -10,6 +10,9 @@ and, because ``atexit`` does not run in Dramatiq's worker processes, by a
 ``multiprocessing.util.Finalize`` too: a second SIGTERM (Dramatiq's main process
 relays the one systemd sends to the whole group) skips the shutdown hooks but
 not the finalizers.
+With ``leader_health_port`` set, the first worker process that campaigns serves
+it and the others skip it (:mod:`celery_leader.dramatiq.health_port`); with
+``scheduler=True`` the scheduler's fork process serves it instead.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from ..pins import Role, role_of, watch
 from ..process import after_fork_in_child, default_instance_id
 from .cli_errors import one_line_errors
 from .gate import Gate, liveness
+from .health_port import ElectionProbe
 from .pika_logs import quiet_connect_errors
 from .runner import embedded_scheduler
 from .scheduler import schedules_of
@@ -301,13 +305,31 @@ class LeaderMiddleware(Middleware):
                 raise LeaderError(f"this process does not campaign in {election!r}")
             membership = self._memberships.get(election)
             if membership is None:
+                probe = self._probe()
                 membership = self._memberships[election] = self._lease_set().join(
                     election,
+                    callbacks=None if probe is None else probe.callbacks,
                     on_change=self._apply,
                     health_check=lambda: self._cut_off(election),
+                    on_cycle=None if probe is None else probe.cycle,
                     observers=(metrics.OBSERVER,),
+                    start=False,
                 )
+                if probe is not None:
+                    # Before the lease starts, so its first cycle finds the record.
+                    probe.offer(membership.lease)
+                membership.lease.start()
         return membership.lease
+
+    def _probe(self) -> ElectionProbe | None:
+        """A record for ``leader_health_port``, if this worker process may serve it.
+
+        With ``scheduler=True`` the scheduler's fork process serves the port:
+        the scheduler's tick is what a probe must watch, and two processes
+        cannot listen on one port.
+        """
+        port = self.config.health_port
+        return None if port is None or self.scheduler else ElectionProbe(port)
 
     def campaigns(self, election: str | None = None) -> bool:
         """Whether this process campaigns in ``election``: a worker consuming its actors."""

@@ -92,10 +92,8 @@ class EtcdBackend(Backend):
             nonce = uuid.uuid4().hex
             # etcd cannot write its own time into a value: the term's start is
             # the Date of the lease grant just answered (whole seconds).
-            since = server_time()
-            value = json.dumps(
-                {"token": nonce, "holder": instance_id, "since": since or time.time()}
-            )
+            since = server_time() or time.time()
+            value = json.dumps({"token": nonce, "holder": instance_id, "since": since})
             reply = self._txn(
                 [_created_at(term_key, 0)],
                 [_put(term_key, value.encode(), lease), _range(offset_key)],
@@ -135,7 +133,7 @@ class EtcdBackend(Backend):
             "lease": lease,
             "revision": revision,
         }
-        return Acquired(Term(json.dumps(token), epoch), None, ttl, server_time())
+        return Acquired(Term(json.dumps(token), epoch, since), None, ttl, server_time())
 
     def renew(self, election: str, term: Term, ttl: float) -> Renewal:
         return self.renew_timed(election, term, ttl)[0]

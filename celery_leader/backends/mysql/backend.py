@@ -80,7 +80,7 @@ class MySqlBackend(SessionLockBackend[Session, Result]):
         )
         ((conn_id, epoch, token),) = started.rows
         self._db.check_conn_id(session, conn_id)
-        return Term(str(token), int(epoch)), None
+        return Term(str(token), int(epoch), since_of(str(token))), None
 
     def _renew_in(
         self, session: Session, election: str, term: Term, ttl: float

@@ -95,7 +95,7 @@ class PostgresBackend(SessionLockBackend[Session, TupleRow]):
             },
         )
         self._db.check_pid(session, pid)
-        return Term(token, epoch), now
+        return Term(token, epoch, since_of(token)), now
 
     def _renew_in(
         self, session: Session, election: str, term: Term, ttl: float

@@ -41,7 +41,7 @@ from ..base import Backend
 from ..errors import hand_back
 from ..fenced import Write
 from ..lock import Acquired, HolderInfo, Renewal, Term
-from ..terms import holder_info, parse_term, unreadable_state
+from ..terms import holder_info, parse_term, since_of, unreadable_state
 from ..waiting import wait_sliced
 from .acks import Acks, Pinned, listed_replicas, promotable_replicas
 from .connection import Connection
@@ -119,8 +119,9 @@ class RedisBackend(Backend):
                 # The slot moved during this acquire: keep the term's presence
                 # on the node that now holds it.
                 self._subscription(election, presence)
-            epoch = parse_term(value, f"Redis key {lock!r}")["epoch"]
-            return Acquired(Term(value, epoch), None, ttl, _seconds(now))
+            stored = parse_term(value, f"Redis key {lock!r}")
+            term = Term(value, stored["epoch"], since_of(stored))
+            return Acquired(term, None, ttl, _seconds(now))
         info = _holder(value, pttl, lock)
         retry = ttl if pttl < 0 else pttl / 1000
         if watching:
