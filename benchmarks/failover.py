@@ -30,10 +30,12 @@ import argparse
 import importlib.util
 import itertools
 import json
+import os
 import random
 import shutil
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -49,6 +51,9 @@ from harness.groups import VENV_BIN, group_alive, pgrp_of, start_child
 from harness.procs import Proc
 from harness.proxy import TcpProxy
 from harness.servers import MariaDbServer, PostgresServer, RedisServer
+
+#: The example Django project (``manage.py``, ``proj``), run by the ``django`` systems.
+PROJECT = Path(__file__).resolve().parent.parent / "example_project"
 
 #: Seconds between runs of the one schedule entry.
 PERIOD = 0.1
@@ -79,7 +84,7 @@ FAULT_LABELS = {
 class System:
     key: str
     label: str
-    kind: str  # "leader", "redbeat" or "single-beat"
+    kind: str  # "leader", "django", "redbeat" or "single-beat"
     store: str  # "redis", "postgres", "mysql", "etcd" or "file"
     #: Lease ttl / lock timeout of this system's replicas.
     ttl: float = TTL
@@ -97,12 +102,14 @@ class System:
     def unavailable(self) -> str | None:
         """Why this system cannot run here, or ``None``."""
         if (
-            self.kind == "leader"
+            self.kind in ("leader", "django")
             and importlib.util.find_spec(f"celery_leader.backends.{self.store}") is None
         ):
             return f"celery_leader.backends.{self.store} does not exist yet"
         if self.kind == "single-beat" and not (VENV_BIN / "single-beat").exists():
             return "single-beat is not installed (pip install single-beat)"
+        if self.kind == "django" and importlib.util.find_spec("django_celery_beat") is None:
+            return "django-celery-beat is not installed"
         if self.kind == "redbeat" and importlib.util.find_spec("redbeat") is None:
             return "celery-redbeat is not installed"
         return None
@@ -112,6 +119,9 @@ SYSTEMS = (
     System("leader-redis", "celery-leader, Redis", "leader", "redis"),
     System("leader-postgres", "celery-leader, PostgreSQL", "leader", "postgres"),
     System("leader-mysql", "celery-leader, MariaDB", "leader", "mysql"),
+    # The example project's LeaderDatabaseScheduler with django://default: the lease,
+    # the claims and django-celery-beat's tables share one MariaDB database.
+    System("django-mysql", "django-celery-beat, MariaDB", "django", "mysql"),
     System("leader-etcd", "celery-leader, etcd (3 members)", "leader", "etcd"),
     System("leader-file", "celery-leader, file", "leader", "file"),
     System("redbeat", "celery-redbeat", "redbeat", "redis"),
@@ -190,7 +200,9 @@ class Recorder:
             # Celery's ``origin`` header is "gen<pid>@<host>" of the publishing process.
             pid = int(headers["origin"].split("@")[0].removeprefix("gen"))
             slot = headers.get("leader_slot") or headers.get("bench_slot")
-            message = Message(t, float(headers["bench_sent"]), self._replica_of(pid), slot)
+            # The example project's tasks carry no bench_sent; only single-beat needs it.
+            sent = float(headers.get("bench_sent", 0.0))
+            message = Message(t, sent, self._replica_of(pid), slot)
             with self._lock:
                 self.messages.append(message)
 
@@ -302,9 +314,16 @@ class Cluster:
             "LEADER_TTL": str(self.system.ttl),
             "BEAT_EVERY": str(PERIOD),
         }
+        cwd = home
         beat = [str(VENV_BIN / "celery"), "-A", "benchmarks.apps.bench_app", "beat", "-l", "INFO"]
         beat += ["-s", str(home / "celerybeat-schedule")]
-        if self.system.kind == "leader":
+        if self.system.kind == "django":
+            argv = [str(VENV_BIN / "celery"), "-A", "proj", "beat", "-l", "INFO"]
+            argv += ["-S", "celery_leader.contrib.django:LeaderDatabaseScheduler"]
+            env = django_env(home, store_url, self.broker_url, self.system.ttl)
+            env["CELERY_LEADER_INSTANCE_ID"] = f"replica{index}"
+            cwd = PROJECT  # manage.py's directory: "-A proj" imports from there
+        elif self.system.kind == "leader":
             argv = [*beat, "-S", "celery_leader.LeaderScheduler"]
             env |= {"LEADER_URL": store_url, "INSTANCE_ID": f"replica{index}"}
         elif self.system.kind == "redbeat":
@@ -322,7 +341,7 @@ class Cluster:
                 "SINGLE_BEAT_IDENTIFIER": "bench-beat",
                 "SINGLE_BEAT_LOG_LEVEL": "info",
             }
-        child = start_child(argv, env, home, home / "out.log")
+        child = start_child(argv, env, cwd, home / "out.log")
         replica = Replica(index, child, proxies, time.monotonic())
         self.replicas.append(replica)
         return replica
@@ -378,6 +397,46 @@ class Cluster:
             replica.child.kill_group()
             for proxy in replica.proxies:
                 proxy.close()
+
+
+def django_env(data: Path, db_url: str, broker_url: str, ttl: float) -> dict[str, str]:
+    """The example project on MariaDB at ``db_url``, its database as the lease store."""
+    return {
+        "PYTHONPATH": f"{PROJECT}:{PROJECT.parent}",
+        "DJANGO_SETTINGS_MODULE": "proj.settings",
+        "DEMO_DATA": str(data),
+        "DJANGO_MYSQL": db_url.split("://", 1)[1],
+        "CELERY_LEADER_URL": "django://default",
+        "CELERY_BROKER_URL": broker_url,
+        "CELERY_LEADER_TTL": str(ttl),
+        "DEMO_EVERY": "1",
+    }
+
+
+#: A django-celery-beat row due every ``PERIOD``. Code entries become rows with
+#: whole seconds (0.1 s would turn into 0: due on every tick); a row may count in
+#: microseconds.
+TICK_ROW = f"""
+from django_celery_beat.models import IntervalSchedule, PeriodicTask
+every, _ = IntervalSchedule.objects.get_or_create(
+    every={round(PERIOD * 1e6)}, period=IntervalSchedule.MICROSECONDS
+)
+PeriodicTask.objects.create(name="bench tick", task="ticker.tasks.heartbeat", interval=every)
+"""
+
+
+def migrate(store: Store, workdir: Path) -> None:
+    """Create the example project's tables in the store's database, with :data:`TICK_ROW`."""
+    assert store.server is not None
+    env = {**os.environ, **django_env(workdir, store.server.url, "redis://", TTL)}
+    manage = [str(VENV_BIN / "python"), str(PROJECT / "manage.py")]
+    for argv in (["migrate", "--no-input"], ["shell", "-c", TICK_ROW]):
+        done = subprocess.run(
+            [*manage, *argv],
+            env=env, cwd=PROJECT, capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise RuntimeError(f"manage.py {argv[0]} failed: {done.stderr.strip()[-500:]}")
 
 
 def _sleep_until(t: float) -> None:
@@ -526,6 +585,8 @@ def run_system(
     store = Store(system.store, pg)
     cluster = Cluster(system, store, broker.url, workdir)
     try:
+        if system.kind == "django":
+            migrate(store, workdir)
         faults = system.faults(quick)
         plan = [(f, rep) for rep in range(reps) for f in faults if f != "store-restart"]
         # At the end: redbeat's beats do not survive it, and no other fault should
@@ -726,6 +787,7 @@ def main(argv: list[str]) -> int:
     reps = args.reps or (1 if args.quick else 5)
     results = run(reps, args.quick, lambda line: print(line, flush=True), systems, args.restarts)
     print(f"\n{handover_table(results)}\n\n{safety_table(results)}")
+
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import signal
@@ -93,20 +94,38 @@ def _published(client: redis.Redis) -> list[dict[str, object]]:
     return [json.loads(raw)["headers"] for raw in client.lrange("celery", 0, -1)]
 
 
+#: Every django-celery-beat row here is due this often: in microseconds, since a row
+#: counts whole units (``beat_schedule`` entries become whole seconds).
+EVERY = 0.1
+TTL = 2.0
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "database", ["sqlite", pytest.param("mariadb", marks=pytest.mark.mariadb)]
+    ("database", "fault"),
+    [
+        ("sqlite", signal.SIGKILL),
+        pytest.param("mariadb", signal.SIGKILL, marks=pytest.mark.mariadb),
+        pytest.param("mariadb", signal.SIGSTOP, marks=pytest.mark.mariadb),
+    ],
+    ids=["sqlite-SIGKILL", "mariadb-SIGKILL", "mariadb-SIGSTOP"],
 )
-def test_database_scheduler_survives_sigkill_without_duplicates(
-    tmp_path: Path, redis_url: str, procs: Procs, database: str, request: pytest.FixtureRequest
+def test_database_scheduler_hands_over_without_duplicates(
+    tmp_path: Path,
+    redis_url: str,
+    procs: Procs,
+    database: str,
+    fault: signal.Signals,
+    request: pytest.FixtureRequest,
 ) -> None:
     """3 replicas of LeaderDatabaseScheduler: on SQLite with a Redis store, and on MariaDB
-    with the project's own database as the store (``django://default``). Kill the leader."""
+    with the project's own database as the store (``django://default``). Kill or pause
+    the leader: a new one publishes within the contract's bound, nothing twice."""
     broker_url = redis_url.rsplit("/", 1)[0] + "/1"
     extra = {
         "CELERY_LEADER_URL": redis_url,
         "CELERY_BROKER_URL": broker_url,
-        "CELERY_LEADER_TTL": "2",
+        "CELERY_LEADER_TTL": f"{TTL:g}",
         "DEMO_EVERY": "1",
     }
     store_url = redis_url
@@ -115,13 +134,14 @@ def test_database_scheduler_survives_sigkill_without_duplicates(
         extra["DJANGO_MYSQL"] = store_url.removeprefix("mariadb://")
         extra["CELERY_LEADER_URL"] = "django://default"
     assert _manage(tmp_path, "migrate", "--no-input", **extra).returncode == 0
-    # django-celery-beat's own table gets an entry every second too.
+    # django-celery-beat's own row is due every EVERY seconds.
     shell = _manage(
         tmp_path,
         "shell",
         "-c",
         "from django_celery_beat.models import IntervalSchedule, PeriodicTask;"
-        "every, _ = IntervalSchedule.objects.get_or_create(every=1, period='seconds');"
+        f"every, _ = IntervalSchedule.objects.get_or_create(every={round(EVERY * 1e6)},"
+        " period=IntervalSchedule.MICROSECONDS);"
         "PeriodicTask.objects.filter(task='ticker.tasks.db_tick').update(interval=every)",
         **extra,
     )
@@ -137,31 +157,41 @@ def test_database_scheduler_survives_sigkill_without_duplicates(
 
     beats = {f"beat-{n}": beat(n) for n in (1, 2, 3)}
     client = redis.Redis.from_url(broker_url)
-    wait_for(lambda: len(_published(client)) >= 6, 30, message="first publishes")
-    epochs = {h["leader_epoch"] for h in _published(client)}
-    assert len(epochs) == 1
-    leader_epoch = epochs.pop()
+    wait_for(lambda: len(_published(client)) >= 20, 60, message="first publishes")
     store = create_backend(LeaderConfig.from_mapping({"leader_url": store_url}))
+    # The followers are past start-up once each has joined (and read the schedule).
+    wait_for(lambda: all("beat: Starting" in p.output() for p in beats.values()), 60)
+    time.sleep(1.0)
     info = store.holder("beat")
     store.close()
     assert info is not None
-    holder = info.instance_id
-    killed = beats[holder]
-    os.killpg(killed.pid, signal.SIGKILL)
-    killed_at = time.monotonic()
+    holder, leader_epoch = info.instance_id, info.epoch
+    hit = beats[holder]
+    os.killpg(hit.pid, fault)
+    hit_at = time.monotonic()
 
     def new_epoch() -> bool:
-        return any(h["leader_epoch"] != leader_epoch for h in _published(client))
+        return any(h["leader_epoch"] > leader_epoch for h in _published(client))
 
-    wait_for(new_epoch, 10, message="publishes under a new epoch")
-    took = time.monotonic() - killed_at
-    # ttl 2 s, then at most one 1 s period before the next slot falls due.
-    assert took < 2 + 0.5 + 1 + 0.5, f"first publish of the new leader after {took:.2f}s"
+    wait_for(new_epoch, 15, message="publishes under a new epoch")
+    took = time.monotonic() - hit_at
+    # The contract: a crashed leader is replaced within ttl + 0.5 s (the SQL stores
+    # and Redis with presence do it at once, when the server sees the socket close,
+    # but a busy machine may add seconds to a promotion: the tighter bound is the
+    # benchmark's). A paused one keeps its lock until the server has not heard
+    # from it for the ttl (whole seconds on MySQL), counted from its last renewal.
+    # Then add one period for the first slot to fall due.
+    bound = (TTL if fault == signal.SIGKILL else math.ceil(TTL)) + 0.5 + EVERY
+    assert took < bound, f"first publish of the new leader after {took:.2f}s (bound {bound}s)"
+    if fault == signal.SIGSTOP:
+        renew_interval = TTL / 3
+        assert took > math.ceil(TTL) - renew_interval, f"paused leader replaced after {took:.2f}s"
+        os.killpg(hit.pid, signal.SIGCONT)
     count_after = len(_published(client))
-    wait_for(lambda: len(_published(client)) >= count_after + 6, 15, message="steady again")
+    wait_for(lambda: len(_published(client)) >= count_after + 20, 15, message="steady again")
 
     for name, proc in beats.items():
-        if proc is not killed:
+        if proc is not hit or fault == signal.SIGSTOP:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(15)
             assert "Traceback" not in proc.output(), f"{name}:\n{proc.output()}"

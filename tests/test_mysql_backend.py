@@ -165,6 +165,26 @@ def test_a_galera_node_is_refused_in_one_line() -> None:
     assert "\n" not in message and "Galera" in message and "not replicated" in message
 
 
+def test_the_store_clock_is_utc_whatever_the_session_time_zone(
+    mariadb_server: MariaDbServer, backends: Callable[..., MySqlBackend]
+) -> None:
+    """Acquire, renew and the probe read the server's clock as seconds since the Unix
+    epoch, also when the server's time_zone is not UTC (NOW() would be 5 h off here)."""
+    with mariadb_server.root_connection() as conn, conn.cursor() as cur:
+        cur.execute("SET GLOBAL time_zone = '+05:00'")
+    try:
+        a = backends()
+        won = a.acquire(ELECTION, "a", 5.0, 0)
+        assert won.term is not None
+        renewal, renewed_at = a.renew_timed(ELECTION, won.term, 5.0)
+        assert renewal is Renewal.RENEWED
+        for when in (won.store_time, renewed_at, a.store_time(ELECTION)):
+            assert when is not None and abs(when - time.time()) < 1.0
+    finally:
+        with mariadb_server.root_connection() as conn, conn.cursor() as cur:
+            cur.execute("SET GLOBAL time_zone = 'SYSTEM'")
+
+
 def test_explicit_replica_acks_are_refused(backends: Callable[..., MySqlBackend]) -> None:
     a = backends()
     a.replica_acks = 1

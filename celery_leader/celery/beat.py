@@ -234,6 +234,8 @@ class _BeatAdapter(Adapter):
         self.scheduler = scheduler
         self._series: dict[str, tuple[Any, Series | None]] = {}  # name -> (its schedule, series)
         self._bad_options: set[str] = set()  # entries whose leader_* options were refused
+        #: The scheduler's ``schedule`` as the last :meth:`jobs` read it.
+        self._entries: dict[str, ScheduleEntry] | None = None
 
     def jobs(self) -> Sequence[Job]:
         scheduler = self.scheduler
@@ -241,7 +243,12 @@ class _BeatAdapter(Adapter):
         zone = scheduler.app.timezone
         jobs = []
         seen = {}
-        for entry in scheduler.schedule.values():
+        # Read once per pass: ``schedule`` may be a property that asks a
+        # database whether the schedule changed (django-celery-beat's does, and
+        # reconnects first unless CONN_MAX_AGE keeps its connection), which is
+        # far too slow to pay for every entry on every tick.
+        self._entries = entries = scheduler.schedule
+        for entry in entries.values():
             if not scheduler.entry_enabled(entry):
                 continue
             series = self._series_of(entry)
@@ -283,8 +290,10 @@ class _BeatAdapter(Adapter):
         return policy, grace
 
     def _entry(self, job: Job) -> ScheduleEntry:
-        # Looked up by name: reserve() replaces a sent entry with its successor.
-        return self.scheduler.schedule[job.payload]
+        # Looked up by name: reserve() replaces a sent entry with its successor
+        # (in the same dict, which ``schedule`` returns every time it is unchanged).
+        entries = self._entries if self._entries is not None else self.scheduler.schedule
+        return entries[job.payload]
 
     def due_now(self, job: Job, now: datetime) -> tuple[datetime | None, float]:
         scheduler: Any = self.scheduler
@@ -384,5 +393,3 @@ def _stop_signals_deferred() -> Iterator[None]:
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)
         for signum in dict.fromkeys(arrived):
             signal.raise_signal(signum)
-
-

@@ -13,6 +13,7 @@ considered due, its stored run state is adopted when newer than the row's.
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 from typing import Any
 
@@ -24,9 +25,34 @@ try:
 except ModuleNotFoundError as exc:
     raise missing_extra(exc, "django") from None
 
+logger = logging.getLogger(__name__)
+
 
 class LeaderDatabaseScheduler(LeaderSchedulerMixin, DatabaseScheduler):  # type: ignore[misc]
     """django-celery-beat's ``DatabaseScheduler``; only the elected replica dispatches."""
+
+    _warmed = False
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        """One scheduler pass; the first one also reads the schedule tables (see below)."""
+        if not self._warmed:
+            self._warmed = True
+            self._warm_up()
+        return super().tick(*args, **kwargs)
+
+    def _warm_up(self) -> None:
+        """Read the schedule tables once, as a follower may: without writing.
+
+        The first read of a process is slow (Django opens its connection and
+        builds its queries, django-celery-beat builds every entry): measured
+        at most of a second on a busy machine, which a promotion would add to
+        the hand-over. Writing stays a leader's: ``setup_schedule`` (which
+        saves ``beat_schedule`` into the tables) still waits for the lease.
+        """
+        try:
+            self.schedule  # noqa: B018 - the property reads the tables
+        except Exception as exc:  # the leader's first tick reads again and reports
+            logger.debug("celery-leader: reading the schedule ahead failed: %s", exc)
 
     def entry_enabled(self, entry: Any) -> bool:
         """A row runs while enabled, after its ``start_time``, before it ``expires``, and

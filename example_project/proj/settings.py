@@ -68,6 +68,12 @@ if os.environ.get("DJANGO_MYSQL"):
         "PASSWORD": _db.password,
         "HOST": _db.hostname,
         "PORT": _db.port,
+        # django-celery-beat asks the database whether the schedule changed on
+        # every beat tick, after closing "old" connections: with Django's
+        # default CONN_MAX_AGE = 0 that is a new connection per tick, and a new
+        # leader's first ticks wait for several. Keep it, checked before reuse.
+        "CONN_MAX_AGE": None,
+        "CONN_HEALTH_CHECKS": True,
     }
 USE_TZ = True
 TIME_ZONE = "UTC"

@@ -18,12 +18,25 @@ from ..terms import since_of
 from ..waiting import LockWaiter
 from .params import connection_params
 from .session import Connector, Result, Session, queue_for_lock
-from .sql import ELECTIONS, HOLDER, RELEASE, RENEW, REQUEST_RESIGN, START_TERM, TRY_LOCK, lock_name
+from .sql import (
+    CLOCK,
+    ELECTIONS,
+    HOLDER,
+    RELEASE,
+    RENEW,
+    REQUEST_RESIGN,
+    START_TERM,
+    TRY_LOCK,
+    lock_name,
+)
 from .state import StateTable
 
 
 class MySqlBackend(SessionLockBackend[Session, Result]):
     """Lease store on one MySQL (>= 8.0) or MariaDB (>= 10.4) database (see the package)."""
+
+    #: ``UTC_TIMESTAMP(6)`` in the acquire and renew statements: microseconds.
+    clock_resolution = 1e-6
 
     #: No hold-off. The lease trusts a term until ``t_sent + ttl * 0.99 - 0.005``
     #: (``t_sent``: when it sent the acquire or renew). The server answers that
@@ -44,13 +57,10 @@ class MySqlBackend(SessionLockBackend[Session, Result]):
 
     # -- the lock part ----------------------------------------------------------
 
-    # No store clock yet: these return None for it, so leases here schedule on
-    # the local clock (as the file store does).
-
     def _try_lock(
         self, session: Session, election: str
     ) -> tuple[bool, HolderInfo | None, float | None]:
-        ((conn_id, got, holder_id, holder_epoch, token),) = self._one(
+        ((conn_id, got, holder_id, holder_epoch, token, now_us),) = self._one(
             session, TRY_LOCK, {"lock": self._lock_name(election), **self._names(election)}
         ).rows
         self._db.check_conn_id(session, conn_id)
@@ -59,7 +69,7 @@ class MySqlBackend(SessionLockBackend[Session, Result]):
             if holder_id is None
             else HolderInfo(holder_id, holder_epoch, None, since=since_of(token))
         )
-        return got == 1, holder, None
+        return got == 1, holder, _seconds(now_us)
 
     def _queue(self, session: Session, election: str, ttl: float) -> LockWaiter[Session]:
         return queue_for_lock(self._db, session, self._lock_name(election))
@@ -78,20 +88,20 @@ class MySqlBackend(SessionLockBackend[Session, Result]):
                 "instance": instance_id,
             },
         )
-        ((conn_id, epoch, token),) = started.rows
+        ((conn_id, epoch, token, now_us),) = started.rows
         self._db.check_conn_id(session, conn_id)
-        return Term(str(token), int(epoch), since_of(str(token))), None
+        return Term(str(token), int(epoch), since_of(str(token))), _seconds(now_us)
 
     def _renew_in(
         self, session: Session, election: str, term: Term, ttl: float
     ) -> tuple[bool, bool, float | None]:
-        ((conn_id, held, resign),) = self._one(
+        ((conn_id, held, resign, now_us),) = self._one(
             session,
             RENEW,
             {**self._names(election), "lock": self._lock_name(election), "token": term.token},
         ).rows
         self._db.check_conn_id(session, conn_id)
-        return held == 1, bool(resign), None
+        return held == 1, bool(resign), _seconds(now_us)
 
     def release(self, election: str, term: Term) -> None:
         session = self._end_term(election, term)
@@ -108,6 +118,10 @@ class MySqlBackend(SessionLockBackend[Session, Result]):
             pass
         finally:
             session.close()
+
+    def store_time(self, election: str) -> float | None:
+        ((now_us,),) = self._admin(CLOCK, {})[0].rows
+        return _seconds(now_us)
 
     def holder(self, election: str) -> HolderInfo | None:
         rows = self._admin(HOLDER, {**self._names(election), "lock": self._lock_name(election)})
@@ -135,6 +149,17 @@ class MySqlBackend(SessionLockBackend[Session, Result]):
     # -- the fenced-state part ------------------------------------------------
 
     def load_state(self, election: str) -> dict[str, str]:
+        with self._lock:
+            hold = self._holds.get(election)
+            holding = hold.session if hold is not None else None
+        if holding is not None:
+            # A new leader loads right after it won: its own session saves a
+            # connection (on a busy server, most of what a hand-over costs here).
+            try:
+                return self._state.load(holding, election)
+            except SessionGone:
+                self._drop_session(election, holding)
+                raise
         session = self._db.connect(None)
         try:
             self._db.ensure_schema(session)
@@ -165,3 +190,8 @@ class MySqlBackend(SessionLockBackend[Session, Result]):
 
     def _one(self, session: Session, query: str, params: Mapping[str, Any]) -> Result:
         return self._db.execute(session, query, params)[0]
+
+
+def _seconds(microseconds: int) -> float:
+    """The server's clock (:data:`~.sql.NOW_US`) in seconds since the Unix epoch."""
+    return int(microseconds) / 1e6

@@ -18,7 +18,14 @@ from ...exceptions import StoreMisconfigured, StoreUnavailable
 from ..errors import first_line
 from ..session_lock import SessionGone
 from ..waiting import LockWaiter
-from .sql import CREATE_SCHEMA, SCHEMA_EXISTS, SETUP, STATEMENT_DEADLINE, WAIT_LOCK, whole_seconds
+from .sql import (
+    CREATE_SCHEMA,
+    SCHEMA_EXISTS,
+    SETUP,
+    WAIT_LOCK,
+    statement_deadline,
+    whole_seconds,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -107,13 +114,8 @@ class Connector:
             )
             session.conn_id, version = ident.rows[0]
             self._refuse_clusters(dict(variables.rows))
-            flavor = "mariadb" if "mariadb" in str(version).lower() else "mysql"
             # 90 % of the deadline: the server gives up first, the session survives.
-            self.execute(
-                session,
-                STATEMENT_DEADLINE[flavor],
-                {"seconds": round(self.timeout * 0.9, 3), "ms": max(1, int(self.timeout * 900))},
-            )
+            self.execute(session, *statement_deadline(str(version), self.timeout * 0.9))
         except Exception:
             session.close()
             raise
@@ -190,9 +192,7 @@ def _code(exc: BaseException) -> int | None:
     return args[0] if args and isinstance(args[0], int) else None
 
 
-def queue_for_lock(
-    connector: Connector, session: Session, lock: str
-) -> LockWaiter[Session]:
+def queue_for_lock(connector: Connector, session: Session, lock: str) -> LockWaiter[Session]:
     """Queue ``session`` for the named lock ``lock`` in a thread of its own.
 
     The server grants the lock to it the moment the holder releases it or its

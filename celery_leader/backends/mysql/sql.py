@@ -93,12 +93,31 @@ SHOW GLOBAL VARIABLES WHERE Variable_name IN
     ('wsrep_on', 'group_replication_group_name', 'group_replication_single_primary_mode')
 """
 
-# The server's own statement deadline, a little under ours (MariaDB: any
-# statement, in seconds; MySQL: read-only SELECTs, in milliseconds).
-STATEMENT_DEADLINE = {
-    "mariadb": "SET SESSION max_statement_time = %(seconds)s",
-    "mysql": "SET SESSION max_execution_time = %(ms)s",
-}
+
+def statement_deadline(version: str, seconds: float) -> tuple[str, dict[str, float]]:
+    """The statement that has the server cancel this session's statements after
+    ``seconds``, on the server whose ``VERSION()`` is ``version``, and its parameters.
+
+    The one statement MariaDB and MySQL spell differently: MariaDB's
+    ``max_statement_time`` (seconds, every statement); MySQL's
+    ``max_execution_time`` (milliseconds, read-only ``SELECT`` only).
+    MariaDB's ``VERSION()`` always says ``MariaDB``; MySQL's never does (Percona
+    Server and Aurora MySQL report a MySQL version).
+    """
+    if "mariadb" in version.lower():
+        return "SET SESSION max_statement_time = %(seconds)s", {"seconds": round(seconds, 3)}
+    return "SET SESSION max_execution_time = %(ms)s", {"ms": max(1, int(seconds * 1000))}
+
+
+# The server's clock, as microseconds since the Unix epoch. UTC_TIMESTAMP(6) is
+# UTC whatever the session's time_zone, and TIMESTAMPDIFF is plain calendar
+# arithmetic between two UTC datetimes. UNIX_TIMESTAMP(NOW(6)) would instead
+# convert the session's local time back to UTC, which under a zone with
+# daylight saving time is ambiguous for the hour the clocks fall back (and
+# 'SYSTEM', the default time_zone, is the host's zone). Both functions give
+# the statement's start time; each statement reads it once, as it runs.
+NOW_US = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))"
+CLOCK = f"SELECT {NOW_US}"
 
 LEASE_ROW = (
     "SELECT instance_id, epoch, token FROM celery_leader_lease"
@@ -106,15 +125,12 @@ LEASE_ROW = (
 )
 
 TRY_LOCK = f"""
-SELECT CONNECTION_ID(), GET_LOCK(%(lock)s, 0), t.instance_id, t.epoch, t.token
+SELECT CONNECTION_ID(), GET_LOCK(%(lock)s, 0), t.instance_id, t.epoch, t.token, {NOW_US}
 FROM (SELECT 1) AS one LEFT JOIN ({LEASE_ROW}) AS t ON TRUE
 """  # noqa: S608
 
-# The server's clock in seconds since the epoch (4 decimals): UTC_TIMESTAMP does
-# not depend on the session's time zone, and the difference of two DATETIMEs
-# is plain arithmetic (UNIX_TIMESTAMP(NOW()) would go through the zone and
-# be an hour off in the hour a DST change repeats).
-SINCE = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000"
+# The server's clock in seconds since the epoch, for the term's start.
+SINCE = f"{NOW_US} / 1000000"
 
 # Runs on the session that holds the lock, so two processes can never bump the
 # epoch of one election at the same time. One round trip, three statements.
@@ -131,17 +147,18 @@ UPDATE celery_leader_lease
 SET token = JSON_OBJECT('token', %(nonce)s, 'epoch', LAST_INSERT_ID(), 'holder', %(instance)s,
                         'since', {SINCE})
 WHERE prefix = %(prefix)s AND election = %(election)s;
-SELECT CONNECTION_ID(), epoch, token FROM celery_leader_lease
+SELECT CONNECTION_ID(), epoch, token, {NOW_US} FROM celery_leader_lease
 WHERE prefix = %(prefix)s AND election = %(election)s
 """  # noqa: S608
 
 # The renewal: a ping with the store deadline that also says whether this
 # session still holds the lock and whether an operator asked it to resign.
-RENEW = """
+RENEW = f"""
 SELECT CONNECTION_ID(), IS_USED_LOCK(%(lock)s) <=> CONNECTION_ID(),
        EXISTS (SELECT 1 FROM celery_leader_lease
-               WHERE prefix = %(prefix)s AND election = %(election)s AND resign = %(token)s)
-"""
+               WHERE prefix = %(prefix)s AND election = %(election)s AND resign = %(token)s),
+       {NOW_US}
+"""  # noqa: S608
 
 RELEASE = "SELECT RELEASE_LOCK(%(lock)s)"
 
