@@ -189,9 +189,11 @@ class Publisher:
                 term.epoch,
                 lease.instance_id,
                 batch.sent[-1] if batch.sent else None,
+                batch.job.generation,
             )
             claim = Claim(batch.job.name, batch.after.raw, raw)
-            backs.append((batch, unsent, EntryState(raw, last_run_at, count), claim))
+            state = EntryState(raw, last_run_at, count, batch.job.generation)
+            backs.append((batch, unsent, state, claim))
         if not backs:
             return True
         won = [False] * len(backs)
