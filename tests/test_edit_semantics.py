@@ -309,3 +309,30 @@ def test_parse_state_reads_old_states_and_refuses_a_generation_that_is_not_text(
     assert parse_state(dump_state(T0, 2, 1, "me", generation="x")).generation == "x"  # type: ignore[union-attr]
     assert parse_state(old[:-1] + ', "generation": 5}') is None
     assert parse_state("[1, 2]") is None
+
+
+def test_a_resume_is_stored_at_once_and_a_successor_that_never_saw_it_honours_it(
+    config: LeaderConfig, now: Now, made: list[protocol.SlotProtocol]
+) -> None:
+    """The leader that saw the resume dies before the entry's next slot; its successor's
+    job carries no ``active_since`` (it did not see the resume): the store says it."""
+    job = Job("p", every_s(10), "all", None)
+    seed(config, {"p": dump_state(seconds(0), 1, 0, "previous")})
+    now.to(41)
+    adapter = Editable(dataclasses.replace(job, active_since=seconds(41)))
+    first = leading(config, adapter, made)
+    first.tick()
+    assert adapter.take() == []  # 10 ... 40 fell while it was paused
+    assert stored(config)["p"]["active_since"] == seconds(41).isoformat()
+    first.close()
+    now.to(62)
+    successor = Editable(job)
+    leading(config, successor, made).tick()
+    assert successor.take() == [name("p", 50), name("p", 60)]
+    assert stored(config)["p"]["active_since"] == seconds(41).isoformat()
+
+
+def test_parse_state_reads_active_since_and_refuses_one_that_is_not_an_instant() -> None:
+    raw = dump_state(T0, 2, 1, "me", active_since=seconds(5))
+    assert parse_state(raw).active_since == seconds(5)  # type: ignore[union-attr]
+    assert parse_state(raw.replace(seconds(5).isoformat(), "soon")) is None

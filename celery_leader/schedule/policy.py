@@ -29,6 +29,13 @@ MAX_MISSED = 100
 _MICROSECOND = timedelta(microseconds=1)
 
 
+def later(first: datetime | None, second: datetime | None) -> datetime | None:
+    """The later of two optional instants (``None``: no bound)."""
+    if first is None or second is None:
+        return second if first is None else first
+    return max(first, second)
+
+
 def counted_after(last_run_at: datetime, active_since: datetime | None) -> datetime:
     """The instant after which an entry's slots count: its last slot, or just before it
     became active (added, resumed, re-enabled, re-timed) if that is later.

@@ -34,7 +34,7 @@ from ..config import LeaderConfig
 from ..exceptions import StoreUnavailable, TermEnded
 from ..lease import Lease
 from .jobs import Adapter, Job
-from .policy import DueSlots, counted_after, due_slots
+from .policy import DueSlots, counted_after, due_slots, later
 from .publisher import Batch, Publisher
 from .runtime import SchedulerRuntime
 from .state import Claim, dump_state, slot_name
@@ -136,6 +136,8 @@ class SlotProtocol:
             if not self._load(jobs, term, now):
                 return self.idle
         self._notice_clock(now)
+        if not self._restamp(jobs, term):
+            return self.idle
         return self._dispatch(jobs, term, now)
 
     def _forget_gone(self, jobs: Sequence[Job]) -> None:
@@ -153,6 +155,26 @@ class SlotProtocol:
         """Whether ``job``'s state must be loaded: new to this leader, or re-created."""
         state = self._states.get(job.name)
         return state is None or state.generation != job.generation
+
+    def _restamp(self, jobs: Sequence[Job], term: Term) -> bool:
+        """Store the ``active_since`` of jobs resumed or re-timed since their state was
+        written; False (state reloaded at the next tick) when that failed."""
+        stale = [
+            job
+            for job in jobs
+            if job.active_since is not None
+            and later(job.active_since, self._states[job.name].active_since) == job.active_since
+            and job.active_since != self._states[job.name].active_since
+        ]
+        if not stale:
+            return True
+        try:
+            if StateSync(self.lease, self.logger).restamp(stale, term, self._states):
+                return True
+        except StoreUnavailable as exc:
+            self.logger.warning("celery-leader: cannot record a resumed entry: %s", exc)
+        self._epoch = None  # reload the state before dispatching anything
+        return False
 
     def _load(self, jobs: Sequence[Job], term: Term, now: datetime) -> bool:
         lease = self.lease
@@ -249,19 +271,21 @@ class SlotProtocol:
                 self._stuck(job, due, state)
                 return None, min(1.0, self.max_sleep)
             # A slot due before the job became active is recorded, never sent.
-            early = job.active_since is not None and due < job.active_since
+            since = later(job.active_since, state.active_since)
+            early = since is not None and due < since
             chosen = DueSlots([] if early else [due], 0, due)
         else:
-            after = counted_after(state.last_run_at, job.active_since)
+            since = later(job.active_since, state.active_since)
+            after = counted_after(state.last_run_at, since)
             if (
                 state.next_due is None
-                or state.due_since != job.active_since
+                or state.due_since != since
                 or state.due_series is None
                 or state.due_series.key() != job.series.key()
             ):
                 # A changed schedule takes effect at once: never wait out the old one.
                 state.next_due = job.series.next_after(after)
-                state.due_series, state.due_since = job.series, job.active_since
+                state.due_series, state.due_since = job.series, since
             if state.next_due is None:
                 return None, self.max_sleep  # the series has ended
             if state.next_due > now:
@@ -313,8 +337,9 @@ class SlotProtocol:
             lease.instance_id,
             slots[-1] if slots else None,
             job.generation,
+            state.active_since,
         )
-        after = EntryState(raw, chosen.record, count, job.generation)
+        after = EntryState(raw, chosen.record, count, job.generation, state.active_since)
         # The store refuses a claim whose slot is not after the state it expects:
         # the last line of defence against due-time arithmetic going backwards.
         claim = Claim(job.name, state.raw, raw, due=chosen.record)

@@ -189,10 +189,12 @@ class Publisher:
                 term.epoch,
                 lease.instance_id,
                 batch.sent[-1] if batch.sent else None,
-                batch.job.generation,
+                batch.after.generation,
+                batch.after.active_since,
             )
             claim = Claim(batch.job.name, batch.after.raw, raw)
-            state = EntryState(raw, last_run_at, count, batch.job.generation)
+            after = batch.after
+            state = EntryState(raw, last_run_at, count, after.generation, after.active_since)
             backs.append((batch, unsent, state, claim))
         if not backs:
             return True

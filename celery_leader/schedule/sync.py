@@ -52,6 +52,7 @@ class EntryState:
     last_run_at: datetime  # UTC: the due time of the last slot recorded
     count: int
     generation: str | None = None  # the job's generation this state belongs to
+    active_since: datetime | None = None  # the job's latest active_since, as stored
     #: Cached: the next slot, and the series and ``active_since`` it was computed
     #: from. A job whose series or ``active_since`` differs recomputes it.
     next_due: datetime | None = None
@@ -97,7 +98,14 @@ class StateSync:
         fresh = []
         for job in jobs:
             start = job.series.anchor(now) if job.series is not None else now
-            new = dump_state(start, 0, term.epoch, lease.instance_id, generation=job.generation)
+            new = dump_state(
+                start,
+                0,
+                term.epoch,
+                lease.instance_id,
+                generation=job.generation,
+                active_since=job.active_since,
+            )
             fresh.append((job, Claim(job.name, stored.get(job.name), new), start))
         with lease.observe("claim"):
             won = lease.backend.claim(lease.election, term, [c.write() for _, c, _ in fresh])
@@ -109,7 +117,37 @@ class StateSync:
         if not all(won):
             raise TermEnded("another leader wrote the schedule state while this one loaded it")
         for job, claim, start in fresh:
-            states[job.name] = EntryState(claim.new, start, 0, job.generation)
+            states[job.name] = EntryState(claim.new, start, 0, job.generation, job.active_since)
+
+    def restamp(self, jobs: Sequence[Job], term: Term, states: dict[str, EntryState]) -> bool:
+        """Record each job's newer ``active_since`` in the store, in one claim round trip.
+
+        Done as soon as a leader sees an entry resumed or re-timed, not with its
+        next slot: a successor promoted before that slot must not count the pause
+        as missed. False when the stored state moved meanwhile (reload it).
+        """
+        lease = self.lease
+        fresh = []
+        for job in jobs:
+            state = states[job.name]
+            new = dump_state(
+                state.last_run_at,
+                state.count,
+                term.epoch,
+                lease.instance_id,
+                generation=state.generation,
+                active_since=job.active_since,
+            )
+            after = EntryState(
+                new, state.last_run_at, state.count, state.generation, job.active_since
+            )
+            fresh.append((job, Claim(job.name, state.raw, new), after))
+        with lease.observe("claim"):
+            won = lease.backend.claim(lease.election, term, [c.write() for _, c, _ in fresh])
+        for (job, _, after), ok in zip(fresh, won, strict=True):
+            if ok:
+                states[job.name] = after
+        return all(won)
 
     def _adopt(self, job: Job, raw: str | None, now: datetime) -> EntryState | None:
         """The stored state of ``job``, or ``None`` when it must be anchored."""
@@ -156,7 +194,9 @@ class StateSync:
             )
         # The job's generation, also for a state written before generations: it is
         # the same entry, and the next claim records the generation.
-        return EntryState(raw, state.last_run_at, state.total_run_count, job.generation)
+        return EntryState(
+            raw, state.last_run_at, state.total_run_count, job.generation, state.active_since
+        )
 
 
 def _span(delta: timedelta) -> str:
