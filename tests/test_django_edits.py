@@ -72,6 +72,26 @@ say("create")
 """
 
 
+#: A row whose headers carry its missed-slot policy, and its run state written back.
+ENTRY = """
+import json
+from django_celery_beat.models import IntervalSchedule, PeriodicTask
+from celery_leader.celery.django import LeaderModelEntry
+every, _ = IntervalSchedule.objects.get_or_create(every=5, period="seconds")
+headers = {"leader_missed_slots": "skip", "leader_missed_slots_grace": 60, "team": "ops"}
+row = PeriodicTask.objects.create(
+    name="own", task="ticker.tasks.db_tick", interval=every, headers=json.dumps(headers)
+)
+entry = LeaderModelEntry(row)
+print("OPTIONS", json.dumps(entry.options, sort_keys=True))
+changed = PeriodicTask.objects.get(name="own").date_changed
+entry.model.total_run_count = 7
+entry.save()
+after = PeriodicTask.objects.get(name="own")
+print("SAVED", after.total_run_count, after.date_changed == changed)
+"""
+
+
 def _env(data: Path, **extra: str) -> dict[str, str]:
     return {
         "PYTHONPATH": f"{PROJECT}{os.pathsep}{ROOT}",
@@ -112,6 +132,22 @@ def _edit_times(editor: Proc) -> dict[str, float]:
             _, what, at = line.split()
             times[what] = float(at)
     return times
+
+
+def test_a_rows_headers_carry_its_policy_and_run_state_saves_leave_the_row_unchanged(
+    tmp_path: Path, procs: Procs
+) -> None:
+    for argv in (("migrate", "--no-input"), ("shell", "-c", ENTRY)):
+        proc = procs.spawn_python(PROJECT / "manage.py", *argv, env=_env(tmp_path))
+        assert proc.popen.wait(120) == 0, proc.output()
+    lines = {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in proc.lines() if " " in line}
+    options = json.loads(lines["OPTIONS"])
+    assert options["leader_missed_slots"] == "skip"
+    assert options["leader_missed_slots_grace"] == 60
+    # Not sent as message headers; the row's other headers are.
+    assert options["headers"] == {"team": "ops", "periodic_task_name": "own"}
+    # The run count is written, and date_changed (an edit's mark) is not bumped.
+    assert lines["SAVED"] == "7 True"
 
 
 @pytest.mark.slow

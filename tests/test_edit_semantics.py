@@ -363,3 +363,31 @@ def test_leader_plan_from_stored_state_follows_the_same_rules() -> None:
         ("recreated", seconds(50)),
         ("resumed", seconds(40)), ("resumed", seconds(50)),
     ]  # fmt: skip
+
+
+class _AskedOnly(Editable):
+    """Jobs without a series (Celery's solar and custom schedules): the adapter says."""
+
+    def __init__(self, *jobs: Job) -> None:
+        super().__init__(*jobs)
+        self.due: datetime | None = None
+
+    def due_now(self, job: Job, now: datetime) -> tuple[datetime | None, float]:
+        return self.due, 1.0
+
+
+def test_a_job_without_a_series_records_a_slot_due_before_active_since_unsent(
+    config: LeaderConfig, now: Now, made: list[protocol.SlotProtocol]
+) -> None:
+    adapter = _AskedOnly(Job("solar", None, "all", None, active_since=seconds(30)))
+    slot_protocol = leading(config, adapter, made)
+    slot_protocol.tick()  # anchored at now
+    now.to(31)
+    adapter.due = seconds(20)  # what the schedule says, from before the resume
+    slot_protocol.tick()
+    assert adapter.take() == []
+    assert stored(config)["solar"]["last_run_at"] == seconds(20).isoformat()
+    now.to(41)
+    adapter.due = seconds(40)
+    slot_protocol.tick()
+    assert adapter.take() == [name("solar", 40)]
