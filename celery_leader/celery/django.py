@@ -114,15 +114,17 @@ class LeaderDatabaseScheduler(LeaderSchedulerMixin, DatabaseScheduler):  # type:
         previous, looked_at = self._rows, self._looked_at
         protocol = self._protocol
         now = (protocol.clock or protocol.now)()
+        # Read once: each read of django-celery-beat's ``schedule`` asks the database
+        # whether it changed, and may rebuild it.
+        entries = self.schedule
         rows, marked = {}, []
         for job in jobs:
-            model = self.schedule[job.payload].model
+            entry = entries.get(job.payload)
+            if entry is None:  # deleted since the jobs were listed: gone at the next tick
+                continue
+            model = entry.model
             generation = f"row-{model.pk}"
-            schedule = (
-                job.series.key()
-                if job.series is not None
-                else repr(self.schedule[job.payload].schedule)
-            )
+            schedule = job.series.key() if job.series is not None else repr(entry.schedule)
             seen = None if previous is None else previous.get(job.name)
             if previous is None or looked_at is None:
                 since = None  # the first look: nothing to compare with
