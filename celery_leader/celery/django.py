@@ -112,8 +112,10 @@ class LeaderDatabaseScheduler(LeaderSchedulerMixin, DatabaseScheduler):  # type:
         ``active_since`` its predecessor recorded.
         """
         previous, looked_at = self._rows, self._looked_at
+        # Not read at the first look, which needs no time: the clock may be the
+        # store's, and reading it joins the election.
         protocol = self._protocol
-        now = (protocol.clock or protocol.now)()
+        now = None if previous is None else (protocol.clock or protocol.now)()
         # Read once: each read of django-celery-beat's ``schedule`` asks the database
         # whether it changed, and may rebuild it.
         entries = self.schedule
@@ -126,13 +128,13 @@ class LeaderDatabaseScheduler(LeaderSchedulerMixin, DatabaseScheduler):  # type:
             generation = f"row-{model.pk}"
             schedule = job.series.key() if job.series is not None else repr(entry.schedule)
             seen = None if previous is None else previous.get(job.name)
-            if previous is None or looked_at is None:
+            if previous is None or now is None:
                 since = None  # the first look: nothing to compare with
             elif seen is not None and (seen.generation, seen.schedule) == (generation, schedule):
                 since = seen.active_since
             else:  # appeared (created, re-enabled, started), re-created or re-timed
-                changed = model.date_changed
-                since = now if changed is None else min(max(utc(changed), looked_at), now)
+                changed = now if model.date_changed is None else utc(model.date_changed)
+                since = min(changed if looked_at is None else max(changed, looked_at), now)
             rows[job.name] = _Seen(generation, schedule, since)
             marked.append(replace(job, generation=generation, active_since=since))
         self._rows, self._looked_at = rows, now
