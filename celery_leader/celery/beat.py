@@ -128,6 +128,16 @@ class LeaderSchedulerMixin:
         """Whether ``entry`` may run now (a hook: django-celery-beat's rows can be disabled)."""
         return True
 
+    def mark_edits(self, jobs: list[Job]) -> list[Job]:
+        """``jobs`` with their ``generation`` and ``active_since`` (a hook: the schedule's
+        entries as edited at runtime, such as django-celery-beat's rows). Code entries
+        have neither."""
+        return jobs
+
+    def stopped_leading(self) -> None:
+        """This replica stopped dispatching (a hook): give back its broker connection."""
+        self._release_broker()
+
     def _send(
         self, entry: ScheduleEntry, slot: str, epoch: int
     ) -> tuple[BaseException | None, bool]:
@@ -256,7 +266,7 @@ class _BeatAdapter(Adapter):
             policy, grace = self._policy(entry)
             jobs.append(Job(entry.name, series, policy, grace, zone, entry.name))
         self._series = seen
-        return jobs
+        return scheduler.mark_edits(jobs)
 
     def _series_of(self, entry: ScheduleEntry) -> Series | None:
         sched = entry.schedule
@@ -326,7 +336,7 @@ class _BeatAdapter(Adapter):
         return Outcome(error, definite)
 
     def demoted(self) -> None:
-        self.scheduler._release_broker()
+        self.scheduler.stopped_leading()
 
     def publishing(self) -> AbstractContextManager[object]:
         return _stop_signals_deferred()

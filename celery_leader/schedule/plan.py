@@ -31,7 +31,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from .jobs import Job
-from .policy import due_slots
+from .policy import counted_after, due_slots
 from .series import utc
 from .state import parse_state, slot_name
 from .sync import REPAIR_AFTER
@@ -97,6 +97,7 @@ def plan(
             unplanned.append(job.name)
             continue
         last = _state_at(series.anchor(start), (last_runs or {}).get(job.name), start)
+        last = counted_after(last, job.active_since)  # nothing from before it was active
         # The promotion at ``start``: what the policy sends of the missed slots.
         found = due_slots(series, last, start, start, job.missed_slots, job.grace)
         if found is not None:
@@ -132,16 +133,22 @@ def _state_at(anchor: datetime, stored: datetime | None, start: datetime) -> dat
     return stored
 
 
-def stored_last_runs(stored: Mapping[str, str]) -> dict[str, datetime]:
-    """Each entry's ``last_run_at`` in ``stored``, the beat election's stored state.
+def stored_last_runs(stored: Mapping[str, str], jobs: Sequence[Job]) -> dict[str, datetime]:
+    """Each entry's ``last_run_at`` in ``stored``, the beat election's stored state, as
+    the leader counts it: slots before the entry's stored ``active_since`` are not due.
 
-    Unreadable values are left out (a leader replaces them with an anchor).
+    Unreadable values, and states of another generation than the job's, are left out
+    (a leader replaces them with an anchor).
     """
+    generations = {job.name: job.generation for job in jobs}
     runs = {}
     for name, value in stored.items():
         state = parse_state(value)
-        if state is not None:
-            runs[name] = state.last_run_at
+        if state is None:
+            continue
+        if state.generation is not None and state.generation != generations.get(name):
+            continue
+        runs[name] = counted_after(state.last_run_at, state.active_since)
     return runs
 
 
