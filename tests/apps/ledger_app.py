@@ -1,0 +1,50 @@
+"""A Celery app for run-ledger tests: everything comes from environment variables.
+
+BROKER_URL (Redis: broker, store and the record of runs), LEADER_TTL,
+ON_REDELIVERY (``leader_on_redelivery``), LEDGER ("0" turns the ledger off).
+The ``work`` task sleeps ``seconds`` with ``acks_late`` and pushes one JSON
+line per run of its body on the Redis list ``runs``: its slot, node, pid, and
+wall-clock start and end (``end`` is pushed as a second line when it ends).
+Redis redelivers an unacknowledged message after ``visibility_timeout`` (3 s),
+looked for every second.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import redis
+from celery import Celery, current_task
+
+BROKER_URL = os.environ["BROKER_URL"]
+
+app = Celery("ledger_app", broker=BROKER_URL)
+app.conf.leader_url = BROKER_URL
+app.conf.leader_ttl = float(os.environ.get("LEADER_TTL", "2"))
+app.conf.leader_ledger = os.environ.get("LEDGER", "1") == "1"
+app.conf.leader_on_redelivery = os.environ.get("ON_REDELIVERY", "rerun")
+app.conf.worker_prefetch_multiplier = 1
+app.conf.broker_connection_retry_on_startup = True
+app.conf.broker_transport_options = {
+    "visibility_timeout": 3,
+    "unacked_restore_interval": 1,
+    "unacked_restore_throttle": 1,
+}
+
+_redis = redis.Redis.from_url(BROKER_URL, decode_responses=True)
+
+
+def _slot() -> str | None:
+    request = current_task.request
+    return getattr(request, "leader_slot", None)
+
+
+@app.task(acks_late=True)
+def work(seconds: float = 0.0) -> None:
+    """Record the run, sleep, record its end."""
+    me = {"slot": _slot(), "node": current_task.request.hostname, "pid": os.getpid()}
+    _redis.rpush("runs", json.dumps({**me, "start": time.time()}))
+    time.sleep(seconds)
+    _redis.rpush("runs", json.dumps({**me, "end": time.time()}))

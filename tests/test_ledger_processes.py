@@ -1,0 +1,141 @@
+"""The run ledger with real ``celery worker`` processes on a real Redis.
+
+Messages carry ``leader_slot`` as beat sends them; the ``work`` task of
+``tests/apps/ledger_app.py`` records every run of its body in Redis, and the
+assertions are on those records and on the ledger in the store.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+from celery_leader.backends import Backend, create_backend
+from celery_leader.config import LeaderConfig
+from celery_leader.ledger import RunRecord
+from harness.procs import Proc, Procs
+from harness.waiting import wait_for
+
+ROOT = Path(__file__).resolve().parents[1]
+CELERY = Path(sys.executable).parent / "celery"
+APP = "tests.apps.ledger_app"
+TTL = 2.0
+
+
+class Workers:
+    """Worker nodes of one test, the sender, the store and the records of runs."""
+
+    def __init__(self, procs: Procs, url: str) -> None:
+        self.procs = procs
+        self.url = url
+        self.redis = redis.Redis.from_url(url, decode_responses=True)
+        self.store: Backend = create_backend(
+            LeaderConfig.from_mapping({"leader_url": url, "leader_ttl": TTL})
+        )
+        self.sender = Celery("sender", broker=url)
+
+    def start(self, name: str, **env: str) -> Proc:
+        proc = self.procs.spawn_python(
+            CELERY,
+            *("-A", APP, "worker", "-P", "prefork", "-c", "2", "-n", f"{name}@%h", "-l", "INFO"),
+            *("--without-gossip", "--without-mingle", "--without-heartbeat"),
+            env={"BROKER_URL": self.url, "LEADER_TTL": str(TTL), **env},
+            cwd=ROOT,
+        )
+        proc.wait_for_line(r"ready\.", 60)
+        return proc
+
+    def send(self, slot: str, seconds: float = 0.0) -> None:
+        self.sender.send_task(
+            "tests.apps.ledger_app.work",
+            args=[seconds],
+            headers={"leader_slot": slot, "leader_epoch": 1},
+        )
+
+    def runs(self, slot: str) -> list[dict[str, Any]]:
+        """Every record of a run of ``slot``'s body (starts and ends)."""
+        lines = [json.loads(line) for line in self.redis.lrange("runs", 0, -1)]
+        return [line for line in lines if line["slot"] == slot]
+
+    def record(self, slot: str) -> RunRecord | None:
+        text = self.store.load_runs("beat").get(slot)
+        return None if text is None else RunRecord.load(text)
+
+    def close(self) -> None:
+        self.store.close()
+        self.redis.close()
+
+
+@pytest.fixture
+def workers(procs: Procs, redis_url: str) -> Any:
+    made = Workers(procs, redis_url)
+    yield made
+    made.close()
+
+
+def _slot() -> str:
+    return f"job-{uuid.uuid4().hex[:8]}@2026-01-01T00:00:00+00:00"
+
+
+def test_a_slot_delivered_three_times_runs_once(workers: Workers) -> None:
+    a = workers.start("a")
+    b = workers.start("b")
+    slot = _slot()
+    for _ in range(3):
+        workers.send(slot, 0.5)
+    record = wait_for(
+        lambda: (r := workers.record(slot)) is not None and r.status == "finished" and r,
+        timeout=30,
+    )
+    wait_for(
+        lambda: (a.output() + b.output()).count(f"slot {slot} not run") == 2,
+        timeout=30,
+        message="two deliveries acknowledged, not run",
+    )
+    starts = [r for r in workers.runs(slot) if "start" in r]
+    assert len(starts) == 1, starts
+    assert record.outcome == "success" and record.attempt == 1
+    assert record.finished is not None and record.finished >= record.started
+
+
+def test_messages_without_a_slot_run_as_before(workers: Workers) -> None:
+    workers.start("a")
+    for _ in range(2):
+        workers.sender.send_task("tests.apps.ledger_app.work", args=[0])
+    wait_for(lambda: workers.redis.llen("runs") == 4, timeout=30)
+    assert workers.store.load_runs("beat") == {}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", ["rerun", "skip"])
+def test_a_worker_killed_mid_body(workers: Workers, policy: str) -> None:
+    """acks_late: the broker redelivers; ``rerun`` runs it once more, ``skip`` does not."""
+    a = workers.start("a", ON_REDELIVERY=policy)
+    slot = _slot()
+    workers.send(slot, 30)
+    wait_for(lambda: workers.runs(slot), timeout=30, message="the body started on a")
+    first = workers.record(slot)
+    assert first is not None and first.status == "started" and first.attempt == 1
+    a.signal(signal.SIGKILL)  # the whole process tree: main process and pool
+    a.wait(10)
+    b = workers.start("b", ON_REDELIVERY=policy)
+    if policy == "rerun":
+        wait_for(lambda: len(workers.runs(slot)) == 2, timeout=40, message="run again on b")
+        record = workers.record(slot)
+        assert record is not None and record.status == "started" and record.attempt == 2
+        assert record.pid != first.pid
+        b.wait_for_line(rf"slot {re.escape(slot)} runs again \(attempt 2\)", 10)
+    else:
+        b.wait_for_line(rf"slot {re.escape(slot)} not run: .* died running it", 40)
+        record = workers.record(slot)
+        assert record is not None and record.outcome == "skipped"
+        assert len(workers.runs(slot)) == 1, "started once, never again"
