@@ -139,3 +139,53 @@ def test_a_worker_killed_mid_body(workers: Workers, policy: str) -> None:
         record = workers.record(slot)
         assert record is not None and record.outcome == "skipped"
         assert len(workers.runs(slot)) == 1, "started once, never again"
+
+
+def _start_beat(workers: Workers, **env: str) -> Proc:
+    return workers.procs.spawn_python(
+        CELERY,
+        *("-A", APP, "beat", "-S", "tests.apps.ledger_app:PausingScheduler", "-l", "INFO"),
+        env={"BROKER_URL": workers.url, "LEADER_TTL": str(TTL), "BEAT_EVERY": "1", **env},
+        cwd=ROOT,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("run", range(3))
+def test_a_leader_killed_between_claim_and_publish(workers: Workers, run: int) -> None:
+    """The next leader re-sends the claimed, unsent slot once: it runs exactly once."""
+    workers.start("a")
+    wait_for(
+        lambda: "@ledger-workers" in workers.store.load_runs("beat"),
+        timeout=20,
+        message="the worker registered in the ledger",
+    )
+    first = _start_beat(workers, PAUSE_AT="3")
+    paused = first.wait_for_line(r"pausing before publishing slot (\S+)", 60)
+    slot = paused[1]
+    first.signal(signal.SIGKILL)
+    first.wait(10)
+    second = _start_beat(workers)
+    second.wait_for_line(rf"re-sending slot {re.escape(slot)} ", 30)
+    wait_for(
+        lambda: (r := workers.record(slot)) is not None and r.status == "finished",
+        timeout=30,
+        message=f"slot {slot} ran",
+    )
+    # A few more slots from the new leader, then count.
+    wait_for(lambda: len(_ran(workers)) >= 5, timeout=30)
+    second.signal(signal.SIGTERM)
+    second.wait(15)
+    ran = _ran(workers)
+    assert ran[slot] == 1, "the claimed, unsent slot ran exactly once"
+    assert all(n == 1 for n in ran.values()), {s: n for s, n in ran.items() if n != 1}
+
+
+def _ran(workers: Workers) -> dict[str, int]:
+    """Slot -> runs of its body."""
+    counts: dict[str, int] = {}
+    for line in workers.redis.lrange("runs", 0, -1):
+        record = json.loads(line)
+        if "start" in record and record["slot"]:
+            counts[record["slot"]] = counts.get(record["slot"], 0) + 1
+    return counts

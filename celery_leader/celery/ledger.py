@@ -22,14 +22,16 @@ import functools
 import logging
 import os
 import sys
+import threading
+import time
 from typing import Any
 
 from .. import metrics
 from ..backends import create_backend
 from ..config import LeaderConfig
 from ..exceptions import ConfigError, StoreUnavailable, missing_extra
-from ..ledger import RunGuard
-from ..ledger.records import FAILURE, SKIPPED, SUCCESS
+from ..ledger import RunGuard, marks
+from ..ledger.records import FAILURE, SKIPPED, SUCCESS, WORKERS
 from . import leadership
 
 try:
@@ -152,11 +154,34 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
     if config is None or not config.ledger:
         return
     count = wrap_tasks(app)
+    _register(config, sender.hostname)
     logger.info(
         "celery-leader: run ledger on (%d task(s); a dead worker's slot: %s)",
         count,
         config.on_redelivery,
     )
+
+
+def _register(config: LeaderConfig, hostname: str) -> None:
+    """Keep the ledger's ``@ledger-workers`` mark alive while this worker runs.
+
+    Beat re-sends slots only while the mark exists: a deployment whose
+    workers lack the dedup step never gets a second copy of a slot.
+    """
+
+    def loop() -> None:
+        backend = create_backend(config)
+        what: dict[str, object] = {"worker": hostname}
+        while True:
+            try:
+                marks.touch(backend, config.beat_election, WORKERS, what, config.ledger_retention)
+            except StoreUnavailable as exc:
+                logger.warning("celery-leader: could not register in the run ledger: %s", exc)
+                time.sleep(config.ttl)
+                continue
+            time.sleep(min(config.ledger_retention / 4, 3600.0))
+
+    threading.Thread(target=loop, name="celery-leader ledger mark", daemon=True).start()
 
 
 def _ledger_on(app: Any) -> bool:

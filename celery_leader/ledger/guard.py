@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 
 from ..backends import Backend
 from ..exceptions import StoreUnavailable
-from .records import FINISHED, SKIPPED, STARTED, RunRecord
+from .records import FINISHED, SENT, SKIPPED, STARTED, RunRecord
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +95,10 @@ class RunGuard:
             if record.status == FINISHED:
                 why = f"it ran already ({record.outcome} on {record.worker})"
                 return Decision(slot, False, why, "ledger_duplicates")
+            if record.status == SENT:
+                # Beat's mark that it published the slot: nobody started it yet.
+                won, stored = self._put(slot, stored, mine)
+                continue
             if record.status != STARTED:
                 return Decision(slot, False, f"its record says {record.status!r}")
             now = self._clock()

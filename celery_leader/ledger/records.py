@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, replace
 
-#: ``status`` values: the body is running (or its worker died running it), or it ended.
-STARTED, FINISHED = "started", "finished"
+#: ``status`` values: beat sent it (no worker has started it yet); the body is
+#: running (or its worker died running it); it ended.
+SENT, STARTED, FINISHED = "sent", "started", "finished"
 #: ``outcome`` values of a finished record.
 SUCCESS, FAILURE, SKIPPED = "success", "failure", "skipped"
 
@@ -30,6 +31,11 @@ class RunRecord:
     finished: float | None = None
     outcome: str | None = None
     reason: str | None = None
+
+    @classmethod
+    def sent_by(cls, slot: str, instance_id: str, pid: int, at: float) -> RunRecord:
+        """Beat's mark: ``slot`` was published (``started`` is when), nobody runs it yet."""
+        return cls(slot, SENT, instance_id, pid, at, 0.0, attempt=0)
 
     @property
     def entry(self) -> str:
@@ -56,3 +62,16 @@ class RunRecord:
             return cls(**data) if isinstance(data, dict) else None
         except (TypeError, ValueError):
             return None
+
+
+#: Keys of the ledger that are not slots (slot names are ``"<entry>@<time>"``).
+MARK = "@"
+#: Beat re-sends slots claimed after this mark's time (when the ledger was turned on).
+SINCE = "@ledger-since"
+#: Rewritten by workers whose dedup step is on: beat re-sends only while it exists.
+WORKERS = "@ledger-workers"
+
+
+def is_slot(key: str) -> bool:
+    """Whether a ledger key names a slot (rather than a mark)."""
+    return not key.startswith(MARK)

@@ -1,7 +1,9 @@
 """A Celery app for run-ledger tests: everything comes from environment variables.
 
 BROKER_URL (Redis: broker, store and the record of runs), LEADER_TTL,
-ON_REDELIVERY (``leader_on_redelivery``), LEDGER ("0" turns the ledger off).
+ON_REDELIVERY (``leader_on_redelivery``), LEDGER ("0" turns the ledger off),
+BEAT_EVERY (beat sends ``work`` as entry ``tick`` that often) and PAUSE_AT
+(see :class:`PausingScheduler`).
 The ``work`` task sleeps ``seconds`` with ``acks_late`` and pushes one JSON
 line per run of its body on the Redis list ``runs``: its slot, node, pid, and
 wall-clock start and end (``end`` is pushed as a second line when it ends).
@@ -13,10 +15,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
+from typing import Any
 
 import redis
 from celery import Celery, current_task
+
+from celery_leader import LeaderScheduler
 
 BROKER_URL = os.environ["BROKER_URL"]
 
@@ -48,3 +54,24 @@ def work(seconds: float = 0.0) -> None:
     _redis.rpush("runs", json.dumps({**me, "start": time.time()}))
     time.sleep(seconds)
     _redis.rpush("runs", json.dumps({**me, "end": time.time()}))
+
+
+if os.environ.get("BEAT_EVERY"):
+    app.conf.beat_schedule = {
+        "tick": {"task": "tests.apps.ledger_app.work", "schedule": float(os.environ["BEAT_EVERY"])}
+    }
+
+
+class PausingScheduler(LeaderScheduler):
+    """A test-only fault: with PAUSE_AT=n, beat stops itself (SIGSTOP) right before
+    it publishes its n-th slot, after claiming it: the window a crash can fall in."""
+
+    published = 0
+
+    def apply_entry(self, entry: Any, producer: Any = None) -> None:
+        PausingScheduler.published += 1
+        if PausingScheduler.published == int(os.environ.get("PAUSE_AT", "0")):
+            slot = entry.options["headers"]["leader_slot"]
+            print(f"pausing before publishing slot {slot}", flush=True)
+            os.kill(os.getpid(), signal.SIGSTOP)
+        super().apply_entry(entry, producer=producer)
