@@ -79,6 +79,12 @@ ON_REDELIVERY = ("rerun", "skip")
 #: ``leader_ledger_retention``: two days, so yesterday's slots stay visible
 #: and deduplicated through a whole day's redeliveries and restarts.
 DEFAULT_LEDGER_RETENTION = 2 * 86400.0
+#: ``leader_overlap`` values: what a slot does while the previous slot of its
+#: entry still runs: run anyway, be skipped, or wait (up to ``leader_overlap_wait``).
+OVERLAP = ("allow", "skip", "wait")
+#: ``leader_overlap_wait``: a minute, long enough for a run that overstays its
+#: period a little, short enough that a worker slot is not held for long.
+DEFAULT_OVERLAP_WAIT = 60.0
 
 
 @dataclass(frozen=True)
@@ -127,6 +133,10 @@ class LeaderConfig:
     on_redelivery: str = "rerun"
     #: Seconds a run record is kept after its last write.
     ledger_retention: float = DEFAULT_LEDGER_RETENTION
+    #: Entries' default ``overlap`` (see :data:`OVERLAP`).
+    overlap: str = "allow"
+    #: Longest wait of a slot of an ``overlap = "wait"`` entry, seconds.
+    overlap_wait: float = DEFAULT_OVERLAP_WAIT
 
     @property
     def display_url(self) -> str:
@@ -273,6 +283,10 @@ class LeaderConfig:
             ledger_retention=_retention(
                 n("leader_ledger_retention"), values.get("leader_ledger_retention"), ttl
             ),
+            overlap=_choice(n("leader_overlap"), values.get("leader_overlap") or "allow", OVERLAP),
+            overlap_wait=_positive(
+                n("leader_overlap_wait"), values.get("leader_overlap_wait"), DEFAULT_OVERLAP_WAIT
+            ),
         )
 
 
@@ -300,6 +314,8 @@ SETTINGS = (
     "leader_ledger",
     "leader_on_redelivery",
     "leader_ledger_retention",
+    "leader_overlap",
+    "leader_overlap_wait",
 )
 
 

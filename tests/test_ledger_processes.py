@@ -7,6 +7,7 @@ assertions are on those records and on the ledger in the store.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import signal
@@ -22,6 +23,7 @@ from celery import Celery
 from celery_leader.backends import Backend, create_backend
 from celery_leader.config import LeaderConfig
 from celery_leader.ledger import RunRecord
+from celery_leader.ledger.records import is_slot
 from harness.procs import Proc, Procs
 from harness.waiting import wait_for
 
@@ -112,7 +114,7 @@ def test_messages_without_a_slot_run_as_before(workers: Workers) -> None:
     for _ in range(2):
         workers.sender.send_task("tests.apps.ledger_app.work", args=[0])
     wait_for(lambda: workers.redis.llen("runs") == 4, timeout=30)
-    assert workers.store.load_runs("beat") == {}
+    assert [k for k in workers.store.load_runs("beat") if is_slot(k)] == []
 
 
 @pytest.mark.slow
@@ -189,3 +191,51 @@ def _ran(workers: Workers) -> dict[str, int]:
         if "start" in record and record["slot"]:
             counts[record["slot"]] = counts.get(record["slot"], 0) + 1
     return counts
+
+
+@pytest.mark.slow
+def test_overlap_skip_runs_one_slot_of_an_entry_at_a_time(workers: Workers) -> None:
+    """Every 1 s, a 2.5 s body, three nodes: runs never overlap; the rest are skipped."""
+    nodes = [workers.start(name) for name in ("a", "b", "c")]
+    beat = _start_beat(workers, OVERLAP="skip", WORK_SECONDS="2.5")
+    wait_for(lambda: len(_intervals(workers)) >= 4, timeout=60, message="four runs ended")
+    beat.signal(signal.SIGTERM)
+    beat.wait(15)
+    # Let what was sent finish (or be skipped).
+    wait_for(
+        lambda: all(
+            r.status == "finished"
+            for k, v in workers.store.load_runs("beat").items()
+            if is_slot(k) and (r := RunRecord.load(v)) is not None
+        ),
+        timeout=30,
+        message="every sent slot ended",
+    )
+    intervals = sorted(_intervals(workers).values())
+    for (_, end), (start, _) in itertools.pairwise(intervals):
+        assert start >= end, f"two runs overlap: {intervals}"
+    records = [
+        r
+        for k, v in workers.store.load_runs("beat").items()
+        if is_slot(k) and (r := RunRecord.load(v)) is not None
+    ]
+    skipped = [r for r in records if r.outcome == "skipped"]
+    ran = [r for r in records if r.outcome == "success"]
+    assert len(ran) == len(intervals)
+    assert skipped, "slots due while a run went on are skipped"
+    assert all("still running" in (r.reason or "") for r in skipped)
+    logs = "".join(node.output() for node in nodes)
+    assert logs.count("not run: slot") == len(skipped)
+
+
+def _intervals(workers: Workers) -> dict[str, tuple[float, float]]:
+    """Slot -> (start, end) of each run of its body that ended."""
+    starts: dict[str, float] = {}
+    out: dict[str, tuple[float, float]] = {}
+    for line in workers.redis.lrange("runs", 0, -1):
+        record = json.loads(line)
+        if "start" in record:
+            starts[record["slot"]] = record["start"]
+        elif record["slot"] in starts:
+            out[record["slot"]] = (starts[record["slot"]], record["end"])
+    return out

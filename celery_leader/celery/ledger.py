@@ -28,7 +28,7 @@ from typing import Any
 
 from .. import metrics
 from ..backends import create_backend
-from ..config import LeaderConfig
+from ..config import OVERLAP, LeaderConfig
 from ..exceptions import ConfigError, StoreUnavailable, missing_extra
 from ..ledger import RunGuard, marks
 from ..ledger.records import FAILURE, SKIPPED, SUCCESS, WORKERS
@@ -51,10 +51,16 @@ _guards: dict[tuple[int, int], RunGuard] = {}
 
 def slot_of(request: Any) -> str | None:
     """The ``leader_slot`` header of a task request, if it carries one."""
-    slot = getattr(request, "leader_slot", None)
-    if slot is None:
-        slot = (getattr(request, "headers", None) or {}).get("leader_slot")
+    slot = _header(request, "leader_slot")
     return slot if isinstance(slot, str) and slot else None
+
+
+def _header(request: Any, name: str) -> Any:
+    # Celery puts a message's own headers on the request; older paths keep them apart.
+    value = getattr(request, name, None)
+    if value is None:
+        value = (getattr(request, "headers", None) or {}).get(name)
+    return value
 
 
 def guard_of(app: Any) -> RunGuard:
@@ -107,9 +113,13 @@ def _before_start(original: Any) -> Any:
 
 def _begin(task: Any, slot: str) -> None:
     guard = guard_of(task.app)
+    config = leadership.config_of(task.app)
     retry = bool(getattr(task.request, "retries", 0))
+    overlap = _header(task.request, "leader_overlap")
+    if overlap not in OVERLAP:
+        overlap = config.overlap  # absent (or not one we know): the worker's default
     try:
-        decision = guard.begin(slot, retry=retry)
+        decision = guard.begin(slot, retry, overlap, config.overlap_wait)
     except StoreUnavailable as exc:
         # Unrecorded beats unrun: the store being down must not lose the slot.
         logger.warning("celery-leader: slot %s runs unrecorded in the run ledger: %s", slot, exc)
@@ -119,6 +129,9 @@ def _begin(task: Any, slot: str) -> None:
     if not decision.run:
         logger.info("celery-leader: slot %s not run: %s", slot, decision.why)
         raise Ignore()
+    # Only the delivery that runs the body records its end: with a thread pool a
+    # duplicate of a running slot ends in the same process.
+    task.request.leader_ledger_runs = True
 
 
 def _on_postrun(sender: Any = None, task: Any = None, state: str | None = None, **_: Any) -> None:
@@ -126,7 +139,7 @@ def _on_postrun(sender: Any = None, task: Any = None, state: str | None = None, 
     if task is None or not getattr(type(task), _WRAPPED, False):
         return
     slot = slot_of(task.request)
-    if slot is None:
+    if slot is None or not getattr(task.request, "leader_ledger_runs", False):
         return
     guard = _guards.get((id(task.app), os.getpid()))
     if guard is None:

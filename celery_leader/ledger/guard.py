@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 
 from ..backends import Backend
 from ..exceptions import StoreUnavailable
+from .overlap import EntryMarks
 from .records import FINISHED, SENT, SKIPPED, STARTED, RunRecord
 
 logger = logging.getLogger(__name__)
@@ -69,17 +70,38 @@ class RunGuard:
         #: Serializes a running slot's writes (renewals, its end): each is a
         #: compare-and-set on the text the one before it wrote.
         self._writing = threading.Lock()
+        #: The overlap marks of the slots running here.
+        self.marks = EntryMarks(
+            backend, election, instance_id, ttl, renew_interval, retention, clock
+        )
 
     # -- around a body --------------------------------------------------------
 
-    def begin(self, slot: str, retry: bool = False) -> Decision:
+    def begin(
+        self, slot: str, retry: bool = False, overlap: str = "allow", overlap_wait: float = 0.0
+    ) -> Decision:
         """Record ``slot`` started here, unless a delivery of it started or ended already.
 
         ``retry``: this delivery is a retry the task asked for (its earlier
         attempt stopped with a retry), so a started record is taken over.
+        ``overlap``: ``"skip"`` or ``"wait"`` (up to ``overlap_wait`` seconds)
+        while another slot of the same entry runs (:mod:`.overlap`); a slot
+        skipped for it is recorded finished, ``skipped``.
         Raises :class:`StoreUnavailable` when the store cannot say: the caller
         then runs the body (a lost store must not lose the slot).
         """
+        decision = self._begin(slot, retry)
+        if not decision.run or overlap == "allow":
+            return decision
+        entry = slot.rpartition("@")[0]
+        holder = self.marks.take(entry, slot, overlap, overlap_wait)
+        if holder is None:
+            return decision
+        why = f"slot {holder} of {entry!r} is still running (overlap {overlap!r})"
+        self.finish(slot, SKIPPED, why)
+        return Decision(slot, False, why, "ledger_skips")
+
+    def _begin(self, slot: str, retry: bool) -> Decision:
         mine = self._started(slot, attempt=1)
         won, stored = self._put(slot, None, mine)
         waited = False
@@ -136,15 +158,16 @@ class RunGuard:
                 return Decision(slot, False, why, "ledger_skips")
         return Decision(slot, False, "its record kept changing", "ledger_duplicates")
 
-    def finish(self, slot: str, outcome: str) -> None:
-        """Record how ``slot``'s body ended here (``success`` or ``failure``)."""
+    def finish(self, slot: str, outcome: str, reason: str | None = None) -> None:
+        """Record how ``slot``'s body ended here (``success``, ``failure``, ``skipped``)."""
+        self.marks.release(slot)
         with self._writing:
             with self._lock:
                 running = self._running.pop(slot, None)
             if running is None:
                 return
             stored, record = running
-            ended = record.ended(self._clock(), outcome)
+            ended = record.ended(self._clock(), outcome, reason)
             try:
                 won, now = self._put(slot, stored, ended)
             except StoreUnavailable as exc:
@@ -161,6 +184,7 @@ class RunGuard:
 
     def release(self, slot: str) -> None:
         """Stop renewing ``slot`` and leave its record started (a retry takes it over)."""
+        self.marks.release(slot)
         with self._lock:
             self._running.pop(slot, None)
 
@@ -202,6 +226,7 @@ class RunGuard:
                 slots = list(self._running)
             for slot in slots:
                 self._renew(slot)
+                self.marks.renew(slot)
 
     def _renew(self, slot: str) -> None:
         with self._writing:

@@ -2,8 +2,8 @@
 
 BROKER_URL (Redis: broker, store and the record of runs), LEADER_TTL,
 ON_REDELIVERY (``leader_on_redelivery``), LEDGER ("0" turns the ledger off),
-BEAT_EVERY (beat sends ``work`` as entry ``tick`` that often) and PAUSE_AT
-(see :class:`PausingScheduler`).
+BEAT_EVERY (beat sends ``work`` as entry ``tick`` that often, for WORK_SECONDS,
+with entry option ``overlap`` = OVERLAP) and PAUSE_AT (see :class:`PausingScheduler`).
 The ``work`` task sleeps ``seconds`` with ``acks_late`` and pushes one JSON
 line per run of its body on the Redis list ``runs``: its slot, node, pid, and
 wall-clock start and end (``end`` is pushed as a second line when it ends).
@@ -58,7 +58,12 @@ def work(seconds: float = 0.0) -> None:
 
 if os.environ.get("BEAT_EVERY"):
     app.conf.beat_schedule = {
-        "tick": {"task": "tests.apps.ledger_app.work", "schedule": float(os.environ["BEAT_EVERY"])}
+        "tick": {
+            "task": "tests.apps.ledger_app.work",
+            "schedule": float(os.environ["BEAT_EVERY"]),
+            "args": [float(os.environ.get("WORK_SECONDS", "0"))],
+            "options": {"overlap": os.environ["OVERLAP"]} if os.environ.get("OVERLAP") else {},
+        }
     }
 
 
