@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import re
 import signal
+import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -141,6 +143,27 @@ def test_a_worker_killed_mid_body(workers: Workers, policy: str) -> None:
         record = workers.record(slot)
         assert record is not None and record.outcome == "skipped"
         assert len(workers.runs(slot)) == 1, "started once, never again"
+    (shown,) = [e for e in _status(workers)["entries"] if e["last_slot"] == slot]
+    if policy == "rerun":
+        assert (shown["state"], shown["attempt"], shown["runs"]) == ("running", 2, 1)
+    else:
+        assert (shown["state"], shown["outcome"], shown["skips"]) == ("finished", "skipped", 1)
+
+
+def _status(workers: Workers) -> dict[str, Any]:
+    """``celery leader status --json``, as the app's user runs it."""
+    out = subprocess.run(
+        [str(CELERY), "-A", APP, "leader", "status", "--json"],
+        env={**os.environ, "BROKER_URL": workers.url},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode in (0, 3), out.stderr
+    parsed: dict[str, Any] = json.loads(out.stdout)
+    return parsed
 
 
 def _start_beat(workers: Workers, **env: str) -> Proc:
