@@ -31,6 +31,7 @@ from harness.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 CELERY = Path(sys.executable).parent / "celery"
+DRAMATIQ = Path(sys.executable).parent / "dramatiq"
 APP = "tests.apps.ledger_app"
 TTL = 2.0
 
@@ -262,3 +263,41 @@ def _intervals(workers: Workers) -> dict[str, tuple[float, float]]:
         elif record["slot"] in starts:
             out[record["slot"]] = (starts[record["slot"]], record["end"])
     return out
+
+
+def test_dramatiq_a_slot_delivered_three_times_runs_once(procs: Procs, redis_url: str) -> None:
+    env = {"BROKER_URL": redis_url, "CELERY_LEADER_LEDGER": "1", "CELERY_LEADER_TTL": str(TTL)}
+    worker = procs.spawn_python(
+        DRAMATIQ, "tests.apps.ledger_dramatiq", "-p", "2", "-t", "2", env=env, cwd=ROOT
+    )
+    worker.wait_for_line(r"Worker process is ready|is ready for action", 60)
+    sender = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from tests.apps.ledger_dramatiq import broker, work\n"
+            "for _ in range(3):\n"
+            "    broker.enqueue(work.message_with_options(args=(0.5,), leader_slot='job@1'))\n",
+        ],
+        env={**os.environ, **env},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert sender.returncode == 0, sender.stderr
+    store = create_backend(LeaderConfig.from_mapping({"leader_url": redis_url}))
+    try:
+        wait_for(
+            lambda: (t := store.load_runs("beat").get("job@1")) is not None
+            and (r := RunRecord.load(t)) is not None
+            and r.status == "finished",
+            timeout=30,
+            message="the slot ran",
+        )
+        wait_for(lambda: worker.output().count("slot job@1 not run") == 2, timeout=30)
+    finally:
+        store.close()
+    runs = [json.loads(line) for line in redis.Redis.from_url(redis_url).lrange("runs", 0, -1)]
+    assert [r["slot"] for r in runs] == ["job@1"]
