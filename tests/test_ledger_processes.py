@@ -290,9 +290,11 @@ def test_dramatiq_a_slot_delivered_three_times_runs_once(procs: Procs, redis_url
     store = create_backend(LeaderConfig.from_mapping({"leader_url": redis_url}))
     try:
         wait_for(
-            lambda: (t := store.load_runs("beat").get("job@1")) is not None
-            and (r := RunRecord.load(t)) is not None
-            and r.status == "finished",
+            lambda: (
+                (t := store.load_runs("beat").get("job@1")) is not None
+                and (r := RunRecord.load(t)) is not None
+                and r.status == "finished"
+            ),
             timeout=30,
             message="the slot ran",
         )

@@ -115,9 +115,7 @@ def test_overlap_skip_and_wait(backend: Backend) -> None:
     fourth = "report@2026-01-01T00:04:00.000+00:00"
     assert b.begin(fourth, overlap="wait", overlap_wait=5).run, "free once the first ended"
     runs = summarize(backend.load_runs("beat"), time.time())
-    assert [(s.entry, s.last_slot, s.runs, s.skips) for s in runs] == [
-        ("report", fourth, 2, 2)
-    ]
+    assert [(s.entry, s.last_slot, s.runs, s.skips) for s in runs] == [("report", fourth, 2, 2)]
 
 
 def test_a_dead_workers_run_stops_blocking_once_its_liveness_lapses(backend: Backend) -> None:

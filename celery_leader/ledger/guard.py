@@ -198,14 +198,10 @@ class RunGuard:
 
     def _started(self, slot: str, attempt: int) -> RunRecord:
         now = self._clock()
-        return RunRecord(
-            slot, STARTED, self.instance_id, os.getpid(), now, now + self.ttl, attempt
-        )
+        return RunRecord(slot, STARTED, self.instance_id, os.getpid(), now, now + self.ttl, attempt)
 
     def _put(self, slot: str, expected: str | None, record: RunRecord) -> tuple[bool, str | None]:
-        return self.backend.put_run(
-            self.election, slot, expected, record.dump(), self.retention
-        )
+        return self.backend.put_run(self.election, slot, expected, record.dump(), self.retention)
 
     # -- liveness -------------------------------------------------------------
 
@@ -254,4 +250,3 @@ class RunGuard:
                     slot,
                 )
                 del self._running[slot]
-
