@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 
 import pytest
 
+from celery_leader import ops
 from celery_leader.backends import Backend, create_backend
 from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import ConfigError
@@ -140,3 +142,23 @@ def test_settings() -> None:
     ]:
         with pytest.raises(ConfigError, match=says):
             LeaderConfig.from_mapping({"leader_url": "memory://", key: value})
+
+
+def test_leader_status_shows_each_entrys_last_slot() -> None:
+    url = f"memory://ledger-{uuid.uuid4().hex}"
+    config = LeaderConfig.from_mapping({"leader_url": url, "leader_ledger": True})
+    store = create_backend(config)
+    g = guard(store, "w1")
+    assert g.begin(SLOT).run
+    g.finish(SLOT, "failure")
+    lines: list[str] = []
+    ops.status(config, lines.append)
+    table = "\n".join(lines)
+    assert "run ledger, the last slot of each entry:" in table
+    (row,) = [line for line in lines if line.startswith(SLOT)]
+    assert row.split()[1:3] == ["finished", "failure"], row
+    assert row.split()[-3:] == ["1", "1", "0"], "runs, failed, skipped"
+    out: list[str] = []
+    ops.status(config, out.append, as_json=True)
+    (entry,) = json.loads(out[0])["entries"]
+    assert (entry["entry"], entry["outcome"], entry["failures"]) == ("report", "failure", 1)

@@ -44,6 +44,8 @@ class LedgerStep:
 
     def before(self, message: Any) -> None:
         """Record the message's slot started, or skip a second delivery of it."""
+        # A retry's message carries its options over: the flag is this attempt's alone.
+        message.options.pop("leader_ledger_runs", None)
         slot = message.options.get("leader_slot")
         if not isinstance(slot, str) or not slot:
             return
