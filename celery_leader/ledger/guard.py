@@ -94,7 +94,12 @@ class RunGuard:
         if not decision.run or overlap == "allow":
             return decision
         entry = slot.rpartition("@")[0]
-        holder = self.marks.take(entry, slot, overlap, overlap_wait)
+        try:
+            holder = self.marks.take(entry, slot, overlap, overlap_wait)
+        except StoreUnavailable as exc:
+            # The slot is recorded started: it runs, unguarded, rather than being lost.
+            logger.warning("celery-leader: slot %s runs without its overlap check: %s", slot, exc)
+            return decision
         if holder is None:
             return decision
         why = f"slot {holder} of {entry!r} is still running (overlap {overlap!r})"
