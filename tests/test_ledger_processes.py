@@ -33,6 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CELERY = Path(sys.executable).parent / "celery"
 DRAMATIQ = Path(sys.executable).parent / "dramatiq"
 APP = "tests.apps.ledger_app"
+#: ``python -m celery_leader.dramatiq`` (the standalone Dramatiq scheduler), as code.
+SCHEDULER = "import runpy; runpy.run_module('celery_leader.dramatiq', run_name='__main__')"
 TTL = 2.0
 
 
@@ -303,3 +305,51 @@ def test_dramatiq_a_slot_delivered_three_times_runs_once(procs: Procs, redis_url
         store.close()
     runs = [json.loads(line) for line in redis.Redis.from_url(redis_url).lrange("runs", 0, -1)]
     assert [r["slot"] for r in runs] == ["job@1"]
+
+
+@pytest.mark.slow
+def test_dramatiq_a_scheduler_killed_between_claim_and_publish(
+    procs: Procs, redis_url: str
+) -> None:
+    """The same on Dramatiq: the next scheduler re-sends the slot once; it runs once."""
+    env = {
+        "BROKER_URL": redis_url,
+        "CELERY_LEADER_LEDGER": "1",
+        "CELERY_LEADER_TTL": str(TTL),
+        "EVERY": "1",
+    }
+    app = "tests.apps.ledger_dramatiq"
+    worker = procs.spawn_python(DRAMATIQ, app, "-p", "1", "-t", "2", env=env, cwd=ROOT)
+    worker.wait_for_line(r"Worker process is ready|is ready for action", 60)
+    store = create_backend(LeaderConfig.from_mapping({"leader_url": redis_url}))
+    try:
+        wait_for(lambda: "@ledger-workers" in store.load_runs("beat"), timeout=20)
+        first = procs.spawn_python(SCHEDULER, app, env={**env, "PAUSE_AT": "3"}, cwd=ROOT)
+        slot = first.wait_for_line(r"pausing before publishing slot (\S+)", 60)[1]
+        first.signal(signal.SIGKILL)
+        first.wait(10)
+        second = procs.spawn_python(SCHEDULER, app, env=env, cwd=ROOT)
+        second.wait_for_line(rf"re-sending slot {re.escape(slot)} ", 30)
+        wait_for(
+            lambda: (t := store.load_runs("beat").get(slot)) is not None
+            and (r := RunRecord.load(t)) is not None
+            and r.status == "finished",
+            timeout=30,
+            message=f"slot {slot} ran",
+        )
+        wait_for(lambda: len(_dramatiq_runs(redis_url)) >= 5, timeout=30)
+        second.signal(signal.SIGTERM)
+        second.wait(15)
+    finally:
+        store.close()
+    runs = _dramatiq_runs(redis_url)
+    assert runs[slot] == 1
+    assert all(n == 1 for n in runs.values()), runs
+
+
+def _dramatiq_runs(url: str) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for line in redis.Redis.from_url(url).lrange("runs", 0, -1):
+        slot = json.loads(line)["slot"]
+        counts[slot] = counts.get(slot, 0) + 1
+    return counts
