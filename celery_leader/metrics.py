@@ -37,6 +37,7 @@ COUNTERS = {
     "ledger_duplicates": "Deliveries of a slot that had started or finished: acked, not run.",
     "ledger_reruns": "Slots run again because the worker running them died (rerun).",
     "ledger_skips": "Slots recorded skipped: the worker running them died (skip), or overlap.",
+    "ledger_resends": "Slots beat sent again: unknown publish outcome, or a dead leader's claim.",
 }
 
 #: Round-trip buckets, seconds: a store call on a LAN takes about a millisecond.

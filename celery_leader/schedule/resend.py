@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from .. import metrics
 from ..exceptions import StoreUnavailable
 from ..lease import Lease
 from ..ledger import marks
@@ -134,6 +135,7 @@ class Resender:
         if not won:
             return  # a worker recorded it, or another leader re-sent it
         self.logger.warning("celery-leader: re-sending slot %s (epoch %d): %s", slot, epoch, why)
+        metrics.count("ledger_resends", self.lease.election)
         outcome = self.adapter.send(job, slot, due, epoch)
         if outcome.error is not None:
             self.logger.error(
