@@ -331,9 +331,11 @@ def test_dramatiq_a_scheduler_killed_between_claim_and_publish(
         second = procs.spawn_python(SCHEDULER, app, env=env, cwd=ROOT)
         second.wait_for_line(rf"re-sending slot {re.escape(slot)} ", 30)
         wait_for(
-            lambda: (t := store.load_runs("beat").get(slot)) is not None
-            and (r := RunRecord.load(t)) is not None
-            and r.status == "finished",
+            lambda: (
+                (t := store.load_runs("beat").get(slot)) is not None
+                and (r := RunRecord.load(t)) is not None
+                and r.status == "finished"
+            ),
             timeout=30,
             message=f"slot {slot} ran",
         )
