@@ -73,6 +73,18 @@ CLOCKS = ("store", "local")
 #: entries, so with local clocks a skewed replica stops leading before it sends
 #: a slot a whole period early.
 DEFAULT_MAX_CLOCK_SKEW = 5.0
+#: ``leader_on_redelivery`` values: a slot whose worker died mid-run (its
+#: liveness in the run ledger expired) is run again, or recorded skipped.
+ON_REDELIVERY = ("rerun", "skip")
+#: ``leader_ledger_retention``: two days, so yesterday's slots stay visible
+#: and deduplicated through a whole day's redeliveries and restarts.
+DEFAULT_LEDGER_RETENTION = 2 * 86400.0
+#: ``leader_overlap`` values: what a slot does while the previous slot of its
+#: entry still runs: run anyway, be skipped, or wait (up to ``leader_overlap_wait``).
+OVERLAP = ("allow", "skip", "wait")
+#: ``leader_overlap_wait``: a minute, long enough for a run that overstays its
+#: period a little, short enough that a worker slot is not held for long.
+DEFAULT_OVERLAP_WAIT = 60.0
 
 
 @dataclass(frozen=True)
@@ -115,6 +127,16 @@ class LeaderConfig:
     #: Seconds a host's clock may be off the store's before it is logged, and with
     #: ``clock = "local"`` before the host stops leading.
     max_clock_skew: float = DEFAULT_MAX_CLOCK_SKEW
+    #: Run ledger: workers record each beat-sent slot and run it once.
+    ledger: bool = False
+    #: A slot whose worker died mid-run: run it again or not (see :data:`ON_REDELIVERY`).
+    on_redelivery: str = "rerun"
+    #: Seconds a run record is kept after its last write.
+    ledger_retention: float = DEFAULT_LEDGER_RETENTION
+    #: Entries' default ``overlap`` (see :data:`OVERLAP`).
+    overlap: str = "allow"
+    #: Longest wait of a slot of an ``overlap = "wait"`` entry, seconds.
+    overlap_wait: float = DEFAULT_OVERLAP_WAIT
 
     @property
     def display_url(self) -> str:
@@ -252,6 +274,19 @@ class LeaderConfig:
                 values.get("leader_max_clock_skew"),
                 DEFAULT_MAX_CLOCK_SKEW,
             ),
+            ledger=_bool(n("leader_ledger"), values.get("leader_ledger"), False),
+            on_redelivery=_choice(
+                n("leader_on_redelivery"),
+                values.get("leader_on_redelivery") or "rerun",
+                ON_REDELIVERY,
+            ),
+            ledger_retention=_retention(
+                n("leader_ledger_retention"), values.get("leader_ledger_retention"), ttl
+            ),
+            overlap=_choice(n("leader_overlap"), values.get("leader_overlap") or "allow", OVERLAP),
+            overlap_wait=_positive(
+                n("leader_overlap_wait"), values.get("leader_overlap_wait"), DEFAULT_OVERLAP_WAIT
+            ),
         )
 
 
@@ -276,6 +311,11 @@ SETTINGS = (
     "leader_replica_acks",
     "leader_clock",
     "leader_max_clock_skew",
+    "leader_ledger",
+    "leader_on_redelivery",
+    "leader_ledger_retention",
+    "leader_overlap",
+    "leader_overlap_wait",
 )
 
 
@@ -494,6 +534,17 @@ def _instance_id(value: object, setting: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(f"{setting} must be a non-empty string (got {value!r})")
     return value
+
+
+def _retention(setting: str, value: object, ttl: float) -> float:
+    retention = _positive(setting, value, DEFAULT_LEDGER_RETENTION)
+    # A record must outlive the liveness it carries (one ttl) many times over,
+    # or a second delivery could find no record and run the slot again.
+    if retention < 60 * ttl:
+        raise ConfigError(
+            f"{setting} must be at least 60 x leader_ttl ({60 * ttl:g} s), got {retention:g}"
+        )
+    return retention
 
 
 def _bool(setting: str, value: object, default: bool) -> bool:

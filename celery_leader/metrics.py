@@ -32,6 +32,12 @@ COUNTERS = {
     "slots_handed_back": "Definitely unsent slots handed back for the next leader.",
     "slots_lost": "Claimed slots that were never sent and could not be handed back.",
     "missed_slots_dropped": "Missed slots not sent because of leader_missed_slots or its grace.",
+    "ledger_runs": "Slots whose body this worker started (run ledger).",
+    "ledger_failures": "Slots whose body failed on this worker (run ledger).",
+    "ledger_duplicates": "Deliveries of a slot that had started or finished: acked, not run.",
+    "ledger_reruns": "Slots run again because the worker running them died (rerun).",
+    "ledger_skips": "Slots recorded skipped: the worker running them died (skip), or overlap.",
+    "ledger_resends": "Slots beat sent again: unknown publish outcome, or a dead leader's claim.",
 }
 
 #: Round-trip buckets, seconds: a store call on a LAN takes about a millisecond.

@@ -22,6 +22,7 @@ from .clock import StoreClock
 from .config import LeaderConfig, validate_name
 from .exceptions import ConfigError, MissingExtra, StoreUnavailable
 from .leases import lease_set
+from .ledger.summary import EntryRuns, summarize
 from .run.runner import Runner
 from .run.spec import run_spec
 from .schedule import plan as planning
@@ -90,6 +91,11 @@ def status(
         )
         rows = [_row(name, backend.holder(name)) for name in names]
         clock = _clock(config, backend, names[0])
+        runs = (
+            summarize(backend.load_runs(config.beat_election), time.time())
+            if config.ledger
+            else None
+        )
     except (StoreUnavailable, ConfigError) as exc:
         raise _unreachable(config, exc) from exc
     finally:
@@ -97,7 +103,12 @@ def status(
     led = [row["holder"] is not None for row in rows]
     code = EXIT_LEADER if (all(led) if elections else any(led)) else EXIT_NO_LEADER
     if as_json:
-        echo(json.dumps({"store": config.display_url, "elections": rows, **clock}, indent=2))
+        ledger = {} if runs is None else {"entries": [r.to_json() for r in runs]}
+        echo(
+            json.dumps(
+                {"store": config.display_url, "elections": rows, **clock, **ledger}, indent=2
+            )
+        )
         return code
     width = max([len(row["election"]) for row in rows] + [19])
     holder_width = max([len(row["holder"] or "") for row in rows] + [31])
@@ -124,7 +135,32 @@ def status(
         )
     if clock["clock_problem"] is not None:
         echo(f"this host does not lead: {clock['clock_problem']}")
+    if runs is not None:
+        _echo_runs(runs, echo)
     return code
+
+
+def _echo_runs(runs: list[EntryRuns], echo: Echo) -> None:
+    """The run ledger's table: one line per entry."""
+    echo("run ledger, the last slot of each entry:" if runs else "run ledger: no runs recorded")
+    if not runs:
+        return
+    width = max([len(r.last_slot) for r in runs] + [9])
+    echo(
+        f"{'LAST SLOT':<{width}} {'STATE':<9} {'OUTCOME':<8} {'STARTED':<19} {'DURATION':>9} "
+        f"{'RUNS':>5} {'FAILED':>6} {'SKIPPED':>7}"
+    )
+    for r in runs:
+        started = "-" if r.started is None else _utc(r.started)
+        duration = "-" if r.duration is None else f"{r.duration:.1f}s"
+        echo(
+            f"{r.last_slot:<{width}} {r.state:<9} {r.outcome or '-':<8} {started:<19} "
+            f"{duration:>9} {r.runs:>5} {r.failures:>6} {r.skips:>7}"
+        )
+
+
+def _utc(at: float) -> str:
+    return datetime.fromtimestamp(at, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _clock(config: LeaderConfig, backend: Backend, election: str) -> dict[str, Any]:

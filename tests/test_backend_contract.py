@@ -548,3 +548,52 @@ class TestFencedState:
             lambda: backend.load_state(ELECTION),
             lambda: backend.claim(ELECTION, FAKE, [Write("x", None, "1")]),
         )
+
+
+class TestRunRecords:
+    """Run records (the run ledger): unfenced compare-and-sets that expire."""
+
+    def test_set_if_absent_needs_no_term_and_says_what_is_stored(self, store: Store) -> None:
+        a, b = store.backend(), store.backend()
+        assert a.put_run(ELECTION, "job@1", None, "started-a", 60) == (True, "started-a")
+        assert b.put_run(ELECTION, "job@1", None, "started-b", 60) == (False, "started-a")
+        assert b.put_run(ELECTION, "job@1", "other", "x", 60) == (False, "started-a")
+        assert b.put_run(ELECTION, "job@1", "started-a", "done-a", 60) == (True, "done-a")
+        assert b.put_run(ELECTION, "job@2", "started-a", "x", 60)[0] is False, "nothing there"
+        assert a.load_runs(ELECTION) == {"job@1": "done-a"}
+        assert a.load_runs("other") == {}
+        assert a.load_state(ELECTION) == {}, "run records live apart from the schedule state"
+
+    def test_one_of_many_racing_writers_wins(self, store: Store) -> None:
+        backends = [store.backend() for _ in range(4)]
+        won: list[str] = []
+
+        def race(i: int) -> None:
+            ok, _ = backends[i].put_run(ELECTION, "job@race", None, f"w{i}", 60)
+            if ok:
+                won.append(f"w{i}")
+
+        threads = [threading.Thread(target=race, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        assert len(won) == 1
+        assert backends[0].load_runs(ELECTION) == {"job@race": won[0]}
+
+    def test_an_expired_record_counts_as_absent(self, store: Store) -> None:
+        a = store.backend()
+        ttl = 1.0
+        assert a.put_run(ELECTION, "job@old", None, "v1", ttl)[0]
+        # etcd keeps a record up to twice its ttl (leases are shared): wait for both.
+        wait_for(lambda: "job@old" not in a.load_runs(ELECTION), timeout=4 * ttl + 3)
+        assert a.put_run(ELECTION, "job@old", "v1", "v2", 60)[0] is False
+        assert a.put_run(ELECTION, "job@old", None, "v3", 60) == (True, "v3")
+        assert a.load_runs(ELECTION) == {"job@old": "v3"}
+
+    def test_a_store_that_is_down_raises_store_unavailable_only(self, store: Store) -> None:
+        backend = _down(store)
+        _only_store_unavailable(
+            lambda: backend.put_run(ELECTION, "job@1", None, "x", 60),
+            lambda: backend.load_runs(ELECTION),
+        )

@@ -30,9 +30,12 @@ from pathlib import Path
 
 import pytest
 
+from celery_leader.backends import create_backend
 from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import ConfigError
 from celery_leader.health import check
+from celery_leader.ledger import marks
+from celery_leader.ledger.records import WORKERS
 from harness.procs import Proc, Procs
 from harness.procs import signal as send_signal
 from harness.proxy import TcpProxy
@@ -170,14 +173,15 @@ def proxied_beats(
     tap: BrokerTap,
     tmp_path: Path,
 ) -> Callable[[float], ProxiedBeats]:
-    """Starts the three beats with an entry every ``every`` s and waits until they dispatch."""
+    """Starts the three beats with an entry every ``every`` s (and ``extra`` environment)
+    and waits until they dispatch."""
 
-    def start(every: float) -> ProxiedBeats:
+    def start(every: float, **extra: str) -> ProxiedBeats:
         proxies, broker_urls = proxy_each(tcp_proxy, broker.port, broker.url)
         beats = start_beats(
             procs,
             tmp_path,
-            env(broker.url, every, CELERY_LEADER_MISSED_SLOTS="all"),
+            env(broker.url, every, CELERY_LEADER_MISSED_SLOTS="all", **extra),
             lease_store,
             beat_holder(lease_store.url),
             place_env=[{"BROKER_URL": url} for url in broker_urls],
@@ -312,6 +316,57 @@ def test_a_leader_whose_broker_link_stalls_or_resets_loses_no_confirmed_slot(
     assert all(by_due[d] == 1 for d in handed_back)
     if not hold:
         assert run.beats.leader()[2] == epoch, "a reset alone made the leader step down"
+
+
+RESENT = re.compile(r"re-sending slot (tick@\S+) ")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("broker", [RABBITMQ], indirect=True)
+@pytest.mark.parametrize("hold", [15.0, 0.0], ids=["held-15s-then-reset", "reset"])
+def test_with_the_run_ledger_a_stalled_or_reset_link_loses_no_slot(
+    proxied_beats: Callable[[float], ProxiedBeats],
+    tap: BrokerTap,
+    lease_store: RedisServer,
+    hold: float,
+) -> None:
+    # The same faults with leader_ledger on and a worker registered in the ledger:
+    # the slot of unknown outcome is re-sent once, so every slot due is published, and
+    # a slot is published twice only when it was re-sent (workers run one copy; see
+    # tests/test_ledger_processes.py).
+    config = LeaderConfig.from_mapping({"leader_url": lease_store.url})
+    backend = create_backend(config)
+    marks.touch(backend, "beat", WORKERS, {"worker": "test"}, config.ledger_retention)
+    backend.close()
+    every = 0.5
+    run = proxied_beats(every, CELERY_LEADER_LEDGER="1")
+    beats, place, epoch = run.beats, run.place, run.epoch
+    at_wall, at = time.time(), time.monotonic()
+    proxy = run.proxies[place]
+    if hold:
+        proxy.hold()
+        first_of_other_term(tap, at, epoch, TTL + 10)
+        time.sleep(max(0.0, at + hold - time.monotonic()))
+    proxy.cut()
+    proxy.release()
+    time.sleep(5 * every)
+    end_wall = time.time()
+    time.sleep(3 * every + TTL)
+
+    published = tap.published()
+    due_in = dues_between(at_wall, end_wall, every)
+    by_due = Counter(round(due(p), 3) for p in published if entry_of(p) == "tick")
+    logs = "\n".join(b.output() for b in beats.current)
+    resent = {round(due(Publish(0, s, 0, 0)), 3) for s in RESENT.findall(logs)}
+    lost = [d for d in due_in if by_due[d] == 0]
+    twice = [d for d in due_in if by_due[d] > 1]
+    print(
+        f"\nrun ledger on, RabbitMQ link of the leader held {hold:g} s then reset: slots due "
+        f"{len(due_in)}, lost {len(lost)}, published twice {len(twice)} (re-sent {len(resent)})"
+    )
+    assert lost == []
+    assert set(twice) <= resent
+    assert all(by_due[d] <= 2 for d in due_in)
 
 
 @pytest.mark.slow

@@ -113,6 +113,20 @@ def _run_election(url: str) -> None:
             backend.close()
 
 
+def _run_records(url: str) -> None:
+    """The run ledger's records: one script on the election's node (one hash tag)."""
+    a, b = (create_backend(LeaderConfig.from_mapping({"leader_url": url})) for _ in range(2))
+    try:
+        for election in ("beat", "reports"):  # elections on different cluster slots
+            assert a.put_run(election, "job@1", None, "started", 60) == (True, "started")
+            assert b.put_run(election, "job@1", None, "again", 60) == (False, "started")
+            assert b.put_run(election, "job@1", "started", "done", 60) == (True, "done")
+            assert a.load_runs(election) == {"job@1": "done"}
+    finally:
+        a.close()
+        b.close()
+
+
 def _crash_hand_over(url: str, procs: Procs, workdir: Path) -> None:
     """Lease processes at the default ttl: a SIGKILLed holder is replaced within CRASH."""
     cluster = LeaseCluster(procs, workdir, url, ttl=DEFAULT_TTL, settle_follows=1)
@@ -203,6 +217,7 @@ def test_cluster(procs: Procs, tmp_path: Path) -> None:
 
         wait_for(cluster_ok, 20, interval=0.1, message="cluster_state:ok on every node")
         _run_election(f"redis://127.0.0.1:{nodes[0].port}/0?cluster=true")
+        _run_records(f"redis://127.0.0.1:{nodes[0].port}/0?cluster=true")
         _crash_hand_over(f"redis://127.0.0.1:{nodes[0].port}/0?cluster=true", procs, tmp_path)
     finally:
         for node in nodes:

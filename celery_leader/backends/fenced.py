@@ -106,3 +106,25 @@ class FencedState(ABC):
         handed back and :class:`~celery_leader.exceptions.StoreUnavailable` is
         raised, so that nothing is acted on that a fail-over could undo.
         """
+
+    # -- run records: written by workers, which hold no term ------------------
+
+    @abstractmethod
+    def put_run(
+        self, election: str, key: str, expected: str | None, new: str, ttl: float
+    ) -> tuple[bool, str | None]:
+        """Unfenced compare-and-set of one run record, in one round trip.
+
+        Run records (the run ledger) are written by workers, which hold no
+        term, so no term fences them: the write succeeds when the stored record
+        of ``key`` is exactly ``expected`` (``None``: none, or an expired one),
+        atomically with the comparison, and the record then expires ``ttl``
+        seconds later by the store's clock. Returns whether it succeeded and
+        the record stored now (``None`` when there is none, or, after a lost
+        write, when the store cannot tell without another round trip).
+        Run records live apart from :meth:`load_state`'s records.
+        """
+
+    @abstractmethod
+    def load_runs(self, election: str) -> dict[str, str]:
+        """The unexpired run records of ``election``: key -> value, as written."""

@@ -7,6 +7,8 @@ Files of election ``e`` under key prefix ``p``, all in ``dir``:
 * ``p.e.epoch``  - last epoch handed out; written only under the lock
 * ``p.e.resign`` - the term an operator asked to hand over
 * ``p.e.state``  - JSON of the shared schedule state
+* ``p.e.runs``   - JSON of the run ledger, key -> [value, expiry (Unix time)];
+  rewritten under ``flock`` of ``p.e.runs.lock`` by any process (workers hold no term)
 
 The kernel drops a flock when its holder's process dies, and a follower
 blocked in ``flock`` wakes up holding it: a crash hands over at once, with no
@@ -248,6 +250,47 @@ class FileBackend(Backend):
         if any(results):
             _write(self._path(election, "state"), json.dumps(state))
         return results
+
+    def put_run(
+        self, election: str, key: str, expected: str | None, new: str, ttl: float
+    ) -> tuple[bool, str | None]:
+        with self._runs_locked(election):
+            runs = self._live_runs(election)
+            stored = runs.get(key)
+            current = None if stored is None else stored[0]
+            if current != expected:
+                return False, current
+            runs[key] = (new, time.time() + ttl)
+            _write(self._path(election, "runs"), json.dumps(runs))
+            return True, new
+
+    def load_runs(self, election: str) -> dict[str, str]:
+        return {key: value for key, (value, _) in self._live_runs(election).items()}
+
+    @contextmanager
+    def _runs_locked(self, election: str) -> Iterator[None]:
+        path = self._path(election, "runs.lock")
+        with _io(path):
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            with _io(path):
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def _live_runs(self, election: str) -> dict[str, tuple[str, float]]:
+        # Unreadable content is dropped: records are kept for visibility and
+        # deduplication, never for schedule state.
+        data = _read_json(self._path(election, "runs"))
+        now = time.time()
+        if not isinstance(data, dict):
+            return {}
+        return {
+            key: (str(item[0]), float(item[1]))
+            for key, item in data.items()
+            if isinstance(item, list) and len(item) == 2 and float(item[1]) > now
+        }
 
     def leave(self, election: str) -> None:
         with self._lock:

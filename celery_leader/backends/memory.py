@@ -34,6 +34,8 @@ class _Store:
     epochs: dict[str, int] = field(default_factory=dict)
     resign: dict[str, str] = field(default_factory=dict)
     state: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: election -> run key -> (value, expiry on the backend's clock).
+    runs: dict[str, dict[str, tuple[str, float]]] = field(default_factory=dict)
     #: Set at the next release (then replaced): what waiting followers wake on.
     released: threading.Event = field(default_factory=threading.Event)
 
@@ -143,6 +145,25 @@ class MemoryBackend(Backend):
             if current is None or current.token != term.token:
                 return [False] * len(claims)
             return apply_writes(store.state.setdefault(election, {}), claims)
+
+    def put_run(
+        self, election: str, key: str, expected: str | None, new: str, ttl: float
+    ) -> tuple[bool, str | None]:
+        with self._store.cond:
+            runs = self._store.runs.setdefault(election, {})
+            now = self.clock.monotonic()
+            stored = runs.get(key)
+            current = stored[0] if stored is not None and stored[1] > now else None
+            if current != expected:
+                return False, current
+            runs[key] = (new, now + ttl)
+            return True, new
+
+    def load_runs(self, election: str) -> dict[str, str]:
+        with self._store.cond:
+            now = self.clock.monotonic()
+            runs = self._store.runs.get(election, {})
+            return {key: value for key, (value, expires) in runs.items() if expires > now}
 
 
 def _info(record: _Record, now: float) -> HolderInfo:

@@ -80,6 +80,10 @@ class SessionLockBackend(Backend, Generic[S, R]):
         self._db = db
         self._lock = threading.Lock()
         self._holds: dict[str, Hold[S]] = {}
+        #: The session run-ledger statements share (workers write one per task:
+        #: a connection each would cost more than the statement).
+        self._kept: S | None = None
+        self._kept_lock = threading.Lock()
 
     def acquire(self, election: str, instance_id: str, ttl: float, min_epoch: int) -> Acquired:
         with self._lock:
@@ -185,6 +189,10 @@ class SessionLockBackend(Backend, Generic[S, R]):
             elections = list(self._holds)
         for election in elections:
             self.leave(election)
+        with self._kept_lock:
+            if self._kept is not None:
+                self._kept.close()
+                self._kept = None
 
     # -- for the stores' release and statements ------------------------------
 
@@ -231,6 +239,27 @@ class SessionLockBackend(Backend, Generic[S, R]):
             if hold is not None and hold.session is session:
                 hold.session = None
         session.close()
+
+    def _on_kept(self, query: str, params: Mapping[str, Any]) -> list[R]:
+        """Run statements on the kept session, opening it first when needed.
+
+        A failed call closes it, so the next one starts on a fresh connection.
+        """
+        with self._kept_lock:
+            if self._kept is None:
+                session = self._db.connect(None)
+                try:
+                    self._db.ensure_schema(session)
+                except Exception:
+                    session.close()
+                    raise
+                self._kept = session
+            try:
+                return self._db.execute(self._kept, query, params)
+            except Exception:
+                self._kept.close()
+                self._kept = None
+                raise
 
     def _admin(self, query: str, params: Mapping[str, Any]) -> list[R]:
         """Run statements on a short-lived connection of their own."""

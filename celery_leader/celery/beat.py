@@ -28,7 +28,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from .. import metrics
-from ..config import validate_grace, validate_missed_slots
+from ..config import OVERLAP, validate_grace, validate_missed_slots
 from ..exceptions import ConfigError, missing_extra
 from ..schedule.jobs import Adapter, Job, Outcome
 from ..schedule.protocol import SlotProtocol
@@ -50,8 +50,9 @@ logger = logging.getLogger(__name__)
 #: hand-over (release + wake-up + this) well under half a second.
 FOLLOWER_INTERVAL = 0.1
 
-#: Entry options read by the scheduler, never passed on to ``apply_async``.
-ENTRY_OPTIONS = ("leader_missed_slots", "leader_missed_slots_grace")
+#: Entry options read by the scheduler, never passed on to ``apply_async``
+#: (``overlap`` travels as the ``leader_overlap`` header, for the run ledger).
+ENTRY_OPTIONS = ("leader_missed_slots", "leader_missed_slots_grace", "overlap")
 
 
 class LeaderSchedulerMixin:
@@ -152,6 +153,8 @@ class LeaderSchedulerMixin:
         # row). Entries are not copied: django-celery-beat's cannot be.
         options = entry.options
         headers = {**options.get("headers", {}), "leader_epoch": epoch, "leader_slot": slot}
+        if "overlap" in options:
+            headers["leader_overlap"] = options["overlap"]
         kept = {k: v for k, v in options.items() if k not in ENTRY_OPTIONS}
         entry.options = {**kept, "headers": headers}
         self._send_error = None
@@ -292,6 +295,12 @@ class _BeatAdapter(Adapter):
                 if "leader_missed_slots_grace" in options
                 else config.missed_slots_grace
             )
+            if options.get("overlap", "allow") not in OVERLAP:
+                raise ConfigError(
+                    f"option overlap of entry {entry.name!r} must be one of "
+                    f"{', '.join(OVERLAP)} (got {options['overlap']!r}); workers use "
+                    "leader_overlap for it"
+                )
         except ConfigError as exc:
             if entry.name not in self._bad_options:
                 self._bad_options.add(entry.name)

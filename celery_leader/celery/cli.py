@@ -16,6 +16,7 @@ from ..config import SETTINGS, LeaderConfig
 from ..exceptions import ConfigError, missing_extra
 from ..run.spec import RESTART
 from ..schedule import plan as planning
+from . import ledger as _ledger  # noqa: F401  # connects the run ledger's worker step
 from . import startup
 from .beat import LeaderScheduler
 

@@ -37,6 +37,7 @@ from ..process import after_fork_in_child, default_instance_id
 from .cli_errors import one_line_errors
 from .gate import Gate, liveness
 from .health_port import ElectionProbe
+from .ledger import LedgerStep
 from .pika_logs import quiet_connect_errors
 from .runner import embedded_scheduler
 from .scheduler import schedules_of
@@ -129,6 +130,8 @@ class LeaderMiddleware(Middleware):
         self._campaigns: set[str] = set()  # elections this worker process consumes work of
         self._gates: dict[str, Gate] = {}  # wait-mode queue -> its consumer's gate
         self._liveness: dict[str, list[ConsumerLiveness]] = {}  # election -> its queues' consumers
+        #: Run-ledger hooks (``leader_ledger``); ``None`` with the ledger off.
+        self._ledger = LedgerStep(self.config) if self.config.ledger else None
         after_fork_in_child(self._forget_parent)
         _current = self
 
@@ -241,12 +244,32 @@ class LeaderMiddleware(Middleware):
         for election in sorted(self._campaigns):
             self.lease(election)
         self._apply_all()
+        if self._ledger is not None:
+            self._ledger.register()
 
     def before_worker_shutdown(self, broker: Any, worker: Any) -> None:
         """Hand over at once, before in-flight messages finish."""
         self.stop()
 
     def before_process_message(self, broker: Any, message: Any) -> None:
+        """The leader-only gate, then (with ``leader_ledger``) the run ledger's record."""
+        self._leader_gate(message)
+        if self._ledger is not None:
+            self._ledger.before(message)
+
+    def after_process_message(
+        self, broker: Any, message: Any, *, result: Any = None, exception: Any = None
+    ) -> None:
+        """Record how a slot's actor ended (with ``leader_ledger``)."""
+        if self._ledger is not None:
+            self._ledger.after(message, exception)
+
+    def after_skip_message(self, broker: Any, message: Any) -> None:
+        """Another middleware skipped a slot this one recorded started: leave it to a retry."""
+        if self._ledger is not None:
+            self._ledger.after(message, SkipMessage())
+
+    def _leader_gate(self, message: Any) -> None:
         """Let a leader-only actor's message through only on the leading process.
 
         Fails closed: any error here skips the message, because Dramatiq runs

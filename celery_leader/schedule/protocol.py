@@ -36,6 +36,7 @@ from ..lease import Lease
 from .jobs import Adapter, Job
 from .policy import DueSlots, counted_after, due_slots, later
 from .publisher import Batch, Publisher
+from .resend import Resender
 from .runtime import SchedulerRuntime
 from .state import Claim, dump_state, slot_name
 from .sync import MAX_CLOCK_SKEW, EntryState, StateSync
@@ -198,9 +199,16 @@ class SlotProtocol:
                 self._promoted_epoch = term.epoch
                 self._promoted_at = now
                 self._stuck_logged.clear()
-                self._publisher = Publisher(
-                    lease, self.adapter, self.config.max_publish_failures, self.logger
+                resender = (
+                    Resender(lease, self.adapter, self.config.ledger_retention, self.logger)
+                    if self.config.ledger
+                    else None
                 )
+                self._publisher = Publisher(
+                    lease, self.adapter, self.config.max_publish_failures, self.logger, resender
+                )
+                if resender is not None:
+                    resender.recover(list(jobs), self._states, term.epoch)
             self.logger.info(
                 "celery-leader: dispatching as leader of %r (epoch %d)",
                 lease.election,
@@ -243,10 +251,12 @@ class SlotProtocol:
             if batch is not None:
                 batches.append(batch)
             sleep = min(sleep, wait)
-        if not batches:
-            return max(0.0, sleep)
         publisher = self._publisher
         assert publisher is not None
+        if publisher.resender is not None:
+            publisher.resender.retry(term.epoch)
+        if not batches:
+            return max(0.0, sleep)
         if not publisher.run(batches, term, self._states):
             # Someone else moved the state (or our term ended): reload it before
             # dispatching anything more.

@@ -21,6 +21,7 @@ from ..backends import Term
 from ..exceptions import StoreUnavailable
 from ..lease import Lease
 from .jobs import Adapter, Job, Outcome
+from .resend import Resender
 from .state import Claim, dump_state
 from .sync import EntryState
 
@@ -42,9 +43,16 @@ class Publisher:
     """Claims batches, publishes them through the adapter, and keeps the failure count."""
 
     def __init__(
-        self, lease: Lease, adapter: Adapter, max_failures: int, logger: logging.Logger
+        self,
+        lease: Lease,
+        adapter: Adapter,
+        max_failures: int,
+        logger: logging.Logger,
+        resender: Resender | None = None,
     ) -> None:
         self.lease = lease
+        #: With the run ledger on: marks sent slots, re-sends unknown outcomes.
+        self.resender = resender
         self.adapter = adapter
         self.max_failures = max_failures
         self.logger = logger
@@ -112,9 +120,13 @@ class Publisher:
                     batch.sent.append(slot)
                     self.failures = 0
                     metrics.count("slots_sent", election)
+                    if self.resender is not None:
+                        self.resender.sent(slot)
                     continue
                 if not outcome.definitely_unsent:
                     batch.sent.append(slot)  # it may be in the broker: it stays claimed
+                    if self.resender is not None:
+                        self.resender.unknown(batch.job, slot, due)
                 return slot, outcome
         return None
 
@@ -136,6 +148,13 @@ class Publisher:
         if outcome.definitely_unsent:
             self.logger.warning(
                 "celery-leader: could not send slot %s: nothing reached the broker (%s)",
+                slot,
+                outcome.error,
+            )
+        elif self.resender is not None:
+            self.logger.warning(
+                "celery-leader: could not send slot %s and the broker may have it (%s): "
+                "it is re-sent once (run ledger on: workers run it once)",
                 slot,
                 outcome.error,
             )

@@ -208,6 +208,15 @@ def _recording_backend(inner: Any, rec: Recorder, validity: float) -> Any:
         def compare_and_set(self, election: str, term: Any, claims: Sequence[Any]) -> list[bool]:
             return list(inner.compare_and_set(election, term, claims))
 
+        def put_run(
+            self, election: str, key: str, expected: str | None, new: str, ttl: float
+        ) -> tuple[bool, str | None]:
+            won, stored = inner.put_run(election, key, expected, new, ttl)
+            return bool(won), stored
+
+        def load_runs(self, election: str) -> dict[str, str]:
+            return dict(inner.load_runs(election))
+
         def leave(self, election: str) -> None:
             inner.leave(election)
 

@@ -76,6 +76,10 @@ class EtcdBackend(Backend):
         self._seen: dict[str, int] = {}
         #: Leases of terms whose release failed; revoked by the next acquire.
         self._unreleased: set[int] = set()
+        #: The etcd lease run records are written with, by their ttl: (lease,
+        #: when to stop using it). One lease serves many records, so a write
+        #: is one round trip, not a grant and a put.
+        self._run_leases: dict[float, tuple[int, float]] = {}
 
     # -- the protocol ---------------------------------------------------------
 
@@ -251,6 +255,45 @@ class EtcdBackend(Backend):
                 for i, response in zip(chunk, reply["responses"], strict=True):
                     results[i] = bool(response["response_txn"].get("succeeded"))
         return results
+
+    def put_run(
+        self, election: str, key: str, expected: str | None, new: str, ttl: float
+    ) -> tuple[bool, str | None]:
+        run_key = self._key(election, f"runs/{key}")
+        if expected is None:
+            compare = _created_at(run_key, 0)
+        else:
+            compare = {
+                "key": b64(run_key),
+                "target": "VALUE",
+                "result": "EQUAL",
+                "value": b64(expected.encode("utf-8", "surrogateescape")),
+            }
+        put = _put(run_key, new.encode("utf-8", "surrogateescape"), self._run_lease(ttl))
+        reply = self._txn([compare], [put], [_range(run_key)])
+        if reply.get("succeeded"):
+            return True, new
+        kv = _kv(reply["responses"][0])
+        return False, None if kv is None else _value(kv)
+
+    def load_runs(self, election: str) -> dict[str, str]:
+        prefix = self._key(election, "runs/")
+        return {
+            key[len(prefix) :].decode(): value.decode("utf-8", "surrogateescape")
+            for key, value in self._range_prefix(prefix)
+        }
+
+    def _run_lease(self, ttl: float) -> int:
+        """A lease of ``2 * ttl``, used for ``ttl``: every record lives ttl to 2 ttl."""
+        now = time.monotonic()
+        with self._lock:
+            cached = self._run_leases.get(ttl)
+            if cached is not None and now < cached[1]:
+                return cached[0]
+        lease = int(self._etcd.call(lambda c: c.lease(_lease_ttl(2 * ttl))).id)
+        with self._lock:
+            self._run_leases[ttl] = (lease, now + ttl)
+        return lease
 
     def leave(self, election: str) -> None:
         with self._lock:

@@ -21,11 +21,16 @@ from .session import Connector, Result, Session, queue_for_lock
 from .sql import (
     CLOCK,
     ELECTIONS,
+    GET_RUN,
     HOLDER,
+    LOAD_RUNS,
+    PUT_RUN_NEW,
+    PUT_RUN_REPLACE,
     RELEASE,
     RENEW,
     REQUEST_RESIGN,
     START_TERM,
+    SWEEP_RUNS,
     TRY_LOCK,
     lock_name,
 )
@@ -182,6 +187,22 @@ class MySqlBackend(SessionLockBackend[Session, Result]):
         except SessionGone:
             self._drop_session(election, session)
             return [False] * len(writes)
+
+    def put_run(
+        self, election: str, key: str, expected: str | None, new: str, ttl: float
+    ) -> tuple[bool, str | None]:
+        write = PUT_RUN_NEW if expected is None else PUT_RUN_REPLACE
+        params = {**self._names(election), "key": key, "new": new, "ttl": ttl}
+        results = self._on_kept(
+            ";\n".join([SWEEP_RUNS, write, GET_RUN]), {**params, "expected": expected}
+        )
+        rows = results[-1].rows
+        current = str(rows[0][0]) if rows else None
+        return current == new, current
+
+    def load_runs(self, election: str) -> dict[str, str]:
+        results = self._on_kept(LOAD_RUNS, self._names(election))
+        return {str(key): str(value) for key, value in results[0].rows}
 
     # -- helpers ------------------------------------------------------------
 

@@ -47,8 +47,9 @@ def whole_seconds(seconds: float) -> int:
 SCHEMA_LOCK = "celery_leader#schema"
 
 SCHEMA_EXISTS = """
-SELECT COUNT(*) = 2 FROM information_schema.tables
-WHERE table_schema = DATABASE() AND table_name IN ('celery_leader_lease', 'celery_leader_state')
+SELECT COUNT(*) = 3 FROM information_schema.tables
+WHERE table_schema = DATABASE()
+  AND table_name IN ('celery_leader_lease', 'celery_leader_state', 'celery_leader_runs')
 """
 
 # utf8mb4_bin: values and names compare byte for byte. The default collations
@@ -73,6 +74,14 @@ CREATE TABLE IF NOT EXISTS celery_leader_state (
     entry    VARCHAR(190) NOT NULL,
     value    MEDIUMTEXT   NOT NULL,
     PRIMARY KEY (prefix, election, entry)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+CREATE TABLE IF NOT EXISTS celery_leader_runs (
+    prefix   VARCHAR(190) NOT NULL,
+    election VARCHAR(190) NOT NULL,
+    run_key  VARCHAR(190) NOT NULL,
+    value    MEDIUMTEXT   NOT NULL,
+    expires  DOUBLE       NOT NULL,
+    PRIMARY KEY (prefix, election, run_key)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
 DO RELEASE_LOCK('{SCHEMA_LOCK}')
 """
@@ -207,3 +216,45 @@ UPDATE celery_leader_state SET value = %(new)s
 WHERE prefix = %(prefix)s AND election = %(election)s AND entry = %(entry)s
   AND value = %(expected)s AND IS_USED_LOCK(%(lock)s) <=> CONNECTION_ID()
 """
+
+
+# The run ledger: records of any process, so no lock is checked; an expired
+# record counts as absent. Each write is two statements in one round trip: the
+# write, then a read of what is stored, which says whether the write won (a
+# record names its writer's pid and start time, so two are never equal).
+_RUN_NOW = "UNIX_TIMESTAMP(NOW(6))"
+
+# Assignments apply left to right: ``value`` changes only where the stored
+# record had expired, and ``expires`` follows it exactly where it changed.
+PUT_RUN_NEW = f"""
+INSERT INTO celery_leader_runs (prefix, election, run_key, value, expires)
+VALUES (%(prefix)s, %(election)s, %(key)s, %(new)s, {_RUN_NOW} + %(ttl)s)
+ON DUPLICATE KEY UPDATE
+    value = IF(expires <= {_RUN_NOW}, VALUES(value), value),
+    expires = IF(value = VALUES(value), VALUES(expires), expires)
+"""  # noqa: S608
+
+PUT_RUN_REPLACE = f"""
+UPDATE celery_leader_runs SET value = %(new)s, expires = {_RUN_NOW} + %(ttl)s
+WHERE prefix = %(prefix)s AND election = %(election)s AND run_key = %(key)s
+  AND value = %(expected)s AND expires > {_RUN_NOW}
+"""  # noqa: S608
+
+GET_RUN = f"""
+SELECT value FROM celery_leader_runs
+WHERE prefix = %(prefix)s AND election = %(election)s AND run_key = %(key)s
+  AND expires > {_RUN_NOW}
+"""  # noqa: S608
+
+# Expired records go when a worker writes: at most 100 a time, bounded work.
+SWEEP_RUNS = f"""
+DELETE FROM celery_leader_runs
+WHERE prefix = %(prefix)s AND election = %(election)s AND expires <= {_RUN_NOW}
+  AND run_key <> %(key)s
+LIMIT 100
+"""  # noqa: S608
+
+LOAD_RUNS = f"""
+SELECT run_key, value FROM celery_leader_runs
+WHERE prefix = %(prefix)s AND election = %(election)s AND expires > {_RUN_NOW}
+"""  # noqa: S608

@@ -21,8 +21,12 @@ from .sql import (
     CLAIM,
     CLOCK,
     ELECTIONS,
+    GET_RUN,
     HOLDER,
+    LOAD_RUNS,
     LOAD_STATE,
+    PUT_RUN_NEW,
+    PUT_RUN_REPLACE,
     RELEASE,
     RENEW,
     REQUEST_RESIGN,
@@ -159,7 +163,26 @@ class PostgresBackend(SessionLockBackend[Session, TupleRow]):
     def load_state(self, election: str) -> dict[str, str]:
         return dict(self._admin(LOAD_STATE, self._names(election)))
 
-    def compare_and_set(self, election: str, term: Term, claims: Sequence[Write]) -> list[bool]:
+    def put_run(
+        self, election: str, key: str, expected: str | None, new: str, ttl: float
+    ) -> tuple[bool, str | None]:
+        params = {**self._names(election), "key": key, "new": new, "ttl": ttl}
+        if expected is None:
+            rows = self._on_kept(PUT_RUN_NEW, params)
+        else:
+            rows = self._on_kept(PUT_RUN_REPLACE, {**params, "expected": expected})
+        if rows:
+            return True, new
+        # Lost (the rare path: a second delivery): one more read says to what.
+        current = self._on_kept(GET_RUN, params)
+        return False, current[0][0] if current else None
+
+    def load_runs(self, election: str) -> dict[str, str]:
+        return dict(self._on_kept(LOAD_RUNS, self._names(election)))
+
+    def compare_and_set(
+        self, election: str, term: Term, claims: Sequence[Write]
+    ) -> list[bool]:
         """Apply ``claims`` on the lock-holding session (one round trip).
 
         The statement checks ``pg_locks`` for the lock first, so nothing is

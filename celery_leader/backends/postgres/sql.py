@@ -37,6 +37,7 @@ SCHEMA_KEY = advisory_key("celery_leader", "schema ddl")
 SCHEMA_EXISTS = (
     "SELECT to_regclass('celery_leader_lease') IS NOT NULL"
     " AND to_regclass('celery_leader_state') IS NOT NULL"
+    " AND to_regclass('celery_leader_runs') IS NOT NULL"
 )
 
 # Sent as one simple-protocol query: one round trip, one implicit transaction,
@@ -60,6 +61,14 @@ CREATE TABLE IF NOT EXISTS celery_leader_state (
     entry    text NOT NULL,
     value    text NOT NULL,
     PRIMARY KEY (prefix, election, entry)
+);
+CREATE TABLE IF NOT EXISTS celery_leader_runs (
+    prefix   text   NOT NULL,
+    election text   NOT NULL,
+    key      text   NOT NULL,
+    value    text   NOT NULL,
+    expires  float8 NOT NULL,
+    PRIMARY KEY (prefix, election, key)
 )
 """
 
@@ -268,6 +277,48 @@ ORDER BY 1
 LOAD_STATE = """
 SELECT entry, value FROM celery_leader_state WHERE prefix = %(prefix)s AND election = %(election)s
 """
+
+
+# The run ledger: records of any process, so no lock is checked. An expired
+# record counts as absent. Writing also drops up to 100 expired records of the
+# election (never the one written: a statement may change a row only once), so
+# the table keeps about one retention's worth without a sweeper.
+_SWEEP = f"""
+swept AS (
+    DELETE FROM celery_leader_runs AS r
+    WHERE (r.prefix, r.election, r.key) IN (
+        SELECT prefix, election, key FROM celery_leader_runs
+        WHERE prefix = %(prefix)s AND election = %(election)s AND key <> %(key)s
+          AND expires <= {NOW}
+        LIMIT 100)
+)"""  # noqa: S608
+
+PUT_RUN_NEW = f"""
+WITH {_SWEEP}
+INSERT INTO celery_leader_runs AS r (prefix, election, key, value, expires)
+VALUES (%(prefix)s, %(election)s, %(key)s, %(new)s, {NOW} + %(ttl)s)
+ON CONFLICT (prefix, election, key) DO UPDATE SET value = EXCLUDED.value,
+                                                  expires = EXCLUDED.expires
+WHERE r.expires <= {NOW}
+RETURNING r.value
+"""  # noqa: S608
+
+PUT_RUN_REPLACE = f"""
+UPDATE celery_leader_runs SET value = %(new)s, expires = {NOW} + %(ttl)s
+WHERE prefix = %(prefix)s AND election = %(election)s AND key = %(key)s
+  AND value = %(expected)s AND expires > {NOW}
+RETURNING value
+"""  # noqa: S608
+
+GET_RUN = f"""
+SELECT value FROM celery_leader_runs
+WHERE prefix = %(prefix)s AND election = %(election)s AND key = %(key)s AND expires > {NOW}
+"""  # noqa: S608
+
+LOAD_RUNS = f"""
+SELECT key, value FROM celery_leader_runs
+WHERE prefix = %(prefix)s AND election = %(election)s AND expires > {NOW}
+"""  # noqa: S608
 
 
 def ms(seconds: float) -> str:

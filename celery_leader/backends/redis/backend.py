@@ -11,6 +11,8 @@ script touches a single Redis Cluster slot:
 * ``{p:e}:resign`` - the term an operator asked to hand over (``leader resign``)
 * ``{p:e}:watch``  - presence id of the follower that watches the holder closely
 * ``{p:e}:state``  - hash of shared schedule state, entry -> JSON
+* ``{p:e}:runs``   - hash of the run ledger, slot -> JSON, written by workers
+* ``{p:e}:runs-expiry`` - sorted set: when each run record expires (ms, server clock)
 
 Releases and take-overs are announced on the channel ``{p:e}:released`` so
 that followers act at once instead of waiting out the ttl. A holder whose
@@ -26,6 +28,7 @@ claimed slot nor hand out an epoch twice.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 import uuid
@@ -446,6 +449,26 @@ class RedisBackend(Backend):
             f"{self._ack_timeout:g} s ({acks.acked} acknowledged), so a fail-over could "
             f"undo it: {done}"
         )
+
+    def put_run(
+        self, election: str, key: str, expected: str | None, new: str, ttl: float
+    ) -> tuple[bool, str | None]:
+        reply = checked(
+            self._conn.run(
+                "put_run",
+                self._runs_keys(election),
+                [key, _has(expected), expected or "", new, max(1, math.ceil(ttl * 1000))],
+            )
+        )
+        stored = reply[1]
+        return bool(int(reply[0])), None if stored in (None, False) else str(stored)
+
+    def load_runs(self, election: str) -> dict[str, str]:
+        reply = checked(self._conn.run("load_runs", self._runs_keys(election), []))
+        return {str(reply[i]): str(reply[i + 1]) for i in range(0, len(reply), 2)}
+
+    def _runs_keys(self, election: str) -> list[str]:
+        return [self._key(election, "runs"), self._key(election, "runs-expiry")]
 
     def leave(self, election: str) -> None:
         self._drop_subscription(election)

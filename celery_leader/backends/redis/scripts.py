@@ -178,6 +178,57 @@ end
 return n
 """
 
+# KEYS: runs (hash, key -> record), run expiries (sorted set, key -> expiry in
+# ms by the server's TIME). ARGV: key, has-expected ("0"/"1"), expected, new,
+# ttl ms. Returns {1, new} when written, {0, stored record or false} when not.
+# Up to 100 expired records are dropped first: the ledger expires without a
+# sweeper, and a write never pays for more than a bounded clean-up.
+PUT_RUN = """
+for i = 1, 2 do
+  local kind = redis.call('TYPE', KEYS[i]).ok
+  local want = 'hash'
+  if i == 2 then want = 'zset' end
+  if kind ~= want and kind ~= 'none' then return {'foreign', KEYS[i], kind} end
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local old = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, 100)
+for _, key in ipairs(old) do
+  redis.call('HDEL', KEYS[1], key)
+  redis.call('ZREM', KEYS[2], key)
+end
+local cur = redis.call('HGET', KEYS[1], ARGV[1])
+local ok
+if ARGV[2] == '0' then ok = (cur == false) else ok = (cur == ARGV[3]) end
+if not ok then return {0, cur} end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[4])
+redis.call('ZADD', KEYS[2], now + tonumber(ARGV[5]), ARGV[1])
+return {1, ARGV[4]}
+"""
+
+# KEYS: runs, run expiries (as in PUT_RUN). Returns {key, record, ...} of the
+# records that have not expired; nothing is written.
+LOAD_RUNS = """
+for i = 1, 2 do
+  local kind = redis.call('TYPE', KEYS[i]).ok
+  local want = 'hash'
+  if i == 2 then want = 'zset' end
+  if kind ~= want and kind ~= 'none' then return {'foreign', KEYS[i], kind} end
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local all = redis.call('HGETALL', KEYS[1])
+local out = {}
+for i = 1, #all, 2 do
+  local expires = redis.call('ZSCORE', KEYS[2], all[i])
+  if expires and tonumber(expires) > now then
+    out[#out + 1] = all[i]
+    out[#out + 1] = all[i + 1]
+  end
+end
+return out
+"""
+
 # KEYS: lock (only so that Cluster runs it on the election's node). The server's TIME.
 TIME = """
 return redis.call('TIME')
@@ -194,12 +245,16 @@ SOURCES = {
     "claim": CLAIM,
     "unclaim": UNCLAIM,
     "time": TIME,
+    "put_run": PUT_RUN,
+    "load_runs": LOAD_RUNS,
 }
 
 #: What each key is meant to hold, for errors about a key of the wrong type.
 _EXPECTED = {
     "lock": "a celery-leader term (a JSON string)",
     "epoch": "an epoch counter (an integer string)",
+    "runs": "the run ledger (a hash)",
+    "runs-expiry": "the run ledger's expiries (a sorted set)",
 }
 
 

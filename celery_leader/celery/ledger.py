@@ -1,0 +1,211 @@
+"""Celery workers run each beat-sent slot once: the run ledger's worker step.
+
+With ``leader_ledger = True``, a starting worker (``worker_init``, in the main
+process, before the pool starts) wraps every task's ``before_start`` hook: the
+hook runs in the process that runs the body, right before it. A message
+carrying ``leader_slot`` records its slot started there
+(:meth:`~celery_leader.ledger.RunGuard.begin`, one store round trip); a
+delivery of a slot that started or finished already raises
+:class:`~celery.exceptions.Ignore`, so Celery acknowledges it and never runs
+the body. ``task_postrun`` records the outcome (one more round trip).
+Messages without ``leader_slot`` pay one dictionary lookup; with the setting
+off nothing is wrapped.
+
+The ``celery`` command loads this module through celery-leader's
+``celery.commands`` entry point, so every worker of an installed
+celery-leader gets the step without wiring.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+from .. import metrics
+from ..backends import create_backend
+from ..config import OVERLAP, LeaderConfig
+from ..exceptions import ConfigError, StoreUnavailable, missing_extra
+from ..ledger import RunGuard, marks
+from ..ledger.records import FAILURE, SKIPPED, SUCCESS, WORKERS
+from . import leadership
+
+try:
+    from celery import signals, states
+    from celery.exceptions import Ignore
+except ModuleNotFoundError as exc:
+    raise missing_extra(exc, "celery") from None
+
+logger = logging.getLogger(__name__)
+
+#: Marks a task class whose ``before_start`` is wrapped already.
+_WRAPPED = "_celery_leader_ledger"
+
+#: (app, pid) -> the guard of that app in that process: pool children build their own.
+_guards: dict[tuple[int, int], RunGuard] = {}
+
+
+def slot_of(request: Any) -> str | None:
+    """The ``leader_slot`` header of a task request, if it carries one."""
+    slot = _header(request, "leader_slot")
+    return slot if isinstance(slot, str) and slot else None
+
+
+def _header(request: Any, name: str) -> Any:
+    # Celery puts a message's own headers on the request; older paths keep them apart.
+    value = getattr(request, name, None)
+    if value is None:
+        value = (getattr(request, "headers", None) or {}).get(name)
+    return value
+
+
+def guard_of(app: Any) -> RunGuard:
+    """This process's run guard for ``app`` (built on first use, after any fork)."""
+    key = (id(app), os.getpid())
+    guard = _guards.get(key)
+    if guard is None:
+        config = leadership.config_of(app)
+        guard = _guards[key] = _build_guard(config)
+    return guard
+
+
+def _build_guard(config: LeaderConfig) -> RunGuard:
+    return RunGuard(
+        create_backend(config),
+        config.beat_election,
+        config.instance_id,
+        config.ttl,
+        config.renew_interval,
+        config.ledger_retention,
+        config.on_redelivery,
+    )
+
+
+def wrap_tasks(app: Any) -> int:
+    """Wrap the ``before_start`` of every task class of ``app``; how many were new."""
+    wrapped = 0
+    for task in list(app.tasks.values()):
+        cls = type(task)
+        if cls.__dict__.get(_WRAPPED) or cls.__module__.startswith("celery."):
+            continue  # Celery's own (chord unlock, backend cleanup ...) carry no slot
+        cls.before_start = _before_start(cls.before_start)
+        setattr(cls, _WRAPPED, True)
+        # A tracer built before captured the old hook: build it again on first use.
+        task.__trace__ = None
+        wrapped += 1
+    return wrapped
+
+
+def _before_start(original: Any) -> Any:
+    @functools.wraps(original)
+    def before_start(self: Any, task_id: str, args: Any, kwargs: Any) -> Any:
+        slot = slot_of(self.request)
+        if slot is not None:
+            _begin(self, slot)
+        return original(self, task_id, args, kwargs)
+
+    return before_start
+
+
+def _begin(task: Any, slot: str) -> None:
+    guard = guard_of(task.app)
+    config = leadership.config_of(task.app)
+    retry = bool(getattr(task.request, "retries", 0))
+    overlap = _header(task.request, "leader_overlap")
+    if overlap not in OVERLAP:
+        overlap = config.overlap  # absent (or not one we know): the worker's default
+    try:
+        decision = guard.begin(slot, retry, overlap, config.overlap_wait)
+    except StoreUnavailable as exc:
+        # Unrecorded beats unrun: the store being down must not lose the slot.
+        logger.warning("celery-leader: slot %s runs unrecorded in the run ledger: %s", slot, exc)
+        return
+    if decision.counter is not None:
+        metrics.count(decision.counter, guard.election)
+    if not decision.run:
+        logger.info("celery-leader: slot %s not run: %s", slot, decision.why)
+        raise Ignore()
+    # Only the delivery that runs the body records its end: with a thread pool a
+    # duplicate of a running slot ends in the same process.
+    task.request.leader_ledger_runs = True
+
+
+def _on_postrun(sender: Any = None, task: Any = None, state: str | None = None, **_: Any) -> None:
+    task = task or sender
+    if task is None or not getattr(type(task), _WRAPPED, False):
+        return
+    slot = slot_of(task.request)
+    if slot is None or not getattr(task.request, "leader_ledger_runs", False):
+        return
+    guard = _guards.get((id(task.app), os.getpid()))
+    if guard is None:
+        return
+    if state == states.SUCCESS:
+        guard.finish(slot, SUCCESS)
+    elif state == states.FAILURE:
+        guard.finish(slot, FAILURE)
+        metrics.count("ledger_failures", guard.election)
+    elif state == states.IGNORED:
+        guard.finish(slot, SKIPPED)  # the body itself ignored it (a follower's @leader_only)
+    else:
+        guard.release(slot)  # a retry or a requeue: the next delivery takes it over
+
+
+def _on_worker_init(sender: Any = None, **_: Any) -> None:
+    if sender is None:
+        return
+    app = sender.app
+    try:
+        config = leadership.config_of(app) if _ledger_on(app) else None
+    except ConfigError as exc:
+        print(f"celery-leader: cannot start worker {sender.hostname}: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+    if config is None or not config.ledger:
+        return
+    count = wrap_tasks(app)
+    _register(config, sender.hostname)
+    logger.info(
+        "celery-leader: run ledger on (%d task(s); a dead worker's slot: %s)",
+        count,
+        config.on_redelivery,
+    )
+
+
+def _register(config: LeaderConfig, hostname: str) -> None:
+    """Keep the ledger's ``@ledger-workers`` mark alive while this worker runs.
+
+    Beat re-sends slots only while the mark exists: a deployment whose
+    workers lack the dedup step never gets a second copy of a slot.
+    """
+
+    def loop() -> None:
+        backend = create_backend(config)
+        what: dict[str, object] = {"worker": hostname}
+        while True:
+            try:
+                marks.touch(backend, config.beat_election, WORKERS, what, config.ledger_retention)
+            except StoreUnavailable as exc:
+                logger.warning("celery-leader: could not register in the run ledger: %s", exc)
+                time.sleep(config.ttl)
+                continue
+            time.sleep(min(config.ledger_retention / 4, 3600.0))
+
+    threading.Thread(target=loop, name="celery-leader ledger mark", daemon=True).start()
+
+
+def _ledger_on(app: Any) -> bool:
+    """Whether ``app`` turns the ledger on, read before building the whole config
+    (a worker of an app without celery-leader settings stays untouched)."""
+    prefix = getattr(app, "namespace", None)
+    name = f"{prefix}_LEADER_LEDGER" if prefix else "leader_ledger"
+    return bool(app.conf.get(name))
+
+
+signals.worker_init.connect(
+    _on_worker_init, weak=False, dispatch_uid="celery_leader.ledger.worker_init"
+)
+signals.task_postrun.connect(_on_postrun, weak=False, dispatch_uid="celery_leader.ledger.postrun")

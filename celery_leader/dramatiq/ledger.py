@@ -1,0 +1,123 @@
+"""Dramatiq workers run each scheduler-sent slot once: the run ledger's middleware step.
+
+:class:`~celery_leader.dramatiq.LeaderMiddleware` calls these hooks when
+``CELERY_LEADER_LEDGER`` (or ``leader_ledger``) is on: before a message with
+the ``leader_slot`` option runs, its slot is recorded started
+(:meth:`~celery_leader.ledger.RunGuard.begin`); a delivery of a slot that
+started or finished already is skipped (``SkipMessage``: acknowledged, never
+run). After the actor, the outcome is recorded; a failure that the
+``Retries`` middleware will retry leaves the slot started for the retry to
+take over. Messages without ``leader_slot`` pay one dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+from .. import metrics
+from ..backends import create_backend
+from ..config import OVERLAP, LeaderConfig
+from ..exceptions import StoreUnavailable, missing_extra
+from ..ledger import RunGuard, marks
+from ..ledger.records import FAILURE, SUCCESS, WORKERS
+
+try:
+    from dramatiq.middleware import SkipMessage
+except ModuleNotFoundError as exc:
+    raise missing_extra(exc, "dramatiq") from None
+
+logger = logging.getLogger(__name__)
+
+
+class LedgerStep:
+    """The run-ledger hooks of one middleware, for every process it runs in."""
+
+    def __init__(self, config: LeaderConfig) -> None:
+        self.config = config
+        self._guards: dict[int, RunGuard] = {}  # by pid: forked processes build their own
+        self._registered: set[int] = set()
+        self._lock = threading.Lock()
+
+    def before(self, message: Any) -> None:
+        """Record the message's slot started, or skip a second delivery of it."""
+        # A retry's message carries its options over: the flag is this attempt's alone.
+        message.options.pop("leader_ledger_runs", None)
+        slot = message.options.get("leader_slot")
+        if not isinstance(slot, str) or not slot:
+            return
+        guard = self._guard()
+        overlap = message.options.get("leader_overlap")
+        if overlap not in OVERLAP:
+            overlap = self.config.overlap
+        retry = bool(message.options.get("retries"))
+        try:
+            decision = guard.begin(slot, retry, overlap, self.config.overlap_wait)
+        except StoreUnavailable as exc:
+            # Unrecorded beats unrun: the store being down must not lose the slot.
+            logger.warning("celery-leader: slot %s runs unrecorded in the ledger: %s", slot, exc)
+            return
+        if decision.counter is not None:
+            metrics.count(decision.counter, guard.election)
+        if not decision.run:
+            logger.info("celery-leader: slot %s not run: %s", slot, decision.why)
+            raise SkipMessage(f"slot {slot} not run: {decision.why}")
+        message.options["leader_ledger_runs"] = True
+
+    def after(self, message: Any, exception: BaseException | None) -> None:
+        """Record how the slot's actor ended (a failure to be retried is left started)."""
+        slot = message.options.get("leader_slot")
+        if not message.options.pop("leader_ledger_runs", False) or not isinstance(slot, str):
+            return
+        guard = self._guard()
+        if exception is None:
+            guard.finish(slot, SUCCESS)
+        elif getattr(message, "failed", False):
+            guard.finish(slot, FAILURE)
+            metrics.count("ledger_failures", guard.election)
+        else:
+            guard.release(slot)  # Retries enqueued it again: the retry takes it over
+
+    def _guard(self) -> RunGuard:
+        pid = os.getpid()
+        with self._lock:
+            guard = self._guards.get(pid)
+            if guard is None:
+                c = self.config
+                guard = self._guards[pid] = RunGuard(
+                    create_backend(c),
+                    c.beat_election,
+                    c.instance_id,
+                    c.ttl,
+                    c.renew_interval,
+                    c.ledger_retention,
+                    c.on_redelivery,
+                )
+            if pid not in self._registered:
+                self._registered.add(pid)
+                threading.Thread(
+                    target=self._register, name="celery-leader ledger mark", daemon=True
+                ).start()
+            return guard
+
+    def register(self) -> None:
+        """Keep the ``@ledger-workers`` mark alive from this process (a worker boot)."""
+        self._guard()
+
+    def _register(self) -> None:
+        # Beat re-sends slots only while the mark exists (see schedule/resend.py).
+        backend = create_backend(self.config)
+        what: dict[str, object] = {"worker": self.config.instance_id}
+        while True:
+            try:
+                marks.touch(
+                    backend, self.config.beat_election, WORKERS, what, self.config.ledger_retention
+                )
+            except StoreUnavailable as exc:
+                logger.warning("celery-leader: could not register in the run ledger: %s", exc)
+                time.sleep(self.config.ttl)
+                continue
+            time.sleep(min(self.config.ledger_retention / 4, 3600.0))

@@ -1,0 +1,257 @@
+"""A worker's side of the run ledger: record a slot started, keep it alive, record its end.
+
+Before a beat-sent message runs, :meth:`RunGuard.begin` creates the slot's
+record with a set-if-absent write: one store round trip. The first delivery
+wins it and runs; any later delivery finds the record and is not run. While
+the body runs, one thread per process renews the liveness of every running
+slot (``alive_until``, one ttl ahead, every renew interval), so a record whose
+liveness has passed belongs to a worker that died mid-run: by
+``leader_on_redelivery`` a later delivery runs it again (``rerun``) or records
+it skipped (``skip``). :meth:`RunGuard.finish` records the outcome: one more
+round trip.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from ..backends import Backend
+from ..exceptions import StoreUnavailable
+from .overlap import EntryMarks
+from .records import FINISHED, SENT, SKIPPED, STARTED, RunRecord
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Whether this delivery of ``slot`` runs; if not, why (for the log line)."""
+
+    slot: str
+    run: bool
+    why: str = ""
+    #: The metric the decision counts: ``ledger_duplicates``, ``ledger_skips`` ...
+    counter: str | None = None
+
+
+class RunGuard:
+    """Run-ledger writes of one worker process for one store and election."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        election: str,
+        instance_id: str,
+        ttl: float,
+        renew_interval: float,
+        retention: float,
+        on_redelivery: str,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.backend = backend
+        self.election = election
+        self.instance_id = instance_id
+        self.ttl = ttl
+        self.renew_interval = renew_interval
+        self.retention = retention
+        self.on_redelivery = on_redelivery
+        self._clock = clock
+        self._lock = threading.Lock()
+        #: Slots running in this process: slot -> (stored text, record).
+        self._running: dict[str, tuple[str, RunRecord]] = {}
+        self._renewer: threading.Thread | None = None
+        self._renewer_pid = 0
+        self._wake = threading.Event()
+        #: Serializes a running slot's writes (renewals, its end): each is a
+        #: compare-and-set on the text the one before it wrote.
+        self._writing = threading.Lock()
+        #: The overlap marks of the slots running here.
+        self.marks = EntryMarks(
+            backend, election, instance_id, ttl, renew_interval, retention, clock
+        )
+
+    # -- around a body --------------------------------------------------------
+
+    def begin(
+        self, slot: str, retry: bool = False, overlap: str = "allow", overlap_wait: float = 0.0
+    ) -> Decision:
+        """Record ``slot`` started here, unless a delivery of it started or ended already.
+
+        ``retry``: this delivery is a retry the task asked for (its earlier
+        attempt stopped with a retry), so a started record is taken over.
+        ``overlap``: ``"skip"`` or ``"wait"`` (up to ``overlap_wait`` seconds)
+        while another slot of the same entry runs (:mod:`.overlap`); a slot
+        skipped for it is recorded finished, ``skipped``.
+        Raises :class:`StoreUnavailable` when the store cannot say: the caller
+        then runs the body (a lost store must not lose the slot).
+        """
+        decision = self._begin(slot, retry)
+        if not decision.run or overlap == "allow":
+            return decision
+        entry = slot.rpartition("@")[0]
+        try:
+            holder = self.marks.take(entry, slot, overlap, overlap_wait)
+        except StoreUnavailable as exc:
+            # The slot is recorded started: it runs, unguarded, rather than being lost.
+            logger.warning("celery-leader: slot %s runs without its overlap check: %s", slot, exc)
+            return decision
+        if holder is None:
+            return decision
+        why = f"slot {holder} of {entry!r} is still running (overlap {overlap!r})"
+        self.finish(slot, SKIPPED, why)
+        return Decision(slot, False, why, "ledger_skips")
+
+    def _begin(self, slot: str, retry: bool) -> Decision:
+        mine = self._started(slot, attempt=1)
+        won, stored = self._put(slot, None, mine)
+        waited = False
+        for _ in range(4):  # a record that changes under us is judged again
+            if won:
+                return self._running_now(slot, mine)
+            if stored is None:
+                won, stored = self._put(slot, None, mine)
+                continue
+            record = RunRecord.load(stored)
+            if record is None:
+                return Decision(slot, False, "its record is not one celery-leader wrote")
+            if record.status == FINISHED:
+                why = f"it ran already ({record.outcome} on {record.worker})"
+                return Decision(slot, False, why, "ledger_duplicates")
+            if record.status == SENT:
+                # Beat's mark that it published the slot: nobody started it yet.
+                won, stored = self._put(slot, stored, mine)
+                continue
+            if record.status != STARTED:
+                return Decision(slot, False, f"its record says {record.status!r}")
+            now = self._clock()
+            if record.alive(now) and not retry:
+                if self.on_redelivery == "skip" or waited:
+                    why = f"it is running on {record.worker} (pid {record.pid})"
+                    return Decision(slot, False, why, "ledger_duplicates")
+                # A redelivery may come before the liveness of the worker that
+                # died lapses: wait that out once (at most one ttl), then look again.
+                waited = True
+                time.sleep(max(0.0, record.alive_until - now) + 0.05)
+                won, stored = self._put(slot, stored, record)  # unchanged: same text
+                won = False
+                continue
+            mine = self._started(slot, attempt=record.attempt + 1)
+            if retry:
+                won, stored = self._put(slot, stored, mine)
+                continue
+            # Started by a worker whose liveness lapsed: it died mid-run.
+            if self.on_redelivery == "rerun":
+                won, stored = self._put(slot, stored, mine)
+                if won:
+                    logger.info(
+                        "celery-leader: slot %s runs again (attempt %d): %s died running it",
+                        slot,
+                        mine.attempt,
+                        record.worker,
+                    )
+                    return replace(self._running_now(slot, mine), counter="ledger_reruns")
+                continue
+            skipped = record.ended(now, SKIPPED, f"{record.worker} died mid-run")
+            won, stored = self._put(slot, stored, skipped)
+            if won:
+                why = f"{record.worker} died running it and leader_on_redelivery is 'skip'"
+                return Decision(slot, False, why, "ledger_skips")
+        return Decision(slot, False, "its record kept changing", "ledger_duplicates")
+
+    def finish(self, slot: str, outcome: str, reason: str | None = None) -> None:
+        """Record how ``slot``'s body ended here (``success``, ``failure``, ``skipped``)."""
+        self.marks.release(slot)
+        with self._writing:
+            with self._lock:
+                running = self._running.pop(slot, None)
+            if running is None:
+                return
+            stored, record = running
+            ended = record.ended(self._clock(), outcome, reason)
+            try:
+                won, now = self._put(slot, stored, ended)
+            except StoreUnavailable as exc:
+                logger.warning("celery-leader: slot %s: its end was not recorded: %s", slot, exc)
+                return
+        if not won:
+            logger.warning(
+                "celery-leader: slot %s ended here (%s), but its record had changed (its "
+                "liveness lapsed and another delivery took it over): %s",
+                slot,
+                outcome,
+                now,
+            )
+
+    def release(self, slot: str) -> None:
+        """Stop renewing ``slot`` and leave its record started (a retry takes it over)."""
+        self.marks.release(slot)
+        with self._lock:
+            self._running.pop(slot, None)
+
+    # -- the records ----------------------------------------------------------
+
+    def _running_now(self, slot: str, record: RunRecord) -> Decision:
+        with self._lock:
+            self._running[slot] = (record.dump(), record)
+            self._start_renewer()
+        return Decision(slot, True, counter="ledger_runs")
+
+    def _started(self, slot: str, attempt: int) -> RunRecord:
+        now = self._clock()
+        return RunRecord(slot, STARTED, self.instance_id, os.getpid(), now, now + self.ttl, attempt)
+
+    def _put(self, slot: str, expected: str | None, record: RunRecord) -> tuple[bool, str | None]:
+        return self.backend.put_run(self.election, slot, expected, record.dump(), self.retention)
+
+    # -- liveness -------------------------------------------------------------
+
+    def _start_renewer(self) -> None:
+        # A forked pool child inherits the object but not the thread.
+        if self._renewer is not None and self._renewer_pid == os.getpid():
+            return
+        self._renewer_pid = os.getpid()
+        self._renewer = threading.Thread(
+            target=self._renew_loop, name="celery-leader ledger", daemon=True
+        )
+        self._renewer.start()
+
+    def _renew_loop(self) -> None:
+        while True:
+            self._wake.wait(self.renew_interval)
+            with self._lock:
+                slots = list(self._running)
+            for slot in slots:
+                self._renew(slot)
+                self.marks.renew(slot)
+
+    def _renew(self, slot: str) -> None:
+        with self._writing:
+            with self._lock:
+                running = self._running.get(slot)
+            if running is None:
+                return  # finished meanwhile
+            stored, record = running
+            renewed = replace(record, alive_until=self._clock() + self.ttl)
+            try:
+                won, _ = self._put(slot, stored, renewed)
+            except StoreUnavailable as exc:
+                logger.warning("celery-leader: slot %s: liveness not renewed: %s", slot, exc)
+                return
+            self._renewed(slot, renewed, won)
+
+    def _renewed(self, slot: str, renewed: RunRecord, won: bool) -> None:
+        with self._lock:
+            if won:
+                self._running[slot] = (renewed.dump(), renewed)
+            else:
+                logger.warning(
+                    "celery-leader: slot %s: its record changed while it ran here "
+                    "(its liveness lapsed and another delivery took it over)",
+                    slot,
+                )
+                del self._running[slot]

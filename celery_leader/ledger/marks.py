@@ -1,0 +1,43 @@
+"""The ledger's few writes besides a worker's: beat's "sent" mark, and the marks
+that say when beat may re-send (see :mod:`celery_leader.schedule.resend`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from ..backends import Backend
+from .records import RunRecord
+
+#: An ``expected`` no record ever equals: a compare-and-set with it writes
+#: nothing and returns the stored record, so it reads one key in one round trip.
+_NEVER = "\x00"
+
+
+def read(backend: Backend, election: str, key: str, retention: float) -> str | None:
+    """The stored record of ``key`` (``None``: none), without changing it."""
+    return backend.put_run(election, key, _NEVER, "", retention)[1]
+
+
+def mark_sent(
+    backend: Backend, election: str, slot: str, instance_id: str, retention: float
+) -> bool:
+    """Record that beat published ``slot``, unless a worker recorded it first."""
+    record = RunRecord.sent_by(slot, instance_id, os.getpid(), time.time())
+    return backend.put_run(election, slot, None, record.dump(), retention)[0]
+
+
+def touch(
+    backend: Backend, election: str, key: str, what: dict[str, object], retention: float
+) -> str:
+    """Write the mark ``key`` if it is missing, else renew its expiry; the stored mark.
+
+    A mark that exists keeps its content (``@ledger-since`` keeps the first time).
+    """
+    new = json.dumps(what, sort_keys=True)
+    won, stored = backend.put_run(election, key, None, new, retention)
+    if won or stored is None:
+        return new
+    backend.put_run(election, key, stored, stored, retention)
+    return stored

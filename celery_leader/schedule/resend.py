@@ -1,0 +1,156 @@
+"""Beat sends at least once: re-send what may not have reached the broker.
+
+With ``leader_ledger`` on, beat's promise changes from "never twice, maybe
+lost" to "at least once; workers run each slot once" (:mod:`celery_leader.ledger`):
+
+* A slot published without error gets a ``sent`` mark in the run ledger.
+* A publish of unknown outcome (the broker may or may not have it) is re-sent
+  once at the next tick, unless a worker recorded the slot meanwhile.
+* A new term (a new leader, or this one after its term lapsed) looks at the last
+  claimed slot of every entry: a slot with no ledger record at all was claimed
+  by a leader that died or lost the broker before it was sent (or before it
+  marked it sent): it is re-sent once.
+
+"Once" is a set-if-absent of the ``sent`` mark before the re-send: of any
+number of leaders, one re-sends. Re-sends are safe only where workers
+deduplicate, so beat re-sends only while a worker with the dedup step has
+registered in the ledger (the ``@ledger-workers`` mark, renewed by such
+workers), and only slots claimed after the ledger was turned on
+(``@ledger-since``). Only the last slot an entry claimed is looked at after a
+fail-over; with ``leader_missed_slots = "all"`` the earlier slots of a batch
+cut short by a crash stay unsent.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from .. import metrics
+from ..exceptions import StoreUnavailable
+from ..lease import Lease
+from ..ledger import marks
+from ..ledger.records import SINCE, WORKERS
+from .jobs import Adapter, Job
+from .state import slot_name
+from .sync import EntryState
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A slot whose publish had an unknown outcome: re-sent at the next tick."""
+
+    job: Job
+    slot: str
+    due: datetime
+
+
+class Resender:
+    """Beat's side of the run ledger, for one scheduler's lease."""
+
+    def __init__(
+        self, lease: Lease, adapter: Adapter, retention: float, logger: logging.Logger
+    ) -> None:
+        self.lease = lease
+        self.adapter = adapter
+        self.retention = retention
+        self.logger = logger
+        self._pending: list[Pending] = []
+
+    @property
+    def _backend(self) -> Any:
+        return self.lease.backend
+
+    def sent(self, slot: str) -> None:
+        """``slot`` is in the broker: mark it sent (a worker may have recorded it first)."""
+        try:
+            marks.mark_sent(
+                self._backend, self.lease.election, slot, self.lease.instance_id, self.retention
+            )
+        except StoreUnavailable as exc:
+            # Without the mark a later leader may re-send it once; workers drop the copy.
+            self.logger.info("celery-leader: slot %s sent, not marked sent: %s", slot, exc)
+
+    def unknown(self, job: Job, slot: str, due: datetime) -> None:
+        """``slot``'s publish may or may not have reached the broker: re-send it next tick."""
+        self._pending.append(Pending(job, slot, due))
+
+    def retry(self, epoch: int) -> None:
+        """Re-send, once, the slots whose publish had an unknown outcome."""
+        pending, self._pending = self._pending, []
+        for p in pending:
+            self._resend(p.job, p.slot, p.due, epoch, "its publish had an unknown outcome")
+
+    def recover(self, jobs: list[Job], states: dict[str, EntryState], epoch: int) -> None:
+        """A new term: re-send, once, each entry's last claimed slot that left no trace."""
+        self._pending.clear()
+        try:
+            since = self._since()
+            if not self._workers_deduplicate():
+                self.logger.info(
+                    "celery-leader: run ledger on, but no worker with its dedup step has "
+                    "registered: nothing is re-sent"
+                )
+                return
+            for job in jobs:
+                state = states.get(job.name)
+                slot = None if state is None else _last_slot(state)
+                # Older than half the retention: its record may have expired, so
+                # no record says nothing; not re-sent.
+                oldest = max(since, datetime.now(timezone.utc).timestamp() - self.retention / 2)
+                if state is None or slot is None or state.last_run_at.timestamp() < oldest:
+                    continue
+                if slot != slot_name(job.name, state.last_run_at, job.zone):
+                    continue  # the state names a slot of another zone or form: leave it
+                if marks.read(self._backend, self.lease.election, slot, self.retention) is None:
+                    why = "it was claimed by a leader that may not have sent it"
+                    self._resend(job, slot, state.last_run_at, epoch, why)
+        except StoreUnavailable as exc:
+            self.logger.warning("celery-leader: could not look for slots to re-send: %s", exc)
+
+    def _since(self) -> float:
+        now = datetime.now(timezone.utc).timestamp()
+        stored = marks.touch(
+            self._backend, self.lease.election, SINCE, {"since": now}, self.retention
+        )
+        try:
+            return float(json.loads(stored)["since"])
+        except (ValueError, KeyError, TypeError):
+            return now
+
+    def _workers_deduplicate(self) -> bool:
+        return marks.read(self._backend, self.lease.election, WORKERS, self.retention) is not None
+
+    def _resend(self, job: Job, slot: str, due: datetime, epoch: int, why: str) -> None:
+        try:
+            won = marks.mark_sent(
+                self._backend, self.lease.election, slot, self.lease.instance_id, self.retention
+            )
+        except StoreUnavailable as exc:
+            self.logger.warning("celery-leader: slot %s not re-sent: %s", slot, exc)
+            return
+        if not won:
+            return  # a worker recorded it, or another leader re-sent it
+        self.logger.warning("celery-leader: re-sending slot %s (epoch %d): %s", slot, epoch, why)
+        metrics.count("ledger_resends", self.lease.election)
+        outcome = self.adapter.send(job, slot, due, epoch)
+        if outcome.error is not None:
+            self.logger.error(
+                "celery-leader: re-sending slot %s failed (%s); it is not re-sent again",
+                slot,
+                outcome.error,
+            )
+
+
+def _last_slot(state: EntryState) -> str | None:
+    """The slot the entry's stored state names as its last one, if any."""
+    if state.raw is None:
+        return None
+    try:
+        slot = json.loads(state.raw).get("slot")
+    except (ValueError, AttributeError):
+        return None
+    return slot if isinstance(slot, str) else None

@@ -1,0 +1,61 @@
+"""A Dramatiq app for run-ledger tests: BROKER_URL (Redis: broker, store and the
+record of runs) and the ``CELERY_LEADER_*`` environment (``CELERY_LEADER_LEDGER=1``).
+
+The ``work`` actor pushes one JSON line per run of its body on the Redis list
+``runs``: its ``leader_slot`` and pid. With EVERY set, the scheduled actor ``tick``
+does the same every EVERY seconds. PAUSE_AT=n is a test-only fault: the
+scheduler stops itself (SIGSTOP) right before it enqueues its n-th slot, after
+claiming it.
+"""
+
+import json
+import os
+import signal
+import time
+from typing import Any
+
+import dramatiq
+import redis
+from dramatiq.brokers.redis import RedisBroker
+from dramatiq.middleware import CurrentMessage
+
+from celery_leader.dramatiq import LeaderMiddleware, every
+from celery_leader.dramatiq import scheduler as _scheduler
+
+broker = RedisBroker(url=os.environ["BROKER_URL"])
+broker.add_middleware(CurrentMessage())
+broker.add_middleware(LeaderMiddleware(url=os.environ["BROKER_URL"]))
+dramatiq.set_broker(broker)
+
+_redis = redis.Redis.from_url(os.environ["BROKER_URL"], decode_responses=True)
+
+
+@dramatiq.actor(max_retries=0)
+def work(seconds: float = 0.0) -> None:
+    """Record the run and sleep."""
+    message = CurrentMessage.get_current_message()
+    slot = None if message is None else message.options.get("leader_slot")
+    _redis.rpush("runs", json.dumps({"slot": slot, "pid": os.getpid(), "start": time.time()}))
+    time.sleep(seconds)
+
+
+if os.environ.get("EVERY"):
+
+    @dramatiq.actor(max_retries=0, leader_schedule=every(float(os.environ["EVERY"])))
+    def tick() -> None:
+        """Record the run."""
+        work.fn(0.0)
+
+
+if os.environ.get("PAUSE_AT"):
+    _send = _scheduler._EnqueueAdapter.send
+    _sent = [0]
+
+    def _pausing_send(self: Any, job: Any, slot: str, due: Any, epoch: int) -> Any:
+        _sent[0] += 1
+        if _sent[0] == int(os.environ["PAUSE_AT"]):
+            print(f"pausing before publishing slot {slot}", flush=True)
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return _send(self, job, slot, due, epoch)
+
+    _scheduler._EnqueueAdapter.send = _pausing_send  # type: ignore[method-assign]

@@ -1,0 +1,164 @@
+"""The run ledger's rules on the in-process store: decisions, overlap marks, summary, settings."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import pytest
+
+from celery_leader import ops
+from celery_leader.backends import Backend, create_backend
+from celery_leader.config import LeaderConfig
+from celery_leader.exceptions import ConfigError
+from celery_leader.ledger import RunGuard, RunRecord, marks
+from celery_leader.ledger.summary import summarize
+
+TTL = 0.3
+SLOT = "report@2026-01-01T00:00:00.000+00:00"
+
+
+@pytest.fixture
+def backend() -> Backend:
+    config = LeaderConfig.from_mapping({"leader_url": f"memory://ledger-{uuid.uuid4().hex}"})
+    return create_backend(config)
+
+
+def guard(backend: Backend, who: str, on_redelivery: str = "rerun") -> RunGuard:
+    return RunGuard(backend, "beat", who, TTL, TTL / 3, 3600, on_redelivery)
+
+
+def record(backend: Backend, slot: str = SLOT) -> RunRecord:
+    loaded = RunRecord.load(backend.load_runs("beat")[slot])
+    assert loaded is not None
+    return loaded
+
+
+def test_the_first_delivery_runs_and_later_ones_do_not(backend: Backend) -> None:
+    a, b = guard(backend, "a"), guard(backend, "b", on_redelivery="skip")
+    assert a.begin(SLOT).run
+    running = b.begin(SLOT)
+    assert not running.run and running.counter == "ledger_duplicates"
+    assert "running on a" in running.why
+    a.finish(SLOT, "success")
+    done = b.begin(SLOT)
+    assert not done.run and "ran already (success on a)" in done.why
+    r = record(backend)
+    assert (r.status, r.outcome, r.worker, r.attempt) == ("finished", "success", "a", 1)
+
+
+def test_liveness_is_renewed_while_the_body_runs(backend: Backend) -> None:
+    a = guard(backend, "a")
+    assert a.begin(SLOT).run
+    time.sleep(TTL * 3)
+    assert record(backend).alive(time.time()), "renewed past its first ttl"
+    a.finish(SLOT, "failure")
+    assert record(backend).outcome == "failure"
+
+
+def test_a_dead_workers_slot_reruns_once_with_rerun(backend: Backend) -> None:
+    dead = guard(backend, "dead")
+    assert dead.begin(SLOT).run
+    dead.release(SLOT)  # stops renewing, as a killed worker would
+    time.sleep(TTL + 0.05)
+    again = guard(backend, "b").begin(SLOT)
+    assert again.run and again.counter == "ledger_reruns"
+    assert (record(backend).worker, record(backend).attempt) == ("b", 2)
+    assert not guard(backend, "c").begin(SLOT).run, "and only once"
+
+
+def test_a_dead_workers_slot_is_recorded_skipped_with_skip(backend: Backend) -> None:
+    dead = guard(backend, "dead")
+    assert dead.begin(SLOT).run
+    dead.release(SLOT)
+    time.sleep(TTL + 0.05)
+    skipped = guard(backend, "b", on_redelivery="skip").begin(SLOT)
+    assert not skipped.run and skipped.counter == "ledger_skips"
+    r = record(backend)
+    assert (r.status, r.outcome) == ("finished", "skipped") and "dead died" in (r.reason or "")
+
+
+def test_rerun_waits_out_a_liveness_that_may_belong_to_a_dead_worker(backend: Backend) -> None:
+    dead = guard(backend, "dead")
+    assert dead.begin(SLOT).run
+    dead.release(SLOT)
+    started = time.monotonic()
+    assert guard(backend, "b").begin(SLOT).run, "its liveness lapsed while b waited"
+    assert time.monotonic() - started < TTL + 1
+
+
+def test_a_retry_takes_over_its_started_record(backend: Backend) -> None:
+    a = guard(backend, "a")
+    assert a.begin(SLOT).run
+    a.release(SLOT)  # the attempt ended in a retry
+    assert guard(backend, "b").begin(SLOT, retry=True).run
+    assert record(backend).attempt == 2
+
+
+def test_beats_sent_mark_is_taken_over_by_the_first_worker(backend: Backend) -> None:
+    assert marks.mark_sent(backend, "beat", SLOT, "beat-1", 3600)
+    assert not marks.mark_sent(backend, "beat", SLOT, "beat-2", 3600), "sent once"
+    assert guard(backend, "a").begin(SLOT).run
+    assert not guard(backend, "b", "skip").begin(SLOT).run
+    assert summarize(backend.load_runs("beat"), time.time())[0].state == "running"
+
+
+def test_overlap_skip_and_wait(backend: Backend) -> None:
+    a, b = guard(backend, "a"), guard(backend, "b")
+    first, second, third = (f"report@2026-01-01T00:0{i}:00.000+00:00" for i in range(3))
+    assert a.begin(first, overlap="skip").run
+    skipped = b.begin(second, overlap="skip")
+    assert not skipped.run and "still running" in skipped.why
+    assert record(backend, second).outcome == "skipped"
+    waited = b.begin(third, overlap="wait", overlap_wait=0.2)
+    assert not waited.run, "the first still runs after the bound"
+    a.finish(first, "success")
+    fourth = "report@2026-01-01T00:04:00.000+00:00"
+    assert b.begin(fourth, overlap="wait", overlap_wait=5).run, "free once the first ended"
+    runs = summarize(backend.load_runs("beat"), time.time())
+    assert [(s.entry, s.last_slot, s.runs, s.skips) for s in runs] == [("report", fourth, 2, 2)]
+
+
+def test_a_dead_workers_run_stops_blocking_once_its_liveness_lapses(backend: Backend) -> None:
+    dead = guard(backend, "dead")
+    first, second = (f"report@2026-01-01T00:0{i}:00.000+00:00" for i in range(2))
+    assert dead.begin(first, overlap="skip").run
+    dead.release(first)
+    dead.marks._held.clear()  # a killed worker renews nothing
+    time.sleep(TTL + 0.05)
+    assert guard(backend, "b").begin(second, overlap="skip").run
+
+
+def test_settings() -> None:
+    config = LeaderConfig.from_mapping({"leader_url": "memory://"})
+    assert (config.ledger, config.on_redelivery, config.overlap) == (False, "rerun", "allow")
+    assert config.ledger_retention == 2 * 86400
+    for key, value, says in [
+        ("leader_on_redelivery", "again", "leader_on_redelivery"),
+        ("leader_overlap", "never", "leader_overlap"),
+        ("leader_ledger_retention", 60, "at least 60 x leader_ttl"),
+        ("leader_overlap_wait", -1, "leader_overlap_wait"),
+    ]:
+        with pytest.raises(ConfigError, match=says):
+            LeaderConfig.from_mapping({"leader_url": "memory://", key: value})
+
+
+def test_leader_status_shows_each_entrys_last_slot() -> None:
+    url = f"memory://ledger-{uuid.uuid4().hex}"
+    config = LeaderConfig.from_mapping({"leader_url": url, "leader_ledger": True})
+    store = create_backend(config)
+    g = guard(store, "w1")
+    assert g.begin(SLOT).run
+    g.finish(SLOT, "failure")
+    lines: list[str] = []
+    ops.status(config, lines.append)
+    table = "\n".join(lines)
+    assert "run ledger, the last slot of each entry:" in table
+    (row,) = [line for line in lines if line.startswith(SLOT)]
+    assert row.split()[1:3] == ["finished", "failure"], row
+    assert row.split()[-3:] == ["1", "1", "0"], "runs, failed, skipped"
+    out: list[str] = []
+    ops.status(config, out.append, as_json=True)
+    (entry,) = json.loads(out[0])["entries"]
+    assert (entry["entry"], entry["outcome"], entry["failures"]) == ("report", "failure", 1)
