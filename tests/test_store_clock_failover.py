@@ -27,6 +27,10 @@ period and the fail-over. 30 s *ahead*, the 30 s skipped are missed slots, and
 the default ``leader_missed_slots = "once"`` sends one of them at once; the
 silence is the fail-over's alone.
 
+With ``leader_clock = "local"`` the same fail-over (30 s ahead) stops the fleet:
+every replica finds its own clock off the store's by more than
+``leader_max_clock_skew`` and none leads; the docs warn about it.
+
 Run with ``-s`` to see the numbers.
 """
 
@@ -73,6 +77,7 @@ EARLY = 1.0
 LATE = 3.0
 JUMPED = r"the clock of store \S+ jumped"
 WENT_BACK = r"the store's clock went back"
+SKEWED = r"this host's clock is [-+]30\.0 s off .* more than leader_max_clock_skew"
 
 
 def _due(publish: Publish) -> float:
@@ -84,6 +89,49 @@ def _said(proc: Proc, pattern: str) -> int:
     return sum(re.search(pattern, line) is not None for line in proc.lines())
 
 
+def _each_says(beats: Replicas, pattern: str, what: str) -> None:
+    for proc in beats.current:
+        wait_for(
+            lambda proc=proc: _said(proc, pattern) >= 1,  # type: ignore[misc]
+            TTL + 5,
+            interval=0.05,
+            message=lambda proc=proc: f"{proc} never said {what}",  # type: ignore[misc]
+        )
+
+
+def _fail_over(
+    shift: float,
+    clock: str,
+    redis_url: str,
+    beat_holder: Callable[[str], Holder],  # noqa: F811
+    procs: Procs,
+    tap: BrokerTap,  # noqa: F811
+    tmp_path: Path,
+    after: Callable[[Replicas, Holder, float], None],
+) -> tuple[Replicas, float, float]:
+    """Three beats on ``leader_clock = clock``, steady; the master SIGKILLed and the
+    replica ``shift`` s off promoted; then ``after(beats, holder, promoted)`` while
+    the store still runs. Returns the beats and when the master died and the
+    replica was promoted (``time.monotonic()``)."""
+    store = ReplicatedRedis(replica_clock_shift=shift)
+    try:
+        store.start()
+        url = store.sentinel_url
+        env = beat_env(redis_url, BEAT_EVERY=f"{EVERY:g}", CELERY_LEADER_CLOCK=clock)
+        holder = beat_holder(url)
+        beats = Replicas(procs, tmp_path, BEAT, env, [url] * 3, holder)
+        beats.start()
+        steady(tap, 3)
+        killed = time.monotonic()
+        store.master.kill()
+        store.wait_promoted()
+        promoted = time.monotonic()
+        after(beats, holder, promoted)
+    finally:
+        store.close()
+    return beats, killed, promoted
+
+
 @pytest.mark.parametrize("shift", [-SHIFT, SHIFT], ids=["30 s back", "30 s ahead"])
 def test_a_sentinel_failover_to_a_replica_with_a_skewed_clock_sends_no_slot_twice(
     shift: float,
@@ -93,22 +141,11 @@ def test_a_sentinel_failover_to_a_replica_with_a_skewed_clock_sends_no_slot_twic
     tap: BrokerTap,  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    store = ReplicatedRedis(replica_clock_shift=shift)
-    try:
-        store.start()
-        url = store.sentinel_url
-        env = beat_env(redis_url, BEAT_EVERY=f"{EVERY:g}")
-        beats = Replicas(procs, tmp_path, BEAT, env, [url] * 3, beat_holder(url))
-        beats.start()
-        steady(tap, 3)
-        # The wall clock of the test, whose host is the master's: for reading the
-        # tap's monotonic arrival times as wall times.
-        wall = time.time() - time.monotonic()
+    # The wall clock of the test, whose host is the master's: for reading the
+    # tap's monotonic arrival times as wall times.
+    wall = time.time() - time.monotonic()
 
-        killed = time.monotonic()
-        store.master.kill()
-        store.wait_promoted()
-        promoted = time.monotonic()
+    def resumes(beats: Replicas, holder: Holder, promoted: float) -> None:
         resume_by = promoted + max(-shift, 0.0) + FAILOVER
         wait_for(
             lambda: len(tap.after(promoted)) >= 1,
@@ -117,15 +154,11 @@ def test_a_sentinel_failover_to_a_replica_with_a_skewed_clock_sends_no_slot_twic
             message="dispatch did not resume on the promoted replica",
         )
         steady(tap, 4)
-        for proc in beats.current:
-            wait_for(
-                lambda proc=proc: _said(proc, JUMPED) >= 1,  # type: ignore[misc]
-                TTL + 5,
-                interval=0.05,
-                message=lambda proc=proc: f"{proc} never said the store's clock jumped",  # type: ignore[misc]
-            )
-    finally:
-        store.close()
+        _each_says(beats, JUMPED, "that the store's clock jumped")
+
+    beats, killed, promoted = _fail_over(
+        shift, "store", redis_url, beat_holder, procs, tap, tmp_path, resumes
+    )
 
     published = tap.published()
     before = [p for p in published if p.seen <= killed]
@@ -134,6 +167,7 @@ def test_a_sentinel_failover_to_a_replica_with_a_skewed_clock_sends_no_slot_twic
     # After the first slot on the new clock (under "once", a missed slot sent late).
     lateness = [p.seen + wall + shift - _due(p) for p in after[1:]]
     jumps = [_said(p, JUMPED) for p in beats.current]
+    skewed = [_said(p, SKEWED) for p in beats.current]
     back = [_said(p, WENT_BACK) for p in beats.current]
     print(
         f"\nstore clock {shift:+g} s at a Sentinel fail-over: promoted "
@@ -145,6 +179,8 @@ def test_a_sentinel_failover_to_a_replica_with_a_skewed_clock_sends_no_slot_twic
     problems = slot_problems(published, EVERY)
     assert not problems, "\n".join(problems)
     assert jumps == [1, 1, 1], [p.output()[-3000:] for p in beats.current]
+    # Each also blames its own clock, once: it cannot tell which side moved.
+    assert skewed == [1, 1, 1], skewed
     if shift < 0:
         assert max(back) <= 1, back
         # The price of "no slot twice": the entry waits until the new clock passes
@@ -158,3 +194,30 @@ def test_a_sentinel_failover_to_a_replica_with_a_skewed_clock_sends_no_slot_twic
         assert len(skipped) <= 1, skipped
     assert min(lateness) >= -EARLY, sorted(lateness)[:5]
     assert max(lateness) <= LATE, sorted(lateness)[-5:]
+
+
+def test_on_local_clocks_a_failover_to_a_store_whose_clock_is_off_stops_every_replica(
+    redis_url: str,
+    beat_holder: Callable[[str], Holder],  # noqa: F811
+    procs: Procs,
+    tap: BrokerTap,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """With ``leader_clock = "local"`` every replica finds its clock 30 s off the
+    store's, more than ``leader_max_clock_skew``, so none leads: pinned here
+    because the docs warn about it."""
+
+    def nobody_leads(beats: Replicas, holder: Holder, promoted: float) -> None:
+        _each_says(beats, SKEWED, "that its clock is off the store's")
+        # Three ttls after the last of them: long enough for any replica to win
+        # a free term and for a winner to publish its first slot.
+        quiet = time.monotonic()
+        time.sleep(3 * TTL)
+        assert tap.after(quiet) == [], tap.after(quiet)
+
+    beats, _, _ = _fail_over(
+        SHIFT, "local", redis_url, beat_holder, procs, tap, tmp_path, nobody_leads
+    )
+    for proc in beats.current:
+        assert _said(proc, JUMPED) == 1, proc.output()[-3000:]
+        assert 'leader_clock "local"' in proc.output()
