@@ -17,6 +17,8 @@ Checked, in both directions:
   one term also says "the store's clock went back", at most once; a new term
   (the lease moved, or was won again) starts without a previous tick to
   compare with, so that line is not promised;
+- every replica also warns once that its own clock is 30 s off the store's
+  (more than ``leader_max_clock_skew``): it cannot tell which side moved;
 - dispatch resumes on the new clock, with the slots after that published within
   -1 s ... +3 s of their due time by the new clock.
 
