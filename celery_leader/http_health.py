@@ -91,6 +91,11 @@ def leader(health: HealthFile, seen: LeaderSeen) -> dict[str, Any]:
         "epoch": None if last is None else last[0].epoch,
         "since": None if last is None else last[1],
         "this_process_leads": lease.is_leader(),
+        # This host's clock against the store's, as leader status shows it
+        # (None: not measured yet, or a store without a clock of its own).
+        "clock_offset": lease.store_clock.offset,
+        "clock_error": lease.store_clock.error,
+        "clock_problem": lease.clock_problem,
     }
 
 

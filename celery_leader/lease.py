@@ -450,13 +450,20 @@ class Lease:
         clock.sample(store_time, sent, self.clock.monotonic(), resolution)
         if clock.jumps != self._jumps_seen:
             self._jumps_seen = clock.jumps
+            # Only schedules on the store's clock follow the jump; naming the clock
+            # they run on tells an operator whether slots can stall or be missed.
+            follows = (
+                "now runs on the new one; slots already sent are not sent again"
+                if self.clock_source == "store"
+                else 'schedules on this host\'s clock (leader_clock "local")'
+            )
             logger.warning(
                 "celery-leader: the clock of store %s jumped %+.1f s (a fail-over to a server "
-                "whose clock differs?): %r now runs on the new one; slots already sent are "
-                "not sent again",
+                "whose clock differs?): %r %s",
                 mask_url(self.backend.url),
                 clock.last_jump,
                 self.election,
+                follows,
             )
         offset, error = clock.offset, clock.error
         if self.max_clock_skew is None or offset is None or error is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import redis
 
+from .clock_shift import shifted_env
 from .proxy import TcpProxy
 from .servers import RedisServer
 from .waiting import wait_for
@@ -52,11 +53,17 @@ class SentinelServer(RedisServer):
 
 
 class ReplicatedRedis:
-    """Master + replica (linked through :attr:`link`) + three sentinels, quorum two."""
+    """Master + replica (linked through :attr:`link`) + three sentinels, quorum two.
 
-    def __init__(self) -> None:
+    ``replica_clock_shift``: seconds the replica's wall clock runs ahead of the
+    host's (behind, when negative), as on a host whose clock is off.
+    """
+
+    def __init__(self, replica_clock_shift: float = 0.0) -> None:
         self.master = RedisServer(*_FAST_SYNC)
         self.replica = RedisServer(*_FAST_SYNC)
+        if replica_clock_shift:
+            self.replica.env = shifted_env(replica_clock_shift)
         self.link: TcpProxy | None = None
         self.sentinels = [SentinelServer(self.master.port, 2) for _ in range(3)]
 

@@ -194,6 +194,8 @@ class RedisServer(_Server):
         super().__init__("celery-leader-redis-")
         #: More redis-server options (cluster mode, a unix socket, TLS ...).
         self.extra_args = list(extra_args)
+        #: The server's environment (``None``: this process's), e.g. a shifted clock.
+        self.env: dict[str, str] | None = None
 
     @property
     def url(self) -> str:
@@ -223,7 +225,8 @@ class RedisServer(_Server):
                 "--dir", str(self.root),
                 "--daemonize", "no",
                 *self.extra_args,
-            ]
+            ],
+            env=self.env,
         )  # fmt: skip
 
     def _is_accepting(self) -> bool:

@@ -489,6 +489,9 @@ def test_a_hung_tick_hands_over_and_the_health_check_fails(
     # A follower knows who leads: the hung leader, or by now the one after it.
     seen = json.loads(curl(ports[others[0]], "/leader")[1])
     assert seen["election"] == "beat" and seen["epoch"] >= epoch and seen["since"] > 0, seen
+    # One host, one clock: the store's is within a second of this one's.
+    assert abs(seen["clock_offset"]) < 1.0 and 0 <= seen["clock_error"] < 1.0, seen
+    assert seen["clock_problem"] is None, seen
     more = time.monotonic()
     wait_for(lambda: len(tap.after(more)) >= 2, 10, message="the new leader stalled")
     assert_no_problems(tap)
@@ -572,6 +575,8 @@ def test_metrics_hook_and_broker_connections_across_a_hand_over(
     assert old['celery_leader_is_leader{election="beat"}'] == 0
     assert new['celery_leader_is_leader{election="beat"}'] == 1
     assert new['celery_leader_epoch{election="beat"}'] == second_epoch
+    for data in samples:  # leader and follower both measure the store's clock
+        assert abs(data['celery_leader_clock_offset_seconds{election="beat"}']) < 1.0, data
     assert (
         new['celery_leader_store_round_trip_seconds_count{election="beat",operation="claim"}'] > 0
     )

@@ -192,6 +192,10 @@ def test_with_local_clocks_a_skewed_host_does_not_lead_until_fixed(
     store.skew = 600.0  # the clock breaks while it leads: it hands over
     store.clock.run_until(lambda: not lease.is_leader(), 2.0, "kept leading")
     assert lease.last_demotion == "clock_skew"
+    jumped = _lines(caplog, "jumped")
+    assert jumped and all(
+        'schedules on this host\'s clock (leader_clock "local")' in j for j in jumped
+    )
 
 
 def test_the_slot_protocol_runs_on_the_store_clock_unless_told_local(
