@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from ..clock import SYSTEM_CLOCK, Clock
 from .base import Backend
-from .fenced import Write, apply_writes
+from .fenced import Edit, Write, apply_edits, apply_writes
 from .lock import Acquired, HolderInfo, Renewal, Term
 from .terms import new_term
 
@@ -33,6 +33,8 @@ class _Store:
     epochs: dict[str, int] = field(default_factory=dict)
     resign: dict[str, str] = field(default_factory=dict)
     state: dict[str, dict[str, str]] = field(default_factory=dict)
+    entries: dict[str, dict[str, str]] = field(default_factory=dict)
+    entries_version: dict[str, int] = field(default_factory=dict)
     #: Set at the next release (then replaced): what waiting followers wake on.
     released: threading.Event = field(default_factory=threading.Event)
 
@@ -134,15 +136,30 @@ class MemoryBackend(Backend):
         with self._store.cond:
             return dict(self._store.state.get(election, {}))
 
-    def compare_and_set(
-        self, election: str, term: Term, claims: Sequence[Write]
-    ) -> list[bool]:
+    def compare_and_set(self, election: str, term: Term, claims: Sequence[Write]) -> list[bool]:
         store = self._store
         with store.cond:
             current = store.live(election, self.clock.monotonic())
             if current is None or current.token != term.token:
                 return [False] * len(claims)
             return apply_writes(store.state.setdefault(election, {}), claims)
+
+    def entries_version(self, election: str) -> int:
+        with self._store.cond:
+            return self._store.entries_version.get(election, 0)
+
+    def load_entries(self, election: str) -> tuple[int, dict[str, str]]:
+        with self._store.cond:
+            entries = dict(self._store.entries.get(election, {}))
+            return self._store.entries_version.get(election, 0), entries
+
+    def edit_entries(self, election: str, edits: Sequence[Edit]) -> list[bool]:
+        store = self._store
+        with store.cond:
+            results = apply_edits(store.entries.setdefault(election, {}), edits)
+            if any(results):
+                store.entries_version[election] = store.entries_version.get(election, 0) + 1
+            return results
 
 
 def _info(record: _Record, now: float) -> HolderInfo:
