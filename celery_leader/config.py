@@ -115,6 +115,9 @@ class LeaderConfig:
     #: Seconds a host's clock may be off the store's before it is logged, and with
     #: ``clock = "local"`` before the host stops leading.
     max_clock_skew: float = DEFAULT_MAX_CLOCK_SKEW
+    #: Task-name globs a schedule entry kept in the store may name; the leader
+    #: skips (and logs) any other. ``("*",)``: every task.
+    entries_allow: tuple[str, ...] = ("*",)
 
     @property
     def display_url(self) -> str:
@@ -252,6 +255,7 @@ class LeaderConfig:
                 values.get("leader_max_clock_skew"),
                 DEFAULT_MAX_CLOCK_SKEW,
             ),
+            entries_allow=_globs(n("leader_entries_allow"), values.get("leader_entries_allow")),
         )
 
 
@@ -276,6 +280,7 @@ SETTINGS = (
     "leader_replica_acks",
     "leader_clock",
     "leader_max_clock_skew",
+    "leader_entries_allow",
 )
 
 
@@ -387,6 +392,19 @@ def validate_name(setting: str, value: object) -> str:
             f"{setting} must be a non-empty string of letters, digits and _ . : - (got {value!r})"
         )
     return value
+
+
+def _globs(setting: str, value: object) -> tuple[str, ...]:
+    """Task-name globs: a list of strings, or one comma-separated string (``None``: all)."""
+    if value is None or value == "":
+        return ("*",)
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
+        raise ConfigError(f"{setting} must be a list of task-name globs (got {value!r})")
+    globs = tuple(i.strip() for i in items if i.strip())
+    if not globs:
+        raise ConfigError(f"{setting} names no glob (got {value!r}): no entry could ever run")
+    return globs
 
 
 def _url(value: object, broker_url: object, setting: str) -> str:

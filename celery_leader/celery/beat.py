@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 from .. import metrics
 from ..config import validate_grace, validate_missed_slots
 from ..exceptions import ConfigError, missing_extra
+from ..schedule.entries import CODE, STORE, Entry, allowed
+from ..schedule.feed import EntryFeed
 from ..schedule.jobs import Adapter, Job, Outcome
 from ..schedule.protocol import SlotProtocol
 from ..schedule.series import CronSeries, Every, Series, utc
@@ -234,22 +236,82 @@ class _BeatAdapter(Adapter):
         self.scheduler = scheduler
         self._series: dict[str, tuple[Any, Series | None]] = {}  # name -> (its schedule, series)
         self._bad_options: set[str] = set()  # entries whose leader_* options were refused
+        self._feed: EntryFeed | None = None  # the entries kept in the store, read on first use
+        #: Store entries as Celery entries, by name: (the Entry they were made of, it).
+        self._stored: dict[str, tuple[Entry, ScheduleEntry]] = {}
+        self._refused: set[tuple[str, str]] = set()  # (name, why) logged once
 
     def jobs(self) -> Sequence[Job]:
         scheduler = self.scheduler
         scheduler.set_up_as_leader()
         zone = scheduler.app.timezone
+        if self._feed is None:
+            lease = scheduler.lease
+            self._feed = EntryFeed(lease.backend, lease.election, logger)
+        records = self._feed.current()
         jobs = []
         seen = {}
         for entry in scheduler.schedule.values():
             if not scheduler.entry_enabled(entry):
                 continue
+            kept = records.get(entry.name)
+            if kept is not None and kept.kind == CODE and not kept.enabled:
+                continue  # paused from the CLI or the API
             series = self._series_of(entry)
             seen[entry.name] = (entry.schedule, series)
             policy, grace = self._policy(entry)
             jobs.append(Job(entry.name, series, policy, grace, zone, entry.name))
         self._series = seen
+        jobs += self._store_jobs(records, set(seen))
         return jobs
+
+    def _store_jobs(self, records: dict[str, Entry], code: set[str]) -> list[Job]:
+        """The enabled store entries this leader may send, as jobs (refusals logged once)."""
+        config = self.scheduler.leader_config
+        jobs = []
+        stored = {}
+        for name, entry in records.items():
+            if entry.kind != STORE or not entry.enabled:
+                continue
+            if name in code:
+                self._refuse(name, "a code entry has its name; the code entry runs")
+                continue
+            if not allowed(entry.task, config.entries_allow):
+                self._refuse(name, f"its task {entry.task} is outside leader_entries_allow")
+                continue
+            known = self._stored.get(name)
+            celery_entry = known[1] if known and known[0] == entry else self._celery_entry(entry)
+            stored[name] = (entry, celery_entry)
+            jobs.append(
+                Job(
+                    name,
+                    entry.series(),
+                    entry.missed_slots or config.missed_slots,
+                    entry.missed_slots_grace
+                    if entry.missed_slots_grace is not None
+                    else config.missed_slots_grace,
+                    self.scheduler.app.timezone,
+                    celery_entry,
+                )
+            )
+        self._stored = stored
+        return jobs
+
+    def _refuse(self, name: str, why: str) -> None:
+        if (name, why) not in self._refused:
+            self._refused.add((name, why))
+            logger.error("celery-leader: not sending stored entry %s: %s", name, why)
+
+    def _celery_entry(self, entry: Entry) -> ScheduleEntry:
+        """A Celery entry that sends what ``entry`` names (never put in beat's schedule)."""
+        return ScheduleEntry(
+            name=entry.name,
+            task=entry.task,
+            args=tuple(entry.args),
+            kwargs=dict(entry.kwargs),
+            options=dict(entry.options),
+            app=self.scheduler.app,
+        )
 
     def _series_of(self, entry: ScheduleEntry) -> Series | None:
         sched = entry.schedule
@@ -283,6 +345,8 @@ class _BeatAdapter(Adapter):
         return policy, grace
 
     def _entry(self, job: Job) -> ScheduleEntry:
+        if isinstance(job.payload, ScheduleEntry):
+            return job.payload  # a store entry's
         # Looked up by name: reserve() replaces a sent entry with its successor.
         return self.scheduler.schedule[job.payload]
 
@@ -306,10 +370,14 @@ class _BeatAdapter(Adapter):
     def recorded(self, job: Job, last_run_at: datetime, count: int, sent: bool) -> None:
         scheduler: Any = self.scheduler
         entry = self._entry(job)
-        if sent:
+        if sent and not isinstance(job.payload, ScheduleEntry):
             # Celery's own bookkeeping of a run (django-celery-beat saves its row).
             entry = scheduler.reserve(entry)
         local = last_run_at.astimezone(scheduler.app.timezone)
+        if isinstance(job.payload, ScheduleEntry):
+            # A store entry's: the scheduler's hook may expect its own kind of entry.
+            entry.last_run_at, entry.total_run_count = local, count
+            return
         self.scheduler.set_run_state(entry, local, count)
 
     def send(self, job: Job, slot: str, due: datetime, epoch: int) -> Outcome:

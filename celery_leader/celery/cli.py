@@ -18,6 +18,7 @@ from ..run.spec import RESTART
 from ..schedule import plan as planning
 from . import startup
 from .beat import LeaderScheduler
+from .entries import entries
 
 try:
     import click
@@ -167,3 +168,6 @@ def run(
     except ops.OpsError as exc:
         _fail(exc)
     raise SystemExit(code)
+
+
+leader.add_command(entries)
