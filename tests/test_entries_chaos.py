@@ -1,0 +1,202 @@
+"""Chaos: schedule entries edited through the CLI while three `celery beat` replicas run.
+
+Three replicas of tests/apps/beat_app.py share a Redis broker and a lease store. A
+script adds entries (every 1-3 s) with ``celery -A ... leader entries add``, pauses
+some, resumes some, removes some, and SIGKILLs the leader twice in between. The test
+is the only consumer of the broker's queue (the tap of test_beat_chaos), so every
+message there is a slot sent, with the time it arrived.
+
+Checked: no ``leader_slot`` twice; every added entry's first slot within its period
++ 1 s of the add returning (an add made while a fail-over is under way: within the
+fail-over bound + its period); no slot of a removed or paused entry arrives after the
+edit returned + 1 s (until it is resumed); a resumed entry sends again, and nothing
+due in the time it was paused.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from harness.fleet import parse_slot
+from harness.procs import Procs
+from harness.procs import signal as send_signal
+from harness.servers import RedisServer
+from harness.waiting import wait_for
+from tests import test_beat_chaos as beat_chaos
+from tests.test_beat_chaos import (
+    CELERY,
+    FAILOVER,
+    PYTHONPATH,
+    REPO,
+    Broker,
+    BrokerTap,
+    Holder,
+    beat_env,
+    start_beats,
+)
+
+# The fixtures of the beat chaos tests, registered here under their own names
+# (pytest finds a fixture by the module attribute's name).
+for _fixture in ("beat_holder", "broker", "lease_store", "tap"):
+    globals()[_fixture] = getattr(beat_chaos, _fixture)
+
+pytestmark = pytest.mark.slow
+
+APP = ["-A", "tests.apps.beat_app"]
+#: Slack on top of "within its period of the add" / "nothing after the edit".
+SLACK = 1.0
+
+
+@dataclass
+class Edits:
+    """What the script did, with the monotonic time each CLI call returned."""
+
+    env: dict[str, str]
+    added: dict[str, tuple[float, float, datetime]] = field(default_factory=dict)
+    paused: dict[str, float] = field(default_factory=dict)
+    paused_at: dict[str, datetime] = field(default_factory=dict)
+    resumed: dict[str, tuple[float, datetime]] = field(default_factory=dict)
+    removed: dict[str, float] = field(default_factory=dict)
+    kills: list[float] = field(default_factory=list)
+
+    def cli(self, *args: str) -> float:
+        """Run one entries command; return when it returned (monotonic)."""
+        done = subprocess.run(
+            [str(CELERY), *APP, "leader", "entries", *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=REPO,
+        )
+        assert done.returncode == 0, f"{args}: {done.stderr}"
+        return time.monotonic()
+
+
+def test_entries_edited_from_the_cli_while_the_leader_is_killed(
+    procs: Procs,
+    broker: Broker,
+    tap: BrokerTap,
+    lease_store: RedisServer,
+    beat_holder: Callable[[str], Holder],
+    tmp_path: Path,
+) -> None:
+    env = beat_env(broker.url)
+    env["BEAT_EVERY"] = "5"  # the code entry: a little noise, not the subject
+    beats = start_beats(procs, tmp_path, env, lease_store, beat_holder(lease_store.url))
+    cli_env = {
+        **os.environ,
+        **env,
+        "LEADER_URL": lease_store.url,
+        "PYTHONPATH": os.pathsep.join(filter(None, [PYTHONPATH, str(REPO)])),
+    }
+    edits = Edits(cli_env)
+    rng = random.Random(29)
+    periods = {f"e{i:02d}": rng.choice((1, 2, 3)) for i in range(20)}
+    names = list(periods)
+
+    def kill_leader() -> None:
+        place, proc, _ = beats.leader()
+        send_signal(proc, signal.SIGKILL)
+        edits.kills.append(time.monotonic())
+        beats.replace(place)
+
+    for i, name in enumerate(names):
+        wall = datetime.now(timezone.utc)
+        start = time.monotonic()
+        done = edits.cli("add", name, "--task", "beat_app.noop", "--every", str(periods[name]))
+        edits.added[name] = (start, done, wall)
+        if i in (7, 14):
+            kill_leader()
+    for name in names[:6]:
+        edits.paused[name] = edits.cli("pause", name)
+        edits.paused_at[name] = datetime.now(timezone.utc)
+    for name in names[:3]:
+        time.sleep(1)  # a pause long enough to have slots due in it
+        # The edit lands while the command runs: the pause ends at its start.
+        start, wall = time.monotonic(), datetime.now(timezone.utc)
+        edits.cli("resume", name)
+        edits.resumed[name] = (start, wall)
+    for name in names[10:18]:
+        edits.removed[name] = edits.cli("rm", name)
+        if name == names[13]:
+            kill_leader()
+    settle = time.monotonic()
+    resumed = set(edits.resumed)
+    wait_for(
+        lambda: all(
+            any(
+                p.slot and p.slot.startswith(f"{n}@") and p.seen > edits.resumed[n][0]
+                for p in tap.after(settle - 30)
+            )
+            for n in resumed
+        ),
+        FAILOVER + 10,
+        interval=0.1,
+        message="a resumed entry did not send again",
+    )
+    time.sleep(3 + SLACK)  # every live entry sends at least once more
+    published = [p for p in tap.published() if p.slot and p.slot[:1] == "e"]
+
+    problems = []
+    twice = [s for s, n in Counter(p.slot for p in published).items() if n > 1]
+    if twice:
+        problems.append(f"slots sent twice: {twice}")
+    by_entry: dict[str, list[tuple[float, datetime, str]]] = {}
+    for p in published:
+        assert p.slot is not None
+        entry, due = (p.slot.split("@")[0], None) if "@run:" in p.slot else parse_slot(p.slot)
+        if due is not None:
+            by_entry.setdefault(entry, []).append((p.seen, due, p.slot))
+    for name, (_, done, _) in edits.added.items():
+        sent = sorted(by_entry.get(name, []))
+        if not sent:
+            problems.append(f"{name}: never sent")
+            continue
+        bound = periods[name] + SLACK
+        if any(0 <= done - k <= FAILOVER for k in edits.kills) or any(
+            0 <= k - done <= bound for k in edits.kills
+        ):
+            bound += FAILOVER  # added around a SIGKILL: the fail-over comes first
+        if sent[0][0] - done > bound:
+            problems.append(f"{name}: first slot {sent[0][0] - done:.2f} s after the add")
+    for name, done in {**edits.removed}.items():
+        late = [s for seen, _, s in by_entry.get(name, []) if seen > done + SLACK]
+        if late:
+            problems.append(f"{name}: sent after rm: {late}")
+    for name, done in edits.paused.items():
+        until = edits.resumed[name][0] if name in edits.resumed else float("inf")
+        late = [
+            f"{s} at {seen - done:+.2f} s"
+            for seen, _, s in by_entry.get(name, [])
+            if done + SLACK < seen < until
+        ]
+        if late:
+            problems.append(f"{name}: sent while paused (resumed at {until - done:+.2f}): {late}")
+    for name, (_, resumed_wall) in edits.resumed.items():
+        paused_wall = edits.paused_at[name]
+        in_pause = [
+            s
+            for _, due, s in by_entry.get(name, [])
+            if paused_wall.timestamp() + SLACK < due.timestamp() < resumed_wall.timestamp() - SLACK
+        ]
+        if in_pause:
+            problems.append(f"{name}: resumed, but sent slots due while paused: {in_pause}")
+    print(
+        f"\n{len(published)} slots of {len(edits.added)} entries; "
+        f"kills at {[round(k - edits.added[names[0]][0], 1) for k in edits.kills]} s"
+    )
+    assert not problems, "\n".join(problems)
+    beats_alive = [p for p in beats.current if p.alive]
+    assert len(beats_alive) == 3
