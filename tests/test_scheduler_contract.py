@@ -34,6 +34,7 @@ from celery_leader.dramatiq.scheduler import INTERVAL, DramatiqScheduler
 from celery_leader.health import check
 from celery_leader.lease import Lease
 from celery_leader.schedule import protocol
+from celery_leader.schedule.jobs import Job
 from celery_leader.schedule.state import dump_state
 from harness.waiting import wait_for
 
@@ -515,3 +516,67 @@ def test_the_health_file_and_the_tick_watchdog_work_the_same(
     wait_for(lambda: not lease.is_leader(), 3, message="the hung leader kept leading")
     ok, line = check(path)
     assert not ok and "tick is overdue" in line
+
+
+# -- edits between ticks (what a runtime-edited schedule hands the protocol) ----------
+
+
+def edit_jobs(scheduler: Any, change: Callable[[list[Job]], list[Job]]) -> None:
+    """From now on the protocol sees the scheduler's jobs as ``change`` edits them."""
+    slot_protocol = getattr(scheduler, "_protocol", None) or scheduler.protocol
+    adapter = slot_protocol.adapter
+    own = type(adapter).jobs.__get__(adapter)
+    adapter.jobs = lambda: change(list(own()))
+
+
+def test_a_re_timed_entry_sends_its_first_new_slot_at_once(
+    running: Callable[..., tuple[Kind, Any]], clock: Clock
+) -> None:
+    kind, scheduler = running({"e": {}})
+    kind.tick(scheduler)  # anchored at slot 0; the next is slot 1
+    clock.now = T0 + timedelta(seconds=0.65 * PERIOD)
+    edited = clock.now
+    # A Dramatiq schedule is a series too, and the Dramatiq adapter publishes from it.
+    edit_jobs(scheduler, lambda jobs: [
+        dataclasses.replace(j, series=every(0.1 * PERIOD), active_since=edited) for j in jobs
+    ])  # fmt: skip
+    assert kind.tick(scheduler) == pytest.approx(min(0.05 * PERIOD, kind.max_sleep))
+    clock.now = T0 + timedelta(seconds=0.7 * PERIOD)
+    kind.tick(scheduler)
+    assert kind.sent() == [slot("e", 0.7)]
+
+
+def test_an_entry_back_from_a_pause_sends_nothing_from_the_pause(
+    running: Callable[..., tuple[Kind, Any]], clock: Clock
+) -> None:
+    kind, scheduler = running({"e": {}}, leader_missed_slots="all")
+    kind.tick(scheduler)
+    paused = [True]
+    resumed = T0 + timedelta(seconds=4.5 * PERIOD)
+    edit_jobs(scheduler, lambda jobs: [] if paused[0] else [
+        dataclasses.replace(j, active_since=resumed) for j in jobs
+    ])  # fmt: skip
+    clock.now = resumed
+    kind.tick(scheduler)
+    paused[0] = False
+    kind.tick(scheduler)
+    assert kind.sent() == []  # slots 1 ... 4 fell while it was paused
+    clock.advance(0.5 * PERIOD)
+    kind.tick(scheduler)
+    assert kind.sent() == [slot("e", 5)]
+
+
+def test_an_entry_re_created_under_its_name_starts_fresh(
+    running: Callable[..., tuple[Kind, Any]], clock: Clock
+) -> None:
+    clock.now = T0 + 3.6 * timedelta(seconds=PERIOD)
+    old = dump_state(T0 - 50 * timedelta(seconds=PERIOD), 9, 0, "seed", generation="old")
+    kind, scheduler = running({"e": {}}, seed={"e": old}, leader_missed_slots="all")
+    edit_jobs(scheduler, lambda jobs: [dataclasses.replace(j, generation="new") for j in jobs])
+    kind.tick(scheduler)
+    assert kind.sent() == []
+    stored = kind.stored()["e"]
+    assert (stored["generation"], stored["total_run_count"]) == ("new", 0)
+    clock.advance(0.4 * PERIOD)
+    kind.tick(scheduler)
+    assert kind.sent() == [slot("e", 4)]

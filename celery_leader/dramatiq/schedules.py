@@ -84,6 +84,9 @@ class every(Schedule):  # lower case, like a function, as in the contract
     def walk(self, after: datetime, until: datetime, keep: int) -> tuple[list[datetime], int]:
         return self._grid.walk(after, until, keep)
 
+    def key(self) -> tuple[object, ...]:
+        return self._grid.key()
+
     def __repr__(self) -> str:
         return f"every({self.seconds:g}{_extra(self)})"
 
@@ -126,6 +129,9 @@ class cron(Schedule):  # lower case, like a function, as in the contract
             if due > moment:
                 return due
         raise ConfigError(f"cron() expression {self.expression!r} has no further slot")
+
+    def key(self) -> tuple[object, ...]:
+        return ("cronsim", self.expression, self.tz.key)
 
     def __repr__(self) -> str:
         return f"cron({self.expression!r}, tz={self.tz.key!r}{_extra(self)})"

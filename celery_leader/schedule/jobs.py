@@ -33,6 +33,16 @@ class Job:
     zone: tzinfo = timezone.utc
     #: The adapter's own entry (a Celery ``ScheduleEntry``, a Dramatiq actor ...).
     payload: Any = None
+    #: Identity of one lifetime of the entry's definition (a database row's key and
+    #: creation, a uid made when a store entry is added); ``None``: the name is the
+    #: identity. Stored state of another generation is not adopted: the entry
+    #: starts anew at now, nothing backfilled, as if its name had never been used.
+    generation: str | None = None
+    #: Aware UTC instant since which the entry has been enabled with its current
+    #: schedule (set when it is added, resumed, re-enabled or re-timed); ``None``:
+    #: always. No slot due before it is sent, under any missed-slot policy: the
+    #: first slot sent is the first one due at or after it.
+    active_since: datetime | None = None
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from .jobs import Job
-from .policy import due_slots
+from .policy import counted_after, due_slots
 from .series import utc
 from .state import parse_state, slot_name
 from .sync import REPAIR_AFTER
@@ -97,6 +97,7 @@ def plan(
             unplanned.append(job.name)
             continue
         last = _state_at(series.anchor(start), (last_runs or {}).get(job.name), start)
+        last = counted_after(last, job.active_since)  # nothing from before it was active
         # The promotion at ``start``: what the policy sends of the missed slots.
         found = due_slots(series, last, start, start, job.missed_slots, job.grace)
         if found is not None:

@@ -26,6 +26,27 @@ from .series import Series
 #: entry at once; older ones are dropped (and logged).
 MAX_MISSED = 100
 
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def later(first: datetime | None, second: datetime | None) -> datetime | None:
+    """The later of two optional instants (``None``: no bound)."""
+    if first is None or second is None:
+        return second if first is None else first
+    return max(first, second)
+
+
+def counted_after(last_run_at: datetime, active_since: datetime | None) -> datetime:
+    """The instant after which an entry's slots count: its last slot, or just before it
+    became active (added, resumed, re-enabled, re-timed) if that is later.
+
+    Slots due before ``active_since`` fell while the entry was absent, paused or
+    on another schedule: they are not missed, they never existed, so no policy
+    sends them. A slot due exactly at ``active_since`` counts.
+    """
+    if active_since is None:
+        return last_run_at
+    return max(last_run_at, active_since - _MICROSECOND)
 
 
 @dataclass(frozen=True)

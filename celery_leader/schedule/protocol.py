@@ -8,6 +8,10 @@ Each tick:
 2. **Plan.** Every job whose next slot is due gets a :class:`Batch`: the slots
    its missed-slot policy sends (:mod:`~celery_leader.schedule.policy`) and a
    claim that records the newest due slot. All arithmetic is on UTC instants.
+   Jobs may change between ticks: a job whose series or ``active_since``
+   changed recomputes its next due time at once, a job that is gone is
+   forgotten, and one that (re)appears, or comes back with another
+   generation, has its state loaded (and, if re-created, anchored) anew.
 3. **Claim and publish** (:mod:`~celery_leader.schedule.publisher`): one fenced
    round trip claims the whole batch; only claimed slots are published.
 
@@ -30,7 +34,7 @@ from ..config import LeaderConfig
 from ..exceptions import StoreUnavailable, TermEnded
 from ..lease import Lease
 from .jobs import Adapter, Job
-from .policy import DueSlots, due_slots
+from .policy import DueSlots, counted_after, due_slots, later
 from .publisher import Batch, Publisher
 from .runtime import SchedulerRuntime
 from .state import Claim, dump_state, slot_name
@@ -127,11 +131,50 @@ class SlotProtocol:
             return self.idle
         jobs = self.adapter.jobs()
         now = (self.clock or self.now)()
-        if term.epoch != self._epoch or any(j.name not in self._states for j in jobs):
+        self._forget_gone(jobs)
+        if term.epoch != self._epoch or any(self._unknown(job) for job in jobs):
             if not self._load(jobs, term, now):
                 return self.idle
         self._notice_clock(now)
+        if not self._restamp(jobs, term):
+            return self.idle
         return self._dispatch(jobs, term, now)
+
+    def _forget_gone(self, jobs: Sequence[Job]) -> None:
+        """Drop the memory of jobs no longer in the schedule (removed, paused, disabled).
+
+        Their stored state stays: a job that comes back loads it again, and its
+        ``generation`` and ``active_since`` say what of it still counts.
+        """
+        names = {job.name for job in jobs}
+        for name in [name for name in self._states if name not in names]:
+            del self._states[name]
+            self._stuck_logged.discard(name)
+
+    def _unknown(self, job: Job) -> bool:
+        """Whether ``job``'s state must be loaded: new to this leader, or re-created."""
+        state = self._states.get(job.name)
+        return state is None or state.generation != job.generation
+
+    def _restamp(self, jobs: Sequence[Job], term: Term) -> bool:
+        """Store the ``active_since`` of jobs resumed or re-timed since their state was
+        written; False (state reloaded at the next tick) when that failed."""
+        stale = [
+            job
+            for job in jobs
+            if job.active_since is not None
+            and later(job.active_since, self._states[job.name].active_since) == job.active_since
+            and job.active_since != self._states[job.name].active_since
+        ]
+        if not stale:
+            return True
+        try:
+            if StateSync(self.lease, self.logger).restamp(stale, term, self._states):
+                return True
+        except StoreUnavailable as exc:
+            self.logger.warning("celery-leader: cannot record a resumed entry: %s", exc)
+        self._epoch = None  # reload the state before dispatching anything
+        return False
 
     def _load(self, jobs: Sequence[Job], term: Term, now: datetime) -> bool:
         lease = self.lease
@@ -227,16 +270,28 @@ class SlotProtocol:
                 # Looked at again in a second, not in a busy loop.
                 self._stuck(job, due, state)
                 return None, min(1.0, self.max_sleep)
-            chosen = DueSlots([due], 0, due)
+            # A slot due before the job became active is recorded, never sent.
+            since = later(job.active_since, state.active_since)
+            early = since is not None and due < since
+            chosen = DueSlots([] if early else [due], 0, due)
         else:
-            if state.next_due is None:
-                state.next_due = job.series.next_after(state.last_run_at)
+            since = later(job.active_since, state.active_since)
+            after = counted_after(state.last_run_at, since)
+            if (
+                state.next_due is None
+                or state.due_since != since
+                or state.due_series is None
+                or state.due_series.key() != job.series.key()
+            ):
+                # A changed schedule takes effect at once: never wait out the old one.
+                state.next_due = job.series.next_after(after)
+                state.due_series, state.due_since = job.series, since
             if state.next_due is None:
                 return None, self.max_sleep  # the series has ended
             if state.next_due > now:
                 return None, (state.next_due - now).total_seconds()
             found = due_slots(
-                job.series, state.last_run_at, now, self._promoted_at, job.missed_slots, job.grace
+                job.series, after, now, self._promoted_at, job.missed_slots, job.grace
             )
             if found is None:  # a series whose next slot moved (it cannot, but be safe)
                 state.next_due = None
@@ -276,9 +331,15 @@ class SlotProtocol:
             metrics.count("missed_slots_dropped", lease.election, chosen.dropped)
         count = state.count + len(chosen.send)
         raw = dump_state(
-            chosen.record, count, term.epoch, lease.instance_id, slots[-1] if slots else None
+            chosen.record,
+            count,
+            term.epoch,
+            lease.instance_id,
+            slots[-1] if slots else None,
+            job.generation,
+            state.active_since,
         )
-        after = EntryState(raw, chosen.record, count)
+        after = EntryState(raw, chosen.record, count, job.generation, state.active_since)
         # The store refuses a claim whose slot is not after the state it expects:
         # the last line of defence against due-time arithmetic going backwards.
         claim = Claim(job.name, state.raw, raw, due=chosen.record)

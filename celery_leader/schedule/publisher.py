@@ -189,9 +189,13 @@ class Publisher:
                 term.epoch,
                 lease.instance_id,
                 batch.sent[-1] if batch.sent else None,
+                batch.after.generation,
+                batch.after.active_since,
             )
             claim = Claim(batch.job.name, batch.after.raw, raw)
-            backs.append((batch, unsent, EntryState(raw, last_run_at, count), claim))
+            after = batch.after
+            state = EntryState(raw, last_run_at, count, after.generation, after.active_since)
+            backs.append((batch, unsent, state, claim))
         if not backs:
             return True
         won = [False] * len(backs)

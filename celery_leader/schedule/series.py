@@ -45,6 +45,15 @@ class Series(ABC):
     def next_after(self, moment: datetime) -> datetime | None:
         """The first due instant strictly after ``moment`` (aware UTC), or ``None``."""
 
+    def key(self) -> tuple[object, ...]:
+        """What the series is, by value: two series with equal keys fall due alike.
+
+        Adapters may rebuild series from their entries at every tick; the protocol
+        compares keys to tell a changed schedule (its next due time recomputed at
+        once) from the same one. By default a series is only itself.
+        """
+        return ("object", id(self))
+
     def anchor(self, now: datetime) -> datetime:
         """Where an entry with no stored state starts: its next slot is the first after this."""
         return now
@@ -109,6 +118,9 @@ class Every(Series):
         start = max(first, last - keep + 1)
         dues = [EPOCH + i * self._period_us * _MICROSECOND for i in range(start, last + 1)]
         return dues, last - first + 1
+
+    def key(self) -> tuple[object, ...]:
+        return ("every", self._period_us)
 
     def __repr__(self) -> str:
         return f"Every({self.period.total_seconds():g} s)"
@@ -215,6 +227,18 @@ class CronSeries(Series):
                     return best
             day += _DAY
         return None
+
+    def key(self) -> tuple[object, ...]:
+        # The zone by name: equal zones may be distinct objects (a cache miss, pytz).
+        return (
+            "cron",
+            str(self.zone),
+            tuple(self.minutes),
+            tuple(self.hours),
+            tuple(sorted(self.days_of_month)),
+            tuple(sorted(self.months)),
+            tuple(sorted(self.days_of_week)),
+        )
 
     def __repr__(self) -> str:
         return f"CronSeries({self.zone}, minutes={self.minutes}, hours={self.hours})"

@@ -31,15 +31,30 @@ class RunState:
 
     last_run_at: datetime  # aware UTC
     total_run_count: int
+    #: The lifetime of the entry's definition this state belongs to (see
+    #: :attr:`~celery_leader.schedule.jobs.Job.generation`); ``None`` in states
+    #: written before generations existed, or for entries without one.
+    generation: str | None = None
+    #: The latest ``active_since`` a leader saw of the entry (see
+    #: :attr:`~celery_leader.schedule.jobs.Job.active_since`), kept so that a
+    #: successor that never saw the resume or re-timing honours it too.
+    active_since: datetime | None = None
 
 
 def dump_state(
-    last_run_at: datetime, total_run_count: int, epoch: int, by: str, slot: str | None = None
+    last_run_at: datetime,
+    total_run_count: int,
+    epoch: int,
+    by: str,
+    slot: str | None = None,
+    generation: str | None = None,
+    active_since: datetime | None = None,
 ) -> str:
     """The shared state of an entry as stored: JSON, read back by :func:`parse_state`.
 
     ``last_run_at`` is kept in UTC; ``slot``, ``epoch`` and ``by`` are for people
-    reading the store.
+    reading the store. ``generation`` and ``active_since`` are written only when
+    the entry has them, so states of entries without them read as they always did.
     """
     state: dict[str, object] = {
         "last_run_at": utc(last_run_at).isoformat(),
@@ -49,6 +64,10 @@ def dump_state(
     }
     if slot is not None:
         state["slot"] = slot
+    if generation is not None:
+        state["generation"] = generation
+    if active_since is not None:
+        state["active_since"] = utc(active_since).isoformat()
     return json.dumps(state)
 
 
@@ -58,11 +77,16 @@ def parse_state(raw: str) -> RunState | None:
         data = json.loads(raw)
         last = utc(datetime.fromisoformat(data["last_run_at"]))
         count = data["total_run_count"]
-    except (ValueError, TypeError, KeyError, OverflowError):
+        generation = data.get("generation")
+        since = data.get("active_since")
+        active_since = None if since is None else utc(datetime.fromisoformat(since))
+    except (ValueError, TypeError, KeyError, OverflowError, AttributeError):
         return None
     if not isinstance(count, int) or isinstance(count, bool):
         return None
-    return RunState(last, count)
+    if generation is not None and not isinstance(generation, str):
+        return None
+    return RunState(last, count, generation, active_since)
 
 
 def order_key(instant: datetime) -> str:

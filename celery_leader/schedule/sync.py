@@ -15,6 +15,10 @@ one stopped. Stored state never moves backwards, with one exception named below:
   entry for that long, so it is re-anchored at now, with one WARNING. The slots
   the fast replica sent early are then sent again when they really fall due.
 * **Unreadable state** is replaced by an anchor, with one ERROR.
+* **State of another generation** (the entry was deleted and re-created under
+  its name, see :attr:`~celery_leader.schedule.jobs.Job.generation`) is
+  replaced by an anchor: a re-created entry starts fresh and backfills nothing.
+  State without a generation (written before generations existed) is adopted.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from ..backends import Term
 from ..exceptions import TermEnded
 from ..lease import Lease
 from .jobs import Job
+from .series import Series
 from .state import Claim, dump_state, parse_state
 
 #: Clock skew that goes unmentioned: replicas' clocks disagree by milliseconds.
@@ -46,7 +51,13 @@ class EntryState:
     raw: str | None  # the stored value: the ``expected`` of the next claim
     last_run_at: datetime  # UTC: the due time of the last slot recorded
     count: int
-    next_due: datetime | None = None  # cached: the series' next slot after last_run_at
+    generation: str | None = None  # the job's generation this state belongs to
+    active_since: datetime | None = None  # the job's latest active_since, as stored
+    #: Cached: the next slot, and the series and ``active_since`` it was computed
+    #: from. A job whose series or ``active_since`` differs recomputes it.
+    next_due: datetime | None = None
+    due_series: Series | None = None
+    due_since: datetime | None = None
 
 
 class StateSync:
@@ -87,7 +98,14 @@ class StateSync:
         fresh = []
         for job in jobs:
             start = job.series.anchor(now) if job.series is not None else now
-            new = dump_state(start, 0, term.epoch, lease.instance_id)
+            new = dump_state(
+                start,
+                0,
+                term.epoch,
+                lease.instance_id,
+                generation=job.generation,
+                active_since=job.active_since,
+            )
             fresh.append((job, Claim(job.name, stored.get(job.name), new), start))
         with lease.observe("claim"):
             won = lease.backend.claim(lease.election, term, [c.write() for _, c, _ in fresh])
@@ -99,7 +117,37 @@ class StateSync:
         if not all(won):
             raise TermEnded("another leader wrote the schedule state while this one loaded it")
         for job, claim, start in fresh:
-            states[job.name] = EntryState(claim.new, start, 0)
+            states[job.name] = EntryState(claim.new, start, 0, job.generation, job.active_since)
+
+    def restamp(self, jobs: Sequence[Job], term: Term, states: dict[str, EntryState]) -> bool:
+        """Record each job's newer ``active_since`` in the store, in one claim round trip.
+
+        Done as soon as a leader sees an entry resumed or re-timed, not with its
+        next slot: a successor promoted before that slot must not count the pause
+        as missed. False when the stored state moved meanwhile (reload it).
+        """
+        lease = self.lease
+        fresh = []
+        for job in jobs:
+            state = states[job.name]
+            new = dump_state(
+                state.last_run_at,
+                state.count,
+                term.epoch,
+                lease.instance_id,
+                generation=state.generation,
+                active_since=job.active_since,
+            )
+            after = EntryState(
+                new, state.last_run_at, state.count, state.generation, job.active_since
+            )
+            fresh.append((job, Claim(job.name, state.raw, new), after))
+        with lease.observe("claim"):
+            won = lease.backend.claim(lease.election, term, [c.write() for _, c, _ in fresh])
+        for (job, _, after), ok in zip(fresh, won, strict=True):
+            if ok:
+                states[job.name] = after
+        return all(won)
 
     def _adopt(self, job: Job, raw: str | None, now: datetime) -> EntryState | None:
         """The stored state of ``job``, or ``None`` when it must be anchored."""
@@ -112,6 +160,15 @@ class StateSync:
                 "at now)",
                 job.name,
                 raw,
+            )
+            return None
+        if state.generation is not None and state.generation != job.generation:
+            self.logger.info(
+                "celery-leader: entry %r was re-created (generation %s, stored state of %s): "
+                "it starts anew from now",
+                job.name,
+                job.generation,
+                state.generation,
             )
             return None
         ahead = state.last_run_at - now
@@ -135,7 +192,11 @@ class StateSync:
                 _span(ahead),
                 now.isoformat(),
             )
-        return EntryState(raw, state.last_run_at, state.total_run_count)
+        # The job's generation, also for a state written before generations: it is
+        # the same entry, and the next claim records the generation.
+        return EntryState(
+            raw, state.last_run_at, state.total_run_count, job.generation, state.active_since
+        )
 
 
 def _span(delta: timedelta) -> str:
