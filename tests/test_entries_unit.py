@@ -15,7 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis as redis_lib
 from celery import Celery
+from celery.schedules import crontab, schedule
+from redbeat import RedBeatSchedulerEntry
 
 from celery_leader.backends import Edit, create_backend
 from celery_leader.beat import LeaderScheduler
@@ -101,9 +104,8 @@ def test_an_edit_moves_active_since_only_when_the_schedule_changes_or_it_resumes
     assert entry.edited(later, every=2).active_since == later
     paused = entry.edited(later, enabled=False)
     assert paused.active_since == T0
-    assert paused.edited(later + timedelta(hours=1), enabled=True).active_since == later + timedelta(
-        hours=1
-    )
+    resumed_at = later + timedelta(hours=1)
+    assert paused.edited(resumed_at, enabled=True).active_since == resumed_at
     assert paused.version == 2 and paused.generation == entry.generation
 
 
@@ -151,6 +153,7 @@ def test_the_feed_rereads_only_when_the_version_moved(caplog: pytest.LogCaptureF
     feed = EntryFeed(backend, "beat", logging.getLogger("test"))
     book = EntryBook(backend, "beat")
     book.add(name="a", task="t", every=5)
+    calls.clear()  # the book's own read
     assert set(feed.current()) == {"a"}
     for _ in range(5):
         feed.current()
@@ -281,11 +284,6 @@ def test_the_cli_refuses_bad_input_with_one_line_and_stores_nothing(cli: Any) ->
 
 
 def test_redbeat_entries_are_read_as_json(redis_url: str) -> None:
-    import redis as redis_lib
-
-    from redbeat import RedBeatSchedulerEntry
-    from celery.schedules import crontab, schedule
-
     app = Celery("redbeat_app", broker=redis_url, set_as_current=False)
     app.conf.redbeat_redis_url = redis_url
     app.conf.timezone = "UTC"

@@ -255,12 +255,17 @@ class _BeatAdapter(Adapter):
             if not scheduler.entry_enabled(entry):
                 continue
             kept = records.get(entry.name)
-            if kept is not None and kept.kind == CODE and not kept.enabled:
-                continue  # paused from the CLI or the API
+            since = None
+            if kept is not None and kept.kind == CODE:
+                if not kept.enabled:
+                    continue  # paused from the CLI or the API
+                since = kept.active_since  # resumed: nothing for the paused time
             series = self._series_of(entry)
             seen[entry.name] = (entry.schedule, series)
             policy, grace = self._policy(entry)
-            jobs.append(Job(entry.name, series, policy, grace, zone, entry.name))
+            jobs.append(
+                Job(entry.name, series, policy, grace, zone, entry.name, active_since=since)
+            )
         self._series = seen
         jobs += self._store_jobs(records, set(seen))
         return jobs
@@ -292,6 +297,8 @@ class _BeatAdapter(Adapter):
                     else config.missed_slots_grace,
                     self.scheduler.app.timezone,
                     celery_entry,
+                    generation=entry.generation,
+                    active_since=entry.active_since,
                 )
             )
         self._stored = stored
@@ -452,5 +459,3 @@ def _stop_signals_deferred() -> Iterator[None]:
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)
         for signum in dict.fromkeys(arrived):
             signal.raise_signal(signum)
-
-

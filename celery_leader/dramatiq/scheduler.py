@@ -13,6 +13,7 @@ import logging
 import os
 import threading
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -82,13 +83,15 @@ class _EnqueueAdapter(Adapter):
         if self.feed is None:
             return self.entries
         records = self.feed.current()
-        jobs = [
-            j
-            for j in self.entries
-            if not (
-                j.name in records and records[j.name].kind == CODE and not records[j.name].enabled
-            )
-        ]
+        jobs = []
+        for job in self.entries:
+            kept = records.get(job.name)
+            if kept is not None and kept.kind == CODE:
+                if not kept.enabled:
+                    continue  # paused from the CLI or the API
+                # Resumed: nothing for the paused time.
+                job = replace(job, active_since=kept.active_since)
+            jobs.append(job)
         code = {j.name for j in self.entries}
         for name, entry in records.items():
             if entry.kind != STORE or not entry.enabled:
@@ -117,6 +120,8 @@ class _EnqueueAdapter(Adapter):
                     if entry.missed_slots_grace is not None
                     else self.config.missed_slots_grace,
                     payload=(actor, entry),
+                    generation=entry.generation,
+                    active_since=entry.active_since,
                 )
             )
         return jobs

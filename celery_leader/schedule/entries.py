@@ -329,6 +329,9 @@ class Once(Series):
     def next_after(self, moment: datetime) -> datetime | None:
         return self.at if self.at > utc(moment) else None
 
+    def key(self) -> tuple[object, ...]:
+        return ("once", self.at)
+
     def __repr__(self) -> str:
         return f"Once({self.at.isoformat()})"
 
@@ -349,6 +352,9 @@ class Bounded(Series):
 
     def anchor(self, now: datetime) -> datetime:
         return self.inner.anchor(now)
+
+    def key(self) -> tuple[object, ...]:
+        return ("bounded", self.inner.key(), self.start, self.end)
 
     def __repr__(self) -> str:
         return f"Bounded({self.inner!r}, {self.start}, {self.end})"
