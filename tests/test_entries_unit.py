@@ -24,6 +24,7 @@ from celery_leader.backends import Edit, create_backend
 from celery_leader.beat import LeaderScheduler
 from celery_leader.config import LeaderConfig
 from celery_leader.ops_entries import add_fields, redbeat_entries, run_slot
+from celery_leader.schedule import feed as feed_module
 from celery_leader.schedule.book import EntryBook, EntryConflict, EntryNotFound
 from celery_leader.schedule.entries import (
     MAX_ENTRY_BYTES,
@@ -150,7 +151,7 @@ def test_the_feed_rereads_only_when_the_version_moved(caplog: pytest.LogCaptureF
         return load(election)
 
     backend.load_entries = counting
-    feed = EntryFeed(backend, "beat", logging.getLogger("test"))
+    feed = EntryFeed(backend, "beat", logging.getLogger("test"), interval=0)
     book = EntryBook(backend, "beat")
     book.add(name="a", task="t", every=5)
     calls.clear()  # the book's own read
@@ -166,8 +167,9 @@ def test_the_feed_rereads_only_when_the_version_moved(caplog: pytest.LogCaptureF
 
 
 def test_the_celery_adapter_merges_store_entries_and_honours_pauses_and_the_allow_list(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(feed_module, "POLL_INTERVAL", 0)
     app = Celery("entries_unit", broker="memory://", set_as_current=False)
     app.conf.leader_url = f"memory://entries-{uuid.uuid4().hex}"
     app.conf.leader_entries_allow = ["proj.reports.*"]

@@ -31,7 +31,7 @@ from .. import metrics
 from ..config import validate_grace, validate_missed_slots
 from ..exceptions import ConfigError, missing_extra
 from ..schedule.entries import CODE, STORE, Entry, allowed
-from ..schedule.feed import EntryFeed
+from ..schedule.feed import POLL_INTERVAL, EntryFeed
 from ..schedule.jobs import Adapter, Job, Outcome
 from ..schedule.protocol import SlotProtocol
 from ..schedule.series import CronSeries, Every, Series, utc
@@ -111,8 +111,12 @@ class LeaderSchedulerMixin:
         return self._protocol.lease
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
-        """One scheduler pass; only a current leader dispatches."""
-        return self._protocol.tick()
+        """One scheduler pass; only a current leader dispatches.
+
+        A leader wakes at least every ``POLL_INTERVAL`` to see edits of the
+        entries kept in the store, however far its next slot is.
+        """
+        return min(self._protocol.tick(), POLL_INTERVAL)
 
     def leader_jobs(self) -> Sequence[Job]:
         """The schedule's entries as the slot protocol sees them (``leader plan`` lists them).
