@@ -1,8 +1,9 @@
 """Chaos: schedule entries edited through the CLI while three `celery beat` replicas run.
 
-Three replicas of tests/apps/beat_app.py share a Redis broker and a lease store. A
-script adds entries (every 1-3 s) with ``celery -A ... leader entries add``, pauses
-some, resumes some, removes some, and SIGKILLs the leader twice in between. The test
+Three replicas of tests/apps/beat_app.py share a Redis broker and a lease store (Redis,
+PostgreSQL, etcd). A script adds entries (every 1-3 s) with ``celery -A ... leader
+entries add``, pauses some, resumes some, removes some, and SIGKILLs the leader twice
+in between. The test
 is the only consumer of the broker's queue (the tap of test_beat_chaos), so every
 message there is a slot sent, with the time it arrived.
 
@@ -31,10 +32,10 @@ import pytest
 from harness.fleet import parse_slot
 from harness.procs import Procs
 from harness.procs import signal as send_signal
-from harness.servers import RedisServer
 from harness.waiting import wait_for
 from tests import test_beat_chaos as beat_chaos
 from tests.test_beat_chaos import (
+    BEAT,
     CELERY,
     FAILOVER,
     PYTHONPATH,
@@ -42,8 +43,8 @@ from tests.test_beat_chaos import (
     Broker,
     BrokerTap,
     Holder,
+    Replicas,
     beat_env,
-    start_beats,
 )
 
 # The fixtures of the beat chaos tests, registered here under their own names
@@ -84,21 +85,30 @@ class Edits:
         return time.monotonic()
 
 
+@pytest.mark.parametrize(
+    "kind", ["redis", pytest.param("postgres", marks=pytest.mark.postgres), "etcd"]
+)
 def test_entries_edited_from_the_cli_while_the_leader_is_killed(
+    kind: str,
+    request: pytest.FixtureRequest,
     procs: Procs,
     broker: Broker,
     tap: BrokerTap,
-    lease_store: RedisServer,
     beat_holder: Callable[[str], Holder],
     tmp_path: Path,
 ) -> None:
     env = beat_env(broker.url)
     env["BEAT_EVERY"] = "5"  # the code entry: a little noise, not the subject
-    beats = start_beats(procs, tmp_path, env, lease_store, beat_holder(lease_store.url))
+    if kind == "redis":
+        url = request.getfixturevalue("lease_store").url
+    else:
+        url = request.getfixturevalue(f"{kind}_url")
+    beats = Replicas(procs, tmp_path, BEAT, env, [url] * 3, beat_holder(url))
+    beats.start()
     cli_env = {
         **os.environ,
         **env,
-        "LEADER_URL": lease_store.url,
+        "LEADER_URL": url,
         "PYTHONPATH": os.pathsep.join(filter(None, [PYTHONPATH, str(REPO)])),
     }
     edits = Edits(cli_env)
