@@ -28,6 +28,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from .. import metrics
+from ..backends import create_backend
 from ..config import validate_grace, validate_missed_slots
 from ..exceptions import ConfigError, missing_extra
 from ..schedule.entries import CODE, STORE, Entry, allowed
@@ -116,14 +117,30 @@ class LeaderSchedulerMixin:
         A leader wakes at least every ``POLL_INTERVAL`` to see edits of the
         entries kept in the store, however far its next slot is.
         """
+        adapter = self._protocol.adapter
+        if isinstance(adapter, _BeatAdapter) and adapter.feed is None:
+            lease = self.lease
+            adapter.feed = EntryFeed(lease.backend, lease.election, logger)
         return min(self._protocol.tick(), POLL_INTERVAL)
 
-    def leader_jobs(self) -> Sequence[Job]:
+    def leader_jobs(self, store_entries: bool = False) -> Sequence[Job]:
         """The schedule's entries as the slot protocol sees them (``leader plan`` lists them).
 
-        Sets the schedule up as a leader does, so call it on a scheduler that never ticks.
+        Sets the schedule up as a leader does, so call it on a scheduler that never
+        ticks. ``store_entries``: also the entries kept in the store (read once, on
+        a connection of its own); otherwise nothing contacts the store.
         """
-        return self._protocol.adapter.jobs()
+        adapter = self._protocol.adapter
+        if not store_entries or not isinstance(adapter, _BeatAdapter):
+            return adapter.jobs()
+        backend = create_backend(self.leader_config)
+        try:
+            election = self.leader_config.beat_election
+            adapter.feed = EntryFeed(backend, election, logger, interval=0)
+            return adapter.jobs()
+        finally:
+            adapter.feed = None
+            backend.close()
 
     def set_run_state(self, entry: ScheduleEntry, last_run_at: datetime, count: int) -> None:
         """Set ``last_run_at`` and ``total_run_count`` of ``entry`` (a hook)."""
@@ -240,7 +257,8 @@ class _BeatAdapter(Adapter):
         self.scheduler = scheduler
         self._series: dict[str, tuple[Any, Series | None]] = {}  # name -> (its schedule, series)
         self._bad_options: set[str] = set()  # entries whose leader_* options were refused
-        self._feed: EntryFeed | None = None  # the entries kept in the store, read on first use
+        #: The entries kept in the store; set on the first tick (which joins the lease).
+        self.feed: EntryFeed | None = None
         #: Store entries as Celery entries, by name: (the Entry they were made of, it).
         self._stored: dict[str, tuple[Entry, ScheduleEntry]] = {}
         self._refused: set[tuple[str, str]] = set()  # (name, why) logged once
@@ -249,10 +267,7 @@ class _BeatAdapter(Adapter):
         scheduler = self.scheduler
         scheduler.set_up_as_leader()
         zone = scheduler.app.timezone
-        if self._feed is None:
-            lease = scheduler.lease
-            self._feed = EntryFeed(lease.backend, lease.election, logger)
-        records = self._feed.current()
+        records = {} if self.feed is None else self.feed.current()
         jobs = []
         seen = {}
         for entry in scheduler.schedule.values():

@@ -115,7 +115,7 @@ def plan(
     try:
         zone = app.timezone if tz is None else planning.parse_zone(tz)
         scheduler = LeaderScheduler(app=app, lazy=True)
-        jobs = scheduler.leader_jobs()
+        jobs = scheduler.leader_jobs(store_entries=stored)
         code = ops.plan(config, click.echo, jobs, (start, end), zone, stored, as_json)
     except planning.PlanError as exc:
         _fail(ops.OpsError(str(exc), ops.EXIT_UNKNOWN))
