@@ -25,6 +25,7 @@ from celery_leader.beat import LeaderScheduler
 from celery_leader.config import LeaderConfig
 from celery_leader.ops_entries import add_fields, redbeat_entries, run_slot
 from celery_leader.schedule import feed as feed_module
+from celery_leader.schedule import protocol
 from celery_leader.schedule.book import EntryBook, EntryConflict, EntryNotFound
 from celery_leader.schedule.entries import (
     MAX_ENTRY_BYTES,
@@ -34,6 +35,7 @@ from celery_leader.schedule.entries import (
     parse_cron,
 )
 from celery_leader.schedule.feed import EntryFeed
+from harness.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 CELERY = Path(sys.executable).with_name("celery")
@@ -307,3 +309,93 @@ def test_redbeat_entries_are_read_as_json(redis_url: str) -> None:
     assert found["cron-5"]["cron"] == "*/5 9-17 * * *"
     with redis_lib.Redis.from_url(redis_url) as client:
         assert client.exists("redbeat:every-7")
+
+
+# -- edit semantics through the Celery adapter ----------------------------------------
+
+
+class Clock:
+    """The wall clock of the slot protocol and of the editors, set by the test."""
+
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def test_store_entry_edits_under_missed_slots_all(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The issue's three edits on store entries, with leader_missed_slots = "all": a
+    30 s -> 2 s change sends its first 2 s slot at once, a pause sends nothing from its
+    time, a removed and re-created name backfills nothing."""
+    clock = Clock(T0)
+    monkeypatch.setattr(protocol, "utcnow", clock)
+    monkeypatch.setattr(feed_module, "POLL_INTERVAL", 0)
+    app = Celery("edits", broker="memory://", set_as_current=False)
+    app.conf.leader_url = f"memory://entries-{uuid.uuid4().hex}"
+    app.conf.leader_missed_slots = "all"
+    app.conf.beat_schedule = {}
+    scheduler = LeaderScheduler(app=app, lazy=True)
+    sent: list[str] = []
+
+    def send(entry: Any, slot: str, epoch: int) -> tuple[None, bool]:
+        sent.append(slot)
+        return None, False
+
+    monkeypatch.setattr(scheduler, "_send", send)
+    scheduler.tick()
+    wait_for(scheduler.lease.is_leader, 5, message="never led")
+    book = EntryBook(scheduler.lease.backend, "beat", now=clock)
+
+    def at(seconds: float) -> None:
+        clock.now = T0 + timedelta(seconds=seconds)
+        scheduler.tick()
+
+    def slots(entry: str) -> list[str]:
+        return [s.split("@")[1][17:19] for s in sent if s.startswith(f"{entry}@")]
+
+    book.add(name="iv", task="t", every=30)
+    book.add(name="pz", task="t", every=2)
+    book.add(name="rc", task="t", every=2)
+    for t in range(1, 31):
+        at(t)
+    assert slots("iv") == ["30"] and len(slots("pz")) == 15
+    book.update("iv", every=2)
+    at(31)
+    at(32)
+    assert slots("iv") == ["30", "32"], "the first 2 s slot at once, not after 30 s"
+    book.pause("pz")
+    book.remove("rc")
+    for t in range(33, 48):
+        at(t)
+    assert not [s for s in slots("pz") if "32" < s < "48"], "nothing while paused"
+    assert not [s for s in slots("rc") if "32" < s], "nothing after removal"
+    book.resume("pz")
+    book.add(name="rc", task="t", every=2)
+    at(48)
+    at(50)
+    assert [s for s in slots("pz") if s > "32"] == ["48", "50"], "nothing from the pause"
+    # Re-created at 48: it starts after now, as a new entry does.
+    assert [s for s in slots("rc") if s > "32"] == ["50"], "nothing from before it"
+    assert len(sent) == len(set(sent))
+    scheduler.close()
+
+
+def test_import_from_redbeat_through_the_cli(cli: Any, redis_url: str) -> None:
+    run, store = cli
+    app = Celery("redbeat_app", broker=redis_url, set_as_current=False)
+    app.conf.redbeat_redis_url = redis_url
+    RedBeatSchedulerEntry("every-7", "cli_app.tick", schedule(timedelta(seconds=7)), app=app).save()
+    RedBeatSchedulerEntry("hourly", "cli_app.tick", crontab(minute="15"), app=app).save()
+    done = run("import", "--from-redbeat", redis_url, "--dry-run")
+    assert done.returncode == 0, done.stderr
+    assert "2 entries would be imported" in done.stdout
+    assert not [p for p in store.iterdir() if p.name.endswith(".entries")], "dry run: nothing"
+    done = run("import", "--from-redbeat", redis_url)
+    assert done.returncode == 0, done.stderr
+    listed = {r["name"]: r for r in json.loads(run("ls", "--json").stdout)}
+    assert listed["every-7"]["schedule"] == "every 7s"
+    assert listed["hourly"]["schedule"] == 'cron "15 * * * *" UTC'
+    assert listed["hourly"]["next_due"].endswith(":15:00+00:00")
+    again = run("import", "--from-redbeat", redis_url)
+    assert again.returncode == 2 and "exist already" in again.stderr
