@@ -20,6 +20,7 @@ import os
 import random
 import signal
 import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -29,11 +30,14 @@ from pathlib import Path
 
 import pytest
 
+from celery_leader.config import LeaderConfig
 from harness.fleet import parse_slot
 from harness.procs import Procs
 from harness.procs import signal as send_signal
+from harness.servers import RedisServer
 from harness.waiting import wait_for
 from tests import test_beat_chaos as beat_chaos
+from tests import test_dramatiq_chaos as dramatiq_chaos
 from tests.test_beat_chaos import (
     BEAT,
     CELERY,
@@ -64,6 +68,8 @@ class Edits:
     """What the script did, with the monotonic time each CLI call returned."""
 
     env: dict[str, str]
+    #: The entries command up to its subcommand (``celery -A app leader entries``).
+    command: list[str]
     added: dict[str, tuple[float, float, datetime]] = field(default_factory=dict)
     paused: dict[str, float] = field(default_factory=dict)
     paused_at: dict[str, datetime] = field(default_factory=dict)
@@ -74,7 +80,7 @@ class Edits:
     def cli(self, *args: str) -> float:
         """Run one entries command; return when it returned (monotonic)."""
         done = subprocess.run(
-            [str(CELERY), *APP, "leader", "entries", *args],
+            [*self.command, *args],
             env=self.env,
             capture_output=True,
             text=True,
@@ -111,10 +117,8 @@ def test_entries_edited_from_the_cli_while_the_leader_is_killed(
         "LEADER_URL": url,
         "PYTHONPATH": os.pathsep.join(filter(None, [PYTHONPATH, str(REPO)])),
     }
-    edits = Edits(cli_env)
-    rng = random.Random(29)
-    periods = {f"e{i:02d}": rng.choice((1, 2, 3)) for i in range(20)}
-    names = list(periods)
+    edits = Edits(cli_env, [str(CELERY), *APP, "leader", "entries"])
+    periods = periods_of(20)
 
     def kill_leader() -> None:
         place, proc, _ = beats.leader()
@@ -122,66 +126,100 @@ def test_entries_edited_from_the_cli_while_the_leader_is_killed(
         edits.kills.append(time.monotonic())
         beats.replace(place)
 
+    script(edits, periods, "beat_app.noop", kill_leader, kill_after_adds=(7, 14), kill_at_rm=3)
+
+    def arrivals() -> list[tuple[float, str]]:
+        return [(p.seen, p.slot) for p in tap.published() if p.slot and p.slot[:1] == "e"]
+
+    check(edits, periods, arrivals)
+    beats_alive = [p for p in beats.current if p.alive]
+    assert len(beats_alive) == 3
+
+
+def periods_of(count: int) -> dict[str, int]:
+    """Entry name -> period (1, 2 or 3 s), the same on every run."""
+    rng = random.Random(29)
+    return {f"e{i:02d}": rng.choice((1, 2, 3)) for i in range(count)}
+
+
+def script(
+    edits: Edits,
+    periods: dict[str, int],
+    task: str,
+    kill_leader: Callable[[], None],
+    kill_after_adds: tuple[int, ...],
+    kill_at_rm: int,
+) -> None:
+    """Add every entry, pause the first 30 %, resume half of those, remove 40 % from the
+    middle, killing the leader after the adds numbered ``kill_after_adds`` and at the
+    ``kill_at_rm``-th removal."""
+    names = list(periods)
+    n = len(names)
     for i, name in enumerate(names):
         wall = datetime.now(timezone.utc)
         start = time.monotonic()
-        done = edits.cli("add", name, "--task", "beat_app.noop", "--every", str(periods[name]))
+        done = edits.cli("add", name, "--task", task, "--every", str(periods[name]))
         edits.added[name] = (start, done, wall)
-        if i in (7, 14):
+        if i in kill_after_adds:
             kill_leader()
-    for name in names[:6]:
+    paused = names[: max(1, n * 3 // 10)]
+    for name in paused:
         edits.paused[name] = edits.cli("pause", name)
         edits.paused_at[name] = datetime.now(timezone.utc)
-    for name in names[:3]:
+    for name in paused[: max(1, len(paused) // 2)]:
         time.sleep(1)  # a pause long enough to have slots due in it
         # The edit lands while the command runs: the pause ends at its start.
         start, wall = time.monotonic(), datetime.now(timezone.utc)
         edits.cli("resume", name)
         edits.resumed[name] = (start, wall)
-    for name in names[10:18]:
+    for i, name in enumerate(names[n // 2 : n // 2 + max(1, n * 4 // 10)]):
         edits.removed[name] = edits.cli("rm", name)
-        if name == names[13]:
+        if i == kill_at_rm:
             kill_leader()
+
+
+def check(
+    edits: Edits,
+    periods: dict[str, int],
+    arrivals: Callable[[], list[tuple[float, str]]],
+    failover: float = FAILOVER,
+) -> None:
+    """Wait until the resumed entries send again, then check every rule (see the module
+    docstring) on the slots that arrived: ``(monotonic time, leader_slot)``."""
     settle = time.monotonic()
-    resumed = set(edits.resumed)
     wait_for(
         lambda: all(
-            any(
-                p.slot and p.slot.startswith(f"{n}@") and p.seen > edits.resumed[n][0]
-                for p in tap.after(settle - 30)
-            )
-            for n in resumed
+            any(s.startswith(f"{n}@") and seen > edits.resumed[n][0] for seen, s in arrivals())
+            for n in edits.resumed
         ),
-        FAILOVER + 10,
+        failover + 10,
         interval=0.1,
         message="a resumed entry did not send again",
     )
-    time.sleep(3 + SLACK)  # every live entry sends at least once more
-    published = [p for p in tap.published() if p.slot and p.slot[:1] == "e"]
-
+    time.sleep(max(periods.values()) + SLACK)  # every live entry sends once more
+    published = arrivals()
     problems = []
-    twice = [s for s, n in Counter(p.slot for p in published).items() if n > 1]
+    twice = [s for s, n in Counter(s for _, s in published).items() if n > 1]
     if twice:
         problems.append(f"slots sent twice: {twice}")
     by_entry: dict[str, list[tuple[float, datetime, str]]] = {}
-    for p in published:
-        assert p.slot is not None
-        entry, due = (p.slot.split("@")[0], None) if "@run:" in p.slot else parse_slot(p.slot)
-        if due is not None:
-            by_entry.setdefault(entry, []).append((p.seen, due, p.slot))
+    for seen, slot in published:
+        if "@run:" not in slot:
+            entry, due = parse_slot(slot)
+            by_entry.setdefault(entry, []).append((seen, due, slot))
     for name, (_, done, _) in edits.added.items():
         sent = sorted(by_entry.get(name, []))
         if not sent:
             problems.append(f"{name}: never sent")
             continue
         bound = periods[name] + SLACK
-        if any(0 <= done - k <= FAILOVER for k in edits.kills) or any(
+        if any(0 <= done - k <= failover for k in edits.kills) or any(
             0 <= k - done <= bound for k in edits.kills
         ):
-            bound += FAILOVER  # added around a SIGKILL: the fail-over comes first
+            bound += failover  # added around a SIGKILL: the fail-over comes first
         if sent[0][0] - done > bound:
             problems.append(f"{name}: first slot {sent[0][0] - done:.2f} s after the add")
-    for name, done in {**edits.removed}.items():
+    for name, done in edits.removed.items():
         late = [s for seen, _, s in by_entry.get(name, []) if seen > done + SLACK]
         if late:
             problems.append(f"{name}: sent after rm: {late}")
@@ -199,14 +237,48 @@ def test_entries_edited_from_the_cli_while_the_leader_is_killed(
         in_pause = [
             s
             for _, due, s in by_entry.get(name, [])
-            if paused_wall.timestamp() + SLACK < due.timestamp() < resumed_wall.timestamp() - SLACK
+            if paused_wall.timestamp() + SLACK < due.timestamp() < resumed_wall.timestamp()
         ]
         if in_pause:
             problems.append(f"{name}: resumed, but sent slots due while paused: {in_pause}")
+    first = min(start for start, _, _ in edits.added.values())
     print(
         f"\n{len(published)} slots of {len(edits.added)} entries; "
-        f"kills at {[round(k - edits.added[names[0]][0], 1) for k in edits.kills]} s"
+        f"kills at {[round(k - first, 1) for k in edits.kills]} s; settled in "
+        f"{time.monotonic() - settle:.1f} s"
     )
     assert not problems, "\n".join(problems)
-    beats_alive = [p for p in beats.current if p.alive]
-    assert len(beats_alive) == 3
+
+
+def test_entries_edited_from_the_cli_with_two_standalone_dramatiq_schedulers(
+    procs: Procs, redis_url: str
+) -> None:
+    """The same script on Dramatiq: ``python -m celery_leader entries --app MODULE``, two
+    standalone schedulers (tests/apps/dramatiq_app.py) on Redis, the leader killed twice."""
+    with RedisServer() as broker_server:
+        tap = dramatiq_chaos.Tap(broker_server.client())
+        env = {"BROKER_URL": broker_server.url, "LEADER_URL": redis_url, "LEADER_TTL": "3"}
+        env["EVERY"] = "5"  # the code entry: a little noise, not the subject
+        replicas = dramatiq_chaos.Replicas(procs, env, embedded=False)
+        replicas.places = [replicas.spawn() for _ in range(2)]
+        config = LeaderConfig.from_env(environ={}, leader_url=redis_url, leader_ttl=3.0)
+        command = [sys.executable, "-m", "celery_leader", "entries", "--app", dramatiq_chaos.APP]
+        edits = Edits({**os.environ, **replicas.env}, command)
+        periods = periods_of(10)
+
+        def kill_leader() -> None:
+            pid = dramatiq_chaos.leader_pid(config, FAILOVER + 5)
+            replica = dramatiq_chaos.replica_of(replicas, pid)
+            replica.signal(signal.SIGKILL)
+            edits.kills.append(time.monotonic())
+            replicas.replace(replica)
+
+        script(edits, periods, "tick", kill_leader, kill_after_adds=(4,), kill_at_rm=1)
+
+        def arrivals() -> list[tuple[float, str]]:
+            return [(s.seen, s.slot) for s in tap.sent() if s.slot[:1] == "e"]
+
+        try:
+            check(edits, periods, arrivals)
+        finally:
+            tap.close()
