@@ -14,12 +14,12 @@ cannot be removed, but its pause is kept in the store as a ``"code"`` record.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection
 from datetime import datetime
 from typing import Any
 
 from ..backends import Edit, FencedState
-from .entries import CODE, STORE, Entry, EntryError, code_pause, instant_now, new_entry
+from .entries import STORE, Entry, EntryError, code_pause, instant_now, new_entry
 
 #: Tries of an edit that lost a compare-and-set to another editor.
 _TRIES = 20
@@ -180,7 +180,3 @@ def _read_all(records: dict[str, str]) -> dict[str, Entry]:
             raise EntryError(f"stored entry {name} is unreadable: {exc}") from None
     return out
 
-
-def kinds(entries: Sequence[Entry]) -> dict[str, list[Entry]]:
-    """Entries by kind: ``"store"`` and ``"code"``."""
-    return {k: [e for e in entries if e.kind == k] for k in (STORE, CODE)}
