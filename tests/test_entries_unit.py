@@ -31,6 +31,7 @@ from celery_leader.schedule.entries import (
     MAX_ENTRY_BYTES,
     Entry,
     EntryError,
+    allowed,
     new_entry,
     parse_cron,
 )
@@ -399,3 +400,18 @@ def test_import_from_redbeat_through_the_cli(cli: Any, redis_url: str) -> None:
     assert listed["hourly"]["next_due"].endswith(":15:00+00:00")
     again = run("import", "--from-redbeat", redis_url)
     assert again.returncode == 2 and "exist already" in again.stderr
+
+
+def test_a_single_run_at_an_instant_and_the_allow_list_globs(cli: Any) -> None:
+    once = new_entry(T0, name="o", task="t", at="2026-03-01T13:00:00Z")
+    assert once.series().next_after(T0) == T0 + timedelta(hours=1)
+    assert once.series().next_after(T0 + timedelta(hours=1)) is None
+    assert allowed("proj.reports.daily", ("proj.reports.*",))
+    assert not allowed("proj.other", ("proj.reports.*", "proj.sync"))
+    run, _ = cli
+    done = run("add", "o", "--task", "cli_app.tick", "--at", "2001-01-01T00:00:00Z")
+    assert done.returncode == 2 and "is in the past" in done.stderr
+    done = run("add", "o", "--task", "cli_app.tick", "--at", "2099-01-01T00:00:00+02:00")
+    assert done.returncode == 0, done.stderr
+    shown = json.loads(run("show", "o", "--json").stdout)
+    assert shown["next_due"] == "2098-12-31T22:00:00+00:00"
