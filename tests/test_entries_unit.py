@@ -14,15 +14,20 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+import dramatiq
 import pytest
 import redis as redis_lib
 from celery import Celery
 from celery.schedules import crontab, schedule
+from dramatiq.brokers.stub import StubBroker
 from redbeat import RedBeatSchedulerEntry
 
 from celery_leader.backends import Edit, create_backend
 from celery_leader.beat import LeaderScheduler
+from celery_leader.celery.entries import entries_of as celery_entries_of
 from celery_leader.config import LeaderConfig
+from celery_leader.dramatiq import LeaderMiddleware
+from celery_leader.dramatiq.entries import entries_of as dramatiq_entries_of
 from celery_leader.ops_entries import add_fields, redbeat_entries, run_slot
 from celery_leader.schedule import feed as feed_module
 from celery_leader.schedule import protocol
@@ -415,3 +420,38 @@ def test_a_single_run_at_an_instant_and_the_allow_list_globs(cli: Any) -> None:
     assert done.returncode == 0, done.stderr
     shown = json.loads(run("show", "o", "--json").stdout)
     assert shown["next_due"] == "2098-12-31T22:00:00+00:00"
+
+
+def test_the_python_api_of_both_frameworks(monkeypatch: pytest.MonkeyPatch) -> None:
+    url = f"memory://entries-{uuid.uuid4().hex}"
+    app = Celery("api", broker="memory://", set_as_current=False)
+    app.conf.leader_url = url
+    app.conf.beat_schedule = {"tick": {"task": "api.tick", "schedule": 5.0}}
+    sent: list[dict[str, Any]] = []
+    monkeypatch.setattr(app, "send_task", lambda task, **kw: sent.append({"task": task, **kw}))
+    with celery_entries_of(app) as entries:
+        entry = entries.add("r", "api.report", every=60, kwargs={"c": 1})
+        assert entries.update("r", expected_version=entry.version, every=30).every == 30
+        with pytest.raises(EntryConflict):
+            entries.update("r", expected_version=entry.version, every=10)
+        slot = entries.run_now("r")
+        assert slot.startswith("r@run:") and sent[0]["headers"] == {"leader_slot": slot}
+        assert sent[0]["kwargs"] == {"c": 1}
+        entries.pause("tick")
+        assert [e.name for e in entries.list()] == ["r", "tick"]
+        assert entries.get("r") is not None
+        entries.remove("r")
+        assert entries.get("r") is None
+
+    broker = StubBroker()
+    broker.add_middleware(LeaderMiddleware(url=url))
+
+    @dramatiq.actor(broker=broker, queue_name="q")
+    def work() -> None:
+        pass
+
+    with dramatiq_entries_of(broker) as entries:
+        entries.add("w", "work", cron="*/5 * * * *")
+        entries.run_now("w")
+        assert broker.queues["q"].qsize() == 1
+        assert [e.name for e in entries.list()] == ["tick", "w"], "one store, two frameworks"
