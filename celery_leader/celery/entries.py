@@ -206,9 +206,7 @@ def import_(
 ) -> None:
     """Add the entries of FILE (JSON lines; - for stdin), or of a redbeat schedule."""
     if redbeat_url is not None:
-        _run(
-            ctx, "from-redbeat", url=redbeat_url, prefix=prefix, dry_run=dry_run, replace=replace
-        )
+        _run(ctx, "from-redbeat", url=redbeat_url, prefix=prefix, dry_run=dry_run, replace=replace)
     if file is None:
         click.echo("Error: give FILE (JSON lines) or --from-redbeat URL", err=True)
         raise SystemExit(2)

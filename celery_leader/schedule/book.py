@@ -179,4 +179,3 @@ def _read_all(records: dict[str, str]) -> dict[str, Entry]:
         except EntryError as exc:
             raise EntryError(f"stored entry {name} is unreadable: {exc}") from None
     return out
-
