@@ -208,7 +208,7 @@ def plan(
             raise OpsError(
                 f"--to ({end.isoformat()}) is before --from ({start.isoformat()})", EXIT_UNKNOWN
             )
-        last_runs = planning.stored_last_runs(_beat_state(config)) if stored else None
+        last_runs = planning.stored_last_runs(_beat_state(config), jobs) if stored else None
         result = planning.plan(jobs, start, end, last_runs)
     except (planning.PlanError, ConfigError) as exc:
         raise OpsError(str(exc), EXIT_UNKNOWN) from exc

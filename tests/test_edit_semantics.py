@@ -336,3 +336,58 @@ def test_parse_state_reads_active_since_and_refuses_one_that_is_not_an_instant()
     raw = dump_state(T0, 2, 1, "me", active_since=seconds(5))
     assert parse_state(raw).active_since == seconds(5)  # type: ignore[union-attr]
     assert parse_state(raw.replace(seconds(5).isoformat(), "soon")) is None
+
+
+def test_leader_plan_from_stored_state_follows_the_same_rules() -> None:
+    """``leader plan --stored``: nothing from before a resume, nothing of another lifetime."""
+    from celery_leader.schedule import plan as planning
+
+    series = every_s(10)
+    jobs = [
+        Job("resumed", series, "all", None),
+        Job("recreated", series, "all", None, generation="new"),
+        Job("plain", series, "all", None),
+    ]
+    stored = {
+        "resumed": dump_state(seconds(0), 1, 1, "x", active_since=seconds(35)),
+        "recreated": dump_state(seconds(0), 1, 1, "x", generation="old"),
+        "plain": dump_state(seconds(0), 1, 1, "x"),
+    }
+    last_runs = planning.stored_last_runs(stored, jobs)
+    assert set(last_runs) == {"resumed", "plain"}
+    result = planning.plan(jobs, seconds(41), seconds(50), last_runs)
+    sent = sorted((s.entry, s.due) for s in result.slots)
+    assert sent == [
+        ("plain", seconds(10)), ("plain", seconds(20)), ("plain", seconds(30)),
+        ("plain", seconds(40)), ("plain", seconds(50)),
+        ("recreated", seconds(50)),
+        ("resumed", seconds(40)), ("resumed", seconds(50)),
+    ]  # fmt: skip
+
+
+class _AskedOnly(Editable):
+    """Jobs without a series (Celery's solar and custom schedules): the adapter says."""
+
+    def __init__(self, *jobs: Job) -> None:
+        super().__init__(*jobs)
+        self.due: datetime | None = None
+
+    def due_now(self, job: Job, now: datetime) -> tuple[datetime | None, float]:
+        return self.due, 1.0
+
+
+def test_a_job_without_a_series_records_a_slot_due_before_active_since_unsent(
+    config: LeaderConfig, now: Now, made: list[protocol.SlotProtocol]
+) -> None:
+    adapter = _AskedOnly(Job("solar", None, "all", None, active_since=seconds(30)))
+    slot_protocol = leading(config, adapter, made)
+    slot_protocol.tick()  # anchored at now
+    now.to(31)
+    adapter.due = seconds(20)  # what the schedule says, from before the resume
+    slot_protocol.tick()
+    assert adapter.take() == []
+    assert stored(config)["solar"]["last_run_at"] == seconds(20).isoformat()
+    now.to(41)
+    adapter.due = seconds(40)
+    slot_protocol.tick()
+    assert adapter.take() == [name("solar", 40)]

@@ -151,6 +151,16 @@ class LeaderSchedulerMixin:
         """Whether ``entry`` may run now (a hook: django-celery-beat's rows can be disabled)."""
         return True
 
+    def mark_edits(self, jobs: list[Job]) -> list[Job]:
+        """``jobs`` with their ``generation`` and ``active_since`` (a hook: the schedule's
+        entries as edited at runtime, such as django-celery-beat's rows). Code entries
+        have neither."""
+        return jobs
+
+    def stopped_leading(self) -> None:
+        """This replica stopped dispatching (a hook): give back its broker connection."""
+        self._release_broker()
+
     def _send(
         self, entry: ScheduleEntry, slot: str, epoch: int
     ) -> tuple[BaseException | None, bool]:
@@ -286,8 +296,7 @@ class _BeatAdapter(Adapter):
                 Job(entry.name, series, policy, grace, zone, entry.name, active_since=since)
             )
         self._series = seen
-        jobs += self._store_jobs(records, set(seen))
-        return jobs
+        return scheduler.mark_edits(jobs) + self._store_jobs(records, set(seen))
 
     def _store_jobs(self, records: dict[str, Entry], code: set[str]) -> list[Job]:
         """The enabled store entries this leader may send, as jobs (refusals logged once)."""
@@ -411,7 +420,7 @@ class _BeatAdapter(Adapter):
         return Outcome(error, definite)
 
     def demoted(self) -> None:
-        self.scheduler._release_broker()
+        self.scheduler.stopped_leading()
 
     def publishing(self) -> AbstractContextManager[object]:
         return _stop_signals_deferred()

@@ -5,28 +5,86 @@ Set ``CELERY_BEAT_SCHEDULER = "celery_leader.contrib.django:LeaderDatabaseSchedu
 subclass of django-celery-beat's ``DatabaseScheduler``, so its admin still
 treats the schedule as database-managed.
 
-django-celery-beat writes ``last_run_at`` to its tables lazily (every few
-minutes), so after a fail-over its rows are behind. The slot claims in the
-lease store are what keep a slot from going out twice: before an entry is
-considered due, its stored run state is adopted when newer than the row's.
+The lease store's run state is the truth of what was sent: django-celery-beat
+writes ``last_run_at`` to its rows lazily (every few minutes), so after a
+fail-over they are behind; a leader copies the stored state onto the rows, for
+the admin to show, and never the other way round.
+
+Rows are edited at runtime, and an edit means what it means for every entry
+(:class:`~celery_leader.schedule.jobs.Job`): a row's generation is its primary
+key, so a row deleted and re-created under its name starts fresh; a row that
+appears (created, re-enabled, past its ``start_time``) or whose schedule changed
+is active since the leader saw that, so it sends nothing from before. A row's
+``headers`` may carry its own ``leader_missed_slots`` and
+``leader_missed_slots_grace``.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
 from ..exceptions import missing_extra
-from .beat import LeaderSchedulerMixin
+from ..schedule.jobs import Job
+from ..schedule.series import utc
+from .beat import ENTRY_OPTIONS, LeaderSchedulerMixin
 
 try:
-    from django_celery_beat.schedulers import DatabaseScheduler
+    from django_celery_beat.schedulers import DatabaseScheduler, ModelEntry
 except ModuleNotFoundError as exc:
     raise missing_extra(exc, "django") from None
 
 
+class LeaderModelEntry(ModelEntry):  # type: ignore[misc]
+    """django-celery-beat's entry of a row, whose ``headers`` may hold its missed-slot policy.
+
+    ``{"leader_missed_slots": "all", "leader_missed_slots_grace": 600}`` in a row's
+    headers become the entry's options of those names (as in ``beat_schedule``),
+    so they are not sent as message headers.
+    """
+
+    def __init__(self, model: Any, app: Any = None) -> None:
+        super().__init__(model, app=app)
+        headers = self.options.get("headers")
+        if isinstance(headers, dict):
+            for key in ENTRY_OPTIONS:
+                if key in headers:
+                    self.options[key] = headers.pop(key)
+
+    def save(self) -> None:
+        """Write the row's ``last_run_at`` and ``total_run_count``, and nothing else.
+
+        django-celery-beat's own save reads the row and saves all of it: an edit
+        committed in between is undone (a disabled row enabled again) or a deleted
+        row comes back (Django inserts when its update matched nothing). One
+        ``UPDATE`` of two columns does neither, and leaves ``date_changed`` alone.
+        """
+        model = self.model
+        type(model)._default_manager.filter(pk=model.pk).update(
+            last_run_at=model.last_run_at, total_run_count=model.total_run_count
+        )
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """What the leader last saw of a row: which row, its schedule, since when it counts."""
+
+    generation: str
+    schedule: object
+    active_since: datetime | None
+
+
 class LeaderDatabaseScheduler(LeaderSchedulerMixin, DatabaseScheduler):  # type: ignore[misc]
     """django-celery-beat's ``DatabaseScheduler``; only the elected replica dispatches."""
+
+    Entry = LeaderModelEntry
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # The rows as this replica saw them while leading, and when; None: not yet.
+        self._rows: dict[str, _Seen] | None = None
+        self._looked_at: datetime | None = None
+        super().__init__(*args, **kwargs)
 
     def entry_enabled(self, entry: Any) -> bool:
         """A row runs while enabled, after its ``start_time``, before it ``expires``, and
@@ -40,6 +98,52 @@ class LeaderDatabaseScheduler(LeaderSchedulerMixin, DatabaseScheduler):  # type:
             and (model.expires is None or now < model.expires)
             and not (model.one_off and model.total_run_count > 0)
         )
+
+    def mark_edits(self, jobs: list[Job]) -> list[Job]:
+        """Each row's job with its generation (the row's key) and ``active_since``.
+
+        A row is compared with what this replica saw at its previous look, by its
+        schedule's value, not by ``date_changed``: django-celery-beat's own saves
+        of ``last_run_at`` bump that. A row that appeared or changed since is
+        active since its ``date_changed`` (the edit's save), kept between the
+        previous look and now: the editor's clock may be off, and the edit
+        happened in between. What a replica sees at its first look as leader it
+        takes as it is (``active_since`` unset): the lease store keeps the
+        ``active_since`` its predecessor recorded.
+        """
+        previous, looked_at = self._rows, self._looked_at
+        # Not read at the first look, which needs no time: the clock may be the
+        # store's, and reading it joins the election.
+        protocol = self._protocol
+        now = None if previous is None else (protocol.clock or protocol.now)()
+        # Read once: each read of django-celery-beat's ``schedule`` asks the database
+        # whether it changed, and may rebuild it.
+        entries = self.schedule
+        rows, marked = {}, []
+        for job in jobs:
+            entry = entries.get(job.payload)
+            if entry is None:  # deleted since the jobs were listed: gone at the next tick
+                continue
+            model = entry.model
+            generation = f"row-{model.pk}"
+            schedule = job.series.key() if job.series is not None else repr(entry.schedule)
+            seen = None if previous is None else previous.get(job.name)
+            if previous is None or now is None:
+                since = None  # the first look: nothing to compare with
+            elif seen is not None and (seen.generation, seen.schedule) == (generation, schedule):
+                since = seen.active_since
+            else:  # appeared (created, re-enabled, started), re-created or re-timed
+                changed = now if model.date_changed is None else utc(model.date_changed)
+                since = min(changed if looked_at is None else max(changed, looked_at), now)
+            rows[job.name] = _Seen(generation, schedule, since)
+            marked.append(replace(job, generation=generation, active_since=since))
+        self._rows, self._looked_at = rows, now
+        return marked
+
+    def stopped_leading(self) -> None:
+        """Forget the rows: edits made while following were not watched."""
+        super().stopped_leading()
+        self._rows = self._looked_at = None
 
     def set_run_state(self, entry: Any, last_run_at: datetime, count: int) -> None:
         """Also update the entry's model row, which ``next(entry)`` copies from."""

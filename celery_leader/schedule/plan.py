@@ -133,16 +133,22 @@ def _state_at(anchor: datetime, stored: datetime | None, start: datetime) -> dat
     return stored
 
 
-def stored_last_runs(stored: Mapping[str, str]) -> dict[str, datetime]:
-    """Each entry's ``last_run_at`` in ``stored``, the beat election's stored state.
+def stored_last_runs(stored: Mapping[str, str], jobs: Sequence[Job]) -> dict[str, datetime]:
+    """Each entry's ``last_run_at`` in ``stored``, the beat election's stored state, as
+    the leader counts it: slots before the entry's stored ``active_since`` are not due.
 
-    Unreadable values are left out (a leader replaces them with an anchor).
+    Unreadable values, and states of another generation than the job's, are left out
+    (a leader replaces them with an anchor).
     """
+    generations = {job.name: job.generation for job in jobs}
     runs = {}
     for name, value in stored.items():
         state = parse_state(value)
-        if state is not None:
-            runs[name] = state.last_run_at
+        if state is None:
+            continue
+        if state.generation is not None and state.generation != generations.get(name):
+            continue
+        runs[name] = counted_after(state.last_run_at, state.active_since)
     return runs
 
 

@@ -159,13 +159,11 @@ class SlotProtocol:
     def _restamp(self, jobs: Sequence[Job], term: Term) -> bool:
         """Store the ``active_since`` of jobs resumed or re-timed since their state was
         written; False (state reloaded at the next tick) when that failed."""
-        stale = [
-            job
-            for job in jobs
-            if job.active_since is not None
-            and later(job.active_since, self._states[job.name].active_since) == job.active_since
-            and job.active_since != self._states[job.name].active_since
-        ]
+        stale = []
+        for job in jobs:
+            stored = self._states[job.name].active_since
+            if job.active_since is not None and (stored is None or job.active_since > stored):
+                stale.append(job)
         if not stale:
             return True
         try:

@@ -69,6 +69,19 @@ if os.environ.get("DJANGO_MYSQL"):
         "HOST": _db.hostname,
         "PORT": _db.port,
     }
+# DJANGO_POSTGRES=user:password@host:port/name runs it on PostgreSQL (psycopg 3).
+if os.environ.get("DJANGO_POSTGRES"):
+    from urllib.parse import urlsplit
+
+    _pg = urlsplit(f"postgresql://{os.environ['DJANGO_POSTGRES']}")
+    DATABASES["default"] = {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": _pg.path.lstrip("/"),
+        "USER": _pg.username,
+        "PASSWORD": _pg.password,
+        "HOST": _pg.hostname,
+        "PORT": _pg.port,
+    }
 USE_TZ = True
 TIME_ZONE = "UTC"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -87,6 +100,7 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
 CELERY_LEADER_URL = os.environ.get("CELERY_LEADER_URL", f"file://{DATA / 'leader'}")
 CELERY_LEADER_TTL = float(os.environ.get("CELERY_LEADER_TTL", "15"))
 CELERY_LEADER_INSTANCE_ID = os.environ.get("CELERY_LEADER_INSTANCE_ID")  # None: host:pid
+CELERY_LEADER_MISSED_SLOTS = os.environ.get("CELERY_LEADER_MISSED_SLOTS", "once")
 CELERY_BEAT_SCHEDULER = "celery_leader.contrib.django:LeaderDatabaseScheduler"
 CELERY_BEAT_SCHEDULE = {
     "heartbeat": {

@@ -1,0 +1,237 @@
+"""Edits of django-celery-beat rows under 3 ``LeaderDatabaseScheduler`` beats on PostgreSQL.
+
+``leader_missed_slots = "all"``, the policy that sends the most. While the beats run, an
+editor process changes rows through the ORM: an interval re-timed from 30 s to 2 s, a row
+disabled for 15 s and re-enabled, a row deleted and re-created under its name; the
+leader is SIGKILLed while the rows are away. The test watches the broker and checks what
+each slot's name says against when the edits were saved.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections import Counter
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+import redis
+
+from celery_leader.backends import create_backend
+from celery_leader.config import LeaderConfig
+from harness.procs import Proc, Procs
+from harness.waiting import wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+PROJECT = ROOT / "example_project"
+CELERY_MAIN = "from celery.__main__ import main; main()"
+SCHEDULER = "celery_leader.contrib.django:LeaderDatabaseScheduler"
+
+#: Rows made before the beats start: a 30 s interval to shorten, two 2 s ones.
+SETUP = """
+from django_celery_beat.models import IntervalSchedule, PeriodicTask
+PeriodicTask.objects.all().delete()
+thirty, _ = IntervalSchedule.objects.get_or_create(every=30, period="seconds")
+two, _ = IntervalSchedule.objects.get_or_create(every=2, period="seconds")
+PeriodicTask.objects.create(name="retime", task="ticker.tasks.db_tick", interval=thirty)
+for name in ("pause", "recreate"):
+    PeriodicTask.objects.create(name=name, task="ticker.tasks.db_tick", interval=two)
+"""
+
+#: The edits, each line printed once the edit is committed. The re-timing lands 1 s
+#: before a 2 s slot, so that slot is due within one tick of the edit.
+EDITS = """
+import time
+from django_celery_beat.models import IntervalSchedule, PeriodicTask
+two = IntervalSchedule.objects.get(every=2, period="seconds")
+def say(what):
+    print(f"EDIT {what} {time.time():.3f}", flush=True)
+row = PeriodicTask.objects.get(name="retime")
+while not 0.9 <= time.time() % 2 < 0.95:
+    time.sleep(0.005)
+say("saving")
+row.interval = two
+row.save()
+say("retime")
+time.sleep(2)
+row = PeriodicTask.objects.get(name="pause")
+row.enabled = False
+row.save()
+say("disable")
+PeriodicTask.objects.get(name="recreate").delete()
+say("delete")
+time.sleep(15)
+row = PeriodicTask.objects.get(name="pause")
+row.enabled = True
+row.save()
+say("enable")
+PeriodicTask.objects.create(name="recreate", task="ticker.tasks.db_tick", interval=two)
+say("create")
+"""
+
+
+#: A row whose headers carry its missed-slot policy, and its run state written back.
+ENTRY = """
+import json
+from django_celery_beat.models import IntervalSchedule, PeriodicTask
+from celery_leader.celery.django import LeaderModelEntry
+every, _ = IntervalSchedule.objects.get_or_create(every=5, period="seconds")
+headers = {"leader_missed_slots": "skip", "leader_missed_slots_grace": 60, "team": "ops"}
+row = PeriodicTask.objects.create(
+    name="own", task="ticker.tasks.db_tick", interval=every, headers=json.dumps(headers)
+)
+entry = LeaderModelEntry(row)
+print("OPTIONS", json.dumps(entry.options, sort_keys=True))
+changed = PeriodicTask.objects.get(name="own").date_changed
+entry.model.total_run_count = 7
+entry.save()
+after = PeriodicTask.objects.get(name="own")
+print("SAVED", after.total_run_count, after.date_changed == changed)
+"""
+
+
+def _env(data: Path, **extra: str) -> dict[str, str]:
+    return {
+        "PYTHONPATH": f"{PROJECT}{os.pathsep}{ROOT}",
+        "DJANGO_SETTINGS_MODULE": "proj.settings",
+        "DEMO_DATA": str(data),
+        **extra,
+    }
+
+
+class Broker:
+    """The ``celery`` queue, polled: each slot's name and when it was first seen."""
+
+    def __init__(self, url: str) -> None:
+        self.client = redis.Redis.from_url(url)
+        self.seen: list[tuple[str, float]] = []
+
+    def poll(self) -> None:
+        # Messages are pushed at the head: the new ones are the first, newest first.
+        raw = self.client.lrange("celery", 0, -1)
+        new = raw[: len(raw) - len(self.seen)]
+        now = time.time()
+        self.seen += [(str(json.loads(m)["headers"]["leader_slot"]), now) for m in new[::-1]]
+
+    def slots(self, entry: str) -> list[tuple[float, float]]:
+        """(due, first seen) of every slot of ``entry``, as Unix times, by due time."""
+        found = []
+        for slot, at in self.seen:
+            name, _, due = slot.partition("@")
+            if name == entry:
+                found.append((datetime.fromisoformat(due).timestamp(), at))
+        return sorted(found)
+
+
+def _edit_times(editor: Proc) -> dict[str, float]:
+    times = {}
+    for line in editor.lines():
+        if line.startswith("EDIT "):
+            _, what, at = line.split()
+            times[what] = float(at)
+    return times
+
+
+def test_a_rows_headers_carry_its_policy_and_run_state_saves_leave_the_row_unchanged(
+    tmp_path: Path, procs: Procs
+) -> None:
+    for argv in (("migrate", "--no-input"), ("shell", "-c", ENTRY)):
+        proc = procs.spawn_python(PROJECT / "manage.py", *argv, env=_env(tmp_path))
+        assert proc.popen.wait(120) == 0, proc.output()
+    lines = {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in proc.lines() if " " in line}
+    options = json.loads(lines["OPTIONS"])
+    assert options["leader_missed_slots"] == "skip"
+    assert options["leader_missed_slots_grace"] == 60
+    # Not sent as message headers; the row's other headers are.
+    assert options["headers"] == {"team": "ops", "periodic_task_name": "own"}
+    # The run count is written, and date_changed (an edit's mark) is not bumped.
+    assert lines["SAVED"] == "7 True"
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_row_edits_take_effect_at_once_and_send_nothing_from_before_them(
+    tmp_path: Path, redis_url: str, postgres_url: str, procs: Procs
+) -> None:
+    broker_url = redis_url.rsplit("/", 1)[0] + "/1"
+    extra = {
+        "DJANGO_POSTGRES": postgres_url.split("://", 1)[1],
+        "CELERY_LEADER_URL": "django://default",
+        "CELERY_BROKER_URL": broker_url,
+        "CELERY_LEADER_TTL": "2",
+        "CELERY_LEADER_MISSED_SLOTS": "all",
+    }
+    for argv in (("migrate", "--no-input"), ("shell", "-c", SETUP)):
+        proc = procs.spawn_python(PROJECT / "manage.py", *argv, env=_env(tmp_path, **extra))
+        assert proc.popen.wait(120) == 0, proc.output()
+
+    def beat(n: int) -> Proc:
+        return procs.spawn_python(
+            CELERY_MAIN,
+            "-A", "proj", "beat", "-S", SCHEDULER, "-l", "info", "--max-interval", "1",
+            env=_env(tmp_path, CELERY_LEADER_INSTANCE_ID=f"beat-{n}", **extra),
+            cwd=PROJECT,
+        )  # fmt: skip
+
+    beats = {f"beat-{n}": beat(n) for n in (1, 2, 3)}
+    broker = Broker(broker_url)
+
+    def running(entry: str, after: float = 0.0) -> bool:
+        broker.poll()
+        return len([due for due, _ in broker.slots(entry) if due > after]) >= 2
+
+    wait_for(lambda: running("pause") and running("recreate"), 40, interval=0.05,
+             message="the 2 s rows never ran")  # fmt: skip
+    editor = procs.spawn_python(
+        PROJECT / "manage.py", "shell", "-c", EDITS, env=_env(tmp_path, **extra)
+    )
+    wait_for(lambda: broker.poll() or "delete" in _edit_times(editor), 20, interval=0.05,
+             message=lambda: f"the editor never deleted a row:\n{editor.output()}")  # fmt: skip
+    # SIGKILL the leader while the rows are away: its successor never saw them go.
+    store = create_backend(LeaderConfig.from_mapping({"leader_url": postgres_url}))
+    holder = store.holder("beat")
+    store.close()
+    assert holder is not None
+    os.killpg(beats[holder.instance_id].pid, signal.SIGKILL)
+    wait_for(lambda: broker.poll() or "create" in _edit_times(editor), 30, interval=0.05,
+             message=lambda: f"the editor never re-created a row:\n{editor.output()}")  # fmt: skip
+    edits = _edit_times(editor)
+    wait_for(lambda: running("pause", edits["enable"]) and running("recreate", edits["create"]),
+             15, interval=0.05, message="the rows never ran again")  # fmt: skip
+    for name, proc in beats.items():
+        if proc.alive:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(15)
+            assert "Traceback" not in proc.output(), f"{name}:\n{proc.output()}"
+    broker.poll()
+
+    twice = {s: n for s, n in Counter(s for s, _ in broker.seen).items() if n > 1}
+    assert not twice, f"slots sent twice: {twice}"
+
+    # Re-timed 30 s -> 2 s: the next 2 s slot after the save (about 1 s after it),
+    # within a tick.
+    saving, edited = edits["saving"], edits["retime"]
+    new = [(due, at) for due, at in broker.slots("retime") if due >= saving]
+    assert new, broker.slots("retime")
+    first_due, first_seen = new[0]
+    assert first_due <= edited + 2, (saving, edited, new)
+    # Within a tick or so, however loaded the machine (the old rule waited 29 s here).
+    assert first_seen - edited < 3.0, f"first 2 s slot seen {first_seen - edited:.2f} s after"
+    print(f"re-timed: first 2 s slot seen {first_seen - edited:.2f} s after the edit")
+    # And no 2 s slot from before the edit, under "all" either: only the 30 s grid.
+    before = [due for due, _ in broker.slots("retime") if due < saving]
+    assert all(due % 30 == 0 for due in before), before
+
+    # Disabled for 15 s: nothing due from the disabled window, even under "all" (a
+    # slot due within a tick of the disable may still go out, before the leader sees it).
+    tick = 1.1
+    off = (edits["disable"] + tick, edits["enable"])
+    assert [due for due, _ in broker.slots("pause") if off[0] < due < off[1]] == [], (
+        edits, broker.slots("pause"))  # fmt: skip
+    # Deleted and re-created: nothing due before the re-creation.
+    gone = (edits["delete"] + tick, edits["create"])
+    assert [due for due, _ in broker.slots("recreate") if gone[0] < due < gone[1]] == [], (
+        edits, broker.slots("recreate"))  # fmt: skip
