@@ -1,4 +1,5 @@
-"""``python -m celery_leader status|resign|check|plan|run``: the ``leader`` commands without Celery.
+"""``python -m celery_leader status|resign|check|plan|run|entries``: the ``leader``
+commands without Celery.
 
 Settings come from ``CELERY_LEADER_*`` environment variables
 (:meth:`LeaderConfig.from_env`); the output and exit codes are those of
@@ -16,8 +17,9 @@ import os
 import sys
 from collections.abc import Sequence
 from datetime import timezone
+from typing import Any
 
-from . import ops
+from . import ops, ops_entries
 from .config import LeaderConfig, env_name
 from .exceptions import ConfigError, MissingExtra
 from .run.spec import RESTART
@@ -82,7 +84,102 @@ def _parser() -> argparse.ArgumentParser:
         help="when CMD exits on its own: start it again, or resign and exit (default: never)",
     )
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS ...]")
+    _entries_parser(commands)
     return parser
+
+
+def _entries_parser(commands: Any) -> None:
+    entries = commands.add_parser(
+        "entries",
+        help="schedule entries kept in the store: add, ls, show, rm, pause, resume, run, ...",
+        description="Exit codes: 0 done, 2 bad input, a refused edit or an unreachable store "
+        "(one line on stderr, nothing stored).",
+    )
+    entries.add_argument(
+        "--app", required=True, metavar="MODULE", help="module (or module:broker) of the broker"
+    )
+    entries.add_argument("--path", "-P", action="append", default=[], help="add to sys.path")
+    sub = entries.add_subparsers(dest="entries_command", required=True)
+    add = sub.add_parser("add", help="add entry NAME (exit 2 if it exists, unless --replace)")
+    add.add_argument("name", metavar="NAME")
+    add.add_argument("--task", required=True, help="the actor to send")
+    add.add_argument("--every", help="every SECONDS, on a grid of the period since the epoch")
+    add.add_argument("--cron", help='a 5-field cron expression, e.g. "*/5 * * * *"')
+    add.add_argument("--tz", help="the zone --cron is read in (default UTC)")
+    add.add_argument("--at", help="one run at this ISO 8601 instant")
+    add.add_argument("--args", help="positional arguments: a JSON array")
+    add.add_argument("--kwargs", help="keyword arguments: a JSON object")
+    add.add_argument("--queue", help="the queue to send to")
+    add.add_argument("--missed-slots", choices=("once", "skip", "all"), help="its policy")
+    add.add_argument("--paused", action="store_true", help="add it paused")
+    add.add_argument("--replace", action="store_true", help="redefine it if it exists")
+    add.add_argument("--strict", action="store_true", help="refuse an actor the app lacks")
+    for name, text in (
+        ("ls", "list code and store entries"),
+        ("export", "print the store entries as JSON lines"),
+    ):
+        listing = sub.add_parser(name, help=text)
+        listing.add_argument("--json", action="store_true", help="print JSON")
+    show = sub.add_parser("show", help="show entry NAME")
+    show.add_argument("name", metavar="NAME")
+    show.add_argument("--json", action="store_true", help="print JSON")
+    for name, text in (
+        ("rm", "remove store entry NAME"),
+        ("pause", "stop sending NAME until resumed"),
+        ("resume", "send NAME again, from now"),
+        ("run", "send one run of NAME now, outside its grid"),
+    ):
+        sub.add_parser(name, help=text).add_argument("name", metavar="NAME")
+    imp = sub.add_parser("import", help="add the entries of FILE (JSON lines) or of redbeat")
+    imp.add_argument("file", nargs="?", type=argparse.FileType("r"), metavar="FILE")
+    imp.add_argument("--from-redbeat", metavar="REDIS_URL", help="read redbeat's entries")
+    imp.add_argument("--prefix", default="redbeat", help="redbeat's key prefix")
+    imp.add_argument("--dry-run", action="store_true", help="list them, store nothing")
+    imp.add_argument("--replace", action="store_true", help="redefine entries that exist")
+
+
+def _entries(args: argparse.Namespace, echo: ops.Echo) -> int:
+    # The Dramatiq side is imported only here: the other commands need no extra.
+    dramatiq_entries = importlib.import_module("celery_leader.dramatiq.entries")
+    sys.path[:0] = [*args.path, os.getcwd()]
+    app = dramatiq_entries.load(args.app)
+    command = args.entries_command
+    given: dict[str, Any] = {}
+    if command == "add":
+        fields = ops_entries.add_fields(
+            args.name,
+            args.task,
+            args.every,
+            args.cron,
+            args.tz,
+            args.at,
+            args.args,
+            args.kwargs,
+            args.queue,
+            args.paused,
+            args.missed_slots,
+        )
+        given = {"fields": fields, "replace": args.replace, "strict": args.strict}
+    elif command in ("ls", "export"):
+        given = {"as_json": args.json}
+    elif command == "show":
+        given = {"name": args.name, "as_json": args.json}
+    elif command == "import":
+        if args.from_redbeat is not None:
+            command = "from-redbeat"
+            given = {
+                "url": args.from_redbeat,
+                "prefix": args.prefix,
+                "dry_run": args.dry_run,
+                "replace": args.replace,
+            }
+        elif args.file is None:
+            raise ConfigError("give FILE (JSON lines) or --from-redbeat URL")
+        else:
+            given = {"lines": list(args.file), "replace": args.replace}
+    else:
+        given = {"name": args.name}
+    return ops_entries.run_command(app, echo, command, **given)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -119,11 +216,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _plan(args, echo)
         if args.command == "run":
             return _run(args)
+        if args.command == "entries":
+            return _entries(args, echo)
         config = LeaderConfig.from_env()
         if args.command == "status":
             return ops.status(config, echo, args.elections, args.json)
         return ops.resign(config, echo, args.election, not args.no_wait)
-    except (ConfigError, MissingExtra, planning.PlanError) as exc:
+    except (ConfigError, MissingExtra, planning.PlanError, ops_entries.EntriesError) as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return ops.EXIT_UNKNOWN
     except ops.OpsError as exc:

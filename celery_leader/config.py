@@ -137,6 +137,9 @@ class LeaderConfig:
     overlap: str = "allow"
     #: Longest wait of a slot of an ``overlap = "wait"`` entry, seconds.
     overlap_wait: float = DEFAULT_OVERLAP_WAIT
+    #: Task-name globs a schedule entry kept in the store may name; the leader
+    #: skips (and logs) any other. ``("*",)``: every task.
+    entries_allow: tuple[str, ...] = ("*",)
 
     @property
     def display_url(self) -> str:
@@ -287,6 +290,7 @@ class LeaderConfig:
             overlap_wait=_positive(
                 n("leader_overlap_wait"), values.get("leader_overlap_wait"), DEFAULT_OVERLAP_WAIT
             ),
+            entries_allow=_globs(n("leader_entries_allow"), values.get("leader_entries_allow")),
         )
 
 
@@ -316,6 +320,7 @@ SETTINGS = (
     "leader_ledger_retention",
     "leader_overlap",
     "leader_overlap_wait",
+    "leader_entries_allow",
 )
 
 
@@ -427,6 +432,19 @@ def validate_name(setting: str, value: object) -> str:
             f"{setting} must be a non-empty string of letters, digits and _ . : - (got {value!r})"
         )
     return value
+
+
+def _globs(setting: str, value: object) -> tuple[str, ...]:
+    """Task-name globs: a list of strings, or one comma-separated string (``None``: all)."""
+    if value is None or value == "":
+        return ("*",)
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
+        raise ConfigError(f"{setting} must be a list of task-name globs (got {value!r})")
+    globs = tuple(i.strip() for i in items if i.strip())
+    if not globs:
+        raise ConfigError(f"{setting} names no glob (got {value!r}): no entry could ever run")
+    return globs
 
 
 def _url(value: object, broker_url: object, setting: str) -> str:

@@ -27,6 +27,7 @@ import requests
 
 from celery_leader.backends import (
     Backend,
+    Edit,
     FencedState,
     LockStore,
     Renewal,
@@ -541,6 +542,49 @@ class TestFencedState:
         assert where in caplog.text, "logged, naming where"
         assert a.claim(ELECTION, term, [Write("x", None, '"mine"')]) == [True]
         assert a.load_state(ELECTION) == {"x": '"mine"'}
+
+    def test_entries_are_edited_by_anyone_with_compare_and_set(self, store: Store) -> None:
+        """Schedule entries need no term; every applied edit moves the version."""
+        leader, editor, other = store.backend(), store.backend(), store.backend()
+        take(leader, "a")
+        assert editor.load_entries(ELECTION) == (0, {})
+        assert editor.entries_version(ELECTION) == 0
+        edits = [
+            Edit("x", None, '{"v":1}'),  # nothing stored: created
+            Edit("x", None, '{"v":2}'),  # now stored: fails
+            Edit("y", '{"v":0}', '{"v":1}'),  # expects what is not there: fails
+            Edit("x", '{"v":1}', '{"v":3}'),  # matches: replaced
+            Edit("z", None, "z1"),
+        ]
+        assert other.edit_entries(ELECTION, edits) == [True, False, False, True, True]
+        version, entries = leader.load_entries(ELECTION)
+        assert entries == {"x": '{"v":3}', "z": "z1"}
+        assert version > 0 and leader.entries_version(ELECTION) == version
+
+        assert editor.edit_entries(ELECTION, [Edit("z", "stale", None)]) == [False]
+        assert leader.entries_version(ELECTION) == version, "nothing applied, nothing moved"
+        assert editor.edit_entries(ELECTION, [Edit("z", "z1", None)]) == [True]
+        moved, entries = leader.load_entries(ELECTION)
+        assert entries == {"x": '{"v":3}'} and moved > version
+        assert leader.load_state(ELECTION) == {}, "entries are apart from the run state"
+        assert leader.load_entries("other") == (0, {})
+
+    def test_concurrent_entry_editors_never_both_win(self, store: Store) -> None:
+        editors = [store.backend() for _ in range(4)]
+        editors[0].edit_entries(ELECTION, [Edit("x", None, "0")])
+        wins: list[str] = []
+
+        def edit(i: int) -> None:
+            if editors[i].edit_entries(ELECTION, [Edit("x", "0", f"by {i}")]) == [True]:
+                wins.append(f"by {i}")
+
+        threads = [threading.Thread(target=edit, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(wins) == 1
+        assert editors[1].load_entries(ELECTION)[1] == {"x": wins[0]}
 
     def test_a_store_that_is_down_raises_store_unavailable_only(self, store: Store) -> None:
         backend = _down(store)

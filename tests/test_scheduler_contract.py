@@ -34,6 +34,7 @@ from celery_leader.dramatiq.scheduler import INTERVAL, DramatiqScheduler
 from celery_leader.health import check
 from celery_leader.lease import Lease
 from celery_leader.schedule import protocol
+from celery_leader.schedule.feed import POLL_INTERVAL
 from celery_leader.schedule.jobs import Job
 from celery_leader.schedule.state import dump_state
 from harness.waiting import wait_for
@@ -131,7 +132,7 @@ class Kind(ABC):
 
 class CeleryKind(Kind):
     logger = "celery_leader.celery.beat"
-    max_sleep = 300.0  # beat_max_loop_interval
+    max_sleep = POLL_INTERVAL  # a leader asks this often whether store entries changed
 
     def __init__(self, store: str, settings: dict[str, Any], monkeypatch: Any) -> None:
         super().__init__(store, settings)

@@ -13,7 +13,7 @@ from typing import Protocol
 
 from ..exceptions import missing_extra
 from .base import Backend
-from .fenced import FencedState, Write
+from .fenced import Edit, FencedState, Write
 from .lock import Acquired, HolderInfo, LockStore, Renewal, Term
 from .registry import STORES, Store, store_for
 
@@ -37,10 +37,12 @@ class StoreSettings(Protocol):
     @property
     def replica_acks(self) -> int | None: ...
 
+
 __all__ = [
     "STORES",
     "Acquired",
     "Backend",
+    "Edit",
     "FencedState",
     "HolderInfo",
     "LockStore",

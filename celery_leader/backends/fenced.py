@@ -16,6 +16,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..exceptions import ConfigError
 from .lock import Term
 
 
@@ -40,6 +41,33 @@ class Write:
     def in_order(self) -> bool:
         """Whether the write comes after the record it replaces (True without keys)."""
         return self.order is None or self.after is None or self.after < self.order
+
+
+@dataclass(frozen=True)
+class Edit:
+    """An unfenced compare-and-set of one schedule entry: any process may make it.
+
+    It succeeds only if the stored entry ``key`` is exactly ``expected``
+    (``None``: no such entry); ``new`` replaces it, ``None`` removes it.
+    """
+
+    key: str
+    expected: str | None
+    new: str | None
+
+
+def apply_edits(entries: dict[str, str], edits: Sequence[Edit]) -> list[bool]:
+    """Compare-and-set ``edits`` on ``entries`` in place, in order; one result each."""
+    results = []
+    for e in edits:
+        ok = entries.get(e.key) == e.expected
+        if ok:
+            if e.new is None:
+                entries.pop(e.key, None)
+            else:
+                entries[e.key] = e.new
+        results.append(ok)
+    return results
 
 
 def apply_writes(state: dict[str, str], writes: Sequence[Write]) -> list[bool]:
@@ -128,3 +156,32 @@ class FencedState(ABC):
     @abstractmethod
     def load_runs(self, election: str) -> dict[str, str]:
         """The unexpired run records of ``election``: key -> value, as written."""
+    # -- schedule entries ---------------------------------------------------
+    #
+    # Entries of an election are records beside its fenced state that any
+    # process may edit without a term (an operator's CLI, an admin view): the
+    # leader only reads them. Every applied edit moves the election's entries
+    # version, so a leader asks one cheap question per tick and re-reads the
+    # entries only when it moved. A store that does not keep entries says so.
+
+    def entries_version(self, election: str) -> int:
+        """A number that changes whenever an entry of ``election`` is edited (0: never)."""
+        raise self._no_entries()
+
+    def load_entries(self, election: str) -> tuple[int, dict[str, str]]:
+        """The entries version and the entries of ``election`` (name -> value), as written.
+
+        The version is read no later than the entries: a version that moves after
+        the read makes the reader read again, never miss an edit.
+        """
+        raise self._no_entries()
+
+    def edit_entries(self, election: str, edits: Sequence[Edit]) -> list[bool]:
+        """Apply ``edits`` (compare-and-set, no term needed); one result each.
+
+        The entries version moves when any of them applied.
+        """
+        raise self._no_entries()
+
+    def _no_entries(self) -> ConfigError:
+        return ConfigError(f"{type(self).__name__} does not keep schedule entries yet")

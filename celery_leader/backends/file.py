@@ -9,6 +9,8 @@ Files of election ``e`` under key prefix ``p``, all in ``dir``:
 * ``p.e.state``  - JSON of the shared schedule state
 * ``p.e.runs``   - JSON of the run ledger, key -> [value, expiry (Unix time)];
   rewritten under ``flock`` of ``p.e.runs.lock`` by any process (workers hold no term)
+* ``p.e.entries`` - JSON ``{"version", "entries"}`` of the schedule entries,
+  edited under a ``flock`` of ``p.e.entries-lock`` (by any process, no term)
 
 The kernel drops a flock when its holder's process dies, and a follower
 blocked in ``flock`` wakes up holding it: a crash hands over at once, with no
@@ -35,7 +37,7 @@ from urllib.parse import unquote, urlsplit
 
 from ..exceptions import ConfigError, StoreUnavailable
 from .base import Backend
-from .fenced import Write, apply_writes
+from .fenced import Edit, Write, apply_edits, apply_writes
 from .lock import Acquired, HolderInfo, Renewal, Term
 from .terms import holder_info, new_term, parse_epoch, unreadable_state
 from .waiting import LockWaiter, wait_sliced
@@ -291,6 +293,39 @@ class FileBackend(Backend):
             for key, item in data.items()
             if isinstance(item, list) and len(item) == 2 and float(item[1]) > now
         }
+    def entries_version(self, election: str) -> int:
+        return self.load_entries(election)[0]
+
+    def load_entries(self, election: str) -> tuple[int, dict[str, str]]:
+        path = self._path(election, "entries")
+        text = _read_text(path)
+        if text is None:
+            return 0, {}
+        try:
+            data = json.loads(text)
+            version, entries = data["version"], data["entries"]
+        except (ValueError, TypeError, KeyError):
+            version = entries = None
+        if not isinstance(version, int) or not isinstance(entries, dict):
+            return 0, unreadable_state(str(path), text)
+        return version, entries
+
+    def edit_entries(self, election: str, edits: Sequence[Edit]) -> list[bool]:
+        lock_path = self._path(election, "entries-lock")
+        with _io(lock_path):
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                # Editors of one host take turns; the file is replaced atomically,
+                # so a leader reading it needs no lock.
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                version, entries = self.load_entries(election)
+                results = apply_edits(entries, edits)
+                if any(results):
+                    text = json.dumps({"version": version + 1, "entries": entries})
+                    _write(self._path(election, "entries"), text)
+                return results
+            finally:
+                os.close(fd)
 
     def leave(self, election: str) -> None:
         with self._lock:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from ..clock import SYSTEM_CLOCK, Clock
 from .base import Backend
-from .fenced import Write, apply_writes
+from .fenced import Edit, Write, apply_edits, apply_writes
 from .lock import Acquired, HolderInfo, Renewal, Term
 from .terms import new_term
 
@@ -36,6 +36,8 @@ class _Store:
     state: dict[str, dict[str, str]] = field(default_factory=dict)
     #: election -> run key -> (value, expiry on the backend's clock).
     runs: dict[str, dict[str, tuple[str, float]]] = field(default_factory=dict)
+    entries: dict[str, dict[str, str]] = field(default_factory=dict)
+    entries_version: dict[str, int] = field(default_factory=dict)
     #: Set at the next release (then replaced): what waiting followers wake on.
     released: threading.Event = field(default_factory=threading.Event)
 
@@ -164,6 +166,22 @@ class MemoryBackend(Backend):
             now = self.clock.monotonic()
             runs = self._store.runs.get(election, {})
             return {key: value for key, (value, expires) in runs.items() if expires > now}
+    def entries_version(self, election: str) -> int:
+        with self._store.cond:
+            return self._store.entries_version.get(election, 0)
+
+    def load_entries(self, election: str) -> tuple[int, dict[str, str]]:
+        with self._store.cond:
+            entries = dict(self._store.entries.get(election, {}))
+            return self._store.entries_version.get(election, 0), entries
+
+    def edit_entries(self, election: str, edits: Sequence[Edit]) -> list[bool]:
+        store = self._store
+        with store.cond:
+            results = apply_edits(store.entries.setdefault(election, {}), edits)
+            if any(results):
+                store.entries_version[election] = store.entries_version.get(election, 0) + 1
+            return results
 
 
 def _info(record: _Record, now: float) -> HolderInfo:

@@ -28,8 +28,11 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from .. import metrics
+from ..backends import create_backend
 from ..config import OVERLAP, validate_grace, validate_missed_slots
 from ..exceptions import ConfigError, missing_extra
+from ..schedule.entries import CODE, STORE, Entry, allowed
+from ..schedule.feed import POLL_INTERVAL, EntryFeed
 from ..schedule.jobs import Adapter, Job, Outcome
 from ..schedule.protocol import SlotProtocol
 from ..schedule.series import CronSeries, Every, Series, utc
@@ -110,15 +113,35 @@ class LeaderSchedulerMixin:
         return self._protocol.lease
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
-        """One scheduler pass; only a current leader dispatches."""
-        return self._protocol.tick()
+        """One scheduler pass; only a current leader dispatches.
 
-    def leader_jobs(self) -> Sequence[Job]:
+        A leader wakes at least every ``POLL_INTERVAL`` to see edits of the
+        entries kept in the store, however far its next slot is.
+        """
+        adapter = self._protocol.adapter
+        if isinstance(adapter, _BeatAdapter) and adapter.feed is None:
+            lease = self.lease
+            adapter.feed = EntryFeed(lease.backend, lease.election, logger)
+        return min(self._protocol.tick(), POLL_INTERVAL)
+
+    def leader_jobs(self, store_entries: bool = False) -> Sequence[Job]:
         """The schedule's entries as the slot protocol sees them (``leader plan`` lists them).
 
-        Sets the schedule up as a leader does, so call it on a scheduler that never ticks.
+        Sets the schedule up as a leader does, so call it on a scheduler that never
+        ticks. ``store_entries``: also the entries kept in the store (read once, on
+        a connection of its own); otherwise nothing contacts the store.
         """
-        return self._protocol.adapter.jobs()
+        adapter = self._protocol.adapter
+        if not store_entries or not isinstance(adapter, _BeatAdapter):
+            return adapter.jobs()
+        backend = create_backend(self.leader_config)
+        try:
+            election = self.leader_config.beat_election
+            adapter.feed = EntryFeed(backend, election, logger, interval=0)
+            return adapter.jobs()
+        finally:
+            adapter.feed = None
+            backend.close()
 
     def set_run_state(self, entry: ScheduleEntry, last_run_at: datetime, count: int) -> None:
         """Set ``last_run_at`` and ``total_run_count`` of ``entry`` (a hook)."""
@@ -249,11 +272,17 @@ class _BeatAdapter(Adapter):
         self._bad_options: set[str] = set()  # entries whose leader_* options were refused
         #: The scheduler's ``schedule`` as the last :meth:`jobs` read it.
         self._entries: dict[str, ScheduleEntry] | None = None
+        #: The entries kept in the store; set on the first tick (which joins the lease).
+        self.feed: EntryFeed | None = None
+        #: Store entries as Celery entries, by name: (the Entry they were made of, it).
+        self._stored: dict[str, tuple[Entry, ScheduleEntry]] = {}
+        self._refused: set[tuple[str, str]] = set()  # (name, why) logged once
 
     def jobs(self) -> Sequence[Job]:
         scheduler = self.scheduler
         scheduler.set_up_as_leader()
         zone = scheduler.app.timezone
+        records = {} if self.feed is None else self.feed.current()
         jobs = []
         seen = {}
         # Read once per pass: ``schedule`` may be a property that asks a
@@ -264,12 +293,70 @@ class _BeatAdapter(Adapter):
         for entry in entries.values():
             if not scheduler.entry_enabled(entry):
                 continue
+            kept = records.get(entry.name)
+            since = None
+            if kept is not None and kept.kind == CODE:
+                if not kept.enabled:
+                    continue  # paused from the CLI or the API
+                since = kept.active_since  # resumed: nothing for the paused time
             series = self._series_of(entry)
             seen[entry.name] = (entry.schedule, series)
             policy, grace = self._policy(entry)
-            jobs.append(Job(entry.name, series, policy, grace, zone, entry.name))
+            jobs.append(
+                Job(entry.name, series, policy, grace, zone, entry.name, active_since=since)
+            )
         self._series = seen
-        return scheduler.mark_edits(jobs)
+        return scheduler.mark_edits(jobs) + self._store_jobs(records, set(seen))
+
+    def _store_jobs(self, records: dict[str, Entry], code: set[str]) -> list[Job]:
+        """The enabled store entries this leader may send, as jobs (refusals logged once)."""
+        config = self.scheduler.leader_config
+        jobs = []
+        stored = {}
+        for name, entry in records.items():
+            if entry.kind != STORE or not entry.enabled:
+                continue
+            if name in code:
+                self._refuse(name, "a code entry has its name; the code entry runs")
+                continue
+            if not allowed(entry.task, config.entries_allow):
+                self._refuse(name, f"its task {entry.task} is outside leader_entries_allow")
+                continue
+            known = self._stored.get(name)
+            celery_entry = known[1] if known and known[0] == entry else self._celery_entry(entry)
+            stored[name] = (entry, celery_entry)
+            jobs.append(
+                Job(
+                    name,
+                    entry.series(),
+                    entry.missed_slots or config.missed_slots,
+                    entry.missed_slots_grace
+                    if entry.missed_slots_grace is not None
+                    else config.missed_slots_grace,
+                    self.scheduler.app.timezone,
+                    celery_entry,
+                    generation=entry.generation,
+                    active_since=entry.active_since,
+                )
+            )
+        self._stored = stored
+        return jobs
+
+    def _refuse(self, name: str, why: str) -> None:
+        if (name, why) not in self._refused:
+            self._refused.add((name, why))
+            logger.error("celery-leader: not sending stored entry %s: %s", name, why)
+
+    def _celery_entry(self, entry: Entry) -> ScheduleEntry:
+        """A Celery entry that sends what ``entry`` names (never put in beat's schedule)."""
+        return ScheduleEntry(
+            name=entry.name,
+            task=entry.task,
+            args=tuple(entry.args),
+            kwargs=dict(entry.kwargs),
+            options=dict(entry.options),
+            app=self.scheduler.app,
+        )
 
     def _series_of(self, entry: ScheduleEntry) -> Series | None:
         sched = entry.schedule
@@ -309,6 +396,8 @@ class _BeatAdapter(Adapter):
         return policy, grace
 
     def _entry(self, job: Job) -> ScheduleEntry:
+        if isinstance(job.payload, ScheduleEntry):
+            return job.payload  # a store entry's
         # Looked up by name: reserve() replaces a sent entry with its successor
         # (in the same dict, which ``schedule`` returns every time it is unchanged).
         entries = self._entries if self._entries is not None else self.scheduler.schedule
@@ -334,10 +423,14 @@ class _BeatAdapter(Adapter):
     def recorded(self, job: Job, last_run_at: datetime, count: int, sent: bool) -> None:
         scheduler: Any = self.scheduler
         entry = self._entry(job)
-        if sent:
+        if sent and not isinstance(job.payload, ScheduleEntry):
             # Celery's own bookkeeping of a run (django-celery-beat saves its row).
             entry = scheduler.reserve(entry)
         local = last_run_at.astimezone(scheduler.app.timezone)
+        if isinstance(job.payload, ScheduleEntry):
+            # A store entry's: the scheduler's hook may expect its own kind of entry.
+            entry.last_run_at, entry.total_run_count = local, count
+            return
         self.scheduler.set_run_state(entry, local, count)
 
     def send(self, job: Job, slot: str, due: datetime, epoch: int) -> Outcome:

@@ -19,6 +19,7 @@ from ..schedule import plan as planning
 from . import ledger as _ledger  # noqa: F401  # connects the run ledger's worker step
 from . import startup
 from .beat import LeaderScheduler
+from .entries import entries
 
 try:
     import click
@@ -115,7 +116,7 @@ def plan(
     try:
         zone = app.timezone if tz is None else planning.parse_zone(tz)
         scheduler = LeaderScheduler(app=app, lazy=True)
-        jobs = scheduler.leader_jobs()
+        jobs = scheduler.leader_jobs(store_entries=stored)
         code = ops.plan(config, click.echo, jobs, (start, end), zone, stored, as_json)
     except planning.PlanError as exc:
         _fail(ops.OpsError(str(exc), ops.EXIT_UNKNOWN))
@@ -168,3 +169,6 @@ def run(
     except ops.OpsError as exc:
         _fail(exc)
     raise SystemExit(code)
+
+
+leader.add_command(entries)

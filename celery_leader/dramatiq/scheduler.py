@@ -13,12 +13,15 @@ import logging
 import os
 import threading
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
 from .. import metrics
 from ..config import LeaderConfig
 from ..exceptions import ConfigError
+from ..schedule.entries import CODE, STORE, Entry, allowed
+from ..schedule.feed import EntryFeed
 from ..schedule.jobs import NOT_CONNECTED, Adapter, Job, Outcome, caused_by
 from ..schedule.protocol import SlotProtocol
 from .schedules import Schedule
@@ -68,18 +71,72 @@ def schedules_of(value: object) -> list[Schedule]:
 class _EnqueueAdapter(Adapter):
     """Dramatiq's entries and enqueue, as the slot protocol sees them."""
 
-    def __init__(self, broker: Any, entries: list[Job]) -> None:
+    def __init__(self, broker: Any, entries: list[Job], config: LeaderConfig) -> None:
         self.broker = broker
         self.entries = entries
+        self.config = config
+        #: The entries kept in the store; set once the scheduler has its lease.
+        self.feed: EntryFeed | None = None
+        self._refused: set[tuple[str, str]] = set()  # (name, why) logged once
 
     def jobs(self) -> Sequence[Job]:
-        return self.entries
+        if self.feed is None:
+            return self.entries
+        records = self.feed.current()
+        jobs = []
+        for job in self.entries:
+            kept = records.get(job.name)
+            if kept is not None and kept.kind == CODE:
+                if not kept.enabled:
+                    continue  # paused from the CLI or the API
+                # Resumed: nothing for the paused time.
+                job = replace(job, active_since=kept.active_since)
+            jobs.append(job)
+        code = {j.name for j in self.entries}
+        for name, entry in records.items():
+            if entry.kind != STORE or not entry.enabled:
+                continue
+            actor = self.broker.actors.get(entry.task)
+            why = (
+                "a code entry has its name; the code entry runs"
+                if name in code
+                else f"its actor {entry.task} is outside leader_entries_allow"
+                if not allowed(entry.task, self.config.entries_allow)
+                else f"no actor {entry.task} is declared"
+                if actor is None
+                else None
+            )
+            if why is not None:
+                if (name, why) not in self._refused:
+                    self._refused.add((name, why))
+                    logger.error("celery-leader: not sending stored entry %s: %s", name, why)
+                continue
+            jobs.append(
+                Job(
+                    name,
+                    entry.series(),
+                    entry.missed_slots or self.config.missed_slots,
+                    entry.missed_slots_grace
+                    if entry.missed_slots_grace is not None
+                    else self.config.missed_slots_grace,
+                    payload=(actor, entry),
+                    generation=entry.generation,
+                    active_since=entry.active_since,
+                )
+            )
+        return jobs
 
     def send(self, job: Job, slot: str, due: datetime, epoch: int) -> Outcome:
-        schedule = job.series
-        assert isinstance(schedule, Schedule)
-        message = job.payload.message_with_options(
-            args=schedule.args, kwargs=schedule.kwargs, leader_epoch=epoch, leader_slot=slot
+        if isinstance(job.payload, tuple):  # a store entry: (its actor, the Entry)
+            actor, entry = job.payload
+            assert isinstance(entry, Entry)
+            args, kwargs = tuple(entry.args), dict(entry.kwargs)
+        else:
+            schedule = job.series
+            assert isinstance(schedule, Schedule)
+            actor, args, kwargs = job.payload, schedule.args, schedule.kwargs
+        message = actor.message_with_options(
+            args=args, kwargs=kwargs, leader_epoch=epoch, leader_slot=slot
         )
         try:
             self.broker.enqueue(message)
@@ -95,9 +152,10 @@ class DramatiqScheduler:
         self.broker = broker
         self.config = config
         self.entries = entries_of(broker, config)
+        self.adapter = _EnqueueAdapter(broker, self.entries, config)
         self.protocol = SlotProtocol(
             config,
-            _EnqueueAdapter(broker, self.entries),
+            self.adapter,
             logger,
             idle=INTERVAL,
             max_sleep=INTERVAL,
@@ -114,7 +172,9 @@ class DramatiqScheduler:
             len(self.entries),
             ", ".join(f"{e.name} {e.series!r}" for e in self.entries) or "none",
         )
-        self.protocol.lease.start()
+        lease = self.protocol.lease
+        self.adapter.feed = EntryFeed(lease.backend, lease.election, logger)
+        lease.start()
         try:
             while not stop.is_set():
                 if parent_pid is not None and os.getppid() != parent_pid:

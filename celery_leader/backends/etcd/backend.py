@@ -18,7 +18,7 @@ from etcd3gw.lease import Lease
 
 from ...exceptions import StoreUnavailable
 from ..base import Backend
-from ..fenced import Write, write_rounds
+from ..fenced import Edit, Write, write_rounds
 from ..lock import Acquired, HolderInfo, Renewal, Term
 from ..terms import foreign, parse_epoch, since_of
 from ..waiting import wait_sliced
@@ -294,6 +294,44 @@ class EtcdBackend(Backend):
         with self._lock:
             self._run_leases[ttl] = (lease, now + ttl)
         return lease
+    def entries_version(self, election: str) -> int:
+        reply = self._txn([], [_range(self._key(election, "entries-version"))])
+        kv = _kv(reply["responses"][0])
+        return int(kv["mod_revision"]) if kv else 0
+
+    def load_entries(self, election: str) -> tuple[int, dict[str, str]]:
+        prefix = self._key(election, "entries/")
+        every = {"key": b64(prefix), "range_end": b64(_prefix_end(prefix))}
+        reply = self._txn(
+            [], [_range(self._key(election, "entries-version")), {"request_range": every}]
+        )
+        kv = _kv(reply["responses"][0])
+        kvs = reply["responses"][1].get("response_range", {}).get("kvs", [])
+        entries = {_bytes(e["key"])[len(prefix) :].decode(): _value(e) for e in kvs}
+        return (int(kv["mod_revision"]) if kv else 0), entries
+
+    def edit_entries(self, election: str, edits: Sequence[Edit]) -> list[bool]:
+        """One transaction per edit: compare the entry, write it and the version key.
+
+        The version is the version key's modification revision, so it moves with
+        every applied edit and with nothing else.
+        """
+        version = _put(self._key(election, "entries-version"), b"")
+        results = []
+        for edit in edits:
+            key = self._key(election, f"entries/{edit.key}")
+            if edit.expected is None:
+                compare = _created_at(key, 0)
+            else:
+                value = b64(edit.expected.encode("utf-8", "surrogateescape"))
+                compare = {"key": b64(key), "target": "VALUE", "result": "EQUAL", "value": value}
+            if edit.new is None:
+                write: Op = {"request_delete_range": {"key": b64(key)}}
+            else:
+                write = _put(key, edit.new.encode("utf-8", "surrogateescape"))
+            reply = self._txn([compare], [write, version])
+            results.append(bool(reply.get("succeeded")))
+        return results
 
     def leave(self, election: str) -> None:
         with self._lock:

@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..fenced import Write
+from ..fenced import Edit, Write
 from ..lock import HolderInfo, Term
 from ..session_lock import SessionGone, SessionLockBackend
 from ..terms import since_of
@@ -20,14 +20,20 @@ from .params import connection_params
 from .session import Connector, Result, Session, queue_for_lock
 from .sql import (
     CLOCK,
+    CREATE_ENTRY,
+    DELETE_ENTRY,
+    EDIT_ENTRY,
     ELECTIONS,
+    ENTRIES_VERSION,
     GET_RUN,
     HOLDER,
+    LOAD_ENTRIES,
     LOAD_RUNS,
     PUT_RUN_NEW,
     PUT_RUN_REPLACE,
     RELEASE,
     RENEW,
+    REPLACE_ENTRY,
     REQUEST_RESIGN,
     START_TERM,
     SWEEP_RUNS,
@@ -203,6 +209,34 @@ class MySqlBackend(SessionLockBackend[Session, Result]):
     def load_runs(self, election: str) -> dict[str, str]:
         results = self._on_kept(LOAD_RUNS, self._names(election))
         return {str(key): str(value) for key, value in results[0].rows}
+    # -- schedule entries (no lock needed) -----------------------------------
+
+    def entries_version(self, election: str) -> int:
+        rows = self._on_kept(ENTRIES_VERSION, self._names(election))[0].rows
+        return int(rows[0][0]) if rows else 0
+
+    def load_entries(self, election: str) -> tuple[int, dict[str, str]]:
+        results = self._on_kept(LOAD_ENTRIES, self._names(election))
+        versions, entries = results[1].rows, results[2].rows
+        version = int(versions[0][0]) if versions else 0
+        return version, {str(name): str(value) for name, value in entries}
+
+    def edit_entries(self, election: str, edits: Sequence[Edit]) -> list[bool]:
+        results = []
+        for e in edits:
+            params = {**self._names(election), "name": e.key, "new": e.new, "expected": e.expected}
+            if e.expected is None and e.new is None:
+                # "Remove what is not there": true when nothing is there.
+                _, entries = self.load_entries(election)
+                results.append(e.key not in entries)
+                continue
+            if e.expected is None:
+                edit = CREATE_ENTRY
+            else:
+                edit = DELETE_ENTRY if e.new is None else REPLACE_ENTRY
+            done = self._admin(EDIT_ENTRY.replace("{edit}", edit.strip()), params)
+            results.append(done[1].rowcount == 1)
+        return results
 
     # -- helpers ------------------------------------------------------------
 

@@ -47,9 +47,11 @@ def whole_seconds(seconds: float) -> int:
 SCHEMA_LOCK = "celery_leader#schema"
 
 SCHEMA_EXISTS = """
-SELECT COUNT(*) = 3 FROM information_schema.tables
-WHERE table_schema = DATABASE()
-  AND table_name IN ('celery_leader_lease', 'celery_leader_state', 'celery_leader_runs')
+SELECT COUNT(*) = 5 FROM information_schema.tables
+WHERE table_schema = DATABASE() AND table_name IN (
+    'celery_leader_lease', 'celery_leader_state', 'celery_leader_runs',
+    'celery_leader_entries', 'celery_leader_entries_version'
+)
 """
 
 # utf8mb4_bin: values and names compare byte for byte. The default collations
@@ -82,6 +84,19 @@ CREATE TABLE IF NOT EXISTS celery_leader_runs (
     value    MEDIUMTEXT   NOT NULL,
     expires  DOUBLE       NOT NULL,
     PRIMARY KEY (prefix, election, run_key)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+CREATE TABLE IF NOT EXISTS celery_leader_entries (
+    prefix   VARCHAR(190) NOT NULL,
+    election VARCHAR(190) NOT NULL,
+    name     VARCHAR(190) NOT NULL,
+    value    MEDIUMTEXT   NOT NULL,
+    PRIMARY KEY (prefix, election, name)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+CREATE TABLE IF NOT EXISTS celery_leader_entries_version (
+    prefix   VARCHAR(190) NOT NULL,
+    election VARCHAR(190) NOT NULL,
+    version  BIGINT       NOT NULL,
+    PRIMARY KEY (prefix, election)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
 DO RELEASE_LOCK('{SCHEMA_LOCK}')
 """
@@ -198,6 +213,48 @@ ORDER BY 1
 
 LOAD_STATE = """
 SELECT entry, value FROM celery_leader_state WHERE prefix = %(prefix)s AND election = %(election)s
+"""
+
+ENTRIES_VERSION = """
+SELECT version FROM celery_leader_entries_version
+WHERE prefix = %(prefix)s AND election = %(election)s
+"""
+
+# One transaction, one snapshot: the version and the entries agree.
+LOAD_ENTRIES = """
+START TRANSACTION WITH CONSISTENT SNAPSHOT;
+SELECT version FROM celery_leader_entries_version
+WHERE prefix = %(prefix)s AND election = %(election)s;
+SELECT name, value FROM celery_leader_entries
+WHERE prefix = %(prefix)s AND election = %(election)s;
+COMMIT
+"""
+
+# Unfenced entry edits (no lock needed): each is a single-row compare-and-set,
+# run as the second statement of EDIT_ENTRY.
+CREATE_ENTRY = """
+INSERT IGNORE INTO celery_leader_entries (prefix, election, name, value)
+VALUES (%(prefix)s, %(election)s, %(name)s, %(new)s)
+"""
+REPLACE_ENTRY = """
+UPDATE celery_leader_entries SET value = %(new)s
+WHERE prefix = %(prefix)s AND election = %(election)s AND name = %(name)s
+  AND value = %(expected)s
+"""
+DELETE_ENTRY = """
+DELETE FROM celery_leader_entries
+WHERE prefix = %(prefix)s AND election = %(election)s AND name = %(name)s
+  AND value = %(expected)s
+"""
+# The edit and, when it applied, the version bump: one transaction, one round trip.
+EDIT_ENTRY = """
+START TRANSACTION;
+{edit};
+SET @celery_leader_applied = ROW_COUNT();
+INSERT INTO celery_leader_entries_version (prefix, election, version)
+SELECT %(prefix)s, %(election)s, 1 FROM DUAL WHERE @celery_leader_applied > 0
+ON DUPLICATE KEY UPDATE version = version + 1;
+COMMIT
 """
 
 # Fenced writes, one statement each, in order, in one transaction and one round

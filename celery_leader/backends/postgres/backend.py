@@ -10,7 +10,7 @@ from psycopg.rows import TupleRow
 
 from ...exceptions import StoreMisconfigured, StoreUnavailable
 from ..errors import hand_back
-from ..fenced import Write, write_rounds
+from ..fenced import Edit, Write, write_rounds
 from ..lock import HolderInfo, Term
 from ..session_lock import SessionGone, SessionLockBackend
 from ..terms import since_of
@@ -20,15 +20,21 @@ from .session import Canceller, Connector, Session, queue_for_lock
 from .sql import (
     CLAIM,
     CLOCK,
+    CREATE_ENTRY,
+    DELETE_ENTRY,
     ELECTIONS,
+    ENTRIES_VERSION,
     GET_RUN,
     HOLDER,
+    LOAD_ENTRIES,
+    LOAD_ENTRY,
     LOAD_RUNS,
     LOAD_STATE,
     PUT_RUN_NEW,
     PUT_RUN_REPLACE,
     RELEASE,
     RENEW,
+    REPLACE_ENTRY,
     REQUEST_RESIGN,
     START_TERM,
     TRY_LOCK,
@@ -180,9 +186,44 @@ class PostgresBackend(SessionLockBackend[Session, TupleRow]):
     def load_runs(self, election: str) -> dict[str, str]:
         return dict(self._on_kept(LOAD_RUNS, self._names(election)))
 
-    def compare_and_set(
-        self, election: str, term: Term, claims: Sequence[Write]
-    ) -> list[bool]:
+    def entries_version(self, election: str) -> int:
+        rows = self._on_kept(ENTRIES_VERSION, self._names(election))
+        return int(rows[0][0]) if rows else 0
+
+    def load_entries(self, election: str) -> tuple[int, dict[str, str]]:
+        rows = self._on_kept(LOAD_ENTRIES, self._names(election))
+        version = next((int(value) for name, value in rows if name is None), 0)
+        return version, {name: value for name, value in rows if name is not None}
+
+    def edit_entries(self, election: str, edits: Sequence[Edit]) -> list[bool]:
+        """One statement per edit, on a short-lived connection (no term needed)."""
+        session = self._db.connect(None)
+        try:
+            self._db.ensure_schema(session)
+            results = []
+            for e in edits:
+                params = {
+                    **self._names(election),
+                    "name": e.key,
+                    "new": e.new,
+                    "expected": e.expected,
+                }
+                if e.new is None and e.expected is None:
+                    # "Remove what is not there": true when nothing is there.
+                    rows = self._db.execute(session, LOAD_ENTRY, params)
+                    results.append(not rows)
+                    continue
+                if e.expected is None:
+                    query = CREATE_ENTRY
+                else:
+                    query = DELETE_ENTRY if e.new is None else REPLACE_ENTRY
+                ((count,),) = self._db.execute(session, query, params)
+                results.append(bool(count))
+            return results
+        finally:
+            session.close()
+
+    def compare_and_set(self, election: str, term: Term, claims: Sequence[Write]) -> list[bool]:
         """Apply ``claims`` on the lock-holding session (one round trip).
 
         The statement checks ``pg_locks`` for the lock first, so nothing is

@@ -38,6 +38,7 @@ SCHEMA_EXISTS = (
     "SELECT to_regclass('celery_leader_lease') IS NOT NULL"
     " AND to_regclass('celery_leader_state') IS NOT NULL"
     " AND to_regclass('celery_leader_runs') IS NOT NULL"
+    " AND to_regclass('celery_leader_entries') IS NOT NULL"
 )
 
 # Sent as one simple-protocol query: one round trip, one implicit transaction,
@@ -69,6 +70,19 @@ CREATE TABLE IF NOT EXISTS celery_leader_runs (
     value    text   NOT NULL,
     expires  float8 NOT NULL,
     PRIMARY KEY (prefix, election, key)
+);
+CREATE TABLE IF NOT EXISTS celery_leader_entries (
+    prefix   text NOT NULL,
+    election text NOT NULL,
+    name     text NOT NULL,
+    value    text NOT NULL,
+    PRIMARY KEY (prefix, election, name)
+);
+CREATE TABLE IF NOT EXISTS celery_leader_entries_version (
+    prefix   text   NOT NULL,
+    election text   NOT NULL,
+    version  bigint NOT NULL,
+    PRIMARY KEY (prefix, election)
 )
 """
 
@@ -276,6 +290,72 @@ ORDER BY 1
 
 LOAD_STATE = """
 SELECT entry, value FROM celery_leader_state WHERE prefix = %(prefix)s AND election = %(election)s
+"""
+
+ENTRIES_VERSION = """
+SELECT version FROM celery_leader_entries_version
+WHERE prefix = %(prefix)s AND election = %(election)s
+"""
+
+# The version first: an edit committed between the two reads shows in the
+# entries and moves the version past the one returned, so it is read again.
+LOAD_ENTRIES = """
+SELECT NULL, version::text FROM celery_leader_entries_version
+WHERE prefix = %(prefix)s AND election = %(election)s
+UNION ALL
+SELECT name, value FROM celery_leader_entries WHERE prefix = %(prefix)s AND election = %(election)s
+"""
+
+LOAD_ENTRY = """
+SELECT value FROM celery_leader_entries
+WHERE prefix = %(prefix)s AND election = %(election)s AND name = %(name)s
+"""
+
+# One edit a statement, with the version bump in the same statement (so in the
+# same transaction). Each kind is a single-row compare-and-set that PostgreSQL
+# re-checks after waiting for a concurrent writer's row lock.
+CREATE_ENTRY = """
+WITH e AS (
+    INSERT INTO celery_leader_entries (prefix, election, name, value)
+    VALUES (%(prefix)s, %(election)s, %(name)s, %(new)s)
+    ON CONFLICT DO NOTHING RETURNING 1
+),
+v AS (
+    INSERT INTO celery_leader_entries_version AS v (prefix, election, version)
+    SELECT %(prefix)s, %(election)s, 1 FROM e
+    ON CONFLICT (prefix, election) DO UPDATE SET version = v.version + 1
+)
+SELECT count(*) FROM e
+"""
+
+REPLACE_ENTRY = """
+WITH e AS (
+    UPDATE celery_leader_entries SET value = %(new)s
+    WHERE prefix = %(prefix)s AND election = %(election)s AND name = %(name)s
+      AND value = %(expected)s
+    RETURNING 1
+),
+v AS (
+    INSERT INTO celery_leader_entries_version AS v (prefix, election, version)
+    SELECT %(prefix)s, %(election)s, 1 FROM e
+    ON CONFLICT (prefix, election) DO UPDATE SET version = v.version + 1
+)
+SELECT count(*) FROM e
+"""
+
+DELETE_ENTRY = """
+WITH e AS (
+    DELETE FROM celery_leader_entries
+    WHERE prefix = %(prefix)s AND election = %(election)s AND name = %(name)s
+      AND value = %(expected)s
+    RETURNING 1
+),
+v AS (
+    INSERT INTO celery_leader_entries_version AS v (prefix, election, version)
+    SELECT %(prefix)s, %(election)s, 1 FROM e
+    ON CONFLICT (prefix, election) DO UPDATE SET version = v.version + 1
+)
+SELECT count(*) FROM e
 """
 
 

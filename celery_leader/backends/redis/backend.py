@@ -13,6 +13,9 @@ script touches a single Redis Cluster slot:
 * ``{p:e}:state``  - hash of shared schedule state, entry -> JSON
 * ``{p:e}:runs``   - hash of the run ledger, slot -> JSON, written by workers
 * ``{p:e}:runs-expiry`` - sorted set: when each run record expires (ms, server clock)
+* ``{p:e}:entries`` - hash of schedule entries, name -> JSON; edited by any
+  process (no term)
+* ``{p:e}:entries-version`` - counter moved by every applied entry edit
 
 Releases and take-overs are announced on the channel ``{p:e}:released`` so
 that followers act at once instead of waiting out the ttl. A holder whose
@@ -42,7 +45,7 @@ from ..._urls import mask_url
 from ...exceptions import StoreMisconfigured, StoreUnavailable
 from ..base import Backend
 from ..errors import hand_back
-from ..fenced import Write
+from ..fenced import Edit, Write
 from ..lock import Acquired, HolderInfo, Renewal, Term
 from ..terms import holder_info, parse_term, since_of, unreadable_state
 from ..waiting import wait_sliced
@@ -299,6 +302,27 @@ class RedisBackend(Backend):
             return unreadable_state(f"Redis key {key!r}", f"a {reply[1]}")
         flat = reply[1:]
         return dict(zip(flat[::2], flat[1::2], strict=True))
+
+    def entries_version(self, election: str) -> int:
+        key = self._key(election, "entries-version")
+        return int(self._conn.call(lambda c: c.get(key)) or 0)
+
+    def load_entries(self, election: str) -> tuple[int, dict[str, str]]:
+        keys = [self._key(election, "entries"), self._key(election, "entries-version")]
+        reply = self._conn.run("load_entries", keys, [])
+        flat = reply[1:]
+        return int(reply[0]), dict(zip(flat[::2], flat[1::2], strict=True))
+
+    def edit_entries(self, election: str, edits: Sequence[Edit]) -> list[bool]:
+        if not edits:
+            return []
+        keys = [self._key(election, "entries"), self._key(election, "entries-version")]
+        args = [
+            a
+            for e in edits
+            for a in (e.key, _has(e.expected), e.expected or "", _has(e.new), e.new or "")
+        ]
+        return [bool(r) for r in self._conn.run("edit_entries", keys, args)]
 
     def compare_and_set(self, election: str, term: Term, claims: Sequence[Write]) -> list[bool]:
         keys = [self._key(election, "lock"), self._key(election, "state")]

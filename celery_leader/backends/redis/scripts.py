@@ -229,6 +229,40 @@ end
 return out
 """
 
+# KEYS: entries, entries version. The version, then the entries hash flattened.
+LOAD_ENTRIES = """
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind ~= 'hash' and kind ~= 'none' then return {'foreign', KEYS[1], kind} end
+local out = redis.call('HGETALL', KEYS[1])
+table.insert(out, 1, tonumber(redis.call('GET', KEYS[2]) or '0'))
+return out
+"""
+
+# KEYS: entries, entries version. ARGV per edit: name, has-expected ("0"/"1"),
+# expected, has-new, new. Returns one 0/1 per edit; the version moves by one
+# when any applied. No term: any process may edit entries.
+EDIT_ENTRIES = """
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind ~= 'hash' and kind ~= 'none' then return {'foreign', KEYS[1], kind} end
+local out, any = {}, false
+for i = 1, #ARGV, 5 do
+  local current = redis.call('HGET', KEYS[1], ARGV[i])
+  local ok
+  if ARGV[i + 1] == '1' then ok = current == ARGV[i + 2] else ok = current == false end
+  if ok then
+    if ARGV[i + 3] == '1' then
+      redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 4])
+    else
+      redis.call('HDEL', KEYS[1], ARGV[i])
+    end
+    any = true
+  end
+  table.insert(out, ok and 1 or 0)
+end
+if any then redis.call('INCR', KEYS[2]) end
+return out
+"""
+
 # KEYS: lock (only so that Cluster runs it on the election's node). The server's TIME.
 TIME = """
 return redis.call('TIME')
@@ -247,6 +281,8 @@ SOURCES = {
     "time": TIME,
     "put_run": PUT_RUN,
     "load_runs": LOAD_RUNS,
+    "load_entries": LOAD_ENTRIES,
+    "edit_entries": EDIT_ENTRIES,
 }
 
 #: What each key is meant to hold, for errors about a key of the wrong type.
@@ -255,6 +291,7 @@ _EXPECTED = {
     "epoch": "an epoch counter (an integer string)",
     "runs": "the run ledger (a hash)",
     "runs-expiry": "the run ledger's expiries (a sorted set)",
+    "entries": "schedule entries (a hash)",
 }
 
 

@@ -1,0 +1,66 @@
+"""Dramatiq's side of the schedule entries kept in the store: ``python -m celery_leader
+entries --app MODULE ...`` and :func:`entries_of` (the commands are
+:mod:`celery_leader.ops_entries`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..config import LeaderConfig
+from ..ops_entries import CodeEntry, EntriesApp, ScheduleEntries
+from .runner import load_app
+from .scheduler import entries_of as code_entries
+
+
+def entries_app(broker: Any, config: LeaderConfig) -> EntriesApp:
+    """What the entries commands need of a Dramatiq ``broker`` and its settings."""
+    code = {}
+    for job in code_entries(broker, config):
+        code[job.name] = CodeEntry(
+            task=job.payload.actor_name,
+            schedule=repr(job.series),
+            series=job.series,
+            args=getattr(job.series, "args", ()),
+            kwargs=getattr(job.series, "kwargs", {}),
+        )
+
+    def send(
+        task: str,
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        options: Mapping[str, Any],
+        slot: str,
+    ) -> None:
+        actor = broker.get_actor(task)
+        broker.enqueue(
+            actor.message_with_options(args=tuple(args), kwargs=dict(kwargs), leader_slot=slot)
+        )
+
+    return EntriesApp(config, code, set(broker.actors), send)
+
+
+def load(broker_path: str) -> EntriesApp:
+    """The entries app of the Dramatiq broker in ``broker_path`` (``module[:broker]``)."""
+    broker, config = load_app(broker_path, ())
+    return entries_app(broker, config)
+
+
+def entries_of(broker: Any, config: LeaderConfig | None = None) -> ScheduleEntries:
+    """The Python API of the entries kept in the store, for Dramatiq ``broker``.
+
+    ``config``: the settings (default: those of the broker's ``LeaderMiddleware``).
+    """
+    if config is None:
+        _, config = load_app_settings(broker)
+    return ScheduleEntries(entries_app(broker, config))
+
+
+def load_app_settings(broker: Any) -> tuple[Any, LeaderConfig]:
+    """``broker`` and the settings of its ``LeaderMiddleware``."""
+    for middleware in broker.middleware:
+        process_config = getattr(middleware, "process_config", None)
+        if callable(process_config):
+            config: LeaderConfig = process_config()
+            return broker, config
+    return broker, LeaderConfig.from_env()

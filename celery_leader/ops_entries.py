@@ -1,0 +1,489 @@
+"""``leader entries add|ls|show|rm|pause|resume|run|import|export``, for both frameworks.
+
+The Celery CLI (:mod:`celery_leader.celery.cli`) and ``python -m celery_leader
+entries --app MODULE`` parse their arguments and call these functions with an
+:class:`EntriesApp`: what the framework knows (its code entries, its task or
+actor names, how to send one message). Exit codes: 0 done, 2 bad input, an
+unreachable store or a refused edit (one line on stderr, nothing stored).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from .backends import Backend, FencedState, create_backend
+from .config import LeaderConfig
+from .exceptions import ConfigError, StoreUnavailable
+from .schedule.book import EntryBook
+from .schedule.entries import CODE, Entry, EntryError, allowed, instant_now
+from .schedule.series import Series, utc
+from .schedule.state import parse_state, slot_name
+
+Echo = Callable[[str], None]
+
+#: Sends one message now: task, args, kwargs, options, the ``leader_slot`` header.
+Sender = Callable[[str, Sequence[Any], Mapping[str, Any], Mapping[str, Any], str], None]
+
+
+@dataclass(frozen=True)
+class CodeEntry:
+    """A code entry (``beat_schedule``, ``leader_schedule``) as the entries commands show it."""
+
+    task: str
+    schedule: str
+    series: Series | None
+    args: Sequence[Any] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EntriesApp:
+    """What a framework gives the entries commands."""
+
+    config: LeaderConfig
+    code: Mapping[str, CodeEntry]
+    #: Task (or actor) names this app knows; ``add`` warns about others.
+    tasks: Collection[str]
+    send: Sender
+    #: The zone Celery crontabs are read in (redbeat's entries).
+    zone: str = "UTC"
+
+
+class EntriesError(Exception):
+    """One line for stderr; exit code 2."""
+
+
+def _store(app: EntriesApp) -> tuple[Backend, EntryBook]:
+    backend = create_backend(app.config)
+    return backend, EntryBook(backend, app.config.beat_election, set(app.code))
+
+
+def run_command(app: EntriesApp, echo: Echo, command: str, **args: Any) -> int:
+    """Run one entries command; bad input and store errors become :class:`EntriesError`."""
+    backend, book = _store(app)
+    try:
+        return int(_COMMANDS[command](app, book, echo, **args))
+    except (ConfigError, ValueError) as exc:
+        raise EntriesError(str(exc).splitlines()[0]) from None
+    except StoreUnavailable as exc:
+        raise EntriesError(f"store {app.config.display_url} unreachable: {exc}") from None
+    finally:
+        backend.close()
+
+
+# -- parsing the add arguments ----------------------------------------------------
+
+
+def add_fields(
+    name: str,
+    task: str,
+    every: str | None = None,
+    cron: str | None = None,
+    tz: str | None = None,
+    at: str | None = None,
+    args: str | None = None,
+    kwargs: str | None = None,
+    queue: str | None = None,
+    paused: bool = False,
+    missed_slots: str | None = None,
+) -> dict[str, Any]:
+    """The fields of an entry from the ``add`` options (strings as typed)."""
+    given = [k for k, v in (("--every", every), ("--cron", cron), ("--at", at)) if v is not None]
+    if len(given) != 1:
+        raise EntryError("give exactly one of --every SECONDS, --cron EXPR or --at ISO")
+    if tz is not None and cron is None:
+        raise EntryError("--tz goes with --cron")
+    fields: dict[str, Any] = {"name": name, "task": task, "enabled": not paused}
+    if every is not None:
+        try:
+            fields["every"] = float(every)
+        except ValueError:
+            raise EntryError(f"--every must be a number of seconds (got {every!r})") from None
+        if fields["every"] <= 0:
+            raise EntryError(f"--every must be above 0 seconds (got {every})")
+    if cron is not None:
+        fields["cron"], fields["tz"] = cron, tz or "UTC"
+    if at is not None:
+        fields["at"] = at
+    fields["args"] = _json("--args", args, list, "a JSON array") if args is not None else []
+    fields["kwargs"] = (
+        _json("--kwargs", kwargs, dict, "a JSON object") if kwargs is not None else {}
+    )
+    if queue is not None:
+        fields["options"] = {"queue": queue}
+    if missed_slots is not None:
+        fields["missed_slots"] = missed_slots
+    return fields
+
+
+def _json(option: str, text: str, kind: type, what: str) -> Any:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise EntryError(f"{option} is not JSON ({exc}): {text!r:.60}") from None
+    if not isinstance(value, kind):
+        raise EntryError(f"{option} must be {what} (got {text!r:.60})")
+    return value
+
+
+# -- the commands -------------------------------------------------------------------
+
+
+def _add(
+    app: EntriesApp,
+    book: EntryBook,
+    echo: Echo,
+    fields: dict[str, Any],
+    replace: bool = False,
+    strict: bool = False,
+) -> int:
+    task = fields["task"]
+    if task not in app.tasks:
+        if strict:
+            raise EntryError(f"this app knows no task {task!r} (--strict)")
+        print(f"Warning: this app knows no task {task!r}; adding it anyway", file=sys.stderr)
+    if not allowed(task, app.config.entries_allow):
+        print(
+            f"Warning: task {task!r} is outside leader_entries_allow: the leader will not send it",
+            file=sys.stderr,
+        )
+    if "at" in fields:
+        at = Entry.from_json(json.dumps({"name": "x", "task": "x", "at": fields["at"]})).at
+        if at is not None and at <= instant_now():
+            raise EntryError(f"--at {fields['at']} is in the past")
+    entry = book.add(replace=replace, **fields)
+    echo(f"{entry.name}: {entry.schedule_text} -> {entry.task} (version {entry.version})")
+    return 0
+
+
+def _rows(app: EntriesApp, book: EntryBook, backend: FencedState) -> list[dict[str, Any]]:
+    """One row per entry, code entries first."""
+    stored = {e.name: e for e in book.list()}
+    state = backend.load_state(app.config.beat_election)
+    now = instant_now()
+    rows = []
+    for name, code in sorted(app.code.items()):
+        kept = stored.get(name)
+        enabled = kept.enabled if kept is not None and kept.kind == CODE else True
+        rows.append(_row(name, "code", code.task, code.schedule, enabled, code.series, state, now))
+    for name, entry in sorted(stored.items()):
+        if entry.kind == CODE:
+            continue
+        row = _row(
+            name,
+            "store",
+            entry.task,
+            entry.schedule_text,
+            entry.enabled,
+            entry.series(),
+            state,
+            now,
+        )
+        row["version"] = entry.version
+        rows.append(row)
+    return rows
+
+
+def _row(
+    name: str,
+    source: str,
+    task: str,
+    schedule: str,
+    enabled: bool,
+    series: Series | None,
+    state: Mapping[str, str],
+    now: datetime,
+) -> dict[str, Any]:
+    recorded = parse_state(state[name]) if name in state else None
+    last = None if recorded is None else recorded.last_run_at
+    nxt = None
+    if enabled and series is not None:
+        nxt = series.next_after(max(now, last) if last is not None else now)
+    return {
+        "name": name,
+        "source": source,
+        "task": task,
+        "schedule": schedule,
+        "enabled": enabled,
+        "next_due": None if nxt is None else nxt.isoformat(),
+        "last_slot": None if last is None else slot_name(name, last),
+    }
+
+
+def _ls(app: EntriesApp, book: EntryBook, echo: Echo, as_json: bool = False) -> int:
+    rows = _rows(app, book, book.backend)
+    if as_json:
+        echo(json.dumps(rows, indent=2))
+        return 0
+    header = ("NAME", "SOURCE", "SCHEDULE", "ENABLED", "NEXT DUE", "LAST SLOT SENT")
+    table = [header] + [
+        (
+            r["name"],
+            r["source"],
+            r["schedule"],
+            "yes" if r["enabled"] else "paused",
+            r["next_due"] or "-",
+            r["last_slot"] or "-",
+        )
+        for r in rows
+    ]
+    widths = [max(len(str(row[i])) for row in table) for i in range(len(header))]
+    for row in table:
+        echo("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+def _show(app: EntriesApp, book: EntryBook, echo: Echo, name: str, as_json: bool = False) -> int:
+    rows = {r["name"]: r for r in _rows(app, book, book.backend)}
+    if name not in rows:
+        raise EntryError(f"no entry {name} (neither in the code nor in the store)")
+    entry = book.get(name)
+    shown = dict(rows[name])
+    if entry is not None and entry.kind != CODE:
+        shown["entry"] = json.loads(entry.to_json())
+    if as_json:
+        echo(json.dumps(shown, indent=2))
+    else:
+        for key, value in shown.items():
+            echo(f"{key}: {json.dumps(value) if isinstance(value, dict) else value}")
+    return 0
+
+
+def _rm(app: EntriesApp, book: EntryBook, echo: Echo, name: str) -> int:
+    book.remove(name)
+    echo(f"{name}: removed")
+    return 0
+
+
+def _pause(app: EntriesApp, book: EntryBook, echo: Echo, name: str) -> int:
+    _known(app, book, name)
+    book.pause(name)
+    echo(f"{name}: paused")
+    return 0
+
+
+def _resume(app: EntriesApp, book: EntryBook, echo: Echo, name: str) -> int:
+    _known(app, book, name)
+    book.resume(name)
+    echo(f"{name}: resumed")
+    return 0
+
+
+def _known(app: EntriesApp, book: EntryBook, name: str) -> None:
+    if name not in app.code and book.get(name) is None:
+        raise EntryError(f"no entry {name} (neither in the code nor in the store)")
+
+
+def _run(app: EntriesApp, book: EntryBook, echo: Echo, name: str) -> int:
+    slot = run_slot(name, instant_now())
+    code = app.code.get(name)
+    if code is not None:
+        app.send(code.task, code.args, code.kwargs, code.options, slot)
+    else:
+        entry = book.get(name)
+        if entry is None or entry.kind == CODE:
+            raise EntryError(f"no entry {name} (neither in the code nor in the store)")
+        if not allowed(entry.task, app.config.entries_allow):
+            raise EntryError(f"task {entry.task} is outside leader_entries_allow")
+        app.send(entry.task, entry.args, entry.kwargs, entry.options, slot)
+    echo(f"{name}: sent, leader_slot {slot}")
+    return 0
+
+
+def run_slot(name: str, now: datetime) -> str:
+    """The ``leader_slot`` of a run outside the grid: ``NAME@run:<ISO UTC>``."""
+    return f"{name}@run:{utc(now).isoformat(timespec='milliseconds')}"
+
+
+def _export(app: EntriesApp, book: EntryBook, echo: Echo, as_json: bool = False) -> int:
+    entries = [json.loads(e.to_json()) for e in book.list() if e.kind != CODE]
+    if as_json:
+        echo(json.dumps(entries, indent=2))
+    else:
+        for entry in entries:
+            echo(json.dumps(entry, sort_keys=True))
+    return 0
+
+
+def _import(
+    app: EntriesApp, book: EntryBook, echo: Echo, lines: Iterable[str], replace: bool = False
+) -> int:
+    """Entries from JSON lines (what ``export`` prints); all are checked before any is stored."""
+    entries = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+        except ValueError as exc:
+            raise EntryError(f"line {number} is not JSON ({exc})") from None
+        if not isinstance(data, dict):
+            raise EntryError(f"line {number} is not a JSON object")
+        fields = {
+            k: v for k, v in data.items() if k not in ("version", "generation", "active_since")
+        }
+        try:
+            Entry.from_json(json.dumps(fields))
+        except EntryError as exc:
+            raise EntryError(f"line {number}: {exc}") from None
+        entries.append(fields)
+    return _add_all(book, echo, entries, replace)
+
+
+def _add_all(book: EntryBook, echo: Echo, entries: list[dict[str, Any]], replace: bool) -> int:
+    names = [e["name"] for e in entries]
+    if len(set(names)) != len(names):
+        raise EntryError("two entries have the same name")
+    existing = {e.name for e in book.list()}
+    clash = sorted((set(names) & existing) if not replace else set())
+    clash += sorted(set(names) & book.code)
+    if clash:
+        raise EntryError(f"entries exist already: {', '.join(clash)} (use --replace)")
+    for fields in entries:
+        entry = book.add(replace=replace, **fields)
+        echo(f"{entry.name}: {entry.schedule_text} -> {entry.task}")
+    echo(f"{len(entries)} entries imported")
+    return 0
+
+
+def _from_redbeat(
+    app: EntriesApp,
+    book: EntryBook,
+    echo: Echo,
+    url: str,
+    prefix: str = "redbeat",
+    dry_run: bool = False,
+    replace: bool = False,
+) -> int:
+    entries = redbeat_entries(url, prefix, app.zone)
+    if dry_run:
+        for fields in entries:
+            echo(json.dumps(fields, sort_keys=True))
+        echo(f"{len(entries)} entries would be imported (--dry-run: nothing stored)")
+        return 0
+    return _add_all(book, echo, entries, replace)
+
+
+def redbeat_entries(url: str, prefix: str, zone: str) -> list[dict[str, Any]]:
+    """redbeat's stored entries as entry fields; the entries its ``beat_schedule``
+    declared (statics) are code, not data, and are left out. Solar and rrule
+    schedules have no equal here and are refused."""
+    # The Redis client is imported only here: the other commands need no extra.
+    redbeat = importlib.import_module("celery_leader.backends.redis.redbeat")
+    statics, definitions = redbeat.read_redbeat(url, prefix, 10.0)
+    out = []
+    for name, text in definitions:
+        if name in statics:
+            continue
+        try:
+            data = json.loads(text)
+        except ValueError:
+            raise EntryError(f"redbeat entry {name}: its definition is not JSON") from None
+        out.append(_from_definition(name, data, zone))
+    return out
+
+
+def _from_definition(name: str, data: Mapping[str, Any], zone: str) -> dict[str, Any]:
+    schedule = data.get("schedule") or {}
+    kind = schedule.get("__type__")
+    fields: dict[str, Any] = {
+        "name": name,
+        "task": data.get("task"),
+        "args": list(data.get("args") or []),
+        "kwargs": dict(data.get("kwargs") or {}),
+        "enabled": bool(data.get("enabled", True)),
+    }
+    options = {k: v for k, v in (data.get("options") or {}).items() if k in ("queue", "priority")}
+    if options:
+        fields["options"] = options
+    if kind == "interval":
+        fields["every"] = float(schedule["every"])
+    elif kind == "crontab":
+        parts = ("minute", "hour", "day_of_month", "month_of_year", "day_of_week")
+        fields["cron"] = " ".join(str(schedule[p]).replace(" ", "") for p in parts)
+        fields["tz"] = zone
+    else:
+        raise EntryError(f"redbeat entry {name}: a {kind} schedule has no equal here")
+    return fields
+
+
+_COMMANDS: dict[str, Callable[..., int]] = {
+    "add": _add,
+    "ls": _ls,
+    "show": _show,
+    "rm": _rm,
+    "pause": _pause,
+    "resume": _resume,
+    "run": _run,
+    "export": _export,
+    "import": _import,
+    "from-redbeat": _from_redbeat,
+}
+
+
+class ScheduleEntries:
+    """The Python API of the entries kept in the store (the CLI's commands, typed).
+
+    Built by :func:`celery_leader.celery.entries.entries_of` (Celery) or
+    :func:`celery_leader.dramatiq.entries.entries_of` (Dramatiq); close it, or
+    use it as a context manager, to close its store connection. Bad input raises
+    :class:`~celery_leader.schedule.entries.EntryError` (a ``ConfigError``), and a
+    version that moved :class:`~celery_leader.schedule.book.EntryConflict`.
+    """
+
+    def __init__(self, app: EntriesApp) -> None:
+        self.app = app
+        self._backend, self.book = _store(app)
+
+    def add(self, name: str, task: str, *, replace: bool = False, **fields: Any) -> Entry:
+        """Add entry ``name`` sending ``task``: exactly one of ``every`` (seconds),
+        ``cron`` (with ``tz``) or ``at`` (a datetime), and any other
+        :class:`~celery_leader.schedule.entries.Entry` field."""
+        return self.book.add(replace=replace, name=name, task=task, **fields)
+
+    def update(self, name: str, expected_version: int | None = None, **changes: Any) -> Entry:
+        """Change fields of ``name``; with ``expected_version``, only if nobody else did."""
+        return self.book.update(name, expected_version, **changes)
+
+    def remove(self, name: str, expected_version: int | None = None) -> Entry:
+        """Remove store entry ``name`` (a code entry cannot be removed: pause it)."""
+        return self.book.remove(name, expected_version)
+
+    def pause(self, name: str) -> Entry:
+        """Stop sending ``name`` (store or code entry) until :meth:`resume`."""
+        return self.book.pause(name)
+
+    def resume(self, name: str) -> Entry:
+        """Send ``name`` again from now; nothing for the paused time."""
+        return self.book.resume(name)
+
+    def run_now(self, name: str) -> str:
+        """Send one run of ``name`` now, outside its grid; returns its ``leader_slot``."""
+        lines: list[str] = []
+        _run(self.app, self.book, lines.append, name)
+        return lines[0].rsplit(" ", 1)[-1]
+
+    def get(self, name: str) -> Entry | None:
+        """Store entry (or kept pause of code entry) ``name``, or ``None``."""
+        return self.book.get(name)
+
+    def list(self) -> list[Entry]:
+        """Every store entry and kept pause, by name."""
+        return self.book.list()
+
+    def close(self) -> None:
+        """Close the store connection."""
+        self._backend.close()
+
+    def __enter__(self) -> ScheduleEntries:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,441 @@
+"""A schedule entry kept in the store: its fields, their checks, its JSON and its series.
+
+Framework-free: ``task`` is a Celery task name or a Dramatiq actor name, and the
+adapters turn an :class:`Entry` into their own message. The store only ever
+holds the JSON of :meth:`Entry.to_json` (never a pickle), at most
+:data:`MAX_ENTRY_BYTES` long.
+
+A schedule is one of: ``every`` (seconds, on a grid of the period since the
+Unix epoch, as code entries), ``cron`` (five fields read in ``tz``, with cron's
+rules at clock changes) or ``at`` (a single run at an instant).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import math
+import re
+import uuid
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timedelta, timezone
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from ..config import MISSED_SLOTS, validate_grace
+from ..exceptions import ConfigError
+from .series import CronSeries, Every, Series, utc
+
+#: The longest JSON an entry may have in the store (args and kwargs included).
+MAX_ENTRY_BYTES = 16 * 1024
+
+#: The record kinds in the store: a whole entry, or the pause of a code entry.
+STORE, CODE = "store", "code"
+
+_NAME = re.compile(r"^[A-Za-z0-9_.:\-]{1,190}$")
+_OPTIONS = ("queue", "priority", "expires", "headers")
+
+
+class EntryError(ConfigError):
+    """An entry (or an edit of one) that cannot be kept: one line saying why."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One schedule entry kept in the store (``kind`` ``"store"``), or the kept
+    pause of a code entry (``kind`` ``"code"``: only ``enabled`` and the edit
+    fields count)."""
+
+    name: str
+    task: str = ""
+    every: float | None = None
+    cron: str | None = None
+    tz: str = "UTC"
+    at: datetime | None = None
+    args: list[Any] = field(default_factory=list)
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    #: ``queue``, ``priority``, ``expires`` (seconds), ``headers`` (a JSON object).
+    options: dict[str, Any] = field(default_factory=dict)
+    enabled: bool = True
+    start_at: datetime | None = None
+    end_at: datetime | None = None
+    #: Its own missed-slot policy and grace (``None``: the settings').
+    missed_slots: str | None = None
+    missed_slots_grace: float | None = None
+    kind: str = STORE
+    #: Moved by every edit: an update may name the version it read.
+    version: int = 1
+    #: One lifetime of the entry: made at add, kept by edits, new on re-create.
+    generation: str = ""
+    #: Since when it has been enabled with its current schedule (aware UTC).
+    active_since: datetime | None = None
+
+    # -- what it says -------------------------------------------------------
+
+    @property
+    def schedule_text(self) -> str:
+        """The schedule in the CLI's words: ``every 30s``, ``cron "0 * * * *" UTC``, ``at ...``."""
+        if self.kind == CODE:
+            return "(code)"
+        if self.every is not None:
+            return f"every {self.every:g}s"
+        if self.cron is not None:
+            return f'cron "{self.cron}" {self.tz}'
+        assert self.at is not None
+        return f"at {self.at.isoformat()}"
+
+    def series(self) -> Series:
+        """Its due instants (UTC), within ``start_at`` / ``end_at``."""
+        base: Series
+        if self.every is not None:
+            base = Every(timedelta(microseconds=round(self.every * 1_000_000)))
+        elif self.cron is not None:
+            base = parse_cron(self.cron, _zone(self.tz))
+        else:
+            assert self.at is not None
+            base = Once(self.at)
+        if self.start_at is None and self.end_at is None:
+            return base
+        return Bounded(base, self.start_at, self.end_at)
+
+    # -- JSON ---------------------------------------------------------------
+
+    def to_json(self) -> str:
+        """The stored form: JSON, keys sorted, instants in ISO 8601 UTC."""
+        data = {k: v for k, v in asdict(self).items() if v is not None}
+        for key in ("at", "start_at", "end_at", "active_since"):
+            if key in data:
+                data[key] = utc(data[key]).isoformat()
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> Entry:
+        """Read a stored entry; :class:`EntryError` when it is not one."""
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise EntryError(f"not JSON ({exc})") from None
+        if not isinstance(data, dict):
+            raise EntryError("not a JSON object")
+        return checked(data)
+
+    def edited(self, now: datetime, **changes: Any) -> Entry:
+        """This entry with ``changes``, its version moved; ``active_since`` moves to
+        ``now`` when it is (re-)enabled or its schedule changes."""
+        new = replace(self, **changes)
+        schedule_moved = any(
+            getattr(new, k) != getattr(self, k)
+            for k in ("every", "cron", "tz", "at", "start_at", "end_at")
+        )
+        resumed = new.enabled and not self.enabled
+        since = utc(now) if (schedule_moved or resumed) else self.active_since
+        return checked({**_plain(new), "version": self.version + 1, "active_since": since})
+
+
+def new_entry(now: datetime, **fields: Any) -> Entry:
+    """A checked entry from ``fields`` (as the CLI and API give them): a new
+    generation, active since ``now``."""
+    return checked(
+        {**fields, "version": 1, "generation": uuid.uuid4().hex, "active_since": utc(now)}
+    )
+
+
+def code_pause(name: str, now: datetime, enabled: bool, previous: Entry | None) -> Entry:
+    """The stored pause (or resume) of code entry ``name``."""
+    if previous is None:
+        return checked(
+            {
+                "name": name,
+                "kind": CODE,
+                "enabled": enabled,
+                "generation": uuid.uuid4().hex,
+                "active_since": utc(now),
+            }
+        )
+    return previous.edited(now, enabled=enabled)
+
+
+def checked(data: Mapping[str, Any]) -> Entry:
+    """An :class:`Entry` from plain values; :class:`EntryError` (one line) when any is bad."""
+    unknown = set(data) - {f for f in Entry.__dataclass_fields__}
+    if unknown:
+        raise EntryError(f"unknown entry field(s): {', '.join(sorted(unknown))}")
+    name = data.get("name")
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise EntryError(f"an entry name is 1-190 letters, digits and _ . : - (got {name!r})")
+    kind = data.get("kind", STORE)
+    if kind not in (STORE, CODE):
+        raise EntryError(f"entry {name}: kind must be {STORE} or {CODE} (got {kind!r})")
+    values: dict[str, Any] = {"name": name, "kind": kind}
+    values["enabled"] = _flag(name, "enabled", data.get("enabled", True))
+    values["version"] = _version(name, data.get("version", 1))
+    generation = data.get("generation", "")
+    if not isinstance(generation, str):
+        raise EntryError(f"entry {name}: generation must be a string")
+    values["generation"] = generation
+    values["active_since"] = _instant(name, "active_since", data.get("active_since"))
+    if kind == STORE:
+        values.update(_schedule_fields(name, data))
+    entry = Entry(**values)
+    size = len(entry.to_json().encode())
+    if size > MAX_ENTRY_BYTES:
+        raise EntryError(
+            f"entry {name} is {size} bytes of JSON, more than the limit of {MAX_ENTRY_BYTES}"
+        )
+    return entry
+
+
+def _schedule_fields(name: str, data: Mapping[str, Any]) -> dict[str, Any]:
+    task = data.get("task")
+    if not isinstance(task, str) or not task.strip():
+        raise EntryError(f"entry {name}: a task (or actor) name is needed")
+    out: dict[str, Any] = {"task": task}
+    given = [k for k in ("every", "cron", "at") if data.get(k) is not None]
+    if len(given) != 1:
+        raise EntryError(f"entry {name}: give exactly one of every, cron or at (got {given})")
+    tz = data.get("tz", "UTC")
+    if not isinstance(tz, str):
+        raise EntryError(f"entry {name}: tz must be an IANA time zone name (got {tz!r})")
+    out["tz"] = tz
+    if "every" in given:
+        out["every"] = _seconds(name, data["every"])
+    elif "cron" in given:
+        cron = data["cron"]
+        if not isinstance(cron, str):
+            raise EntryError(f"entry {name}: cron must be a string (got {cron!r})")
+        parse_cron(cron, _zone(tz, name))
+        out["cron"] = " ".join(cron.split())
+    else:
+        out["at"] = _instant(name, "at", data["at"])
+    if "cron" not in given and tz != "UTC":
+        _zone(tz, name)
+    args, kwargs = data.get("args", []), data.get("kwargs", {})
+    if not isinstance(args, list):
+        raise EntryError(f"entry {name}: args must be a JSON array (got {args!r:.60})")
+    if not isinstance(kwargs, dict):
+        raise EntryError(f"entry {name}: kwargs must be a JSON object (got {kwargs!r:.60})")
+    out["args"], out["kwargs"] = args, kwargs
+    out["options"] = _options(name, data.get("options", {}))
+    out["start_at"] = _instant(name, "start_at", data.get("start_at"))
+    out["end_at"] = _instant(name, "end_at", data.get("end_at"))
+    if out["start_at"] and out["end_at"] and out["end_at"] <= out["start_at"]:
+        raise EntryError(f"entry {name}: end_at must come after start_at")
+    policy = data.get("missed_slots")
+    if policy is not None and policy not in MISSED_SLOTS:
+        raise EntryError(
+            f"entry {name}: missed_slots must be one of {', '.join(MISSED_SLOTS)} (got {policy!r})"
+        )
+    out["missed_slots"] = policy
+    try:
+        out["missed_slots_grace"] = validate_grace(
+            f"entry {name}: missed_slots_grace", data.get("missed_slots_grace")
+        )
+    except ConfigError as exc:
+        raise EntryError(str(exc)) from None
+    return out
+
+
+def _plain(entry: Entry) -> dict[str, Any]:
+    return {k: getattr(entry, k) for k in Entry.__dataclass_fields__}
+
+
+def _flag(name: str, key: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise EntryError(f"entry {name}: {key} must be true or false (got {value!r})")
+    return value
+
+
+def _version(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise EntryError(f"entry {name}: version must be a whole number >= 1 (got {value!r})")
+    return value
+
+
+def _seconds(name: str, value: object) -> float:
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise EntryError(f"entry {name}: every must be a number of seconds (got {value!r})")
+    if not math.isfinite(value) or value < 0.001:
+        raise EntryError(f"entry {name}: every must be at least 0.001 seconds (got {value!r})")
+    return float(value)
+
+
+def _instant(name: str, key: str, value: object) -> datetime | None:
+    """An aware instant from an ISO 8601 string (or datetime); naive means UTC."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            raise EntryError(
+                f"entry {name}: {key} must be an ISO 8601 time (got {value!r})"
+            ) from None
+    if not isinstance(value, datetime):
+        raise EntryError(f"entry {name}: {key} must be an ISO 8601 time (got {value!r})")
+    return utc(value)
+
+
+def _options(name: str, value: object) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise EntryError(f"entry {name}: options must be a JSON object")
+    unknown = set(value) - set(_OPTIONS)
+    if unknown:
+        raise EntryError(
+            f"entry {name}: unknown option(s) {', '.join(sorted(unknown))} "
+            f"(known: {', '.join(_OPTIONS)})"
+        )
+    queue, priority = value.get("queue"), value.get("priority")
+    expires, headers = value.get("expires"), value.get("headers")
+    if queue is not None and (not isinstance(queue, str) or not queue):
+        raise EntryError(f"entry {name}: queue must be a queue name (got {queue!r})")
+    if priority is not None and (
+        isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 255
+    ):
+        raise EntryError(f"entry {name}: priority must be a whole number 0-255 (got {priority!r})")
+    if expires is not None and (
+        isinstance(expires, bool) or not isinstance(expires, int | float) or expires <= 0
+    ):
+        raise EntryError(f"entry {name}: expires must be seconds above 0 (got {expires!r})")
+    if headers is not None and not isinstance(headers, dict):
+        raise EntryError(f"entry {name}: headers must be a JSON object (got {headers!r:.60})")
+    return {k: v for k, v in value.items() if v is not None}
+
+
+def _zone(tz: str, name: str = "") -> ZoneInfo:
+    try:
+        return ZoneInfo(tz)
+    except (ZoneInfoNotFoundError, ValueError, TypeError):
+        where = f"entry {name}: " if name else ""
+        raise EntryError(
+            f"{where}unknown time zone {tz!r} (an IANA name, like Europe/Paris)"
+        ) from None
+
+
+# -- series ------------------------------------------------------------------
+
+
+class Once(Series):
+    """A single run at ``at``."""
+
+    def __init__(self, at: datetime) -> None:
+        self.at = utc(at)
+
+    def next_after(self, moment: datetime) -> datetime | None:
+        return self.at if self.at > utc(moment) else None
+
+    def key(self) -> tuple[object, ...]:
+        return ("once", self.at)
+
+    def __repr__(self) -> str:
+        return f"Once({self.at.isoformat()})"
+
+
+class Bounded(Series):
+    """The slots of ``inner`` from ``start`` (inclusive) to ``end`` (inclusive)."""
+
+    def __init__(self, inner: Series, start: datetime | None, end: datetime | None) -> None:
+        self.inner, self.start, self.end = inner, start, end
+
+    def next_after(self, moment: datetime) -> datetime | None:
+        if self.start is not None and moment < self.start:
+            moment = self.start - timedelta(microseconds=1)
+        due = self.inner.next_after(moment)
+        if due is None or (self.end is not None and due > self.end):
+            return None
+        return due
+
+    def anchor(self, now: datetime) -> datetime:
+        return self.inner.anchor(now)
+
+    def key(self) -> tuple[object, ...]:
+        return ("bounded", self.inner.key(), self.start, self.end)
+
+    def __repr__(self) -> str:
+        return f"Bounded({self.inner!r}, {self.start}, {self.end})"
+
+
+_MONTHS = "jan feb mar apr may jun jul aug sep oct nov dec".split()
+_DAYS = "sun mon tue wed thu fri sat".split()
+#: (low, high, names) of the five fields: minute, hour, day of month, month, day of week.
+_FIELDS = ((0, 59, None), (0, 23, None), (1, 31, None), (1, 12, _MONTHS), (0, 7, _DAYS))
+_FIELD_NAMES = ("minute", "hour", "day of month", "month", "day of week")
+
+
+def parse_cron(expression: str, zone: ZoneInfo) -> CronSeries:
+    """A 5-field cron expression as a :class:`CronSeries` read in ``zone``.
+
+    Fields take ``*``, numbers, ranges ``a-b``, steps ``*/n`` / ``a-b/n`` / ``a/n``,
+    lists, and month and weekday names. A day must match both its day of month
+    and its weekday (Celery's crontab rule), so an expression that restricts both
+    is refused rather than read differently from cron, which runs on either.
+    """
+    fields = expression.split()
+    if len(fields) != 5:
+        raise EntryError(
+            f"cron {expression!r} must have 5 fields (minute hour day-of-month month "
+            f"day-of-week), got {len(fields)}"
+        )
+    sets = [
+        _cron_field(text, low, high, names, what, expression)
+        for text, (low, high, names), what in zip(fields, _FIELDS, _FIELD_NAMES, strict=True)
+    ]
+    if fields[2] != "*" and fields[4] != "*":
+        raise EntryError(
+            f"cron {expression!r} restricts both day of month and day of week; cron would "
+            "run on either, celery-leader on both: use two entries"
+        )
+    return CronSeries(zone, sets[0], sets[1], sets[2], sets[3], {d % 7 for d in sets[4]})
+
+
+def _cron_field(
+    text: str, low: int, high: int, names: list[str] | None, what: str, expression: str
+) -> set[int]:
+    def bad(why: str) -> EntryError:
+        return EntryError(f"cron {expression!r}: {what} field {text!r} {why}")
+
+    def number(token: str) -> int:
+        if names is not None and token.lower() in names:
+            return names.index(token.lower()) + (1 if names is _MONTHS else 0)
+        if not token.isdigit():
+            raise bad(f"has {token!r}, not a number")
+        value = int(token)
+        if not low <= value <= high:
+            raise bad(f"has {value}, outside {low}-{high}")
+        return value
+
+    values: set[int] = set()
+    for part in text.split(","):
+        body, _, step_text = part.partition("/")
+        step = 1
+        if step_text:
+            if not step_text.isdigit() or int(step_text) == 0:
+                raise bad(f"has step {step_text!r}, not a whole number above 0")
+            step = int(step_text)
+        if body == "*":
+            start, stop = low, high
+        elif "-" in body:
+            first, _, last = body.partition("-")
+            start, stop = number(first), number(last)
+            if stop < start:
+                raise bad(f"has a range {body!r} that runs backwards")
+        else:
+            start = number(body)
+            stop = high if step_text else start
+        values.update(range(start, stop + 1, step))
+    return values
+
+
+def instant_now() -> datetime:
+    """The wall-clock now, aware UTC (what edits stamp ``active_since`` with)."""
+    return datetime.now(timezone.utc)
+
+
+def allowed(task: str, globs: tuple[str, ...]) -> bool:
+    """Whether ``task`` matches one of the ``leader_entries_allow`` globs."""
+    return any(fnmatch.fnmatchcase(task, glob) for glob in globs)

@@ -1,0 +1,79 @@
+"""What the leader knows of the entries kept in the store, re-read only when they change.
+
+Each call of :meth:`EntryFeed.current` asks the store one cheap question (the
+election's entries version) and reads the entries again only when it moved, so
+an edit is seen within one tick without reading every entry every tick. A
+record that cannot be read is logged once and left out; a store that cannot be
+reached keeps the entries last read (logged once), so the leader never crashes
+on an entry.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from ..backends import FencedState
+from ..exceptions import StoreUnavailable
+from .entries import Entry, EntryError
+
+#: How often the leader asks whether the entries changed: the bound on how long
+#: an edit goes unnoticed, and one cheap store call (a Redis GET, a one-row
+#: SELECT) per interval. Schedulers wake at least this often to ask.
+POLL_INTERVAL = 0.5
+
+
+class EntryFeed:
+    """The entries of one election, as last read from the store."""
+
+    def __init__(
+        self,
+        backend: FencedState,
+        election: str,
+        logger: logging.Logger,
+        interval: float | None = None,
+    ) -> None:
+        self.backend = backend
+        self.election = election
+        self.logger = logger
+        self.interval = POLL_INTERVAL if interval is None else interval
+        self._asked = float("-inf")  # time.monotonic() of the last question
+        self._version: int | None = None
+        self._entries: dict[str, Entry] = {}
+        self._texts: dict[str, str] = {}
+        self._warned: set[str] = set()
+
+    def current(self) -> dict[str, Entry]:
+        """The entries by name (store entries and kept pauses of code entries)."""
+        now = time.monotonic()
+        if now - self._asked < self.interval:
+            return self._entries
+        self._asked = now
+        try:
+            version = self.backend.entries_version(self.election)
+            if version != self._version:
+                version, texts = self.backend.load_entries(self.election)
+                self._take(texts)
+                self._version = version
+            self._warned.discard("")
+        except StoreUnavailable as exc:
+            if "" not in self._warned:
+                self._warned.add("")
+                self.logger.warning(
+                    "celery-leader: cannot read schedule entries (keeping the last read): %s", exc
+                )
+        return self._entries
+
+    def _take(self, texts: dict[str, str]) -> None:
+        entries = {}
+        for name, text in texts.items():
+            if self._texts.get(name) == text and name in self._entries:
+                entries[name] = self._entries[name]  # unchanged: not parsed again
+                continue
+            try:
+                entries[name] = Entry.from_json(text)
+            except EntryError as exc:
+                if text not in self._warned:
+                    self._warned.add(text)
+                    self.logger.error("celery-leader: skipping stored entry %s: %s", name, exc)
+        self._entries, self._texts = entries, texts

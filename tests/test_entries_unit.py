@@ -1,0 +1,457 @@
+"""Schedule entries kept in the store: the model's checks, edits by compare-and-set,
+the leader's incremental feed, the Celery adapter's merge, and the CLI's bad inputs
+(one line, exit 2, store unchanged), the last through the real ``celery`` command."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import uuid
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import dramatiq
+import pytest
+import redis as redis_lib
+from celery import Celery
+from celery.schedules import crontab, schedule
+from dramatiq.brokers.stub import StubBroker
+from redbeat import RedBeatSchedulerEntry
+
+from celery_leader.backends import Edit, create_backend
+from celery_leader.beat import LeaderScheduler
+from celery_leader.celery.entries import entries_of as celery_entries_of
+from celery_leader.config import LeaderConfig
+from celery_leader.dramatiq import LeaderMiddleware
+from celery_leader.dramatiq.entries import entries_of as dramatiq_entries_of
+from celery_leader.ops_entries import add_fields, redbeat_entries, run_slot
+from celery_leader.schedule import feed as feed_module
+from celery_leader.schedule import protocol
+from celery_leader.schedule.book import EntryBook, EntryConflict, EntryNotFound
+from celery_leader.schedule.entries import (
+    MAX_ENTRY_BYTES,
+    Entry,
+    EntryError,
+    allowed,
+    new_entry,
+    parse_cron,
+)
+from celery_leader.schedule.feed import EntryFeed
+from harness.waiting import wait_for
+
+REPO = Path(__file__).resolve().parents[1]
+CELERY = Path(sys.executable).with_name("celery")
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
+
+
+def memory_backend() -> Any:
+    config = LeaderConfig.from_mapping({"leader_url": f"memory://entries-{uuid.uuid4().hex}"})
+    return create_backend(config)
+
+
+# -- the model ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"every": 0}, "at least 0.001"),
+        ({"every": -5}, "at least 0.001"),
+        ({"cron": "*/5 * * *"}, "must have 5 fields"),
+        ({"cron": "61 * * * *"}, "outside 0-59"),
+        ({"cron": "0 0 1 * mon"}, "restricts both"),
+        ({"cron": "0 * * * *", "tz": "Mars/Base"}, "unknown time zone"),
+        ({"every": 5, "cron": "0 * * * *"}, "exactly one"),
+        ({"at": "tomorrow"}, "ISO 8601"),
+        ({"every": 5, "args": {"a": 1}}, "args must be a JSON array"),
+        ({"every": 5, "options": {"routing": "x"}}, "unknown option"),
+        ({"every": 5, "missed_slots": "some"}, "missed_slots must be one of"),
+        ({"every": 5, "args": ["x" * MAX_ENTRY_BYTES]}, "more than the limit"),
+    ],
+)
+def test_a_bad_entry_is_one_line_naming_the_problem(fields: dict[str, Any], message: str) -> None:
+    with pytest.raises(EntryError, match=message) as caught:
+        new_entry(T0, name="e", task="t", **fields)
+    assert "\n" not in str(caught.value)
+
+
+def test_an_entry_round_trips_through_json_and_its_series_is_the_code_entries() -> None:
+    entry = new_entry(
+        T0,
+        name="r",
+        task="proj.report",
+        cron="30 2 * * *",
+        tz="Europe/Paris",
+        kwargs={"customer": 42},
+        options={"queue": "reports", "priority": 3},
+        missed_slots="all",
+    )
+    assert Entry.from_json(entry.to_json()) == entry
+    assert entry.generation and entry.active_since == T0 and entry.version == 1
+    # 02:30 Paris is 01:30 UTC in winter.
+    assert entry.series().next_after(T0) == datetime(2026, 3, 2, 1, 30, tzinfo=timezone.utc)
+    every = new_entry(T0, name="e", task="t", every=60)
+    assert every.series().next_after(T0 + timedelta(seconds=1)) == T0 + timedelta(minutes=1)
+
+
+def test_cron_fields_take_ranges_steps_lists_and_names() -> None:
+    series = parse_cron("*/15 9-17/4 * jan,JUL mon-fri", timezone.utc)  # type: ignore[arg-type]
+    assert series.minutes == [0, 15, 30, 45]
+    assert series.hours == [9, 13, 17]
+    assert series.months == {1, 7}
+    assert series.days_of_week == {1, 2, 3, 4, 5}
+
+
+def test_an_edit_moves_active_since_only_when_the_schedule_changes_or_it_resumes() -> None:
+    entry = new_entry(T0, name="e", task="t", every=10)
+    later = T0 + timedelta(hours=1)
+    assert entry.edited(later, kwargs={"x": 1}).active_since == T0
+    assert entry.edited(later, every=2).active_since == later
+    paused = entry.edited(later, enabled=False)
+    assert paused.active_since == T0
+    resumed_at = later + timedelta(hours=1)
+    assert paused.edited(resumed_at, enabled=True).active_since == resumed_at
+    assert paused.version == 2 and paused.generation == entry.generation
+
+
+# -- edits -------------------------------------------------------------------------
+
+
+def test_the_book_adds_updates_pauses_and_removes_by_compare_and_set() -> None:
+    backend = memory_backend()
+    book = EntryBook(backend, "beat", code={"tick"})
+    added = book.add(name="r", task="t", every=5)
+    with pytest.raises(EntryConflict, match="exists"):
+        book.add(name="r", task="t", every=5)
+    with pytest.raises(EntryConflict, match="code entry"):
+        book.add(name="tick", task="t", every=5)
+    replaced = book.add(replace=True, name="r", task="t", every=2)
+    assert replaced.generation == added.generation and replaced.version == 2
+    with pytest.raises(EntryConflict, match="version 2, not 1"):
+        book.update("r", expected_version=1, every=3)
+    assert book.update("r", expected_version=2, every=3).every == 3
+    assert not book.pause("r").enabled
+    assert book.resume("r").enabled
+    # A code entry: paused in the store, never removed.
+    assert not book.pause("tick").enabled
+    with pytest.raises(EntryError, match="code entry"):
+        book.remove("tick")
+    assert book.resume("tick").enabled
+    book.remove("r")
+    with pytest.raises(EntryNotFound):
+        book.remove("r")
+    again = book.add(name="r", task="t", every=5)
+    assert again.generation != added.generation, "a re-created name starts fresh"
+    assert [e.name for e in book.list()] == ["r", "tick"]
+
+
+def test_the_feed_rereads_only_when_the_version_moved(caplog: pytest.LogCaptureFixture) -> None:
+    backend = memory_backend()
+    calls = []
+    load = backend.load_entries
+
+    def counting(election: str) -> Any:
+        calls.append(election)
+        return load(election)
+
+    backend.load_entries = counting
+    feed = EntryFeed(backend, "beat", logging.getLogger("test"), interval=0)
+    book = EntryBook(backend, "beat")
+    book.add(name="a", task="t", every=5)
+    calls.clear()  # the book's own read
+    assert set(feed.current()) == {"a"}
+    for _ in range(5):
+        feed.current()
+    assert len(calls) == 1, "no edit, no re-read"
+    book.pause("a")
+    backend.edit_entries("beat", [Edit("junk", None, "{not json")])
+    current = feed.current()
+    assert not current["a"].enabled and "junk" not in current
+    assert "skipping stored entry junk" in caplog.text
+
+
+def test_the_celery_adapter_merges_store_entries_and_honours_pauses_and_the_allow_list(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(feed_module, "POLL_INTERVAL", 0)
+    app = Celery("entries_unit", broker="memory://", set_as_current=False)
+    app.conf.leader_url = f"memory://entries-{uuid.uuid4().hex}"
+    app.conf.leader_entries_allow = ["proj.reports.*"]
+    app.conf.beat_schedule = {"tick": {"task": "proj.tick", "schedule": 5.0}}
+    scheduler = LeaderScheduler(app=app, lazy=True)
+    book = EntryBook(scheduler.lease.backend, "beat", code={"tick"})
+    book.add(name="r1", task="proj.reports.daily", every=2, kwargs={"c": 1})
+    book.add(name="x", task="proj.other", every=2)
+    book.add(name="p", task="proj.reports.p", every=2, enabled=False)
+    names = {j.name: j for j in scheduler.leader_jobs(store_entries=True)}
+    assert set(names) == {"tick", "r1"}
+    assert "proj.other is outside leader_entries_allow" in caplog.text
+    book.pause("tick")
+    book.resume("p")
+    assert {j.name for j in scheduler.leader_jobs(store_entries=True)} == {"r1", "p"}
+    scheduler.close()
+
+
+def test_a_run_outside_the_grid_has_a_slot_of_its_own() -> None:
+    assert run_slot("r", T0) == "r@run:2026-03-01T12:00:00.000+00:00"
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"every": "0"}, "above 0"),
+        ({"every": "x"}, "a number of seconds"),
+        ({"every": "5", "cron": "* * * * *"}, "exactly one"),
+        ({"every": "5", "tz": "UTC"}, "--tz goes with --cron"),
+        ({"every": "5", "args": "[1,"}, "--args is not JSON"),
+        ({"every": "5", "kwargs": "[1]"}, "must be a JSON object"),
+    ],
+)
+def test_add_options_are_checked_before_anything_is_stored(
+    options: dict[str, str], message: str
+) -> None:
+    with pytest.raises(EntryError, match=message):
+        add_fields("e", "t", **options)  # type: ignore[arg-type]
+
+
+# -- the real CLI -----------------------------------------------------------------------
+
+
+APP = """
+from celery import Celery
+app = Celery("cli_app", broker="memory://")
+app.conf.leader_url = "file://{store}"
+app.conf.beat_schedule = {{"tick": {{"task": "cli_app.tick", "schedule": 5.0}}}}
+
+@app.task
+def tick():
+    pass
+"""
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Any:
+    store = tmp_path / "store"
+    store.mkdir()
+    (tmp_path / "cli_app.py").write_text(APP.format(store=store))
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(CELERY), "-A", "cli_app", "leader", "entries", *args],
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(tmp_path)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    return run, store
+
+
+def test_the_cli_refuses_bad_input_with_one_line_and_stores_nothing(cli: Any) -> None:
+    run, store = cli
+    done = run("add", "ok", "--task", "cli_app.tick", "--every", "5")
+    assert done.returncode == 0, done.stderr
+    before = sorted((p.name, p.read_text()) for p in store.iterdir() if "entries" in p.name)
+    bad = [
+        ("add", "b", "--task", "cli_app.tick", "--cron", "*/5 * * *"),
+        ("add", "b", "--task", "cli_app.tick", "--cron", "0 * * * *", "--tz", "Mars/Base"),
+        ("add", "b", "--task", "cli_app.tick", "--every", "5", "--args", "[1,"),
+        ("add", "b", "--task", "cli_app.tick", "--every", "0"),
+        ("add", "b", "--task", "cli_app.tick", "--every", "-1"),
+        ("add", "b", "--task", "cli_app.tick", "--every", "5", "--args", json.dumps(["x" * 20000])),
+        ("add", "b", "--task", "cli_app.nope", "--every", "5", "--strict"),
+        ("add", "ok", "--task", "cli_app.tick", "--every", "5"),
+        ("add", "tick", "--task", "cli_app.tick", "--every", "5"),
+        ("rm", "tick"),
+        ("rm", "nothing"),
+    ]
+    for args in bad:
+        done = run(*args)
+        assert done.returncode == 2, (args, done.stdout, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("Error: "), (args, done.stderr)
+    after = sorted((p.name, p.read_text()) for p in store.iterdir() if "entries" in p.name)
+    assert after == before, "a refused edit stores nothing"
+    done = run("add", "w", "--task", "cli_app.nope", "--every", "5")
+    assert done.returncode == 0 and "Warning: this app knows no task" in done.stderr
+    listed = json.loads(run("ls", "--json").stdout)
+    assert [(r["name"], r["source"]) for r in listed] == [
+        ("tick", "code"),
+        ("ok", "store"),
+        ("w", "store"),
+    ]
+    exported = run("export").stdout
+    assert run("rm", "ok").returncode == 0 and run("rm", "w").returncode == 0
+    (store.parent / "e.jsonl").write_text(exported)
+    done = run("import", str(store.parent / "e.jsonl"))
+    assert done.returncode == 0, done.stderr
+    assert [r["name"] for r in json.loads(run("ls", "--json").stdout)] == ["tick", "ok", "w"]
+
+
+def test_redbeat_entries_are_read_as_json(redis_url: str) -> None:
+    app = Celery("redbeat_app", broker=redis_url, set_as_current=False)
+    app.conf.redbeat_redis_url = redis_url
+    app.conf.timezone = "UTC"
+    RedBeatSchedulerEntry(
+        "every-7", "proj.seven", schedule(timedelta(seconds=7)), args=[1], app=app
+    ).save()
+    RedBeatSchedulerEntry(
+        "cron-5", "proj.five", crontab(minute="*/5", hour="9-17"), kwargs={"a": 1}, app=app
+    ).save()
+    found = {e["name"]: e for e in redbeat_entries(redis_url, "redbeat", "UTC")}
+    assert found["every-7"] == {
+        "name": "every-7",
+        "task": "proj.seven",
+        "args": [1],
+        "kwargs": {},
+        "enabled": True,
+        "every": 7.0,
+    }
+    assert found["cron-5"]["cron"] == "*/5 9-17 * * *"
+    with redis_lib.Redis.from_url(redis_url) as client:
+        assert client.exists("redbeat:every-7")
+
+
+# -- edit semantics through the Celery adapter ----------------------------------------
+
+
+class Clock:
+    """The wall clock of the slot protocol and of the editors, set by the test."""
+
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def test_store_entry_edits_under_missed_slots_all(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The issue's three edits on store entries, with leader_missed_slots = "all": a
+    30 s -> 2 s change sends its first 2 s slot at once, a pause sends nothing from its
+    time, a removed and re-created name backfills nothing."""
+    clock = Clock(T0)
+    monkeypatch.setattr(protocol, "utcnow", clock)
+    monkeypatch.setattr(feed_module, "POLL_INTERVAL", 0)
+    app = Celery("edits", broker="memory://", set_as_current=False)
+    app.conf.leader_url = f"memory://entries-{uuid.uuid4().hex}"
+    app.conf.leader_missed_slots = "all"
+    app.conf.beat_schedule = {}
+    scheduler = LeaderScheduler(app=app, lazy=True)
+    sent: list[str] = []
+
+    def send(entry: Any, slot: str, epoch: int) -> tuple[None, bool]:
+        sent.append(slot)
+        return None, False
+
+    monkeypatch.setattr(scheduler, "_send", send)
+    scheduler.tick()
+    wait_for(scheduler.lease.is_leader, 5, message="never led")
+    book = EntryBook(scheduler.lease.backend, "beat", now=clock)
+
+    def at(seconds: float) -> None:
+        clock.now = T0 + timedelta(seconds=seconds)
+        scheduler.tick()
+
+    def slots(entry: str) -> list[str]:
+        return [s.split("@")[1][17:19] for s in sent if s.startswith(f"{entry}@")]
+
+    book.add(name="iv", task="t", every=30)
+    book.add(name="pz", task="t", every=2)
+    book.add(name="rc", task="t", every=2)
+    for t in range(1, 31):
+        at(t)
+    assert slots("iv") == ["30"] and len(slots("pz")) == 15
+    book.update("iv", every=2)
+    at(31)
+    at(32)
+    assert slots("iv") == ["30", "32"], "the first 2 s slot at once, not after 30 s"
+    book.pause("pz")
+    book.remove("rc")
+    for t in range(33, 48):
+        at(t)
+    assert not [s for s in slots("pz") if "32" < s < "48"], "nothing while paused"
+    assert not [s for s in slots("rc") if "32" < s], "nothing after removal"
+    book.resume("pz")
+    book.add(name="rc", task="t", every=2)
+    at(48)
+    at(50)
+    assert [s for s in slots("pz") if s > "32"] == ["48", "50"], "nothing from the pause"
+    # Re-created at 48: it starts after now, as a new entry does.
+    assert [s for s in slots("rc") if s > "32"] == ["50"], "nothing from before it"
+    assert len(sent) == len(set(sent))
+    scheduler.close()
+
+
+def test_import_from_redbeat_through_the_cli(cli: Any, redis_url: str) -> None:
+    run, store = cli
+    app = Celery("redbeat_app", broker=redis_url, set_as_current=False)
+    app.conf.redbeat_redis_url = redis_url
+    RedBeatSchedulerEntry("every-7", "cli_app.tick", schedule(timedelta(seconds=7)), app=app).save()
+    RedBeatSchedulerEntry("hourly", "cli_app.tick", crontab(minute="15"), app=app).save()
+    done = run("import", "--from-redbeat", redis_url, "--dry-run")
+    assert done.returncode == 0, done.stderr
+    assert "2 entries would be imported" in done.stdout
+    assert not [p for p in store.iterdir() if p.name.endswith(".entries")], "dry run: nothing"
+    done = run("import", "--from-redbeat", redis_url)
+    assert done.returncode == 0, done.stderr
+    listed = {r["name"]: r for r in json.loads(run("ls", "--json").stdout)}
+    assert listed["every-7"]["schedule"] == "every 7s"
+    assert listed["hourly"]["schedule"] == 'cron "15 * * * *" UTC'
+    assert listed["hourly"]["next_due"].endswith(":15:00+00:00")
+    again = run("import", "--from-redbeat", redis_url)
+    assert again.returncode == 2 and "exist already" in again.stderr
+
+
+def test_a_single_run_at_an_instant_and_the_allow_list_globs(cli: Any) -> None:
+    once = new_entry(T0, name="o", task="t", at="2026-03-01T13:00:00Z")
+    assert once.series().next_after(T0) == T0 + timedelta(hours=1)
+    assert once.series().next_after(T0 + timedelta(hours=1)) is None
+    assert allowed("proj.reports.daily", ("proj.reports.*",))
+    assert not allowed("proj.other", ("proj.reports.*", "proj.sync"))
+    run, _ = cli
+    done = run("add", "o", "--task", "cli_app.tick", "--at", "2001-01-01T00:00:00Z")
+    assert done.returncode == 2 and "is in the past" in done.stderr
+    done = run("add", "o", "--task", "cli_app.tick", "--at", "2099-01-01T00:00:00+02:00")
+    assert done.returncode == 0, done.stderr
+    shown = json.loads(run("show", "o", "--json").stdout)
+    assert shown["next_due"] == "2098-12-31T22:00:00+00:00"
+
+
+def test_the_python_api_of_both_frameworks(monkeypatch: pytest.MonkeyPatch) -> None:
+    url = f"memory://entries-{uuid.uuid4().hex}"
+    app = Celery("api", broker="memory://", set_as_current=False)
+    app.conf.leader_url = url
+    app.conf.beat_schedule = {"tick": {"task": "api.tick", "schedule": 5.0}}
+    sent: list[dict[str, Any]] = []
+    monkeypatch.setattr(app, "send_task", lambda task, **kw: sent.append({"task": task, **kw}))
+    with celery_entries_of(app) as entries:
+        entry = entries.add("r", "api.report", every=60, kwargs={"c": 1})
+        assert entries.update("r", expected_version=entry.version, every=30).every == 30
+        with pytest.raises(EntryConflict):
+            entries.update("r", expected_version=entry.version, every=10)
+        slot = entries.run_now("r")
+        assert slot.startswith("r@run:") and sent[0]["headers"] == {"leader_slot": slot}
+        assert sent[0]["kwargs"] == {"c": 1}
+        entries.pause("tick")
+        assert [e.name for e in entries.list()] == ["r", "tick"]
+        assert entries.get("r") is not None
+        entries.remove("r")
+        assert entries.get("r") is None
+
+    broker = StubBroker()
+    broker.add_middleware(LeaderMiddleware(url=url))
+
+    @dramatiq.actor(broker=broker, queue_name="q")
+    def work() -> None:
+        pass
+
+    with dramatiq_entries_of(broker) as entries:
+        entries.add("w", "work", cron="*/5 * * * *")
+        entries.run_now("w")
+        assert broker.queues["q"].qsize() == 1
+        assert [e.name for e in entries.list()] == ["tick", "w"], "one store, two frameworks"
