@@ -64,17 +64,17 @@ fi
 # (pytest-xdist -n 2) overran hand-over bounds by tens of milliseconds; and
 # pytest-xdist's --dist loadgroup cannot keep them together under pytest 9.2 (it
 # rewrites node ids, which pytest no longer reads). Each line is prefixed with
-# its run's name.
+# its run's name; each ends with its 15 slowest tests, to keep the halves even.
 echo "==> pytest -m timing  |  pytest -m 'not timing'"
 (
     set +e
-    pytest_run -m timing 2>&1 | sed -u 's/^/[timing] /'
+    pytest_run --durations=15 -m timing 2>&1 | sed -u 's/^/[timing] /'
     exit "${PIPESTATUS[0]}"
 ) &
 timing_pid=$!
 (
     set +e
-    pytest_run -m "not timing" 2>&1 | sed -u 's/^/[rest]   /'
+    pytest_run --durations=15 -m "not timing" 2>&1 | sed -u 's/^/[rest]   /'
     exit "${PIPESTATUS[0]}"
 ) &
 rest_pid=$!
