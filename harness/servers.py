@@ -8,6 +8,7 @@ not shut them down before the fixtures' teardown does.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import signal
@@ -34,11 +35,49 @@ STOP_TIMEOUT = 30.0
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 
 
+#: Ports handed out by :func:`free_port`, as ``port:pid`` words, shared by every
+#: test process on the machine (``scripts/test.sh`` runs two pytest processes).
+PORT_REGISTRY = Path(tempfile.gettempdir()) / "celery-leader-test-ports"
+
+
 def free_port() -> int:
-    """A port nothing listens on now; the kernel picks it, so it never collides with 5432."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port nothing listens on now, and that no other live test process was given.
+
+    The kernel picks it, so it never collides with 5432. A server keeps its port
+    across a restart (its URL is already handed out), so while it is down the
+    kernel could give that port to another test process's new server, which
+    would then answer in its place: the registry keeps each port reserved for
+    as long as the process that took it lives.
+    """
+    with PORT_REGISTRY.open("a+") as registry:
+        fcntl.flock(registry, fcntl.LOCK_EX)
+        registry.seek(0)
+        held: dict[int, int] = {}
+        for word in registry.read().split():
+            port, _, pid = word.partition(":")
+            if port.isdigit() and pid.isdigit() and _alive(int(pid)):
+                held[int(port)] = int(pid)
+        while True:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = int(sock.getsockname()[1])
+            if port not in held:
+                break
+        held[port] = os.getpid()
+        registry.seek(0)
+        registry.truncate()
+        registry.write(" ".join(f"{p}:{pid}" for p, pid in held.items()))
+    return port
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _tail(path: Path, lines: int = 40) -> str:

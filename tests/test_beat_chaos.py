@@ -51,7 +51,7 @@ from harness.proxy import TcpProxy
 from harness.servers import MariaDbServer, PostgresServer, RedisServer
 from harness.waiting import wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timing]
 
 CELERY = Path(sys.executable).with_name("celery")
 REPO = Path(__file__).resolve().parents[1]

@@ -55,7 +55,7 @@ from tests.test_dramatiq_chaos import TTL, Replicas, replica_of
 from tests.test_dramatiq_chaos import Tap as DramatiqTap
 from tests.test_dramatiq_chaos import steady as dramatiq_steady
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timing]
 
 #: How long the replica lags, or stays cut off, before the master dies: beat
 #: tries to claim several slots meanwhile.

@@ -152,6 +152,7 @@ def test_a_rows_headers_carry_its_policy_and_run_state_saves_leave_the_row_uncha
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 @pytest.mark.postgres
 def test_row_edits_take_effect_at_once_and_send_nothing_from_before_them(
     tmp_path: Path, redis_url: str, postgres_url: str, procs: Procs

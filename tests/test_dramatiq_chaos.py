@@ -47,7 +47,7 @@ from harness.proxy import TcpProxy
 from harness.servers import MariaDbServer, PostgresServer, RedisServer
 from harness.waiting import wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timing]
 
 DRAMATIQ = Path(sys.executable).with_name("dramatiq")
 REPO = Path(__file__).resolve().parents[1]

@@ -56,7 +56,7 @@ from tests.test_beat_chaos import (
 for _fixture in ("beat_holder", "broker", "lease_store", "tap"):
     globals()[_fixture] = getattr(beat_chaos, _fixture)
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timing]
 
 APP = ["-A", "tests.apps.beat_app"]
 #: Slack on top of "within its period of the add" / "nothing after the edit".

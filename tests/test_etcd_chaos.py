@@ -46,7 +46,7 @@ from tests.test_beat_chaos import (  # noqa: F401 - broker, tap and beat_holder 
     wait_step_down,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timing]
 
 #: A holder that stops renewing is replaced once etcd revokes its lease: at most
 #: ttl after its last keep-alive, plus up to 0.5 s because etcd looks for expired

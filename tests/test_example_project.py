@@ -66,6 +66,7 @@ def test_manage_check_and_migrate_on_sqlite(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_quickstart_short_mode() -> None:
     """The README's first command, in the short mode CI runs: exits 0 with a clean tally."""
     run = subprocess.run(
@@ -101,6 +102,7 @@ TTL = 2.0
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 @pytest.mark.parametrize(
     ("database", "fault"),
     [

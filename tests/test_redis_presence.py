@@ -44,6 +44,7 @@ def cluster(procs: Procs, tmp_path: Path, redis_url: str) -> Iterator[LeaseClust
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_sigkill_of_the_holder_hands_over_without_waiting_for_the_ttl(
     cluster: LeaseCluster,
 ) -> None:

@@ -24,7 +24,7 @@ from harness.servers import RedisServer, free_port
 from harness.singleton import Fleet, alive, lifetimes, overlaps, wait_until
 from harness.waiting import wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timing]
 
 TTL = 2.0
 GRACE = 0.3

@@ -94,6 +94,10 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Celery (namespace CELERY_) ---------------------------------------------
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "filesystem://")
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    # kombu's filesystem transport with atomic writes: with kombu's own, a busy
+    # worker can read a half-written message and stop (see proj/broker.py).
+    CELERY_BROKER_TRANSPORT = "proj.broker:Transport"
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     # Used by the filesystem transport only: producers and the worker share
     # one folder; a short polling interval keeps the demo's timeline live.
