@@ -1,4 +1,5 @@
-"""The run ledger with real ``celery worker`` processes on a real Redis.
+"""The run ledger with real ``celery worker`` processes on a real Redis, and real
+Dramatiq workers and schedulers on a Redis or a RabbitMQ broker (the store is Redis).
 
 Messages carry ``leader_slot`` as beat sends them; the ``work`` task of
 ``tests/apps/ledger_app.py`` records every run of its body in Redis, and the
@@ -267,8 +268,22 @@ def _intervals(workers: Workers) -> dict[str, tuple[float, float]]:
     return out
 
 
-def test_dramatiq_a_slot_delivered_three_times_runs_once(procs: Procs, redis_url: str) -> None:
-    env = {"BROKER_URL": redis_url, "CELERY_LEADER_LEDGER": "1", "CELERY_LEADER_TTL": str(TTL)}
+BROKERS = pytest.mark.parametrize(
+    "broker", ["redis", pytest.param("rabbitmq", marks=pytest.mark.rabbitmq)]
+)
+
+
+@BROKERS
+def test_dramatiq_a_slot_delivered_three_times_runs_once(
+    procs: Procs, redis_url: str, broker: str, request: pytest.FixtureRequest
+) -> None:
+    broker_url = redis_url if broker == "redis" else request.getfixturevalue("amqp_url")
+    env = {
+        "BROKER_URL": broker_url,
+        "STORE_URL": redis_url,
+        "CELERY_LEADER_LEDGER": "1",
+        "CELERY_LEADER_TTL": str(TTL),
+    }
     worker = procs.spawn_python(
         DRAMATIQ, "tests.apps.ledger_dramatiq", "-p", "2", "-t", "2", env=env, cwd=ROOT
     )
@@ -308,12 +323,16 @@ def test_dramatiq_a_slot_delivered_three_times_runs_once(procs: Procs, redis_url
 
 
 @pytest.mark.slow
+@BROKERS
 def test_dramatiq_a_scheduler_killed_between_claim_and_publish(
-    procs: Procs, redis_url: str
+    procs: Procs, redis_url: str, broker: str, request: pytest.FixtureRequest
 ) -> None:
-    """The same on Dramatiq: the next scheduler re-sends the slot once; it runs once."""
+    """The same on Dramatiq, on either broker: the next scheduler re-sends the slot
+    once; it runs once."""
+    broker_url = redis_url if broker == "redis" else request.getfixturevalue("amqp_url")
     env = {
-        "BROKER_URL": redis_url,
+        "BROKER_URL": broker_url,
+        "STORE_URL": redis_url,
         "CELERY_LEADER_LEDGER": "1",
         "CELERY_LEADER_TTL": str(TTL),
         "EVERY": "1",
