@@ -205,7 +205,23 @@ def test_a_leader_killed_between_claim_and_publish(workers: Workers, run: int) -
     wait_for(lambda: len(_ran(workers)) >= 5, timeout=30)
     second.signal(signal.SIGTERM)
     second.wait(15)
+    # What was sent before the SIGTERM ends before the count.
+    wait_for(
+        lambda: all(
+            r.status == "finished"
+            for k, v in workers.store.load_runs("beat").items()
+            if is_slot(k) and (r := RunRecord.load(v)) is not None
+        ),
+        timeout=30,
+        message="every sent slot ended",
+    )
     ran = _ran(workers)
+    sent = {k for k in workers.store.load_runs("beat") if is_slot(k)} | {slot}
+    print(
+        f"\nLEDGER-CHAOS redis-sigkill due={len(sent)} "
+        f"once={sum(ran.get(s) == 1 for s in sent)} lost={sum(s not in ran for s in sent)} "
+        f"twice={sum(ran.get(s, 0) > 1 for s in sent)}"
+    )
     assert ran[slot] == 1, "the claimed, unsent slot ran exactly once"
     assert all(n == 1 for n in ran.values()), {s: n for s, n in ran.items() if n != 1}
 
