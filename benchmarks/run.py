@@ -44,6 +44,8 @@ EXTERNAL = (
      ("--batches", "30")),
     ("4b. Publisher confirms on RabbitMQ: one beat publish", "publish_confirms",
      ("--count", "300")),
+    ("4c. Run ledger: worker-side cost per beat-sent message", "bench_ledger",
+     ("--messages", "300")),
 )
 EXTERNAL_TIMEOUT = 300
 #: The Dramatiq schedulers, after the store load: title, module, extra arguments for --quick.

@@ -29,12 +29,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
+import redis
 
 from celery_leader.backends import create_backend
 from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import ConfigError
 from celery_leader.health import check
-from celery_leader.ledger import marks
 from celery_leader.ledger.records import WORKERS
 from harness.procs import Proc, Procs
 from harness.procs import signal as send_signal
@@ -319,6 +319,52 @@ def test_a_leader_whose_broker_link_stalls_or_resets_loses_no_confirmed_slot(
 
 
 RESENT = re.compile(r"re-sending slot (tick@\S+) ")
+NOT_RUN = re.compile(r"slot (tick@\S+) not run")
+
+
+def start_ledger_workers(
+    procs: Procs, broker: Broker, lease_store: RedisServer, tmp_path: Path
+) -> list[Proc]:
+    """Two ``celery worker`` nodes with the run ledger on, straight on the broker (no
+    proxy), each noting the runs of its bodies in the lease store's ``runs`` list; they
+    have registered in the ledger when this returns."""
+    workers = [
+        procs.spawn_python(
+            CELERY,
+            *("-A", "tests.apps.beat_app", "worker", "-P", "prefork", "-c", "1"),
+            *("-n", f"w{n}@%h", "-l", "INFO", "--without-gossip", "--without-mingle"),
+            env={
+                **env(broker.url, 1.0),
+                "LEADER_URL": lease_store.url,
+                "RUNS_URL": lease_store.url,
+                "CELERY_LEADER_LEDGER": "1",
+                "PYTHONPATH": str(ROOT),
+            },
+            cwd=tmp_path,
+        )
+        for n in (1, 2)
+    ]
+    for worker in workers:
+        worker.wait_for_line(r"ready\.", 60)
+    backend = create_backend(LeaderConfig.from_mapping({"leader_url": lease_store.url}))
+    try:
+        wait_for(
+            lambda: WORKERS in backend.load_runs("beat"),
+            20,
+            message="no worker registered in the ledger",
+        )
+    finally:
+        backend.close()
+    return workers
+
+
+def runs_by_slot(lease_store: RedisServer) -> Counter[str]:
+    """Slot -> runs of its body, as the workers noted them."""
+    store = redis.Redis.from_url(lease_store.url)
+    try:
+        return Counter(json.loads(line)["slot"] for line in store.lrange("runs", 0, -1))
+    finally:
+        store.close()
 
 
 @pytest.mark.slow
@@ -326,20 +372,19 @@ RESENT = re.compile(r"re-sending slot (tick@\S+) ")
 @pytest.mark.parametrize("hold", [15.0, 0.0], ids=["held-15s-then-reset", "reset"])
 def test_with_the_run_ledger_a_stalled_or_reset_link_loses_no_slot(
     proxied_beats: Callable[[float], ProxiedBeats],
+    procs: Procs,
+    broker: Broker,
     tap: BrokerTap,
     lease_store: RedisServer,
+    tmp_path: Path,
     hold: float,
 ) -> None:
-    # The same faults with leader_ledger on and a worker registered in the ledger:
-    # the slot of unknown outcome is re-sent once, so every slot due is published, and
-    # a slot is published twice only when it was re-sent (workers run one copy; see
-    # tests/test_ledger_processes.py).
-    config = LeaderConfig.from_mapping({"leader_url": lease_store.url})
-    backend = create_backend(config)
-    marks.touch(backend, "beat", WORKERS, {"worker": "test"}, config.ledger_retention)
-    backend.close()
+    # The same faults with leader_ledger on, 3 beats and 2 real workers: the slot of
+    # unknown outcome is re-sent once, so every slot due is published, and the workers
+    # run each slot due exactly once (a re-sent copy is acknowledged and not run).
+    workers = start_ledger_workers(procs, broker, lease_store, tmp_path)
     every = 0.5
-    run = proxied_beats(every, CELERY_LEADER_LEDGER="1")
+    run = proxied_beats(every, CELERY_LEADER_LEDGER="1", VIA_EXCHANGE="1")
     beats, place, epoch = run.beats, run.place, run.epoch
     at_wall, at = time.time(), time.monotonic()
     proxy = run.proxies[place]
@@ -354,19 +399,39 @@ def test_with_the_run_ledger_a_stalled_or_reset_link_loses_no_slot(
     time.sleep(3 * every + TTL)
 
     published = tap.published()
+    # Each copy the workers got has either run or been acknowledged as a duplicate.
+    wait_for(
+        lambda: (
+            sum(runs_by_slot(lease_store).values())
+            + sum(len(NOT_RUN.findall(w.output())) for w in workers)
+            >= len(published)
+        ),
+        20,
+        message=lambda: (
+            f"the workers took {sum(runs_by_slot(lease_store).values())} of "
+            f"{len(published)} messages:\n" + "".join(w.output()[-1500:] for w in workers)
+        ),
+    )
     due_in = dues_between(at_wall, end_wall, every)
     by_due = Counter(round(due(p), 3) for p in published if entry_of(p) == "tick")
+    ran = Counter(
+        round(due(Publish(0, slot, 0, 0)), 3)
+        for slot, n in runs_by_slot(lease_store).items()
+        for _ in range(n)
+    )
     logs = "\n".join(b.output() for b in beats.current)
     resent = {round(due(Publish(0, s, 0, 0)), 3) for s in RESENT.findall(logs)}
-    lost = [d for d in due_in if by_due[d] == 0]
-    twice = [d for d in due_in if by_due[d] > 1]
+    lost = [d for d in due_in if ran[d] == 0]
+    twice = [d for d in due_in if ran[d] > 1]
     print(
-        f"\nrun ledger on, RabbitMQ link of the leader held {hold:g} s then reset: slots due "
-        f"{len(due_in)}, lost {len(lost)}, published twice {len(twice)} (re-sent {len(resent)})"
+        f"\nLEDGER-CHAOS rabbitmq hold={hold:g} due={len(due_in)} "
+        f"once={sum(ran[d] == 1 for d in due_in)} lost={len(lost)} twice={len(twice)} "
+        f"published_twice={sum(by_due[d] > 1 for d in due_in)} resent={len(resent)}"
     )
-    assert lost == []
-    assert set(twice) <= resent
-    assert all(by_due[d] <= 2 for d in due_in)
+    assert lost == [] and twice == []
+    assert [d for d in due_in if by_due[d] == 0] == []
+    assert {d for d in due_in if by_due[d] > 1} <= resent
+    assert all(n == 1 for n in ran.values()), "a slot outside the window ran twice"
 
 
 @pytest.mark.slow

@@ -12,6 +12,14 @@ whose ``is_due`` blocks for 30 s, once, when ``<HANG_FILE>.<INSTANCE_ID>`` exist
 CLOCK_AHEAD (seconds this replica's wall clock runs ahead of the others');
 HOOK_APPLY_ENTRY (patch ``Scheduler.apply_entry`` as sentry-sdk does, logging
 ``hook saw slot <leader_slot>`` for every call).
+
+Run-ledger tests run workers of this app with RUNS_URL (a Redis): the ``noop``
+task then exists, and pushes one JSON line per run of its body (its
+``leader_slot`` and node) on the list ``runs`` there. Those workers consume a
+queue of their own, ``workers``, bound like ``celery`` to the ``celery`` exchange;
+beats with VIA_EXCHANGE=1 publish through that exchange (not straight to the
+``celery`` queue), so the workers get a copy of every message while a test's tap
+empties ``celery``.
 """
 
 import logging
@@ -85,3 +93,23 @@ if os.environ.get("HOOK_APPLY_ENTRY"):
         return _original(*args, **kwargs)
 
     Scheduler.apply_entry = _hooked  # type: ignore[method-assign]
+
+if os.environ.get("VIA_EXCHANGE"):
+    app.conf.task_routes = {"beat_app.noop": {"exchange": "celery", "routing_key": "celery"}}
+
+if os.environ.get("RUNS_URL"):
+    import json
+
+    import redis
+    from celery import current_task
+    from kombu import Exchange, Queue
+
+    _runs = redis.Redis.from_url(os.environ["RUNS_URL"])
+    app.conf.task_queues = [Queue("workers", Exchange("celery"), routing_key="celery")]
+
+    @app.task(name="beat_app.noop")  # type: ignore[misc]
+    def noop() -> None:
+        """Record this run of the body: its slot and node."""
+        request = current_task.request
+        run = {"slot": getattr(request, "leader_slot", None), "node": request.hostname}
+        _runs.rpush("runs", json.dumps(run))

@@ -1,5 +1,6 @@
-"""A Dramatiq app for run-ledger tests: BROKER_URL (Redis: broker, store and the
-record of runs) and the ``CELERY_LEADER_*`` environment (``CELERY_LEADER_LEDGER=1``).
+"""A Dramatiq app for run-ledger tests: BROKER_URL (Redis or RabbitMQ), STORE_URL
+(a Redis: the lease store and the record of runs; BROKER_URL when unset) and the
+``CELERY_LEADER_*`` environment (``CELERY_LEADER_LEDGER=1``).
 
 The ``work`` actor pushes one JSON line per run of its body on the Redis list
 ``runs``: its ``leader_slot`` and pid. With EVERY set, the scheduled actor ``tick``
@@ -16,18 +17,25 @@ from typing import Any
 
 import dramatiq
 import redis
+from dramatiq.brokers.rabbitmq import RabbitmqBroker
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import CurrentMessage
 
 from celery_leader.dramatiq import LeaderMiddleware, every
 from celery_leader.dramatiq import scheduler as _scheduler
 
-broker = RedisBroker(url=os.environ["BROKER_URL"])
+BROKER_URL = os.environ["BROKER_URL"]
+STORE_URL = os.environ.get("STORE_URL", BROKER_URL)
+broker: dramatiq.Broker
+if BROKER_URL.startswith("amqp"):
+    broker = RabbitmqBroker(url=BROKER_URL)
+else:
+    broker = RedisBroker(url=BROKER_URL)
 broker.add_middleware(CurrentMessage())
-broker.add_middleware(LeaderMiddleware(url=os.environ["BROKER_URL"]))
+broker.add_middleware(LeaderMiddleware(url=STORE_URL))
 dramatiq.set_broker(broker)
 
-_redis = redis.Redis.from_url(os.environ["BROKER_URL"], decode_responses=True)
+_redis = redis.Redis.from_url(STORE_URL, decode_responses=True)
 
 
 @dramatiq.actor(max_retries=0)
