@@ -28,6 +28,7 @@ from celery_leader.celery.entries import entries_of as celery_entries_of
 from celery_leader.config import LeaderConfig
 from celery_leader.dramatiq import LeaderMiddleware
 from celery_leader.dramatiq.entries import entries_of as dramatiq_entries_of
+from celery_leader.dramatiq.scheduler import DramatiqScheduler
 from celery_leader.ops_entries import add_fields, redbeat_entries, run_slot
 from celery_leader.schedule import feed as feed_module
 from celery_leader.schedule import protocol
@@ -455,3 +456,72 @@ def test_the_python_api_of_both_frameworks(monkeypatch: pytest.MonkeyPatch) -> N
         entries.run_now("w")
         assert broker.queues["q"].qsize() == 1
         assert [e.name for e in entries.list()] == ["tick", "w"], "one store, two frameworks"
+
+
+def test_dramatiq_honours_queue_and_expires_and_refuses_priority_and_headers(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(feed_module, "POLL_INTERVAL", 0)
+    url = f"memory://entries-{uuid.uuid4().hex}"
+    broker = StubBroker()  # its default middleware has AgeLimit, which reads max_age
+    broker.add_middleware(LeaderMiddleware(url=url))
+    broker.declare_queue("urgent")
+
+    @dramatiq.actor(broker=broker, queue_name="q")
+    def job() -> None:
+        pass
+
+    with dramatiq_entries_of(broker) as entries:
+        for option in ({"priority": 5}, {"headers": {"h": 1}}):
+            with pytest.raises(EntryError, match=f"option {next(iter(option))} refused"):
+                entries.add("bad", "job", every=60, options=option)
+        assert entries.get("bad") is None, "nothing stored"
+        entries.add("w", "job", every=60, options={"queue": "urgent", "expires": 2.5})
+        with pytest.raises(EntryError, match="option priority refused"):
+            entries.update("w", options={"priority": 1})
+        entries.run_now("w")
+        message = broker.queues["urgent"].get_nowait()
+        assert json.loads(message)["options"]["max_age"] == 2500
+
+    # An entry another tool (a Celery app on the same store) wrote with a priority:
+    # the Dramatiq leader skips it, logs once, and sends the others.
+    book = EntryBook(create_backend(LeaderConfig.from_mapping({"leader_url": url})), "beat")
+    book.add(name="celery-made", task="job", every=60, options={"priority": 3})
+    scheduler = DramatiqScheduler(broker, LeaderConfig.from_mapping({"leader_url": url}))
+    adapter = scheduler.adapter
+    adapter.feed = EntryFeed(scheduler.protocol.lease.backend, "beat", logging.getLogger("t"))
+    for _ in range(2):
+        jobs = {j.name: j for j in adapter.jobs()}
+    assert set(jobs) == {"w"}
+    refusals = [r for r in caplog.records if "not sending stored entry celery-made" in r.message]
+    assert len(refusals) == 1 and "option priority" in refusals[0].message
+    assert adapter.send(jobs["w"], "w@slot", T0, 7).error is None
+    sent = json.loads(broker.queues["urgent"].get_nowait())
+    assert sent["options"]["max_age"] == 2500 and sent["options"]["leader_slot"] == "w@slot"
+    scheduler.protocol.close()
+
+    # The CLI refuses the same in one line with exit 2, storing nothing.
+    (tmp_path / "dq_app.py").write_text(
+        "import dramatiq\n"
+        "from dramatiq.brokers.stub import StubBroker\n"
+        "from celery_leader.dramatiq import LeaderMiddleware\n"
+        "broker = StubBroker()\n"
+        f"broker.add_middleware(LeaderMiddleware(url={url!r}))\n"
+        "dramatiq.set_broker(broker)\n"
+        "@dramatiq.actor(broker=broker)\n"
+        "def job():\n"
+        "    pass\n"
+    )
+    lines = tmp_path / "in.jsonl"
+    lines.write_text(
+        json.dumps({"name": "h", "task": "job", "every": 5, "options": {"headers": {}}})
+    )
+    command = ["-m", "celery_leader", "entries", "--app", "dq_app", "-P", str(tmp_path)]
+    done = subprocess.run(
+        [sys.executable, *command, "import", str(lines)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "option headers refused" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
