@@ -525,3 +525,55 @@ def test_dramatiq_honours_queue_and_expires_and_refuses_priority_and_headers(
     )
     assert done.returncode == 2 and "option headers refused" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_the_dramatiq_plan_lists_store_entries_with_stored(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    (tmp_path / "dq_plan.py").write_text(
+        "import dramatiq\n"
+        "from dramatiq.brokers.stub import StubBroker\n"
+        "from celery_leader.dramatiq import LeaderMiddleware, every\n"
+        "broker = StubBroker()\n"
+        f"broker.add_middleware(LeaderMiddleware(url='file://{store}'))\n"
+        "dramatiq.set_broker(broker)\n"
+        "@dramatiq.actor(broker=broker, leader_schedule=every(seconds=30))\n"
+        "def tick():\n"
+        "    pass\n"
+    )
+    book = EntryBook(
+        create_backend(LeaderConfig.from_mapping({"leader_url": f"file://{store}"})), "beat"
+    )
+    book.add(name="w", task="tick", every=20)
+    book.add(name="refused", task="tick", every=20, options={"headers": {"h": 1}})
+
+    window = ["--from", "2030-03-01T12:00:00Z", "--to", "2030-03-01T12:01:00Z", "--json"]
+
+    def plan(*extra: str) -> set[str]:
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "celery_leader",
+                "plan",
+                "dq_plan",
+                "-P",
+                str(tmp_path),
+                *window,
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        return {s["slot"] for s in json.loads(done.stdout)["slots"]}
+
+    code_only = plan()
+    assert {s.partition("@")[0] for s in code_only} == {"tick"}
+    stored = plan("--stored")
+    assert stored - code_only == {
+        "w@2030-03-01T12:00:20.000+00:00",
+        "w@2030-03-01T12:00:40.000+00:00",
+        "w@2030-03-01T12:01:00.000+00:00",
+    }, "the entry the leader honours, not the refused one"

@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from .. import metrics
+from ..backends import create_backend
 from ..config import LeaderConfig
 from ..exceptions import ConfigError
 from ..schedule.entries import CODE, STORE, Entry, allowed
@@ -180,6 +181,19 @@ class _EnqueueAdapter(Adapter):
         except Exception as exc:
             return Outcome(exc, caused_by(exc, NOT_CONNECTED))
         return Outcome()
+
+
+def leader_jobs(broker: Any, config: LeaderConfig) -> Sequence[Job]:
+    """The entries a leader of ``broker`` would send: its code entries (less those
+    paused) and the store entries it honours (``plan --stored`` lists them). Reads
+    the store once, on a connection of its own."""
+    adapter = _EnqueueAdapter(broker, entries_of(broker, config), config)
+    backend = create_backend(config)
+    try:
+        adapter.feed = EntryFeed(backend, config.beat_election, logger, interval=0)
+        return adapter.jobs()
+    finally:
+        backend.close()
 
 
 class DramatiqScheduler:
