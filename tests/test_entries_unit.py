@@ -577,3 +577,75 @@ def test_the_dramatiq_plan_lists_store_entries_with_stored(tmp_path: Path) -> No
         "w@2030-03-01T12:00:40.000+00:00",
         "w@2030-03-01T12:01:00.000+00:00",
     }, "the entry the leader honours, not the refused one"
+
+
+RB_APP = """
+from celery import Celery
+app = Celery("rb_app", broker="{url}")
+app.conf.timezone = "UTC"
+app.conf.leader_url = "{url}"
+app.conf.redbeat_redis_url = "{url}"
+"""
+
+
+def test_imported_redbeat_entries_plan_the_slots_redbeat_would_send(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """The done-when of the redbeat import: after ``import --from-redbeat``, ``leader
+    plan --stored`` lists the slots redbeat's own schedule objects give for the same
+    window. Compared as plans, not by running redbeat: redbeat sends an interval
+    from the moment it last ran, so its entry's last run is put on the grid that
+    celery-leader counts from the epoch (``docs/entries.md``)."""
+    (tmp_path / "rb_app.py").write_text(RB_APP.format(url=redis_url))
+    app = Celery("rb_app", broker=redis_url, set_as_current=False)
+    app.conf.timezone = "UTC"
+    app.conf.redbeat_redis_url = redis_url
+    start = datetime(2030, 1, 1, 16, 30, 3, tzinfo=timezone.utc)
+    end = start + timedelta(hours=2)
+    on_grid = datetime.fromtimestamp(int(start.timestamp()) // 7 * 7, timezone.utc)
+    saved = {
+        "every-7": (schedule(timedelta(seconds=7), app=app), on_grid),
+        "office-5": (crontab(minute="*/5", hour="9-17", app=app), start),
+    }
+    for name, (every, _) in saved.items():
+        RedBeatSchedulerEntry(name, "rb_app.tick", every, app=app).save()
+
+    def redbeat_dues(name: str, last: datetime) -> set[datetime]:
+        """redbeat's next due times after ``last``, from its own entry and schedule."""
+        entry = RedBeatSchedulerEntry.from_key(f"redbeat:{name}", app=app)
+        dues = set()
+        while True:
+            entry.schedule.nowfun = lambda last=last: last  # as redbeat sees it right at a run
+            entry.last_run_at = last
+            last = entry.due_at
+            if last > end:
+                return dues
+            if last > start:
+                dues.add(last)
+
+    expected = {name: redbeat_dues(name, last) for name, (_, last) in saved.items()}
+    assert len(expected["every-7"]) >= 7200 // 7
+    assert len(expected["office-5"]) == 17, "16:35 ... 17:55, none after 17:59"
+
+    def celery(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(CELERY), "-A", "rb_app", "leader", *args],
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(tmp_path)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    done = celery("entries", "import", "--from-redbeat", redis_url)
+    assert done.returncode == 0 and "2 entries imported" in done.stdout, done.stderr
+    done = celery(
+        "plan", "--stored", "--json", "--from", start.isoformat(), "--to", end.isoformat()
+    )
+    assert done.returncode == 0, done.stderr
+    planned: dict[str, set[datetime]] = {name: set() for name in saved}
+    for slot in json.loads(done.stdout)["slots"]:
+        due = datetime.fromisoformat(slot["due"])
+        if start < due <= end:
+            planned[slot["entry"]].add(due)
+    assert planned == expected
