@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import json
 import sys
+import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -20,6 +21,7 @@ from typing import Any
 from .backends import Backend, FencedState, create_backend
 from .config import LeaderConfig
 from .exceptions import ConfigError, StoreUnavailable
+from .ledger.summary import summarize
 from .schedule.book import EntryBook
 from .schedule.entries import CODE, Entry, EntryError, allowed, instant_now
 from .schedule.series import Series, utc
@@ -260,6 +262,11 @@ def _show(app: EntriesApp, book: EntryBook, echo: Echo, name: str, as_json: bool
     shown = dict(rows[name])
     if entry is not None and entry.kind != CODE:
         shown["entry"] = json.loads(entry.to_json())
+    if app.config.ledger:
+        records = book.backend.load_runs(app.config.beat_election)
+        runs = [r for r in summarize(records, time.time()) if r.entry == name]
+        # null: the ledger has no run of it within its retention.
+        shown["runs"] = runs[0].to_json() if runs else None
     if as_json:
         echo(json.dumps(shown, indent=2))
     else:

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import uuid
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,14 @@ from celery_leader.config import LeaderConfig
 from celery_leader.dramatiq import LeaderMiddleware
 from celery_leader.dramatiq.entries import entries_of as dramatiq_entries_of
 from celery_leader.dramatiq.scheduler import DramatiqScheduler
-from celery_leader.ops_entries import add_fields, redbeat_entries, run_slot
+from celery_leader.ledger.records import RunRecord
+from celery_leader.ops_entries import (
+    EntriesApp,
+    add_fields,
+    redbeat_entries,
+    run_command,
+    run_slot,
+)
 from celery_leader.schedule import feed as feed_module
 from celery_leader.schedule import protocol
 from celery_leader.schedule.book import EntryBook, EntryConflict, EntryNotFound
@@ -649,3 +657,33 @@ def test_imported_redbeat_entries_plan_the_slots_redbeat_would_send(
         if start < due <= end:
             planned[slot["entry"]].add(due)
     assert planned == expected
+
+
+def test_show_has_the_run_ledgers_summary_of_the_entry_when_the_ledger_is_on() -> None:
+    url = f"memory://entries-{uuid.uuid4().hex}"
+    shown: dict[str, Any] = {}
+    for ledger in (False, True):
+        config = LeaderConfig.from_mapping({"leader_url": url, "leader_ledger": ledger})
+        app = EntriesApp(config, {}, {"t"}, lambda *a: None)
+        if not ledger:
+            run_command(
+                app, lambda line: None, "add", fields={"name": "r", "task": "t", "every": 5}
+            )
+        lines: list[str] = []
+        run_command(app, lines.append, "show", name="r", as_json=True)
+        shown[str(ledger)] = json.loads(lines[0])
+        if not ledger:
+            backend = create_backend(config)
+            done = RunRecord.sent_by("r@2026-03-01T12:00:05+00:00", "beat-1", 1, 100.0)
+            ran = replace(done, status="started", attempt=1).ended(102.5, "success")
+            backend.put_run("beat", done.slot, None, ran.dump(), 60)
+            backend.close()
+    assert "runs" not in shown["False"], "no ledger: nothing of it shown"
+    runs = shown["True"]["runs"]
+    assert runs["last_slot"] == "r@2026-03-01T12:00:05+00:00"
+    assert (runs["state"], runs["outcome"], runs["duration"], runs["runs"]) == (
+        "finished",
+        "success",
+        2.5,
+        1,
+    )
