@@ -197,7 +197,7 @@ def _plan(args: argparse.Namespace, echo: ops.Echo) -> int:
     # The Dramatiq side is imported only here: the other commands need no extra.
     dramatiq_plan = importlib.import_module("celery_leader.dramatiq.plan")
     zone = timezone.utc if args.tz is None else planning.parse_zone(args.tz)
-    jobs, config = dramatiq_plan.app_jobs(args.broker, args.modules, args.path)
+    jobs, config = dramatiq_plan.app_jobs(args.broker, args.modules, args.path, args.stored)
     return ops.plan(config, echo, jobs, (args.start, args.end), zone, args.stored, args.json)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import json
 import sys
+import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -20,6 +21,7 @@ from typing import Any
 from .backends import Backend, FencedState, create_backend
 from .config import LeaderConfig
 from .exceptions import ConfigError, StoreUnavailable
+from .ledger.summary import summarize
 from .schedule.book import EntryBook
 from .schedule.entries import CODE, Entry, EntryError, allowed, instant_now
 from .schedule.series import Series, utc
@@ -54,6 +56,17 @@ class EntriesApp:
     send: Sender
     #: The zone Celery crontabs are read in (redbeat's entries).
     zone: str = "UTC"
+    #: Entry options this framework cannot honour, each with its reason: refused
+    #: at every edit rather than silently dropped at send.
+    refuses: Mapping[str, str] = field(default_factory=dict)
+
+
+def check_options(app: EntriesApp, fields: Mapping[str, Any]) -> None:
+    """Refuse an entry whose ``options`` this app cannot honour (one line)."""
+    name = fields.get("name", "")
+    for option in sorted(fields.get("options") or {}):
+        if option in app.refuses:
+            raise EntryError(f"entry {name}: option {option} refused: {app.refuses[option]}")
 
 
 class EntriesError(Exception):
@@ -158,6 +171,7 @@ def _add(
         at = Entry.from_json(json.dumps({"name": "x", "task": "x", "at": fields["at"]})).at
         if at is not None and at <= instant_now():
             raise EntryError(f"--at {fields['at']} is in the past")
+    check_options(app, fields)
     entry = book.add(replace=replace, **fields)
     echo(f"{entry.name}: {entry.schedule_text} -> {entry.task} (version {entry.version})")
     return 0
@@ -248,6 +262,11 @@ def _show(app: EntriesApp, book: EntryBook, echo: Echo, name: str, as_json: bool
     shown = dict(rows[name])
     if entry is not None and entry.kind != CODE:
         shown["entry"] = json.loads(entry.to_json())
+    if app.config.ledger:
+        records = book.backend.load_runs(app.config.beat_election)
+        runs = [r for r in summarize(records, time.time()) if r.entry == name]
+        # null: the ledger has no run of it within its retention.
+        shown["runs"] = runs[0].to_json() if runs else None
     if as_json:
         echo(json.dumps(shown, indent=2))
     else:
@@ -334,10 +353,14 @@ def _import(
         except EntryError as exc:
             raise EntryError(f"line {number}: {exc}") from None
         entries.append(fields)
-    return _add_all(book, echo, entries, replace)
+    return _add_all(app, book, echo, entries, replace)
 
 
-def _add_all(book: EntryBook, echo: Echo, entries: list[dict[str, Any]], replace: bool) -> int:
+def _add_all(
+    app: EntriesApp, book: EntryBook, echo: Echo, entries: list[dict[str, Any]], replace: bool
+) -> int:
+    for fields in entries:
+        check_options(app, fields)
     names = [e["name"] for e in entries]
     if len(set(names)) != len(names):
         raise EntryError("two entries have the same name")
@@ -363,12 +386,14 @@ def _from_redbeat(
     replace: bool = False,
 ) -> int:
     entries = redbeat_entries(url, prefix, app.zone)
+    for fields in entries:
+        check_options(app, fields)
     if dry_run:
         for fields in entries:
             echo(json.dumps(fields, sort_keys=True))
         echo(f"{len(entries)} entries would be imported (--dry-run: nothing stored)")
         return 0
-    return _add_all(book, echo, entries, replace)
+    return _add_all(app, book, echo, entries, replace)
 
 
 def redbeat_entries(url: str, prefix: str, zone: str) -> list[dict[str, Any]]:
@@ -446,10 +471,12 @@ class ScheduleEntries:
         """Add entry ``name`` sending ``task``: exactly one of ``every`` (seconds),
         ``cron`` (with ``tz``) or ``at`` (a datetime), and any other
         :class:`~celery_leader.schedule.entries.Entry` field."""
+        check_options(self.app, {"name": name, **fields})
         return self.book.add(replace=replace, name=name, task=task, **fields)
 
     def update(self, name: str, expected_version: int | None = None, **changes: Any) -> Entry:
         """Change fields of ``name``; with ``expected_version``, only if nobody else did."""
+        check_options(self.app, {"name": name, **changes})
         return self.book.update(name, expected_version, **changes)
 
     def remove(self, name: str, expected_version: int | None = None) -> Entry:

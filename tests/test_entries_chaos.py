@@ -12,6 +12,9 @@ Checked: no ``leader_slot`` twice; every added entry's first slot within its per
 fail-over bound + its period); no slot of a removed or paused entry arrives after the
 edit returned + 1 s (until it is resumed); a resumed entry sends again, and nothing
 due in the time it was paused.
+
+Last, redbeat itself runs against a Redis, then celery-leader's beat on what
+``import --from-redbeat`` made of redbeat's entry: both send as many slots.
 """
 
 from __future__ import annotations
@@ -25,15 +28,20 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+import redis as redis_lib
+from celery import Celery
+from celery.schedules import schedule
+from redbeat import RedBeatSchedulerEntry
 
 from celery_leader.config import LeaderConfig
 from harness.fleet import parse_slot
 from harness.procs import Procs
 from harness.procs import signal as send_signal
+from harness.procs import start as start_proc
 from harness.servers import RedisServer
 from harness.waiting import wait_for
 from tests import test_beat_chaos as beat_chaos
@@ -282,3 +290,70 @@ def test_entries_edited_from_the_cli_with_two_standalone_dramatiq_schedulers(
             check(edits, periods, arrivals)
         finally:
             tap.close()
+
+
+RB_BEAT_APP = """
+from celery import Celery
+app = Celery("rb_beat", broker="{url}")
+app.conf.timezone = "UTC"
+app.conf.leader_url = "{url}"
+app.conf.redbeat_redis_url = "{url}"
+
+@app.task
+def tick():
+    pass
+"""
+
+
+def test_redbeat_and_its_imported_entry_send_as_many_slots(redis_url: str, tmp_path: Path) -> None:
+    """redbeat for real, then celery-leader on what ``import --from-redbeat`` made of
+    its entry: each ``celery beat`` runs alone against the same Redis, and the test
+    (the queue's only consumer) counts the sends in the same 11 s after each one's
+    first send. An every-2-s entry: 5 sends each (redbeat counts from its last
+    run, celery-leader on the grid, so the times differ by a phase, not the count)."""
+    (tmp_path / "rb_beat.py").write_text(RB_BEAT_APP.format(url=redis_url))
+    app = Celery("rb_beat", broker=redis_url, set_as_current=False)
+    app.conf.redbeat_redis_url = redis_url
+    every = schedule(timedelta(seconds=2), app=app)
+    RedBeatSchedulerEntry("every-2", "rb_beat.tick", every, app=app).save()
+    env = {"PYTHONPATH": f"{tmp_path}{os.pathsep}{PYTHONPATH}"}
+    tap = BrokerTap(redis_lib.Redis.from_url(redis_url))
+    window = 11.0
+    source = ["--from-redbeat", redis_url]
+    counts = {}
+    try:
+        for scheduler in ("redbeat.RedBeatScheduler", "leader"):
+            if scheduler == "leader":
+                done = subprocess.run(
+                    [str(CELERY), "-A", "rb_beat", "leader", "entries", "import", *source],
+                    cwd=tmp_path,
+                    env={**os.environ, **env},
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                )
+                assert done.returncode == 0, done.stderr
+            before = len(tap.published())
+            log = tmp_path / f"{scheduler}.log"
+            beat = start_proc(
+                [str(CELERY), "-A", "rb_beat", "beat", "-S", scheduler, "-l", "INFO"],
+                env=env,
+                cwd=tmp_path,
+                log_path=log,
+            )
+            try:
+                first = wait_for(
+                    lambda before=before: tap.published()[before:],
+                    timeout=30,
+                    message=lambda log=log: log.read_text()[-2000:],
+                )[0].seen
+                wait_for(lambda first=first: time.monotonic() > first + window + 0.5, 20)
+            finally:
+                beat.kill_group()
+            sent = [p for p in tap.published()[before:] if first < p.seen <= first + window]
+            counts[scheduler] = len(sent)
+            if scheduler == "leader":
+                assert all(p.slot and p.slot.startswith("every-2@") for p in sent)
+    finally:
+        tap.close()
+    assert counts == {"redbeat.RedBeatScheduler": 5, "leader": 5}, counts

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import uuid
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,15 @@ from celery_leader.celery.entries import entries_of as celery_entries_of
 from celery_leader.config import LeaderConfig
 from celery_leader.dramatiq import LeaderMiddleware
 from celery_leader.dramatiq.entries import entries_of as dramatiq_entries_of
-from celery_leader.ops_entries import add_fields, redbeat_entries, run_slot
+from celery_leader.dramatiq.scheduler import DramatiqScheduler
+from celery_leader.ledger.records import RunRecord
+from celery_leader.ops_entries import (
+    EntriesApp,
+    add_fields,
+    redbeat_entries,
+    run_command,
+    run_slot,
+)
 from celery_leader.schedule import feed as feed_module
 from celery_leader.schedule import protocol
 from celery_leader.schedule.book import EntryBook, EntryConflict, EntryNotFound
@@ -455,3 +464,226 @@ def test_the_python_api_of_both_frameworks(monkeypatch: pytest.MonkeyPatch) -> N
         entries.run_now("w")
         assert broker.queues["q"].qsize() == 1
         assert [e.name for e in entries.list()] == ["tick", "w"], "one store, two frameworks"
+
+
+def test_dramatiq_honours_queue_and_expires_and_refuses_priority_and_headers(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(feed_module, "POLL_INTERVAL", 0)
+    url = f"memory://entries-{uuid.uuid4().hex}"
+    broker = StubBroker()  # its default middleware has AgeLimit, which reads max_age
+    broker.add_middleware(LeaderMiddleware(url=url))
+    broker.declare_queue("urgent")
+
+    @dramatiq.actor(broker=broker, queue_name="q")
+    def job() -> None:
+        pass
+
+    with dramatiq_entries_of(broker) as entries:
+        for option in ({"priority": 5}, {"headers": {"h": 1}}):
+            with pytest.raises(EntryError, match=f"option {next(iter(option))} refused"):
+                entries.add("bad", "job", every=60, options=option)
+        assert entries.get("bad") is None, "nothing stored"
+        entries.add("w", "job", every=60, options={"queue": "urgent", "expires": 2.5})
+        with pytest.raises(EntryError, match="option priority refused"):
+            entries.update("w", options={"priority": 1})
+        entries.run_now("w")
+        message = broker.queues["urgent"].get_nowait()
+        assert json.loads(message)["options"]["max_age"] == 2500
+
+    # An entry another tool (a Celery app on the same store) wrote with a priority:
+    # the Dramatiq leader skips it, logs once, and sends the others.
+    book = EntryBook(create_backend(LeaderConfig.from_mapping({"leader_url": url})), "beat")
+    book.add(name="celery-made", task="job", every=60, options={"priority": 3})
+    scheduler = DramatiqScheduler(broker, LeaderConfig.from_mapping({"leader_url": url}))
+    adapter = scheduler.adapter
+    adapter.feed = EntryFeed(scheduler.protocol.lease.backend, "beat", logging.getLogger("t"))
+    for _ in range(2):
+        jobs = {j.name: j for j in adapter.jobs()}
+    assert set(jobs) == {"w"}
+    refusals = [r for r in caplog.records if "not sending stored entry celery-made" in r.message]
+    assert len(refusals) == 1 and "option priority" in refusals[0].message
+    assert adapter.send(jobs["w"], "w@slot", T0, 7).error is None
+    sent = json.loads(broker.queues["urgent"].get_nowait())
+    assert sent["options"]["max_age"] == 2500 and sent["options"]["leader_slot"] == "w@slot"
+    scheduler.protocol.close()
+
+    # The CLI refuses the same in one line with exit 2, storing nothing.
+    (tmp_path / "dq_app.py").write_text(
+        "import dramatiq\n"
+        "from dramatiq.brokers.stub import StubBroker\n"
+        "from celery_leader.dramatiq import LeaderMiddleware\n"
+        "broker = StubBroker()\n"
+        f"broker.add_middleware(LeaderMiddleware(url={url!r}))\n"
+        "dramatiq.set_broker(broker)\n"
+        "@dramatiq.actor(broker=broker)\n"
+        "def job():\n"
+        "    pass\n"
+    )
+    lines = tmp_path / "in.jsonl"
+    lines.write_text(
+        json.dumps({"name": "h", "task": "job", "every": 5, "options": {"headers": {}}})
+    )
+    command = ["-m", "celery_leader", "entries", "--app", "dq_app", "-P", str(tmp_path)]
+    done = subprocess.run(
+        [sys.executable, *command, "import", str(lines)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "option headers refused" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_the_dramatiq_plan_lists_store_entries_with_stored(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    (tmp_path / "dq_plan.py").write_text(
+        "import dramatiq\n"
+        "from dramatiq.brokers.stub import StubBroker\n"
+        "from celery_leader.dramatiq import LeaderMiddleware, every\n"
+        "broker = StubBroker()\n"
+        f"broker.add_middleware(LeaderMiddleware(url='file://{store}'))\n"
+        "dramatiq.set_broker(broker)\n"
+        "@dramatiq.actor(broker=broker, leader_schedule=every(seconds=30))\n"
+        "def tick():\n"
+        "    pass\n"
+    )
+    book = EntryBook(
+        create_backend(LeaderConfig.from_mapping({"leader_url": f"file://{store}"})), "beat"
+    )
+    book.add(name="w", task="tick", every=20)
+    book.add(name="refused", task="tick", every=20, options={"headers": {"h": 1}})
+
+    window = ["--from", "2030-03-01T12:00:00Z", "--to", "2030-03-01T12:01:00Z", "--json"]
+
+    def plan(*extra: str) -> set[str]:
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "celery_leader",
+                "plan",
+                "dq_plan",
+                "-P",
+                str(tmp_path),
+                *window,
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        return {s["slot"] for s in json.loads(done.stdout)["slots"]}
+
+    code_only = plan()
+    assert {s.partition("@")[0] for s in code_only} == {"tick"}
+    stored = plan("--stored")
+    assert stored - code_only == {
+        "w@2030-03-01T12:00:20.000+00:00",
+        "w@2030-03-01T12:00:40.000+00:00",
+        "w@2030-03-01T12:01:00.000+00:00",
+    }, "the entry the leader honours, not the refused one"
+
+
+RB_APP = """
+from celery import Celery
+app = Celery("rb_app", broker="{url}")
+app.conf.timezone = "UTC"
+app.conf.leader_url = "{url}"
+app.conf.redbeat_redis_url = "{url}"
+"""
+
+
+def test_imported_redbeat_entries_plan_the_slots_redbeat_would_send(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """The done-when of the redbeat import: after ``import --from-redbeat``, ``leader
+    plan --stored`` lists the slots redbeat's own schedule objects give for the same
+    window. Compared as plans, not by running redbeat: redbeat sends an interval
+    from the moment it last ran, so its entry's last run is put on the grid that
+    celery-leader counts from the epoch (``docs/entries.md``)."""
+    (tmp_path / "rb_app.py").write_text(RB_APP.format(url=redis_url))
+    app = Celery("rb_app", broker=redis_url, set_as_current=False)
+    app.conf.timezone = "UTC"
+    app.conf.redbeat_redis_url = redis_url
+    start = datetime(2030, 1, 1, 16, 30, 3, tzinfo=timezone.utc)
+    end = start + timedelta(hours=2)
+    on_grid = datetime.fromtimestamp(int(start.timestamp()) // 7 * 7, timezone.utc)
+    saved = {
+        "every-7": (schedule(timedelta(seconds=7), app=app), on_grid),
+        "office-5": (crontab(minute="*/5", hour="9-17", app=app), start),
+    }
+    for name, (every, _) in saved.items():
+        RedBeatSchedulerEntry(name, "rb_app.tick", every, app=app).save()
+
+    def redbeat_dues(name: str, last: datetime) -> set[datetime]:
+        """redbeat's next due times after ``last``, from its own entry and schedule."""
+        entry = RedBeatSchedulerEntry.from_key(f"redbeat:{name}", app=app)
+        dues = set()
+        while True:
+            entry.schedule.nowfun = lambda last=last: last  # as redbeat sees it right at a run
+            entry.last_run_at = last
+            last = entry.due_at
+            if last > end:
+                return dues
+            if last > start:
+                dues.add(last)
+
+    expected = {name: redbeat_dues(name, last) for name, (_, last) in saved.items()}
+    assert len(expected["every-7"]) >= 7200 // 7
+    assert len(expected["office-5"]) == 17, "16:35 ... 17:55, none after 17:59"
+
+    def celery(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(CELERY), "-A", "rb_app", "leader", *args],
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(tmp_path)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    done = celery("entries", "import", "--from-redbeat", redis_url)
+    assert done.returncode == 0 and "2 entries imported" in done.stdout, done.stderr
+    done = celery(
+        "plan", "--stored", "--json", "--from", start.isoformat(), "--to", end.isoformat()
+    )
+    assert done.returncode == 0, done.stderr
+    planned: dict[str, set[datetime]] = {name: set() for name in saved}
+    for slot in json.loads(done.stdout)["slots"]:
+        due = datetime.fromisoformat(slot["due"])
+        if start < due <= end:
+            planned[slot["entry"]].add(due)
+    assert planned == expected
+
+
+def test_show_has_the_run_ledgers_summary_of_the_entry_when_the_ledger_is_on() -> None:
+    url = f"memory://entries-{uuid.uuid4().hex}"
+    shown: dict[str, Any] = {}
+    for ledger in (False, True):
+        config = LeaderConfig.from_mapping({"leader_url": url, "leader_ledger": ledger})
+        app = EntriesApp(config, {}, {"t"}, lambda *a: None)
+        if not ledger:
+            run_command(
+                app, lambda line: None, "add", fields={"name": "r", "task": "t", "every": 5}
+            )
+        lines: list[str] = []
+        run_command(app, lines.append, "show", name="r", as_json=True)
+        shown[str(ledger)] = json.loads(lines[0])
+        if not ledger:
+            backend = create_backend(config)
+            done = RunRecord.sent_by("r@2026-03-01T12:00:05+00:00", "beat-1", 1, 100.0)
+            ran = replace(done, status="started", attempt=1).ended(102.5, "success")
+            backend.put_run("beat", done.slot, None, ran.dump(), 60)
+            backend.close()
+    assert "runs" not in shown["False"], "no ledger: nothing of it shown"
+    runs = shown["True"]["runs"]
+    assert runs["last_slot"] == "r@2026-03-01T12:00:05+00:00"
+    assert (runs["state"], runs["outcome"], runs["duration"], runs["runs"]) == (
+        "finished",
+        "success",
+        2.5,
+        1,
+    )

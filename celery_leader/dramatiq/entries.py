@@ -11,6 +11,7 @@ from ..config import LeaderConfig
 from ..ops_entries import CodeEntry, EntriesApp, ScheduleEntries
 from .runner import load_app
 from .scheduler import entries_of as code_entries
+from .scheduler import entry_message, refused_options
 
 
 def entries_app(broker: Any, config: LeaderConfig) -> EntriesApp:
@@ -32,12 +33,11 @@ def entries_app(broker: Any, config: LeaderConfig) -> EntriesApp:
         options: Mapping[str, Any],
         slot: str,
     ) -> None:
-        actor = broker.get_actor(task)
         broker.enqueue(
-            actor.message_with_options(args=tuple(args), kwargs=dict(kwargs), leader_slot=slot)
+            entry_message(broker.get_actor(task), args, kwargs, options, leader_slot=slot)
         )
 
-    return EntriesApp(config, code, set(broker.actors), send)
+    return EntriesApp(config, code, set(broker.actors), send, refuses=refused_options(broker))
 
 
 def load(broker_path: str) -> EntriesApp:

@@ -16,14 +16,15 @@ from ..config import LeaderConfig
 from ..exceptions import ConfigError
 from ..schedule.jobs import Job
 from .runner import load_app
-from .scheduler import entries_of
+from .scheduler import entries_of, leader_jobs
 
 
 def app_jobs(
-    broker_path: str, modules: Sequence[str], paths: Sequence[str]
-) -> tuple[list[Job], LeaderConfig]:
+    broker_path: str, modules: Sequence[str], paths: Sequence[str], stored: bool = False
+) -> tuple[Sequence[Job], LeaderConfig]:
     """The scheduled entries of the Dramatiq app in ``broker_path`` (and ``modules``), and
-    the settings of its ``LeaderMiddleware``. ``paths`` go first on ``sys.path``."""
+    the settings of its ``LeaderMiddleware``. ``paths`` go first on ``sys.path``.
+    ``stored``: also the entries kept in the store (else nothing contacts it)."""
     sys.path[:0] = [*paths, os.getcwd()]
     try:
         broker, config = load_app(broker_path, modules)
@@ -32,4 +33,4 @@ def app_jobs(
         if not any(exc.name and (m == exc.name or m.startswith(exc.name + ".")) for m in named):
             raise  # a module that the app itself imports: its traceback says where
         raise ConfigError(f"cannot import {exc.name!r}: no such module (see --path)") from None
-    return entries_of(broker, config), config
+    return (leader_jobs(broker, config) if stored else entries_of(broker, config)), config

@@ -12,12 +12,13 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
 from .. import metrics
+from ..backends import create_backend
 from ..config import LeaderConfig
 from ..exceptions import ConfigError
 from ..schedule.entries import CODE, STORE, Entry, allowed
@@ -55,6 +56,39 @@ def entries_of(broker: Any, config: LeaderConfig) -> list[Job]:
     return list(entries.values())
 
 
+def refused_options(broker: Any) -> dict[str, str]:
+    """The entry options ``broker`` cannot honour, each with the one-line reason.
+
+    ``queue`` is honoured (the message goes to that queue) and ``expires`` too
+    when the broker runs Dramatiq's ``AgeLimit`` (it reads the message's
+    ``max_age``); the rest have no per-message equal, and an option silently
+    ignored would send a message other than the one the entry describes.
+    """
+    refused = {
+        "priority": "Dramatiq has no per-message priority (it is an actor option)",
+        "headers": "Dramatiq messages have no headers",
+    }
+    if not any(type(m).__name__ == "AgeLimit" for m in broker.middleware):
+        refused["expires"] = "this broker has no AgeLimit middleware to expire messages"
+    return refused
+
+
+def entry_message(
+    actor: Any,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    options: Mapping[str, Any],
+    **extra: Any,
+) -> Any:
+    """``actor``'s message for an entry, with its honoured ``options`` applied."""
+    if "expires" in options:
+        extra["max_age"] = int(options["expires"] * 1000)  # AgeLimit counts milliseconds
+    message = actor.message_with_options(args=tuple(args), kwargs=dict(kwargs), **extra)
+    if "queue" in options:
+        message = message.copy(queue_name=options["queue"])
+    return message
+
+
 def schedules_of(value: object) -> list[Schedule]:
     """``leader_schedule`` as a list; anything but cron()/every() or a list of them fails."""
     if value is None:
@@ -78,6 +112,7 @@ class _EnqueueAdapter(Adapter):
         #: The entries kept in the store; set once the scheduler has its lease.
         self.feed: EntryFeed | None = None
         self._refused: set[tuple[str, str]] = set()  # (name, why) logged once
+        self._unhonoured = refused_options(broker)
 
     def jobs(self) -> Sequence[Job]:
         if self.feed is None:
@@ -97,6 +132,8 @@ class _EnqueueAdapter(Adapter):
             if entry.kind != STORE or not entry.enabled:
                 continue
             actor = self.broker.actors.get(entry.task)
+            # Written by a Celery app or an older tool: refused, never half-sent.
+            unhonoured = sorted(set(entry.options) & set(self._unhonoured))
             why = (
                 "a code entry has its name; the code entry runs"
                 if name in code
@@ -104,6 +141,8 @@ class _EnqueueAdapter(Adapter):
                 if not allowed(entry.task, self.config.entries_allow)
                 else f"no actor {entry.task} is declared"
                 if actor is None
+                else f"its option {unhonoured[0]}: {self._unhonoured[unhonoured[0]]}"
+                if unhonoured
                 else None
             )
             if why is not None:
@@ -131,18 +170,30 @@ class _EnqueueAdapter(Adapter):
             actor, entry = job.payload
             assert isinstance(entry, Entry)
             args, kwargs = tuple(entry.args), dict(entry.kwargs)
+            options = entry.options
         else:
             schedule = job.series
             assert isinstance(schedule, Schedule)
-            actor, args, kwargs = job.payload, schedule.args, schedule.kwargs
-        message = actor.message_with_options(
-            args=args, kwargs=kwargs, leader_epoch=epoch, leader_slot=slot
-        )
+            actor, args, kwargs, options = job.payload, schedule.args, schedule.kwargs, {}
+        message = entry_message(actor, args, kwargs, options, leader_epoch=epoch, leader_slot=slot)
         try:
             self.broker.enqueue(message)
         except Exception as exc:
             return Outcome(exc, caused_by(exc, NOT_CONNECTED))
         return Outcome()
+
+
+def leader_jobs(broker: Any, config: LeaderConfig) -> Sequence[Job]:
+    """The entries a leader of ``broker`` would send: its code entries (less those
+    paused) and the store entries it honours (``plan --stored`` lists them). Reads
+    the store once, on a connection of its own."""
+    adapter = _EnqueueAdapter(broker, entries_of(broker, config), config)
+    backend = create_backend(config)
+    try:
+        adapter.feed = EntryFeed(backend, config.beat_election, logger, interval=0)
+        return adapter.jobs()
+    finally:
+        backend.close()
 
 
 class DramatiqScheduler:

@@ -25,6 +25,7 @@ try:
 except ModuleNotFoundError as exc:
     raise missing_extra(exc, "dramatiq") from None
 
+
 class Schedule(Series, ABC):
     """When an actor runs, with which arguments and slot name, and what to do with
     missed slots (``missed_slots`` and ``missed_slots_grace``, else the settings)."""
