@@ -27,7 +27,7 @@ from kombu import Connection
 
 from celery_leader.backends import create_backend
 from celery_leader.config import LeaderConfig
-from celery_leader.ledger import RunGuard
+from celery_leader.ledger import LedgerTarget, RunGuard
 from harness.servers import PostgresServer, RedisServer
 
 BODY = {"task": "proj.tasks.report", "args": [], "kwargs": {}, "id": str(uuid.uuid4())}
@@ -47,9 +47,10 @@ def timed(fn: Callable[[int], object], n: int) -> list[float]:
 
 def ledger_cost(url: str, n: int) -> list[float]:
     config = LeaderConfig.from_mapping({"leader_url": url, "leader_key_prefix": "bench"})
-    guard = RunGuard(
-        create_backend(config), "beat", "bench", 15.0, 5.0, config.ledger_retention, "rerun"
+    target = LedgerTarget(
+        create_backend(config), "beat", "bench", 15.0, 5.0, config.ledger_retention
     )
+    guard = RunGuard(target, "rerun")
     run = uuid.uuid4().hex[:6]
 
     def one(i: int) -> None:

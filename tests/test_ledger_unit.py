@@ -12,7 +12,7 @@ from celery_leader import ops
 from celery_leader.backends import Backend, create_backend
 from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import ConfigError
-from celery_leader.ledger import RunGuard, RunRecord, marks
+from celery_leader.ledger import LedgerTarget, RunGuard, RunRecord, marks
 from celery_leader.ledger.summary import summarize
 
 TTL = 0.3
@@ -26,7 +26,7 @@ def backend() -> Backend:
 
 
 def guard(backend: Backend, who: str, on_redelivery: str = "rerun") -> RunGuard:
-    return RunGuard(backend, "beat", who, TTL, TTL / 3, 3600, on_redelivery)
+    return RunGuard(LedgerTarget(backend, "beat", who, TTL, TTL / 3, 3600), on_redelivery)
 
 
 def record(backend: Backend, slot: str = SLOT) -> RunRecord:

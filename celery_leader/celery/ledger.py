@@ -30,7 +30,7 @@ from .. import metrics
 from ..backends import create_backend
 from ..config import OVERLAP, LeaderConfig
 from ..exceptions import ConfigError, StoreUnavailable, missing_extra
-from ..ledger import RunGuard, marks
+from ..ledger import LedgerTarget, RunGuard, marks
 from ..ledger.records import FAILURE, SKIPPED, SUCCESS, WORKERS
 from . import leadership
 
@@ -75,12 +75,14 @@ def guard_of(app: Any) -> RunGuard:
 
 def _build_guard(config: LeaderConfig) -> RunGuard:
     return RunGuard(
-        create_backend(config),
-        config.beat_election,
-        config.instance_id,
-        config.ttl,
-        config.renew_interval,
-        config.ledger_retention,
+        LedgerTarget(
+            create_backend(config),
+            config.beat_election,
+            config.instance_id,
+            config.ttl,
+            config.renew_interval,
+            config.ledger_retention,
+        ),
         config.on_redelivery,
     )
 
@@ -125,7 +127,7 @@ def _begin(task: Any, slot: str) -> None:
         logger.warning("celery-leader: slot %s runs unrecorded in the run ledger: %s", slot, exc)
         return
     if decision.counter is not None:
-        metrics.count(decision.counter, guard.election)
+        metrics.count(decision.counter, guard.target.election)
     if not decision.run:
         logger.info("celery-leader: slot %s not run: %s", slot, decision.why)
         raise Ignore()
@@ -148,7 +150,7 @@ def _on_postrun(sender: Any = None, task: Any = None, state: str | None = None, 
         guard.finish(slot, SUCCESS)
     elif state == states.FAILURE:
         guard.finish(slot, FAILURE)
-        metrics.count("ledger_failures", guard.election)
+        metrics.count("ledger_failures", guard.target.election)
     elif state == states.IGNORED:
         guard.finish(slot, SKIPPED)  # the body itself ignored it (a follower's @leader_only)
     else:

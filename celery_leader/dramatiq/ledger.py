@@ -22,7 +22,7 @@ from .. import metrics
 from ..backends import create_backend
 from ..config import OVERLAP, LeaderConfig
 from ..exceptions import StoreUnavailable, missing_extra
-from ..ledger import RunGuard, marks
+from ..ledger import LedgerTarget, RunGuard, marks
 from ..ledger.records import FAILURE, SUCCESS, WORKERS
 
 try:
@@ -61,7 +61,7 @@ class LedgerStep:
             logger.warning("celery-leader: slot %s runs unrecorded in the ledger: %s", slot, exc)
             return
         if decision.counter is not None:
-            metrics.count(decision.counter, guard.election)
+            metrics.count(decision.counter, guard.target.election)
         if not decision.run:
             logger.info("celery-leader: slot %s not run: %s", slot, decision.why)
             raise SkipMessage(f"slot {slot} not run: {decision.why}")
@@ -77,7 +77,7 @@ class LedgerStep:
             guard.finish(slot, SUCCESS)
         elif getattr(message, "failed", False):
             guard.finish(slot, FAILURE)
-            metrics.count("ledger_failures", guard.election)
+            metrics.count("ledger_failures", guard.target.election)
         else:
             guard.release(slot)  # Retries enqueued it again: the retry takes it over
 
@@ -88,12 +88,14 @@ class LedgerStep:
             if guard is None:
                 c = self.config
                 guard = self._guards[pid] = RunGuard(
-                    create_backend(c),
-                    c.beat_election,
-                    c.instance_id,
-                    c.ttl,
-                    c.renew_interval,
-                    c.ledger_retention,
+                    LedgerTarget(
+                        create_backend(c),
+                        c.beat_election,
+                        c.instance_id,
+                        c.ttl,
+                        c.renew_interval,
+                        c.ledger_retention,
+                    ),
                     c.on_redelivery,
                 )
             if pid not in self._registered:

@@ -17,13 +17,12 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from ..backends import Backend
 from ..exceptions import StoreUnavailable
 from .overlap import EntryMarks
 from .records import FINISHED, SENT, SKIPPED, STARTED, RunRecord
+from .target import LedgerTarget
 
 logger = logging.getLogger(__name__)
 
@@ -42,25 +41,9 @@ class Decision:
 class RunGuard:
     """Run-ledger writes of one worker process for one store and election."""
 
-    def __init__(
-        self,
-        backend: Backend,
-        election: str,
-        instance_id: str,
-        ttl: float,
-        renew_interval: float,
-        retention: float,
-        on_redelivery: str,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self.backend = backend
-        self.election = election
-        self.instance_id = instance_id
-        self.ttl = ttl
-        self.renew_interval = renew_interval
-        self.retention = retention
+    def __init__(self, target: LedgerTarget, on_redelivery: str) -> None:
+        self.target = target
         self.on_redelivery = on_redelivery
-        self._clock = clock
         self._lock = threading.Lock()
         #: Slots running in this process: slot -> (stored text, record).
         self._running: dict[str, tuple[str, RunRecord]] = {}
@@ -71,9 +54,7 @@ class RunGuard:
         #: compare-and-set on the text the one before it wrote.
         self._writing = threading.Lock()
         #: The overlap marks of the slots running here.
-        self.marks = EntryMarks(
-            backend, election, instance_id, ttl, renew_interval, retention, clock
-        )
+        self.marks = EntryMarks(target)
 
     # -- around a body --------------------------------------------------------
 
@@ -128,7 +109,7 @@ class RunGuard:
                 continue
             if record.status != STARTED:
                 return Decision(slot, False, f"its record says {record.status!r}")
-            now = self._clock()
+            now = self.target.clock()
             if record.alive(now) and not retry:
                 if self.on_redelivery == "skip" or waited:
                     why = f"it is running on {record.worker} (pid {record.pid})"
@@ -172,7 +153,7 @@ class RunGuard:
             if running is None:
                 return
             stored, record = running
-            ended = record.ended(self._clock(), outcome, reason)
+            ended = record.ended(self.target.clock(), outcome, reason)
             try:
                 won, now = self._put(slot, stored, ended)
             except StoreUnavailable as exc:
@@ -202,11 +183,13 @@ class RunGuard:
         return Decision(slot, True, counter="ledger_runs")
 
     def _started(self, slot: str, attempt: int) -> RunRecord:
-        now = self._clock()
-        return RunRecord(slot, STARTED, self.instance_id, os.getpid(), now, now + self.ttl, attempt)
+        now = self.target.clock()
+        return RunRecord(
+            slot, STARTED, self.target.instance_id, os.getpid(), now, now + self.target.ttl, attempt
+        )
 
     def _put(self, slot: str, expected: str | None, record: RunRecord) -> tuple[bool, str | None]:
-        return self.backend.put_run(self.election, slot, expected, record.dump(), self.retention)
+        return self.target.put(slot, expected, record.dump())
 
     # -- liveness -------------------------------------------------------------
 
@@ -222,7 +205,7 @@ class RunGuard:
 
     def _renew_loop(self) -> None:
         while True:
-            self._wake.wait(self.renew_interval)
+            self._wake.wait(self.target.renew_interval)
             with self._lock:
                 slots = list(self._running)
             for slot in slots:
@@ -236,7 +219,7 @@ class RunGuard:
             if running is None:
                 return  # finished meanwhile
             stored, record = running
-            renewed = replace(record, alive_until=self._clock() + self.ttl)
+            renewed = replace(record, alive_until=self.target.clock() + self.target.ttl)
             try:
                 won, _ = self._put(slot, stored, renewed)
             except StoreUnavailable as exc:

@@ -15,11 +15,10 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..backends import Backend
 from ..exceptions import StoreUnavailable
+from .target import LedgerTarget
 
 
 def entry_key(entry: str) -> str:
@@ -39,23 +38,8 @@ class Held:
 class EntryMarks:
     """The overlap marks of one worker process."""
 
-    def __init__(
-        self,
-        backend: Backend,
-        election: str,
-        instance_id: str,
-        ttl: float,
-        renew_interval: float,
-        retention: float,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self.backend = backend
-        self.election = election
-        self.instance_id = instance_id
-        self.ttl = ttl
-        self.renew_interval = renew_interval
-        self.retention = retention
-        self._clock = clock
+    def __init__(self, target: LedgerTarget) -> None:
+        self.target = target
         self._lock = threading.Lock()
         self._held: dict[str, Held] = {}  # by slot
 
@@ -63,23 +47,23 @@ class EntryMarks:
         """Take ``entry``'s mark for ``slot``; ``None`` when taken, else the slot
         that holds it (after ``wait`` seconds with ``overlap = "wait"``)."""
         key = entry_key(entry)
-        deadline = self._clock() + (wait if overlap == "wait" else 0.0)
+        deadline = self.target.clock() + (wait if overlap == "wait" else 0.0)
         expected: str | None = None
         while True:
-            mine = self._mark(slot, self._clock() + self.ttl)
-            won, stored = self.backend.put_run(self.election, key, expected, mine, self.retention)
+            mine = self._mark(slot, self.target.clock() + self.target.ttl)
+            won, stored = self.target.put(key, expected, mine)
             if won:
                 with self._lock:
                     self._held[slot] = Held(key, slot, mine)
                 return None
             holder = _parse(stored)
-            now = self._clock()
+            now = self.target.clock()
             if stored is None or holder is None or holder.get("slot") == slot or _free(holder, now):
                 expected = stored  # free (or ours from an earlier attempt): take it over
                 continue
             if now >= deadline:
                 return str(holder.get("slot"))
-            time.sleep(min(self.renew_interval, max(0.0, deadline - now)))
+            time.sleep(min(self.target.renew_interval, max(0.0, deadline - now)))
             expected = None  # read again: a failed set-if-absent returns what is stored
 
     def renew(self, slot: str) -> None:
@@ -88,11 +72,9 @@ class EntryMarks:
             held = self._held.get(slot)
         if held is None:
             return
-        renewed = self._mark(slot, self._clock() + self.ttl)
+        renewed = self._mark(slot, self.target.clock() + self.target.ttl)
         try:
-            won, _ = self.backend.put_run(
-                self.election, held.key, held.stored, renewed, self.retention
-            )
+            won, _ = self.target.put(held.key, held.stored, renewed)
         except StoreUnavailable:
             return  # the next renewal tries again; a lapse only lets the next slot start
         if won:
@@ -104,9 +86,9 @@ class EntryMarks:
             held = self._held.pop(slot, None)
         if held is None:
             return
-        done = json.dumps({"slot": slot, "finished": self._clock()}, sort_keys=True)
+        done = json.dumps({"slot": slot, "finished": self.target.clock()}, sort_keys=True)
         try:
-            self.backend.put_run(self.election, held.key, held.stored, done, self.retention)
+            self.target.put(held.key, held.stored, done)
         except StoreUnavailable:
             pass  # the mark frees itself when its liveness lapses, one ttl from now
 
@@ -114,7 +96,7 @@ class EntryMarks:
         return json.dumps(
             {
                 "slot": slot,
-                "worker": self.instance_id,
+                "worker": self.target.instance_id,
                 "pid": os.getpid(),
                 "alive_until": alive_until,
             },

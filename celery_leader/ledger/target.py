@@ -1,0 +1,34 @@
+"""Where and how long a worker writes its run-ledger records.
+
+:class:`~.guard.RunGuard` (slot records) and :class:`~.overlap.EntryMarks`
+(overlap marks) write to the same store, election and worker identity, with
+the same liveness ttl, renew interval and retention: one value holds them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..backends import Backend
+
+
+@dataclass(frozen=True)
+class LedgerTarget:
+    """The store, election and timings of one worker process's ledger writes."""
+
+    backend: Backend
+    election: str
+    #: The worker named in the records it writes.
+    instance_id: str
+    #: A running record's liveness reaches this far ahead of its last renewal.
+    ttl: float
+    renew_interval: float
+    #: How long the store keeps a record.
+    retention: float
+    clock: Callable[[], float] = field(default=time.time)
+
+    def put(self, key: str, expected: str | None, text: str) -> tuple[bool, str | None]:
+        """Compare-and-set run record ``key`` of the election (see ``put_run``)."""
+        return self.backend.put_run(self.election, key, expected, text, self.retention)
