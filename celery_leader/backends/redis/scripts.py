@@ -178,12 +178,10 @@ end
 return n
 """
 
-# KEYS: runs (hash, key -> record), run expiries (sorted set, key -> expiry in
-# ms by the server's TIME). ARGV: key, has-expected ("0"/"1"), expected, new,
-# ttl ms. Returns {1, new} when written, {0, stored record or false} when not.
-# Up to 100 expired records are dropped first: the ledger expires without a
-# sweeper, and a write never pays for more than a bounded clean-up.
-PUT_RUN = """
+# The start of both run-record scripts. KEYS: runs (hash, key -> record), run
+# expiries (sorted set, key -> expiry in ms by the server's TIME). Refuses keys
+# of another type, then sets ``now``: the server's clock in ms.
+_RUNS_PROLOGUE = """
 for i = 1, 2 do
   local kind = redis.call('TYPE', KEYS[i]).ok
   local want = 'hash'
@@ -192,6 +190,14 @@ for i = 1, 2 do
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
+# KEYS: runs, run expiries (as in _RUNS_PROLOGUE). ARGV: key, has-expected
+# ("0"/"1"), expected, new, ttl ms. Returns {1, new} when written, {0, stored
+# record or false} when not.
+# Up to 100 expired records are dropped first: the ledger expires without a
+# sweeper, and a write never pays for more than a bounded clean-up.
+PUT_RUN = _RUNS_PROLOGUE + """
 local old = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, 100)
 for _, key in ipairs(old) do
   redis.call('HDEL', KEYS[1], key)
@@ -206,17 +212,9 @@ redis.call('ZADD', KEYS[2], now + tonumber(ARGV[5]), ARGV[1])
 return {1, ARGV[4]}
 """
 
-# KEYS: runs, run expiries (as in PUT_RUN). Returns {key, record, ...} of the
-# records that have not expired; nothing is written.
-LOAD_RUNS = """
-for i = 1, 2 do
-  local kind = redis.call('TYPE', KEYS[i]).ok
-  local want = 'hash'
-  if i == 2 then want = 'zset' end
-  if kind ~= want and kind ~= 'none' then return {'foreign', KEYS[i], kind} end
-end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+# KEYS: runs, run expiries (as in _RUNS_PROLOGUE). Returns {key, record, ...}
+# of the records that have not expired; nothing is written.
+LOAD_RUNS = _RUNS_PROLOGUE + """
 local all = redis.call('HGETALL', KEYS[1])
 local out = {}
 for i = 1, #all, 2 do
