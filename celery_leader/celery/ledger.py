@@ -22,16 +22,11 @@ import functools
 import logging
 import os
 import sys
-import threading
-import time
 from typing import Any
 
-from .. import metrics
-from ..backends import create_backend
-from ..config import OVERLAP, LeaderConfig
-from ..exceptions import ConfigError, StoreUnavailable, missing_extra
-from ..ledger import LedgerTarget, RunGuard, marks
-from ..ledger.records import FAILURE, SKIPPED, SUCCESS, WORKERS
+from ..exceptions import ConfigError, missing_extra
+from ..ledger import RunGuard, step
+from ..ledger.records import SKIPPED, SUCCESS
 from . import leadership
 
 try:
@@ -69,22 +64,8 @@ def guard_of(app: Any) -> RunGuard:
     guard = _guards.get(key)
     if guard is None:
         config = leadership.config_of(app)
-        guard = _guards[key] = _build_guard(config)
+        guard = _guards[key] = step.build_guard(config)
     return guard
-
-
-def _build_guard(config: LeaderConfig) -> RunGuard:
-    return RunGuard(
-        LedgerTarget(
-            create_backend(config),
-            config.beat_election,
-            config.instance_id,
-            config.ttl,
-            config.renew_interval,
-            config.ledger_retention,
-        ),
-        config.on_redelivery,
-    )
 
 
 def wrap_tasks(app: Any) -> int:
@@ -117,19 +98,10 @@ def _begin(task: Any, slot: str) -> None:
     guard = guard_of(task.app)
     config = leadership.config_of(task.app)
     retry = bool(getattr(task.request, "retries", 0))
-    overlap = _header(task.request, "leader_overlap")
-    if overlap not in OVERLAP:
-        overlap = config.overlap  # absent (or not one we know): the worker's default
-    try:
-        decision = guard.begin(slot, retry, overlap, config.overlap_wait)
-    except StoreUnavailable as exc:
-        # Unrecorded beats unrun: the store being down must not lose the slot.
-        logger.warning("celery-leader: slot %s runs unrecorded in the run ledger: %s", slot, exc)
-        return
-    if decision.counter is not None:
-        metrics.count(decision.counter, guard.target.election)
+    decision = step.begin(guard, config, slot, retry, _header(task.request, "leader_overlap"))
+    if decision is None:
+        return  # unrecorded beats unrun
     if not decision.run:
-        logger.info("celery-leader: slot %s not run: %s", slot, decision.why)
         raise Ignore()
     # Only the delivery that runs the body records its end: with a thread pool a
     # duplicate of a running slot ends in the same process.
@@ -149,8 +121,7 @@ def _on_postrun(sender: Any = None, task: Any = None, state: str | None = None, 
     if state == states.SUCCESS:
         guard.finish(slot, SUCCESS)
     elif state == states.FAILURE:
-        guard.finish(slot, FAILURE)
-        metrics.count("ledger_failures", guard.target.election)
+        step.failed(guard, slot)
     elif state == states.IGNORED:
         guard.finish(slot, SKIPPED)  # the body itself ignored it (a follower's @leader_only)
     else:
@@ -169,34 +140,12 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
     if config is None or not config.ledger:
         return
     count = wrap_tasks(app)
-    _register(config, sender.hostname)
+    step.register(config, sender.hostname)
     logger.info(
         "celery-leader: run ledger on (%d task(s); a dead worker's slot: %s)",
         count,
         config.on_redelivery,
     )
-
-
-def _register(config: LeaderConfig, hostname: str) -> None:
-    """Keep the ledger's ``@ledger-workers`` mark alive while this worker runs.
-
-    Beat re-sends slots only while the mark exists: a deployment whose
-    workers lack the dedup step never gets a second copy of a slot.
-    """
-
-    def loop() -> None:
-        backend = create_backend(config)
-        what: dict[str, object] = {"worker": hostname}
-        while True:
-            try:
-                marks.touch(backend, config.beat_election, WORKERS, what, config.ledger_retention)
-            except StoreUnavailable as exc:
-                logger.warning("celery-leader: could not register in the run ledger: %s", exc)
-                time.sleep(config.ttl)
-                continue
-            time.sleep(min(config.ledger_retention / 4, 3600.0))
-
-    threading.Thread(target=loop, name="celery-leader ledger mark", daemon=True).start()
 
 
 def _ledger_on(app: Any) -> bool:

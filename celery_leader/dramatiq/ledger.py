@@ -15,15 +15,12 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from typing import Any
 
-from .. import metrics
-from ..backends import create_backend
-from ..config import OVERLAP, LeaderConfig
-from ..exceptions import StoreUnavailable, missing_extra
-from ..ledger import LedgerTarget, RunGuard, marks
-from ..ledger.records import FAILURE, SUCCESS, WORKERS
+from ..config import LeaderConfig
+from ..exceptions import missing_extra
+from ..ledger import RunGuard, step
+from ..ledger.records import SUCCESS
 
 try:
     from dramatiq.middleware import SkipMessage
@@ -51,19 +48,11 @@ class LedgerStep:
             return
         guard = self._guard()
         overlap = message.options.get("leader_overlap")
-        if overlap not in OVERLAP:
-            overlap = self.config.overlap
         retry = bool(message.options.get("retries"))
-        try:
-            decision = guard.begin(slot, retry, overlap, self.config.overlap_wait)
-        except StoreUnavailable as exc:
-            # Unrecorded beats unrun: the store being down must not lose the slot.
-            logger.warning("celery-leader: slot %s runs unrecorded in the ledger: %s", slot, exc)
-            return
-        if decision.counter is not None:
-            metrics.count(decision.counter, guard.target.election)
+        decision = step.begin(guard, self.config, slot, retry, overlap)
+        if decision is None:
+            return  # unrecorded beats unrun
         if not decision.run:
-            logger.info("celery-leader: slot %s not run: %s", slot, decision.why)
             raise SkipMessage(f"slot {slot} not run: {decision.why}")
         message.options["leader_ledger_runs"] = True
 
@@ -76,8 +65,7 @@ class LedgerStep:
         if exception is None:
             guard.finish(slot, SUCCESS)
         elif getattr(message, "failed", False):
-            guard.finish(slot, FAILURE)
-            metrics.count("ledger_failures", guard.target.election)
+            step.failed(guard, slot)
         else:
             guard.release(slot)  # Retries enqueued it again: the retry takes it over
 
@@ -86,40 +74,12 @@ class LedgerStep:
         with self._lock:
             guard = self._guards.get(pid)
             if guard is None:
-                c = self.config
-                guard = self._guards[pid] = RunGuard(
-                    LedgerTarget(
-                        create_backend(c),
-                        c.beat_election,
-                        c.instance_id,
-                        c.ttl,
-                        c.renew_interval,
-                        c.ledger_retention,
-                    ),
-                    c.on_redelivery,
-                )
+                guard = self._guards[pid] = step.build_guard(self.config)
             if pid not in self._registered:
                 self._registered.add(pid)
-                threading.Thread(
-                    target=self._register, name="celery-leader ledger mark", daemon=True
-                ).start()
+                step.register(self.config, self.config.instance_id)
             return guard
 
     def register(self) -> None:
         """Keep the ``@ledger-workers`` mark alive from this process (a worker boot)."""
         self._guard()
-
-    def _register(self) -> None:
-        # Beat re-sends slots only while the mark exists (see schedule/resend.py).
-        backend = create_backend(self.config)
-        what: dict[str, object] = {"worker": self.config.instance_id}
-        while True:
-            try:
-                marks.touch(
-                    backend, self.config.beat_election, WORKERS, what, self.config.ledger_retention
-                )
-            except StoreUnavailable as exc:
-                logger.warning("celery-leader: could not register in the run ledger: %s", exc)
-                time.sleep(self.config.ttl)
-                continue
-            time.sleep(min(self.config.ledger_retention / 4, 3600.0))

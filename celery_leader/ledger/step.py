@@ -1,0 +1,88 @@
+"""A worker's ledger step without its framework: what the Celery and Dramatiq hooks share.
+
+The hooks (``celery/ledger.py``, ``dramatiq/ledger.py``) find a message's slot
+and turn a decision into their framework's "do not run"; the rest is here: the
+guard built from the settings, the decision before a body, a failure's record,
+and the ``@ledger-workers`` mark.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from .. import metrics
+from ..backends import create_backend
+from ..config import OVERLAP, LeaderConfig
+from ..exceptions import StoreUnavailable
+from . import marks
+from .guard import Decision, RunGuard
+from .records import FAILURE, WORKERS
+from .target import LedgerTarget
+
+logger = logging.getLogger(__name__)
+
+
+def build_guard(config: LeaderConfig) -> RunGuard:
+    """A run guard for this process, on the store and beat election of ``config``."""
+    target = LedgerTarget(
+        create_backend(config),
+        config.beat_election,
+        config.instance_id,
+        config.ttl,
+        config.renew_interval,
+        config.ledger_retention,
+    )
+    return RunGuard(target, config.on_redelivery)
+
+
+def begin(
+    guard: RunGuard, config: LeaderConfig, slot: str, retry: bool, overlap: object
+) -> Decision | None:
+    """Record ``slot`` started, or decide it is not run (logged and counted).
+
+    ``overlap`` is what the message carries; absent or unknown, the worker's
+    default applies. ``None`` when the store cannot say: the body runs
+    unrecorded, since the store being down must not lose the slot.
+    """
+    chosen = overlap if isinstance(overlap, str) and overlap in OVERLAP else config.overlap
+    try:
+        decision = guard.begin(slot, retry, chosen, config.overlap_wait)
+    except StoreUnavailable as exc:
+        logger.warning("celery-leader: slot %s runs unrecorded in the run ledger: %s", slot, exc)
+        return None
+    if decision.counter is not None:
+        metrics.count(decision.counter, guard.target.election)
+    if not decision.run:
+        logger.info("celery-leader: slot %s not run: %s", slot, decision.why)
+    return decision
+
+
+def failed(guard: RunGuard, slot: str) -> None:
+    """Record that ``slot``'s body failed for good (no retry follows), and count it."""
+    guard.finish(slot, FAILURE)
+    metrics.count("ledger_failures", guard.target.election)
+
+
+def register(config: LeaderConfig, worker: str) -> None:
+    """Keep the ledger's ``@ledger-workers`` mark alive from a daemon thread.
+
+    Beat re-sends slots only while the mark exists (``schedule/resend.py``): a
+    deployment whose workers lack the ledger step never gets a second copy of a
+    slot.
+    """
+
+    def loop() -> None:
+        backend = create_backend(config)
+        what: dict[str, object] = {"worker": worker}
+        while True:
+            try:
+                marks.touch(backend, config.beat_election, WORKERS, what, config.ledger_retention)
+            except StoreUnavailable as exc:
+                logger.warning("celery-leader: could not register in the run ledger: %s", exc)
+                time.sleep(config.ttl)
+                continue
+            time.sleep(min(config.ledger_retention / 4, 3600.0))
+
+    threading.Thread(target=loop, name="celery-leader ledger mark", daemon=True).start()
