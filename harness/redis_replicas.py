@@ -12,7 +12,7 @@ import redis
 
 from .clock_shift import shifted_env
 from .proxy import TcpProxy
-from .servers import RedisServer
+from .servers import RedisServer, _Scoped
 from .waiting import wait_for
 
 #: Sentinels call a master down after this long without an answer.
@@ -52,8 +52,10 @@ class SentinelServer(RedisServer):
         return int(address[1]) if address else None
 
 
-class ReplicatedRedis:
+class ReplicatedRedis(_Scoped):
     """Master + replica (linked through :attr:`link`) + three sentinels, quorum two.
+
+    ``with`` starts all of it (sentinels included) and closes it at the end.
 
     ``replica_clock_shift``: seconds the replica's wall clock runs ahead of the
     host's (behind, when negative), as on a host whose clock is off.

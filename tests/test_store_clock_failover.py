@@ -115,9 +115,7 @@ def _fail_over(
     replica ``shift`` s off promoted; then ``after(beats, holder, promoted)`` while
     the store still runs. Returns the beats and when the master died and the
     replica was promoted (``time.monotonic()``)."""
-    store = ReplicatedRedis(replica_clock_shift=shift)
-    try:
-        store.start()
+    with ReplicatedRedis(replica_clock_shift=shift) as store:
         url = store.sentinel_url
         env = beat_env(redis_url, BEAT_EVERY=f"{EVERY:g}", CELERY_LEADER_CLOCK=clock)
         holder = beat_holder(url)
@@ -129,8 +127,6 @@ def _fail_over(
         store.wait_promoted()
         promoted = time.monotonic()
         after(beats, holder, promoted)
-    finally:
-        store.close()
     return beats, killed, promoted
 
 

@@ -141,12 +141,8 @@ def fail_over(
 
 @pytest.fixture
 def sentinel_store() -> Iterator[ReplicatedRedis]:
-    store = ReplicatedRedis()
-    try:
-        store.start()
+    with ReplicatedRedis() as store:
         yield store
-    finally:
-        store.close()
 
 
 @pytest.mark.parametrize(
