@@ -76,9 +76,9 @@ def _client(url: str, options: dict[str, Any]) -> Any:
     query = dict(parse_qsl(parts.query))
     if "sentinel_password" in query:
         sentinel_kwargs["password"] = query["sentinel_password"]
-    sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_kwargs, **options)  # type: ignore[no-untyped-call]
+    sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_kwargs, **options)  # type: ignore[no-untyped-call,unused-ignore]  # typed from redis-py 8.2
     db = int(path[1]) if len(path) > 1 else 0
-    return sentinel.master_for(path[0], password=password, db=db, **options)  # type: ignore[no-untyped-call]
+    return sentinel.master_for(path[0], password=password, db=db, **options)  # type: ignore[no-untyped-call,unused-ignore]  # typed from redis-py 8.2
 
 
 class Connection:
