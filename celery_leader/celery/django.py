@@ -167,9 +167,20 @@ class LeaderDatabaseScheduler(LeaderSchedulerMixin, DatabaseScheduler):  # type:
         saves ``beat_schedule`` into the tables) still waits for the lease.
         """
         try:
+            # The change mark first: an edit saved during or after the read moves it.
+            mark = self.Changes.last_change()
             self.schedule  # noqa: B018 - the property reads the tables
         except Exception as exc:  # the leader's first tick reads again and reports
             logger.debug("celery-leader: reading the schedule ahead failed: %s", exc)
+            return
+        # django-celery-beat trusts its first read until the mark moves past the
+        # one it saw last, and sees none at its first read: without this, a
+        # replica promoted after rows were edited would dispatch the rows as
+        # they were at its start (and no promotion writes rows to move it).
+        if mark is None:
+            self._initial_read = True  # nothing edited yet: the leader reads again
+        else:
+            self._last_timestamp = mark
 
     def entry_enabled(self, entry: Any) -> bool:
         """A row runs while enabled, after its ``start_time``, before it ``expires``, and
