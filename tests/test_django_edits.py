@@ -236,3 +236,38 @@ def test_row_edits_take_effect_at_once_and_send_nothing_from_before_them(
     gone = (edits["delete"] + tick, edits["create"])
     assert [due for due, _ in broker.slots("recreate") if gone[0] < due < gone[1]] == [], (
         edits, broker.slots("recreate"))  # fmt: skip
+
+
+#: A leader's setup of the code entries, twice, then with one re-timed. Each line:
+#: the code entry's row id, date_changed, and django-celery-beat's change mark.
+SETUP_TWICE = """
+from celery import current_app
+from django_celery_beat.models import PeriodicTask, PeriodicTasks
+from celery_leader.celery.django import LeaderDatabaseScheduler
+app = current_app._get_current_object()
+def setup(label):
+    scheduler = LeaderDatabaseScheduler(app=app, lazy=True)
+    scheduler.set_up_as_leader()
+    row = PeriodicTask.objects.get(name="heartbeat")
+    print(label, row.pk, row.date_changed.isoformat(), PeriodicTasks.last_change().isoformat(),
+          row.interval.every, flush=True)
+setup("FIRST")
+setup("AGAIN")
+app.conf.beat_schedule = {"heartbeat": {"task": "ticker.tasks.heartbeat", "schedule": 7.0}}
+setup("RETIMED")
+"""
+
+
+def test_a_leaders_setup_writes_code_entries_only_when_they_differ(
+    tmp_path: Path, procs: Procs
+) -> None:
+    """An unchanged ``beat_schedule`` writes nothing at a promotion, so no beat re-reads
+    the tables; a changed one is still saved, as django-celery-beat does."""
+    for argv in (("migrate", "--no-input"), ("shell", "-c", SETUP_TWICE)):
+        proc = procs.spawn_python(PROJECT / "manage.py", *argv, env=_env(tmp_path, DEMO_EVERY="3"))
+        assert proc.popen.wait(120) == 0, proc.output()
+    lines = {line.split()[0]: line.split()[1:] for line in proc.lines() if line[:1].isupper()}
+    first, again, retimed = lines["FIRST"], lines["AGAIN"], lines["RETIMED"]
+    assert again == first  # same row, same date_changed, no change mark
+    assert retimed[0] == first[0] and retimed[3] == "7"
+    assert retimed[1] > first[1] and retimed[2] > first[2]
