@@ -28,17 +28,8 @@ if [[ -f mkdocs.yml ]]; then
     NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict -q -d "$site" || fail "mkdocs build --strict"
 fi
 
-# The compatibility matrix's oldest and newest cells (README, "Run the tests"):
-# the floors pyproject.toml declares and the newest releases, on the oldest and
-# newest Python. Only on a whole run: arguments narrow the run to some tests.
-# Before pytest, so that the test results close the run.
-if (($# == 0)); then
-    echo "==> scripts/matrix.py oldest-3.10 newest-3.13"
-    .venv/bin/python scripts/matrix.py oldest-3.10 newest-3.13 || fail "compatibility matrix"
-fi
-
 pytest_run() {
-    .venv/bin/python -m pytest -p no:cacheprovider -ra -n 0 "$@"
+    .venv/bin/python -m pytest -p no:cacheprovider -ra "$@"
 }
 
 check() {  # $1: what ran, $2: pytest's exit status
@@ -53,28 +44,33 @@ check() {  # $1: what ran, $2: pytest's exit status
 if (($# > 0)); then
     echo "==> pytest -n 0 $*"
     status=0
-    pytest_run "$@" || status=$?
+    pytest_run -n 0 "$@" || status=$?
     check pytest "$status"
     exit 0
 fi
 
-# The whole suite as two pytest processes side by side, one per core: the tests
-# marked `timing` (hand-over bounds, libfaketime fleets at 60x) one at a time, and
-# every other test. They take about as long as each other. Two timing tests at once
-# (pytest-xdist -n 2) overran hand-over bounds by tens of milliseconds; and
-# pytest-xdist's --dist loadgroup cannot keep them together under pytest 9.2 (it
-# rewrites node ids, which pytest no longer reads). Each line is prefixed with
-# its run's name; each ends with its 15 slowest tests, to keep the halves even.
-echo "==> pytest -m timing  |  pytest -m 'not timing'"
+# The whole suite as two streams side by side. The tests marked `timing` (hand-over
+# bounds, libfaketime fleets at 60x) run one at a time: two at once overran
+# hand-over bounds by tens of milliseconds. Beside them, the compatibility matrix's
+# oldest and newest cells (README, "Run the tests": the floors pyproject.toml
+# declares and the newest releases, on the oldest and newest Python), then every
+# other test on two pytest-xdist workers, a test file per worker (their fixtures are
+# per module). The streams take about as long as each other; each line is prefixed
+# with its stream's name, and each pytest run ends with its 15 slowest tests, to
+# keep them even.
+echo "==> pytest -m timing  |  scripts/matrix.py, then pytest -n 2 -m 'not timing'"
 (
     set +e
-    pytest_run --durations=15 -m timing 2>&1 | sed -u 's/^/[timing] /'
+    pytest_run -n 0 --durations=15 -m timing 2>&1 | sed -u 's/^/[timing] /'
     exit "${PIPESTATUS[0]}"
 ) &
 timing_pid=$!
 (
+    set -o pipefail
+    .venv/bin/python scripts/matrix.py oldest-3.10 newest-3.13 2>&1 | sed -u 's/^/[rest]   /' \
+        || { echo "FAILED: compatibility matrix" >&2; exit 1; }
     set +e
-    pytest_run --durations=15 -m "not timing" 2>&1 | sed -u 's/^/[rest]   /'
+    pytest_run -n 2 --dist loadfile --durations=15 -m "not timing" 2>&1 | sed -u 's/^/[rest]   /'
     exit "${PIPESTATUS[0]}"
 ) &
 rest_pid=$!
@@ -83,5 +79,5 @@ rest_status=0
 wait "$timing_pid" || timing_status=$?
 wait "$rest_pid" || rest_status=$?
 check "pytest -m timing" "$timing_status"
-check "pytest -m 'not timing'" "$rest_status"
-echo "==> both pytest runs passed"
+check "the matrix, then pytest -m 'not timing'" "$rest_status"
+echo "==> both streams passed"

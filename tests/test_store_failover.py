@@ -51,7 +51,7 @@ from tests.test_beat_chaos import (
     tap,  # noqa: F401 - a fixture
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.timing]
+pytestmark = pytest.mark.slow
 
 #: How long replication stays stalled before the primary dies.
 STALL = 2.0
