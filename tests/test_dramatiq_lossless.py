@@ -37,7 +37,7 @@ from tests.apps.quorum import QuorumBroker
 from tests.test_dramatiq_actors import records, worker_leader
 from tests.test_dramatiq_chaos import APP, DRAMATIQ, HOST, REPO
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timing]
 
 COUNT = 200
 

@@ -88,6 +88,7 @@ def test_a_session_killed_by_the_server_loses_everything(
     assert b.load_state(ELECTION) == {}
 
 
+@pytest.mark.timing  # bounds the lock's release to half a second
 @pytest.mark.parametrize("ttl", [1.0, 1.4])
 def test_wait_timeout_frees_the_lock_no_earlier_than_the_belief(
     backends: Callable[..., MySqlBackend], ttl: float
