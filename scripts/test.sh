@@ -49,35 +49,44 @@ if (($# > 0)); then
     exit 0
 fi
 
-# The whole suite as two streams side by side. The tests marked `timing` (hand-over
-# bounds, libfaketime fleets at 60x) run one at a time: two at once overran
-# hand-over bounds by tens of milliseconds. Beside them, the compatibility matrix's
-# oldest and newest cells (README, "Run the tests": the floors pyproject.toml
-# declares and the newest releases, on the oldest and newest Python), then every
-# other test on two pytest-xdist workers, a test file per worker (their fixtures are
-# per module). The streams take about as long as each other; each line is prefixed
-# with its stream's name, and each pytest run ends with its 15 slowest tests, to
-# keep them even.
-echo "==> pytest -m timing  |  scripts/matrix.py, then pytest -n 2 -m 'not timing'"
-(
+# The whole suite as three streams side by side (a test process waits on its
+# servers and replicas most of the time: one uses about 0.4 of a core):
+# - the tests marked `timing` (hand-over bounds) one at a time: two at once
+#   overran hand-over bounds by tens of milliseconds;
+# - the tests marked `paced` (fake or skewed clocks, timed edit scripts: bounds
+#   of a second or more) one at a time;
+# - the compatibility matrix's oldest and newest cells (README, "Run the tests":
+#   the floors pyproject.toml declares and the newest releases, on the oldest and
+#   newest Python), then every other test on two pytest-xdist workers, a test
+#   file per worker (their fixtures are per module).
+# Each line is prefixed with its stream's name, and each pytest run ends with its
+# 15 slowest tests, to keep the streams even.
+echo "==> pytest -m timing  |  pytest -m paced  |  scripts/matrix.py, then pytest -n 2"
+stream() {  # $1: the stream's name; the rest: its pytest arguments
+    local name=$1
+    shift
     set +e
-    pytest_run -n 0 --durations=15 -m timing 2>&1 | sed -u 's/^/[timing] /'
+    pytest_run --durations=15 "$@" 2>&1 | sed -u "s/^/[$name] /"
     exit "${PIPESTATUS[0]}"
-) &
+}
+(stream timing -n 0 -m timing) &
 timing_pid=$!
+(stream paced -n 0 -m paced) &
+paced_pid=$!
 (
     set -o pipefail
-    .venv/bin/python scripts/matrix.py oldest-3.10 newest-3.13 2>&1 | sed -u 's/^/[rest]   /' \
+    .venv/bin/python scripts/matrix.py oldest-3.10 newest-3.13 2>&1 | sed -u 's/^/[rest] /' \
         || { echo "FAILED: compatibility matrix" >&2; exit 1; }
-    set +e
-    pytest_run -n 2 --dist loadfile --durations=15 -m "not timing" 2>&1 | sed -u 's/^/[rest]   /'
-    exit "${PIPESTATUS[0]}"
+    stream rest -n 2 --dist loadfile -m "not timing and not paced"
 ) &
 rest_pid=$!
-timing_status=0
-rest_status=0
-wait "$timing_pid" || timing_status=$?
-wait "$rest_pid" || rest_status=$?
-check "pytest -m timing" "$timing_status"
-check "the matrix, then pytest -m 'not timing'" "$rest_status"
-echo "==> both streams passed"
+statuses=()
+for pid in "$timing_pid" "$paced_pid" "$rest_pid"; do
+    status=0
+    wait "$pid" || status=$?
+    statuses+=("$status")
+done
+check "pytest -m timing" "${statuses[0]}"
+check "pytest -m paced" "${statuses[1]}"
+check "the matrix, then pytest -m 'not timing and not paced'" "${statuses[2]}"
+echo "==> all three streams passed"

@@ -64,7 +64,7 @@ from tests.test_beat_chaos import (
 for _fixture in ("beat_holder", "broker", "lease_store", "tap"):
     globals()[_fixture] = getattr(beat_chaos, _fixture)
 
-pytestmark = [pytest.mark.slow, pytest.mark.timing]
+pytestmark = [pytest.mark.slow, pytest.mark.paced]
 
 APP = ["-A", "tests.apps.beat_app"]
 #: Slack on top of "within its period of the add" / "nothing after the edit".

@@ -28,7 +28,7 @@ from harness.fakeclock import FakeClock
 from harness.fleet import OWN_CLOCK, Fleet, Sent, duplicates, minutes
 from harness.procs import Procs
 
-pytestmark = [pytest.mark.slow, pytest.mark.timing]
+pytestmark = [pytest.mark.slow, pytest.mark.paced]
 
 UTC = timezone.utc
 SPEED = 60.0

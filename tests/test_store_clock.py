@@ -32,7 +32,7 @@ from harness.fakeclock import FakeClock
 from harness.fleet import Fleet, Sent, duplicates
 from harness.procs import Procs
 
-pytestmark = [pytest.mark.slow, pytest.mark.timing]
+pytestmark = [pytest.mark.slow, pytest.mark.paced]
 
 #: Seconds between two reads of the broker.
 POLL = 0.05

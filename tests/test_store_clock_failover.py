@@ -64,7 +64,7 @@ from tests.test_beat_chaos import (
     tap,  # noqa: F401 - a fixture
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.timing]
+pytestmark = [pytest.mark.slow, pytest.mark.paced]
 
 #: How far the replica's clock is off the master's.
 SHIFT = 30.0
