@@ -127,8 +127,10 @@ class LeaderConfig:
     #: Seconds a host's clock may be off the store's before it is logged, and with
     #: ``clock = "local"`` before the host stops leading.
     max_clock_skew: float = DEFAULT_MAX_CLOCK_SKEW
-    #: Run ledger: workers record each beat-sent slot and run it once.
-    ledger: bool = False
+    #: Run ledger: workers record each beat-sent slot and run it once. On by
+    #: default: beat re-sends only while workers with the dedup step register,
+    #: so a fleet without it keeps today's at-most-once behaviour.
+    ledger: bool = True
     #: A slot whose worker died mid-run: run it again or not (see :data:`ON_REDELIVERY`).
     on_redelivery: str = "rerun"
     #: Seconds a run record is kept after its last write.
@@ -277,7 +279,7 @@ class LeaderConfig:
                 values.get("leader_max_clock_skew"),
                 DEFAULT_MAX_CLOCK_SKEW,
             ),
-            ledger=_bool(n("leader_ledger"), values.get("leader_ledger"), False),
+            ledger=_bool(n("leader_ledger"), values.get("leader_ledger"), True),
             on_redelivery=_choice(
                 n("leader_on_redelivery"),
                 values.get("leader_on_redelivery") or "rerun",

@@ -3,17 +3,25 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
+from datetime import datetime, timezone
+from types import SimpleNamespace
 
 import pytest
+from celery import Celery
 
 from celery_leader import ops
 from celery_leader.backends import Backend, create_backend
 from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import ConfigError
 from celery_leader.ledger import LedgerTarget, RunGuard, RunRecord, marks
+from celery_leader.ledger.records import WORKERS
 from celery_leader.ledger.summary import summarize
+from celery_leader.schedule.jobs import Outcome
+from celery_leader.schedule.resend import Resender
+from harness.waiting import wait_for
 
 TTL = 0.3
 SLOT = "report@2026-01-01T00:00:00.000+00:00"
@@ -132,7 +140,7 @@ def test_a_dead_workers_run_stops_blocking_once_its_liveness_lapses(backend: Bac
 
 def test_settings() -> None:
     config = LeaderConfig.from_mapping({"leader_url": "memory://"})
-    assert (config.ledger, config.on_redelivery, config.overlap) == (False, "rerun", "allow")
+    assert (config.ledger, config.on_redelivery, config.overlap) == (True, "rerun", "allow")
     assert config.ledger_retention == 2 * 86400
     for key, value, says in [
         ("leader_on_redelivery", "again", "leader_on_redelivery"),
@@ -162,3 +170,72 @@ def test_leader_status_shows_each_entrys_last_slot() -> None:
     ops.status(config, out.append, as_json=True)
     (entry,) = json.loads(out[0])["entries"]
     assert (entry["entry"], entry["outcome"], entry["failures"]) == ("report", "failure", 1)
+
+
+class _Sends:
+    """An adapter stand-in that records what beat (re-)sends."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    def send(self, job: object, slot: str, due: object, epoch: int) -> Outcome:
+        self.sent.append(slot)
+        return Outcome()
+
+
+def test_a_publish_of_unknown_outcome_is_resent_only_while_workers_deduplicate(
+    backend: Backend,
+) -> None:
+    lease = SimpleNamespace(backend=backend, election="beat", instance_id="beat-1")
+    adapter = _Sends()
+    resender = Resender(lease, adapter, 3600, logging.getLogger("test"))  # type: ignore[arg-type]
+    due = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    # No worker with the dedup step: the slot stays claimed, as with the ledger off.
+    resender.unknown(None, SLOT, due)  # type: ignore[arg-type]
+    resender.retry(epoch=1)
+    assert adapter.sent == []
+    assert SLOT not in backend.load_runs("beat")
+    # A worker registered (its mark lives a few ttl): the next one is re-sent once.
+    marks.touch(backend, "beat", WORKERS, {"worker": "w1"}, 60)
+    resender.unknown(None, SLOT, due)  # type: ignore[arg-type]
+    resender.retry(epoch=1)
+    resender.unknown(None, SLOT, due)  # type: ignore[arg-type]
+    resender.retry(epoch=1)
+    assert adapter.sent == [SLOT]
+
+
+def test_the_workers_mark_lapses_a_few_ttl_after_the_last_worker(backend: Backend) -> None:
+    marks.touch(backend, "beat", WORKERS, {"worker": "w1"}, TTL)
+    assert WORKERS in backend.load_runs("beat")
+    time.sleep(TTL + 0.05)
+    assert WORKERS not in backend.load_runs("beat")
+
+
+def _worker(conf: dict[str, object]) -> SimpleNamespace:
+    app = Celery(f"ledger-{uuid.uuid4().hex}", set_as_current=False)
+    app.conf.update(conf)
+
+    @app.task(name=f"ledger_unit.{app.main}")
+    def noop() -> None:
+        return None
+
+    return SimpleNamespace(app=app, hostname="w1@test", task=lambda: app.tasks[noop.name])
+
+
+def test_the_celery_step_is_on_by_default_where_the_settings_resolve() -> None:
+    from celery_leader.celery import ledger as celery_ledger
+
+    url = f"memory://ledger-{uuid.uuid4().hex}"
+    on = _worker({"leader_url": url})
+    celery_ledger._on_worker_init(sender=on)
+    assert getattr(type(on.task()), "_celery_leader_ledger", False)
+    store = create_backend(LeaderConfig.from_mapping({"leader_url": url}))
+    wait_for(lambda: WORKERS in store.load_runs("beat"), timeout=5)
+    off = _worker({"leader_url": url, "leader_ledger": False})
+    celery_ledger._on_worker_init(sender=off)
+    assert not getattr(type(off.task()), "_celery_leader_ledger", False)
+    # An app celery-leader cannot serve (no store) starts as before, unless it asked.
+    amqp = {"broker_url": "amqp://guest@127.0.0.1:1//"}
+    celery_ledger._on_worker_init(sender=_worker(amqp))
+    with pytest.raises(SystemExit):
+        celery_ledger._on_worker_init(sender=_worker({**amqp, "leader_ledger": True}))

@@ -15,10 +15,11 @@ lost" to "at least once; workers run each slot once" (:mod:`celery_leader.ledger
 number of leaders, one re-sends. Re-sends are safe only where workers
 deduplicate, so beat re-sends only while a worker with the dedup step has
 registered in the ledger (the ``@ledger-workers`` mark, renewed by such
-workers), and only slots claimed after the ledger was turned on
-(``@ledger-since``). Only the last slot an entry claimed is looked at after a
-fail-over; with ``leader_missed_slots = "all"`` the earlier slots of a batch
-cut short by a crash stay unsent.
+workers every ttl, gone a few ttl after the last of them stops), and only
+slots claimed after the ledger was turned on (``@ledger-since``). Only the
+last slot an entry claimed is looked at after a fail-over; with
+``leader_missed_slots = "all"`` the earlier slots of a batch cut short by a
+crash stay unsent.
 """
 
 from __future__ import annotations
@@ -79,8 +80,26 @@ class Resender:
         self._pending.append(Pending(job, slot, due))
 
     def retry(self, epoch: int) -> None:
-        """Re-send, once, the slots whose publish had an unknown outcome."""
+        """Re-send, once, the slots whose publish had an unknown outcome.
+
+        Only while workers deduplicate: otherwise they stay claimed and unsent
+        again, as with the ledger off (at most once).
+        """
         pending, self._pending = self._pending, []
+        if not pending:
+            return
+        try:
+            dedup = self._workers_deduplicate()
+        except StoreUnavailable as exc:
+            self.logger.warning("celery-leader: slot(s) %s not re-sent: %s", _names(pending), exc)
+            return
+        if not dedup:
+            self.logger.warning(
+                "celery-leader: slot(s) %s not re-sent: no worker with the run ledger's "
+                "dedup step has registered, so a second copy could run twice",
+                _names(pending),
+            )
+            return
         for p in pending:
             self._resend(p.job, p.slot, p.due, epoch, "its publish had an unknown outcome")
 
@@ -92,7 +111,7 @@ class Resender:
             if not self._workers_deduplicate():
                 self.logger.info(
                     "celery-leader: run ledger on, but no worker with its dedup step has "
-                    "registered: nothing is re-sent"
+                    "registered: nothing is re-sent (at most once, as with the ledger off)"
                 )
                 return
             for job in jobs:
@@ -143,6 +162,10 @@ class Resender:
                 slot,
                 outcome.error,
             )
+
+
+def _names(pending: list[Pending]) -> str:
+    return ", ".join(p.slot for p in pending)
 
 
 def _last_slot(state: EntryState) -> str | None:
