@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 import uuid
 from datetime import datetime, timezone
@@ -21,6 +22,7 @@ from celery_leader.ledger.records import WORKERS
 from celery_leader.ledger.summary import summarize
 from celery_leader.schedule.jobs import Outcome
 from celery_leader.schedule.resend import Resender
+from celery_leader.shared_counters import ENV_VAR, SharedCounters
 from harness.waiting import wait_for
 
 TTL = 0.3
@@ -239,3 +241,28 @@ def test_the_celery_step_is_on_by_default_where_the_settings_resolve() -> None:
     celery_ledger._on_worker_init(sender=_worker(amqp))
     with pytest.raises(SystemExit):
         celery_ledger._on_worker_init(sender=_worker({**amqp, "leader_ledger": True}))
+
+
+def test_pool_processes_count_into_one_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    shared = SharedCounters.create()
+    monkeypatch.setenv(ENV_VAR, shared.path)  # undone after the test
+    try:
+        children = []
+        for _ in range(3):
+            pid = os.fork()
+            if pid == 0:  # a pool process: its own descriptor, so the lock excludes
+                mine = SharedCounters.from_env()
+                code = 1
+                if mine is not None:
+                    for _ in range(300):
+                        mine.add("ledger_runs", "beat")
+                    mine.add("ledger_running", "beat", -1)
+                    code = 0
+                os._exit(code)
+            children.append(pid)
+        assert all(os.waitpid(pid, 0)[1] == 0 for pid in children)
+        assert shared.read() == {("ledger_runs", "beat"): 900, ("ledger_running", "beat"): -3}
+    finally:
+        shared.remove()
+    assert not os.path.exists(shared.path)

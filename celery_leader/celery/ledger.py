@@ -27,7 +27,8 @@ import os
 import sys
 from typing import Any
 
-from ..exceptions import ConfigError, missing_extra
+from .. import metrics
+from ..exceptions import ConfigError, MissingExtra, missing_extra
 from ..ledger import RunGuard, step
 from ..ledger.records import SKIPPED, SUCCESS
 from . import leadership
@@ -150,6 +151,8 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
         raise SystemExit(1) from None
     if not config.ledger:
         return
+    if config.metrics_port is not None:
+        _serve_metrics(config.metrics_port, sender.hostname)
     count = wrap_tasks(app)
     step.register(config, sender.hostname)
     logger.info(
@@ -157,6 +160,24 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
         count,
         config.on_redelivery,
     )
+
+
+def _serve_metrics(port: int, hostname: str) -> None:
+    """Serve this worker's metrics from its main process, with what its pool counts.
+
+    The run ledger counts in the pool processes, where bodies run; they add
+    to a file this process reads at each scrape (before the pool starts, so
+    every pool process finds it).
+    """
+    try:
+        metrics.serve(port)
+        metrics.share_with_pool()
+    except (MissingExtra, OSError) as exc:
+        print(
+            f"celery-leader: cannot start worker {hostname}: leader_metrics_port: {exc}",
+            file=sys.stderr,
+        )
+        raise SystemExit(2) from None
 
 
 def _ledger_setting(app: Any) -> Any:

@@ -19,9 +19,10 @@ import threading
 import time
 from dataclasses import dataclass, replace
 
+from .. import metrics
 from ..exceptions import StoreUnavailable
 from .overlap import EntryMarks
-from .records import FINISHED, SENT, SKIPPED, STARTED, RunRecord
+from .records import FAILURE, FINISHED, SENT, SKIPPED, STARTED, SUCCESS, RunRecord
 from .target import LedgerTarget
 
 logger = logging.getLogger(__name__)
@@ -85,7 +86,7 @@ class RunGuard:
             return decision
         why = f"slot {holder} of {entry!r} is still running (overlap {overlap!r})"
         self.finish(slot, SKIPPED, why)
-        return Decision(slot, False, why, "ledger_skips")
+        return Decision(slot, False, why, "ledger_overlap_skips")
 
     def _begin(self, slot: str, retry: bool) -> Decision:
         mine = self._started(slot, attempt=1)
@@ -148,10 +149,11 @@ class RunGuard:
         """Record how ``slot``'s body ended here (``success``, ``failure``, ``skipped``)."""
         self.marks.release(slot)
         with self._writing:
-            with self._lock:
-                running = self._running.pop(slot, None)
+            running = self._stop(slot)
             if running is None:
                 return
+            if outcome in (SUCCESS, FAILURE):
+                metrics.count("ledger_finished", self.target.election)
             stored, record = running
             ended = record.ended(self.target.clock(), outcome, reason)
             try:
@@ -171,8 +173,7 @@ class RunGuard:
     def release(self, slot: str) -> None:
         """Stop renewing ``slot`` and leave its record started (a retry takes it over)."""
         self.marks.release(slot)
-        with self._lock:
-            self._running.pop(slot, None)
+        self._stop(slot)
 
     # -- the records ----------------------------------------------------------
 
@@ -180,7 +181,16 @@ class RunGuard:
         with self._lock:
             self._running[slot] = (record.dump(), record)
             self._start_renewer()
+        metrics.adjust("ledger_running", self.target.election, 1)
         return Decision(slot, True, counter="ledger_runs")
+
+    def _stop(self, slot: str) -> tuple[str, RunRecord] | None:
+        """Forget ``slot`` as running here; what it held, if it was."""
+        with self._lock:
+            running = self._running.pop(slot, None)
+        if running is not None:
+            metrics.adjust("ledger_running", self.target.election, -1)
+        return running
 
     def _started(self, slot: str, attempt: int) -> RunRecord:
         now = self.target.clock()
@@ -237,4 +247,5 @@ class RunGuard:
                     "(its liveness lapsed and another delivery took it over)",
                     slot,
                 )
-                del self._running[slot]
+        if not won:
+            self._stop(slot)
