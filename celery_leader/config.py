@@ -139,6 +139,8 @@ class LeaderConfig:
     overlap: str = "allow"
     #: Longest wait of a slot of an ``overlap = "wait"`` entry, seconds.
     overlap_wait: float = DEFAULT_OVERLAP_WAIT
+    #: Sentry Crons check-ins from the run ledger's worker step (needs sentry-sdk).
+    sentry_crons: bool = False
     #: Task-name globs a schedule entry kept in the store may name; the leader
     #: skips (and logs) any other. ``("*",)``: every task.
     entries_allow: tuple[str, ...] = ("*",)
@@ -292,6 +294,7 @@ class LeaderConfig:
             overlap_wait=_positive(
                 n("leader_overlap_wait"), values.get("leader_overlap_wait"), DEFAULT_OVERLAP_WAIT
             ),
+            sentry_crons=_bool(n("leader_sentry_crons"), values.get("leader_sentry_crons"), False),
             entries_allow=_globs(n("leader_entries_allow"), values.get("leader_entries_allow")),
         )
 
@@ -322,6 +325,7 @@ SETTINGS = (
     "leader_ledger_retention",
     "leader_overlap",
     "leader_overlap_wait",
+    "leader_sentry_crons",
     "leader_entries_allow",
 )
 

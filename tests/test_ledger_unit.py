@@ -9,15 +9,20 @@ import time
 import uuid
 from datetime import datetime, timezone
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
+import sentry_sdk
 from celery import Celery
+from sentry_sdk import transport as sentry_transport
+from sentry_sdk.envelope import Envelope
 
 from celery_leader import ops
 from celery_leader.backends import Backend, create_backend
 from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import ConfigError
 from celery_leader.ledger import LedgerTarget, RunGuard, RunRecord, marks
+from celery_leader.ledger.crons import SentryCrons, monitor_slug
 from celery_leader.ledger.records import WORKERS
 from celery_leader.ledger.summary import summarize
 from celery_leader.schedule.jobs import Outcome
@@ -266,3 +271,54 @@ def test_pool_processes_count_into_one_file(monkeypatch: pytest.MonkeyPatch) -> 
     finally:
         shared.remove()
     assert not os.path.exists(shared.path)
+
+
+class _Captured(sentry_transport.Transport):
+    """sentry_sdk's transport, kept in-process: the check-ins it was given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.check_ins: list[dict[str, object]] = []
+
+    def capture_envelope(self, envelope: Envelope) -> None:
+        for item in envelope.items:
+            if item.type == "check_in" and item.payload.json is not None:
+                self.check_ins.append(item.payload.json)
+
+
+@pytest.fixture
+def sentry() -> Any:
+    captured = _Captured()
+    sentry_sdk.init(dsn="https://public@sentry.invalid/1", transport=captured)
+    yield captured
+    sentry_sdk.get_client().close()
+    sentry_sdk.get_global_scope().set_client(None)
+
+
+def test_sentry_crons_check_in_per_slot_that_runs(backend: Backend, sentry: _Captured) -> None:
+    a = guard(backend, "a")
+    a.crons = SentryCrons()
+    ok, bad = (f"Nightly Report@2026-01-01T0{i}:00:00.000+00:00" for i in range(2))
+    assert a.begin(ok).run
+    a.finish(ok, "success")
+    assert a.begin(bad, overlap="skip").run
+    assert not a.begin(bad).run  # a second delivery checks in nothing
+    a.finish(bad, "failure")
+    seen = [(c["monitor_slug"], c["status"]) for c in sentry.check_ins]
+    assert seen == [("nightly-report", s) for s in ("in_progress", "ok", "in_progress", "error")]
+    first, done = sentry.check_ins[:2]
+    assert first["check_in_id"] == done["check_in_id"]
+    assert isinstance(done["duration"], float) and done["duration"] >= 0
+    # A slot skipped by the overlap guard runs nothing and checks in nothing.
+    b = guard(backend, "b")
+    b.crons = SentryCrons()
+    held = "nightly report@2026-01-01T03:00:00.000+00:00"
+    assert a.begin(held, overlap="skip").run
+    assert not b.begin("nightly report@2026-01-01T04:00:00.000+00:00", overlap="skip").run
+    assert len(sentry.check_ins) == 5
+
+
+def test_monitor_slugs() -> None:
+    assert monitor_slug("db_tick every 5 s") == "db_tick-every-5-s"
+    assert monitor_slug("x" * 80) == "x" * 50
+    assert monitor_slug("§§") == "celery-leader"

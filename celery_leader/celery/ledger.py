@@ -29,7 +29,7 @@ from typing import Any
 
 from .. import metrics
 from ..exceptions import ConfigError, MissingExtra, missing_extra
-from ..ledger import RunGuard, step
+from ..ledger import RunGuard, crons, step
 from ..ledger.records import SKIPPED, SUCCESS
 from . import leadership
 
@@ -153,6 +153,12 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
         return
     if config.metrics_port is not None:
         _serve_metrics(config.metrics_port, sender.hostname)
+    if config.sentry_crons:
+        try:
+            crons.require()
+        except ConfigError as exc:
+            print(f"celery-leader: cannot start worker {sender.hostname}: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
     count = wrap_tasks(app)
     step.register(config, sender.hostname)
     logger.info(

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 
 from .. import metrics
 from ..exceptions import StoreUnavailable
+from .crons import SentryCrons
 from .overlap import EntryMarks
 from .records import FAILURE, FINISHED, SENT, SKIPPED, STARTED, SUCCESS, RunRecord
 from .target import LedgerTarget
@@ -56,6 +57,8 @@ class RunGuard:
         self._writing = threading.Lock()
         #: The overlap marks of the slots running here.
         self.marks = EntryMarks(target)
+        #: Sentry Crons check-ins of the slots that run here (``leader_sentry_crons``).
+        self.crons: SentryCrons | None = None
 
     # -- around a body --------------------------------------------------------
 
@@ -72,6 +75,12 @@ class RunGuard:
         Raises :class:`StoreUnavailable` when the store cannot say: the caller
         then runs the body (a lost store must not lose the slot).
         """
+        decision = self._decide(slot, retry, overlap, overlap_wait)
+        if decision.run and self.crons is not None:
+            self.crons.started(slot, slot.rpartition("@")[0])
+        return decision
+
+    def _decide(self, slot: str, retry: bool, overlap: str, overlap_wait: float) -> Decision:
         decision = self._begin(slot, retry)
         if not decision.run or overlap == "allow":
             return decision
@@ -156,6 +165,9 @@ class RunGuard:
                 metrics.count("ledger_finished", self.target.election)
             stored, record = running
             ended = record.ended(self.target.clock(), outcome, reason)
+            if self.crons is not None:
+                duration = max(0.0, (ended.finished or record.started) - record.started)
+                self.crons.ended(slot, record.entry, outcome, duration)
             try:
                 won, now = self._put(slot, stored, ended)
             except StoreUnavailable as exc:

@@ -17,6 +17,7 @@ from ..backends import create_backend
 from ..config import OVERLAP, LeaderConfig
 from ..exceptions import StoreUnavailable
 from . import marks
+from .crons import SentryCrons
 from .guard import Decision, RunGuard
 from .records import FAILURE, WORKERS
 from .target import LedgerTarget
@@ -34,7 +35,10 @@ def build_guard(config: LeaderConfig) -> RunGuard:
         config.renew_interval,
         config.ledger_retention,
     )
-    return RunGuard(target, config.on_redelivery)
+    guard = RunGuard(target, config.on_redelivery)
+    if config.sentry_crons:
+        guard.crons = SentryCrons()
+    return guard
 
 
 def begin(
