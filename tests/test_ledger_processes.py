@@ -264,6 +264,31 @@ def test_a_leader_killed_between_claim_and_publish(workers: Workers, run: int) -
     assert all(n == 1 for n in ran.values()), {s: n for s, n in ran.items() if n != 1}
 
 
+@pytest.mark.slow
+def test_by_default_beat_resends_nothing_to_workers_without_the_dedup_step(
+    workers: Workers,
+) -> None:
+    """Beat with the default settings, workers with the ledger off: a leader killed
+    between claim and publish loses that slot (as before the ledger), and no slot
+    runs twice, since nobody would drop a second copy."""
+    a = workers.start("a", LEDGER="0")
+    first = _start_beat(workers, PAUSE_AT="3")
+    slot = first.wait_for_line(r"pausing before publishing slot (\S+)", 60)[1]
+    first.signal(signal.SIGKILL)
+    first.wait(10)
+    second = _start_beat(workers)
+    second.wait_for_line(r"no worker with its dedup step has registered: nothing is re-sent", 30)
+    wait_for(lambda: len(_ran(workers)) >= 5, timeout=30, message="five slots ran")
+    second.signal(signal.SIGTERM)
+    second.wait(15)
+    ran = _ran(workers)
+    assert slot not in ran, "lost, not re-sent: at most once"
+    assert all(n == 1 for n in ran.values()), {s: n for s, n in ran.items() if n != 1}
+    assert "re-sending slot" not in second.output()
+    assert "run ledger on" not in a.output()
+    assert "@ledger-workers" not in workers.store.load_runs("beat")
+
+
 def _ran(workers: Workers) -> dict[str, int]:
     """Slot -> runs of its body."""
     counts: dict[str, int] = {}
