@@ -204,7 +204,11 @@ def serve(port: int, addr: str = "0.0.0.0") -> None:  # noqa: S104 - probes come
     with _lock:
         if _metrics is None:
             _metrics = _Metrics()
+        if _metrics_pid != os.getpid():
+            # First call here, or in a forked child: this process serves from now
+            # on, and its parent's HTTP servers did not come along.
             _metrics_pid = os.getpid()
+            _servers.clear()
         if port not in _servers:
             _servers[port] = _metrics.prom.start_http_server(port, addr=addr)
 
