@@ -289,7 +289,13 @@ class _Captured(sentry_transport.Transport):
 @pytest.fixture
 def sentry() -> Any:
     captured = _Captured()
-    sentry_sdk.init(dsn="https://public@sentry.invalid/1", transport=captured)
+    # No integrations: they would patch logging, threads and HTTP for the whole session.
+    sentry_sdk.init(
+        dsn="https://public@sentry.invalid/1",
+        transport=captured,
+        default_integrations=False,
+        auto_enabling_integrations=False,
+    )
     yield captured
     sentry_sdk.get_client().close()
     sentry_sdk.get_global_scope().set_client(None)
