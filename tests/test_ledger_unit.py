@@ -193,7 +193,7 @@ class _Sends:
 def test_a_publish_of_unknown_outcome_is_resent_only_while_workers_deduplicate(
     backend: Backend,
 ) -> None:
-    lease = SimpleNamespace(backend=backend, election="beat", instance_id="beat-1")
+    lease = SimpleNamespace(backend=backend, election="beat", instance_id="beat-1", ttl=60)
     adapter = _Sends()
     resender = Resender(lease, adapter, 3600, logging.getLogger("test"))  # type: ignore[arg-type]
     due = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -209,6 +209,17 @@ def test_a_publish_of_unknown_outcome_is_resent_only_while_workers_deduplicate(
     resender.unknown(None, SLOT, due)  # type: ignore[arg-type]
     resender.retry(epoch=1)
     assert adapter.sent == [SLOT]
+
+
+def test_beat_marks_slots_sent_only_while_workers_deduplicate(backend: Backend) -> None:
+    lease = SimpleNamespace(backend=backend, election="beat", instance_id="beat-1", ttl=TTL)
+    resender = Resender(lease, _Sends(), 3600, logging.getLogger("test"))  # type: ignore[arg-type]
+    resender.sent(SLOT)  # nobody would drop a re-sent copy: no mark, no round trip
+    assert backend.load_runs("beat") == {}
+    marks.touch(backend, "beat", WORKERS, {"worker": "w1"}, 60)
+    time.sleep(TTL)  # the answer is kept one ttl
+    resender.sent(SLOT)
+    assert record(backend).status == "sent"
 
 
 def test_the_workers_mark_lapses_a_few_ttl_after_the_last_worker(backend: Backend) -> None:
