@@ -127,8 +127,10 @@ class LeaderConfig:
     #: Seconds a host's clock may be off the store's before it is logged, and with
     #: ``clock = "local"`` before the host stops leading.
     max_clock_skew: float = DEFAULT_MAX_CLOCK_SKEW
-    #: Run ledger: workers record each beat-sent slot and run it once.
-    ledger: bool = False
+    #: Run ledger: workers record each beat-sent slot and run it once. On by
+    #: default: beat re-sends only while workers with the dedup step register,
+    #: so a fleet without it keeps today's at-most-once behaviour.
+    ledger: bool = True
     #: A slot whose worker died mid-run: run it again or not (see :data:`ON_REDELIVERY`).
     on_redelivery: str = "rerun"
     #: Seconds a run record is kept after its last write.
@@ -137,6 +139,8 @@ class LeaderConfig:
     overlap: str = "allow"
     #: Longest wait of a slot of an ``overlap = "wait"`` entry, seconds.
     overlap_wait: float = DEFAULT_OVERLAP_WAIT
+    #: Sentry Crons check-ins from the run ledger's worker step (needs sentry-sdk).
+    sentry_crons: bool = False
     #: Task-name globs a schedule entry kept in the store may name; the leader
     #: skips (and logs) any other. ``("*",)``: every task.
     entries_allow: tuple[str, ...] = ("*",)
@@ -277,7 +281,7 @@ class LeaderConfig:
                 values.get("leader_max_clock_skew"),
                 DEFAULT_MAX_CLOCK_SKEW,
             ),
-            ledger=_bool(n("leader_ledger"), values.get("leader_ledger"), False),
+            ledger=_bool(n("leader_ledger"), values.get("leader_ledger"), True),
             on_redelivery=_choice(
                 n("leader_on_redelivery"),
                 values.get("leader_on_redelivery") or "rerun",
@@ -290,6 +294,7 @@ class LeaderConfig:
             overlap_wait=_positive(
                 n("leader_overlap_wait"), values.get("leader_overlap_wait"), DEFAULT_OVERLAP_WAIT
             ),
+            sentry_crons=_bool(n("leader_sentry_crons"), values.get("leader_sentry_crons"), False),
             entries_allow=_globs(n("leader_entries_allow"), values.get("leader_entries_allow")),
         )
 
@@ -320,6 +325,7 @@ SETTINGS = (
     "leader_ledger_retention",
     "leader_overlap",
     "leader_overlap_wait",
+    "leader_sentry_crons",
     "leader_entries_allow",
 )
 

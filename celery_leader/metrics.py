@@ -12,10 +12,16 @@ that observe :data:`OBSERVER` (given when they join). Until :func:`serve` runs,
 :data:`OBSERVER`, :func:`count` and :func:`track` do nothing, so code can use
 them unconditionally without ``prometheus_client`` installed. The
 metric names are listed in docs/operations.md.
+
+A worker's pool processes count too (the run ledger counts where bodies run):
+the main process calls :func:`share_with_pool` before its pool starts, and
+:func:`count` and :func:`adjust` in any other process of that worker add to
+the shared file (:mod:`.shared_counters`) that the main process serves.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -23,6 +29,7 @@ from typing import Any
 from .callbacks import Observer
 from .exceptions import missing_extra
 from .lease import Lease
+from .shared_counters import SharedCounters
 
 #: Counters that :func:`count` accepts, and their help text.
 COUNTERS = {
@@ -33,11 +40,18 @@ COUNTERS = {
     "slots_lost": "Claimed slots that were never sent and could not be handed back.",
     "missed_slots_dropped": "Missed slots not sent because of leader_missed_slots or its grace.",
     "ledger_runs": "Slots whose body this worker started (run ledger).",
+    "ledger_finished": "Slots whose body ended on this worker, success or failure (run ledger).",
     "ledger_failures": "Slots whose body failed on this worker (run ledger).",
     "ledger_duplicates": "Deliveries of a slot that had started or finished: acked, not run.",
     "ledger_reruns": "Slots run again because the worker running them died (rerun).",
-    "ledger_skips": "Slots recorded skipped: the worker running them died (skip), or overlap.",
+    "ledger_skips": "Slots recorded skipped because the worker running them died (skip).",
+    "ledger_overlap_skips": "Slots recorded skipped because their entry's last slot still ran.",
     "ledger_resends": "Slots beat sent again: unknown publish outcome, or a dead leader's claim.",
+}
+
+#: Gauges that :func:`adjust` moves, and their help text.
+GAUGES = {
+    "ledger_running": "Slot bodies running on this worker now (run ledger).",
 }
 
 #: Round-trip buckets, seconds: a store call on a LAN takes about a millisecond.
@@ -55,6 +69,9 @@ class _Metrics:
         self.gauge_family = GaugeMetricFamily
         self.leases: list[Lease] = []
         self.last_epoch: dict[str, int] = {}
+        # Registered before the counters, so that a scrape adds what the pool
+        # processes counted before the counters are collected.
+        prom.REGISTRY.register(_PoolSync(self))
         self.elections = prom.Counter(
             "celery_leader_elections", "Terms this instance won.", ["election"]
         )
@@ -65,6 +82,12 @@ class _Metrics:
             name: prom.Counter(f"celery_leader_{name}", text, ["election"])
             for name, text in COUNTERS.items()
         }
+        self.gauges = {
+            name: prom.Gauge(f"celery_leader_{name}", text, ["election"])
+            for name, text in GAUGES.items()
+        }
+        #: What the pool's file held at the last scrape: (name, election) -> total.
+        self.pool_seen: dict[tuple[str, str], int] = {}
         self.store_errors = prom.Counter(
             "celery_leader_store_errors", "Store calls that failed.", ["election", "operation"]
         )
@@ -109,6 +132,22 @@ class _Metrics:
     def describe(self) -> list[Any]:
         return []  # collected lazily: nothing to check at registration
 
+    def add(self, name: str, election: str, amount: int) -> None:
+        if name in self.gauges:
+            self.gauges[name].labels(election).inc(amount)
+        else:
+            self.counters[name].labels(election).inc(amount)
+
+    def sync_pool(self, pool: SharedCounters) -> None:
+        """Add what the pool processes counted since the last scrape."""
+        for (name, election), total in pool.read().items():
+            if name not in COUNTERS and name not in GAUGES:
+                continue  # written by another version of this package
+            delta = total - self.pool_seen.get((name, election), 0)
+            self.pool_seen[(name, election)] = total
+            if delta:
+                self.add(name, election, delta)
+
     def on_transition(self, lease: Lease, event: str, epoch: int) -> None:
         self.last_epoch[lease.election] = epoch
         if event == "elected":
@@ -122,9 +161,29 @@ class _Metrics:
             self.store_errors.labels(lease.election, operation).inc()
 
 
+class _PoolSync:
+    """A collector that yields nothing: at each scrape, it brings in the pool's counts."""
+
+    def __init__(self, owner: _Metrics) -> None:
+        self.owner = owner
+
+    def collect(self) -> Iterator[Any]:
+        if _pool is not None and _pool.owner == os.getpid():
+            self.owner.sync_pool(_pool)
+        return iter(())
+
+    def describe(self) -> list[Any]:
+        return []
+
+
 _metrics: _Metrics | None = None
+#: The process that serves :data:`_metrics` (a forked child inherits the object).
+_metrics_pid = 0
 _servers: dict[int, Any] = {}
 _lock = threading.Lock()
+#: This process's mapping of its worker's shared counter file, if any.
+_pool: SharedCounters | None = None
+_pool_pid = 0
 
 
 def require() -> None:
@@ -141,10 +200,15 @@ def serve(port: int, addr: str = "0.0.0.0") -> None:  # noqa: S104 - probes come
     Raises :class:`~celery_leader.exceptions.MissingExtra` without
     ``prometheus_client``, and :class:`OSError` when the port is taken.
     """
-    global _metrics
+    global _metrics, _metrics_pid
     with _lock:
         if _metrics is None:
             _metrics = _Metrics()
+        if _metrics_pid != os.getpid():
+            # First call here, or in a forked child: this process serves from now
+            # on, and its parent's HTTP servers did not come along.
+            _metrics_pid = os.getpid()
+            _servers.clear()
         if port not in _servers:
             _servers[port] = _metrics.prom.start_http_server(port, addr=addr)
 
@@ -176,7 +240,42 @@ def untrack(lease: Lease) -> None:
         _metrics.leases.remove(lease)
 
 
+def share_with_pool() -> None:
+    """Let this process's pool processes count into its metrics (call it before the
+    pool starts, in the process that serves them). Idempotent."""
+    global _pool, _pool_pid
+    with _lock:
+        if _pool is None or _pool_pid != os.getpid():
+            _pool, _pool_pid = SharedCounters.create(), os.getpid()
+
+
 def count(name: str, election: str, amount: int = 1) -> None:
-    """Add ``amount`` to counter ``name`` (a key of :data:`COUNTERS`); no-op before ``serve``."""
-    if _metrics is not None and amount:
-        _metrics.counters[name].labels(election).inc(amount)
+    """Add ``amount`` to counter ``name`` (a key of :data:`COUNTERS`).
+
+    No-op before ``serve``, unless this is a pool process of a worker that
+    shares its metrics (:func:`share_with_pool`).
+    """
+    if not amount:
+        return
+    if _metrics is not None and _metrics_pid == os.getpid():
+        _metrics.add(name, election, amount)
+        return
+    pool = _pool_here()
+    if pool is not None:
+        pool.add(name, election, amount)
+
+
+def adjust(name: str, election: str, amount: int) -> None:
+    """Move gauge ``name`` (a key of :data:`GAUGES`) by ``amount``; as :func:`count`."""
+    count(name, election, amount)
+
+
+def _pool_here() -> SharedCounters | None:
+    """This process's own mapping of the shared counter file (opened once per process)."""
+    global _pool, _pool_pid
+    pid = os.getpid()
+    if _pool_pid != pid:
+        with _lock:
+            if _pool_pid != pid:
+                _pool, _pool_pid = SharedCounters.from_env(), pid
+    return _pool

@@ -106,7 +106,16 @@ class Replicas:
 
     def __init__(self, procs: Procs, env: dict[str, str], embedded: bool) -> None:
         self.procs = procs
-        self.env = {**env, "EMBEDDED": "1" if embedded else "0", "PYTHONPATH": str(REPO)}
+        # The tap counts duplicates at the broker, and embedded replicas run workers
+        # with the run ledger's dedup step: with it on (the default), a fault between
+        # a claim and its "sent" mark is re-sent (at least once, by design). These
+        # tests are about hand-over and at-most-once scheduling: the ledger is off.
+        self.env = {
+            **env,
+            "EMBEDDED": "1" if embedded else "0",
+            "PYTHONPATH": str(REPO),
+            "CELERY_LEADER_LEDGER": "0",
+        }
         self.embedded = embedded
         self.places: list[Proc] = []
 

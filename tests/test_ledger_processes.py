@@ -15,6 +15,7 @@ import re
 import signal
 import subprocess
 import sys
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from celery_leader.config import LeaderConfig
 from celery_leader.ledger import RunRecord
 from celery_leader.ledger.records import is_slot
 from harness.procs import Proc, Procs
+from harness.servers import free_port
 from harness.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,6 +92,21 @@ def workers(procs: Procs, redis_url: str) -> Any:
     made.close()
 
 
+def scrape(port: int) -> dict[str, float]:
+    """Samples of a Prometheus endpoint (``'name{labels}' -> value``); none while it is down."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+    except OSError:
+        return {}
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples
+
+
 def _slot() -> str:
     return f"job-{uuid.uuid4().hex[:8]}@2026-01-01T00:00:00+00:00"
 
@@ -113,6 +130,27 @@ def test_a_slot_delivered_three_times_runs_once(workers: Workers) -> None:
     assert len(starts) == 1, starts
     assert record.outcome == "success" and record.attempt == 1
     assert record.finished is not None and record.finished >= record.started
+
+
+def test_a_workers_metrics_count_what_its_pool_processes_did(workers: Workers) -> None:
+    """The ledger counts in the prefork pool processes; the main process serves them."""
+    port = free_port()
+    workers.start("m", METRICS_PORT=str(port))
+    slot = _slot()
+    for _ in range(3):
+        workers.send(slot, 0.2)
+
+    def counted() -> dict[str, float] | None:
+        samples = scrape(port)
+        done = samples.get('celery_leader_ledger_duplicates_total{election="beat"}') == 2
+        ran = samples.get('celery_leader_ledger_finished_total{election="beat"}') == 1
+        return samples if done and ran else None
+
+    samples = wait_for(counted, timeout=30, message="two duplicates and one finished run")
+    assert samples['celery_leader_ledger_runs_total{election="beat"}'] == 1
+    assert samples['celery_leader_ledger_running{election="beat"}'] == 0
+    assert samples.get('celery_leader_ledger_failures_total{election="beat"}', 0) == 0
+    assert len([r for r in workers.runs(slot) if "start" in r]) == 1
 
 
 def test_messages_without_a_slot_run_as_before(workers: Workers) -> None:
@@ -224,6 +262,31 @@ def test_a_leader_killed_between_claim_and_publish(workers: Workers, run: int) -
     )
     assert ran[slot] == 1, "the claimed, unsent slot ran exactly once"
     assert all(n == 1 for n in ran.values()), {s: n for s, n in ran.items() if n != 1}
+
+
+@pytest.mark.slow
+def test_by_default_beat_resends_nothing_to_workers_without_the_dedup_step(
+    workers: Workers,
+) -> None:
+    """Beat with the default settings, workers with the ledger off: a leader killed
+    between claim and publish loses that slot (as before the ledger), and no slot
+    runs twice, since nobody would drop a second copy."""
+    a = workers.start("a", LEDGER="0")
+    first = _start_beat(workers, PAUSE_AT="3")
+    slot = first.wait_for_line(r"pausing before publishing slot (\S+)", 60)[1]
+    first.signal(signal.SIGKILL)
+    first.wait(10)
+    second = _start_beat(workers)
+    second.wait_for_line(r"no worker with its dedup step has registered: nothing is re-sent", 30)
+    wait_for(lambda: len(_ran(workers)) >= 5, timeout=30, message="five slots ran")
+    second.signal(signal.SIGTERM)
+    second.wait(15)
+    ran = _ran(workers)
+    assert slot not in ran, "lost, not re-sent: at most once"
+    assert all(n == 1 for n in ran.values()), {s: n for s, n in ran.items() if n != 1}
+    assert "re-sending slot" not in second.output()
+    assert "run ledger on" not in a.output()
+    assert "@ledger-workers" not in workers.store.load_runs("beat")
 
 
 def _ran(workers: Workers) -> dict[str, int]:

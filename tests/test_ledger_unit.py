@@ -3,17 +3,32 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
 import time
 import uuid
+from datetime import datetime, timezone
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
+import sentry_sdk
+from celery import Celery
+from sentry_sdk import transport as sentry_transport
+from sentry_sdk.envelope import Envelope
 
 from celery_leader import ops
 from celery_leader.backends import Backend, create_backend
 from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import ConfigError
 from celery_leader.ledger import LedgerTarget, RunGuard, RunRecord, marks
+from celery_leader.ledger.crons import SentryCrons, monitor_slug
+from celery_leader.ledger.records import WORKERS
 from celery_leader.ledger.summary import summarize
+from celery_leader.schedule.jobs import Outcome
+from celery_leader.schedule.resend import Resender
+from celery_leader.shared_counters import ENV_VAR, SharedCounters
+from harness.waiting import wait_for
 
 TTL = 0.3
 SLOT = "report@2026-01-01T00:00:00.000+00:00"
@@ -132,7 +147,7 @@ def test_a_dead_workers_run_stops_blocking_once_its_liveness_lapses(backend: Bac
 
 def test_settings() -> None:
     config = LeaderConfig.from_mapping({"leader_url": "memory://"})
-    assert (config.ledger, config.on_redelivery, config.overlap) == (False, "rerun", "allow")
+    assert (config.ledger, config.on_redelivery, config.overlap) == (True, "rerun", "allow")
     assert config.ledger_retention == 2 * 86400
     for key, value, says in [
         ("leader_on_redelivery", "again", "leader_on_redelivery"),
@@ -162,3 +177,165 @@ def test_leader_status_shows_each_entrys_last_slot() -> None:
     ops.status(config, out.append, as_json=True)
     (entry,) = json.loads(out[0])["entries"]
     assert (entry["entry"], entry["outcome"], entry["failures"]) == ("report", "failure", 1)
+
+
+class _Sends:
+    """An adapter stand-in that records what beat (re-)sends."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    def send(self, job: object, slot: str, due: object, epoch: int) -> Outcome:
+        self.sent.append(slot)
+        return Outcome()
+
+
+def test_a_publish_of_unknown_outcome_is_resent_only_while_workers_deduplicate(
+    backend: Backend,
+) -> None:
+    lease = SimpleNamespace(backend=backend, election="beat", instance_id="beat-1", ttl=60)
+    adapter = _Sends()
+    resender = Resender(lease, adapter, 3600, logging.getLogger("test"))  # type: ignore[arg-type]
+    due = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    # No worker with the dedup step: the slot stays claimed, as with the ledger off.
+    resender.unknown(None, SLOT, due)  # type: ignore[arg-type]
+    resender.retry(epoch=1)
+    assert adapter.sent == []
+    assert SLOT not in backend.load_runs("beat")
+    # A worker registered (its mark lives a few ttl): the next one is re-sent once.
+    marks.touch(backend, "beat", WORKERS, {"worker": "w1"}, 60)
+    resender.unknown(None, SLOT, due)  # type: ignore[arg-type]
+    resender.retry(epoch=1)
+    resender.unknown(None, SLOT, due)  # type: ignore[arg-type]
+    resender.retry(epoch=1)
+    assert adapter.sent == [SLOT]
+
+
+def test_beat_marks_slots_sent_only_while_workers_deduplicate(backend: Backend) -> None:
+    lease = SimpleNamespace(backend=backend, election="beat", instance_id="beat-1", ttl=TTL)
+    resender = Resender(lease, _Sends(), 3600, logging.getLogger("test"))  # type: ignore[arg-type]
+    resender.sent(SLOT)  # nobody would drop a re-sent copy: no mark, no round trip
+    assert backend.load_runs("beat") == {}
+    marks.touch(backend, "beat", WORKERS, {"worker": "w1"}, 60)
+    time.sleep(TTL)  # the answer is kept one ttl
+    resender.sent(SLOT)
+    assert record(backend).status == "sent"
+
+
+def test_the_workers_mark_lapses_a_few_ttl_after_the_last_worker(backend: Backend) -> None:
+    marks.touch(backend, "beat", WORKERS, {"worker": "w1"}, TTL)
+    assert WORKERS in backend.load_runs("beat")
+    time.sleep(TTL + 0.05)
+    assert WORKERS not in backend.load_runs("beat")
+
+
+def _worker(conf: dict[str, object]) -> SimpleNamespace:
+    app = Celery(f"ledger-{uuid.uuid4().hex}", set_as_current=False)
+    app.conf.update(conf)
+
+    @app.task(name=f"ledger_unit.{app.main}")
+    def noop() -> None:
+        return None
+
+    return SimpleNamespace(app=app, hostname="w1@test", task=lambda: app.tasks[noop.name])
+
+
+def test_the_celery_step_is_on_by_default_where_the_settings_resolve() -> None:
+    from celery_leader.celery import ledger as celery_ledger
+
+    url = f"memory://ledger-{uuid.uuid4().hex}"
+    on = _worker({"leader_url": url})
+    celery_ledger._on_worker_init(sender=on)
+    assert getattr(type(on.task()), "_celery_leader_ledger", False)
+    store = create_backend(LeaderConfig.from_mapping({"leader_url": url}))
+    wait_for(lambda: WORKERS in store.load_runs("beat"), timeout=5)
+    off = _worker({"leader_url": url, "leader_ledger": False})
+    celery_ledger._on_worker_init(sender=off)
+    assert not getattr(type(off.task()), "_celery_leader_ledger", False)
+    # An app celery-leader cannot serve (no store) starts as before, unless it asked.
+    amqp = {"broker_url": "amqp://guest@127.0.0.1:1//"}
+    celery_ledger._on_worker_init(sender=_worker(amqp))
+    with pytest.raises(SystemExit):
+        celery_ledger._on_worker_init(sender=_worker({**amqp, "leader_ledger": True}))
+
+
+def test_pool_processes_count_into_one_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    shared = SharedCounters.create()
+    monkeypatch.setenv(ENV_VAR, shared.path)  # undone after the test
+    try:
+        children = []
+        for _ in range(3):
+            pid = os.fork()
+            if pid == 0:  # a pool process: its own descriptor, so the lock excludes
+                mine = SharedCounters.from_env()
+                code = 1
+                if mine is not None:
+                    for _ in range(300):
+                        mine.add("ledger_runs", "beat")
+                    mine.add("ledger_running", "beat", -1)
+                    code = 0
+                os._exit(code)
+            children.append(pid)
+        assert all(os.waitpid(pid, 0)[1] == 0 for pid in children)
+        assert shared.read() == {("ledger_runs", "beat"): 900, ("ledger_running", "beat"): -3}
+    finally:
+        shared.remove()
+    assert not os.path.exists(shared.path)
+
+
+class _Captured(sentry_transport.Transport):
+    """sentry_sdk's transport, kept in-process: the check-ins it was given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.check_ins: list[dict[str, object]] = []
+
+    def capture_envelope(self, envelope: Envelope) -> None:
+        for item in envelope.items:
+            if item.type == "check_in" and item.payload.json is not None:
+                self.check_ins.append(item.payload.json)
+
+
+@pytest.fixture
+def sentry() -> Any:
+    captured = _Captured()
+    # No integrations: they would patch logging, threads and HTTP for the whole session.
+    sentry_sdk.init(
+        dsn="https://public@sentry.invalid/1",
+        transport=captured,
+        default_integrations=False,
+        auto_enabling_integrations=False,
+    )
+    yield captured
+    sentry_sdk.get_client().close()
+    sentry_sdk.get_global_scope().set_client(None)
+
+
+def test_sentry_crons_check_in_per_slot_that_runs(backend: Backend, sentry: _Captured) -> None:
+    a = guard(backend, "a")
+    a.crons = SentryCrons()
+    ok, bad = (f"Nightly Report@2026-01-01T0{i}:00:00.000+00:00" for i in range(2))
+    assert a.begin(ok).run
+    a.finish(ok, "success")
+    assert a.begin(bad, overlap="skip").run
+    assert not a.begin(bad).run  # a second delivery checks in nothing
+    a.finish(bad, "failure")
+    seen = [(c["monitor_slug"], c["status"]) for c in sentry.check_ins]
+    assert seen == [("nightly-report", s) for s in ("in_progress", "ok", "in_progress", "error")]
+    first, done = sentry.check_ins[:2]
+    assert first["check_in_id"] == done["check_in_id"]
+    assert isinstance(done["duration"], float) and done["duration"] >= 0
+    # A slot skipped by the overlap guard runs nothing and checks in nothing.
+    b = guard(backend, "b")
+    b.crons = SentryCrons()
+    held = "nightly report@2026-01-01T03:00:00.000+00:00"
+    assert a.begin(held, overlap="skip").run
+    assert not b.begin("nightly report@2026-01-01T04:00:00.000+00:00", overlap="skip").run
+    assert len(sentry.check_ins) == 5
+
+
+def test_monitor_slugs() -> None:
+    assert monitor_slug("db_tick every 5 s") == "db_tick-every-5-s"
+    assert monitor_slug("x" * 80) == "x" * 50
+    assert monitor_slug("§§") == "celery-leader"

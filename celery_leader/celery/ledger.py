@@ -1,6 +1,6 @@
 """Celery workers run each beat-sent slot once: the run ledger's worker step.
 
-With ``leader_ledger = True``, a starting worker (``worker_init``, in the main
+With ``leader_ledger`` on (the default), a starting worker (``worker_init``, in the main
 process, before the pool starts) wraps every task's ``before_start`` hook: the
 hook runs in the process that runs the body, right before it. A message
 carrying ``leader_slot`` records its slot started there
@@ -9,7 +9,10 @@ delivery of a slot that started or finished already raises
 :class:`~celery.exceptions.Ignore`, so Celery acknowledges it and never runs
 the body. ``task_postrun`` records the outcome (one more round trip).
 Messages without ``leader_slot`` pay one dictionary lookup; with the setting
-off nothing is wrapped.
+off nothing is wrapped. Left unset, the step is on wherever the app's
+celery-leader settings resolve (a worker of an app that cannot use
+celery-leader starts as before), and such a worker keeps the
+``@ledger-workers`` mark alive: beat re-sends a slot only while one does.
 
 The ``celery`` command loads this module through celery-leader's
 ``celery.commands`` entry point, so every worker of an installed
@@ -24,8 +27,9 @@ import os
 import sys
 from typing import Any
 
-from ..exceptions import ConfigError, missing_extra
-from ..ledger import RunGuard, step
+from .. import metrics
+from ..exceptions import ConfigError, MissingExtra, missing_extra
+from ..ledger import RunGuard, crons, step
 from ..ledger.records import SKIPPED, SUCCESS
 from . import leadership
 
@@ -132,13 +136,29 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
     if sender is None:
         return
     app = sender.app
+    chosen = _ledger_setting(app)
+    if chosen is not None and str(chosen).strip().lower() in ("0", "false", "no", "off", ""):
+        return
     try:
-        config = leadership.config_of(app) if _ledger_on(app) else None
+        config = leadership.config_of(app)
     except ConfigError as exc:
+        if chosen is None:
+            # The default, in an app celery-leader cannot serve (no store to
+            # write to): its beat cannot send slots either, so nothing to guard.
+            logger.debug("celery-leader: run ledger off: %s", exc)
+            return
         print(f"celery-leader: cannot start worker {sender.hostname}: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
-    if config is None or not config.ledger:
+    if not config.ledger:
         return
+    if config.metrics_port is not None:
+        _serve_metrics(config.metrics_port, sender.hostname)
+    if config.sentry_crons:
+        try:
+            crons.require()
+        except ConfigError as exc:
+            print(f"celery-leader: cannot start worker {sender.hostname}: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
     count = wrap_tasks(app)
     step.register(config, sender.hostname)
     logger.info(
@@ -148,12 +168,31 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
     )
 
 
-def _ledger_on(app: Any) -> bool:
-    """Whether ``app`` turns the ledger on, read before building the whole config
-    (a worker of an app without celery-leader settings stays untouched)."""
+def _serve_metrics(port: int, hostname: str) -> None:
+    """Serve this worker's metrics from its main process, with what its pool counts.
+
+    The run ledger counts in the pool processes, where bodies run; they add
+    to a file this process reads at each scrape (before the pool starts, so
+    every pool process finds it).
+    """
+    try:
+        metrics.serve(port)
+        metrics.share_with_pool()
+    except (MissingExtra, OSError) as exc:
+        print(
+            f"celery-leader: cannot start worker {hostname}: leader_metrics_port: {exc}",
+            file=sys.stderr,
+        )
+        raise SystemExit(2) from None
+
+
+def _ledger_setting(app: Any) -> Any:
+    """``leader_ledger`` as the app sets it (``None``: unset, so on by default), read
+    before building the whole config: an app whose settings celery-leader cannot
+    resolve keeps a worker that starts as before."""
     prefix = getattr(app, "namespace", None)
     name = f"{prefix}_LEADER_LEDGER" if prefix else "leader_ledger"
-    return bool(app.conf.get(name))
+    return app.conf.get(name)
 
 
 signals.worker_init.connect(

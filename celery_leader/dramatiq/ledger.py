@@ -19,7 +19,7 @@ from typing import Any
 
 from ..config import LeaderConfig
 from ..exceptions import missing_extra
-from ..ledger import RunGuard, step
+from ..ledger import RunGuard, crons, step
 from ..ledger.records import SUCCESS
 
 try:
@@ -34,6 +34,8 @@ class LedgerStep:
     """The run-ledger hooks of one middleware, for every process it runs in."""
 
     def __init__(self, config: LeaderConfig) -> None:
+        if config.sentry_crons:
+            crons.require()  # fails as the middleware is built, not at the first slot
         self.config = config
         self._guards: dict[int, RunGuard] = {}  # by pid: forked processes build their own
         self._registered: set[int] = set()

@@ -19,9 +19,11 @@ import threading
 import time
 from dataclasses import dataclass, replace
 
+from .. import metrics
 from ..exceptions import StoreUnavailable
+from .crons import SentryCrons
 from .overlap import EntryMarks
-from .records import FINISHED, SENT, SKIPPED, STARTED, RunRecord
+from .records import FAILURE, FINISHED, SENT, SKIPPED, STARTED, SUCCESS, RunRecord
 from .target import LedgerTarget
 
 logger = logging.getLogger(__name__)
@@ -55,6 +57,8 @@ class RunGuard:
         self._writing = threading.Lock()
         #: The overlap marks of the slots running here.
         self.marks = EntryMarks(target)
+        #: Sentry Crons check-ins of the slots that run here (``leader_sentry_crons``).
+        self.crons: SentryCrons | None = None
 
     # -- around a body --------------------------------------------------------
 
@@ -71,6 +75,12 @@ class RunGuard:
         Raises :class:`StoreUnavailable` when the store cannot say: the caller
         then runs the body (a lost store must not lose the slot).
         """
+        decision = self._decide(slot, retry, overlap, overlap_wait)
+        if decision.run and self.crons is not None:
+            self.crons.started(slot, slot.rpartition("@")[0])
+        return decision
+
+    def _decide(self, slot: str, retry: bool, overlap: str, overlap_wait: float) -> Decision:
         decision = self._begin(slot, retry)
         if not decision.run or overlap == "allow":
             return decision
@@ -85,7 +95,7 @@ class RunGuard:
             return decision
         why = f"slot {holder} of {entry!r} is still running (overlap {overlap!r})"
         self.finish(slot, SKIPPED, why)
-        return Decision(slot, False, why, "ledger_skips")
+        return Decision(slot, False, why, "ledger_overlap_skips")
 
     def _begin(self, slot: str, retry: bool) -> Decision:
         mine = self._started(slot, attempt=1)
@@ -148,12 +158,16 @@ class RunGuard:
         """Record how ``slot``'s body ended here (``success``, ``failure``, ``skipped``)."""
         self.marks.release(slot)
         with self._writing:
-            with self._lock:
-                running = self._running.pop(slot, None)
+            running = self._stop(slot)
             if running is None:
                 return
+            if outcome in (SUCCESS, FAILURE):
+                metrics.count("ledger_finished", self.target.election)
             stored, record = running
             ended = record.ended(self.target.clock(), outcome, reason)
+            if self.crons is not None:
+                duration = max(0.0, (ended.finished or record.started) - record.started)
+                self.crons.ended(slot, record.entry, outcome, duration)
             try:
                 won, now = self._put(slot, stored, ended)
             except StoreUnavailable as exc:
@@ -171,8 +185,7 @@ class RunGuard:
     def release(self, slot: str) -> None:
         """Stop renewing ``slot`` and leave its record started (a retry takes it over)."""
         self.marks.release(slot)
-        with self._lock:
-            self._running.pop(slot, None)
+        self._stop(slot)
 
     # -- the records ----------------------------------------------------------
 
@@ -180,7 +193,16 @@ class RunGuard:
         with self._lock:
             self._running[slot] = (record.dump(), record)
             self._start_renewer()
+        metrics.adjust("ledger_running", self.target.election, 1)
         return Decision(slot, True, counter="ledger_runs")
+
+    def _stop(self, slot: str) -> tuple[str, RunRecord] | None:
+        """Forget ``slot`` as running here; what it held, if it was."""
+        with self._lock:
+            running = self._running.pop(slot, None)
+        if running is not None:
+            metrics.adjust("ledger_running", self.target.election, -1)
+        return running
 
     def _started(self, slot: str, attempt: int) -> RunRecord:
         now = self.target.clock()
@@ -237,4 +259,5 @@ class RunGuard:
                     "(its liveness lapsed and another delivery took it over)",
                     slot,
                 )
-                del self._running[slot]
+        if not won:
+            self._stop(slot)

@@ -17,6 +17,7 @@ from ..backends import create_backend
 from ..config import OVERLAP, LeaderConfig
 from ..exceptions import StoreUnavailable
 from . import marks
+from .crons import SentryCrons
 from .guard import Decision, RunGuard
 from .records import FAILURE, WORKERS
 from .target import LedgerTarget
@@ -34,7 +35,10 @@ def build_guard(config: LeaderConfig) -> RunGuard:
         config.renew_interval,
         config.ledger_retention,
     )
-    return RunGuard(target, config.on_redelivery)
+    guard = RunGuard(target, config.on_redelivery)
+    if config.sentry_crons:
+        guard.crons = SentryCrons()
+    return guard
 
 
 def begin(
@@ -65,24 +69,30 @@ def failed(guard: RunGuard, slot: str) -> None:
     metrics.count("ledger_failures", guard.target.election)
 
 
+#: The ``@ledger-workers`` mark lives this many ``leader_ttl`` after its last
+#: renewal (renewed every ttl): once the last worker with the dedup step stops,
+#: or turns it off, beat stops re-sending within a few ttl.
+WORKERS_MARK_TTLS = 3
+
+
 def register(config: LeaderConfig, worker: str) -> None:
     """Keep the ledger's ``@ledger-workers`` mark alive from a daemon thread.
 
     Beat re-sends slots only while the mark exists (``schedule/resend.py``): a
     deployment whose workers lack the ledger step never gets a second copy of a
-    slot.
+    slot. The mark is one key shared by every such worker, and it expires
+    ``WORKERS_MARK_TTLS`` ttl after the last renewal.
     """
 
     def loop() -> None:
         backend = create_backend(config)
         what: dict[str, object] = {"worker": worker}
+        lifetime = WORKERS_MARK_TTLS * config.ttl
         while True:
             try:
-                marks.touch(backend, config.beat_election, WORKERS, what, config.ledger_retention)
+                marks.touch(backend, config.beat_election, WORKERS, what, lifetime)
             except StoreUnavailable as exc:
                 logger.warning("celery-leader: could not register in the run ledger: %s", exc)
-                time.sleep(config.ttl)
-                continue
-            time.sleep(min(config.ledger_retention / 4, 3600.0))
+            time.sleep(config.ttl)
 
     threading.Thread(target=loop, name="celery-leader ledger mark", daemon=True).start()

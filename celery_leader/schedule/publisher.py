@@ -154,7 +154,7 @@ class Publisher:
         elif self.resender is not None:
             self.logger.warning(
                 "celery-leader: could not send slot %s and the broker may have it (%s): "
-                "it is re-sent once (run ledger on: workers run it once)",
+                "it is re-sent once if workers deduplicate (run ledger)",
                 slot,
                 outcome.error,
             )

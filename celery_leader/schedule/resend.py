@@ -3,7 +3,8 @@
 With ``leader_ledger`` on, beat's promise changes from "never twice, maybe
 lost" to "at least once; workers run each slot once" (:mod:`celery_leader.ledger`):
 
-* A slot published without error gets a ``sent`` mark in the run ledger.
+* A slot published without error gets a ``sent`` mark in the run ledger
+  (while dedup workers are registered: without them nothing is re-sent).
 * A publish of unknown outcome (the broker may or may not have it) is re-sent
   once at the next tick, unless a worker recorded the slot meanwhile.
 * A new term (a new leader, or this one after its term lapsed) looks at the last
@@ -15,16 +16,18 @@ lost" to "at least once; workers run each slot once" (:mod:`celery_leader.ledger
 number of leaders, one re-sends. Re-sends are safe only where workers
 deduplicate, so beat re-sends only while a worker with the dedup step has
 registered in the ledger (the ``@ledger-workers`` mark, renewed by such
-workers), and only slots claimed after the ledger was turned on
-(``@ledger-since``). Only the last slot an entry claimed is looked at after a
-fail-over; with ``leader_missed_slots = "all"`` the earlier slots of a batch
-cut short by a crash stay unsent.
+workers every ttl, gone a few ttl after the last of them stops), and only
+slots claimed after the ledger was turned on (``@ledger-since``). Only the
+last slot an entry claimed is looked at after a fail-over; with
+``leader_missed_slots = "all"`` the earlier slots of a batch cut short by a
+crash stay unsent.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -59,14 +62,26 @@ class Resender:
         self.retention = retention
         self.logger = logger
         self._pending: list[Pending] = []
+        #: Whether dedup workers were registered, and until when (monotonic) that
+        #: answer is reused: ``sent`` asks at most once per ttl, not per slot.
+        self._dedup = False
+        self._dedup_until = 0.0
 
     @property
     def _backend(self) -> Any:
         return self.lease.backend
 
     def sent(self, slot: str) -> None:
-        """``slot`` is in the broker: mark it sent (a worker may have recorded it first)."""
+        """``slot`` is in the broker: mark it sent (a worker may have recorded it first).
+
+        Only while dedup workers are registered: without them nothing is re-sent,
+        so the mark would cost a round trip per slot for nothing. A slot sent
+        unmarked just before workers registered may be re-sent once after a
+        fail-over, and those workers drop the second copy.
+        """
         try:
+            if not self._workers_registered():
+                return
             marks.mark_sent(
                 self._backend, self.lease.election, slot, self.lease.instance_id, self.retention
             )
@@ -79,8 +94,26 @@ class Resender:
         self._pending.append(Pending(job, slot, due))
 
     def retry(self, epoch: int) -> None:
-        """Re-send, once, the slots whose publish had an unknown outcome."""
+        """Re-send, once, the slots whose publish had an unknown outcome.
+
+        Only while workers deduplicate: otherwise they stay claimed and unsent
+        again, as with the ledger off (at most once).
+        """
         pending, self._pending = self._pending, []
+        if not pending:
+            return
+        try:
+            dedup = self._workers_deduplicate()
+        except StoreUnavailable as exc:
+            self.logger.warning("celery-leader: slot(s) %s not re-sent: %s", _names(pending), exc)
+            return
+        if not dedup:
+            self.logger.warning(
+                "celery-leader: slot(s) %s not re-sent: no worker with the run ledger's "
+                "dedup step has registered, so a second copy could run twice",
+                _names(pending),
+            )
+            return
         for p in pending:
             self._resend(p.job, p.slot, p.due, epoch, "its publish had an unknown outcome")
 
@@ -92,7 +125,7 @@ class Resender:
             if not self._workers_deduplicate():
                 self.logger.info(
                     "celery-leader: run ledger on, but no worker with its dedup step has "
-                    "registered: nothing is re-sent"
+                    "registered: nothing is re-sent (at most once, as with the ledger off)"
                 )
                 return
             for job in jobs:
@@ -122,7 +155,16 @@ class Resender:
             return now
 
     def _workers_deduplicate(self) -> bool:
-        return marks.read(self._backend, self.lease.election, WORKERS, self.retention) is not None
+        """Whether a worker with the dedup step keeps the ``@ledger-workers`` mark (one read)."""
+        found = marks.read(self._backend, self.lease.election, WORKERS, self.retention) is not None
+        self._dedup, self._dedup_until = found, time.monotonic() + self.lease.ttl
+        return found
+
+    def _workers_registered(self) -> bool:
+        """:meth:`_workers_deduplicate`, read again at most once per ttl."""
+        if time.monotonic() < self._dedup_until:
+            return self._dedup
+        return self._workers_deduplicate()
 
     def _resend(self, job: Job, slot: str, due: datetime, epoch: int, why: str) -> None:
         try:
@@ -143,6 +185,10 @@ class Resender:
                 slot,
                 outcome.error,
             )
+
+
+def _names(pending: list[Pending]) -> str:
+    return ", ".join(p.slot for p in pending)
 
 
 def _last_slot(state: EntryState) -> str | None:

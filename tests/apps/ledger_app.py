@@ -1,7 +1,9 @@
 """A Celery app for run-ledger tests: everything comes from environment variables.
 
 BROKER_URL (Redis: broker, store and the record of runs), LEADER_TTL,
-ON_REDELIVERY (``leader_on_redelivery``), LEDGER ("0" turns the ledger off),
+ON_REDELIVERY (``leader_on_redelivery``), LEDGER ("0" turns the ledger off, "1" on,
+unset leaves the default),
+METRICS_PORT (``leader_metrics_port``),
 BEAT_EVERY (beat sends ``work`` as entry ``tick`` that often, for WORK_SECONDS,
 with entry option ``overlap`` = OVERLAP) and PAUSE_AT (see :class:`PausingScheduler`).
 The ``work`` task sleeps ``seconds`` with ``acks_late`` and pushes one JSON
@@ -29,8 +31,10 @@ BROKER_URL = os.environ["BROKER_URL"]
 app = Celery("ledger_app", broker=BROKER_URL)
 app.conf.leader_url = BROKER_URL
 app.conf.leader_ttl = float(os.environ.get("LEADER_TTL", "2"))
-app.conf.leader_ledger = os.environ.get("LEDGER", "1") == "1"
+if "LEDGER" in os.environ:  # unset: the default (on)
+    app.conf.leader_ledger = os.environ["LEDGER"] == "1"
 app.conf.leader_on_redelivery = os.environ.get("ON_REDELIVERY", "rerun")
+app.conf.leader_metrics_port = os.environ.get("METRICS_PORT")
 app.conf.worker_prefetch_multiplier = 1
 app.conf.broker_connection_retry_on_startup = True
 app.conf.broker_transport_options = {
