@@ -60,6 +60,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,7 +72,7 @@ from celery import Celery
 
 from celery_leader.backends import Edit, create_backend
 from celery_leader.config import LeaderConfig
-from celery_leader.schedule.entries import instant_now, new_entry
+from celery_leader.schedule.entries import Entry, instant_now, new_entry
 from harness.groups import VENV_BIN, group_cpu_seconds, kill_all, start_child
 from harness.procs import Proc
 from harness.servers import PostgresServer, RedisServer
@@ -325,20 +326,30 @@ def load_django_rows(run: Run) -> None:
 
 
 def load_store_entries(url: str, n: int, minute: int) -> None:
-    """N hourly entries in the store, in batches of unconditional adds (one round trip each)."""
+    """N hourly entries in the store, in batches of adds (one round trip each).
+
+    One entry is built and checked by the entries API; the others are its JSON
+    with their own name and generation, as the API would store them, since
+    checking a million identical entries one by one would take longer than
+    the run.
+    """
     app = Celery("scale_loader", set_as_current=False)
     app.conf.leader_url = url
     config = LeaderConfig.from_app(app)
     backend = create_backend(config)
-    now = instant_now()
-    cron = f"{minute} * * * *"
+    template = new_entry(instant_now(), name="hourly0", task=HOURLY_TASK, cron=f"{minute} * * * *")
+    fields = json.loads(template.to_json())
+
+    def stored(i: int) -> str:
+        named = {**fields, "name": f"hourly{i}", "generation": uuid.uuid4().hex}
+        return json.dumps(named, sort_keys=True, separators=(",", ":"))
+
+    assert Entry.from_json(stored(1)).generation != template.generation
     try:
         for first in range(0, n, BATCH):
             edits = [
-                Edit(f"hourly{i}", None, new_entry(now, name=f"hourly{i}", task=HOURLY_TASK,
-                                                   cron=cron).to_json())
-                for i in range(first, min(n, first + BATCH))
-            ]  # fmt: skip
+                Edit(f"hourly{i}", None, stored(i)) for i in range(first, min(n, first + BATCH))
+            ]
             if not all(backend.edit_entries(config.beat_election, edits)):
                 raise RuntimeError("an entry existed already in a fresh store")
     finally:
