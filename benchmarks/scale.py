@@ -55,6 +55,7 @@ import datetime
 import itertools
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -408,7 +409,7 @@ def measure(run: Run, row: Row, seconds: float, log: Callable[[str], None]) -> N
         row.note = "no lock: no standby"
         return
     t = time.monotonic()
-    leader.signal(15, group=False)
+    leader.signal(signal.SIGTERM, group=False)
     row.sigterm = run.first_tick(standby, t)
     log(f"    SIGTERM -> standby's first dispatch {row.sigterm:.2f} s")
     leader.kill_group()
@@ -527,6 +528,9 @@ def main(argv: list[str] | None = None) -> int:
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
+    # SIGTERM unwinds like Ctrl-C (which a shell's background job ignores), so the
+    # servers and beats are stopped too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     plan = [(s, n) for n in args.n for s in args.only]
     if args.store_n and "leader-store" in args.only and args.store_n not in args.n:
         plan.append(("leader-store", args.store_n))
