@@ -431,7 +431,7 @@ def run_one(
     try:
         measure(run, row, seconds, log)
     except OverCap:
-        row.note = f"over the {cap:g} s cap"
+        row.note = f"{'nothing sent' if row.start is None else 'stopped'} within the {cap:g} s cap"
         log(f"    {row.note}; logs in {run.home}")
     except (RuntimeError, subprocess.TimeoutExpired) as exc:
         row.note = f"failed: {str(exc).splitlines()[0][:120]}"
