@@ -55,6 +55,7 @@ import datetime
 import itertools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -428,8 +429,10 @@ def run_one(
     log(f"  {LABELS[system]}, N = {n:,}")
     row = Row(system, n)
     run = Run(system, n, cap, pg)
+    finished = False
     try:
         measure(run, row, seconds, log)
+        finished = True
     except OverCap:
         row.note = f"{'nothing sent' if row.start is None else 'stopped'} within the {cap:g} s cap"
         log(f"    {row.note}; logs in {run.home}")
@@ -438,6 +441,8 @@ def run_one(
         log(f"    {row.note}; logs in {run.home}")
     finally:
         run.close()
+    if finished:  # the logs of a run that stopped early are kept
+        shutil.rmtree(run.home, ignore_errors=True)
     return row
 
 
