@@ -33,6 +33,9 @@ from harness.groups import kill_all  # noqa: E402
 from harness.servers import PG_BIN  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
+#: The scale benchmark's full run (an hour, so not part of this command), kept
+#: for the page: ``python -m benchmarks.scale`` and paste its output there.
+SCALE_RESULTS = ROOT / "benchmarks" / "scale_results.md"
 DOCS = ROOT / "docs"
 COMMAND = ".venv/bin/python benchmarks/run.py"
 
@@ -50,6 +53,13 @@ EXTERNAL = (
 EXTERNAL_TIMEOUT = 300
 #: The Dramatiq schedulers, after the store load: title, module, extra arguments for --quick.
 DRAMATIQ = ("7. Dramatiq schedulers, three replicas", "bench_dramatiq", ("--reps", "1"))
+#: The scale benchmark at its smallest N only, quick or not (about 2 min); larger N
+#: take an hour: ``python -m benchmarks.scale``, in the page's own section.
+SCALE = (
+    "9. Scale: 1,000 hourly entries and one every second",
+    "scale",
+    ("--n", "1000", "--store-n", "0", "--only", "leader,redbeat", "--seconds", "15"),
+)
 
 #: What the issue measured for redbeat and single-beat with ttl 3 s: the numbers to beat.
 GOALS = {"redbeat": {"graceful": 0.8, "sigkill": 3.6}, "single-beat": {"graceful": 4.0}}
@@ -64,13 +74,14 @@ def log(line: str) -> None:
     print(f"[{elapsed // 60:02d}:{elapsed % 60:02d}] {line}", file=sys.stderr, flush=True)
 
 
-def run_external(module: str, quick_args: tuple[str, ...], quick: bool) -> str:
-    """The Markdown a benchmark script prints, or one line saying why there is none."""
+def run_external(module: str, extra: tuple[str, ...]) -> str:
+    """The Markdown a benchmark script prints (run with arguments ``extra``), or one
+    line saying why there is none."""
     if not (ROOT / "benchmarks" / f"{module}.py").exists():
         line = f"_Skipped: benchmarks/{module}.py does not exist yet._"
         log(f"  {line}")
         return line
-    argv = [sys.executable, "-m", f"benchmarks.{module}", *(quick_args if quick else ())]
+    argv = [sys.executable, "-m", f"benchmarks.{module}", *extra]
     proc = subprocess.Popen(
         argv,
         cwd=ROOT,
@@ -322,7 +333,8 @@ def report(args: argparse.Namespace, image: str) -> str:
     )
     for title, module, quick_args in EXTERNAL:
         log(title)
-        sections.append(f"## {title}\n\n{run_external(module, quick_args, args.quick)}")
+        extra = quick_args if args.quick else ()
+        sections.append(f"## {title}\n\n{run_external(module, extra)}")
     log("5. store load")
     loads = store_load.run(args.quick, log)
     sections.append(
@@ -337,7 +349,8 @@ def report(args: argparse.Namespace, image: str) -> str:
         f"{beat_load.EVERY:g} s\n\n{beat_load.table(rows, 200, 3)}"
     )
     log(DRAMATIQ[0])
-    sections.append(f"## {DRAMATIQ[0]}\n\n{run_external(DRAMATIQ[1], DRAMATIQ[2], args.quick)}")
+    extra = DRAMATIQ[2] if args.quick else ()
+    sections.append(f"## {DRAMATIQ[0]}\n\n{run_external(DRAMATIQ[1], extra)}")
     log("8. crash hand-over on Redis, ttl 3 s and 15 s")
     crashes = crash_gap.run(1 if args.quick else crash_gap.REPS, log)
     sections.append(
@@ -349,6 +362,8 @@ def report(args: argparse.Namespace, image: str) -> str:
         "Store round trips per holder per second meanwhile (section 5): "
         f"{store_load.per_holder(loads)}."
     )
+    log(SCALE[0])
+    sections.append(f"## {SCALE[0]}\n\n{run_external(SCALE[1], SCALE[2])}")
     minutes = (time.monotonic() - started) / 60
     head = (
         f"_`{COMMAND}{' --quick' if args.quick else ''}` on {env}; "
@@ -382,6 +397,7 @@ def main() -> int:
             command=COMMAND,
             pause=failover.PAUSE,
             partition=failover.PARTITION,
+            scale_results=SCALE_RESULTS.read_text(),
             # One heading level down: the results sit under the page's own sections.
             results=re.sub(r"(?m)^(#{2,}) ", r"#\1 ", body).replace(
                 "(failover.png)", "(img/failover.png)"
@@ -476,6 +492,52 @@ commands per second climb from 531 to 881 in 5 minutes, with about 84 claim
 scripts a second, because interval entries drifted apart; flat means the last
 minute within 10 % of the first, at about one claim script per due batch.
 
+## How the scale benchmark works
+
+`.venv/bin/python -m benchmarks.scale` runs, for each N, a leader and a
+standby `celery beat` (`benchmarks/apps/scale_app.py`; ttl, and redbeat's lock
+timeout, 5 s) with N hourly entries plus one entry due every second, on
+servers of their own:
+
+* celery-leader's `LeaderScheduler` on Redis with the N entries in
+  `beat_schedule` (code entries), and again with them kept in the store
+  (store entries, also at `--store-n`, default 1,000,000), put there before
+  the start in batches of 5,000 adds, one round trip each;
+* celery-redbeat with the same `beat_schedule`, which it writes into its
+  Redis when it starts (`beat_max_loop_interval = 1`, so its standby retries
+  the lock every second);
+* django-celery-beat's `DatabaseScheduler` on PostgreSQL with N rows. It has
+  no lock, so it runs alone and has no hand-over.
+
+The hourly entries fall due half an hour after the start, outside the run:
+what is measured is the cost of carrying them. A thread pops every message
+off the broker and stamps its arrival. A run starts the leader, then the
+standby, waits until the standby idles, measures a window (`--seconds`,
+default 30), then stops the leader with SIGTERM, starts a new standby, and
+kills the new leader's process group with SIGKILL. A run that takes longer
+than `--cap` (default 600 s) stops where it is; its remaining cells show
+`—`. The columns:
+
+* **setup**: seconds to put the N entries in the store before the start
+  (store entries, django rows).
+* **start**: from starting the first replica to its first 1 s message at
+  the broker.
+* **CPU**: the leader's CPU seconds per second over the window (its process
+  group's utime + stime in `/proc`); **RSS**: its resident memory at the end.
+* **store ops/s**: Redis commands per second (`INFO stats`); for django,
+  PostgreSQL transactions per second (`pg_stat_database`).
+* **late p50 / p99**: how long after its due time each 1 s message reached
+  the broker; the due time is in its `leader_slot` header (for redbeat and
+  django, the benchmark's scheduler subclass stamps the `last_run_at` the run
+  was due after: that plus 1 s). **max gap**: the longest interval between
+  two arrivals (1 s when nothing is late).
+* **SIGTERM**, **SIGKILL**: from the signal to the standby's first 1 s
+  message at the broker. The standby sends the next slot when it is due, so
+  up to 1 s of this is the schedule, not the hand-over.
+
+Section 9 of the report below runs it at N = 1,000 only, for celery-leader's
+code entries and redbeat.
+
 ## Reading the results
 
 * **Graceful stop** is a release plus a wake-up for celery-leader on every
@@ -504,6 +566,7 @@ minute within 10 % of the first, at about one claim script per due batch.
   carries on (epochs keep growing); redbeat's schedule was in that Redis, so
   its new leader has nothing to send until a beat restarts.
 
+{scale_results}
 ## Latest results
 
 {results}"""

@@ -1,0 +1,568 @@
+"""Scale: a leader and a standby with N hourly entries plus one entry due every second.
+
+    .venv/bin/python -m benchmarks.scale [--n 1000,10000,100000] [--store-n 1000000]
+        [--only leader,leader-store,redbeat,django] [--seconds 30] [--cap 600]
+
+Each system runs as real ``celery beat`` processes (``benchmarks/apps/scale_app.py``)
+on loopback servers started here, ttl (redbeat: lock timeout) 5 s:
+
+* ``leader``: ``LeaderScheduler`` on Redis, the N entries in ``beat_schedule``
+  (for each N of ``--n``);
+* ``leader-store``: ``LeaderScheduler`` on Redis, the N entries kept in the store,
+  loaded in batches of compare-and-set edits before the beats start (for each N
+  of ``--n``, and ``--store-n``);
+* ``redbeat``: celery-redbeat with the same ``beat_schedule``, which it writes
+  into its Redis when it starts;
+* ``django``: django-celery-beat's ``DatabaseScheduler`` on PostgreSQL with N
+  rows. It has no lock, so it runs without a standby and has no hand-over.
+
+The hourly entries are due at a minute half an hour away, so none fires during
+a run: what is measured is the cost of carrying them. The second entry
+(``tick``) is what the broker sees; a thread here pops every message off the
+broker's Redis and stamps its arrival. A run first starts the leader, then the
+standby, waits until the standby's CPU use settles, measures a window of
+``--seconds``, then sends SIGTERM to the leader, starts a new standby, and
+sends SIGKILL to the new leader's process group. A run that passes ``--cap``
+seconds stops where it is.
+
+Columns:
+
+* **setup**: seconds to put the N entries in the store before the start
+  (store entries, django rows); code entries have none.
+* **start**: from starting the first replica to its first ``tick`` at the broker.
+* **CPU**: the leader's CPU seconds per second over the window (utime + stime
+  of its process group, from ``/proc``).
+* **RSS**: the leader's resident memory at the end of the window, MB.
+* **store ops/s**: Redis commands per second over the window (``INFO stats``
+  ``total_commands_processed``, less this benchmark's own ``INFO`` calls);
+  for django, PostgreSQL transactions per second (``pg_stat_database``).
+* **late p50 / p99**: how long after its due time each ``tick`` in the window
+  reached the broker. The due time is the one in its ``leader_slot`` header;
+  for redbeat and django, whose slots are stamped by the benchmark's scheduler
+  subclass with the ``last_run_at`` they were due after, that plus 1 s.
+* **max gap**: the longest interval between consecutive ``tick`` arrivals in
+  the window (1 s when nothing is late).
+* **SIGTERM**, **SIGKILL**: from the signal to the standby's first ``tick`` at
+  the broker. The standby publishes the next slot when it is due, so up to 1 s
+  of it is the schedule, not the hand-over.
+* ``—``: not reached within ``--cap``, or does not apply.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import itertools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psycopg
+import redis
+from celery import Celery
+
+from celery_leader.backends import Edit, create_backend
+from celery_leader.config import LeaderConfig
+from celery_leader.schedule.entries import Entry, instant_now, new_entry
+from harness.groups import VENV_BIN, group_cpu_seconds, kill_all, start_child
+from harness.procs import Proc
+from harness.servers import PostgresServer, RedisServer
+
+ROOT = Path(__file__).resolve().parent.parent
+PROJECT = ROOT / "example_project"
+TTL = 5.0
+TICK_TASKS = ("scale.tick", "ticker.tasks.heartbeat")
+HOURLY_TASK = "scale.hourly"
+#: Store entries per compare-and-set batch when loading them.
+BATCH = 5_000
+#: A standby has started up once it used less CPU than this in each of
+#: ``QUIET`` seconds in a row (while it imports and loads, it uses more).
+SETTLED_CPU = 0.1
+QUIET = 2
+SETTLE_MAX = 120.0
+SYSTEMS = ("leader", "leader-store", "redbeat", "django")
+LABELS = {
+    "leader": "celery-leader, code entries",
+    "leader-store": "celery-leader, store entries",
+    "redbeat": "celery-redbeat",
+    "django": "django-celery-beat (PostgreSQL)",
+}
+T = TypeVar("T")
+
+
+class OverCap(Exception):
+    """The run passed its time cap: the cells not measured yet stay empty."""
+
+
+@dataclass
+class Row:
+    system: str
+    n: int
+    setup: float | None = None
+    start: float | None = None
+    cpu: float | None = None
+    rss_mb: float | None = None
+    ops: float | None = None
+    late_p50: float | None = None
+    late_p99: float | None = None
+    max_gap: float | None = None
+    sigterm: float | None = None
+    sigkill: float | None = None
+    note: str = ""
+
+
+@dataclass
+class Message:
+    t: float  # time.monotonic() when popped off the broker
+    wall: float  # time.time() then
+    pid: int
+    slot: str | None
+    due: datetime.datetime | None
+
+
+@dataclass
+class Recorder:
+    """Pops every ``tick`` message off the broker's ``celery`` list and stamps it."""
+
+    url: str
+    messages: list[Message] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._client = redis.Redis.from_url(self.url)
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            item = self._client.brpop(["celery"], timeout=0.2)
+            if item is None:
+                continue
+            t, wall = time.monotonic(), time.time()
+            headers = json.loads(item[1])["headers"]
+            if headers.get("task") not in TICK_TASKS:
+                continue
+            # Celery's ``origin`` header is "gen<pid>@<host>" of the publishing process.
+            pid = int(headers["origin"].split("@")[0].removeprefix("gen"))
+            slot = headers.get("leader_slot") or headers.get("bench_slot")
+            message = Message(t, wall, pid, slot, _due(headers))
+            with self._lock:
+                self.messages.append(message)
+
+    def between(self, t0: float, t1: float = float("inf")) -> list[Message]:
+        with self._lock:
+            return [m for m in self.messages if t0 < m.t <= t1]
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._client.close()
+
+
+def _due(headers: dict[str, Any]) -> datetime.datetime | None:
+    """The due time of a message: in its ``leader_slot``, or 1 s after the
+    ``last_run_at`` in its ``bench_slot`` (the ``tick`` entry's period)."""
+    if headers.get("leader_slot"):
+        return datetime.datetime.fromisoformat(headers["leader_slot"].rsplit("@", 1)[1])
+    bench = headers.get("bench_slot", "")
+    last = bench.rsplit("@", 1)[1] if "@" in bench else "never"
+    if last == "never":
+        return None
+    due = datetime.datetime.fromisoformat(last) + datetime.timedelta(seconds=1)
+    return due if due.tzinfo else due.replace(tzinfo=datetime.timezone.utc)
+
+
+class Run:
+    """One system at one N: its servers, its replicas, and the time it has left."""
+
+    def __init__(self, system: str, n: int, cap: float, pg: PostgresServer | None) -> None:
+        self.system, self.n, self.pg = system, n, pg
+        self.deadline = time.monotonic() + cap
+        self.home = Path(tempfile.mkdtemp(prefix=f"bench-scale-{system}-"))
+        self.broker = RedisServer()
+        self.broker.start()
+        self.store = RedisServer() if system != "django" else None
+        if self.store is not None:
+            self.store.start()
+        self.recorder = Recorder(self.broker.url)
+        # One connection for the whole window: a new one would add its handshake's
+        # commands to what is counted.
+        self._stats = self.store.client() if self.store is not None else None
+        # The hourly entries' minute: half an hour from now, outside the run.
+        self.minute = (datetime.datetime.now(datetime.timezone.utc).minute + 30) % 60
+        self._replicas = 0
+
+    def wait(self, predicate: Callable[[], T | None], interval: float = 0.05) -> T:
+        """Poll ``predicate`` until it returns something; :class:`OverCap` at the deadline."""
+        while time.monotonic() < self.deadline:
+            value = predicate()
+            if value is not None:
+                return value
+            time.sleep(interval)
+        raise OverCap
+
+    def spawn(self) -> Proc:
+        index, self._replicas = self._replicas, self._replicas + 1
+        env = {"BROKER_URL": self.broker.url, "LEADER_TTL": str(TTL)}
+        cwd = ROOT
+        argv = [str(VENV_BIN / "celery"), "-A", "benchmarks.apps.scale_app", "beat", "-l", "INFO"]
+        argv += ["-s", str(self.home / f"schedule{index}")]
+        env |= {"SCALE_MINUTE": str(self.minute), "INSTANCE_ID": f"replica{index}"}
+        env["SCALE_CODE_N"] = str(self.n if self.system in ("leader", "redbeat") else 0)
+        assert self.store is not None or self.system == "django"
+        if self.system in ("leader", "leader-store"):
+            assert self.store is not None
+            argv += ["-S", "celery_leader.LeaderScheduler"]
+            env["LEADER_URL"] = self.store.url
+        elif self.system == "redbeat":
+            assert self.store is not None
+            argv += ["-S", "benchmarks.apps.redbeat_slots:SlotRedBeatScheduler"]
+            env["REDBEAT_URL"] = self.store.url
+        else:
+            argv = [str(VENV_BIN / "celery"), "-A", "proj", "beat", "-l", "INFO"]
+            argv += ["-S", "benchmarks.apps.django_slots:SlotDatabaseScheduler"]
+            argv += ["-s", str(self.home / f"schedule{index}")]
+            env = django_env(self.home, self.pg_url(), self.broker.url)
+            cwd = PROJECT
+        return start_child(argv, env, cwd, self.home / f"replica{index}.log")
+
+    def pg_url(self) -> str:
+        assert self.pg is not None
+        return self.pg.url
+
+    def first_tick(self, proc: Proc, since: float) -> float:
+        """Seconds from ``since`` to ``proc``'s first ``tick`` at the broker."""
+        first = self.wait(
+            lambda: next((m for m in self.recorder.between(since) if m.pid == proc.pid), None)
+        )
+        return first.t - since
+
+    def settle(self, proc: Proc) -> None:
+        """Until ``proc`` has started up: :data:`QUIET` seconds in a row under
+        :data:`SETTLED_CPU` each, or at most :data:`SETTLE_MAX` seconds (a standby
+        that never idles is measured as it is)."""
+        give_up = time.monotonic() + SETTLE_MAX
+        samples = [group_cpu_seconds(proc.pid)]
+
+        def settled() -> bool | None:
+            samples.append(group_cpu_seconds(proc.pid))
+            used = [b - a for a, b in itertools.pairwise(samples[-QUIET - 1 :])]
+            quiet = len(used) == QUIET and max(used) < SETTLED_CPU
+            return True if quiet or time.monotonic() > give_up else None
+
+        self.wait(settled, interval=1.0)
+
+    def store_ops(self) -> int:
+        """Commands (Redis) or transactions (PostgreSQL) the store has processed so far."""
+        if self._stats is not None:
+            return int(self._stats.info("stats")["total_commands_processed"])
+        assert self.pg is not None
+        with psycopg.connect(self.pg.superuser_url, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = %s",
+                (self.pg.user,),
+            ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    def close(self) -> None:
+        kill_all()
+        self.recorder.close()
+        if self._stats is not None:
+            self._stats.close()
+        self.broker.close()
+        if self.store is not None:
+            self.store.close()
+
+
+def django_env(data: Path, db_url: str, broker_url: str) -> dict[str, str]:
+    """The example project on PostgreSQL at ``db_url``, its 1 s ``heartbeat`` as the tick."""
+    return {
+        "PYTHONPATH": f"{PROJECT}:{ROOT}",
+        "DJANGO_SETTINGS_MODULE": "proj.settings",
+        "DEMO_DATA": str(data),
+        "DJANGO_POSTGRES": db_url.split("://", 1)[1],
+        "CELERY_BROKER_URL": broker_url,
+        "DEMO_EVERY": "1",
+    }
+
+
+#: The django rows: N hourly crontab rows (the 1 s heartbeat comes from the
+#: project's ``CELERY_BEAT_SCHEDULE`` when beat starts).
+DJANGO_ROWS = """
+from django_celery_beat.models import CrontabSchedule, PeriodicTask
+PeriodicTask.objects.all().delete()
+hourly, _ = CrontabSchedule.objects.get_or_create(minute="{minute}", hour="*",
+    day_of_week="*", day_of_month="*", month_of_year="*", timezone="UTC")
+PeriodicTask.objects.bulk_create(
+    (PeriodicTask(name=f"hourly{{i}}", task="{task}", crontab=hourly) for i in range({n})),
+    batch_size={batch},
+)
+"""
+
+
+def load_django_rows(run: Run) -> None:
+    """Migrate (a no-op after the first run) and replace every row with N hourly ones."""
+    env = {**os.environ, **django_env(run.home, run.pg_url(), run.broker.url)}
+    manage = [str(VENV_BIN / "python"), str(PROJECT / "manage.py")]
+    rows = DJANGO_ROWS.format(minute=run.minute, task=HOURLY_TASK, n=run.n, batch=BATCH)
+    for argv in (["migrate", "--no-input"], ["shell", "-c", rows]):
+        done = subprocess.run(
+            [*manage, *argv], env=env, cwd=PROJECT, capture_output=True, text=True,
+            timeout=max(1.0, run.deadline - time.monotonic()), check=False,
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise RuntimeError(f"manage.py {argv[0]} failed: {done.stderr.strip()[-500:]}")
+
+
+def load_store_entries(url: str, n: int, minute: int) -> None:
+    """N hourly entries in the store, in batches of adds (one round trip each).
+
+    One entry is built and checked by the entries API; the others are its JSON
+    with their own name and generation, as the API would store them, since
+    checking a million identical entries one by one would take longer than
+    the run.
+    """
+    app = Celery("scale_loader", set_as_current=False)
+    app.conf.leader_url = url
+    config = LeaderConfig.from_app(app)
+    backend = create_backend(config)
+    template = new_entry(instant_now(), name="hourly0", task=HOURLY_TASK, cron=f"{minute} * * * *")
+    fields = json.loads(template.to_json())
+
+    def stored(i: int) -> str:
+        named = {**fields, "name": f"hourly{i}", "generation": uuid.uuid4().hex}
+        return json.dumps(named, sort_keys=True, separators=(",", ":"))
+
+    assert Entry.from_json(stored(1)).generation != template.generation
+    try:
+        for first in range(0, n, BATCH):
+            edits = [
+                Edit(f"hourly{i}", None, stored(i)) for i in range(first, min(n, first + BATCH))
+            ]
+            if not all(backend.edit_entries(config.beat_election, edits)):
+                raise RuntimeError("an entry existed already in a fresh store")
+    finally:
+        backend.close()
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
+
+
+def measure(run: Run, row: Row, seconds: float, log: Callable[[str], None]) -> None:
+    """Fill ``row`` as far as the run's cap allows (see the module docstring)."""
+    if run.system == "leader-store":
+        assert run.store is not None
+        t = time.monotonic()
+        load_store_entries(run.store.url, run.n, run.minute)
+        row.setup = time.monotonic() - t
+    elif run.system == "django":
+        t = time.monotonic()
+        load_django_rows(run)
+        row.setup = time.monotonic() - t
+    if row.setup is not None:
+        log(f"    setup {row.setup:.1f} s")
+    t = time.monotonic()
+    leader = run.spawn()
+    row.start = run.first_tick(leader, t)
+    log(f"    start -> first dispatch {row.start:.2f} s")
+    standby = run.spawn() if run.system != "django" else None
+    if standby is not None:
+        run.settle(standby)
+    ops0, cpu0, t0 = run.store_ops(), group_cpu_seconds(leader.pid), time.monotonic()
+    run.wait(lambda: True if time.monotonic() >= t0 + seconds else None, interval=0.2)
+    ops1, cpu1, t1 = run.store_ops(), group_cpu_seconds(leader.pid), time.monotonic()
+    row.cpu, row.rss_mb = (cpu1 - cpu0) / (t1 - t0), rss_mb(leader.pid)
+    row.ops = (ops1 - ops0 - 1) / (t1 - t0)  # less the INFO call that read ops1
+    ticks = run.recorder.between(t0, t1)
+    lateness = [m.wall - m.due.timestamp() for m in ticks if m.due is not None]
+    if lateness:
+        row.late_p50, row.late_p99 = percentile(lateness, 0.5), percentile(lateness, 0.99)
+    if len(ticks) > 1:
+        row.max_gap = max(b.t - a.t for a, b in itertools.pairwise(ticks))
+    log(
+        f"    window {t1 - t0:.0f} s: CPU {row.cpu:.3f} s/s, RSS {row.rss_mb:.0f} MB, "
+        f"{row.ops:.0f} ops/s, {len(ticks)} ticks, max gap {row.max_gap or 0:.2f} s"
+    )
+    if standby is None:
+        row.note = "no lock: no standby"
+        return
+    t = time.monotonic()
+    leader.signal(signal.SIGTERM, group=False)
+    row.sigterm = run.first_tick(standby, t)
+    log(f"    SIGTERM -> standby's first dispatch {row.sigterm:.2f} s")
+    leader.kill_group()
+    leader, standby = standby, run.spawn()
+    run.settle(standby)
+    t = time.monotonic()
+    leader.kill_group()
+    row.sigkill = run.first_tick(standby, t)
+    log(f"    SIGKILL -> standby's first dispatch {row.sigkill:.2f} s")
+
+
+def run_one(
+    system: str, n: int, seconds: float, cap: float, pg: PostgresServer | None,
+    log: Callable[[str], None],
+) -> Row:  # fmt: skip
+    log(f"  {LABELS[system]}, N = {n:,}")
+    row = Row(system, n)
+    run = Run(system, n, cap, pg)
+    finished = False
+    try:
+        measure(run, row, seconds, log)
+        finished = True
+    except OverCap:
+        row.note = f"{'nothing sent' if row.start is None else 'stopped'} within the {cap:g} s cap"
+        log(f"    {row.note}; logs in {run.home}")
+    except (RuntimeError, subprocess.TimeoutExpired) as exc:
+        row.note = f"failed: {str(exc).splitlines()[0][:120]}"
+        log(f"    {row.note}; logs in {run.home}")
+    finally:
+        run.close()
+    if finished:  # the logs of a run that stopped early are kept
+        shutil.rmtree(run.home, ignore_errors=True)
+    return row
+
+
+# -- reporting ---------------------------------------------------------------
+
+
+def _cell(value: float | None, fmt: str) -> str:
+    return "—" if value is None else format(value, fmt)
+
+
+def table(rows: list[Row]) -> str:
+    lines = [
+        "| system | N | setup s | start s | CPU s/s | RSS MB | store ops/s | late p50 s | "
+        "late p99 s | max gap s | SIGTERM s | SIGKILL s | |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        cells = [
+            _cell(r.setup, ".1f"), _cell(r.start, ".2f"), _cell(r.cpu, ".3f"),
+            _cell(r.rss_mb, ".0f"), _cell(r.ops, ".0f"), _cell(r.late_p50, ".3f"),
+            _cell(r.late_p99, ".3f"), _cell(r.max_gap, ".2f"), _cell(r.sigterm, ".2f"),
+            _cell(r.sigkill, ".2f"),
+        ]  # fmt: skip
+        lines.append(f"| {LABELS[r.system]} | {r.n:,} | " + " | ".join(cells) + f" | {r.note} |")
+    return "\n".join(lines)
+
+
+def ratios(rows: list[Row]) -> str:
+    """celery-leader's code entries against redbeat at the same N: above 1, ours costs more."""
+    columns = ("start", "cpu", "rss_mb", "ops", "max_gap", "sigterm", "sigkill")
+    names = ("start", "CPU", "RSS", "store ops/s", "max gap", "SIGTERM", "SIGKILL")
+    redbeat = {r.n: r for r in rows if r.system == "redbeat"}
+    lines = [
+        "| N | " + " | ".join(names) + " |",
+        "|---:|" + "---:|" * len(names),
+    ]
+    for ours in (r for r in rows if r.system == "leader" and r.n in redbeat):
+        theirs = redbeat[ours.n]
+        cells = []
+        for column in columns:
+            a, b = getattr(ours, column), getattr(theirs, column)
+            cells.append("—" if a is None or not b else f"{a / b:.2f}x")
+        lines.append(f"| {ours.n:,} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
+def _numbers(text: str) -> list[int]:
+    try:
+        return [int(x.replace("_", "")) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of whole numbers: {text!r}") from None
+
+
+def _systems(text: str) -> list[str]:
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    unknown = [x for x in names if x not in SYSTEMS]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown system(s) {', '.join(unknown)}; choose from {', '.join(SYSTEMS)}"
+        )
+    return names
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument(
+        "--n",
+        type=_numbers,
+        default=[1_000, 10_000, 100_000],
+        help="entry counts for every system (default 1000,10000,100000)",
+    )
+    parser.add_argument(
+        "--store-n",
+        type=int,
+        default=1_000_000,
+        help="one more, larger N for store entries only (0: none)",
+    )
+    parser.add_argument(
+        "--only",
+        type=_systems,
+        default=list(SYSTEMS),
+        help=f"systems to run (default {','.join(SYSTEMS)})",
+    )
+    parser.add_argument("--seconds", type=float, default=30.0, help="the measured window")
+    parser.add_argument("--cap", type=float, default=600.0, help="seconds one run may take")
+    args = parser.parse_args(argv)  # fmt: skip
+
+    def log(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    # SIGTERM unwinds like Ctrl-C (which a shell's background job ignores), so the
+    # servers and beats are stopped too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    plan = [(s, n) for n in args.n for s in args.only]
+    if args.store_n and "leader-store" in args.only and args.store_n not in args.n:
+        plan.append(("leader-store", args.store_n))
+    load = os.getloadavg()
+    started = time.monotonic()
+    pg = None
+    if "django" in args.only:
+        pg = PostgresServer()
+        pg.start()
+    try:
+        rows = [run_one(s, n, args.seconds, args.cap, pg, log) for s, n in plan]
+    finally:
+        kill_all()
+        if pg is not None:
+            pg.close()
+    print(
+        f"_{datetime.date.today().isoformat()}, {os.cpu_count()} CPUs, load average "
+        f"{load[0]:.2f} at start and {os.getloadavg()[0]:.2f} at the end; "
+        f"ttl {TTL:g} s, a {args.seconds:g} s window, at most {args.cap:g} s per run; "
+        f"took {(time.monotonic() - started) / 60:.1f} min._\n"
+    )
+    print(table(rows))
+    ratio = ratios(rows)
+    if ratio:
+        print(f"\ncelery-leader (code entries) over celery-redbeat at the same N:\n\n{ratio}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
