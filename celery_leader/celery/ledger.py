@@ -159,8 +159,15 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
         except ConfigError as exc:
             print(f"celery-leader: cannot start worker {sender.hostname}: {exc}", file=sys.stderr)
             raise SystemExit(2) from None
+    try:
+        step.register(config, sender.hostname)
+    except ConfigError as exc:  # the store cannot be built (StoreMisconfigured is one)
+        if chosen is None:
+            logger.debug("celery-leader: run ledger off: %s", exc)
+            return
+        print(f"celery-leader: cannot start worker {sender.hostname}: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
     count = wrap_tasks(app)
-    step.register(config, sender.hostname)
     logger.info(
         "celery-leader: run ledger on (%d task(s); a dead worker's slot: %s)",
         count,

@@ -82,16 +82,21 @@ def register(config: LeaderConfig, worker: str) -> None:
     deployment whose workers lack the ledger step never gets a second copy of a
     slot. The mark is one key shared by every such worker, and it expires
     ``WORKERS_MARK_TTLS`` ttl after the last renewal.
+
+    The store client is built here, so a store that cannot be built fails the
+    caller (at worker start, in one line) instead of the thread.
     """
+    backend = create_backend(config)
+    what: dict[str, object] = {"worker": worker}
+    lifetime = WORKERS_MARK_TTLS * config.ttl
 
     def loop() -> None:
-        backend = create_backend(config)
-        what: dict[str, object] = {"worker": worker}
-        lifetime = WORKERS_MARK_TTLS * config.ttl
         while True:
             try:
                 marks.touch(backend, config.beat_election, WORKERS, what, lifetime)
-            except StoreUnavailable as exc:
+            except Exception as exc:
+                # A thread that died here would end the registration silently,
+                # and beat would stop re-sending what it cannot confirm.
                 logger.warning("celery-leader: could not register in the run ledger: %s", exc)
             time.sleep(config.ttl)
 
