@@ -342,8 +342,10 @@ def spelled(setting: str, prefix: str) -> str:
 
 
 #: ``CELERY_LEADER_*`` names that are not settings: the worker names its
-#: deadline table to spawned pool processes in ``CELERY_LEADER_TABLE``.
-NOT_SETTINGS = ("leader_table",)
+#: deadline table to spawned pool processes in ``CELERY_LEADER_TABLE``, and
+#: its shared counter file in ``CELERY_LEADER_COUNTERS``; a process started by
+#: a worker inherits both and must not warn about them.
+NOT_SETTINGS = ("leader_table", "leader_counters")
 
 #: Keys already warned about: beat reads its settings twice, a worker once per step.
 _warned: set[str] = set()

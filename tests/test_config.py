@@ -408,6 +408,9 @@ def test_unknown_settings_are_warned_about_once_with_the_closest_name(caplog) ->
     class Misspelt(DjangoSettings):
         CELERY_LEADER_RENEW_INTERVALL = 2
         CELERY_LEADER_ZZZ = 1
+        # What a worker hands its pool processes: inherited, never warned about.
+        CELERY_LEADER_TABLE = "/tmp/t"
+        CELERY_LEADER_COUNTERS = "/tmp/c"
 
     app = app_from(Misspelt)
     with caplog.at_level(logging.WARNING, logger="celery_leader.config"):
