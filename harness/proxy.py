@@ -39,7 +39,8 @@ class TcpProxy:
     ``hold_replies()`` holds one direction only: bytes from the server to the client
     wait, bytes from the client still reach the server. A request is served and its
     reply never arrives (a publish routed by the broker whose confirm is stuck), until
-    ``release()`` delivers it, or ``cut()`` drops it.
+    ``release()`` delivers it, or ``cut()`` drops it. ``replies_waiting()`` says how
+    many connections have such a reply waiting: the moment a request is in flight.
     """
 
     def __init__(self, target_host: str, target_port: int) -> None:
@@ -50,6 +51,7 @@ class TcpProxy:
         self._cond = threading.Condition()
         self._held = False
         self._replies_held = False
+        self._replies_waiting = 0
         self._closed = False
         self._links: set[_Link] = set()
         self._threads: list[threading.Thread] = []
@@ -69,6 +71,11 @@ class TcpProxy:
         """Stop bytes from the server to the client only; see the class docstring."""
         with self._cond:
             self._replies_held = True
+
+    def replies_waiting(self) -> int:
+        """How many connections have bytes from the server held back, now."""
+        with self._cond:
+            return self._replies_waiting
 
     def release(self) -> None:
         """Ends :meth:`hold` and :meth:`hold_replies`: what waited is delivered, in order."""
@@ -120,9 +127,14 @@ class TcpProxy:
         """Block while held (``reply``: or while replies are held); False once the link
         has been dropped."""
         with self._cond:
-            self._cond.wait_for(
-                lambda: not (self._held or (reply and self._replies_held)) or link.closed
-            )
+
+            def flowing() -> bool:
+                return not (self._held or (reply and self._replies_held)) or link.closed
+
+            waiting = reply and not flowing()
+            self._replies_waiting += int(waiting)
+            self._cond.wait_for(flowing)
+            self._replies_waiting -= int(waiting)
             return not link.closed
 
     def _connect_upstream(self, link: _Link) -> None:

@@ -271,30 +271,31 @@ HANDED_BACK = re.compile(r"handed back unsent slot\(s\) (tick@\S+?)[:,]? ")
 HOLD = {"held-15s-then-reset": 15.0, "reset": 0.0, "reset-mid-publish": 0.0}
 
 
-def reset_mid_publish(tap: BrokerTap, proxy: TcpProxy, epoch: int, every: float) -> str:
-    """Holds the leader's broker replies until a slot it publishes meanwhile is in the
-    broker (its publisher confirm now stuck in the proxy), then cuts and releases the
-    link: the name of that slot, whose publish beat cannot know the outcome of."""
-    held_at = time.time()
+def reset_mid_publish(tap: BrokerTap, leader: Proc, proxy: TcpProxy, every: float) -> str:
+    """Holds the leader's broker replies until a publish of its is in the broker and the
+    publisher confirm for it waits in the proxy, then cuts and releases the link: the
+    name of that slot, whose publish beat cannot know the outcome of."""
     proxy.hold_replies()
-    # Due after the hold began, so published after it: its confirm cannot have passed.
+    sending = re.compile(r"sending slot (\S+) \(epoch")
+
+    def in_flight() -> str | None:
+        # The leader logs "sending" before each publish and sends the next only once
+        # the confirm is in: with RabbitMQ's answer held, its last slot is the one.
+        if not proxy.replies_waiting():
+            return None
+        slots = {p.slot for p in tap.published()}
+        last = (sending.findall(leader.output()) or [None])[-1]
+        return last if last in slots else None
+
     stuck = wait_for(
-        lambda: next(
-            (
-                p
-                for p in tap.published()
-                if p.epoch == epoch and entry_of(p) == "tick" and due(p) > held_at
-            ),
-            None,
-        ),
+        in_flight,
         4 * every + 5,
         interval=0.005,
-        message="the leader published nothing while its replies were held",
+        message="no publish of the leader's was in the broker with its confirm held",
     )
     proxy.cut()
     proxy.release()
-    assert stuck.slot is not None
-    return stuck.slot
+    return stuck
 
 
 @pytest.mark.slow
@@ -320,7 +321,7 @@ def test_a_leader_whose_broker_link_stalls_or_resets_loses_no_confirmed_slot(
         first = first_of_other_term(tap, at, epoch, TTL + 10)
         time.sleep(max(0.0, at + hold - time.monotonic()))
     if mid_publish:
-        stuck = reset_mid_publish(tap, proxy, epoch, every)
+        stuck = reset_mid_publish(tap, run.proc, proxy, every)
     else:
         proxy.cut()
         proxy.release()
@@ -439,7 +440,7 @@ def test_with_the_run_ledger_a_stalled_or_reset_link_loses_no_slot(
         first_of_other_term(tap, at, epoch, TTL + 10)
         time.sleep(max(0.0, at + hold - time.monotonic()))
     if fault == "reset-mid-publish":
-        stuck = reset_mid_publish(tap, proxy, epoch, every)
+        stuck = reset_mid_publish(tap, run.proc, proxy, every)
     else:
         proxy.cut()
         proxy.release()

@@ -98,16 +98,19 @@ def test_proxy_hold_replies_serves_requests_and_withholds_the_answers(
         sock.sendall(b"PING\r\n")
         assert sock.recv(100) == b"+PONG\r\n"
         proxy.hold_replies()
+        assert proxy.replies_waiting() == 0
         sock.sendall(b"SET held reply\r\n")
         # The request reached the server and was served ...
         wait_for(lambda: direct.get("held") == b"reply", 5, message="the SET never arrived")
         # ... and its reply waits in the proxy.
+        wait_for(proxy.replies_waiting, 5, message="no reply held")
         sock.settimeout(0.3)
         with pytest.raises(TimeoutError):
             sock.recv(100)
         sock.settimeout(5)
         proxy.release()
         assert sock.recv(100) == b"+OK\r\n"
+        assert proxy.replies_waiting() == 0
 
 
 def test_proxy_cut_closes_connections(redis_server: RedisServer, tcp_proxy) -> None:
