@@ -7,7 +7,9 @@ Each run is one real-process test, in a fresh pytest process with its own server
 - ``redis-sigkill``: a beat leader SIGKILLed between claiming a slot and publishing
   it (``tests/test_ledger_processes.py``, a Celery worker on Redis);
 - ``rabbitmq-held-15s``: three beats and two workers on RabbitMQ, the leader's
-  broker link held 15 s and then reset (``tests/test_beat_operations.py``).
+  broker link held 15 s and then reset (``tests/test_beat_operations.py``);
+- ``rabbitmq-reset-mid-publish``: the same, the leader's link reset while a publish
+  is in the broker and its confirm is held back (a publish of unknown outcome).
 
 The tests count runs at the workers and print one ``LEDGER-CHAOS`` line each; this
 sums them into a Markdown table: runs, slots due, ran once, lost, ran twice. The
@@ -30,8 +32,11 @@ CASES = {
     "rabbitmq-held-15s": "tests/test_beat_operations.py::"
     "test_with_the_run_ledger_a_stalled_or_reset_link_loses_no_slot"
     "[held-15s-then-reset-rabbitmq]",
+    "rabbitmq-reset-mid-publish": "tests/test_beat_operations.py::"
+    "test_with_the_run_ledger_a_stalled_or_reset_link_loses_no_slot"
+    "[reset-mid-publish-rabbitmq]",
 }
-LINE = re.compile(r"LEDGER-CHAOS \S+(?: hold=\S+)? due=(\d+) once=(\d+) lost=(\d+) twice=(\d+)")
+LINE = re.compile(r"LEDGER-CHAOS \S+(?: fault=\S+)? due=(\d+) once=(\d+) lost=(\d+) twice=(\d+)")
 
 
 def run_once(node: str) -> tuple[bool, tuple[int, int, int, int] | None]:
@@ -58,11 +63,12 @@ def run_once(node: str) -> tuple[bool, tuple[int, int, int, int] | None]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10, help="runs of redis-sigkill")
-    parser.add_argument("--rabbitmq-runs", type=int, default=5, help="runs on RabbitMQ")
+    parser.add_argument("--rabbitmq-runs", type=int, default=5, help="runs of each RabbitMQ case")
     args = parser.parse_args()
     print("| case | runs | runs failed | slots due | ran once | lost | ran twice |")
     print("|---|---:|---:|---:|---:|---:|---:|")
-    for case, runs in (("redis-sigkill", args.runs), ("rabbitmq-held-15s", args.rabbitmq_runs)):
+    for case in CASES:
+        runs = args.runs if case == "redis-sigkill" else args.rabbitmq_runs
         if runs <= 0:
             continue
         counts = []

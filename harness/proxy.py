@@ -35,6 +35,12 @@ class TcpProxy:
     sent meanwhile waits in the proxy and the kernel's buffers and is delivered, in
     order, after ``release()``. Connections accepted while held are not even opened
     upstream until then, so the server cannot tell a held client from a silent one.
+
+    ``hold_replies()`` holds one direction only: bytes from the server to the client
+    wait, bytes from the client still reach the server. A request is served and its
+    reply never arrives (a publish routed by the broker whose confirm is stuck), until
+    ``release()`` delivers it, or ``cut()`` drops it. ``replies_waiting()`` says how
+    many connections have such a reply waiting: the moment a request is in flight.
     """
 
     def __init__(self, target_host: str, target_port: int) -> None:
@@ -44,6 +50,8 @@ class TcpProxy:
         # One condition guards all state; pumps wait on it while the proxy is held.
         self._cond = threading.Condition()
         self._held = False
+        self._replies_held = False
+        self._replies_waiting = 0
         self._closed = False
         self._links: set[_Link] = set()
         self._threads: list[threading.Thread] = []
@@ -59,9 +67,21 @@ class TcpProxy:
         with self._cond:
             self._held = True
 
+    def hold_replies(self) -> None:
+        """Stop bytes from the server to the client only; see the class docstring."""
+        with self._cond:
+            self._replies_held = True
+
+    def replies_waiting(self) -> int:
+        """How many connections have bytes from the server held back, now."""
+        with self._cond:
+            return self._replies_waiting
+
     def release(self) -> None:
+        """Ends :meth:`hold` and :meth:`hold_replies`: what waited is delivered, in order."""
         with self._cond:
             self._held = False
+            self._replies_held = False
             self._cond.notify_all()
 
     def cut(self) -> None:
@@ -103,10 +123,18 @@ class TcpProxy:
                 self._links.add(link)
             self._spawn(self._connect_upstream, link)
 
-    def _wait_until_flowing(self, link: _Link) -> bool:
-        """Block while held; False once the link has been dropped."""
+    def _wait_until_flowing(self, link: _Link, reply: bool = False) -> bool:
+        """Block while held (``reply``: or while replies are held); False once the link
+        has been dropped."""
         with self._cond:
-            self._cond.wait_for(lambda: not self._held or link.closed)
+
+            def flowing() -> bool:
+                return not (self._held or (reply and self._replies_held)) or link.closed
+
+            waiting = reply and not flowing()
+            self._replies_waiting += int(waiting)
+            self._cond.wait_for(flowing)
+            self._replies_waiting -= int(waiting)
             return not link.closed
 
     def _connect_upstream(self, link: _Link) -> None:
@@ -123,15 +151,15 @@ class TcpProxy:
                 upstream.close()
                 return
             link.upstream = upstream
-        self._spawn(self._pump, link, upstream, link.client)
-        self._pump(link, link.client, upstream)
+        self._spawn(self._pump, link, upstream, link.client, True)
+        self._pump(link, link.client, upstream, False)
 
-    def _pump(self, link: _Link, src: socket.socket, dst: socket.socket) -> None:
+    def _pump(self, link: _Link, src: socket.socket, dst: socket.socket, reply: bool) -> None:
         try:
             while True:
                 data = src.recv(_CHUNK)
                 # Checked after recv so that data (and EOF) arriving while held waits here.
-                if not self._wait_until_flowing(link):
+                if not self._wait_until_flowing(link, reply):
                     return
                 if not data:
                     break

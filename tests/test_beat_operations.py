@@ -268,20 +268,51 @@ def test_broker_partition_of_the_leader_hands_over_and_loses_nothing(
 
 UNKNOWN = re.compile(r"could not send slot (tick@\S+) and the broker may have it")
 HANDED_BACK = re.compile(r"handed back unsent slot\(s\) (tick@\S+?)[:,]? ")
+HOLD = {"held-15s-then-reset": 15.0, "reset": 0.0, "reset-mid-publish": 0.0}
+
+
+def reset_mid_publish(tap: BrokerTap, leader: Proc, proxy: TcpProxy, every: float) -> str:
+    """Holds the leader's broker replies until a publish of its is in the broker and the
+    publisher confirm for it waits in the proxy, then cuts and releases the link: the
+    name of that slot, whose publish beat cannot know the outcome of."""
+    proxy.hold_replies()
+    sending = re.compile(r"sending slot (\S+) \(epoch")
+
+    def in_flight() -> str | None:
+        # The leader logs "sending" before each publish and sends the next only once
+        # the confirm is in: with RabbitMQ's answer held, its last slot is the one.
+        if not proxy.replies_waiting():
+            return None
+        slots = {p.slot for p in tap.published()}
+        last = (sending.findall(leader.output()) or [None])[-1]
+        return last if last in slots else None
+
+    stuck = wait_for(
+        in_flight,
+        4 * every + 5,
+        interval=0.005,
+        message="no publish of the leader's was in the broker with its confirm held",
+    )
+    proxy.cut()
+    proxy.release()
+    return stuck
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("broker", [RABBITMQ], indirect=True)
-@pytest.mark.parametrize("hold", [15.0, 0.0], ids=["held-15s-then-reset", "reset"])
+@pytest.mark.parametrize("fault", list(HOLD))
 def test_a_leader_whose_broker_link_stalls_or_resets_loses_no_confirmed_slot(
-    proxied_beats: Callable[[float], ProxiedBeats], tap: BrokerTap, hold: float
+    proxied_beats: Callable[[float], ProxiedBeats], tap: BrokerTap, fault: str
 ) -> None:
     # Issue 19: RabbitMQ without publisher confirms took every slot written into a
     # stalled link as sent. Beat's publishes are confirmed now: a stalled link trips
     # the tick watchdog (another beat takes over), the one publish in flight is logged
-    # as of unknown outcome, and nothing else is lost or sent twice.
-    every = 0.5
-    run = proxied_beats(every)
+    # as of unknown outcome, and nothing else is lost or sent twice. With the run
+    # ledger off, a publish whose confirm the reset swallowed is never sent again
+    # (at most once): this one reached the broker, so it is there once.
+    every, hold = 0.5, HOLD[fault]
+    mid_publish = fault == "reset-mid-publish"
+    run = proxied_beats(every, **({"CELERY_LEADER_LEDGER": "0"} if mid_publish else {}))
     beats, place, epoch = run.beats, run.place, run.epoch
     at_wall, at = time.time(), time.monotonic()
     proxy = run.proxies[place]
@@ -289,8 +320,11 @@ def test_a_leader_whose_broker_link_stalls_or_resets_loses_no_confirmed_slot(
         proxy.hold()
         first = first_of_other_term(tap, at, epoch, TTL + 10)
         time.sleep(max(0.0, at + hold - time.monotonic()))
-    proxy.cut()
-    proxy.release()
+    if mid_publish:
+        stuck = reset_mid_publish(tap, run.proc, proxy, every)
+    else:
+        proxy.cut()
+        proxy.release()
     time.sleep(5 * every)  # the slots right after the reset are counted too
     end_wall = time.time()
     time.sleep(3 * every + TTL)  # every slot due meanwhile has reached the broker
@@ -311,8 +345,18 @@ def test_a_leader_whose_broker_link_stalls_or_resets_loses_no_confirmed_slot(
     )
     assert_no_problems(tap)
     assert handover <= TTL + 2.5
-    assert len(unknown) <= (1 if hold else 0)
+    if mid_publish:
+        assert unknown == {round(due(Publish(0, stuck, 0, 0)), 3)}, logs[-3000:]
+        assert f"could not send slot {stuck} and the broker may have it" in logs
+        assert "it stays claimed and is not sent again" in logs
+        assert RESENT.findall(logs) == []
+    else:
+        assert len(unknown) <= (1 if hold else 0)
     assert [d for d in due_in if by_due[d] != 1 and d not in unknown] == []
+    # A slot of unknown outcome arrived once or never; at most once, never twice.
+    assert all(by_due[d] <= 1 for d in unknown)
+    if mid_publish:
+        assert by_due[round(due(Publish(0, stuck, 0, 0)), 3)] == 1, "the broker had it"
     assert all(by_due[d] == 1 for d in handed_back)
     if not hold:
         assert run.beats.leader()[2] == epoch, "a reset alone made the leader step down"
@@ -369,7 +413,7 @@ def runs_by_slot(lease_store: RedisServer) -> Counter[str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("broker", [RABBITMQ], indirect=True)
-@pytest.mark.parametrize("hold", [15.0, 0.0], ids=["held-15s-then-reset", "reset"])
+@pytest.mark.parametrize("fault", list(HOLD))
 def test_with_the_run_ledger_a_stalled_or_reset_link_loses_no_slot(
     proxied_beats: Callable[[float], ProxiedBeats],
     procs: Procs,
@@ -377,23 +421,29 @@ def test_with_the_run_ledger_a_stalled_or_reset_link_loses_no_slot(
     tap: BrokerTap,
     lease_store: RedisServer,
     tmp_path: Path,
-    hold: float,
+    fault: str,
 ) -> None:
     # The same faults with leader_ledger on, 3 beats and 2 real workers: the slot of
     # unknown outcome is re-sent once, so every slot due is published, and the workers
     # run each slot due exactly once (a re-sent copy is acknowledged and not run).
+    # "reset-mid-publish" cuts the link while a publish is routed and its confirm is
+    # stuck in the proxy, so there is always such a slot.
     workers = start_ledger_workers(procs, broker, lease_store, tmp_path)
-    every = 0.5
+    every, hold = 0.5, HOLD[fault]
     run = proxied_beats(every, CELERY_LEADER_LEDGER="1", VIA_EXCHANGE="1")
     beats, place, epoch = run.beats, run.place, run.epoch
     at_wall, at = time.time(), time.monotonic()
     proxy = run.proxies[place]
+    stuck = None
     if hold:
         proxy.hold()
         first_of_other_term(tap, at, epoch, TTL + 10)
         time.sleep(max(0.0, at + hold - time.monotonic()))
-    proxy.cut()
-    proxy.release()
+    if fault == "reset-mid-publish":
+        stuck = reset_mid_publish(tap, run.proc, proxy, every)
+    else:
+        proxy.cut()
+        proxy.release()
     time.sleep(5 * every)
     end_wall = time.time()
     time.sleep(3 * every + TTL)
@@ -424,11 +474,21 @@ def test_with_the_run_ledger_a_stalled_or_reset_link_loses_no_slot(
     lost = [d for d in due_in if ran[d] == 0]
     twice = [d for d in due_in if ran[d] > 1]
     print(
-        f"\nLEDGER-CHAOS rabbitmq hold={hold:g} due={len(due_in)} "
+        f"\nLEDGER-CHAOS rabbitmq fault={fault} due={len(due_in)} "
         f"once={sum(ran[d] == 1 for d in due_in)} lost={len(lost)} twice={len(twice)} "
         f"published_twice={sum(by_due[d] > 1 for d in due_in)} resent={len(resent)}"
+        + (f" stuck={stuck}" if stuck else "")
     )
     assert lost == [] and twice == []
+    if stuck is not None:
+        # Published (it was routed before the cut), taken as of unknown outcome, and
+        # re-sent once unless a worker had recorded it first; it ran once either way.
+        stuck_due = round(due(Publish(0, stuck, 0, 0)), 3)
+        assert stuck_due in due_in and by_due[stuck_due] >= 1
+        unknown = f"could not send slot {stuck} and the broker may have it"
+        assert unknown in logs, logs[-3000:]
+        assert "it is re-sent once if workers deduplicate" in logs.partition(unknown)[2]
+        assert resent <= {stuck_due}
     assert [d for d in due_in if by_due[d] == 0] == []
     assert {d for d in due_in if by_due[d] > 1} <= resent
     assert all(n == 1 for n in ran.values()), "a slot outside the window ran twice"

@@ -88,6 +88,31 @@ def test_proxy_hold_stalls_and_release_delivers(redis_server: RedisServer, tcp_p
     assert redis.Redis.from_url(url, socket_timeout=1).ping()
 
 
+def test_proxy_hold_replies_serves_requests_and_withholds_the_answers(
+    redis_server: RedisServer, tcp_proxy
+) -> None:
+    proxy = tcp_proxy("127.0.0.1", redis_server.port)
+    direct = redis_server.client()
+    # A raw socket, so that nothing retries or times out on the client's side.
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as sock:
+        sock.sendall(b"PING\r\n")
+        assert sock.recv(100) == b"+PONG\r\n"
+        proxy.hold_replies()
+        assert proxy.replies_waiting() == 0
+        sock.sendall(b"SET held reply\r\n")
+        # The request reached the server and was served ...
+        wait_for(lambda: direct.get("held") == b"reply", 5, message="the SET never arrived")
+        # ... and its reply waits in the proxy.
+        wait_for(proxy.replies_waiting, 5, message="no reply held")
+        sock.settimeout(0.3)
+        with pytest.raises(TimeoutError):
+            sock.recv(100)
+        sock.settimeout(5)
+        proxy.release()
+        assert sock.recv(100) == b"+OK\r\n"
+        assert proxy.replies_waiting() == 0
+
+
 def test_proxy_cut_closes_connections(redis_server: RedisServer, tcp_proxy) -> None:
     proxy = tcp_proxy("127.0.0.1", redis_server.port)
     # A raw socket, because redis-py would quietly reconnect after the cut.
