@@ -254,7 +254,8 @@ class SlotProtocol:
         assert publisher is not None
         if publisher.resender is not None:
             publisher.resender.retry(term.epoch)
-        ends = time.monotonic() + self.config.watchdog_timeout * BURST_SHARE
+        started = time.monotonic()
+        ends = started + self.config.watchdog_timeout * BURST_SHARE
         batches: list[Batch] = []
         sleep = self.max_sleep
         published = False
@@ -267,9 +268,14 @@ class SlotProtocol:
             if len(batches) < BATCH:
                 continue
             published = True
-            if not self._publish(publisher, batches, term) or time.monotonic() > ends:
+            if not self._publish(publisher, batches, term):
                 return 0.0
-            batches = []
+            # The next batch takes about as long as this one: start it only if
+            # it ends within the tick's share.
+            done = time.monotonic()
+            if done + (done - started) > ends:
+                return 0.0
+            started, batches = done, []
         if batches:
             self._publish(publisher, batches, term)
             return 0.0
