@@ -74,8 +74,7 @@ def published(broker: redis.Redis[bytes]) -> list[tuple[str, int]]:
     """``(leader_slot, leader_epoch)`` of every message in the ``celery`` queue."""
     raws = broker.lrange("celery", 0, -1)
     return [
-        (h["leader_slot"], h["leader_epoch"])
-        for h in (json.loads(raw)["headers"] for raw in raws)
+        (h["leader_slot"], h["leader_epoch"]) for h in (json.loads(raw)["headers"] for raw in raws)
     ]
 
 
@@ -117,9 +116,7 @@ def test_a_leader_killed_mid_burst_sends_no_slot_twice_and_loses_at_most_one_bat
     def finished() -> tuple[dict[str, dict[str, object]], list[tuple[str, int]]] | None:
         """The stored states and the broker's messages, once every slot is claimed and
         every slot claimed by the second leader is in the broker."""
-        states = {
-            k: json.loads(v) for k, v in backend.load_state(config.beat_election).items()
-        }
+        states = {k: json.loads(v) for k, v in backend.load_state(config.beat_election).items()}
         if any(s.get("slot") not in expected for s in states.values()):
             return None
         sent = published(broker)
