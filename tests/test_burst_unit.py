@@ -2,7 +2,8 @@
 
 The adapter here buffers what it is sent, as Celery's does on a Redis broker,
 and delivers it on ``flush()``; the test decides how a flush ends. The store is
-the in-process memory store; the clock is the test's.
+the in-process memory store; the clock is the test's. The last test runs Celery
+beat's own publisher against a real Redis broker.
 """
 
 from __future__ import annotations
@@ -13,7 +14,11 @@ from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta, timezone
 
 import pytest
+import redis
+from celery import Celery
+from kombu.exceptions import EncodeError
 
+from celery_leader.celery.publishing import BeatPublisher
 from celery_leader.config import LeaderConfig
 from celery_leader.schedule import protocol
 from celery_leader.schedule.jobs import Adapter, Job, Outcome
@@ -126,3 +131,26 @@ def test_a_flush_of_unknown_outcome_leaves_its_slots_claimed_and_unsent(
     assert sorted(r.adapter.delivered) == [s for s in slots if s not in lost]
     stored = r.protocol.lease.backend.load_state(r.protocol.lease.election)
     assert all(f'"last_run_at": "{T0.isoformat()}"' in stored[s.partition("@")[0]] for s in lost)
+
+
+def test_beat_pipelines_to_redis_and_a_failed_publish_keeps_what_was_buffered(
+    redis_url: str,
+) -> None:
+    """On a real Redis broker: nothing arrives before the flush, and a publish that
+    fails inside the pipeline neither drops nor delays what was buffered before it."""
+    app = Celery("burst", broker=redis_url, set_as_current=False)
+    publisher = BeatPublisher(app, confirm_timeout=1.0)
+    broker = redis.Redis.from_url(redis_url)
+    try:
+        with publisher.pipelined():
+            for n in range(3):
+                app.send_task("burst.noop", args=(n,), producer=publisher.producer())
+            assert broker.llen("celery") == 0  # buffered
+            with pytest.raises(EncodeError) as failed:
+                app.send_task("burst.noop", args=(object(),), producer=publisher.producer())
+            assert publisher.definitely_unsent(failed.value)
+            publisher.flush()
+            assert broker.llen("celery") == 3
+    finally:
+        publisher.release()
+        broker.close()

@@ -233,7 +233,11 @@ class BeatPublisher:
         """Send the buffered publishes; raises when that fails (see :meth:`definitely_unsent`)."""
         if self._batch is not None:
             self._record.state = "none"
-            self._batch.flush()
+            try:
+                self._batch.flush()
+            except Exception:
+                self._close_batch()
+                raise
 
     def _close_batch(self) -> None:
         batch, self._batch = self._batch, None
@@ -248,10 +252,14 @@ class BeatPublisher:
         """Classify the failure of the publish that follows :meth:`producer`.
 
         Drops the connection: after a failure it may be in any state (a late
-        confirm would answer the next publish).
+        confirm would answer the next publish). Not while a pipeline is open:
+        buffering a publish writes nothing, so this failure did not touch what
+        was buffered before it, which :meth:`flush` still sends (a flush that
+        fails closes the pipeline first).
         """
         state, confirms = self._record.state, self._confirms
-        self.release()
+        if self._batch is None:
+            self.release()
         if state != "none":
             return False  # written and unconfirmed, or confirmed before something else failed
         if confirms:
