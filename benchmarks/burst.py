@@ -14,13 +14,14 @@ In the same run, a bare ``app.send_task`` loop publishes N messages of the same
 shape (same task, same two headers) to the same broker through one producer
 held for the whole loop, as a fair user loop would. Runs alternate between the
 two so that drift in the machine's speed hits both alike; the ratio is the
-median of each leader run against the loop runs next to it. Messages are
-counted in the broker after each run.
+median of each leader run against the loop runs next to it. The CPU time of
+this process per message is shown too: on a shared machine it moves far less
+than the rates do. Messages are counted in the broker after each run.
 
 The broker is a redis-server started here; the lease store is another database
 of it, or (``--stores redis,postgres``) a PostgreSQL server started here too.
 
-    .venv/bin/python -m benchmarks.burst [--n 100000] [--rounds 2] [--stores redis,postgres]
+    .venv/bin/python -m benchmarks.burst [--n 100000] [--rounds 3] [--stores redis,postgres]
 
 ``run(n, stores=..., rounds=...)`` returns the numbers as a dict, for
 ``benchmarks/scale.py``.
@@ -92,8 +93,22 @@ def seed(app: Celery, hour: datetime) -> None:
         backend.close()
 
 
-def leader_burst(app: Celery) -> float:
-    """Seconds the leader takes to publish every slot of the burst."""
+class Timed:
+    """Wall and CPU seconds of this process over a ``with`` block."""
+
+    wall = cpu = 0.0
+
+    def __enter__(self) -> Timed:
+        self._wall, self._cpu = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.wall = time.perf_counter() - self._wall
+        self.cpu = time.process_time() - self._cpu
+
+
+def leader_burst(app: Celery) -> Timed:
+    """How long the leader takes to publish every slot of the burst."""
     hour = top_of_hour()
     seed(app, hour)
     scheduler = LeaderScheduler(app=app)
@@ -106,24 +121,24 @@ def leader_burst(app: Celery) -> float:
         first = scheduler.tick()  # adopts every entry's state; nothing is due yet
         assert first > 0, "something was due before the hour"
         protocol.clock = lambda: hour + PAST
-        start = time.perf_counter()
-        while scheduler.tick() == 0:
-            pass
-        return time.perf_counter() - start
+        with Timed() as timed:
+            while scheduler.tick() == 0:
+                pass
+        return timed
     finally:
         scheduler.close()
 
 
-def send_task_loop(app: Celery) -> float:
-    """Seconds a bare loop takes to send the same messages through one held producer."""
+def send_task_loop(app: Celery) -> Timed:
+    """How long a bare loop takes to send the same messages through one held producer."""
     slot_time = top_of_hour().isoformat(timespec="milliseconds")
     with app.connection_for_write() as connection:
         producer = app.amqp.Producer(connection, auto_declare=False)
-        start = time.perf_counter()
-        for name in app.conf.beat_schedule:
-            headers = {"leader_epoch": 1, "leader_slot": f"{name}@{slot_time}"}
-            app.send_task(TASK, producer=producer, headers=headers)
-        return time.perf_counter() - start
+        with Timed() as timed:
+            for name in app.conf.beat_schedule:
+                headers = {"leader_epoch": 1, "leader_slot": f"{name}@{slot_time}"}
+                app.send_task(TASK, producer=producer, headers=headers)
+        return timed
 
 
 @contextmanager
@@ -146,40 +161,54 @@ def servers(stores: tuple[str, ...]) -> Iterator[tuple[RedisServer, dict[str, Ca
 
 
 def one_run(
-    broker: RedisServer, store_url: str, n: int, contender: Callable[[Celery], float]
-) -> float:
-    """Run ``contender`` on an empty broker and store; messages per second."""
+    broker: RedisServer, store_url: str, n: int, contender: Callable[[Celery], Timed]
+) -> tuple[float, float]:
+    """Run ``contender`` on an empty broker and store: messages per second, and
+    this process's CPU microseconds per message."""
     with broker.client() as client:
         client.flushall()
     app = make_app(broker.url, store_url, n)
-    seconds = contender(app)
+    timed = contender(app)
     with broker.client() as client:
         sent = int(client.llen(QUEUE))
     if sent != n:
         raise SystemExit(f"the broker holds {sent:,} messages after a run, not {n:,}")
-    return n / seconds
+    return n / timed.wall, timed.cpu / n * 1e6
 
 
-def run(n: int = 100_000, stores: tuple[str, ...] = ("redis",), rounds: int = 2) -> dict[str, Any]:
-    """Measure; returns ``{"n", "loop": [rates], "<store>": {"rates", "ratio"}}``.
+def run(n: int = 100_000, stores: tuple[str, ...] = ("redis",), rounds: int = 3) -> dict[str, Any]:
+    """Measure; returns ``{"n", "loop": {"rates", "cpu"}, "<store>": {"rates", "cpu",
+    "ratio"}}``.
 
-    Rates are messages per second; ``ratio`` is the median of each leader run's
-    rate over the mean of the loop runs just before and after it.
+    Rates are messages per second, ``cpu`` this process's CPU microseconds per
+    message (the machine's other load does not move it much); ``ratio`` is the
+    median of each leader run's rate over the mean of the loop runs just before
+    and after it.
     """
-    result: dict[str, Any] = {"n": n, "loop": []}
+    loop: dict[str, list[float]] = {"rates": [], "cpu": []}
+    result: dict[str, Any] = {"n": n, "loop": loop}
+
+    def measure(into: dict[str, Any], url: str, contender: Callable[[Celery], Timed]) -> None:
+        rate, cpu = one_run(broker, url, n, contender)
+        into["rates"].append(rate)
+        into["cpu"].append(cpu)
+
     with servers(stores) as (broker, urls):
         redis_store = broker.url.rsplit("/", 1)[0] + "/1"
-        loop = result["loop"]
-        loop.append(one_run(broker, redis_store, n, send_task_loop))
+        measure(loop, redis_store, send_task_loop)
         for store, url in urls.items():
-            rates, ratios = [], []
+            ours: dict[str, Any] = {"rates": [], "cpu": []}
+            ratios = []
             for _ in range(rounds):
-                rate = one_run(broker, url(), n, leader_burst)
-                loop.append(one_run(broker, redis_store, n, send_task_loop))
-                rates.append(rate)
-                ratios.append(rate / statistics.mean(loop[-2:]))
-                print(f"  {store}: leader {rate:,.0f}/s, loop {loop[-1]:,.0f}/s", file=sys.stderr)
-            result[store] = {"rates": rates, "ratio": statistics.median(ratios)}
+                measure(ours, url(), leader_burst)
+                measure(loop, redis_store, send_task_loop)
+                ratios.append(ours["rates"][-1] / statistics.mean(loop["rates"][-2:]))
+                print(
+                    f"  {store}: leader {ours['rates'][-1]:,.0f}/s, "
+                    f"loop {loop['rates'][-1]:,.0f}/s",
+                    file=sys.stderr,
+                )
+            result[store] = {**ours, "ratio": statistics.median(ratios)}
     return result
 
 
@@ -190,10 +219,11 @@ def table(result: dict[str, Any]) -> str:
     lines = [
         f"{n:,} hourly entries due in the same second, Redis broker on loopback, medians",
         "",
-        "| publisher | slots/s | per run | vs send_task loop |",
-        "|---|---:|---|---:|",
-        f"| bare `send_task` loop, one producer | {statistics.median(loop):,.0f} | "
-        f"{', '.join(f'{r:,.0f}' for r in loop)} | 1.00 |",
+        "| publisher | slots/s | per run | vs send_task loop | CPU µs per slot |",
+        "|---|---:|---|---:|---:|",
+        f"| bare `send_task` loop, one producer | {statistics.median(loop['rates']):,.0f} | "
+        f"{', '.join(f'{r:,.0f}' for r in loop['rates'])} | 1.00 | "
+        f"{statistics.median(loop['cpu']):,.0f} |",
     ]
     for store in STORES:
         if store not in result:
@@ -201,7 +231,8 @@ def table(result: dict[str, Any]) -> str:
         rates = result[store]["rates"]
         lines.append(
             f"| LeaderScheduler, {store} store | {statistics.median(rates):,.0f} | "
-            f"{', '.join(f'{r:,.0f}' for r in rates)} | {result[store]['ratio']:.2f} |"
+            f"{', '.join(f'{r:,.0f}' for r in rates)} | {result[store]['ratio']:.2f} | "
+            f"{statistics.median(result[store]['cpu']):,.0f} |"
         )
     lines.append("")
     for store in STORES:
@@ -217,7 +248,7 @@ def table(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--n", type=int, default=100_000, help="entries in the burst")
-    parser.add_argument("--rounds", type=int, default=2, help="leader runs per store")
+    parser.add_argument("--rounds", type=int, default=3, help="leader runs per store")
     parser.add_argument(
         "--stores", default="redis", help=f"comma-separated lease stores: {', '.join(STORES)}"
     )
