@@ -26,8 +26,8 @@ from .state import Claim, dump_state
 from .sync import EntryState
 
 #: Slots whose publishes an adapter may buffer before they are flushed in one
-#: round trip to the broker. A flush that fails leaves the outcome of all of
-#: them unknown (they stay claimed), so this bounds what such a failure costs.
+#: round trip to the broker. A flush of unknown outcome leaves all of them
+#: claimed and maybe unsent, so this bounds what such a failure costs.
 PIPELINE = 100
 
 
