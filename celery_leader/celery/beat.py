@@ -12,6 +12,7 @@ it shares with the Dramatiq scheduler. This module only maps Celery onto it:
 * a slot is sent through ``Scheduler.apply_entry`` with the ``leader_epoch`` and
   ``leader_slot`` headers, so code that hooks it (sentry-sdk's Crons) sees every
   slot; a failure is classified as "nothing reached the broker" or "unknown";
+  the publishes of one claimed batch are pipelined where the broker allows it;
 * stop signals are held back between a batch's claim and its publish.
 
 A follower's ``tick()`` returns a short sleep and never runs Celery's own tick.
@@ -197,6 +198,15 @@ class LeaderSchedulerMixin:
             entry.options = options
         error = self._send_error
         return error, error is not None and publisher.definitely_unsent(error)
+
+    def _flush(self) -> tuple[BaseException | None, bool]:
+        """Deliver the publishes :meth:`_send` buffered: ``(error or None, definitely unsent)``."""
+        publisher = publishing.publisher_of(self, self.leader_config.watchdog_timeout)
+        try:
+            publisher.flush()
+        except Exception as exc:
+            return exc, publisher.definitely_unsent(exc)
+        return None, False
 
     def apply_async(
         self, entry: ScheduleEntry, producer: Any = None, advance: bool = True, **kwargs: Any
@@ -437,11 +447,15 @@ class _BeatAdapter(Adapter):
         error, definite = self.scheduler._send(self._entry(job), slot, epoch)
         return Outcome(error, definite)
 
+    def flush(self) -> Outcome:
+        error, definite = self.scheduler._flush()
+        return Outcome(error, definite)
+
     def demoted(self) -> None:
         self.scheduler.stopped_leading()
 
     def publishing(self) -> AbstractContextManager[object]:
-        return _stop_signals_deferred()
+        return _publishing(self.scheduler)
 
 
 def series_of(sched: Any, crontab_dst: str = "cron") -> Series | None:
@@ -478,6 +492,14 @@ def series_of(sched: Any, crontab_dst: str = "cron") -> Series | None:
 #: gives up within the broker's retry policy (about a second), which bounds how
 #: long a stop waits. SIGKILL is never held back.
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP)
+
+
+@contextmanager
+def _publishing(scheduler: LeaderSchedulerMixin) -> Iterator[None]:
+    """One claimed batch: stop signals held back, publishes pipelined where they can be."""
+    publisher = publishing.publisher_of(scheduler, scheduler.leader_config.watchdog_timeout)
+    with _stop_signals_deferred(), publisher.pipelined():
+        yield
 
 
 @contextmanager

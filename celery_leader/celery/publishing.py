@@ -25,12 +25,20 @@ A connection that saw a failure is dropped without the AMQP close handshake
 (which would wait on a stalled link) and reopened for the next publish.
 Other transports publish as before; their errors are classified by
 :func:`known_unsent`.
+
+Inside :meth:`BeatPublisher.pipelined` (one claimed batch of slots), publishes
+to a transport that pipelines them (kombu's ``Producer.batch``: Redis, when no
+retry could replay a pipeline) are buffered, and :meth:`BeatPublisher.flush`
+sends them in one round trip. A failed flush is classified like a failed
+publish, for all the messages it carried.
 """
 
 from __future__ import annotations
 
 import logging
 import select
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from ..exceptions import missing_extra
@@ -51,6 +59,10 @@ __all__ = ["BeatPublisher", "PublishOutcomeUnknown", "known_unsent", "publisher_
 #: retry rides out a broker that closed an idle connection; more would hold a
 #: claimed slot back from the next leader while this one cannot reach the broker.
 CONNECT_RETRIES = 1
+
+#: kombu's own flush threshold for a pipeline, in broker commands: above what
+#: the slot protocol buffers between its flushes, so that it decides them.
+PIPELINE_COMMANDS = 100_000
 
 
 class PublishOutcomeUnknown(Exception):
@@ -93,6 +105,12 @@ class _Confirming:
             channel.basic_publish = _confirmed(channel, self._record, self._confirm_timeout)
             channel._celery_leader_confirms = True
         return super()._publish(*args, **kwargs)  # type: ignore[misc]
+
+
+def _pipelines(producer: Any) -> bool:
+    # kombu before 5.7 has no Producer.batch; transports that cannot pipeline
+    # safely (AMQP, or Redis with retries that could replay one) say so.
+    return bool(getattr(producer, "supports_batch_publish", False))
 
 
 def _is_amqp(channel: Any) -> bool:
@@ -172,6 +190,8 @@ class BeatPublisher:
         self._connection: Any = None
         self._producer: Any = None
         self._confirms = False
+        self._pipelining = False  # inside pipelined()
+        self._batch: Any = None  # the producer's open kombu batch, if any
 
     def producer(self) -> Any:
         """A connected producer; raises (definitely unsent) when the broker is unreachable."""
@@ -188,17 +208,58 @@ class BeatPublisher:
             producer._record = self._record
             producer._confirm_timeout = self.confirm_timeout
             self._producer = producer
+        if self._pipelining and self._batch is None and _pipelines(self._producer):
+            batch = self._producer.batch(max_size=PIPELINE_COMMANDS)
+            batch.__enter__()
+            self._batch = batch
         self._record.state = "none"
         return self._producer
+
+    @contextmanager
+    def pipelined(self) -> Iterator[None]:
+        """Buffer the publishes of this block where the transport pipelines them.
+
+        What was not flushed when the block ends is dropped: the slot protocol
+        flushes before it leaves it, except after a failure.
+        """
+        self._pipelining = True
+        try:
+            yield
+        finally:
+            self._pipelining = False
+            self._close_batch()
+
+    def flush(self) -> None:
+        """Send the buffered publishes; raises when that fails (see :meth:`definitely_unsent`)."""
+        if self._batch is not None:
+            self._record.state = "none"
+            try:
+                self._batch.flush()
+            except Exception:
+                self._close_batch()
+                raise
+
+    def _close_batch(self) -> None:
+        batch, self._batch = self._batch, None
+        if batch is not None:
+            try:
+                # As if the block had raised: kombu discards what is unflushed.
+                batch.__exit__(RuntimeError, None, None)
+            except Exception as exc:
+                logger.debug("celery-leader: closing a publish pipeline failed: %s", exc)
 
     def definitely_unsent(self, error: BaseException) -> bool:
         """Classify the failure of the publish that follows :meth:`producer`.
 
         Drops the connection: after a failure it may be in any state (a late
-        confirm would answer the next publish).
+        confirm would answer the next publish). Not while a pipeline is open:
+        buffering a publish writes nothing, so this failure did not touch what
+        was buffered before it, which :meth:`flush` still sends (a flush that
+        fails closes the pipeline first).
         """
         state, confirms = self._record.state, self._confirms
-        self.release()
+        if self._batch is None:
+            self.release()
         if state != "none":
             return False  # written and unconfirmed, or confirmed before something else failed
         if confirms:
@@ -207,6 +268,7 @@ class BeatPublisher:
 
     def release(self) -> None:
         """Drop the connection without the close handshake (a stalled link would hang it)."""
+        self._close_batch()
         connection, self._connection, self._producer = self._connection, None, None
         self._confirms = False
         if connection is not None:

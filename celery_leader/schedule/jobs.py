@@ -66,7 +66,19 @@ class Adapter(ABC):
 
     @abstractmethod
     def send(self, job: Job, slot: str, due: datetime, epoch: int) -> Outcome:
-        """Publish slot ``slot`` (due at ``due``) of ``job``, fenced by ``epoch``."""
+        """Publish slot ``slot`` (due at ``due``) of ``job``, fenced by ``epoch``.
+
+        Inside :meth:`publishing` an adapter may buffer the message instead (a
+        pipeline to the broker): ``Outcome()`` then means "buffered", and
+        :meth:`flush` says what became of it.
+        """
+
+    def flush(self) -> Outcome:
+        """Deliver what :meth:`send` buffered; the outcome holds for all of it.
+
+        Adapters that publish at once have nothing to deliver.
+        """
+        return Outcome()
 
     def due_now(self, job: Job, now: datetime) -> tuple[datetime | None, float]:
         """For a job without a series: the due instant of its slot if one is due now
@@ -84,7 +96,8 @@ class Adapter(ABC):
         """This scheduler stopped dispatching: give back what only a leader needs."""
 
     def publishing(self) -> AbstractContextManager[object]:
-        """Wraps the publishes of one claimed batch (Celery holds back stop signals)."""
+        """Wraps the publishes of one claimed batch (Celery holds back stop signals
+        and pipelines its publishes to a Redis broker)."""
         return nullcontext()
 
 

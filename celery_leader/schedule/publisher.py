@@ -25,6 +25,11 @@ from .resend import Resender
 from .state import Claim, dump_state
 from .sync import EntryState
 
+#: Slots whose publishes an adapter may buffer before they are flushed in one
+#: round trip to the broker. A flush of unknown outcome leaves all of them
+#: claimed and maybe unsent, so this bounds what such a failure costs.
+PIPELINE = 100
+
 
 @dataclass
 class Batch:
@@ -110,25 +115,59 @@ class Publisher:
         )
 
     def _send_all(self, batches: list[Batch], epoch: int) -> tuple[str, Outcome] | None:
-        """Publish every claimed slot; stop at the first failure: ``(slot, outcome)``."""
-        election = self.lease.election
+        """Publish every claimed slot; stop at the first failure: ``(slot, outcome)``.
+
+        The adapter may buffer publishes; they are flushed every :data:`PIPELINE`
+        slots, before a failure is dealt with and at the end.
+        """
+        pending: list[tuple[Batch, str, datetime]] = []  # buffered, not yet flushed
         for batch in batches:
             for slot, due in zip(batch.slots, batch.dues, strict=True):
                 self.logger.info("celery-leader: sending slot %s (epoch %d)", slot, epoch)
                 outcome = self.adapter.send(batch.job, slot, due, epoch)
                 if outcome.error is None:
                     batch.sent.append(slot)
-                    self.failures = 0
-                    metrics.count("slots_sent", election)
-                    if self.resender is not None:
-                        self.resender.sent(slot)
+                    pending.append((batch, slot, due))
+                    if len(pending) >= PIPELINE:
+                        failure = self._flush(pending)
+                        if failure is not None:
+                            return failure
                     continue
+                # What was buffered before this slot still goes out first.
+                failure = self._flush(pending, keep=None if outcome.definitely_unsent else batch)
                 if not outcome.definitely_unsent:
                     batch.sent.append(slot)  # it may be in the broker: it stays claimed
                     if self.resender is not None:
                         self.resender.unknown(batch.job, slot, due)
-                return slot, outcome
-        return None
+                return failure or (slot, outcome)
+        return self._flush(pending)
+
+    def _flush(
+        self, pending: list[tuple[Batch, str, datetime]], keep: Batch | None = None
+    ) -> tuple[str, Outcome] | None:
+        """Deliver the buffered ``pending`` slots (emptied); the failure, if any.
+
+        Slots definitely not delivered leave their batches' ``sent`` (they are
+        the tail of it) and are handed back, except those of ``keep``, whose
+        later slot stays claimed: a batch hands back only the end of its slots.
+        """
+        if not pending:
+            return None
+        outcome = self.adapter.flush()
+        flushed, pending[:] = list(pending), []
+        if outcome.error is None:
+            self.failures = 0
+            metrics.count("slots_sent", self.lease.election, len(flushed))
+            if self.resender is not None:
+                for _, slot, _ in flushed:
+                    self.resender.sent(slot)
+            return None
+        for batch, slot, due in reversed(flushed):
+            if outcome.definitely_unsent and batch is not keep:
+                batch.sent.pop()
+            elif self.resender is not None:
+                self.resender.unknown(batch.job, slot, due)
+        return flushed[0][1], outcome
 
     def _failed(
         self,
