@@ -64,6 +64,16 @@ class Adapter(ABC):
     def jobs(self) -> Sequence[Job]:
         """The entries of the schedule now (it may change between ticks)."""
 
+    def jobs_changed(self) -> bool:
+        """Whether :meth:`jobs` may now differ from what it returned last.
+
+        The slot protocol calls :meth:`jobs` again only when this says so (and at
+        each new term), so that a tick costs what is due, not the whole
+        schedule. By default always: an adapter that cannot tell is asked at
+        every tick.
+        """
+        return True
+
     @abstractmethod
     def send(self, job: Job, slot: str, due: datetime, epoch: int) -> Outcome:
         """Publish slot ``slot`` (due at ``due``) of ``job``, fenced by ``epoch``."""

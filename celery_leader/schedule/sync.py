@@ -32,7 +32,6 @@ from ..backends import Term
 from ..exceptions import TermEnded
 from ..lease import Lease
 from .jobs import Job
-from .series import Series
 from .state import Claim, dump_state, parse_state
 
 #: Clock skew that goes unmentioned: replicas' clocks disagree by milliseconds.
@@ -44,20 +43,19 @@ MAX_CLOCK_SKEW = timedelta(seconds=1)
 REPAIR_AFTER = timedelta(hours=6)
 
 
-@dataclass
+@dataclass(slots=True)
 class EntryState:
-    """What the store records for one entry, as this leader last saw or wrote it."""
+    """What the store records for one entry, as this leader last saw or wrote it.
+
+    A leader holds one per entry, so it is kept small (slots, no caches): its
+    next due time lives in the protocol's :class:`~celery_leader.schedule.due.DueIndex`.
+    """
 
     raw: str | None  # the stored value: the ``expected`` of the next claim
     last_run_at: datetime  # UTC: the due time of the last slot recorded
     count: int
     generation: str | None = None  # the job's generation this state belongs to
     active_since: datetime | None = None  # the job's latest active_since, as stored
-    #: Cached: the next slot, and the series and ``active_since`` it was computed
-    #: from. A job whose series or ``active_since`` differs recomputes it.
-    next_due: datetime | None = None
-    due_series: Series | None = None
-    due_since: datetime | None = None
 
 
 class StateSync:
@@ -67,11 +65,17 @@ class StateSync:
         self.lease = lease
         self.logger = logger
 
-    def load(self, jobs: Sequence[Job], term: Term, now: datetime) -> dict[str, EntryState]:
-        """The state of every job: adopted from the store, or anchored with one claim."""
+    def read(self) -> dict[str, str]:
+        """The election's stored state, in one round trip (read once per load, not per chunk)."""
         lease = self.lease
         with lease.observe("load_state"):
-            stored = lease.backend.load_state(lease.election)
+            return lease.backend.load_state(lease.election)
+
+    def load(
+        self, jobs: Sequence[Job], term: Term, now: datetime, stored: dict[str, str]
+    ) -> dict[str, EntryState]:
+        """The state of ``jobs``: adopted from ``stored`` (what :meth:`read` returned), or
+        anchored with one claim."""
         states: dict[str, EntryState] = {}
         anchors: list[Job] = []
         for job in jobs:
