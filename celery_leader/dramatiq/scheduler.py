@@ -113,11 +113,22 @@ class _EnqueueAdapter(Adapter):
         self.feed: EntryFeed | None = None
         self._refused: set[tuple[str, str]] = set()  # (name, why) logged once
         self._unhonoured = refused_options(broker)
+        #: What the last :meth:`jobs` listed from: the feed and the entries it had read.
+        self._listed: tuple[EntryFeed | None, dict[str, Entry] | None] | None = None
+
+    def jobs_changed(self) -> bool:
+        """Code entries are fixed at start-up: only the store's entries change."""
+        if self._listed is None:
+            return True
+        feed, records = self._listed
+        return self.feed is not feed or (feed is not None and feed.current() is not records)
 
     def jobs(self) -> Sequence[Job]:
         if self.feed is None:
+            self._listed = (None, None)
             return self.entries
         records = self.feed.current()
+        self._listed = (self.feed, records)
         jobs = []
         for job in self.entries:
             kept = records.get(job.name)

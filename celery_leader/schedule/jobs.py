@@ -18,7 +18,7 @@ from typing import Any
 from .series import Series
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Job:
     """One schedule entry, as the slot protocol sees it."""
 

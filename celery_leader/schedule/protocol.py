@@ -57,7 +57,7 @@ from .sync import MAX_CLOCK_SKEW, EntryState, StateSync
 BATCH = 1000
 
 #: Entries whose state one claim round trip loads or anchors on a new term.
-LOAD_CHUNK = 5000
+LOAD_CHUNK = 2000
 #: Seconds of loading per tick while a new term loads its state: between slices
 #: the leader dispatches what is loaded and due (a 1 s entry stays on time).
 LOAD_SLICE = 0.2
