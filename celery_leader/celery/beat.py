@@ -301,6 +301,8 @@ class _BeatAdapter(Adapter):
         self._count = 0
         #: The store entries the last :meth:`jobs` read (``None``: no feed yet).
         self._records: dict[str, Entry] | None = None
+        #: What the last :meth:`jobs` returned: returned again while nothing changed.
+        self._listed: list[Job] | None = None
         #: The entries kept in the store; set on the first tick (which joins the lease).
         self.feed: EntryFeed | None = None
         #: Store entries as Celery entries, by name: (the Entry they were made of, it).
@@ -325,6 +327,8 @@ class _BeatAdapter(Adapter):
         )
 
     def jobs(self) -> Sequence[Job]:
+        if self._listed is not None and not self.jobs_changed():
+            return self._listed  # a promotion: listed at start-up, or while leading before
         scheduler = self.scheduler
         scheduler.set_up_as_leader()
         zone = scheduler.app.timezone
@@ -367,7 +371,8 @@ class _BeatAdapter(Adapter):
             seen[entry.name] = (sched, options, job)
             jobs.append(job)
         self._made = seen
-        return scheduler.mark_edits(jobs) + self._store_jobs(records, set(seen))
+        self._listed = scheduler.mark_edits(jobs) + self._store_jobs(records, set(seen))
+        return self._listed
 
     def _store_jobs(self, records: dict[str, Entry], code: set[str]) -> list[Job]:
         """The enabled store entries this leader may send, as jobs (refusals logged once)."""
