@@ -118,7 +118,8 @@ class SlotProtocol:
         self._due = DueIndex()  # next due times of loaded jobs with a series
         self._polled: dict[str, None] = {}  # loaded jobs without a series, in order
         self._pending: list[Job] = []  # jobs whose state is not loaded yet; the next last
-        self._stored: dict[str, str] | None = None  # the store's state, read for _pending
+        #: The store's whole state, read for _pending by stores that cannot read some keys.
+        self._stored: dict[str, str] | None = None
         self._announced = False  # "dispatching as leader" logged for this load
         self._recover = False  # the run ledger's recovery waits for the load to finish
 
@@ -285,13 +286,17 @@ class SlotProtocol:
         watchdog = self.runtime.watchdog
         stop = time.monotonic() + LOAD_SLICE
         try:
-            if self._stored is None:
-                self._stored = sync.read()
-                watchdog.progress()
             while self._pending:
                 chunk = self._pending[-LOAD_CHUNK:]
                 del self._pending[-LOAD_CHUNK:]
-                states = sync.load(chunk, term, now, self._stored)
+                stored = self._stored
+                if stored is None:
+                    # The chunk's records alone where the store can; else all, once per load.
+                    stored = sync.read([job.name for job in chunk])
+                    if stored is None:
+                        stored = self._stored = sync.read()
+                        watchdog.progress()
+                states = sync.load(chunk, term, now, stored)
                 self._states.update(states)
                 stale = []
                 for job in chunk:

@@ -27,6 +27,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import overload
 
 from ..backends import Term
 from ..exceptions import TermEnded
@@ -65,17 +66,25 @@ class StateSync:
         self.lease = lease
         self.logger = logger
 
-    def read(self) -> dict[str, str]:
-        """The election's stored state, in one round trip (read once per load, not per chunk)."""
+    @overload
+    def read(self) -> dict[str, str]: ...
+    @overload
+    def read(self, names: Sequence[str]) -> dict[str, str] | None: ...
+
+    def read(self, names: Sequence[str] | None = None) -> dict[str, str] | None:
+        """The election's stored state, in one round trip: all of it, or that of ``names``
+        (``None`` when the store reads only all of it)."""
         lease = self.lease
         with lease.observe("load_state"):
-            return lease.backend.load_state(lease.election)
+            if names is None:
+                return lease.backend.load_state(lease.election)
+            return lease.backend.load_state_of(lease.election, names)
 
     def load(
         self, jobs: Sequence[Job], term: Term, now: datetime, stored: dict[str, str]
     ) -> dict[str, EntryState]:
-        """The state of ``jobs``: adopted from ``stored`` (what :meth:`read` returned), or
-        anchored with one claim."""
+        """The state of ``jobs``: adopted from ``stored`` (what :meth:`read` returned, for
+        them at least), or anchored with one claim."""
         states: dict[str, EntryState] = {}
         anchors: list[Job] = []
         for job in jobs:
@@ -115,9 +124,7 @@ class StateSync:
             won = lease.backend.claim(lease.election, term, [c.write() for _, c, _ in fresh])
         if not any(won):
             # Every claim fails at once only when the term is no longer current.
-            raise TermEnded(
-                f"the term (epoch {term.epoch}) ended while loading the schedule state"
-            )
+            raise TermEnded(f"the term (epoch {term.epoch}) ended while loading the schedule state")
         if not all(won):
             raise TermEnded("another leader wrote the schedule state while this one loaded it")
         for job, claim, start in fresh:
