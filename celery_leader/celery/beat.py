@@ -333,7 +333,7 @@ class _BeatAdapter(Adapter):
             return True
         scheduler = self.scheduler
         current = scheduler.schedule
-        records = None if self.feed is None else self.feed.current()
+        records = None if self.feed is None else self.feed.current() or None
         return (
             current is not entries
             or len(current) != self._count
@@ -347,7 +347,8 @@ class _BeatAdapter(Adapter):
         scheduler = self.scheduler
         scheduler.set_up_as_leader()
         zone = scheduler.app.timezone
-        self._records = None if self.feed is None else self.feed.current()
+        # None for no store entries, feed or not: a feed that finds none changes nothing.
+        self._records = None if self.feed is None else self.feed.current() or None
         records = {} if self._records is None else self._records
         jobs = []
         seen = {}
