@@ -320,8 +320,9 @@ class _BeatAdapter(Adapter):
         self._listed: list[Job] | None = None
         #: The entries kept in the store; set on the first tick (which joins the lease).
         self.feed: EntryFeed | None = None
-        #: Store entries as Celery entries, by name: (the Entry they were made of, it).
-        self._stored: dict[str, tuple[Entry, ScheduleEntry]] = {}
+        #: Store entries' jobs, by name, with the Entry each was made of (its payload
+        #: is a Celery entry): an unchanged entry keeps its job.
+        self._stored: dict[str, tuple[Entry, Job]] = {}
         self._refused: set[tuple[str, str]] = set()  # (name, why) logged once
 
     def jobs_changed(self) -> bool:
@@ -405,10 +406,10 @@ class _BeatAdapter(Adapter):
                 self._refuse(name, f"its task {entry.task} is outside leader_entries_allow")
                 continue
             known = self._stored.get(name)
-            celery_entry = known[1] if known and known[0] == entry else self._celery_entry(entry)
-            stored[name] = (entry, celery_entry)
-            jobs.append(
-                Job(
+            if known is not None and known[0] == entry:
+                job = known[1]  # unchanged: the same job, so the protocol skips it
+            else:
+                job = Job(
                     name,
                     entry.series(),
                     entry.missed_slots or config.missed_slots,
@@ -416,11 +417,12 @@ class _BeatAdapter(Adapter):
                     if entry.missed_slots_grace is not None
                     else config.missed_slots_grace,
                     self.scheduler.app.timezone,
-                    celery_entry,
+                    self._celery_entry(entry),
                     generation=entry.generation,
                     active_since=entry.active_since,
                 )
-            )
+            stored[name] = (entry, job)
+            jobs.append(job)
         self._stored = stored
         return jobs
 
