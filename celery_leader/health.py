@@ -61,6 +61,14 @@ class Watchdog:
         """The loop starts a tick now."""
         self._deadline = time.monotonic() + self.timeout
 
+    def progress(self) -> None:
+        """A long tick made progress (a chunk of a new term's state is loaded).
+
+        The deadline moves to ``timeout`` from now: a tick that keeps making
+        progress is not hung, and one stuck in a single step still is.
+        """
+        self._deadline = time.monotonic() + self.timeout
+
     def tick_finished(self, sleep: float) -> None:
         """The loop finished a tick and will start the next within ``sleep`` seconds."""
         self._deadline = time.monotonic() + max(sleep, 0.0) + self.timeout

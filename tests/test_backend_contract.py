@@ -512,6 +512,15 @@ class TestFencedState:
         assert len(observer.load_state(ELECTION)) == 1202
         assert observer.load_state("other") == {}
 
+    def test_the_state_of_some_keys_is_what_the_whole_state_says_of_them(
+        self, store: Store
+    ) -> None:
+        a, observer = store.backend(), store.backend()
+        term = take(a, "a")
+        assert a.claim(ELECTION, term, [Write("x", None, '"1"'), Write("y", None, '"2"')])
+        some = observer.load_state_of(ELECTION, ["x", "absent"])
+        assert some is None or some == {"x": '"1"'}  # None: this store reads all at once
+
     def test_a_write_must_come_after_the_record_it_replaces(self, store: Store) -> None:
         """Order keys are compared as strings, never parsed: a record only moves forward."""
         a, observer = store.backend(), store.backend()

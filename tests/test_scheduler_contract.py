@@ -528,6 +528,8 @@ def edit_jobs(scheduler: Any, change: Callable[[list[Job]], list[Job]]) -> None:
     adapter = slot_protocol.adapter
     own = type(adapter).jobs.__get__(adapter)
     adapter.jobs = lambda: change(list(own()))
+    # ``change`` may answer differently at each call: the jobs are listed at every tick.
+    adapter.jobs_changed = lambda: True
 
 
 def test_a_re_timed_entry_sends_its_first_new_slot_at_once(

@@ -109,6 +109,15 @@ class FencedState(ABC):
     def load_state(self, election: str) -> dict[str, str]:
         """The records of ``election``: key -> value, as written."""
 
+    def load_state_of(self, election: str, keys: Sequence[str]) -> dict[str, str] | None:
+        """The records of ``keys`` alone (those that exist), in one round trip.
+
+        ``None``: this store reads only all records at once (:meth:`load_state`).
+        A leader of a large schedule reads its state this way, chunk by chunk,
+        and starts dispatching after the first chunk.
+        """
+        return None
+
     def claim(self, election: str, term: Term, writes: Sequence[Write]) -> list[bool]:
         """Apply ``writes`` in one round trip; one result per write.
 
@@ -156,6 +165,7 @@ class FencedState(ABC):
     @abstractmethod
     def load_runs(self, election: str) -> dict[str, str]:
         """The unexpired run records of ``election``: key -> value, as written."""
+
     # -- schedule entries ---------------------------------------------------
     #
     # Entries of an election are records beside its fenced state that any

@@ -140,6 +140,11 @@ class MemoryBackend(Backend):
         with self._store.cond:
             return dict(self._store.state.get(election, {}))
 
+    def load_state_of(self, election: str, keys: Sequence[str]) -> dict[str, str]:
+        with self._store.cond:
+            state = self._store.state.get(election, {})
+            return {k: state[k] for k in keys if k in state}
+
     def compare_and_set(self, election: str, term: Term, claims: Sequence[Write]) -> list[bool]:
         store = self._store
         with store.cond:

@@ -148,6 +148,11 @@ class LeaderDatabaseScheduler(LeaderSchedulerMixin, DatabaseScheduler):  # type:
         self._rows: dict[str, _Seen] | None = None
         self._looked_at: datetime | None = None
         self._warmed = False  # the tables were read once ahead of leading
+        # When a row next starts or expires (None: none will), and whether the rows
+        # must be listed again (a one-off row ran, or leading stopped): either
+        # changes which rows run, or since when, without a new schedule.
+        self._turns_at: datetime | None = None
+        self._relist = False
         super().__init__(*args, **kwargs)
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
@@ -195,6 +200,23 @@ class LeaderDatabaseScheduler(LeaderSchedulerMixin, DatabaseScheduler):  # type:
             and not (model.one_off and model.total_run_count > 0)
         )
 
+    def schedule_moved(self) -> bool:
+        """Whether a row started or expired, a one-off row ran, or leading stopped since the
+        jobs were listed."""
+        turns_at = self._turns_at
+        return self._relist or (turns_at is not None and self.app.now() >= turns_at)
+
+    def _next_turn(self, entries: Any) -> datetime | None:
+        """The next instant a row's ``start_time`` or ``expires`` passes."""
+        now = self.app.now()
+        turns = [
+            moment
+            for entry in entries.values()
+            for moment in (entry.model.start_time, entry.model.expires)
+            if moment is not None and moment > now
+        ]
+        return min(turns, default=None)
+
     def mark_edits(self, jobs: list[Job]) -> list[Job]:
         """Each row's job with its generation (the row's key) and ``active_since``.
 
@@ -215,6 +237,7 @@ class LeaderDatabaseScheduler(LeaderSchedulerMixin, DatabaseScheduler):  # type:
         # Read once: each read of django-celery-beat's ``schedule`` asks the database
         # whether it changed, and may rebuild it.
         entries = self.schedule
+        self._turns_at, self._relist = self._next_turn(entries), False
         rows, marked = {}, []
         for job in jobs:
             entry = entries.get(job.payload)
@@ -240,9 +263,12 @@ class LeaderDatabaseScheduler(LeaderSchedulerMixin, DatabaseScheduler):  # type:
         """Forget the rows: edits made while following were not watched."""
         super().stopped_leading()
         self._rows = self._looked_at = None
+        self._relist = True  # a promotion's first look takes the rows as they are
 
     def set_run_state(self, entry: Any, last_run_at: datetime, count: int) -> None:
         """Also update the entry's model row, which ``next(entry)`` copies from."""
         super().set_run_state(entry, last_run_at, count)
         entry.model.last_run_at = last_run_at
         entry.model.total_run_count = count
+        if entry.model.one_off and count > 0:
+            self._relist = True  # it runs no more: listed again without it

@@ -113,11 +113,25 @@ class _EnqueueAdapter(Adapter):
         self.feed: EntryFeed | None = None
         self._refused: set[tuple[str, str]] = set()  # (name, why) logged once
         self._unhonoured = refused_options(broker)
+        #: What the last :meth:`jobs` listed from: the feed and the entries it had read.
+        self._listed: tuple[EntryFeed | None, dict[str, Entry] | None] | None = None
+        #: Store entries' jobs, by name, with the Entry each was made of: an unchanged
+        #: entry keeps its job.
+        self._stored: dict[str, tuple[Entry, Job]] = {}
+
+    def jobs_changed(self) -> bool:
+        """Code entries are fixed at start-up: only the store's entries change."""
+        if self._listed is None:
+            return True
+        feed, records = self._listed
+        return self.feed is not feed or (feed is not None and feed.current() is not records)
 
     def jobs(self) -> Sequence[Job]:
         if self.feed is None:
+            self._listed = (None, None)
             return self.entries
         records = self.feed.current()
+        self._listed = (self.feed, records)
         jobs = []
         for job in self.entries:
             kept = records.get(job.name)
@@ -128,6 +142,7 @@ class _EnqueueAdapter(Adapter):
                 job = replace(job, active_since=kept.active_since)
             jobs.append(job)
         code = {j.name for j in self.entries}
+        stored: dict[str, tuple[Entry, Job]] = {}
         for name, entry in records.items():
             if entry.kind != STORE or not entry.enabled:
                 continue
@@ -150,19 +165,25 @@ class _EnqueueAdapter(Adapter):
                     self._refused.add((name, why))
                     logger.error("celery-leader: not sending stored entry %s: %s", name, why)
                 continue
-            jobs.append(
-                Job(
-                    name,
-                    entry.series(),
-                    entry.missed_slots or self.config.missed_slots,
-                    entry.missed_slots_grace
-                    if entry.missed_slots_grace is not None
-                    else self.config.missed_slots_grace,
-                    payload=(actor, entry),
-                    generation=entry.generation,
-                    active_since=entry.active_since,
+            known = self._stored.get(name)
+            if known is None or known[0] != entry or known[1].payload[0] is not actor:
+                known = (
+                    entry,
+                    Job(
+                        name,
+                        entry.series(),
+                        entry.missed_slots or self.config.missed_slots,
+                        entry.missed_slots_grace
+                        if entry.missed_slots_grace is not None
+                        else self.config.missed_slots_grace,
+                        payload=(actor, entry),
+                        generation=entry.generation,
+                        active_since=entry.active_since,
+                    ),
                 )
-            )
+            stored[name] = known
+            jobs.append(known[1])
+        self._stored = stored
         return jobs
 
     def send(self, job: Job, slot: str, due: datetime, epoch: int) -> Outcome:

@@ -85,6 +85,9 @@ class every(Schedule):  # lower case, like a function, as in the contract
     def walk(self, after: datetime, until: datetime, keep: int) -> tuple[list[datetime], int]:
         return self._grid.walk(after, until, keep)
 
+    def spacing(self) -> float:
+        return self.seconds
+
     def key(self) -> tuple[object, ...]:
         return self._grid.key()
 

@@ -353,6 +353,9 @@ class Bounded(Series):
     def anchor(self, now: datetime) -> datetime:
         return self.inner.anchor(now)
 
+    def spacing(self) -> float:
+        return self.inner.spacing()
+
     def key(self) -> tuple[object, ...]:
         return ("bounded", self.inner.key(), self.start, self.end)
 

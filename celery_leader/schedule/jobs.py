@@ -18,7 +18,7 @@ from typing import Any
 from .series import Series
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Job:
     """One schedule entry, as the slot protocol sees it."""
 
@@ -63,6 +63,16 @@ class Adapter(ABC):
     @abstractmethod
     def jobs(self) -> Sequence[Job]:
         """The entries of the schedule now (it may change between ticks)."""
+
+    def jobs_changed(self) -> bool:
+        """Whether :meth:`jobs` may now differ from what it returned last.
+
+        The slot protocol calls :meth:`jobs` again only when this says so (and at
+        each new term), so that a tick costs what is due, not the whole
+        schedule. By default always: an adapter that cannot tell is asked at
+        every tick.
+        """
+        return True
 
     @abstractmethod
     def send(self, job: Job, slot: str, due: datetime, epoch: int) -> Outcome:

@@ -5,13 +5,22 @@ Each tick:
 1. **Term.** A follower returns a short sleep and touches nothing shared. A new
    term (promotion, or the lease won back) first loads the stored state
    (:mod:`~celery_leader.schedule.sync`).
+   The state is loaded in chunks, the most frequent entries first, a slice of
+   time per tick: dispatching starts with the first chunk, and the watchdog
+   sees each chunk as progress, so a schedule too large to load within
+   ``leader_tick_timeout`` is not a hung tick.
 2. **Plan.** Every job whose next slot is due gets a :class:`Batch`: the slots
    its missed-slot policy sends (:mod:`~celery_leader.schedule.policy`) and a
    claim that records the newest due slot. All arithmetic is on UTC instants.
-   Jobs may change between ticks: a job whose series or ``active_since``
-   changed recomputes its next due time at once, a job that is gone is
-   forgotten, and one that (re)appears, or comes back with another
-   generation, has its state loaded (and, if re-created, anchored) anew.
+   Jobs with a series sit in a :class:`~celery_leader.schedule.due.DueIndex`
+   by next due time, so a tick looks only at what is due; a job's next due
+   time is computed when it is loaded, fires or is edited. Jobs without a
+   series (Celery's solar and custom schedules) are asked at every tick.
+   Jobs are listed again only when the adapter says they changed
+   (:meth:`~celery_leader.schedule.jobs.Adapter.jobs_changed`): a job whose
+   series or ``active_since`` changed recomputes its next due time at once, a
+   job that is gone is forgotten, and one that (re)appears, or comes back with
+   another generation, has its state loaded (and, if re-created, anchored) anew.
 3. **Claim and publish** (:mod:`~celery_leader.schedule.publisher`): one fenced
    round trip claims the whole batch; only claimed slots are published.
 
@@ -25,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime, timezone
 
 from .. import metrics
@@ -34,6 +43,7 @@ from ..callbacks import Observer
 from ..config import LeaderConfig
 from ..exceptions import StoreUnavailable, TermEnded
 from ..lease import Lease
+from .due import DueIndex
 from .jobs import Adapter, Job
 from .policy import DueSlots, counted_after, due_slots, later
 from .publisher import Batch, Publisher
@@ -48,11 +58,28 @@ from .sync import MAX_CLOCK_SKEW, EntryState, StateSync
 BATCH = 1000
 
 #: Share of ``leader_tick_timeout`` a tick may spend publishing batch after
-#: batch of a burst before it ends (and the next one starts at once). Each tick
-#: walks the whole schedule (about 1 s at 100,000 entries), so a longer share
-#: costs less per slot; but entries that fall due meanwhile wait for the next
-#: tick, and a tick must stay clear of the watchdog.
+#: batch of a burst before it ends (and the next tick starts at once): entries
+#: that fall due meanwhile wait for the next tick, and a tick must stay clear
+#: of the watchdog, which hands the lease over after a whole timeout.
 BURST_SHARE = 1 / 2
+#: Entries whose state one claim round trip loads or anchors on a new term.
+LOAD_CHUNK = 2000
+#: Seconds of loading per tick while a new term loads its state: between slices
+#: the leader dispatches what is loaded and due (a 1 s entry stays on time).
+LOAD_SLICE = 0.2
+
+
+def _load_order(jobs: Iterable[Job]) -> list[Job]:
+    """``jobs`` in the order a new term loads them, from the end: most frequent first,
+    and first of all those without a series (they may be due at any tick)."""
+    return sorted(jobs, key=lambda j: 0.0 if j.series is None else j.series.spacing(), reverse=True)
+
+
+def _resumed(job: Job, state: EntryState) -> bool:
+    """Whether ``job`` was resumed or re-timed after its stored ``active_since``."""
+    return job.active_since is not None and (
+        state.active_since is None or job.active_since > state.active_since
+    )
 
 
 def utcnow() -> datetime:
@@ -84,14 +111,23 @@ class SlotProtocol:
         self.max_sleep = max_sleep
         #: The wall clock (aware UTC); ``None``: :meth:`now`, looked up at each tick.
         self.clock = clock
-        self._epoch: int | None = None  # the term whose state is loaded
+        self._epoch: int | None = None  # the term whose state is (being) loaded
         self._promoted_epoch: int | None = None
         self._promoted_at: datetime | None = None  # when this term started dispatching
-        self._states: dict[str, EntryState] = {}
         self._publisher: Publisher | None = None
         self._load_error: str | None = None
         self._last_now: datetime | None = None  # the previous tick's clock: to notice a jump back
         self._stuck_logged: set[str] = set()  # jobs whose stuck schedule was logged this term
+        # Per-entry state, held only while leading (a follower holds none):
+        self._jobs: dict[str, Job] = {}  # the jobs as last listed, by name
+        self._states: dict[str, EntryState] = {}  # loaded state, by name
+        self._due = DueIndex()  # next due times of loaded jobs with a series
+        self._polled: dict[str, None] = {}  # loaded jobs without a series, in order
+        self._pending: list[Job] = []  # jobs whose state is not loaded yet; the next last
+        #: The store's whole state, read for _pending by stores that cannot read some keys.
+        self._stored: dict[str, str] | None = None
+        self._announced = False  # "dispatching as leader" logged for this load
+        self._recover = False  # the run ledger's recovery waits for the load to finish
 
     @property
     def lease(self) -> Lease:
@@ -122,6 +158,10 @@ class SlotProtocol:
         self.runtime.write_health()
         return sleep
 
+    def loaded(self) -> bool:
+        """Whether this scheduler leads and holds the state of every job."""
+        return self._epoch is not None and not self._pending
+
     def close(self) -> None:
         """Hand over first (demote, release, wake a follower), then close the store."""
         self.runtime.close()
@@ -138,56 +178,144 @@ class SlotProtocol:
                 )
                 self._epoch = None
                 self.adapter.demoted()
+            self._forget_all()
             return self.idle
-        jobs = self.adapter.jobs()
         now = (self.clock or self.now)()
-        self._forget_gone(jobs)
-        if term.epoch != self._epoch or any(self._unknown(job) for job in jobs):
-            if not self._load(jobs, term, now):
-                return self.idle
-        self._notice_clock(now)
-        if not self._restamp(jobs, term):
+        if term.epoch != self._epoch:
+            self._begin(term, now)
+        elif self.adapter.jobs_changed() and not self._apply(self.adapter.jobs(), term):
             return self.idle
-        return self._dispatch(jobs, term, now)
+        if self._pending and not self._load_some(term, now):
+            return self.idle
+        self._notice_clock(now)
+        sleep = self._dispatch(term, now)
+        return 0.0 if self._pending else sleep
 
-    def _forget_gone(self, jobs: Sequence[Job]) -> None:
-        """Drop the memory of jobs no longer in the schedule (removed, paused, disabled).
+    def _forget_all(self) -> None:
+        """Drop every entry's state: a follower holds none."""
+        if self._jobs or self._states or self._pending:
+            self._jobs, self._states, self._pending = {}, {}, []
+            self._polled, self._stored = {}, None
+            self._due.clear()
 
-        Their stored state stays: a job that comes back loads it again, and its
-        ``generation`` and ``active_since`` say what of it still counts.
+    def _begin(self, term: Term, now: datetime) -> None:
+        """Start loading the state of every job for ``term`` (a new term, or a reload)."""
+        jobs = self.adapter.jobs()
+        self.runtime.watchdog.progress()
+        self._forget_all()
+        self._jobs = {job.name: job for job in jobs}
+        self._pending = _load_order(jobs)
+        self._announced = False
+        if term.epoch != self._promoted_epoch:  # a new term, not a reload within one
+            self._promoted_epoch = term.epoch
+            self._promoted_at = now
+            self._stuck_logged.clear()
+            lease = self.lease
+            resender = (
+                Resender(lease, self.adapter, self.config.ledger_retention, self.logger)
+                if self.config.ledger
+                else None
+            )
+            self._publisher = Publisher(
+                lease, self.adapter, self.config.max_publish_failures, self.logger, resender
+            )
+            self._recover = resender is not None
+        self._epoch = term.epoch
+
+    def _apply(self, jobs: Sequence[Job], term: Term) -> bool:
+        """Take in the jobs as listed now: forget the gone, load the new or re-created,
+        re-time the edited. False (state reloaded at the next tick) when a restamp failed.
+
+        Gone jobs' stored state stays: a job that comes back loads it again, and
+        its ``generation`` and ``active_since`` say what of it still counts.
         """
-        names = {job.name for job in jobs}
-        for name in [name for name in self._states if name not in names]:
-            del self._states[name]
-            self._stuck_logged.discard(name)
+        old, self._jobs = self._jobs, {job.name: job for job in jobs}
+        for name in old.keys() - self._jobs.keys():
+            self._drop(name)
+        fresh = False
+        stale = []
+        for job in jobs:
+            before = old.get(job.name)
+            if before is job or before == job:
+                continue
+            state = self._states.get(job.name)
+            if state is not None and state.generation != job.generation:
+                self._drop(job.name)  # re-created: its state is loaded (anchored) anew
+                state = None
+            if state is None:
+                fresh = True
+                continue
+            if _resumed(job, state):
+                stale.append(job)
+            self._settle(job, state)
+        if fresh or self._pending:
+            self._pending = _load_order([j for j in jobs if j.name not in self._states])
+        if fresh:
+            self._stored = None  # read again: another leader may have written it since
+        return self._restamp(stale, term)
 
-    def _unknown(self, job: Job) -> bool:
-        """Whether ``job``'s state must be loaded: new to this leader, or re-created."""
-        state = self._states.get(job.name)
-        return state is None or state.generation != job.generation
+    def _drop(self, name: str) -> None:
+        self._states.pop(name, None)
+        self._due.discard(name)
+        self._polled.pop(name, None)
+        self._stuck_logged.discard(name)
+
+    def _settle(self, job: Job, state: EntryState) -> None:
+        """Put ``job`` (its state loaded, claimed or edited) where the next tick finds it."""
+        if job.series is None:
+            self._polled[job.name] = None
+            return
+        self._polled.pop(job.name, None)
+        since = later(job.active_since, state.active_since)
+        # A changed schedule takes effect at once: never wait out the old one.
+        self._due.set(job.name, job.series.next_after(counted_after(state.last_run_at, since)))
 
     def _restamp(self, jobs: Sequence[Job], term: Term) -> bool:
         """Store the ``active_since`` of jobs resumed or re-timed since their state was
         written; False (state reloaded at the next tick) when that failed."""
-        stale = []
-        for job in jobs:
-            stored = self._states[job.name].active_since
-            if job.active_since is not None and (stored is None or job.active_since > stored):
-                stale.append(job)
-        if not stale:
+        if not jobs:
             return True
         try:
-            if StateSync(self.lease, self.logger).restamp(stale, term, self._states):
+            if StateSync(self.lease, self.logger).restamp(jobs, term, self._states):
+                for job in jobs:
+                    self._settle(job, self._states[job.name])
                 return True
         except StoreUnavailable as exc:
             self.logger.warning("celery-leader: cannot record a resumed entry: %s", exc)
         self._epoch = None  # reload the state before dispatching anything
         return False
 
-    def _load(self, jobs: Sequence[Job], term: Term, now: datetime) -> bool:
-        lease = self.lease
+    def _load_some(self, term: Term, now: datetime) -> bool:
+        """Load (or anchor) the next chunks of pending jobs, for up to :data:`LOAD_SLICE`
+        seconds. False when the state cannot be loaded (retried at the next tick)."""
+        sync = StateSync(self.lease, self.logger)
+        watchdog = self.runtime.watchdog
+        stop = time.monotonic() + LOAD_SLICE
         try:
-            self._states = StateSync(lease, self.logger).load(jobs, term, now)
+            while self._pending:
+                chunk = self._pending[-LOAD_CHUNK:]
+                del self._pending[-LOAD_CHUNK:]
+                stored = self._stored
+                if stored is None:
+                    # The chunk's records alone where the store can; else all, once per load.
+                    stored = sync.read([job.name for job in chunk])
+                    if stored is None:
+                        stored = self._stored = sync.read()
+                        watchdog.progress()
+                states = sync.load(chunk, term, now, stored)
+                self._states.update(states)
+                stale = []
+                for job in chunk:
+                    state = states[job.name]
+                    self.adapter.recorded(job, state.last_run_at, state.count, False)
+                    self._settle(job, state)
+                    if _resumed(job, state):
+                        stale.append(job)
+                watchdog.progress()
+                if not self._restamp(stale, term):
+                    return False
+                if time.monotonic() >= stop:
+                    break
         except TermEnded as exc:
             self.logger.warning("celery-leader: not dispatching: %s", exc)
             self._epoch = None
@@ -200,30 +328,19 @@ class SlotProtocol:
             self._epoch = None
             return False
         self._load_error = None
-        for job in jobs:
-            state = self._states[job.name]
-            self.adapter.recorded(job, state.last_run_at, state.count, False)
-        if term.epoch != self._epoch:
-            if term.epoch != self._promoted_epoch:  # a new term, not a reload within one
-                self._promoted_epoch = term.epoch
-                self._promoted_at = now
-                self._stuck_logged.clear()
-                resender = (
-                    Resender(lease, self.adapter, self.config.ledger_retention, self.logger)
-                    if self.config.ledger
-                    else None
-                )
-                self._publisher = Publisher(
-                    lease, self.adapter, self.config.max_publish_failures, self.logger, resender
-                )
-                if resender is not None:
-                    resender.recover(list(jobs), self._states, term.epoch)
+        if not self._announced:
+            self._announced = True
             self.logger.info(
                 "celery-leader: dispatching as leader of %r (epoch %d)",
-                lease.election,
+                self.lease.election,
                 term.epoch,
             )
-        self._epoch = term.epoch
+        if not self._pending:
+            self._stored = None
+            publisher = self._publisher
+            if self._recover and publisher is not None and publisher.resender is not None:
+                self._recover = False
+                publisher.resender.recover(list(self._jobs.values()), self._states, term.epoch)
         return True
 
     def _notice_clock(self, now: datetime) -> None:
@@ -248,7 +365,7 @@ class SlotProtocol:
 
     # -- due slots ----------------------------------------------------------
 
-    def _dispatch(self, jobs: Sequence[Job], term: Term, now: datetime) -> float:
+    def _dispatch(self, term: Term, now: datetime) -> float:
         """Claim and publish what is due, a batch at a time, while the lease and the
         tick's share of the watchdog's time last; returns how long to sleep."""
         publisher = self._publisher
@@ -257,34 +374,56 @@ class SlotProtocol:
             publisher.resender.retry(term.epoch)
         started = time.monotonic()
         ends = started + self.config.watchdog_timeout * BURST_SHARE
-        batches: list[Batch] = []
-        sleep = self.max_sleep
-        published = False
-        for job in jobs:
-            batch, wait = self._due_batch(job, self._states[job.name], term, now)
-            sleep = min(sleep, wait)
-            if batch is None:
-                continue
-            batches.append(batch)
-            if len(batches) < BATCH:
-                continue
-            published = True
-            if not self._publish(publisher, batches, term):
+        # Each job without a series is asked once per tick: once sent, its
+        # schedule would name the same slot again until its state is settled.
+        polled = iter(list(self._polled))
+        while True:
+            batches, sleep = self._due_batches(term, now, polled)
+            if not batches:
+                return max(0.0, sleep)
+            if not self._publish(publisher, batches, term) or len(batches) < BATCH:
                 return 0.0
             # The next batch takes about as long as this one: start it only if
             # it ends within the tick's share.
             done = time.monotonic()
             if done + (done - started) > ends:
                 return 0.0
-            started, batches = done, []
-        if batches:
-            self._publish(publisher, batches, term)
-            return 0.0
-        return 0.0 if published else max(0.0, sleep)
+            started = done
+
+    def _due_batches(
+        self, term: Term, now: datetime, polled: Iterator[str]
+    ) -> tuple[list[Batch], float]:
+        """Up to :data:`BATCH` batches, those the index says are due first, then those of
+        ``polled`` jobs that are due; and how long until the next one is due."""
+        batches: list[Batch] = []
+        for name in self._due.pop_due(now, BATCH):
+            job = self._jobs[name]
+            state = self._states[name]
+            batch = self._series_batch(job, state, term, now)
+            if batch is None:
+                self._settle(job, state)
+            else:
+                batches.append(batch)
+        wait = self._due.seconds_until_next(now)
+        sleep = self.max_sleep if wait is None else min(self.max_sleep, wait)
+        if len(batches) >= BATCH:
+            return batches, 0.0
+        for name in polled:
+            batch, wait = self._polled_batch(self._jobs[name], self._states[name], term, now)
+            sleep = min(sleep, wait)
+            if batch is not None:
+                batches.append(batch)
+                if len(batches) >= BATCH:
+                    return batches, 0.0
+        return batches, sleep
 
     def _publish(self, publisher: Publisher, batches: list[Batch], term: Term) -> bool:
         """Claim and publish ``batches``; whether the next batch may follow in this tick."""
-        if not publisher.run(batches, term, self._states):
+        in_sync = publisher.run(batches, term, self._states)
+        for batch in batches:
+            # Its next due time, from what the store now records (sent or handed back).
+            self._settle(batch.job, self._states[batch.job.name])
+        if not in_sync:
             # Someone else moved the state (or our term ended): reload it before
             # dispatching anything more.
             self._epoch = None
@@ -292,48 +431,39 @@ class SlotProtocol:
         current = self.lease.term
         return current is not None and current.epoch == term.epoch
 
-    def _due_batch(
+    def _series_batch(self, job: Job, state: EntryState, term: Term, now: datetime) -> Batch | None:
+        """The batch of ``job``, which the index says is due; ``None`` if it is not."""
+        assert job.series is not None
+        since = later(job.active_since, state.active_since)
+        found = due_slots(
+            job.series,
+            counted_after(state.last_run_at, since),
+            now,
+            self._promoted_at,
+            job.missed_slots,
+            job.grace,
+        )
+        return None if found is None else self._batch(job, state, term, now, found)
+
+    def _polled_batch(
         self, job: Job, state: EntryState, term: Term, now: datetime
     ) -> tuple[Batch | None, float]:
-        """The batch of ``job`` if it is due, and how long until it should be looked at again."""
-        if job.series is None:
-            due, wait = self.adapter.due_now(job, now)
-            if due is None:
-                return None, wait
-            # Named to the millisecond, like every slot.
-            due = due.replace(microsecond=due.microsecond // 1000 * 1000)
-            if due <= state.last_run_at:
-                # The schedule says due, but not after its last slot: never resent.
-                # Looked at again in a second, not in a busy loop.
-                self._stuck(job, due, state)
-                return None, min(1.0, self.max_sleep)
-            # A slot due before the job became active is recorded, never sent.
-            since = later(job.active_since, state.active_since)
-            early = since is not None and due < since
-            chosen = DueSlots([] if early else [due], 0, due)
-        else:
-            since = later(job.active_since, state.active_since)
-            after = counted_after(state.last_run_at, since)
-            if (
-                state.next_due is None
-                or state.due_since != since
-                or state.due_series is None
-                or state.due_series.key() != job.series.key()
-            ):
-                # A changed schedule takes effect at once: never wait out the old one.
-                state.next_due = job.series.next_after(after)
-                state.due_series, state.due_since = job.series, since
-            if state.next_due is None:
-                return None, self.max_sleep  # the series has ended
-            if state.next_due > now:
-                return None, (state.next_due - now).total_seconds()
-            found = due_slots(
-                job.series, after, now, self._promoted_at, job.missed_slots, job.grace
-            )
-            if found is None:  # a series whose next slot moved (it cannot, but be safe)
-                state.next_due = None
-                return None, 0.0
-            chosen = found
+        """The batch of a job without a series if it is due, and how long until it should
+        be asked again."""
+        due, wait = self.adapter.due_now(job, now)
+        if due is None:
+            return None, wait
+        # Named to the millisecond, like every slot.
+        due = due.replace(microsecond=due.microsecond // 1000 * 1000)
+        if due <= state.last_run_at:
+            # The schedule says due, but not after its last slot: never resent.
+            # Looked at again in a second, not in a busy loop.
+            self._stuck(job, due, state)
+            return None, min(1.0, self.max_sleep)
+        # A slot due before the job became active is recorded, never sent.
+        since = later(job.active_since, state.active_since)
+        early = since is not None and due < since
+        chosen = DueSlots([] if early else [due], 0, due)
         return self._batch(job, state, term, now, chosen), 0.0
 
     def _stuck(self, job: Job, due: datetime, state: EntryState) -> None:

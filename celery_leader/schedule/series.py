@@ -58,6 +58,14 @@ class Series(ABC):
         """Where an entry with no stored state starts: its next slot is the first after this."""
         return now
 
+    def spacing(self) -> float:
+        """Roughly the seconds between two slots (a crontab's are a minute apart at least).
+
+        A new leader loads the state of its most frequent entries first, so they
+        are sent while the rest still loads.
+        """
+        return 60.0
+
     def walk(self, after: datetime, until: datetime, keep: int) -> tuple[list[datetime], int]:
         """Due instants in ``(after, until]``: the newest ``keep`` of them and how many there are.
 
@@ -118,6 +126,9 @@ class Every(Series):
         start = max(first, last - keep + 1)
         dues = [EPOCH + i * self._period_us * _MICROSECOND for i in range(start, last + 1)]
         return dues, last - first + 1
+
+    def spacing(self) -> float:
+        return self._period_us / 1_000_000
 
     def key(self) -> tuple[object, ...]:
         return ("every", self._period_us)

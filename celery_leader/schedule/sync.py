@@ -27,12 +27,12 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import overload
 
 from ..backends import Term
 from ..exceptions import TermEnded
 from ..lease import Lease
 from .jobs import Job
-from .series import Series
 from .state import Claim, dump_state, parse_state
 
 #: Clock skew that goes unmentioned: replicas' clocks disagree by milliseconds.
@@ -44,20 +44,19 @@ MAX_CLOCK_SKEW = timedelta(seconds=1)
 REPAIR_AFTER = timedelta(hours=6)
 
 
-@dataclass
+@dataclass(slots=True)
 class EntryState:
-    """What the store records for one entry, as this leader last saw or wrote it."""
+    """What the store records for one entry, as this leader last saw or wrote it.
+
+    A leader holds one per entry, so it is kept small (slots, no caches): its
+    next due time lives in the protocol's :class:`~celery_leader.schedule.due.DueIndex`.
+    """
 
     raw: str | None  # the stored value: the ``expected`` of the next claim
     last_run_at: datetime  # UTC: the due time of the last slot recorded
     count: int
     generation: str | None = None  # the job's generation this state belongs to
     active_since: datetime | None = None  # the job's latest active_since, as stored
-    #: Cached: the next slot, and the series and ``active_since`` it was computed
-    #: from. A job whose series or ``active_since`` differs recomputes it.
-    next_due: datetime | None = None
-    due_series: Series | None = None
-    due_since: datetime | None = None
 
 
 class StateSync:
@@ -67,11 +66,25 @@ class StateSync:
         self.lease = lease
         self.logger = logger
 
-    def load(self, jobs: Sequence[Job], term: Term, now: datetime) -> dict[str, EntryState]:
-        """The state of every job: adopted from the store, or anchored with one claim."""
+    @overload
+    def read(self) -> dict[str, str]: ...
+    @overload
+    def read(self, names: Sequence[str]) -> dict[str, str] | None: ...
+
+    def read(self, names: Sequence[str] | None = None) -> dict[str, str] | None:
+        """The election's stored state, in one round trip: all of it, or that of ``names``
+        (``None`` when the store reads only all of it)."""
         lease = self.lease
         with lease.observe("load_state"):
-            stored = lease.backend.load_state(lease.election)
+            if names is None:
+                return lease.backend.load_state(lease.election)
+            return lease.backend.load_state_of(lease.election, names)
+
+    def load(
+        self, jobs: Sequence[Job], term: Term, now: datetime, stored: dict[str, str]
+    ) -> dict[str, EntryState]:
+        """The state of ``jobs``: adopted from ``stored`` (what :meth:`read` returned, for
+        them at least), or anchored with one claim."""
         states: dict[str, EntryState] = {}
         anchors: list[Job] = []
         for job in jobs:
@@ -111,9 +124,7 @@ class StateSync:
             won = lease.backend.claim(lease.election, term, [c.write() for _, c, _ in fresh])
         if not any(won):
             # Every claim fails at once only when the term is no longer current.
-            raise TermEnded(
-                f"the term (epoch {term.epoch}) ended while loading the schedule state"
-            )
+            raise TermEnded(f"the term (epoch {term.epoch}) ended while loading the schedule state")
         if not all(won):
             raise TermEnded("another leader wrote the schedule state while this one loaded it")
         for job, claim, start in fresh:

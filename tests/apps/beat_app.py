@@ -2,7 +2,8 @@
 
 BROKER_URL, LEADER_URL, LEADER_TTL, BEAT_EVERY (seconds between runs of the
 ``tick`` entry) and, optionally, BEAT_ENTRIES (how many such entries),
-INSTANCE_ID (``leader_instance_id``) and BEAT_CRONTAB (the minute field of a
+INSTANCE_ID (``leader_instance_id``), BEAT_HOURLY (that many hourly entries
+more; BEAT_HOURLY_EVERY: their period) and BEAT_CRONTAB (the minute field of a
 ``crontab`` entry named ``cron``, e.g. ``*``; no such entry when unset).
 
 Operations tests add: any ``CELERY_LEADER_*`` variable (the ``leader_*`` setting
@@ -45,6 +46,17 @@ app.conf.beat_schedule = {
     f"tick{i}" if i else "tick": {"task": "beat_app.noop", "schedule": EVERY}
     for i in range(int(os.environ.get("BEAT_ENTRIES", "1")))
 }
+# BEAT_HOURLY: that many hourly interval entries more (a large schedule, mostly idle);
+# BEAT_HOURLY_EVERY: their period instead of an hour.
+app.conf.beat_schedule.update(
+    {
+        f"hourly{i}": {
+            "task": "beat_app.noop",
+            "schedule": float(os.environ.get("BEAT_HOURLY_EVERY", "3600")),
+        }
+        for i in range(int(os.environ.get("BEAT_HOURLY", "0")))
+    }
+)
 if os.environ.get("BEAT_CRONTAB"):
     app.conf.beat_schedule["cron"] = {
         "task": "beat_app.cron",

@@ -303,6 +303,20 @@ class RedisBackend(Backend):
         flat = reply[1:]
         return dict(zip(flat[::2], flat[1::2], strict=True))
 
+    def load_state_of(self, election: str, keys: Sequence[str]) -> dict[str, str] | None:
+        key = self._key(election, "state")
+
+        def read(client: Any) -> list[Any]:
+            pipe = client.pipeline(transaction=False)
+            pipe.type(key)
+            pipe.hmget(key, list(keys))
+            return list(pipe.execute(raise_on_error=False))
+
+        kind, values = self._conn.call(read)
+        if kind not in ("hash", "none"):
+            return None  # not a hash: load_state reports it (and reads it as empty)
+        return {k: v for k, v in zip(keys, values, strict=True) if v is not None}
+
     def entries_version(self, election: str) -> int:
         key = self._key(election, "entries-version")
         return int(self._conn.call(lambda c: c.get(key)) or 0)

@@ -1,0 +1,173 @@
+"""The due-time index and what it buys, without processes: a tick touches only due entries,
+a new term loads its state in chunks (most frequent entries first) and dispatches between
+them, and jobs are listed again only when the adapter says they changed."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator, Sequence
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from celery_leader.backends import Write, create_backend
+from celery_leader.config import LeaderConfig
+from celery_leader.schedule import protocol
+from celery_leader.schedule.due import DueIndex
+from celery_leader.schedule.jobs import Adapter, Job, Outcome
+from celery_leader.schedule.series import Every
+from harness.waiting import wait_for
+
+UTC = timezone.utc
+T0 = datetime(2026, 6, 1, 10, 0, tzinfo=UTC)
+
+
+def at(n: float) -> datetime:
+    return T0 + timedelta(seconds=n)
+
+
+def test_the_index_pops_due_entries_earliest_first_up_to_the_limit() -> None:
+    index = DueIndex()
+    index.set("b", at(2))
+    index.set("a", at(1))
+    index.set("c", at(3))
+    index.set("gone", at(0))
+    index.discard("gone")
+    index.set("b", at(5))  # moved: its old pair dies
+    assert index.seconds_until_next(at(0)) == pytest.approx(1.0)
+    assert index.pop_due(at(10), limit=2) == ["a", "c"]
+    assert "a" not in index and "b" in index and len(index) == 1
+    assert index.pop_due(at(4.9), limit=10) == []
+    assert index.pop_due(at(5), limit=10) == ["b"]
+    assert index.seconds_until_next(at(5)) is None
+    index.set("never", None)
+    assert len(index) == 0
+
+
+def test_the_index_rebuilds_its_heap_when_dead_pairs_pile_up() -> None:
+    index = DueIndex()
+    for n in range(5000):
+        index.set("moving", at(n))
+    assert len(index._heap) < 2 * 1 + 1024 + 2
+    assert index.pop_due(at(10_000), limit=5) == ["moving"]
+
+
+class Counting(Adapter):
+    """Fixed jobs; counts how often the protocol lists them."""
+
+    def __init__(self, jobs: list[Job], changed: bool) -> None:
+        self._jobs = jobs
+        self.changed = changed
+        self.listed = 0
+        self.sent: list[str] = []
+
+    def jobs(self) -> Sequence[Job]:
+        self.listed += 1
+        return self._jobs
+
+    def jobs_changed(self) -> bool:
+        return self.changed
+
+    def send(self, job: Job, slot: str, due: datetime, epoch: int) -> Outcome:
+        self.sent.append(slot)
+        return Outcome()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.at = T0
+
+    def __call__(self) -> datetime:
+        return self.at
+
+
+@pytest.fixture
+def config() -> LeaderConfig:
+    return LeaderConfig.from_env(
+        {},
+        leader_url=f"memory://{uuid.uuid4().hex}",
+        leader_ttl=0.6,
+        leader_renew_interval=0.1,
+        leader_tick_timeout=60,
+    )
+
+
+@pytest.fixture
+def made() -> Iterator[list[protocol.SlotProtocol]]:
+    made: list[protocol.SlotProtocol] = []
+    yield made
+    for slot_protocol in made:
+        slot_protocol.close()
+
+
+def leading(
+    config: LeaderConfig, adapter: Adapter, clock: Clock, made: list[protocol.SlotProtocol]
+) -> protocol.SlotProtocol:
+    slot_protocol = protocol.SlotProtocol(
+        config, adapter, logging.getLogger("test.due"), idle=0.01, max_sleep=60.0, clock=clock
+    )
+    made.append(slot_protocol)
+    wait_for(slot_protocol.lease.is_leader, 3.0, message="never led")
+    return slot_protocol
+
+
+def test_a_new_term_loads_in_chunks_most_frequent_first_and_dispatches_between_them(
+    config: LeaderConfig, made: list[protocol.SlotProtocol], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(protocol, "LOAD_CHUNK", 2)
+    monkeypatch.setattr(protocol, "LOAD_SLICE", 0.0)  # one chunk per tick
+    hourly = [Job(f"h{n}", Every(timedelta(hours=1)), "once", None) for n in range(5)]
+    fast = Job("fast", Every(timedelta(seconds=1)), "once", None)
+    adapter = Counting([*hourly, fast], changed=False)
+    clock = Clock()
+    slot_protocol = leading(config, adapter, clock, made)
+    assert slot_protocol.tick() == 0.0  # more to load: tick again at once
+    assert not slot_protocol.loaded()
+    assert "fast" in slot_protocol._states  # in the first chunk
+    clock.at = at(1)
+    slot_protocol.tick()
+    assert adapter.sent == [f"fast@{at(1).isoformat(timespec='milliseconds')}"]
+    assert not slot_protocol.loaded()  # sent before the hourly entries were loaded
+    while not slot_protocol.loaded():
+        slot_protocol.tick()
+    stored = create_backend(config).load_state("beat")
+    assert set(stored) == {"fast", *(j.name for j in hourly)}  # every entry anchored
+    assert adapter.listed == 1  # listed once, at the start of the term
+
+
+def test_jobs_are_listed_again_only_when_the_adapter_says_they_changed(
+    config: LeaderConfig, made: list[protocol.SlotProtocol]
+) -> None:
+    adapter = Counting([Job("e", Every(timedelta(seconds=1)), "once", None)], changed=False)
+    clock = Clock()
+    slot_protocol = leading(config, adapter, clock, made)
+    for n in range(5):
+        clock.at = at(n)
+        slot_protocol.tick()
+    assert adapter.listed == 1
+    adapter.changed = True
+    slot_protocol.tick()
+    assert adapter.listed == 2
+
+
+def test_a_follower_holds_no_per_entry_state(
+    config: LeaderConfig, made: list[protocol.SlotProtocol]
+) -> None:
+    adapter = Counting([Job("e", Every(timedelta(seconds=1)), "once", None)], changed=False)
+    slot_protocol = leading(config, adapter, Clock(), made)
+    slot_protocol.tick()
+    assert slot_protocol._states
+    slot_protocol.lease.step_down("test", kind="test", sit_out=5.0)
+    slot_protocol.tick()
+    assert not slot_protocol._states and not slot_protocol._jobs
+    assert len(slot_protocol._due) == 0
+
+
+def test_the_memory_store_reads_the_state_of_some_keys(config: LeaderConfig) -> None:
+    backend = create_backend(config)
+    term = backend.acquire("beat", "me", config.ttl, 0).term
+    assert term is not None
+
+    assert all(backend.claim("beat", term, [Write("a", None, "1"), Write("b", None, "2")]))
+    assert backend.load_state_of("beat", ["a", "missing"]) == {"a": "1"}
