@@ -60,13 +60,15 @@ fi
 #   newest Python), then every other test on two pytest-xdist workers, a test
 #   file per worker (their fixtures are per module).
 # Each line is prefixed with its stream's name, and each pytest run ends with its
-# 15 slowest tests, to keep the streams even.
+# 15 slowest tests, to keep the streams even. The streams' lines interleave, so
+# the failures of all three are repeated together at the end.
 echo "==> pytest -m timing  |  pytest -m paced  |  scripts/matrix.py, then pytest -n 2"
+logs=$(mktemp -d)
 stream() {  # $1: the stream's name; the rest: its pytest arguments
     local name=$1
     shift
     set +e
-    pytest_run --durations=15 "$@" 2>&1 | sed -u "s/^/[$name] /"
+    pytest_run --durations=15 "$@" 2>&1 | sed -u "s/^/[$name] /" | tee -a "$logs/$name"
     exit "${PIPESTATUS[0]}"
 }
 (stream timing -n 0 -m timing) &
@@ -76,7 +78,7 @@ paced_pid=$!
 (
     set -o pipefail
     .venv/bin/python scripts/matrix.py oldest-3.10 newest-3.13 2>&1 | sed -u 's/^/[rest] /' \
-        || { echo "FAILED: compatibility matrix" >&2; exit 1; }
+        | tee -a "$logs/rest" || { echo "FAILED: compatibility matrix" >&2; exit 1; }
     stream rest -n 2 --dist loadfile -m "not timing and not paced"
 ) &
 rest_pid=$!
@@ -86,6 +88,12 @@ for pid in "$timing_pid" "$paced_pid" "$rest_pid"; do
     wait "$pid" || status=$?
     statuses+=("$status")
 done
+failures=$(grep -hE '^\[[a-z]+\] (FAILED|ERROR) |^\[rest\] \| [^|]+ \| FAILED' "$logs"/* || true)
+if [[ -n $failures ]]; then
+    echo "==> what failed, in all three streams" >&2
+    echo "$failures" >&2
+fi
+rm -rf "$logs"
 check "pytest -m timing" "${statuses[0]}"
 check "pytest -m paced" "${statuses[1]}"
 check "the matrix, then pytest -m 'not timing and not paced'" "${statuses[2]}"
