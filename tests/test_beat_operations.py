@@ -21,7 +21,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import ConfigError
 from celery_leader.health import check
 from celery_leader.ledger.records import WORKERS
+from harness.metrics import scrape
 from harness.procs import Proc, Procs
 from harness.procs import signal as send_signal
 from harness.proxy import TcpProxy
@@ -624,18 +624,6 @@ def test_a_hung_tick_hands_over_and_the_health_check_fails(
 
 def beats_env(broker_url: str) -> dict[str, str]:
     return {**os.environ, "BROKER_URL": broker_url, "PYTHONPATH": str(ROOT)}
-
-
-def scrape(port: int) -> dict[str, float]:
-    """Samples of a Prometheus endpoint: ``'name{labels}' -> value``."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        text = response.read().decode()
-    samples = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            samples[name] = float(value)
-    return samples
 
 
 def free_port() -> int:

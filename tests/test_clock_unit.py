@@ -5,8 +5,7 @@ changes, the fall-back fold seen by a promotion, a clock that goes back, and the
 from __future__ import annotations
 
 import logging
-import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 from zoneinfo import ZoneInfo
 
@@ -19,7 +18,8 @@ from celery_leader.schedule import protocol
 from celery_leader.schedule.jobs import Adapter, Job, Outcome
 from celery_leader.schedule.series import CronSeries, Every
 from celery_leader.schedule.state import dump_state
-from harness.waiting import wait_for
+from tests import slot_protocols
+from tests.slot_protocols import leading
 
 UTC = timezone.utc
 BERLIN = ZoneInfo("Europe/Berlin")
@@ -76,39 +76,13 @@ class _Recorder(Adapter):
         return Outcome()
 
 
-@pytest.fixture
-def config() -> LeaderConfig:
-    return LeaderConfig.from_env(
-        {},
-        leader_url=f"memory://{uuid.uuid4().hex}",
-        leader_ttl=0.6,
-        leader_renew_interval=0.1,
-        leader_tick_timeout=60,
-    )
-
-
-@pytest.fixture
-def run(config: LeaderConfig) -> Iterator[list[protocol.SlotProtocol]]:
-    made: list[protocol.SlotProtocol] = []
-    yield made
-    for slot_protocol in made:
-        slot_protocol.close()
-
-
-def leading(
-    config: LeaderConfig, adapter: Adapter, made: list[protocol.SlotProtocol]
-) -> protocol.SlotProtocol:
-    slot_protocol = protocol.SlotProtocol(
-        config, adapter, logging.getLogger("test.clock"), idle=0.01, max_sleep=0.05
-    )
-    made.append(slot_protocol)
-    wait_for(slot_protocol.lease.is_leader, 3.0, message="never led")
-    return slot_protocol
+config = slot_protocols.config
+made = slot_protocols.made
 
 
 def test_state_31_minutes_old_read_at_0201_cet_on_fall_back_day_is_not_in_the_future(
     config: LeaderConfig,
-    run: list[protocol.SlotProtocol],
+    made: list[protocol.SlotProtocol],
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -123,7 +97,7 @@ def test_state_31_minutes_old_read_at_0201_cet_on_fall_back_day_is_not_in_the_fu
     backend.release("beat", term)
     monkeypatch.setattr(protocol, "utcnow", lambda: FALL + timedelta(minutes=61))
     adapter = _Recorder([job])
-    slot_protocol = leading(config, adapter, run)
+    slot_protocol = leading(config, adapter, made, max_sleep=0.05)
     with caplog.at_level(logging.WARNING):
         slot_protocol.tick()
         slot_protocol.tick()
@@ -134,14 +108,14 @@ def test_state_31_minutes_old_read_at_0201_cet_on_fall_back_day_is_not_in_the_fu
 
 def test_a_clock_that_goes_back_is_logged_once_and_nothing_is_resent(
     config: LeaderConfig,
-    run: list[protocol.SlotProtocol],
+    made: list[protocol.SlotProtocol],
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     now = [datetime(2026, 6, 1, 10, 0, 30, tzinfo=UTC)]
     monkeypatch.setattr(protocol, "utcnow", lambda: now[0])
     adapter = _Recorder([Job("min", Every(timedelta(minutes=1)), "all", None)])
-    slot_protocol = leading(config, adapter, run)
+    slot_protocol = leading(config, adapter, made, max_sleep=0.05)
     moments = [(10, 0, 30), (10, 1, 0), (10, 2, 1), (9, 2, 2), (9, 30, 0), (10, 1, 30), (10, 3, 0)]
     with caplog.at_level(logging.WARNING):
         for hour, minute, second in moments:

@@ -4,9 +4,7 @@ them, and jobs are listed again only when the adapter says they changed."""
 
 from __future__ import annotations
 
-import logging
-import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -17,7 +15,8 @@ from celery_leader.schedule import protocol
 from celery_leader.schedule.due import DueIndex
 from celery_leader.schedule.jobs import Adapter, Job, Outcome
 from celery_leader.schedule.series import Every
-from harness.waiting import wait_for
+from tests import slot_protocols
+from tests.slot_protocols import leading
 
 UTC = timezone.utc
 T0 = datetime(2026, 6, 1, 10, 0, tzinfo=UTC)
@@ -82,34 +81,8 @@ class Clock:
         return self.at
 
 
-@pytest.fixture
-def config() -> LeaderConfig:
-    return LeaderConfig.from_env(
-        {},
-        leader_url=f"memory://{uuid.uuid4().hex}",
-        leader_ttl=0.6,
-        leader_renew_interval=0.1,
-        leader_tick_timeout=60,
-    )
-
-
-@pytest.fixture
-def made() -> Iterator[list[protocol.SlotProtocol]]:
-    made: list[protocol.SlotProtocol] = []
-    yield made
-    for slot_protocol in made:
-        slot_protocol.close()
-
-
-def leading(
-    config: LeaderConfig, adapter: Adapter, clock: Clock, made: list[protocol.SlotProtocol]
-) -> protocol.SlotProtocol:
-    slot_protocol = protocol.SlotProtocol(
-        config, adapter, logging.getLogger("test.due"), idle=0.01, max_sleep=60.0, clock=clock
-    )
-    made.append(slot_protocol)
-    wait_for(slot_protocol.lease.is_leader, 3.0, message="never led")
-    return slot_protocol
+config = slot_protocols.config
+made = slot_protocols.made
 
 
 def test_a_new_term_loads_in_chunks_most_frequent_first_and_dispatches_between_them(
@@ -121,7 +94,7 @@ def test_a_new_term_loads_in_chunks_most_frequent_first_and_dispatches_between_t
     fast = Job("fast", Every(timedelta(seconds=1)), "once", None)
     adapter = Counting([*hourly, fast], changed=False)
     clock = Clock()
-    slot_protocol = leading(config, adapter, clock, made)
+    slot_protocol = leading(config, adapter, made, clock)
     assert slot_protocol.tick() == 0.0  # more to load: tick again at once
     assert not slot_protocol.loaded()
     assert "fast" in slot_protocol._states  # in the first chunk
@@ -141,7 +114,7 @@ def test_jobs_are_listed_again_only_when_the_adapter_says_they_changed(
 ) -> None:
     adapter = Counting([Job("e", Every(timedelta(seconds=1)), "once", None)], changed=False)
     clock = Clock()
-    slot_protocol = leading(config, adapter, clock, made)
+    slot_protocol = leading(config, adapter, made, clock)
     for n in range(5):
         clock.at = at(n)
         slot_protocol.tick()
@@ -155,7 +128,7 @@ def test_a_follower_holds_no_per_entry_state(
     config: LeaderConfig, made: list[protocol.SlotProtocol]
 ) -> None:
     adapter = Counting([Job("e", Every(timedelta(seconds=1)), "once", None)], changed=False)
-    slot_protocol = leading(config, adapter, Clock(), made)
+    slot_protocol = leading(config, adapter, made, Clock())
     slot_protocol.tick()
     assert slot_protocol._states
     slot_protocol.lease.step_down("test", kind="test", sit_out=5.0)

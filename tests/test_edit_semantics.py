@@ -8,8 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 from zoneinfo import ZoneInfo
 
@@ -22,7 +21,8 @@ from celery_leader.schedule import protocol
 from celery_leader.schedule.jobs import Adapter, Job, Outcome
 from celery_leader.schedule.series import CronSeries, Every
 from celery_leader.schedule.state import dump_state, parse_state
-from harness.waiting import wait_for
+from tests import slot_protocols
+from tests.slot_protocols import leading
 
 UTC = timezone.utc
 T0 = datetime(2026, 6, 1, 10, 0, tzinfo=UTC)  # a whole minute: on every grid below
@@ -77,15 +77,8 @@ class Now:
         self.at = seconds(n)
 
 
-@pytest.fixture
-def config() -> LeaderConfig:
-    return LeaderConfig.from_env(
-        {},
-        leader_url=f"memory://{uuid.uuid4().hex}",
-        leader_ttl=0.6,
-        leader_renew_interval=0.1,
-        leader_tick_timeout=60,
-    )
+config = slot_protocols.config
+made = slot_protocols.made
 
 
 @pytest.fixture
@@ -93,25 +86,6 @@ def now(monkeypatch: pytest.MonkeyPatch) -> Now:
     clock = Now()
     monkeypatch.setattr(protocol, "utcnow", clock)
     return clock
-
-
-@pytest.fixture
-def made() -> Iterator[list[protocol.SlotProtocol]]:
-    made: list[protocol.SlotProtocol] = []
-    yield made
-    for slot_protocol in made:
-        slot_protocol.close()
-
-
-def leading(
-    config: LeaderConfig, adapter: Adapter, made: list[protocol.SlotProtocol]
-) -> protocol.SlotProtocol:
-    slot_protocol = protocol.SlotProtocol(
-        config, adapter, logging.getLogger("test.edits"), idle=0.01, max_sleep=60.0
-    )
-    made.append(slot_protocol)
-    wait_for(slot_protocol.lease.is_leader, 3.0, message="never led")
-    return slot_protocol
 
 
 def stored(config: LeaderConfig) -> dict[str, dict[str, object]]:

@@ -15,7 +15,6 @@ import re
 import signal
 import subprocess
 import sys
-import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from celery_leader.backends import Backend, create_backend
 from celery_leader.config import LeaderConfig
 from celery_leader.ledger import RunRecord
 from celery_leader.ledger.records import is_slot
+from harness.metrics import scrape
 from harness.procs import Proc, Procs
 from harness.servers import free_port
 from harness.waiting import wait_for
@@ -90,21 +90,6 @@ def workers(procs: Procs, redis_url: str) -> Any:
     made = Workers(procs, redis_url)
     yield made
     made.close()
-
-
-def scrape(port: int) -> dict[str, float]:
-    """Samples of a Prometheus endpoint (``'name{labels}' -> value``); none while it is down."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-            text = response.read().decode()
-    except OSError:
-        return {}
-    samples = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            samples[name] = float(value)
-    return samples
 
 
 def _slot() -> str:

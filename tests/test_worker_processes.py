@@ -29,6 +29,7 @@ from celery import Celery
 from celery_leader.backends import Backend, create_backend
 from celery_leader.config import LeaderConfig
 from celery_leader.health import check
+from harness.metrics import scrape
 from harness.procs import Proc, Procs
 from harness.procs import signal as signal_proc
 from harness.proxy import TcpProxy
@@ -626,16 +627,6 @@ def test_messages_prefetched_by_a_demoted_leader_run_on_the_next_one(cluster: Cl
     assert forwarded, "the demoted node held none of the messages"
 
 
-def _scrape(port: int) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        lines = response.read().decode().splitlines()
-    return {
-        name: float(value)
-        for name, _, value in (line.rpartition(" ") for line in lines)
-        if name and not name.startswith("#")
-    }
-
-
 @pytest.mark.slow
 def test_worker_health_file_and_metrics_follow_the_role(cluster: Cluster, tmp_path: Path) -> None:
     """The worker's main process serves `leader check`, /healthz and Prometheus, like beat."""
@@ -660,8 +651,8 @@ def test_worker_health_file_and_metrics_follow_the_role(cluster: Cluster, tmp_pa
 
     wait_for(lambda: healthy(leader, "leader"), 5, message="leader's health file")
     wait_for(lambda: healthy(other, "follower"), 5, message="follower's health file")
-    assert _scrape(ports[leader])[gauge] == 1.0
-    assert _scrape(ports[other])[gauge] == 0.0
+    assert scrape(ports[leader])[gauge] == 1.0
+    assert scrape(ports[other])[gauge] == 0.0
     for name in ports:  # leader and follower pass the endpoint's /healthz too
         with urllib.request.urlopen(f"http://127.0.0.1:{health_ports[name]}/healthz") as reply:
             assert reply.status == 200 and reply.read().startswith(b"OK: ")
@@ -670,7 +661,7 @@ def test_worker_health_file_and_metrics_follow_the_role(cluster: Cluster, tmp_pa
     cluster.nodes[leader].kill_group()
     wait_for(lambda: healthy(other, "leader"), TTL + 2, message="new leader's health file")
     took = time.monotonic() - killed_at
-    after = _scrape(ports[other])
+    after = scrape(ports[other])
     assert after[gauge] == 1.0
     assert after['celery_leader_elections_total{election="worker"}'] == 1.0
     # The dead node's file is no longer refreshed: its probe fails once it is stale.
