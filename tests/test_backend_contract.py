@@ -38,6 +38,7 @@ from celery_leader.backends import (
 from celery_leader.backends.mysql.params import connection_params
 from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import StoreUnavailable
+from celery_leader.ledger import marks
 from harness.servers import free_port
 from harness.waiting import wait_for
 
@@ -616,6 +617,18 @@ class TestRunRecords:
         assert a.load_runs(ELECTION) == {"job@1": "done-a"}
         assert a.load_runs("other") == {}
         assert a.load_state(ELECTION) == {}, "run records live apart from the schedule state"
+
+    def test_the_ledgers_marks_are_read_without_a_write(self, store: Store) -> None:
+        """How beat reads a slot's record and the ``@ledger-workers`` mark: one compare-and-set
+        that cannot succeed (PostgreSQL once refused its expected value, so beat never re-sent)."""
+        a = store.backend()
+        assert marks.read(a, ELECTION, "job@1", 60) is None
+        assert marks.mark_sent(a, ELECTION, "job@1", "beat-a", 60)
+        sent = marks.read(a, ELECTION, "job@1", 60)
+        assert sent is not None and json.loads(sent)["status"] == "sent"
+        assert marks.touch(a, ELECTION, "@mark", {"since": 1}, 60) == '{"since": 1}'
+        assert marks.touch(a, ELECTION, "@mark", {"since": 2}, 60) == '{"since": 1}'
+        assert a.load_runs(ELECTION) == {"job@1": sent, "@mark": '{"since": 1}'}
 
     def test_one_of_many_racing_writers_wins(self, store: Store) -> None:
         backends = [store.backend() for _ in range(4)]

@@ -10,9 +10,11 @@ import time
 from ..backends import Backend
 from .records import RunRecord
 
-#: An ``expected`` no record ever equals: a compare-and-set with it writes
-#: nothing and returns the stored record, so it reads one key in one round trip.
-_NEVER = "\x00"
+#: An ``expected`` no record ever equals (records and marks are JSON objects): a
+#: compare-and-set with it writes nothing and returns the stored record, so it
+#: reads one key in one round trip. Plain text, because PostgreSQL refuses a NUL
+#: in a text parameter.
+_NEVER = "(read only)"
 
 
 def read(backend: Backend, election: str, key: str, retention: float) -> str | None:
