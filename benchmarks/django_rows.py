@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -134,6 +135,8 @@ def run_one(
         log(f"    {row.note}")
     finally:
         run.close()
+    if not row.note:
+        shutil.rmtree(run.home, ignore_errors=True)
     return row
 
 
