@@ -93,6 +93,70 @@ print("SAVED", after.total_run_count, after.date_changed == changed)
 """
 
 
+#: One leader's scheduler in this process (SQLite, the lease in a file): each step edits
+#: rows one way, then prints which entries and jobs the next listing replaced. Rows are
+#: aged before each step, so that only that step's edit is recent.
+RELOAD = """
+import json
+from datetime import timedelta
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+from django_celery_beat.models import IntervalSchedule, PeriodicTask, PeriodicTasks
+from proj.celery import app
+from celery_leader.celery.django import LeaderDatabaseScheduler
+PeriodicTask.objects.all().delete()
+hour, _ = IntervalSchedule.objects.get_or_create(every=3600, period="seconds")
+half, _ = IntervalSchedule.objects.get_or_create(every=1800, period="seconds")
+PeriodicTask.objects.bulk_create(
+    PeriodicTask(name=f"row{i}", task="ticker.tasks.db_tick", interval=half if i == 0 else hour)
+    for i in range(50)
+)
+PeriodicTasks.update_changed()
+scheduler = LeaderDatabaseScheduler(app=app)
+adapter = scheduler._protocol.adapter
+adapter.jobs()
+first = scheduler.schedule
+def step(what, edit):
+    PeriodicTask.objects.update(date_changed=timezone.now() - timedelta(hours=1))
+    entries, jobs = dict(scheduler.schedule), {j.name: j for j in adapter.jobs()}
+    edit()
+    changed = adapter.jobs_changed()
+    now = {j.name: j for j in adapter.jobs()}
+    print(what, json.dumps({
+        "changed": changed,
+        "same dict": scheduler.schedule is first,
+        "entries": sorted(n for n in entries.keys() | scheduler.schedule.keys()
+                          if entries.get(n) is not scheduler.schedule.get(n)),
+        "jobs": sorted(n for n in jobs.keys() | now.keys() if jobs.get(n) != now.get(n)),
+        "others kept": len(jobs) - sum(jobs[n] is now.get(n) for n in jobs),
+    }), flush=True)
+def retime():
+    row = PeriodicTask.objects.get(name="row5")
+    row.interval = half
+    row.save()
+step("SAVE", retime)
+def disable():
+    PeriodicTask.objects.filter(name="row6").update(enabled=False)
+    PeriodicTasks.update_changed()
+step("DISABLE", disable)
+step("DELETE", lambda: PeriodicTask.objects.get(name="row7").delete())
+def shorten():
+    half.every = 900
+    half.save()
+step("INTERVAL", shorten)
+def bulk():
+    PeriodicTask.objects.filter(name="row8").update(args="[1]")
+    PeriodicTasks.update_changed()
+step("BULK", bulk)
+with CaptureQueriesContext(connection) as queries:
+    changed = adapter.jobs_changed()
+    listed = adapter.jobs()
+sql = [q["sql"] for q in queries.captured_queries]
+print("IDLE", json.dumps({"changed": changed, "sql": sql}), flush=True)
+"""
+
+
 def _env(data: Path, **extra: str) -> dict[str, str]:
     return {
         "PYTHONPATH": f"{PROJECT}{os.pathsep}{ROOT}",
@@ -149,6 +213,42 @@ def test_a_rows_headers_carry_its_policy_and_run_state_saves_leave_the_row_uncha
     assert options["headers"] == {"team": "ops", "periodic_task_name": "own"}
     # The run count is written, and date_changed (an edit's mark) is not bumped.
     assert lines["SAVED"] == "7 True"
+
+
+def test_an_edit_reloads_only_the_rows_it_touched_and_an_idle_look_reads_no_row(
+    tmp_path: Path, procs: Procs
+) -> None:
+    for argv in (("migrate", "--no-input"), ("shell", "-c", RELOAD)):
+        proc = procs.spawn_python(PROJECT / "manage.py", *argv, env=_env(tmp_path))
+        assert proc.popen.wait(120) == 0, proc.output()
+    steps = {
+        line.split(" ", 1)[0]: json.loads(line.split(" ", 1)[1])
+        for line in proc.lines()
+        if line.split(" ", 1)[0] in ("SAVE", "DISABLE", "DELETE", "INTERVAL", "BULK", "IDLE")
+    }
+
+    def only(*names: str) -> dict[str, object]:
+        # Replaced: the entries and jobs of these rows; every other job is the one held.
+        return {
+            "changed": True, "same dict": True, "entries": [*names], "jobs": [*names],
+            "others kept": len(names),
+        }  # fmt: skip
+
+    assert steps["SAVE"] == only("row5"), proc.output()
+    assert steps["DISABLE"] == only("row6"), proc.output()
+    assert steps["DELETE"] == only("row7"), proc.output()
+    # An interval's edit re-times its rows, whose date_changed it leaves alone.
+    assert steps["INTERVAL"] == only("row0", "row5"), proc.output()
+    # A bulk update() of other columns names no row: everything is read again, as
+    # django-celery-beat does; the interval rows get equal jobs (a crontab's series
+    # compares by identity, so celery.backend_cleanup's job is a new one).
+    bulk = steps["BULK"]
+    assert (bulk["changed"], bulk["same dict"]) == (True, False), proc.output()
+    assert [name for name in bulk["jobs"] if name.startswith("row")] == [], proc.output()
+    # Without edits, a look reads the change mark and no task row.
+    idle = steps["IDLE"]
+    assert idle["changed"] is False, proc.output()
+    assert not any('django_celery_beat_periodictask"' in sql for sql in idle["sql"]), idle
 
 
 @pytest.mark.slow

@@ -166,10 +166,17 @@ class LeaderSchedulerMixin:
         django-celery-beat's rows start and expire with time). Asked at every tick."""
         return False
 
-    def mark_edits(self, jobs: list[Job]) -> list[Job]:
+    def edited_entries(self) -> set[str] | None:
+        """Names of the entries replaced, added or removed in place in ``schedule`` since
+        the jobs were last listed, or ``None``: list every entry again (a hook:
+        django-celery-beat's rows reload only what changed). Asked once per listing."""
+        return None
+
+    def mark_edits(self, jobs: list[Job], edited: set[str] | None = None) -> list[Job]:
         """``jobs`` with their ``generation`` and ``active_since`` (a hook: the schedule's
         entries as edited at runtime, such as django-celery-beat's rows). Code entries
-        have neither."""
+        have neither. ``edited``: ``jobs`` are only those entries (of these names) listed
+        again, the others are as last marked; ``None``: ``jobs`` are all of them."""
         return jobs
 
     def stopped_leading(self) -> None:
@@ -328,6 +335,9 @@ class _BeatAdapter(Adapter):
         self._records: dict[str, Entry] | None = None
         #: What the last :meth:`jobs` returned: returned again while nothing changed.
         self._listed: list[Job] | None = None
+        #: The code entries' jobs of that list, as marked, by name: an entry edited in
+        #: place (:meth:`LeaderSchedulerMixin.edited_entries`) replaces only its own.
+        self._code: dict[str, Job] = {}
         #: The entries kept in the store; set on the first tick (which joins the lease).
         self.feed: EntryFeed | None = None
         #: Store entries' jobs, by name, with the Entry each was made of (its payload
@@ -359,47 +369,83 @@ class _BeatAdapter(Adapter):
         scheduler.set_up_as_leader()
         zone = scheduler.app.timezone
         # None for no store entries, feed or not: a feed that finds none changes nothing.
+        records_before, entries_before = self._records, self._entries
         self._records = None if self.feed is None else self.feed.current() or None
         records = {} if self._records is None else self._records
-        jobs = []
-        seen = {}
         # Read once per pass: ``schedule`` may be a property that asks a
         # database whether the schedule changed (django-celery-beat's does, and
         # reconnects first unless CONN_MAX_AGE keeps its connection), which is
         # far too slow to pay for every entry on every tick.
         self._entries = entries = scheduler.schedule
         self._count = len(entries)
-        for entry in entries.values():
-            if not scheduler.entry_enabled(entry):
-                continue
-            kept = records.get(entry.name)
-            since = None
-            if kept is not None and kept.kind == CODE:
-                if not kept.enabled:
-                    continue  # paused from the CLI or the API
-                since = kept.active_since  # resumed: nothing for the paused time
-            sched, options = entry.schedule, entry.options
-            made = self._made.get(entry.name)
-            if made is not None and made[0] is sched and made[1] is options:
-                job = made[2]  # Celery's successor of a sent entry shares both
-                if job.active_since != since or job.zone != zone:
-                    job = replace(job, zone=zone, active_since=since)
-            else:
-                policy, grace = self._policy(entry)
-                job = Job(
-                    entry.name,
-                    self._series_of(sched),
-                    policy,
-                    grace,
-                    zone,
-                    entry.name,
-                    active_since=since,
-                )
-            seen[entry.name] = (sched, options, job)
-            jobs.append(job)
-        self._made = seen
-        self._listed = scheduler.mark_edits(jobs) + self._store_jobs(records, set(seen))
+        edited = scheduler.edited_entries()
+        if (
+            edited is None
+            or self._listed is None
+            or entries is not entries_before
+            or self._records is not records_before
+        ):
+            made, self._made = self._made, {}
+            jobs = [
+                job
+                for entry in entries.values()
+                if (job := self._code_job(entry, records, zone, made)) is not None
+            ]
+            self._code = {job.name: job for job in scheduler.mark_edits(jobs)}
+        else:
+            # Only these entries changed: the others keep their jobs, so that a large
+            # schedule costs an edit what the edit touched (the protocol skips a job
+            # that is the one it holds).
+            jobs = []
+            for name in edited:
+                self._code.pop(name, None)
+                entry = entries.get(name)
+                job = None if entry is None else self._code_job(entry, records, zone, self._made)
+                if job is None:
+                    self._made.pop(name, None)
+                else:
+                    jobs.append(job)
+            self._code.update((job.name, job) for job in scheduler.mark_edits(jobs, edited))
+        self._listed = list(self._code.values()) + self._store_jobs(records, set(self._made))
         return self._listed
+
+    def _code_job(
+        self,
+        entry: ScheduleEntry,
+        records: dict[str, Entry],
+        zone: Any,
+        made: dict[str, tuple[Any, Any, Job]],
+    ) -> Job | None:
+        """The job of beat's ``entry``, or None while it may not run; reused from ``made``
+        when its schedule and options are the ones it was made of. Kept in ``_made``."""
+        scheduler = self.scheduler
+        if not scheduler.entry_enabled(entry):
+            return None
+        kept = records.get(entry.name)
+        since = None
+        if kept is not None and kept.kind == CODE:
+            if not kept.enabled:
+                return None  # paused from the CLI or the API
+            since = kept.active_since  # resumed: nothing for the paused time
+        sched, options = entry.schedule, entry.options
+        known = made.get(entry.name)
+        if known is not None and known[0] is sched and known[1] is options:
+            job = known[2]  # Celery's successor of a sent entry shares both
+            if job.active_since != since or job.zone != zone:
+                job = replace(job, zone=zone, active_since=since)
+        else:
+            policy, grace = self._policy(entry)
+            job = Job(
+                entry.name,
+                self._series_of(sched),
+                policy,
+                grace,
+                zone,
+                entry.name,
+                active_since=since,
+            )
+        self._made[entry.name] = (sched, options, job)
+        return job
 
     def _store_jobs(self, records: dict[str, Entry], code: set[str]) -> list[Job]:
         """The enabled store entries this leader may send, as jobs (refusals logged once)."""
