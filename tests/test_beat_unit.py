@@ -728,6 +728,31 @@ def test_interval_entries_sharing_a_period_stay_in_one_claim_round_trip(
     assert len(batches) - 1 <= len(dues)
 
 
+def test_entries_with_equal_schedules_share_one_series(
+    app: Celery, make_scheduler: Callable[..., LeaderScheduler]
+) -> None:
+    hourly = crontab(minute="7")
+    app.conf.beat_schedule = {
+        "shared-a": {"task": "t.noop", "schedule": hourly},
+        "shared-b": {"task": "t.noop", "schedule": hourly},
+        "equal": {"task": "t.noop", "schedule": crontab(minute="7")},
+        "other": {"task": "t.noop", "schedule": crontab(minute="8")},
+        "sec-a": every(30),
+        "sec-b": every(30),
+        "sec-c": every(60),
+    }
+    jobs = {job.name: job for job in make_scheduler().leader_jobs()}
+    series = {name: job.series for name, job in jobs.items()}
+    # Made once per distinct schedule (a large schedule has few), each still its own rule.
+    assert series["shared-a"] is series["shared-b"] is series["equal"]
+    assert series["other"] is not series["equal"]
+    assert series["other"] is not None and series["other"].key() != series["equal"].key()
+    assert series["sec-a"] is series["sec-b"]
+    thirty = Every(timedelta(seconds=30)).key()
+    assert series["sec-a"] is not None and series["sec-a"].key() == thirty
+    assert series["sec-c"] is not series["sec-a"]
+
+
 def test_health_file_follows_the_role_and_the_watchdog(
     app: Celery, make_scheduler: Callable[..., LeaderScheduler], tmp_path: Any, rival: Lease
 ) -> None:

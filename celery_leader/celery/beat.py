@@ -318,8 +318,6 @@ class _BeatAdapter(Adapter):
         #: Code entries' jobs, by name, with the schedule and options they were made of:
         #: listing again reuses them, and a promotion finds them made (see ``__init__``).
         self._made: dict[str, tuple[Any, Any, Job]] = {}
-        #: One series per distinct interval: a large schedule has few of them.
-        self._intervals: dict[tuple[Any, ...], Series | None] = {}
         self._bad_options: set[str] = set()  # entries whose leader_* options were refused
         #: The scheduler's ``schedule`` as the last :meth:`jobs` read it, and its size.
         self._entries: dict[str, ScheduleEntry] | None = None
@@ -369,6 +367,7 @@ class _BeatAdapter(Adapter):
         # far too slow to pay for every entry on every tick.
         self._entries = entries = scheduler.schedule
         self._count = len(entries)
+        series = _SeriesMemo(scheduler.leader_config.crontab_dst)
         for entry in entries.values():
             if not scheduler.entry_enabled(entry):
                 continue
@@ -388,7 +387,7 @@ class _BeatAdapter(Adapter):
                 policy, grace = self._policy(entry)
                 job = Job(
                     entry.name,
-                    self._series_of(sched),
+                    series.of(sched),
                     policy,
                     grace,
                     zone,
@@ -451,15 +450,6 @@ class _BeatAdapter(Adapter):
             options=dict(entry.options),
             app=self.scheduler.app,
         )
-
-    def _series_of(self, sched: Any) -> Series | None:
-        crontab_dst = self.scheduler.leader_config.crontab_dst
-        if type(sched) is not schedule:
-            return series_of(sched, crontab_dst)
-        key = (sched.run_every, sched.relative)
-        if key not in self._intervals:
-            self._intervals[key] = series_of(sched, crontab_dst)
-        return self._intervals[key]
 
     def _policy(self, entry: ScheduleEntry) -> tuple[str, float | None]:
         """The missed-slot policy and grace of ``entry``: its options, else the settings."""
@@ -544,6 +534,57 @@ class _BeatAdapter(Adapter):
 
     def publishing(self) -> AbstractContextManager[object]:
         return _publishing(self.scheduler)
+
+
+class _SeriesMemo:
+    """The series of one listing pass, made once per distinct schedule.
+
+    Most entries of a large schedule share a few schedules: one object (a crontab
+    made once for many entries) or equal ones (Celery makes a ``schedule`` per
+    entry given seconds). A crontab's series costs microseconds and a kilobyte.
+    """
+
+    def __init__(self, crontab_dst: str) -> None:
+        self.crontab_dst = crontab_dst
+        #: By identity, the fastest; each schedule held, so that its id is not reused.
+        self._by_id: dict[int, tuple[Any, Series | None]] = {}
+        self._by_value: dict[tuple[Any, ...], Series | None] = {}
+
+    def of(self, sched: Any) -> Series | None:
+        """The series of ``sched``: the one made for it or an equal schedule, else a new one."""
+        known = self._by_id.get(id(sched))
+        if known is not None:
+            return known[1]
+        key = _series_key(sched)
+        if key is None:
+            series = series_of(sched, self.crontab_dst)
+        elif key in self._by_value:
+            series = self._by_value[key]
+        else:
+            series = self._by_value[key] = series_of(sched, self.crontab_dst)
+        self._by_id[id(sched)] = (sched, series)
+        return series
+
+
+def _series_key(sched: Any) -> tuple[Any, ...] | None:
+    """All that :func:`series_of` reads of ``sched``, by value (``None``: not shared).
+
+    Celery makes a new ``schedule`` for every entry given a number of seconds,
+    and a schedule written as a crontab per entry is as common as one shared.
+    """
+    if type(sched) is schedule:
+        return ("every", sched.run_every, sched.relative)
+    if isinstance(sched, crontab):
+        return (
+            "cron",
+            sched.tz,
+            frozenset(sched.minute),
+            frozenset(sched.hour),
+            frozenset(sched.day_of_month),
+            frozenset(sched.month_of_year),
+            frozenset(sched.day_of_week),
+        )
+    return None
 
 
 def series_of(sched: Any, crontab_dst: str = "cron") -> Series | None:
