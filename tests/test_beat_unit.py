@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from celery.beat import Scheduler, Service
+from celery.beat import ScheduleEntry, Scheduler, Service
 from celery.schedules import crontab
 from kombu import Producer
 from kombu.exceptions import OperationalError
@@ -751,6 +751,25 @@ def test_entries_with_equal_schedules_share_one_series(
     thirty = Every(timedelta(seconds=30)).key()
     assert series["sec-a"] is not None and series["sec-a"].key() == thirty
     assert series["sec-c"] is not series["sec-a"]
+
+
+def test_merging_beat_schedule_keeps_celerys_rules(
+    app: Celery, make_scheduler: Callable[..., LeaderScheduler]
+) -> None:
+    scheduler = make_scheduler(lazy=True)
+    kept = ScheduleEntry(name="kept", task="t.old", schedule=5.0, total_run_count=3, app=app)
+    scheduler.schedule.update({"kept": kept, "gone": ScheduleEntry(name="gone", app=app)})
+    copied = ScheduleEntry(name="elsewhere", task="t.copy", schedule=7.0, app=app)
+    scheduler.merge_inplace(
+        {"kept": {"task": "t.new", "schedule": 9.0}, "new": every(10), "copied": copied}
+    )
+    schedule = scheduler.schedule
+    assert set(schedule) == {"kept", "new", "copied"}  # what is not in beat_schedule goes
+    # An entry already there is updated in place: its run count stays.
+    assert schedule["kept"] is kept and kept.task == "t.new" and kept.total_run_count == 3
+    assert kept.schedule.run_every == timedelta(seconds=9)
+    assert schedule["new"].last_run_at is not None and schedule["new"].task == "t.noop"
+    assert schedule["copied"].name == "copied" and schedule["copied"].task == "t.copy"
 
 
 def test_health_file_follows_the_role_and_the_watchdog(
