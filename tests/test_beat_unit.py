@@ -7,6 +7,7 @@ Time is real but short (ttl 0.6 s, renewals every 0.1 s).
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -30,6 +31,7 @@ from kombu.exceptions import OperationalError
 
 from celery_leader.backends import Write, create_backend
 from celery_leader.backends.memory import MemoryBackend
+from celery_leader.celery import beat
 from celery_leader.celery.beat import FOLLOWER_INTERVAL, LeaderScheduler
 from celery_leader.config import LeaderConfig
 from celery_leader.lease import Lease
@@ -770,6 +772,35 @@ def test_merging_beat_schedule_keeps_celerys_rules(
     assert kept.schedule.run_every == timedelta(seconds=9)
     assert schedule["new"].last_run_at is not None and schedule["new"].task == "t.noop"
     assert schedule["copied"].name == "copied" and schedule["copied"].task == "t.copy"
+
+
+def test_a_large_schedule_is_built_without_the_collector_and_then_left_out_of_its_scans(
+    app: Celery, make_scheduler: Callable[..., LeaderScheduler], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(beat, "FREEZE_AT", 3)
+    app.conf.beat_schedule = {f"e{i}": every(60) for i in range(3)}
+    enabled_while_building = []
+    merge = beat.LeaderScheduler.merge_inplace
+
+    def spied(self: LeaderScheduler, b: dict[str, Any]) -> None:
+        enabled_while_building.append(gc.isenabled())
+        merge(self, b)
+
+    monkeypatch.setattr(beat.LeaderScheduler, "merge_inplace", spied)
+    assert gc.isenabled()
+    try:
+        make_scheduler()
+        assert enabled_while_building == [False] and gc.isenabled()
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+    # A process that turned the collector off keeps it off, and nothing is frozen.
+    gc.disable()
+    try:
+        make_scheduler()
+        assert not gc.isenabled() and gc.get_freeze_count() == 0
+    finally:
+        gc.enable()
 
 
 def test_health_file_follows_the_role_and_the_watchdog(
