@@ -193,7 +193,8 @@ class Run:
         self.home = Path(tempfile.mkdtemp(prefix=f"bench-scale-{system}-"))
         self.broker = RedisServer()
         self.broker.start()
-        self.store = RedisServer() if system != "django" else None
+        # "celery": plain `celery beat` (PersistentScheduler), for benchmarks/start.py.
+        self.store = RedisServer() if system not in ("django", "celery") else None
         if self.store is not None:
             self.store.start()
         self.recorder = Recorder(self.broker.url)
@@ -220,9 +221,11 @@ class Run:
         argv = [str(VENV_BIN / "celery"), "-A", "benchmarks.apps.scale_app", "beat", "-l", "INFO"]
         argv += ["-s", str(self.home / f"schedule{index}")]
         env |= {"SCALE_MINUTE": str(self.minute), "INSTANCE_ID": f"replica{index}"}
-        env["SCALE_CODE_N"] = str(self.n if self.system in ("leader", "redbeat") else 0)
-        assert self.store is not None or self.system == "django"
-        if self.system in ("leader", "leader-store"):
+        env["SCALE_CODE_N"] = str(self.n if self.system in ("leader", "redbeat", "celery") else 0)
+        assert self.store is not None or self.system in ("django", "celery")
+        if self.system == "celery":
+            pass  # Celery's own PersistentScheduler, its shelve in ``-s``
+        elif self.system in ("leader", "leader-store"):
             assert self.store is not None
             argv += ["-S", "celery_leader.LeaderScheduler"]
             env["LEADER_URL"] = self.store.url

@@ -7,6 +7,7 @@ Time is real but short (ttl 0.6 s, renewals every 0.1 s).
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -23,13 +24,14 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from celery.beat import Scheduler, Service
+from celery.beat import ScheduleEntry, Scheduler, Service
 from celery.schedules import crontab
 from kombu import Producer
 from kombu.exceptions import OperationalError
 
 from celery_leader.backends import Write, create_backend
 from celery_leader.backends.memory import MemoryBackend
+from celery_leader.celery import beat
 from celery_leader.celery.beat import FOLLOWER_INTERVAL, LeaderScheduler
 from celery_leader.config import LeaderConfig
 from celery_leader.lease import Lease
@@ -726,6 +728,79 @@ def test_interval_entries_sharing_a_period_stay_in_one_claim_round_trip(
     assert batches[0] == count
     assert batches[1:] == [count] * (len(batches) - 1)
     assert len(batches) - 1 <= len(dues)
+
+
+def test_entries_with_equal_schedules_share_one_series(
+    app: Celery, make_scheduler: Callable[..., LeaderScheduler]
+) -> None:
+    hourly = crontab(minute="7")
+    app.conf.beat_schedule = {
+        "shared-a": {"task": "t.noop", "schedule": hourly},
+        "shared-b": {"task": "t.noop", "schedule": hourly},
+        "equal": {"task": "t.noop", "schedule": crontab(minute="7")},
+        "other": {"task": "t.noop", "schedule": crontab(minute="8")},
+        "sec-a": every(30),
+        "sec-b": every(30),
+        "sec-c": every(60),
+    }
+    jobs = {job.name: job for job in make_scheduler().leader_jobs()}
+    series = {name: job.series for name, job in jobs.items()}
+    # Made once per distinct schedule (a large schedule has few), each still its own rule.
+    assert series["shared-a"] is series["shared-b"] is series["equal"]
+    assert series["other"] is not series["equal"]
+    assert series["other"] is not None and series["other"].key() != series["equal"].key()
+    assert series["sec-a"] is series["sec-b"]
+    thirty = Every(timedelta(seconds=30)).key()
+    assert series["sec-a"] is not None and series["sec-a"].key() == thirty
+    assert series["sec-c"] is not series["sec-a"]
+
+
+def test_merging_beat_schedule_keeps_celerys_rules(
+    app: Celery, make_scheduler: Callable[..., LeaderScheduler]
+) -> None:
+    scheduler = make_scheduler(lazy=True)
+    kept = ScheduleEntry(name="kept", task="t.old", schedule=5.0, total_run_count=3, app=app)
+    scheduler.schedule.update({"kept": kept, "gone": ScheduleEntry(name="gone", app=app)})
+    copied = ScheduleEntry(name="elsewhere", task="t.copy", schedule=7.0, app=app)
+    scheduler.merge_inplace(
+        {"kept": {"task": "t.new", "schedule": 9.0}, "new": every(10), "copied": copied}
+    )
+    schedule = scheduler.schedule
+    assert set(schedule) == {"kept", "new", "copied"}  # what is not in beat_schedule goes
+    # An entry already there is updated in place: its run count stays.
+    assert schedule["kept"] is kept and kept.task == "t.new" and kept.total_run_count == 3
+    assert kept.schedule.run_every == timedelta(seconds=9)
+    assert schedule["new"].last_run_at is not None and schedule["new"].task == "t.noop"
+    assert schedule["copied"].name == "copied" and schedule["copied"].task == "t.copy"
+
+
+def test_a_large_schedule_is_built_without_the_collector_and_then_left_out_of_its_scans(
+    app: Celery, make_scheduler: Callable[..., LeaderScheduler], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(beat, "FREEZE_AT", 3)
+    app.conf.beat_schedule = {f"e{i}": every(60) for i in range(3)}
+    enabled_while_building = []
+    merge = beat.LeaderScheduler.merge_inplace
+
+    def spied(self: LeaderScheduler, b: dict[str, Any]) -> None:
+        enabled_while_building.append(gc.isenabled())
+        merge(self, b)
+
+    monkeypatch.setattr(beat.LeaderScheduler, "merge_inplace", spied)
+    assert gc.isenabled()
+    try:
+        make_scheduler()
+        assert enabled_while_building == [False] and gc.isenabled()
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+    # A process that turned the collector off keeps it off, and nothing is frozen.
+    gc.disable()
+    try:
+        make_scheduler()
+        assert not gc.isenabled() and gc.get_freeze_count() == 0
+    finally:
+        gc.enable()
 
 
 def test_health_file_follows_the_role_and_the_watchdog(
