@@ -54,6 +54,15 @@ class Series(ABC):
         """
         return ("object", id(self))
 
+    def __eq__(self, other: object) -> bool:
+        # By value: a job rebuilt from an equal schedule (a re-read of the entries,
+        # a new listing pass) then equals the one the protocol holds, which keeps
+        # its next due time instead of recomputing it.
+        return isinstance(other, Series) and self.key() == other.key()
+
+    def __hash__(self) -> int:
+        return hash(self.key())
+
     def anchor(self, now: datetime) -> datetime:
         """Where an entry with no stored state starts: its next slot is the first after this."""
         return now
