@@ -125,12 +125,19 @@ class LeaderSchedulerMixin:
         """One scheduler pass; only a current leader dispatches.
 
         A leader wakes at least every ``POLL_INTERVAL`` to see edits of the
-        entries kept in the store, however far its next slot is.
+        entries kept in the store, however far its next slot is; so does a
+        follower set up at start-up, to keep their jobs made.
         """
         adapter = self._protocol.adapter
         if isinstance(adapter, _BeatAdapter) and adapter.feed is None:
             lease = self.lease
             adapter.feed = EntryFeed(lease.backend, lease.election, logger)
+        if self._set_up and self.lease.term is None and adapter.jobs_changed():
+            # A follower keeps the jobs made (store entries too: one version check
+            # per POLL_INTERVAL, a re-read only after an edit), so a promotion only
+            # loads run state. Only where the schedule was set up at start-up: a
+            # scheduler that writes while setting up waits until it leads.
+            adapter.jobs()
         return min(self._protocol.tick(), POLL_INTERVAL)
 
     def leader_jobs(self, store_entries: bool = False) -> Sequence[Job]:
