@@ -413,6 +413,9 @@ class _BeatAdapter(Adapter):
         config = self.scheduler.leader_config
         jobs = []
         stored = {}
+        # One clock reading for every new entry's placeholder last_run_at (as
+        # merge_inplace does): a leader loads the stored one before sending.
+        now = self.scheduler.app.now()
         for name, entry in records.items():
             if entry.kind != STORE or not entry.enabled:
                 continue
@@ -434,7 +437,7 @@ class _BeatAdapter(Adapter):
                     if entry.missed_slots_grace is not None
                     else config.missed_slots_grace,
                     self.scheduler.app.timezone,
-                    self._celery_entry(entry),
+                    self._celery_entry(entry, now),
                     generation=entry.generation,
                     active_since=entry.active_since,
                 )
@@ -448,10 +451,11 @@ class _BeatAdapter(Adapter):
             self._refused.add((name, why))
             logger.error("celery-leader: not sending stored entry %s: %s", name, why)
 
-    def _celery_entry(self, entry: Entry) -> ScheduleEntry:
+    def _celery_entry(self, entry: Entry, last_run_at: datetime) -> ScheduleEntry:
         """A Celery entry that sends what ``entry`` names (never put in beat's schedule)."""
         return ScheduleEntry(
             name=entry.name,
+            last_run_at=last_run_at,
             task=entry.task,
             args=tuple(entry.args),
             kwargs=dict(entry.kwargs),
