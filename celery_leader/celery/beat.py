@@ -129,14 +129,19 @@ class LeaderSchedulerMixin:
         follower set up at start-up, to keep their jobs made.
         """
         adapter = self._protocol.adapter
+        first = False
         if isinstance(adapter, _BeatAdapter) and adapter.feed is None:
             lease = self.lease
             adapter.feed = EntryFeed(lease.backend, lease.election, logger)
-        if self._set_up and self.lease.term is None and adapter.jobs_changed():
+            first = True
+        if self._set_up and (first or self.lease.term is None) and adapter.jobs_changed():
             # A follower keeps the jobs made (store entries too: one version check
             # per POLL_INTERVAL, a re-read only after an edit), so a promotion only
-            # loads run state. Only where the schedule was set up at start-up: a
-            # scheduler that writes while setting up waits until it leads.
+            # loads run state. The first read is made before the first tick, as the
+            # code entries' jobs are in __init__: seconds at 100,000 entries that
+            # would otherwise run out a new leader's tick timeout. Only where the
+            # schedule was set up at start-up: a scheduler that writes while setting
+            # up waits until it leads.
             adapter.jobs()
         return min(self._protocol.tick(), POLL_INTERVAL)
 

@@ -255,6 +255,9 @@ class DramatiqScheduler:
         )
         lease = self.protocol.lease
         self.adapter.feed = EntryFeed(lease.backend, lease.election, logger)
+        # The store entries' jobs are made before joining the election: seconds at
+        # 100,000 entries that would otherwise run out a new leader's tick timeout.
+        self.adapter.jobs()
         lease.start()
         try:
             while not stop.is_set():
