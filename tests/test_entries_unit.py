@@ -687,3 +687,94 @@ def test_show_has_the_run_ledgers_summary_of_the_entry_when_the_ledger_is_on() -
         2.5,
         1,
     )
+
+
+def counting_loads(backend: Any) -> list[str]:
+    """The elections whose entries ``backend`` reads from now on (one item a read)."""
+    calls: list[str] = []
+    load = backend.load_entries
+
+    def counting(election: str) -> Any:
+        calls.append(election)
+        return load(election)
+
+    backend.load_entries = counting
+    return calls
+
+
+def test_a_celery_follower_keeps_store_entry_jobs_made_and_its_promotion_reuses_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(feed_module, "POLL_INTERVAL", 0)
+    url = f"memory://entries-{uuid.uuid4().hex}"
+
+    def replica(instance: str) -> LeaderScheduler:
+        app = Celery("warm", broker="memory://", set_as_current=False)
+        app.conf.leader_url = url
+        app.conf.leader_instance_id = instance
+        app.conf.beat_schedule = {}
+        return LeaderScheduler(app=app)  # set up at start-up, as beat builds it
+
+    leader = replica("one")
+    leader.tick()
+    wait_for(leader.lease.is_leader, 5, message="never led")
+    follower = replica("two")
+    book = EntryBook(follower.lease.backend, "beat")
+    book.add(name="a", task="t", every=60)
+    follower.tick()
+    assert not follower.lease.is_leader()
+    adapter = follower._protocol.adapter
+    made = {j.name: j for j in adapter._listed or ()}
+    assert set(made) == {"a"}, "a follower made the store entry's job"
+    book.add(name="b", task="t", every=60)
+    follower.tick()
+    assert {j.name for j in adapter._listed or ()} == {"a", "b"}, "an edit is seen following"
+    assert not follower._protocol._states, "a follower holds no run state"
+    loads = counting_loads(follower.lease.backend)
+    leader.close()
+    wait_for(follower.lease.is_leader, 5, message="the follower never took over")
+    follower.tick()
+    assert follower._protocol.loaded()
+    assert loads == [], "the promotion read no entries: the version did not move"
+    assert follower._protocol._jobs["a"] is made["a"], "the job made while following"
+    follower.close()
+
+
+def test_a_dramatiq_follower_keeps_store_entry_jobs_made_and_its_promotion_reuses_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(feed_module, "POLL_INTERVAL", 0)
+    url = f"memory://entries-{uuid.uuid4().hex}"
+    broker = StubBroker()
+    broker.add_middleware(LeaderMiddleware(url=url))
+
+    @dramatiq.actor(broker=broker)
+    def job() -> None:
+        pass
+
+    def replica(instance: str) -> DramatiqScheduler:
+        config = LeaderConfig.from_mapping({"leader_url": url, "leader_instance_id": instance})
+        scheduler = DramatiqScheduler(broker, config)
+        lease = scheduler.protocol.lease
+        scheduler.adapter.feed = EntryFeed(lease.backend, lease.election, logging.getLogger("t"))
+        lease.start()
+        return scheduler
+
+    leader = replica("one")
+    wait_for(leader.protocol.lease.is_leader, 5, message="never led")
+    leader.tick()
+    follower = replica("two")
+    book = EntryBook(follower.protocol.lease.backend, "beat")
+    book.add(name="a", task="job", every=60)
+    follower.tick()
+    assert not follower.protocol.lease.is_leader()
+    made = {j.name: j for j in follower.adapter._made}
+    assert set(made) == {"a"} and not follower.protocol._states
+    loads = counting_loads(follower.protocol.lease.backend)
+    leader.protocol.close()
+    wait_for(follower.protocol.lease.is_leader, 5, message="the follower never took over")
+    follower.tick()
+    assert follower.protocol.loaded()
+    assert loads == [], "the promotion read no entries: the version did not move"
+    assert follower.protocol._jobs["a"] is made["a"]
+    follower.protocol.close()

@@ -134,12 +134,24 @@ class LeaderSchedulerMixin:
         """One scheduler pass; only a current leader dispatches.
 
         A leader wakes at least every ``POLL_INTERVAL`` to see edits of the
-        entries kept in the store, however far its next slot is.
+        entries kept in the store, however far its next slot is; so does a
+        follower set up at start-up, to keep their jobs made.
         """
         adapter = self._protocol.adapter
+        first = False
         if isinstance(adapter, _BeatAdapter) and adapter.feed is None:
             lease = self.lease
             adapter.feed = EntryFeed(lease.backend, lease.election, logger)
+            first = True
+        if self._set_up and (first or self.lease.term is None) and adapter.jobs_changed():
+            # A follower keeps the jobs made (store entries too: one version check
+            # per POLL_INTERVAL, a re-read only after an edit), so a promotion only
+            # loads run state. The first read is made before the first tick, as the
+            # code entries' jobs are in __init__: seconds at 100,000 entries that
+            # would otherwise run out a new leader's tick timeout. Only where the
+            # schedule was set up at start-up: a scheduler that writes while setting
+            # up waits until it leads.
+            adapter.jobs()
         return min(self._protocol.tick(), POLL_INTERVAL)
 
     def leader_jobs(self, store_entries: bool = False) -> Sequence[Job]:
@@ -504,6 +516,9 @@ class _BeatAdapter(Adapter):
         config = self.scheduler.leader_config
         jobs = []
         stored = {}
+        # One clock reading for every new entry's placeholder last_run_at (as
+        # merge_inplace does): a leader loads the stored one before sending.
+        now = self.scheduler.app.now()
         for name, entry in records.items():
             if entry.kind != STORE or not entry.enabled:
                 continue
@@ -525,7 +540,7 @@ class _BeatAdapter(Adapter):
                     if entry.missed_slots_grace is not None
                     else config.missed_slots_grace,
                     self.scheduler.app.timezone,
-                    self._celery_entry(entry),
+                    self._celery_entry(entry, now),
                     generation=entry.generation,
                     active_since=entry.active_since,
                 )
@@ -539,10 +554,11 @@ class _BeatAdapter(Adapter):
             self._refused.add((name, why))
             logger.error("celery-leader: not sending stored entry %s: %s", name, why)
 
-    def _celery_entry(self, entry: Entry) -> ScheduleEntry:
+    def _celery_entry(self, entry: Entry, last_run_at: datetime) -> ScheduleEntry:
         """A Celery entry that sends what ``entry`` names (never put in beat's schedule)."""
         return ScheduleEntry(
             name=entry.name,
+            last_run_at=last_run_at,
             task=entry.task,
             args=tuple(entry.args),
             kwargs=dict(entry.kwargs),

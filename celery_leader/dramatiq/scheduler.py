@@ -118,6 +118,9 @@ class _EnqueueAdapter(Adapter):
         #: Store entries' jobs, by name, with the Entry each was made of: an unchanged
         #: entry keeps its job.
         self._stored: dict[str, tuple[Entry, Job]] = {}
+        #: What the last :meth:`jobs` returned: returned again while nothing changed
+        #: (a promotion of a follower that kept them made).
+        self._made: Sequence[Job] = ()
 
     def jobs_changed(self) -> bool:
         """Code entries are fixed at start-up: only the store's entries change."""
@@ -127,6 +130,12 @@ class _EnqueueAdapter(Adapter):
         return self.feed is not feed or (feed is not None and feed.current() is not records)
 
     def jobs(self) -> Sequence[Job]:
+        if self._listed is not None and not self.jobs_changed():
+            return self._made
+        self._made = self._list()
+        return self._made
+
+    def _list(self) -> Sequence[Job]:
         if self.feed is None:
             self._listed = (None, None)
             return self.entries
@@ -246,13 +255,27 @@ class DramatiqScheduler:
         )
         lease = self.protocol.lease
         self.adapter.feed = EntryFeed(lease.backend, lease.election, logger)
+        # The store entries' jobs are made before joining the election: seconds at
+        # 100,000 entries that would otherwise run out a new leader's tick timeout.
+        self.adapter.jobs()
         lease.start()
         try:
             while not stop.is_set():
                 if parent_pid is not None and os.getppid() != parent_pid:
                     logger.warning("celery-leader: Dramatiq main process died; scheduler exits")
                     break
-                stop.wait(self.protocol.tick())
+                stop.wait(self.tick())
         finally:
             # Demote, release and wake a follower before anything else.
             self.protocol.close()
+
+    def tick(self) -> float:
+        """One pass of the loop; returns how long to sleep.
+
+        A follower keeps the jobs of the store's entries made (one version check
+        per ``POLL_INTERVAL``, a re-read only after an edit), so a promotion only
+        loads run state; only a leader dispatches.
+        """
+        if self.protocol.lease.term is None and self.adapter.jobs_changed():
+            self.adapter.jobs()
+        return self.protocol.tick()
