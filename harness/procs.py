@@ -24,6 +24,9 @@ class Proc:
     def __init__(self, popen: subprocess.Popen[bytes], log_path: Path) -> None:
         self.popen = popen
         self.log_path = log_path
+        #: Whether it was asked to stop (SIGTERM or SIGINT): teardown finds out why
+        #: one that is still running did not (see :meth:`kill_group`).
+        self.asked_to_stop = False
 
     @property
     def pid(self) -> int:
@@ -68,6 +71,8 @@ class Proc:
         Group delivery is what a crash or a service manager does; a process that
         already exited (and everything it forked) is not an error.
         """
+        if sig in (_signal.SIGTERM, _signal.SIGINT):
+            self.asked_to_stop = True
         try:
             if group:
                 os.killpg(self.pid, sig)
@@ -77,7 +82,19 @@ class Proc:
             pass
 
     def kill_group(self) -> None:
-        """SIGKILL the process and all it forked (stopped ones too), then reap it."""
+        """SIGKILL the process and all it forked (stopped ones too), then reap it.
+
+        One that was asked to stop and still runs is hung: it first gets SIGABRT
+        alone, so that Python's fault handler (on in every process started here)
+        writes each of its threads' stacks to its log.
+        """
+        if self.asked_to_stop and self.alive:
+            self.signal(_signal.SIGCONT, group=False)
+            self.signal(_signal.SIGABRT, group=False)
+            try:
+                self.popen.wait(timeout=3)
+            except subprocess.TimeoutExpired:
+                pass
         self.signal(_signal.SIGKILL)
         self.popen.wait()
 
@@ -96,9 +113,10 @@ def start(
     output appended to ``log_path``.
 
     ``env`` is added to a copy of this process's environment, with unbuffered
-    Python output so that lines show up in the log as they are printed.
+    Python output so that lines show up in the log as they are printed, and
+    Python's fault handler on (a hung process's stacks on SIGABRT).
     """
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", **(env or {})}
     with log_path.open("ab") as log:
         popen = subprocess.Popen(
             list(argv),
@@ -159,4 +177,6 @@ class Procs:
             proc.kill_group()
             # Printed so that pytest shows each process's last words when a test fails.
             print(f"--- {proc!r}, last lines:")
-            print("\n".join(proc.lines()[-30:]))
+            lines = proc.lines()
+            dumped = any(line.startswith("Fatal Python error: Aborted") for line in lines)
+            print("\n".join(lines[-150:] if dumped else lines[-30:]))

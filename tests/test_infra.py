@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import socket
+import subprocess
 import threading
 import time
 
@@ -153,6 +155,27 @@ def test_procs_capture_output_signal_and_cleanup(procs: Procs) -> None:
     proc.wait_for_line("got usr1", timeout=10)
     send_signal(proc, signal.SIGKILL)
     assert proc.wait(timeout=10) == -signal.SIGKILL
+
+
+def test_a_process_that_ignores_its_stop_signal_leaves_its_stacks(procs: Procs) -> None:
+    """Teardown SIGABRTs a process that was asked to stop and still runs: its log then
+    says where each of its threads was (the hang), before the SIGKILL."""
+    code = (
+        "import signal, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "def stuck():\n"
+        "    print('ready', flush=True)\n"
+        "    time.sleep(60)\n"
+        "stuck()\n"
+    )
+    proc = procs.spawn_python(code)
+    proc.wait_for_line("^ready$", timeout=10)
+    proc.signal(signal.SIGTERM)
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.wait(timeout=0.5)
+    proc.kill_group()
+    assert "Fatal Python error: Aborted" in proc.output()
+    assert re.search(r"line 5 in stuck", proc.output()), proc.output()
 
 
 @pytest.mark.postgres
