@@ -879,3 +879,72 @@ def test_a_stop_signal_during_a_publish_waits_until_the_claimed_slot_is_sent(
     sent = published(app)
     assert signalled and len(sent) == 1, sent
     assert json.loads(stored_state(app)["a"])["slot"] == sent[0]["leader_slot"]
+
+
+def test_a_stop_signal_inside_a_store_call_closes_beat_after_the_tick(
+    app: Celery, make_scheduler: Callable[..., LeaderScheduler], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Celery's SIGTERM handler closes the scheduler where the main thread is. Inside a
+    store call that holds a lock closing the store takes, that waited forever (seen
+    on PostgreSQL: the kept session's lock, taken by the entries-version check)."""
+    app.conf.beat_schedule = {"a": every(5)}
+    scheduler = make_scheduler()
+    wait_leading(scheduler)
+    store_lock = threading.Lock()  # stands for the store's own, not reentrant
+    original = MemoryBackend.entries_version
+    signalled: list[bool] = []
+    closed: list[bool] = []
+
+    def entries_version(self: MemoryBackend, election: str) -> int:
+        with store_lock:
+            if not signalled:
+                signalled.append(True)
+                os.kill(os.getpid(), signal.SIGTERM)  # arrives mid-call, once
+                time.sleep(0.05)  # a Python handler would have run by now
+            return original(self, election)
+
+    def stop(signum: int, frame: object) -> None:
+        # What celery.apps.beat installs: close the scheduler, then exit.
+        if not store_lock.acquire(timeout=2):
+            raise AssertionError("the stop handler ran inside the store call")
+        store_lock.release()
+        scheduler.close()
+        closed.append(True)
+        raise SystemExit(143)
+
+    monkeypatch.setattr(MemoryBackend, "entries_version", entries_version)
+    monkeypatch.setattr(beat.EntryFeed, "current", lambda self: {} if closed else _asks(self))
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        with pytest.raises(SystemExit):
+            scheduler.tick()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert signalled and closed
+
+
+def test_a_stop_signal_sent_twice_during_a_tick_stops_at_once() -> None:
+    """Whoever sends the same stop signal again will not wait for the tick."""
+    seen: list[str] = []
+
+    def stop(signum: int, frame: object) -> None:
+        seen.append("handled")
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        with beat._stop_signals_deferred():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+            seen.append("held")
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+            seen.append("in the block")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert seen == ["held", "handled", "in the block"]
+
+
+def _asks(feed: Any) -> dict[str, Any]:
+    """The feed's question to the store, every time."""
+    feed.backend.entries_version(feed.election)
+    return {}

@@ -136,7 +136,16 @@ class LeaderSchedulerMixin:
         A leader wakes at least every ``POLL_INTERVAL`` to see edits of the
         entries kept in the store, however far its next slot is; so does a
         follower set up at start-up, to keep their jobs made.
+
+        Stop signals that arrive during the pass are delivered after it (a
+        second one at once): Celery's handler closes the scheduler right where
+        the main thread is, and a store call it interrupts may hold the lock
+        that closing the store waits for.
         """
+        with _stop_signals_deferred():
+            return self._tick()
+
+    def _tick(self) -> float:
         adapter = self._protocol.adapter
         first = False
         if isinstance(adapter, _BeatAdapter) and adapter.feed is None:
@@ -731,18 +740,21 @@ def series_of(sched: Any, crontab_dst: str = "cron") -> Series | None:
 
 
 #: Signals whose Celery handlers stop beat by raising ``SystemExit`` wherever the
-#: main thread is. Raised between a slot's claim and its publish, that would lose
-#: the claimed slot, so they are held back until the batch is sent; a publish
-#: gives up within the broker's retry policy (about a second), which bounds how
-#: long a stop waits. SIGKILL is never held back.
+#: main thread is, after closing the scheduler there. Raised between a slot's
+#: claim and its publish, that would lose the claimed slot; raised inside a store
+#: call, closing the store would wait for a lock that call holds. So they are
+#: held back until the tick ends: its store calls and publishes each give up
+#: within their deadlines, which bounds how long a stop waits, and the same
+#: signal again is delivered at once. SIGKILL is never held back.
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP)
 
 
 @contextmanager
 def _publishing(scheduler: LeaderSchedulerMixin) -> Iterator[None]:
-    """One claimed batch: stop signals held back, publishes pipelined where they can be."""
+    """One claimed batch: publishes pipelined where they can be (stop signals are held
+    back for the whole tick, see :meth:`LeaderSchedulerMixin.tick`)."""
     publisher = publishing.publisher_of(scheduler, scheduler.leader_config.watchdog_timeout)
-    with _stop_signals_deferred(), publisher.pipelined():
+    with publisher.pipelined():
         yield
 
 
@@ -759,15 +771,24 @@ def _stop_signals_deferred() -> Iterator[None]:
         return
     arrived: list[int] = []
 
+    def restore() -> None:
+        for sig, handler in previous.items():
+            # None: a handler installed outside Python, which cannot be put back.
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+
     def hold(signum: int, _frame: object) -> None:
-        arrived.append(signum)
+        if signum not in arrived:
+            arrived.append(signum)
+            return
+        # Sent again while held: whoever sends it will not wait; stop now.
+        restore()
+        arrived.clear()
+        signal.raise_signal(signum)
 
     previous = {sig: signal.signal(sig, hold) for sig in _STOP_SIGNALS}
     try:
         yield
     finally:
-        for sig, handler in previous.items():
-            # None: a handler installed outside Python, which cannot be put back.
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        restore()
         for signum in dict.fromkeys(arrived):
             signal.raise_signal(signum)

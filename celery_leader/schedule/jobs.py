@@ -106,8 +106,8 @@ class Adapter(ABC):
         """This scheduler stopped dispatching: give back what only a leader needs."""
 
     def publishing(self) -> AbstractContextManager[object]:
-        """Wraps the publishes of one claimed batch (Celery holds back stop signals
-        and pipelines its publishes to a Redis broker)."""
+        """Wraps the publishes of one claimed batch (Celery pipelines its publishes to
+        a Redis broker)."""
         return nullcontext()
 
 
