@@ -152,7 +152,10 @@ class LeaderSchedulerMixin:
             lease = self.lease
             adapter.feed = EntryFeed(lease.backend, lease.election, logger)
             first = True
-        if self._set_up and (first or self.lease.term is None) and adapter.jobs_changed():
+        following = self.lease.term is None
+        if isinstance(adapter, _BeatAdapter) and adapter.feed is not None:
+            adapter.feed.quiet = following
+        if self._set_up and (first or following) and adapter.jobs_changed():
             # A follower keeps the jobs made (store entries too: one version check
             # per POLL_INTERVAL, a re-read only after an edit), so a promotion only
             # loads run state. The first read is made before the first tick, as the

@@ -276,6 +276,9 @@ class DramatiqScheduler:
         per ``POLL_INTERVAL``, a re-read only after an edit), so a promotion only
         loads run state; only a leader dispatches.
         """
-        if self.protocol.lease.term is None and self.adapter.jobs_changed():
+        following = self.protocol.lease.term is None
+        if self.adapter.feed is not None:
+            self.adapter.feed.quiet = following
+        if following and self.adapter.jobs_changed():
             self.adapter.jobs()
         return self.protocol.tick()

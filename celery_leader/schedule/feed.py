@@ -42,6 +42,9 @@ class EntryFeed:
         self._entries: dict[str, Entry] = {}
         self._texts: dict[str, str] = {}
         self._warned: set[str] = set()
+        #: Set while a follower keeps its jobs made: a store it cannot reach is then
+        #: logged at DEBUG only, since the follower's lease already reports it.
+        self.quiet = False
 
     def current(self) -> dict[str, Entry]:
         """The entries by name (store entries and kept pauses of code entries)."""
@@ -57,7 +60,9 @@ class EntryFeed:
                 self._version = version
             self._warned.discard("")
         except StoreUnavailable as exc:
-            if "" not in self._warned:
+            if self.quiet:
+                self.logger.debug("celery-leader: cannot read schedule entries: %s", exc)
+            elif "" not in self._warned:
                 self._warned.add("")
                 self.logger.warning(
                     "celery-leader: cannot read schedule entries (keeping the last read): %s", exc
