@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from benchmarks.scale import PROJECT, Run, django_env, load_django_rows
+from benchmarks.scale import PROJECT, Run, cell, django_env, load_django_rows
 from harness.groups import VENV_BIN, group_cpu_seconds, kill_all, start_child
 from harness.servers import PostgresServer
 
@@ -140,10 +140,6 @@ def run_one(
     return row
 
 
-def _cell(value: float | None, fmt: str) -> str:
-    return "—" if value is None else format(value, fmt)
-
-
 def table(rows: list[Row]) -> str:
     lines = [
         "| rows | start s | idle CPU s/s | edit → slot s | late s | edit CPU s | |",
@@ -151,8 +147,8 @@ def table(rows: list[Row]) -> str:
     ]
     for r in rows:
         cells = [
-            _cell(r.start, ".2f"), _cell(r.idle_cpu, ".3f"), _cell(r.edit_to_slot, ".2f"),
-            _cell(r.late, ".2f"), _cell(r.edit_cpu, ".2f"),
+            cell(r.start, ".2f"), cell(r.idle_cpu, ".3f"), cell(r.edit_to_slot, ".2f"),
+            cell(r.late, ".2f"), cell(r.edit_cpu, ".2f"),
         ]  # fmt: skip
         lines.append(f"| {r.n:,} | " + " | ".join(cells) + f" | {r.note} |")
     return "\n".join(lines)

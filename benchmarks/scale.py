@@ -452,7 +452,8 @@ def run_one(
 # -- reporting ---------------------------------------------------------------
 
 
-def _cell(value: float | None, fmt: str) -> str:
+def cell(value: float | None, fmt: str) -> str:
+    """A table cell: ``value`` formatted, or a dash where it was not measured."""
     return "—" if value is None else format(value, fmt)
 
 
@@ -464,10 +465,10 @@ def table(rows: list[Row]) -> str:
     ]
     for r in rows:
         cells = [
-            _cell(r.setup, ".1f"), _cell(r.start, ".2f"), _cell(r.cpu, ".3f"),
-            _cell(r.rss_mb, ".0f"), _cell(r.ops, ".0f"), _cell(r.late_p50, ".3f"),
-            _cell(r.late_p99, ".3f"), _cell(r.max_gap, ".2f"), _cell(r.sigterm, ".2f"),
-            _cell(r.sigkill, ".2f"),
+            cell(r.setup, ".1f"), cell(r.start, ".2f"), cell(r.cpu, ".3f"),
+            cell(r.rss_mb, ".0f"), cell(r.ops, ".0f"), cell(r.late_p50, ".3f"),
+            cell(r.late_p99, ".3f"), cell(r.max_gap, ".2f"), cell(r.sigterm, ".2f"),
+            cell(r.sigkill, ".2f"),
         ]  # fmt: skip
         lines.append(f"| {LABELS[r.system]} | {r.n:,} | " + " | ".join(cells) + f" | {r.note} |")
     return "\n".join(lines)

@@ -29,7 +29,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from benchmarks.scale import ROOT, OverCap, Run, _numbers
+from benchmarks.scale import ROOT, OverCap, Run, _numbers, cell
 from harness.groups import VENV_BIN, kill_all
 from harness.procs import Proc
 
@@ -99,10 +99,6 @@ def measure(system: str, n: int, replicas: int, cap: float) -> Row:
     return row
 
 
-def _cell(value: float | None) -> str:
-    return "—" if value is None else f"{value:.2f}"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--n", type=int, default=300_000, help="hourly code entries")
@@ -128,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| scheduler | replicas | up s | start s | SIGKILL s | |")
     print("|---|---:|---:|---:|---:|---|")
     for r in rows:
-        cells = f"{_cell(r.up)} | {_cell(r.start)} | {_cell(r.sigkill)}"
+        cells = " | ".join(cell(v, ".2f") for v in (r.up, r.start, r.sigkill))
         print(f"| {r.scheduler} | {r.replicas} | {cells} | {r.note} |")
     return 0
 
