@@ -42,6 +42,9 @@ Columns:
   subclass with the ``last_run_at`` they were due after, that plus 1 s.
 * **max gap**: the longest interval between consecutive ``tick`` arrivals in
   the window (1 s when nothing is late).
+* **edit CPU** (store entries): the CPU seconds the leader and the standby
+  spend, above their idle rate, in the ``EDIT_WINDOW`` seconds after one
+  entry is edited (both keep the entries' jobs made).
 * **SIGTERM**, **SIGKILL**: from the signal to the standby's first ``tick`` at
   the broker. The standby publishes the next slot when it is due, so up to 1 s
   of it is the schedule, not the hand-over.
@@ -91,6 +94,10 @@ BATCH = 5_000
 SETTLED_CPU = 0.1
 QUIET = 2
 SETTLE_MAX = 120.0
+#: Seconds over which the CPU an edit costs is counted: the replicas see an edit
+#: within the entries poll (0.5 s) and, at a million entries, re-list their jobs
+#: in well under this.
+EDIT_WINDOW = 5.0
 SYSTEMS = ("leader", "leader-store", "redbeat", "django")
 LABELS = {
     "leader": "celery-leader, code entries",
@@ -117,6 +124,7 @@ class Row:
     late_p50: float | None = None
     late_p99: float | None = None
     max_gap: float | None = None
+    edit_cpu: float | None = None
     sigterm: float | None = None
     sigkill: float | None = None
     note: str = ""
@@ -330,8 +338,9 @@ def load_django_rows(run: Run) -> None:
             raise RuntimeError(f"manage.py {argv[0]} failed: {done.stderr.strip()[-500:]}")
 
 
-def load_store_entries(url: str, n: int, minute: int) -> None:
-    """N hourly entries in the store, in batches of adds (one round trip each).
+def load_store_entries(url: str, n: int, minute: int) -> Edit:
+    """N hourly entries in the store, in batches of adds (one round trip each);
+    returns an edit of one of them (new kwargs, the same schedule).
 
     One entry is built and checked by the entries API; the others are its JSON
     with their own name and generation, as the API would store them, since
@@ -359,6 +368,25 @@ def load_store_entries(url: str, n: int, minute: int) -> None:
                 raise RuntimeError("an entry existed already in a fresh store")
     finally:
         backend.close()
+    probe = stored(n // 2)
+    edited = json.dumps({**json.loads(probe), "kwargs": {"edited": True}}, sort_keys=True)
+    return Edit(f"hourly{n // 2}", probe, edited)
+
+
+def edit_cost(run: Run, edit: Edit, pids: Sequence[int], idle: float) -> float:
+    """CPU seconds the replicas ``pids`` spend on ``edit`` above ``idle`` (s/s, all of them)."""
+    assert run.store is not None
+    config = LeaderConfig.from_mapping({"leader_url": run.store.url})
+    backend = create_backend(config)
+    try:
+        cpu0, t0 = sum(group_cpu_seconds(p) for p in pids), time.monotonic()
+        if backend.edit_entries(config.beat_election, [edit]) != [True]:
+            raise RuntimeError(f"the edit of {edit.key} did not apply")
+    finally:
+        backend.close()
+    run.wait(lambda: True if time.monotonic() >= t0 + EDIT_WINDOW else None, interval=0.2)
+    cpu1, t1 = sum(group_cpu_seconds(p) for p in pids), time.monotonic()
+    return cpu1 - cpu0 - idle * (t1 - t0)
 
 
 def rss_mb(pid: int) -> float:
@@ -376,10 +404,11 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 def measure(run: Run, row: Row, seconds: float, log: Callable[[str], None]) -> None:
     """Fill ``row`` as far as the run's cap allows (see the module docstring)."""
+    edit = None
     if run.system == "leader-store":
         assert run.store is not None
         t = time.monotonic()
-        load_store_entries(run.store.url, run.n, run.minute)
+        edit = load_store_entries(run.store.url, run.n, run.minute)
         row.setup = time.monotonic() - t
     elif run.system == "django":
         t = time.monotonic()
@@ -394,10 +423,13 @@ def measure(run: Run, row: Row, seconds: float, log: Callable[[str], None]) -> N
     standby = run.spawn() if run.system != "django" else None
     if standby is not None:
         run.settle(standby)
-    ops0, cpu0, t0 = run.store_ops(), group_cpu_seconds(leader.pid), time.monotonic()
+    pids = [leader.pid] if standby is None else [leader.pid, standby.pid]
+    ops0, t0 = run.store_ops(), time.monotonic()
+    cpu0 = [group_cpu_seconds(p) for p in pids]
     run.wait(lambda: True if time.monotonic() >= t0 + seconds else None, interval=0.2)
-    ops1, cpu1, t1 = run.store_ops(), group_cpu_seconds(leader.pid), time.monotonic()
-    row.cpu, row.rss_mb = (cpu1 - cpu0) / (t1 - t0), rss_mb(leader.pid)
+    ops1, t1 = run.store_ops(), time.monotonic()
+    idle = [(group_cpu_seconds(p) - c) / (t1 - t0) for p, c in zip(pids, cpu0, strict=True)]
+    row.cpu, row.rss_mb = idle[0], rss_mb(leader.pid)
     row.ops = (ops1 - ops0 - 1) / (t1 - t0)  # less the INFO call that read ops1
     ticks = run.recorder.between(t0, t1)
     lateness = [m.wall - m.due.timestamp() for m in ticks if m.due is not None]
@@ -409,6 +441,9 @@ def measure(run: Run, row: Row, seconds: float, log: Callable[[str], None]) -> N
         f"    window {t1 - t0:.0f} s: CPU {row.cpu:.3f} s/s, RSS {row.rss_mb:.0f} MB, "
         f"{row.ops:.0f} ops/s, {len(ticks)} ticks, max gap {row.max_gap or 0:.2f} s"
     )
+    if edit is not None:
+        row.edit_cpu = edit_cost(run, edit, pids, sum(idle))
+        log(f"    one edit: {row.edit_cpu:.2f} s of CPU (leader and standby)")
     if standby is None:
         row.note = "no lock: no standby"
         return
@@ -460,14 +495,15 @@ def cell(value: float | None, fmt: str) -> str:
 def table(rows: list[Row]) -> str:
     lines = [
         "| system | N | setup s | start s | CPU s/s | RSS MB | store ops/s | late p50 s | "
-        "late p99 s | max gap s | SIGTERM s | SIGKILL s | |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "late p99 s | max gap s | edit CPU s | SIGTERM s | SIGKILL s | |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         cells = [
             cell(r.setup, ".1f"), cell(r.start, ".2f"), cell(r.cpu, ".3f"),
             cell(r.rss_mb, ".0f"), cell(r.ops, ".0f"), cell(r.late_p50, ".3f"),
-            cell(r.late_p99, ".3f"), cell(r.max_gap, ".2f"), cell(r.sigterm, ".2f"),
+            cell(r.late_p99, ".3f"), cell(r.max_gap, ".2f"), cell(r.edit_cpu, ".2f"),
+            cell(r.sigterm, ".2f"),
             cell(r.sigkill, ".2f"),
         ]  # fmt: skip
         lines.append(f"| {LABELS[r.system]} | {r.n:,} | " + " | ".join(cells) + f" | {r.note} |")

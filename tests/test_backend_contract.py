@@ -579,6 +579,25 @@ class TestFencedState:
         assert leader.load_state(ELECTION) == {}, "entries are apart from the run state"
         assert leader.load_entries("other") == (0, {})
 
+    def test_a_reader_is_told_only_the_entries_edited_since_its_version(
+        self, store: Store
+    ) -> None:
+        reader, editor = store.backend(), store.backend()
+        editor.edit_entries(ELECTION, [Edit("a", None, "a1"), Edit("b", None, "b1")])
+        version, _ = reader.load_entries(ELECTION)
+        if reader.entries_changed_since(ELECTION, version) is None:
+            pytest.skip(f"{store.kind} keeps no record of edits: a reader reads every entry")
+        assert reader.entries_changed_since(ELECTION, version) == (version, {})
+        editor.edit_entries(ELECTION, [Edit("a", "a1", "a2"), Edit("c", None, "c1")])
+        editor.edit_entries(ELECTION, [Edit("b", "b1", None), Edit("x", "not there", "x")])
+        moved = reader.entries_version(ELECTION)
+        assert reader.entries_changed_since(ELECTION, version) == (
+            moved,
+            {"a": "a2", "c": "c1", "b": None},
+        ), "the failed edit of x is not a change"
+        assert reader.entries_changed_since(ELECTION, moved) == (moved, {})
+        assert reader.entries_changed_since(ELECTION, moved + 5) is None, "a store behind"
+
     def test_concurrent_entry_editors_never_both_win(self, store: Store) -> None:
         editors = [store.backend() for _ in range(4)]
         editors[0].edit_entries(ELECTION, [Edit("x", None, "0")])

@@ -158,29 +158,34 @@ def test_the_book_adds_updates_pauses_and_removes_by_compare_and_set() -> None:
     assert [e.name for e in book.list()] == ["r", "tick"]
 
 
-def test_the_feed_rereads_only_when_the_version_moved(caplog: pytest.LogCaptureFixture) -> None:
-    backend = memory_backend()
-    calls = []
-    load = backend.load_entries
-
-    def counting(election: str) -> Any:
-        calls.append(election)
-        return load(election)
-
-    backend.load_entries = counting
+def test_the_feed_rereads_only_when_the_version_moved_and_then_only_the_edits(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    config = LeaderConfig.from_mapping({"leader_url": f"memory://entries-{uuid.uuid4().hex}"})
+    backend = create_backend(config)  # the feed's; the book edits through its own
+    calls = counting_loads(backend)
     feed = EntryFeed(backend, "beat", logging.getLogger("test"), interval=0)
-    book = EntryBook(backend, "beat")
+    book = EntryBook(create_backend(config), "beat")
     book.add(name="a", task="t", every=5)
-    calls.clear()  # the book's own read
     assert set(feed.current()) == {"a"}
     for _ in range(5):
         feed.current()
     assert len(calls) == 1, "no edit, no re-read"
     book.pause("a")
-    backend.edit_entries("beat", [Edit("junk", None, "{not json")])
+    book.backend.edit_entries("beat", [Edit("junk", None, "{not json")])
     current = feed.current()
     assert not current["a"].enabled and "junk" not in current
     assert "skipping stored entry junk" in caplog.text
+    book.add(name="b", task="t", every=5)
+    book.remove("a")
+    assert set(feed.current()) == {"b"}
+    assert len(calls) == 1, "edits are read as changes, not by reading every entry"
+
+    # A store that cannot tell what changed: every entry is read again.
+    backend.entries_changed_since = lambda election, version: None
+    book.pause("b")
+    assert not feed.current()["b"].enabled
+    assert len(calls) == 2
 
 
 def test_the_celery_adapter_merges_store_entries_and_honours_pauses_and_the_allow_list(

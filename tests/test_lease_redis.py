@@ -23,8 +23,9 @@ import pytest
 import redis
 
 from celery_leader import LeaderConfig, Lease
-from celery_leader.backends import Write, create_backend
+from celery_leader.backends import Edit, Write, create_backend
 from celery_leader.backends.redis import RedisBackend
+from celery_leader.backends.redis import backend as redis_backend
 from celery_leader.backends.redis.presence import WATCH_INTERVAL
 from celery_leader.exceptions import StoreUnavailable
 from harness.procs import Procs
@@ -522,6 +523,69 @@ def test_wrong_key_types_are_named(redis_url: str) -> None:
             backend.acquire("beat", "me", TTL, 0)
         with pytest.raises(StoreUnavailable, match=r"'\{typed:beat\}:lock' holds 'set'"):
             backend.holder("beat")
+    finally:
+        backend.close()
+        client.close()
+
+
+def test_entries_are_read_in_pages_whole(
+    redis_url: str, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Schedule entries come back whole across many HSCAN pages, none in one
+    big call (one HGETALL of a million entries outlasted the socket timeout)."""
+    monkeypatch.setattr(redis_backend, "ENTRIES_PAGE", 100)
+    backend = RedisBackend(redis_url, "paged", 1.0)
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        # Past the listpack limit (128 fields by default), so HSCAN really pages.
+        stored = {f"e{i}": f'{{"n":{i}}}' for i in range(2_500)}
+        assert all(backend.edit_entries("beat", [Edit(k, None, v) for k, v in stored.items()]))
+        version = backend.entries_version("beat")
+        redis_server.reset_stats()
+        assert backend.load_entries("beat") == (version, stored)
+        stats = redis_server.commandstats()
+        assert stats.get("hscan", 0) >= 2_500 // 100, stats
+        assert "hgetall" not in stats, stats
+
+        client.delete("{paged:beat}:entries")
+        client.rpush("{paged:beat}:entries", "not ours")
+        with pytest.raises(StoreUnavailable, match=r"'\{paged:beat\}:entries' holds 'list'"):
+            backend.load_entries("beat")
+    finally:
+        backend.close()
+        client.close()
+
+
+def test_entry_changes_kept_are_bounded_and_an_older_reader_reads_everything(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(redis_backend, "CHANGES_KEPT", 3)
+    backend = RedisBackend(redis_url, "changes", 1.0)
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        versions = []
+        for i in range(6):
+            assert backend.edit_entries("beat", [Edit(f"e{i}", None, str(i))]) == [True]
+            versions.append(backend.entries_version("beat"))
+        # e0..e2 were dropped (the marker '' remembers up to which version): a
+        # reader from before them cannot be told, one from after them can.
+        assert client.zcard("{changes:beat}:entries-changes") == 4
+        assert backend.entries_changed_since("beat", versions[1]) is None
+        assert backend.entries_changed_since("beat", versions[2]) == (
+            versions[5],
+            {"e3": "3", "e4": "4", "e5": "5"},
+        )
+        # An editor that moves the version without recording the change (a
+        # release from before the changes were kept): readers read everything.
+        client.incr("{changes:beat}:entries-version")
+        assert backend.entries_changed_since("beat", versions[5]) is None
+
+        client.delete("{changes:beat}:entries-changes")
+        client.set("{changes:beat}:entries-changes", "not ours")
+        with pytest.raises(StoreUnavailable, match="entries-changes' holds 'string'"):
+            backend.edit_entries("beat", [Edit("e9", None, "9")])
+        with pytest.raises(StoreUnavailable, match="entries-changes' holds 'string'"):
+            backend.entries_changed_since("beat", 0)
     finally:
         backend.close()
         client.close()

@@ -186,6 +186,18 @@ class FencedState(ABC):
         """
         raise self._no_entries()
 
+    def entries_changed_since(
+        self, election: str, version: int
+    ) -> tuple[int, dict[str, str | None]] | None:
+        """The entries edited after ``version`` (name -> value, ``None``: removed),
+        with the version that brings a reader to, in one round trip.
+
+        ``None``: the store cannot tell (it keeps no record of edits, or not
+        that far back); read every entry with :meth:`load_entries`. A reader of
+        a large schedule pays this way for an edit what the edit touched.
+        """
+        return None
+
     def edit_entries(self, election: str, edits: Sequence[Edit]) -> list[bool]:
         """Apply ``edits`` (compare-and-set, no term needed); one result each.
 

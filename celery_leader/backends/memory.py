@@ -38,6 +38,8 @@ class _Store:
     runs: dict[str, dict[str, tuple[str, float]]] = field(default_factory=dict)
     entries: dict[str, dict[str, str]] = field(default_factory=dict)
     entries_version: dict[str, int] = field(default_factory=dict)
+    #: election -> entry name -> the entries version of its last edit.
+    entries_edited: dict[str, dict[str, int]] = field(default_factory=dict)
     #: Set at the next release (then replaced): what waiting followers wake on.
     released: threading.Event = field(default_factory=threading.Event)
 
@@ -180,12 +182,27 @@ class MemoryBackend(Backend):
             entries = dict(self._store.entries.get(election, {}))
             return self._store.entries_version.get(election, 0), entries
 
+    def entries_changed_since(
+        self, election: str, version: int
+    ) -> tuple[int, dict[str, str | None]] | None:
+        store = self._store
+        with store.cond:
+            now = store.entries_version.get(election, 0)
+            if version > now:
+                return None
+            entries = store.entries.get(election, {})
+            edited = store.entries_edited.get(election, {})
+            return now, {k: entries.get(k) for k, at in edited.items() if at > version}
+
     def edit_entries(self, election: str, edits: Sequence[Edit]) -> list[bool]:
         store = self._store
         with store.cond:
             results = apply_edits(store.entries.setdefault(election, {}), edits)
             if any(results):
-                store.entries_version[election] = store.entries_version.get(election, 0) + 1
+                version = store.entries_version.get(election, 0) + 1
+                store.entries_version[election] = version
+                edited = store.entries_edited.setdefault(election, {})
+                edited.update((e.key, version) for e, ok in zip(edits, results, strict=True) if ok)
             return results
 
 

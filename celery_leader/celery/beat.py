@@ -532,6 +532,13 @@ class _BeatAdapter(Adapter):
         # merge_inplace does): a leader loads the stored one before sending.
         now = self.scheduler.app.now()
         for name, entry in records.items():
+            known = self._stored.get(name)
+            # The feed keeps an unedited entry's object: checked when first listed,
+            # so a list after one edit of a large schedule costs a lookup per entry.
+            if known is not None and known[0] is entry and name not in code:
+                stored[name] = known
+                jobs.append(known[1])
+                continue
             if entry.kind != STORE or not entry.enabled:
                 continue
             if name in code:
@@ -540,7 +547,6 @@ class _BeatAdapter(Adapter):
             if not allowed(entry.task, config.entries_allow):
                 self._refuse(name, f"its task {entry.task} is outside leader_entries_allow")
                 continue
-            known = self._stored.get(name)
             if known is not None and known[0] == entry:
                 job = known[1]  # unchanged: the same job, so the protocol skips it
             else:

@@ -153,9 +153,21 @@ class _EnqueueAdapter(Adapter):
         code = {j.name for j in self.entries}
         stored: dict[str, tuple[Entry, Job]] = {}
         for name, entry in records.items():
+            actor = self.broker.actors.get(entry.task)
+            known = self._stored.get(name)
+            # The feed keeps an unedited entry's object: checked when first listed,
+            # so a list after one edit of a large schedule costs a lookup per entry.
+            if (
+                known is not None
+                and known[0] is entry
+                and known[1].payload[0] is actor
+                and name not in code
+            ):
+                stored[name] = known
+                jobs.append(known[1])
+                continue
             if entry.kind != STORE or not entry.enabled:
                 continue
-            actor = self.broker.actors.get(entry.task)
             # Written by a Celery app or an older tool: refused, never half-sent.
             unhonoured = sorted(set(entry.options) & set(self._unhonoured))
             why = (
@@ -174,7 +186,6 @@ class _EnqueueAdapter(Adapter):
                     self._refused.add((name, why))
                     logger.error("celery-leader: not sending stored entry %s: %s", name, why)
                 continue
-            known = self._stored.get(name)
             if known is None or known[0] != entry or known[1].payload[0] is not actor:
                 known = (
                     entry,

@@ -1,8 +1,9 @@
 """What the leader knows of the entries kept in the store, re-read only when they change.
 
 Each call of :meth:`EntryFeed.current` asks the store one cheap question (the
-election's entries version) and reads the entries again only when it moved, so
-an edit is seen within one tick without reading every entry every tick. A
+election's entries version) and reads again only when it moved, so an edit is
+seen within one tick without reading every entry every tick; a store that
+remembers which entries were edited (Redis) returns only those. A
 record that cannot be read is logged once and left out; a store that cannot be
 reached keeps the entries last read (logged once), so the leader never crashes
 on an entry.
@@ -55,9 +56,7 @@ class EntryFeed:
         try:
             version = self.backend.entries_version(self.election)
             if version != self._version:
-                version, texts = self.backend.load_entries(self.election)
-                self._take(texts)
-                self._version = version
+                self._version = self._read(version)
             self._warned.discard("")
         except StoreUnavailable as exc:
             if self.quiet:
@@ -69,16 +68,42 @@ class EntryFeed:
                 )
         return self._entries
 
+    def _read(self, version: int) -> int:
+        """Read what changed since the entries last read; the version now read."""
+        changed = None
+        if self._version is not None:
+            changed = self.backend.entries_changed_since(self.election, self._version)
+        if changed is None:
+            version, texts = self.backend.load_entries(self.election)
+            self._take(texts)
+            return version
+        version, edits = changed
+        if edits:
+            entries, texts = dict(self._entries), dict(self._texts)
+            for name, text in edits.items():
+                entries.pop(name, None)
+                texts.pop(name, None)
+                if text is not None:
+                    texts[name] = text
+                    if (entry := self._parse(name, text)) is not None:
+                        entries[name] = entry
+            self._entries, self._texts = entries, texts
+        return version
+
     def _take(self, texts: dict[str, str]) -> None:
         entries = {}
         for name, text in texts.items():
             if self._texts.get(name) == text and name in self._entries:
                 entries[name] = self._entries[name]  # unchanged: not parsed again
-                continue
-            try:
-                entries[name] = Entry.from_json(text)
-            except EntryError as exc:
-                if text not in self._warned:
-                    self._warned.add(text)
-                    self.logger.error("celery-leader: skipping stored entry %s: %s", name, exc)
+            elif (entry := self._parse(name, text)) is not None:
+                entries[name] = entry
         self._entries, self._texts = entries, texts
+
+    def _parse(self, name: str, text: str) -> Entry | None:
+        try:
+            return Entry.from_json(text)
+        except EntryError as exc:
+            if text not in self._warned:
+                self._warned.add(text)
+                self.logger.error("celery-leader: skipping stored entry %s: %s", name, exc)
+            return None

@@ -16,6 +16,8 @@ script touches a single Redis Cluster slot:
 * ``{p:e}:entries`` - hash of schedule entries, name -> JSON; edited by any
   process (no term)
 * ``{p:e}:entries-version`` - counter moved by every applied entry edit
+* ``{p:e}:entries-changes`` - sorted set: each recently edited entry name -> the
+  version of its edit, so a reader pays for an edit what it touched
 
 Releases and take-overs are announced on the channel ``{p:e}:released`` so
 that followers act at once instead of waiting out the ttl. A holder whose
@@ -52,13 +54,24 @@ from ..waiting import wait_sliced
 from .acks import Acks, Pinned, listed_replicas, promotable_replicas
 from .connection import Connection
 from .presence import WATCH_INTERVAL, Subscription
-from .scripts import SOURCES, checked
+from .scripts import SOURCES, checked, wrong_type
 
 logger = logging.getLogger(__name__)
 
 #: Claims per script call: bounds how long one call blocks Redis; all chunks
 #: still go out in one pipelined round trip.
 _CLAIM_CHUNK = 500
+
+#: Entries asked for per HSCAN page when reading schedule entries: at a few
+#: hundred bytes an entry, a page is a few MB and milliseconds of the server's
+#: time, so a million entries take 100 calls, each far inside the store deadline.
+ENTRIES_PAGE = 10_000
+
+#: Entry edits the store remembers by name: a reader that fell further behind
+#: (edits of more entries than this between two of its looks, twice a second)
+#: reads every entry instead. Bounds what a read of the changes returns and the
+#: memory they take on the server (a sorted-set member per name).
+CHANGES_KEPT = 10_000
 
 #: Store URLs this process has said it falls back to the ttl for: once is enough
 #: (a worker and its embedded beat, or many leases, each have a backend of their own).
@@ -322,21 +335,52 @@ class RedisBackend(Backend):
         return int(self._conn.call(lambda c: c.get(key)) or 0)
 
     def load_entries(self, election: str) -> tuple[int, dict[str, str]]:
-        keys = [self._key(election, "entries"), self._key(election, "entries-version")]
-        reply = self._conn.run("load_entries", keys, [])
-        flat = reply[1:]
+        # Read by pages, not in one call: one HGETALL of a million entries blocked
+        # the server for seconds and outlasted the socket timeout, so such a
+        # schedule never loaded. The version is read before the first page: an
+        # edit during the scan moves it past the one returned, and the reader
+        # (schedule/feed.py) reads again at its next look. HSCAN returns every
+        # entry that stays for the whole scan, so nothing unedited is missed.
+        entries, version = self._key(election, "entries"), self._key(election, "entries-version")
+
+        def head(client: Any) -> list[Any]:
+            pipe = client.pipeline(transaction=False)
+            pipe.type(entries)
+            pipe.get(version)
+            return list(pipe.execute())
+
+        kind, number = self._conn.call(head)
+        if kind not in ("hash", "none"):
+            raise wrong_type(entries, kind)
+        texts: dict[str, str] = {}
+        cursor = 0
+        while True:
+            cursor, page = self._conn.call(
+                lambda c, at=cursor: c.hscan(entries, at, count=ENTRIES_PAGE)
+            )
+            texts.update(page)
+            if not cursor:
+                return int(number or 0), texts
+
+    def entries_changed_since(
+        self, election: str, version: int
+    ) -> tuple[int, dict[str, str | None]] | None:
+        reply = self._conn.run("entries_since", self._entry_keys(election), [version])
+        if not reply[1]:
+            return None
+        flat = reply[2:]
         return int(reply[0]), dict(zip(flat[::2], flat[1::2], strict=True))
 
     def edit_entries(self, election: str, edits: Sequence[Edit]) -> list[bool]:
         if not edits:
             return []
-        keys = [self._key(election, "entries"), self._key(election, "entries-version")]
-        args = [
-            a
-            for e in edits
-            for a in (e.key, _has(e.expected), e.expected or "", _has(e.new), e.new or "")
-        ]
-        return [bool(r) for r in self._conn.run("edit_entries", keys, args)]
+        args: list[Any] = [CHANGES_KEPT]
+        for e in edits:
+            args += (e.key, _has(e.expected), e.expected or "", _has(e.new), e.new or "")
+        return [bool(r) for r in self._conn.run("edit_entries", self._entry_keys(election), args)]
+
+    def _entry_keys(self, election: str) -> list[str]:
+        return [self._key(election, n) for n in ("entries", "entries-version", "entries-changes")]
 
     def compare_and_set(self, election: str, term: Term, claims: Sequence[Write]) -> list[bool]:
         keys = [self._key(election, "lock"), self._key(election, "state")]

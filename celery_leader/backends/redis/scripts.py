@@ -227,23 +227,24 @@ end
 return out
 """
 
-# KEYS: entries, entries version. The version, then the entries hash flattened.
-LOAD_ENTRIES = """
-local kind = redis.call('TYPE', KEYS[1]).ok
-if kind ~= 'hash' and kind ~= 'none' then return {'foreign', KEYS[1], kind} end
-local out = redis.call('HGETALL', KEYS[1])
-table.insert(out, 1, tonumber(redis.call('GET', KEYS[2]) or '0'))
-return out
+# The start of both entry scripts. KEYS: entries (hash), entries version,
+# entries changes (sorted set, name -> the version of its last edit).
+_ENTRIES_PROLOGUE = """
+for _, at in ipairs({{1, 'hash'}, {3, 'zset'}}) do
+  local kind = redis.call('TYPE', KEYS[at[1]]).ok
+  if kind ~= at[2] and kind ~= 'none' then return {'foreign', KEYS[at[1]], kind} end
+end
 """
 
-# KEYS: entries, entries version. ARGV per edit: name, has-expected ("0"/"1"),
-# expected, has-new, new. Returns one 0/1 per edit; the version moves by one
-# when any applied. No term: any process may edit entries.
-EDIT_ENTRIES = """
-local kind = redis.call('TYPE', KEYS[1]).ok
-if kind ~= 'hash' and kind ~= 'none' then return {'foreign', KEYS[1], kind} end
-local out, any = {}, false
-for i = 1, #ARGV, 5 do
+# KEYS: as in _ENTRIES_PROLOGUE. ARGV: changes kept, then per edit: name,
+# has-expected ("0"/"1"), expected, has-new, new. Returns one 0/1 per edit;
+# when any applied, the version moves by one and each applied name is recorded
+# in the changes at it. Only the newest changes are kept: the member '' (no
+# entry has an empty name) scores the newest version dropped, so a reader from
+# before it reads everything. No term: any process may edit entries.
+EDIT_ENTRIES = _ENTRIES_PROLOGUE + """
+local out, applied = {}, {}
+for i = 2, #ARGV, 5 do
   local current = redis.call('HGET', KEYS[1], ARGV[i])
   local ok
   if ARGV[i + 1] == '1' then ok = current == ARGV[i + 2] else ok = current == false end
@@ -253,11 +254,40 @@ for i = 1, #ARGV, 5 do
     else
       redis.call('HDEL', KEYS[1], ARGV[i])
     end
-    any = true
+    applied[#applied + 1] = ARGV[i]
   end
   table.insert(out, ok and 1 or 0)
 end
-if any then redis.call('INCR', KEYS[2]) end
+if #applied > 0 then
+  local version = redis.call('INCR', KEYS[2])
+  for _, name in ipairs(applied) do redis.call('ZADD', KEYS[3], version, name) end
+  local excess = redis.call('ZCARD', KEYS[3]) - tonumber(ARGV[1])
+  if excess > 0 then
+    local dropped = redis.call('ZPOPMIN', KEYS[3], excess)
+    redis.call('ZADD', KEYS[3], dropped[#dropped], '')
+  end
+end
+return out
+"""
+
+# KEYS: as in _ENTRIES_PROLOGUE. ARGV: the reader's version. Returns {version,
+# 1, name, value or false, ...}: every entry edited since (false: removed), or
+# {version, 0} when the changes cannot tell (dropped, written by a release
+# that kept none, or a store behind the reader): read every entry.
+ENTRIES_SINCE = _ENTRIES_PROLOGUE + """
+local version = tonumber(redis.call('GET', KEYS[2]) or '0')
+local since = tonumber(ARGV[1])
+if version == since then return {version, 1} end
+local newest = redis.call('ZREVRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+if version < since or newest[2] == nil or tonumber(newest[2]) ~= version then
+  return {version, 0}
+end
+local out = {version, 1}
+for _, name in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. ARGV[1], '+inf')) do
+  if name == '' then return {version, 0} end
+  out[#out + 1] = name
+  out[#out + 1] = redis.call('HGET', KEYS[1], name)
+end
 return out
 """
 
@@ -279,8 +309,8 @@ SOURCES = {
     "time": TIME,
     "put_run": PUT_RUN,
     "load_runs": LOAD_RUNS,
-    "load_entries": LOAD_ENTRIES,
     "edit_entries": EDIT_ENTRIES,
+    "entries_since": ENTRIES_SINCE,
 }
 
 #: What each key is meant to hold, for errors about a key of the wrong type.
@@ -290,6 +320,7 @@ _EXPECTED = {
     "runs": "the run ledger (a hash)",
     "runs-expiry": "the run ledger's expiries (a sorted set)",
     "entries": "schedule entries (a hash)",
+    "entries-changes": "the schedule entries' recent edits (a sorted set)",
 }
 
 
@@ -301,7 +332,11 @@ def register(client: Any) -> dict[str, Script]:
 def checked(reply: Any) -> Any:
     """``reply``, or the error naming the key a script found of the wrong type."""
     if isinstance(reply, list) and reply and reply[0] == "foreign":
-        key, found = reply[1], reply[2]
-        expected = _EXPECTED.get(key.rsplit(":", 1)[-1], "a celery-leader value")
-        raise foreign(f"Redis key {key!r}", found, expected)
+        raise wrong_type(reply[1], reply[2])
     return reply
+
+
+def wrong_type(key: str, found: str) -> Exception:
+    """The error for ``key`` holding a value of Redis type ``found``, not ours."""
+    expected = _EXPECTED.get(key.rsplit(":", 1)[-1], "a celery-leader value")
+    return foreign(f"Redis key {key!r}", found, expected)
