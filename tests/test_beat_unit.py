@@ -950,3 +950,42 @@ def _asks(feed: Any) -> dict[str, Any]:
     """The feed's question to the store, every time."""
     feed.backend.entries_version(feed.election)
     return {}
+
+
+def test_a_follower_makes_its_jobs_a_slice_per_tick_and_a_promotion_makes_the_rest(
+    app: Celery,
+    make_scheduler: Callable[..., LeaderScheduler],
+    rival: Lease,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Replicas started together leave the CPU to the one elected: a follower makes
+    code entries' jobs a slice per tick (no time at all here: one job per tick)."""
+    monkeypatch.setattr(beat, "WARM_SLICE", 0.0)
+    app.conf.beat_schedule = {f"e{i}": every(60) for i in range(5)}
+    rival.start()
+    wait_for(rival.is_leader, 3.0, message="the rival never led")
+    scheduler = make_scheduler()
+    adapter = scheduler._protocol.adapter
+    assert adapter._made == {}, "nothing made at start-up"
+    for made in (1, 2):
+        assert scheduler.tick() == beat.FOLLOWER_INTERVAL
+        assert len(adapter._made) == made
+    early = {name: known[2] for name, known in adapter._made.items()}
+    rival.stop()
+    wait_leading(scheduler)
+    scheduler.tick()
+    jobs = scheduler._protocol._jobs
+    assert set(jobs) == {f"e{i}" for i in range(5)}, "the promotion made the rest"
+    assert all(jobs[name] is job for name, job in early.items()), "and kept those made"
+
+
+def test_a_follower_ends_up_with_every_job_made(
+    app: Celery, make_scheduler: Callable[..., LeaderScheduler], rival: Lease
+) -> None:
+    app.conf.beat_schedule = {f"e{i}": every(60) for i in range(5)}
+    rival.start()
+    wait_for(rival.is_leader, 3.0, message="the rival never led")
+    scheduler = make_scheduler()
+    scheduler.tick()  # well within one slice
+    adapter = scheduler._protocol.adapter
+    assert {j.name for j in adapter._listed or ()} == {f"e{i}" for i in range(5)}
