@@ -359,6 +359,7 @@ def load_store_entries(url: str, n: int, minute: int) -> Edit:
         return json.dumps(named, sort_keys=True, separators=(",", ":"))
 
     assert Entry.from_json(stored(1)).generation != template.generation
+    probe, text = f"hourly{n // 2}", ""
     try:
         for first in range(0, n, BATCH):
             edits = [
@@ -366,11 +367,11 @@ def load_store_entries(url: str, n: int, minute: int) -> Edit:
             ]
             if not all(backend.edit_entries(config.beat_election, edits)):
                 raise RuntimeError("an entry existed already in a fresh store")
+            text = next((e.new for e in edits if e.key == probe), None) or text
     finally:
         backend.close()
-    probe = stored(n // 2)
-    edited = json.dumps({**json.loads(probe), "kwargs": {"edited": True}}, sort_keys=True)
-    return Edit(f"hourly{n // 2}", probe, edited)
+    edited = json.dumps({**json.loads(text), "kwargs": {"edited": True}}, sort_keys=True)
+    return Edit(probe, text, edited)
 
 
 def edit_cost(run: Run, edit: Edit, pids: Sequence[int], idle: float) -> float:

@@ -101,6 +101,10 @@ def test_an_entry_round_trips_through_json_and_its_series_is_the_code_entries() 
     )
     assert Entry.from_json(entry.to_json()) == entry
     assert entry.generation and entry.active_since == T0 and entry.version == 1
+    # A stored entry over the limit (written by another tool) is refused on reading.
+    big = json.dumps({**json.loads(entry.to_json()), "args": ["x" * MAX_ENTRY_BYTES]})
+    with pytest.raises(EntryError, match="more than the limit"):
+        Entry.from_json(big)
     # 02:30 Paris is 01:30 UTC in winter.
     assert entry.series().next_after(T0) == datetime(2026, 3, 2, 1, 30, tzinfo=timezone.utc)
     every = new_entry(T0, name="e", task="t", every=60)
