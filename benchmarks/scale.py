@@ -2,6 +2,7 @@
 
     .venv/bin/python -m benchmarks.scale [--n 1000,10000,100000] [--store-n 1000000]
         [--only leader,leader-store,redbeat,django] [--seconds 30] [--cap 600]
+        [--burst 100000]
 
 Each system runs as real ``celery beat`` processes (``benchmarks/apps/scale_app.py``)
 on loopback servers started here, ttl (redbeat: lock timeout) 5 s:
@@ -49,6 +50,10 @@ Columns:
   the broker. The standby publishes the next slot when it is due, so up to 1 s
   of it is the schedule, not the hand-over.
 * ``—``: not reached within ``--cap``, or does not apply.
+
+Then ``--burst`` entries fall due in the same second and the leader's publish
+rate is set against a bare ``send_task`` loop on the same broker
+(:mod:`benchmarks.burst`, which prints its own table; ``--burst 0`` skips it).
 """
 
 from __future__ import annotations
@@ -75,6 +80,7 @@ import psycopg
 import redis
 from celery import Celery
 
+from benchmarks import burst
 from celery_leader.backends import Edit, create_backend
 from celery_leader.config import LeaderConfig
 from celery_leader.schedule.entries import Entry, instant_now, new_entry
@@ -569,6 +575,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seconds", type=float, default=30.0, help="the measured window")
     parser.add_argument("--cap", type=float, default=600.0, help="seconds one run may take")
+    parser.add_argument(
+        "--burst", type=int, default=100_000, help="entries due at once (0: no burst run)"
+    )
     args = parser.parse_args(argv)  # fmt: skip
 
     def log(line: str) -> None:
@@ -592,6 +601,9 @@ def main(argv: list[str] | None = None) -> int:
         kill_all()
         if pg is not None:
             pg.close()
+    if args.burst:
+        log(f"  burst: {args.burst:,} entries due at once")
+        bursts = burst.run(args.burst)
     print(
         f"_{datetime.date.today().isoformat()}, {os.cpu_count()} CPUs, load average "
         f"{load[0]:.2f} at start and {os.getloadavg()[0]:.2f} at the end; "
@@ -602,6 +614,8 @@ def main(argv: list[str] | None = None) -> int:
     ratio = ratios(rows)
     if ratio:
         print(f"\ncelery-leader (code entries) over celery-redbeat at the same N:\n\n{ratio}")
+    if args.burst:
+        print(f"\n{burst.table(bursts)}")
     return 0
 
 

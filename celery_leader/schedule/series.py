@@ -182,6 +182,10 @@ class CronSeries(Series):
             raise ValueError("a crontab needs at least one value in every field")
         #: Every hour of the day: runs on elapsed time across clock changes.
         self.every_hour = len(self.hours) == 24
+        #: The last question and its answer. Entries of one expression share this
+        #: series, and a new term settles thousands of them at one instant (or at
+        #: the slot they all last ran): a third of its time went to asking again.
+        self._last: tuple[datetime, datetime | None] | None = None
 
     def _day_matches(self, day: date) -> bool:
         return (
@@ -217,6 +221,14 @@ class CronSeries(Series):
         raise ValueError(f"no wall time after {wall} exists in {self.zone}")
 
     def next_after(self, moment: datetime) -> datetime | None:
+        last = self._last
+        if last is not None and last[0] == moment:
+            return last[1]
+        due = self._next_after(moment)
+        self._last = (moment, due)
+        return due
+
+    def _next_after(self, moment: datetime) -> datetime | None:
         moment = utc(moment)
         # Wall times are walked in order. Near a clock change, a wall time up to
         # the size of the change (an hour; two at most in any zone's history)
