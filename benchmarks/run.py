@@ -33,8 +33,9 @@ from harness.groups import kill_all  # noqa: E402
 from harness.servers import PG_BIN  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
-#: The scale benchmark's full run (an hour, so not part of this command), kept
-#: for the page: ``python -m benchmarks.scale`` and paste its output there.
+#: The scale, django rows and start-up benchmarks' results (runs of many minutes,
+#: so not part of this command), kept for the page: ``python -m benchmarks.scale``
+#: (and ``django_rows``, ``start``), and paste their output there.
 SCALE_RESULTS = ROOT / "benchmarks" / "scale_results.md"
 DOCS = ROOT / "docs"
 COMMAND = ".venv/bin/python benchmarks/run.py"

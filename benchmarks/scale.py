@@ -393,7 +393,7 @@ def edit_cost(run: Run, edit: Edit, pids: Sequence[int], idle: float) -> float:
         backend.close()
     run.wait(lambda: True if time.monotonic() >= t0 + EDIT_WINDOW else None, interval=0.2)
     cpu1, t1 = sum(group_cpu_seconds(p) for p in pids), time.monotonic()
-    return cpu1 - cpu0 - idle * (t1 - t0)
+    return max(0.0, cpu1 - cpu0 - idle * (t1 - t0))  # below the idle rate: noise
 
 
 def rss_mb(pid: int) -> float:
