@@ -113,8 +113,8 @@ class LeaderSchedulerMixin:
                 max_sleep=self.max_interval,
                 observers=(SIGNALS, metrics.OBSERVER),
             )
-        if self._set_up and gc.isenabled() and len(self.schedule) >= FREEZE_AT:
-            _keep_out_of_collections()
+        if self._set_up:
+            _keep_out_of_collections(len(self.schedule))
 
     def setup_schedule(self) -> None:
         """Deferred until this instance first leads.
@@ -385,16 +385,19 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _keep_out_of_collections() -> None:
-    """Collect what is garbage now, then leave everything alive out of later collections.
+def _keep_out_of_collections(size: int) -> None:
+    """Collect what is garbage now, then leave everything alive out of later collections,
+    when a schedule of ``size`` entries is large (``FREEZE_AT``) and the collector is on.
 
     Done once a large schedule is built: its definition lives as long as the
     process, and each full collection scanned all of it again (0.3 s at 300,000
     entries, in the leader's first ticks). Frozen objects are still freed when
-    nothing refers to them; only a reference cycle among them would stay.
+    nothing refers to them; only a reference cycle among them would stay. A
+    process that turned the collector off keeps its objects as they are.
     """
-    gc.collect()
-    gc.freeze()
+    if gc.isenabled() and size >= FREEZE_AT:
+        gc.collect()
+        gc.freeze()
 
 
 class _BeatAdapter(Adapter):
@@ -446,8 +449,7 @@ class _BeatAdapter(Adapter):
                 if time.monotonic() > end:
                     return False
         self._warming, self._warmed = None, entries
-        if gc.isenabled() and len(entries) >= FREEZE_AT:
-            _keep_out_of_collections()
+        _keep_out_of_collections(len(entries))
         return True
 
     def jobs_changed(self) -> bool:
@@ -500,9 +502,8 @@ class _BeatAdapter(Adapter):
                     if (job := self._code_job(entry, records, zone, made, series)) is not None
                 ]
             self._code = {job.name: job for job in scheduler.mark_edits(jobs)}
-            if first and self._warmed is not entries and len(entries) >= FREEZE_AT:
-                if gc.isenabled():  # made here, not by warm(): see there
-                    _keep_out_of_collections()
+            if first and self._warmed is not entries:  # made here, not by warm()
+                _keep_out_of_collections(len(entries))
             self._warming, self._warmed = None, entries
         else:
             # Only these entries changed: the others keep their jobs, so that a large
