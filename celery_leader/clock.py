@@ -61,10 +61,11 @@ class SystemClock:
 SYSTEM_CLOCK: Clock = SystemClock()
 
 
-#: Samples a :class:`StoreClock` keeps: the offset is read from the one with the
-#: smallest error among them. Eight renewals are a few seconds at the default
-#: renew interval, enough for one quiet round trip among congested ones, and
-#: few enough that a slow drift of this host's clock is followed within them.
+#: Samples a :class:`StoreClock` keeps: the offset is read from where all their
+#: bounds agree (or, when they do not, from the narrowest). Eight renewals are a
+#: few seconds at the default renew interval, enough for one quiet round trip
+#: among congested ones, and few enough that a slow drift of this host's clock
+#: is followed within them.
 SAMPLES = 8
 
 #: Added to the two samples' error bounds before a disagreement counts as a jump
@@ -117,7 +118,18 @@ class StoreClock:
             self._samples.clear()
         self._samples.append((offset, error))
         del self._samples[:-SAMPLES]
-        self._best = min(self._samples, key=lambda s: s[1])
+        # Every sample's bounds hold the true offset, so where they all overlap
+        # does: truncated times read at different points of a second narrow each
+        # other (etcd's whole-second Date alone leaves 0.5 s either way, and
+        # replicas whose guesses sat up to a second apart took over up to a
+        # second late). Where the overlap is no narrower than the narrowest
+        # sample (by more than float rounding at epoch magnitudes), or the bounds
+        # do not overlap at all (a drift inside the jump slack): that sample.
+        narrowest = min(self._samples, key=lambda s: s[1])
+        low = max(m - e for m, e in self._samples)
+        high = min(m + e for m, e in self._samples)
+        overlap = ((low + high) / 2, (high - low) / 2)
+        self._best = overlap if 0 <= overlap[1] < narrowest[1] - 1e-6 else narrowest
 
     @property
     def measured(self) -> bool:

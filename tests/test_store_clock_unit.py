@@ -74,6 +74,21 @@ def test_resolution_centres_a_truncated_time_and_widens_the_error() -> None:
     assert abs(clock.offset or 0.0) <= clock.error
 
 
+def test_truncated_times_read_at_different_points_of_a_second_narrow_each_other() -> None:
+    """etcd's whole-second Date leaves 0.5 s either way per sample; where the samples'
+    bounds overlap the store's time is known far better (replicas whose guesses sat
+    up to a second apart took over up to a second late)."""
+    local = ManualClock(wall=1_767_225_600.0)
+    clock = StoreClock(local)
+    for into_second in (0.1, 0.9):  # the store's clock equals this host's
+        local.run(into_second - (local.time() % 1.0) + 1.0)
+        sent = local.monotonic()
+        local.run(0.01)
+        clock.sample(float(int(local.time() - 0.005)), sent, local.monotonic(), resolution=1.0)
+    assert clock.error is not None and clock.error < 0.2
+    assert abs(clock.offset or 0.0) <= clock.error
+
+
 def test_a_step_of_the_local_wall_clock_does_not_move_the_store_time() -> None:
     local = ManualClock()
     clock = StoreClock(local)
