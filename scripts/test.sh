@@ -62,7 +62,7 @@ fi
 # 10 (their servers and replicas inherit it): on 2 shared cores, hand-overs timed
 # while the other streams were busy were silent up to 0.705 s against a 0.7 s
 # bound, and alone they take about 0.24 s. The other streams' bounds are seconds
-# (CONTRIBUTING.md, "The three streams").
+# (CONTRIBUTING.md, "The three streams and the marks").
 # Each line is prefixed with its stream's name, and each pytest run ends with its
 # 15 slowest tests, to keep the streams even. The streams' lines interleave, so
 # the failures of all three are repeated together at the end.
