@@ -42,16 +42,23 @@ EXTRAS = "celery,dramatiq,redis,postgres,django,metrics,etcd,mysql"
 #: What the tests themselves import (pika: Dramatiq's RabbitMQ broker in unit tests).
 TEST_REQUIREMENTS = ("pytest>=8", "pytest-timeout>=2.2", "pika>=1.3")
 
+UNIT = [
+    "tests/test_config.py",
+    "tests/test_lease_unit.py",
+    "tests/test_beat_unit.py",
+    "tests/test_dramatiq_unit.py",
+    "tests/test_startup_errors.py",
+]
+CONTRACT = ["tests/test_backend_contract.py", "-k", "redis or postgres or etcd or mariadb"]
+
 #: The fast subset, one pytest run per group (so that -k applies to one file).
+#: The tests of a group marked ``timing`` (sub-second bounds) run in a group of
+#: their own, among the timed ones.
 GROUPS: dict[str, list[str]] = {
-    "unit": [
-        "tests/test_config.py",
-        "tests/test_lease_unit.py",
-        "tests/test_beat_unit.py",
-        "tests/test_dramatiq_unit.py",
-        "tests/test_startup_errors.py",
-    ],
-    "contract": ["tests/test_backend_contract.py", "-k", "redis or postgres or etcd or mariadb"],
+    "unit": [*UNIT, "-m", "not timing"],
+    "contract": [*CONTRACT, "-m", "not timing"],
+    "unit-timing": [*UNIT, "-m", "timing"],
+    "contract-timing": [*CONTRACT, "-m", "timing"],
     # Three `celery beat` on Redis at the default ttl, the leader SIGKILLed three times.
     "beat-failover": [
         "tests/test_beat_chaos.py::"
@@ -64,8 +71,9 @@ GROUPS: dict[str, list[str]] = {
         "test_crashes_are_detected_at_once_on_postgres_mariadb_and_file[postgres]"
     ],
 }
-#: The groups that bound hand-over times: never two at once (see run_cells).
-TIMED = ("beat-failover", "dramatiq-failover")
+#: The groups that bound hand-over times or other latencies: never two at once
+#: (see run_cells).
+TIMED = ("unit-timing", "contract-timing", "beat-failover", "dramatiq-failover")
 
 
 def find_python(version: str) -> str:
@@ -134,9 +142,10 @@ def run_group(python: Path, group: str) -> tuple[bool, str]:
 def run_cells(cells: list[str]) -> list[tuple[str, bool, str]]:
     """Install and test ``cells`` (``oldest-3.10``, ...); returns (cell, passed, summary) each.
 
-    Installs and the groups that assert no time bound run for every cell at once
-    (two at a time, one per core); the fail-over groups, which bound hand-over
-    times, one cell after another, so that two never share the cores.
+    Installs and the groups that assert no sub-second bound run for every cell at
+    once (two at a time, one per core); the timed groups (tests marked
+    ``timing``, the fail-overs) one cell after another, so that two never share
+    the cores.
     """
     started = time.monotonic()
     untimed = [(cell, group) for cell in cells for group in GROUPS if group not in TIMED]

@@ -49,8 +49,9 @@ fi
 
 # The whole suite as three streams side by side (a test process waits on its
 # servers and replicas most of the time: one uses about 0.4 of a core):
-# - the tests marked `timing` (hand-over bounds) one at a time: two at once
-#   overran hand-over bounds by tens of milliseconds;
+# - the tests marked `timing` (any sub-second bound on real time: hand-overs,
+#   wake-ups, store deadlines) one at a time: two at once overran hand-over
+#   bounds by tens of milliseconds;
 # - the tests marked `paced` (fake or skewed clocks, timed edit scripts: bounds
 #   of a second or more) one at a time;
 # - the compatibility matrix's oldest and newest cells (README, "Run the tests":
@@ -60,7 +61,8 @@ fi
 # The timing stream runs at normal priority, paced at nice 5 and the rest at nice
 # 10 (their servers and replicas inherit it): on 2 shared cores, hand-overs timed
 # while the other streams were busy were silent up to 0.705 s against a 0.7 s
-# bound, and alone they take about 0.24 s. The other streams' bounds are seconds.
+# bound, and alone they take about 0.24 s. The other streams' bounds are seconds
+# (CONTRIBUTING.md, "The three streams and the marks").
 # Each line is prefixed with its stream's name, and each pytest run ends with its
 # 15 slowest tests, to keep the streams even. The streams' lines interleave, so
 # the failures of all three are repeated together at the end.

@@ -390,6 +390,7 @@ class TestLockStore:
         assert asked is not None and (asked.instance_id, asked.epoch) == ("a", term.epoch)
         assert a.renew(ELECTION, term, TTL) is Renewal.RESIGN
 
+    @pytest.mark.timing  # a release wakes the follower within 0.5 s
     def test_a_waiting_follower_wakes_promptly_on_release(self, store: Store) -> None:
         a = store.backend()
         term = take(a, "a")
@@ -409,6 +410,7 @@ class TestLockStore:
         finally:
             follower.stop()
 
+    @pytest.mark.timing  # a cancel ends a wait within 0.1 s
     def test_wait_ends_at_its_timeout_or_at_cancel(self, store: Store) -> None:
         a, b = store.backend(), store.backend()
         take(a, "a")
@@ -453,6 +455,7 @@ class TestLockStore:
             a.acquire(ELECTION, "a", TTL, 0)
         assert where in str(info.value) and "\n" not in str(info.value)
 
+    @pytest.mark.timing  # one store deadline plus 0.4 s
     def test_a_store_that_is_down_raises_store_unavailable_only(self, store: Store) -> None:
         backend = _down(store)
         with pytest.raises(StoreUnavailable) as info:

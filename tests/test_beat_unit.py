@@ -805,6 +805,7 @@ def test_a_large_schedule_is_built_without_the_collector_and_then_left_out_of_it
         gc.enable()
 
 
+@pytest.mark.timing  # the lease thread steps down within 1 s of the watchdog
 def test_health_file_follows_the_role_and_the_watchdog(
     app: Celery, make_scheduler: Callable[..., LeaderScheduler], tmp_path: Any, rival: Lease
 ) -> None:

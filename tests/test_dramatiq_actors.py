@@ -168,6 +168,7 @@ def test_use_spawn_runs_the_scheduler_and_leader_only_actors(
         tap.close()
 
 
+@pytest.mark.timing  # a hand-over within 0.5 s
 def test_sigterm_to_the_process_group_releases_worker_leases_at_once(
     procs: Procs, broker_url: str, redis_url: str, tmp_path: Path
 ) -> None:

@@ -85,6 +85,7 @@ def test_epochs_stay_above_those_of_a_cluster_that_was_rebuilt(etcd_url: str) ->
         a.close()
 
 
+@pytest.mark.timing  # within one 0.5 s store deadline
 def test_a_dead_member_is_skipped_at_once(etcd_cluster: EtcdCluster, etcd_url: str) -> None:
     """A member that is down costs nothing: the next one is asked at once."""
     # A member that does not lead Raft, so that the others need no election; the
@@ -106,6 +107,7 @@ def test_a_dead_member_is_skipped_at_once(etcd_cluster: EtcdCluster, etcd_url: s
         etcd_cluster.start()
 
 
+@pytest.mark.timing  # within 0.2 s of the store deadline
 def test_without_quorum_nobody_can_renew_or_claim(etcd_cluster: EtcdCluster, etcd_url: str) -> None:
     a = backend(etcd_url)
     try:

@@ -61,6 +61,7 @@ def exited_cleanly(member: Member) -> None:
 # -- hand-over -------------------------------------------------------------------------
 
 
+@pytest.mark.timing  # hand-overs within 0.5 s
 def test_sigkill_of_the_holder_hands_over_at_once(cluster: LeaseCluster) -> None:
     leader, _ = start_pair(cluster)
     cluster.wait_settled(cluster.spawn(2), 0.0, STARTUP)
@@ -72,6 +73,7 @@ def test_sigkill_of_the_holder_hands_over_at_once(cluster: LeaseCluster) -> None
     cluster.check_terms()
 
 
+@pytest.mark.timing  # hand-overs within 0.5 s
 def test_graceful_stop_hands_over_within_half_a_second(cluster: LeaseCluster) -> None:
     leader, _ = start_pair(cluster)
     with cluster.sampling() as samples:
@@ -82,6 +84,7 @@ def test_graceful_stop_hands_over_within_half_a_second(cluster: LeaseCluster) ->
     cluster.check_terms()
 
 
+@pytest.mark.timing  # hand-overs within 0.5 s
 @pytest.mark.slow
 def test_three_processes_exactly_one_leads(cluster: LeaseCluster) -> None:
     limits = {"kill": 0.5, "term": 0.5}
@@ -99,6 +102,7 @@ def test_three_processes_exactly_one_leads(cluster: LeaseCluster) -> None:
         assert result.handovers(kind) and max(result.handovers(kind)) <= limit
 
 
+@pytest.mark.timing  # a hand-over within 0.5 s of SIGCONT
 def test_sigstop_holder_keeps_the_lock_then_steps_down_at_sigcont(cluster: LeaseCluster) -> None:
     """A paused holder keeps its flock (the file store is only as live as its holder),
     but its belief ends at its deadline; after SIGCONT it says so and hands over."""
@@ -130,6 +134,7 @@ def test_sigstop_holder_keeps_the_lock_then_steps_down_at_sigcont(cluster: Lease
     cluster.check_terms()
 
 
+@pytest.mark.timing  # the kernel's flock within 0.1 s
 def test_blocked_follower_takes_the_kernel_lock_at_once(procs: Procs, store: Path) -> None:
     """A holder process dies; the kernel gives its flock to the follower's waiting thread."""
     lock = store / f"{PREFIX}.{ELECTION}.lock"
@@ -187,6 +192,7 @@ def _lease(store: Path, ident: str, **kwargs) -> Lease:
     )
 
 
+@pytest.mark.timing  # lost within 0.1 s of its next renewal
 def test_holder_whose_lock_file_was_deleted_loses(store: Path) -> None:
     demoted: list[float] = []
     stopped = Callbacks(on_stopped=lambda _: demoted.append(time.monotonic()))

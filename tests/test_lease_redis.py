@@ -85,11 +85,13 @@ def chaos(cluster: LeaseCluster, size: int, duration: float, faults: list[str]) 
     assert len(result.terms) >= len([f for f in result.faults if f.kind != "kill_follower"])
 
 
+@pytest.mark.timing  # hand-overs within 0.5 s (of the ttl), samples 0.25 s apart
 @pytest.mark.slow
 def test_two_processes_exactly_one_leads(cluster: LeaseCluster) -> None:
     chaos(cluster, 2, 9.0, ["kill", "stop", "term"])
 
 
+@pytest.mark.timing  # hand-overs within 0.5 s (of the ttl), samples 0.25 s apart
 @pytest.mark.slow
 def test_five_processes_exactly_one_leads(cluster: LeaseCluster) -> None:
     chaos(cluster, 5, 20.0, ["kill", "stop", "term", "kill_follower", "kill", "stop", "term"])
@@ -98,6 +100,7 @@ def test_five_processes_exactly_one_leads(cluster: LeaseCluster) -> None:
 # -- failover -------------------------------------------------------------------------
 
 
+@pytest.mark.timing  # within 0.5 s of the ttl
 def test_sigkill_of_the_holder_follower_leads_within_ttl(cluster: LeaseCluster) -> None:
     leader, _ = start_pair(cluster)
     cluster.wait_settled(cluster.spawn(2), 0.0, STARTUP)
@@ -109,6 +112,7 @@ def test_sigkill_of_the_holder_follower_leads_within_ttl(cluster: LeaseCluster) 
     cluster.check_terms()
 
 
+@pytest.mark.timing  # hand-overs within 0.5 s
 def test_graceful_stop_hands_over_within_half_a_second(cluster: LeaseCluster) -> None:
     leader, _ = start_pair(cluster)
 
@@ -127,6 +131,7 @@ def test_graceful_stop_hands_over_within_half_a_second(cluster: LeaseCluster) ->
     cluster.check_terms()
 
 
+@pytest.mark.timing  # within 0.5 s of a renew interval
 def test_resign_hands_over(cluster: LeaseCluster, redis_url: str) -> None:
     leader, follower = start_pair(cluster)
     backend = RedisBackend(redis_url, cluster.prefix, 1.0)
@@ -166,6 +171,7 @@ def test_keys_are_json_under_one_hash_tag(redis_url: str) -> None:
     assert client.keys("*") == ["{myapp:beat}:epoch"], "stop() deleted the term, kept the epoch"
 
 
+@pytest.mark.timing  # asked within 0.5 s of SIGCONT
 def test_sigstop_past_ttl_holder_stops_believing_first_and_rejoins(
     cluster: LeaseCluster,
 ) -> None:
@@ -205,6 +211,7 @@ def test_sigstop_past_ttl_holder_stops_believing_first_and_rejoins(
 # -- the store goes away --------------------------------------------------------------
 
 
+@pytest.mark.timing  # demoted within 0.2 s of the ttl
 def test_redis_killed_nobody_leads_then_a_leader_is_back(
     cluster: LeaseCluster, redis_server: RedisServer
 ) -> None:
@@ -243,6 +250,7 @@ def test_redis_killed_nobody_leads_then_a_leader_is_back(
     cluster.check_terms()
 
 
+@pytest.mark.timing  # demoted within 0.25 s of its deadline
 def test_partition_leader_belief_ends_before_anyone_is_elected(
     cluster: LeaseCluster, redis_server: RedisServer, redis_url: str, tcp_proxy
 ) -> None:
@@ -277,6 +285,7 @@ def test_partition_leader_belief_ends_before_anyone_is_elected(
 SECRET = "s3cr3t-Pw"
 
 
+@pytest.mark.timing  # leads within 0.5 s of a renew interval
 def test_unreachable_at_start_then_leads_once_redis_is_there(caplog) -> None:
     """No crash: logs (password masked), keeps trying, leads soon after Redis appears."""
     port = free_port()

@@ -19,6 +19,7 @@ from sentry_sdk.envelope import Envelope
 
 from celery_leader import ops
 from celery_leader.backends import Backend, create_backend
+from celery_leader.clock import SYSTEM_CLOCK
 from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import ConfigError
 from celery_leader.ledger import LedgerTarget, RunGuard, RunRecord, marks
@@ -64,10 +65,20 @@ def test_the_first_delivery_runs_and_later_ones_do_not(backend: Backend) -> None
 
 
 def test_liveness_is_renewed_while_the_body_runs(backend: Backend) -> None:
-    a = guard(backend, "a")
+    # On a wall clock the test moves: each step is half a ttl, and the next waits
+    # for the renewal made after it, so the record is alive at every instant the
+    # clock shows however late the renewer thread runs on a loaded machine.
+    now = [1_767_225_600.0]
+    target = LedgerTarget(backend, "beat", "a", TTL, TTL / 3, 3600, clock=lambda: now[0])
+    a = RunGuard(target, "rerun")
     assert a.begin(SLOT).run
-    time.sleep(TTL * 3)
-    assert record(backend).alive(time.time()), "renewed past its first ttl"
+    first_ttl_ends = record(backend).alive_until
+    while now[0] <= first_ttl_ends:
+        last = record(backend).alive_until
+        now[0] += TTL / 2
+        assert record(backend).alive(now[0])
+        wait_for(lambda: record(backend).alive_until > last, 5, message="not renewed")
+    assert record(backend).alive(now[0]), "renewed past its first ttl"
     a.finish(SLOT, "failure")
     assert record(backend).outcome == "failure"
 
@@ -193,7 +204,9 @@ class _Sends:
 def test_a_publish_of_unknown_outcome_is_resent_only_while_workers_deduplicate(
     backend: Backend,
 ) -> None:
-    lease = SimpleNamespace(backend=backend, election="beat", instance_id="beat-1", ttl=60)
+    lease = SimpleNamespace(
+        backend=backend, election="beat", instance_id="beat-1", ttl=60, clock=SYSTEM_CLOCK
+    )
     adapter = _Sends()
     resender = Resender(lease, adapter, 3600, logging.getLogger("test"))  # type: ignore[arg-type]
     due = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -212,12 +225,20 @@ def test_a_publish_of_unknown_outcome_is_resent_only_while_workers_deduplicate(
 
 
 def test_beat_marks_slots_sent_only_while_workers_deduplicate(backend: Backend) -> None:
-    lease = SimpleNamespace(backend=backend, election="beat", instance_id="beat-1", ttl=TTL)
+    start = 1000.0
+    now = [start]
+    clock = SimpleNamespace(monotonic=lambda: now[0])  # moved by hand
+    lease = SimpleNamespace(
+        backend=backend, election="beat", instance_id="beat-1", ttl=TTL, clock=clock
+    )
     resender = Resender(lease, _Sends(), 3600, logging.getLogger("test"))  # type: ignore[arg-type]
     resender.sent(SLOT)  # nobody would drop a re-sent copy: no mark, no round trip
     assert backend.load_runs("beat") == {}
     marks.touch(backend, "beat", WORKERS, {"worker": "w1"}, 60)
-    time.sleep(TTL)  # the answer is kept one ttl
+    now[0] = start + TTL / 2
+    resender.sent(SLOT)  # the answer is kept one ttl: nobody registered yet
+    assert SLOT not in backend.load_runs("beat")
+    now[0] = start + TTL
     resender.sent(SLOT)
     assert record(backend).status == "sent"
 

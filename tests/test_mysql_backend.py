@@ -65,6 +65,7 @@ def test_long_names_are_hashed_and_the_readable_one_stays_in_the_table(
         assert cur.fetchall() == ((prefix, ELECTION, name),)
 
 
+@pytest.mark.timing  # the loss seen within 0.5 s
 def test_a_session_killed_by_the_server_loses_everything(
     mariadb_server: MariaDbServer, backends: Callable[..., MySqlBackend]
 ) -> None:
@@ -121,6 +122,7 @@ def test_a_renewing_holder_outlives_wait_timeout(backends: Callable[..., MySqlBa
     assert a.claim(ELECTION, term, [Write("slot", None, "1")]) == [True]
 
 
+@pytest.mark.timing  # within 0.3 s of the store deadline, 0.5 s of the ttl
 def test_a_cut_off_holder_loses_its_claims_and_a_follower_takes_over_after_the_ttl(
     mariadb_server: MariaDbServer,
     backends: Callable[..., MySqlBackend],

@@ -102,6 +102,7 @@ def test_a_session_ended_by_the_server_loses_everything(
     assert b.load_state(ELECTION) == {}
 
 
+@pytest.mark.timing  # freed within 0.5 s of the ttl
 def test_idle_session_timeout_frees_the_lock_no_earlier_than_the_belief(
     backends: Callable[..., PostgresBackend],
 ) -> None:
@@ -414,6 +415,7 @@ def _report(label: str, seconds: float) -> None:
     print(f"[postgres handover] {label}: {seconds * 1000:.1f} ms")
 
 
+@pytest.mark.timing  # hand-overs within 0.5 s
 def test_crash_and_graceful_stop_hand_over_within_half_a_second(
     postgres_url: str, procs: Procs, lease_script: Path
 ) -> None:
@@ -442,6 +444,7 @@ def test_crash_and_graceful_stop_hand_over_within_half_a_second(
     ]
 
 
+@pytest.mark.timing  # taken within 0.5 s of the ttl
 def test_paused_holder_loses_the_lock_on_time(
     postgres_url: str, procs: Procs, lease_script: Path
 ) -> None:
@@ -516,6 +519,7 @@ def test_postgres_restart(
     assert len(cluster.leaders()) == 1
 
 
+@pytest.mark.timing  # taken within 0.5 s of the ttl
 def test_cut_off_holder_loses_the_lock_on_time(
     postgres_server: PostgresServer,
     backends: Callable[..., PostgresBackend],

@@ -60,6 +60,7 @@ def test_sigkill_of_the_holder_hands_over_without_waiting_for_the_ttl(
     cluster.check_terms()
 
 
+@pytest.mark.timing  # stops believing within 0.1 s
 def test_a_live_holder_whose_connection_is_reset_stops_at_once_and_hands_over(
     cluster: LeaseCluster,
     redis_server: RedisServer,

@@ -160,10 +160,12 @@ def tls_node(tmp_path: Path) -> Iterator[_TlsNode]:
     node.close()
 
 
+@pytest.mark.timing  # a graceful hand-over within 0.5 s
 def test_tls(tls_node: _TlsNode) -> None:
     _run_election(tls_node.url)
 
 
+@pytest.mark.timing  # a graceful hand-over within 0.5 s
 def test_unix_socket(tmp_path: Path) -> None:
     sock = tmp_path / "redis.sock"
     node = _Node("--unixsocket", str(sock), "--unixsocketperm", "700")
@@ -174,6 +176,7 @@ def test_unix_socket(tmp_path: Path) -> None:
         node.close()
 
 
+@pytest.mark.timing  # a graceful hand-over within 0.5 s
 def test_sentinel(procs: Procs, tmp_path: Path) -> None:
     master = _Node()
     master.start()
@@ -193,6 +196,7 @@ def test_sentinel(procs: Procs, tmp_path: Path) -> None:
         master.close()
 
 
+@pytest.mark.timing  # a graceful hand-over within 0.5 s
 def test_cluster(procs: Procs, tmp_path: Path) -> None:
     nodes = [
         _Node("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf") for _ in range(3)

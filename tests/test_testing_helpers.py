@@ -31,6 +31,7 @@ from celery_leader import NotLeader, current_epoch, ensure_leader, is_leader, le
 from celery_leader.celery import leadership
 from celery_leader.dramatiq import LeaderMiddleware
 from celery_leader.dramatiq import current_epoch as dramatiq_epoch
+from celery_leader.lease import Lease
 from celery_leader.pins import as_follower, as_leader, reset
 from celery_leader.testing import beat_replicas
 from harness.venvs import clean_venv
@@ -146,12 +147,21 @@ def test_the_innermost_pin_wins_and_epochs_grow(app: Celery) -> None:
         assert second > first
 
 
-def test_a_pinned_follower_does_not_join_the_election(app: Celery) -> None:
+def test_a_pinned_follower_does_not_join_the_election(
+    app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
     app.conf.leader_url = "redis://127.0.0.1:1/0"  # nothing listens: a lease would stall
-    started = time.monotonic()
+    joined: list[str] = []
+    monkeypatch.setattr(Lease, "start", lambda lease: joined.append(lease.election))
+
+    @leader_only
+    def job() -> str:  # a plain function: unpinned, its first call joins the election
+        return "ran"
+
     with as_follower():
         assert not is_leader()
-    assert time.monotonic() - started < 0.5
+        assert job() is None
+    assert joined == []
 
 
 def test_the_body_runs_only_under_a_leader_pin(app: Celery) -> None:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -62,8 +61,9 @@ class Resender:
         self.retention = retention
         self.logger = logger
         self._pending: list[Pending] = []
-        #: Whether dedup workers were registered, and until when (monotonic) that
-        #: answer is reused: ``sent`` asks at most once per ttl, not per slot.
+        #: Whether dedup workers were registered, and until when (on the lease's
+        #: monotonic clock) that answer is reused: ``sent`` asks at most once per
+        #: ttl, not per slot.
         self._dedup = False
         self._dedup_until = 0.0
 
@@ -157,12 +157,12 @@ class Resender:
     def _workers_deduplicate(self) -> bool:
         """Whether a worker with the dedup step keeps the ``@ledger-workers`` mark (one read)."""
         found = marks.read(self._backend, self.lease.election, WORKERS, self.retention) is not None
-        self._dedup, self._dedup_until = found, time.monotonic() + self.lease.ttl
+        self._dedup, self._dedup_until = found, self.lease.clock.monotonic() + self.lease.ttl
         return found
 
     def _workers_registered(self) -> bool:
         """:meth:`_workers_deduplicate`, read again at most once per ttl."""
-        if time.monotonic() < self._dedup_until:
+        if self.lease.clock.monotonic() < self._dedup_until:
             return self._dedup
         return self._workers_deduplicate()
 
