@@ -172,7 +172,8 @@ def _decorate(spec: LeaderOnly, fn: Any) -> Any:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         app = get_current_app()
         found = cached_view((app, key)) or view(app, key)
-        # The check reads the epoch itself, and the body runs with it (as _run).
+        # The check reads the epoch itself, and the body runs with it: _run,
+        # inlined here because this is every call's path.
         epoch = found.epoch()
         if epoch is None:
             return _follower(spec, app, fn, args, kwargs)
