@@ -229,12 +229,13 @@ class _ResignAfterTheCheck(dramatiq.Middleware):
         self.lease.step_down("leader resign", sit_out=60)
 
 
+@pytest.mark.parametrize("mode", ["wait", "skip"])
 def test_a_body_let_through_while_leading_runs_with_that_epoch_after_a_resign(
-    broker: StubBroker,
+    broker: StubBroker, mode: str
 ) -> None:
     seen: list[tuple[int | None, bool]] = []
 
-    @dramatiq.actor(queue_name="leader", leader_only=True)  # wait: the default
+    @dramatiq.actor(queue_name="leader", leader_only=True, leader_on_follower=mode)
     def body() -> None:
         # The body's first line: the lease resigned after the check let it in.
         seen.append((current_epoch(), is_leader()))
