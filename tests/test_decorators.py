@@ -7,6 +7,7 @@ other node".
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Iterator
 
@@ -248,6 +249,58 @@ def test_current_epoch_and_ensure_leader_follow_the_term(app: Celery) -> None:
     other.stop()
     mine = wait_for(lambda: current_epoch("reports"), 2, message="took over after the release")
     assert mine > rival_epoch  # a later term, a larger fencing token
+
+
+class _ResignsAfterTheCheck:
+    """A lease's clock: the read after the leadership check's, in the checking thread,
+    first makes the lease resign (``leader resign``, a step-down)."""
+
+    def __init__(self, lease: Lease) -> None:
+        self.lease, self.real = lease, lease.clock
+        self.thread = threading.current_thread()
+        self.reads = 0
+
+    def monotonic(self) -> float:
+        if threading.current_thread() is self.thread:
+            self.reads += 1
+            if self.reads == 2:
+                self.lease.step_down("leader resign", sit_out=60)
+        return self.real.monotonic()
+
+    def time(self) -> float:
+        return self.real.time()
+
+    def wait(self, timeout: float, *events: threading.Event) -> bool:
+        return self.real.wait(timeout, *events)
+
+
+def test_a_body_let_through_while_leading_runs_with_that_epoch_after_a_resign(
+    app: Celery,
+) -> None:
+    seen: list[tuple[int | None, bool, bool]] = []
+
+    @leader_only
+    def job() -> None:
+        # The body's first line: the lease resigned after the check let it in.
+        try:
+            ensure_leader()
+            ensured = True
+        except NotLeader:
+            ensured = False
+        seen.append((current_epoch(), is_leader(), ensured))
+
+    assert current_epoch() is None
+    job()  # joins the election, which nobody else holds
+    epoch = current_epoch()
+    assert epoch is not None and seen == [(epoch, True, True)]
+    lease = lease_set(leadership.config_of(app)).lease_of("worker")
+    assert lease is not None
+    lease.clock = _ResignsAfterTheCheck(lease)
+    job()
+    # It runs with the epoch it passed with; is_leader() and ensure_leader() tell
+    # the truth about now.
+    assert seen[1:] == [(epoch, False, False)]
+    assert current_epoch() is None, "the body's epoch outlived the body"
 
 
 # -- routing: wait-mode tasks go to their leader queue -------------------------

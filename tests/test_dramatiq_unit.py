@@ -219,6 +219,43 @@ def test_skip_mode_fails_closed_when_the_check_raises(
         worker.stop()
 
 
+class _ResignAfterTheCheck(dramatiq.Middleware):
+    """Runs after the leader check and before the actor: the lease resigns in that window."""
+
+    def __init__(self, lease: Lease) -> None:
+        self.lease = lease
+
+    def before_process_message(self, broker: Any, message: Any) -> None:
+        self.lease.step_down("leader resign", sit_out=60)
+
+
+@pytest.mark.parametrize("mode", ["wait", "skip"])
+def test_a_body_let_through_while_leading_runs_with_that_epoch_after_a_resign(
+    broker: StubBroker, mode: str
+) -> None:
+    seen: list[tuple[int | None, bool]] = []
+
+    @dramatiq.actor(queue_name="leader", leader_only=True, leader_on_follower=mode)
+    def body() -> None:
+        # The body's first line: the lease resigned after the check let it in.
+        seen.append((current_epoch(), is_leader()))
+
+    worker = dramatiq.Worker(broker, worker_timeout=50)
+    worker.start()
+    try:
+        lease = leader_of(broker).lease()
+        epoch = wait_for(lambda: lease.epoch, 5, message="the only process leads")
+        broker.add_middleware(_ResignAfterTheCheck(lease))
+        body.send()
+        broker.join("leader")
+        worker.join()
+    finally:
+        worker.stop()
+    # It runs with the epoch it passed with; is_leader() tells the truth about now.
+    assert seen == [(epoch, False)]
+    assert current_epoch() is None, "the body's epoch outlived the body"
+
+
 # -- the scheduler ---------------------------------------------------------------
 
 

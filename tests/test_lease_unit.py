@@ -22,7 +22,7 @@ from celery_leader.backends.memory import _STORES, MemoryBackend
 from celery_leader.callbacks import Callbacks, Observer
 from celery_leader.celery.signals import SIGNALS
 from celery_leader.config import DRIFT, MARGIN
-from harness.manual_clock import ManualClock
+from harness.manual_clock import PAST, ManualClock
 
 TTL = 0.5
 RENEW = 0.15
@@ -701,22 +701,43 @@ def test_memory_store_is_per_url_and_prefix(url, leases, clock) -> None:
 
 
 def test_renew_interval_close_to_ttl_does_not_flap(url, leases, watch, clock) -> None:
-    # The longest renew interval the settings accept for a 0.5 s ttl: 10 ms under the
-    # belief's validity (0.49 s). Every renewal lands just in time; none may demote.
+    """The longest renew interval the settings accept for a 0.5 s ttl: every renewal
+    lands just in time, and the belief never lapses.
+
+    What it checks is arithmetic: a renewal sent at ``t`` makes the belief last until
+    ``t + VALIDITY`` (0.5 s less 1 % drift less 5 ms = 0.49 s) and the next renewal
+    goes out at ``t + 0.48``, so each one finds ``VALIDITY - 0.48`` = 10 ms of belief
+    left. On the manual clock that margin is exact: time moves only while the lease
+    thread waits, and then to its deadline plus ``PAST`` (1 microsecond), so every
+    renewal finds 10 ms less 1 microsecond of lease time left, however loaded the
+    machine. (The test's first version slept on the real clock; there the 10 ms were
+    the time the OS had to wake the lease thread, and a thread woken 10 ms late
+    rightly stepped down, "lease expired".)
+    """
+    renew = 0.48
+    margin = VALIDITY - renew
     backend = MemoryBackend(url, "p", 0.1, clock)
-    renewals = []
+    left: list[float] = []  # belief left when each renewal went out
     original = backend.renew
 
-    def renew(*args: Any, **kwargs: Any) -> Any:
-        result = original(*args, **kwargs)
-        renewals.append(result)
-        return result
+    def renew_call(*args: Any, **kwargs: Any) -> Any:
+        left.append(a.valid_until - clock.monotonic())
+        return original(*args, **kwargs)
 
-    backend.renew = renew  # type: ignore[method-assign]
-    a = make(leases, backend, "a", watch, ttl=0.5, renew=0.48)
+    backend.renew = renew_call  # type: ignore[method-assign]
+    a = make(leases, backend, "a", watch, ttl=TTL, renew=renew)
     leads(a)
-    clock.run_until(lambda: len(renewals) >= 4, 4.0, "four renewals")
-    assert a.is_leader()
+    lapsed: list[float] = []
+
+    def four_renewals() -> bool:
+        # Looked at after every step of the clock: whenever the belief could change.
+        if not a.is_leader():
+            lapsed.append(clock.monotonic())
+        return len(left) >= 4
+
+    clock.run_until(four_renewals, 4.0, "four renewals")
+    assert lapsed == []
+    assert left == pytest.approx([margin - PAST] * 4, abs=1e-9)
     assert watch.kinds("a") == ["elected"]
 
 

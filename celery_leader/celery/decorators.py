@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
+from .. import body_epoch
 from ..config import namespace_of, spelled, validate_name
 from ..exceptions import ConfigError, missing_extra
 from ..startup import check_store
@@ -163,21 +164,40 @@ def _decorate(spec: LeaderOnly, fn: Any) -> Any:
         # The apps of this process send this task to its leader queue from now on.
         routing.route_existing_apps()
     key = spec.election
-    cached_check = leadership.cached_check
+    cached_view = leadership.cached_view
     view = leadership.view
+    enter, leave = body_epoch.enter, body_epoch.leave
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         app = get_current_app()
-        leads = cached_check((app, key))
-        if leads is None:
-            leads = view(app, key).leads
-        if leads():
+        found = cached_view((app, key)) or view(app, key)
+        # The check reads the epoch itself, and the body runs with it: _run,
+        # inlined here because this is every call's path.
+        epoch = found.epoch()
+        if epoch is None:
+            return _follower(spec, app, fn, args, kwargs)
+        token = enter(found.election, epoch)
+        try:
             return fn(*args, **kwargs)
-        return _follower(spec, app, fn, args, kwargs)
+        finally:
+            leave(token)
 
     wrapper.__leader_only__ = spec  # type: ignore[attr-defined]
     return wrapper
+
+
+def _run(election: str, epoch: int, fn: Any, args: Any, kwargs: Any) -> Any:
+    """Run a body that passed its check of ``election`` under ``epoch``.
+
+    The term can end before the body's first line (a resign); ``current_epoch()``
+    in the body still answers ``epoch`` (:mod:`celery_leader.body_epoch`).
+    """
+    token = body_epoch.enter(election, epoch)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        body_epoch.leave(token)
 
 
 def _check_target(fn: object) -> None:
@@ -242,12 +262,13 @@ def _follower(spec: LeaderOnly, app: Any, fn: Any, args: Any, kwargs: Any) -> An
     if spec.on_follower == "reject":
         # Hold the message a while instead of bouncing it between followers
         # at broker speed while nobody leads; run it if elected meanwhile.
-        leads = leadership.view(app, spec.election).leads
+        found = leadership.view(app, spec.election)
         deadline = time.monotonic() + REJECT_HOLD
         while time.monotonic() < deadline:
             time.sleep(0.01)
-            if leads():
-                return fn(*args, **kwargs)
+            epoch = found.epoch()
+            if epoch is not None:
+                return _run(found.election, epoch, fn, args, kwargs)
         logger.info(
             "celery-leader: requeued %s[%s]: this worker does not lead %r",
             task.name,

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import metrics
+from .. import body_epoch, metrics
 from ..config import LeaderConfig, validate_name
 from ..exceptions import NotLeader, StoreUnavailable, missing_extra
 from ..lease import Lease
@@ -48,7 +48,7 @@ except ModuleNotFoundError as exc:
 
 __all__ = [
     "View",
-    "cached_check",
+    "cached_view",
     "config_of",
     "current_epoch",
     "ensure_leader",
@@ -68,6 +68,8 @@ logger = logging.getLogger(__name__)
 class View:
     """This process's view of one election: two cheap calls, no I/O."""
 
+    #: The election's name.
+    election: str
     #: True while this process (or its worker) leads.
     leads: Callable[[], bool]
     #: The fencing token of the current term while leading, else None.
@@ -78,14 +80,13 @@ class View:
 # them all (plus leader_worker_election) when it starts.
 _named: set[str] = set()
 
-# (app, election as asked: None = the app's default) -> view, and its leads().
+# (app, election as asked: None = the app's default) -> view.
 _views: dict[tuple[Any, str | None], View] = {}
-_checks: dict[tuple[Any, str | None], Callable[[], bool]] = {}
 
-#: ``cached_check((app, election))``: the resolved ``leads()`` of a view, or
-#: ``None`` before :func:`view` resolved it. ``@leader_only``'s hot path: one
-#: dict lookup in C, no Python frame.
-cached_check = _checks.get
+#: ``cached_view((app, election))``: the resolved view, or ``None`` before
+#: :func:`view` resolved it. ``@leader_only``'s hot path: one dict lookup in C,
+#: no Python frame.
+cached_view = _views.get
 _configs: dict[Any, LeaderConfig] = {}
 # This module's memberships of elections (the leases live in the process's lease set).
 _joined: dict[tuple[LeaderConfig, str], Membership] = {}
@@ -141,8 +142,13 @@ def current_epoch(election: str | None = None, *, app: Any = None) -> int | None
     Answered like :func:`is_leader`: never joins, ``None`` without a lease of
     this process. Epochs only grow: pass it with a write to a store that remembers the
     highest one it has seen, and a deposed leader's late write is refused.
+    In a ``@leader_only`` body of ``election``, the epoch its check let it through
+    with, for the whole body, even once the term has ended (:func:`ensure_leader`
+    tells that).
     """
-    return _view_for(election, app).epoch()
+    found = _view_for(election, app)
+    passed = body_epoch.of(found.election)
+    return found.epoch() if passed is None else passed
 
 
 def ensure_leader(election: str | None = None, *, app: Any = None) -> None:
@@ -164,7 +170,6 @@ def forget_views() -> None:
     """Drop cached views so the next check resolves again (a table appeared or went)."""
     with _lock:
         _views.clear()
-        _checks.clear()
 
 
 def stop_local_leases() -> None:
@@ -173,7 +178,6 @@ def stop_local_leases() -> None:
         joined = list(_joined.values())
         _joined.clear()
         _views.clear()
-        _checks.clear()
     for membership in joined:
         try:
             membership.leave()
@@ -205,8 +209,12 @@ def _view_for(election: str | None, app: Any) -> View:
         return _resolve(app, election, join=False)
 
 
-# Not leading, from no lease: what a process that does not take part answers.
-_OUTSIDE = View(lambda: False, lambda: None)
+def _never() -> bool:
+    return False
+
+
+def _no_epoch() -> int | None:
+    return None
 
 
 def _resolve(app: Any, key: str | None, *, join: bool) -> View:
@@ -219,9 +227,8 @@ def _resolve(app: Any, key: str | None, *, join: bool) -> View:
         pin = role_of(election)
         if pin is not None:
             # A test pinned the role (celery_leader.pins): no table, no lease.
-            found = View(lambda: pin.leads, lambda: pin.epoch)
+            found = View(election, lambda: pin.leads, lambda: pin.epoch)
             _views[app, key] = found
-            _checks[app, key] = found.leads
             return found
         table = deadline_table.process_table()
         if table is not None and table.store != deadline_table.store_id(
@@ -230,18 +237,18 @@ def _resolve(app: Any, key: str | None, *, join: bool) -> View:
             table = None  # another app's worker: its leases are not ours
         index = None if table is None else table.index(election)
         if table is not None and index is not None:
-            found = View(table.checker(index), table.epoch_reader(index))
+            found = View(election, table.checker(index), table.epoch_reader(index))
         elif join:
             lease = _local_lease(app, election)
-            found = View(lease.is_leader, lambda: lease.epoch)
+            found = View(election, lease.is_leader, lambda: lease.epoch)
         else:
             # Not cached: the lease may leave, or this process join later.
             held = lease_set(config).lease_of(election)
             if held is None:
-                return _OUTSIDE
-            return View(held.is_leader, lambda: held.epoch)
+                # Not leading, from no lease: what a process that does not take part answers.
+                return View(election, _never, _no_epoch)
+            return View(election, held.is_leader, lambda: held.epoch)
         _views[app, key] = found
-        _checks[app, key] = found.leads
         return found
 
 
@@ -289,7 +296,6 @@ def _after_fork_in_child() -> None:
     global _lock
     _lock = threading.RLock()
     _views.clear()
-    _checks.clear()
     _joined.clear()
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from multiprocessing.util import Finalize
 from typing import Any
 
-from .. import metrics
+from .. import body_epoch, metrics
 from ..config import LeaderConfig, validate_name
 from ..exceptions import ConfigError, LeaderError, missing_extra
 from ..health import ConsumerLiveness
@@ -260,12 +260,15 @@ class LeaderMiddleware(Middleware):
     def after_process_message(
         self, broker: Any, message: Any, *, result: Any = None, exception: Any = None
     ) -> None:
-        """Record how a slot's actor ended (with ``leader_ledger``)."""
+        """Record how a slot's actor ended (with ``leader_ledger``); the body's epoch ends."""
+        # Dramatiq calls every middleware's after hook, whatever another raised.
+        body_epoch.only(None)
         if self._ledger is not None:
             self._ledger.after(message, exception)
 
     def after_skip_message(self, broker: Any, message: Any) -> None:
         """Another middleware skipped a slot this one recorded started: leave it to a retry."""
+        body_epoch.only(None)
         if self._ledger is not None:
             self._ledger.after(message, SkipMessage())
 
@@ -274,13 +277,19 @@ class LeaderMiddleware(Middleware):
 
         Fails closed: any error here skips the message, because Dramatiq runs
         the actor when a middleware raises anything but a ``MiddlewareError``.
+        A message let through runs with the epoch the check read: the lease
+        may end before the actor's first line (a resign), and
+        :func:`current_epoch` in the actor still answers the epoch it passed
+        with (:mod:`celery_leader.body_epoch`).
         """
         try:
             rule = self._rules.get(message.actor_name)
             if rule is None or rule.election is None:
                 return
             try:
-                if self.leads(rule.election):
+                epoch = self.epoch(rule.election)
+                if epoch is not None:
+                    body_epoch.only(rule.election, epoch)
                     return
             except Exception:
                 logger.exception(
@@ -313,6 +322,14 @@ class LeaderMiddleware(Middleware):
             return pin.leads
         membership = self._memberships.get(election)
         return not self._closed and membership is not None and membership.lease.is_leader()
+
+    def epoch(self, election: str) -> int | None:
+        """The epoch this process leads ``election`` under now, else ``None`` (as :meth:`leads`)."""
+        pin = role_of(election)
+        if pin is not None:
+            return pin.epoch
+        membership = self._memberships.get(election)
+        return None if self._closed or membership is None else membership.lease.epoch
 
     def lease(self, election: str | None = None) -> Lease:
         """This process's lease of ``election`` (default: the worker election).
@@ -462,7 +479,13 @@ def current_epoch(election: str | None = None) -> int | None:
     """The fencing token of this process's current term of ``election``, else ``None``.
 
     Answered like :func:`is_leader`: never joins, ``None`` without a lease of this process.
+    In a ``leader_only`` actor of ``election``, the epoch its message was let
+    through with, for the whole body, even once the lease has ended
+    (:func:`is_leader` tells that).
     """
+    passed = body_epoch.of(election or _middleware().config.worker_election)
+    if passed is not None:
+        return passed
     pin = _pin(election)
     if pin is not None:
         return pin.epoch
