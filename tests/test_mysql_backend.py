@@ -81,7 +81,7 @@ def test_a_session_killed_by_the_server_loses_everything(
     b.wait(ELECTION, 5.0, threading.Event())
     assert time.monotonic() - killed < 0.5
     assert a.claim(ELECTION, term, [Write("slot", None, "stale")]) == [False]
-    assert a.renew(ELECTION, term, 5.0) is Renewal.LOST
+    assert a.renew(ELECTION, term, 5.0)[0] is Renewal.LOST
     a.release(ELECTION, term)  # nothing left to release: no error
     taken = b.acquire(ELECTION, "b", 5.0, 0)
     assert taken.term is not None and taken.term.epoch == 2
@@ -107,7 +107,7 @@ def test_wait_timeout_frees_the_lock_no_earlier_than_the_belief(
     # ...and the server kept the lock no longer than the ttl rounded up to whole seconds.
     assert won - sent < -(-ttl // 1) + 0.5
     assert a.claim(ELECTION, term, [Write("slot", None, "stale")]) == [False]
-    assert a.renew(ELECTION, term, ttl) is Renewal.LOST
+    assert a.renew(ELECTION, term, ttl)[0] is Renewal.LOST
 
 
 def test_a_renewing_holder_outlives_wait_timeout(backends: Callable[..., MySqlBackend]) -> None:
@@ -116,7 +116,7 @@ def test_a_renewing_holder_outlives_wait_timeout(backends: Callable[..., MySqlBa
     assert term is not None
     until = time.monotonic() + 2.5
     while time.monotonic() < until:
-        assert a.renew(ELECTION, term, 1.0) is Renewal.RENEWED
+        assert a.renew(ELECTION, term, 1.0)[0] is Renewal.RENEWED
         time.sleep(0.3)  # the renew interval of a 1 s ttl
     assert a.claim(ELECTION, term, [Write("slot", None, "1")]) == [True]
 
@@ -142,7 +142,7 @@ def test_a_cut_off_holder_loses_its_claims_and_a_follower_takes_over_after_the_t
     # The server counts wait_timeout from its answer to the holder's last statement.
     assert sent + 1.0 * (1 - DRIFT) - MARGIN < time.monotonic() < sent + 1.5
     proxy.release()
-    assert a.renew(ELECTION, term, 1.0) is Renewal.LOST
+    assert a.renew(ELECTION, term, 1.0)[0] is Renewal.LOST
     assert b.load_state(ELECTION) == {}
 
 
@@ -177,7 +177,7 @@ def test_the_store_clock_is_utc_whatever_the_session_time_zone(
         a = backends()
         won = a.acquire(ELECTION, "a", 5.0, 0)
         assert won.term is not None
-        renewal, renewed_at = a.renew_timed(ELECTION, won.term, 5.0)
+        renewal, renewed_at = a.renew(ELECTION, won.term, 5.0)
         assert renewal is Renewal.RENEWED
         for when in (won.store_time, renewed_at, a.store_time(ELECTION)):
             assert when is not None and abs(when - time.time()) < 1.0
