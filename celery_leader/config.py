@@ -227,7 +227,7 @@ class LeaderConfig:
         url = _url(values.get("leader_url"), broker_url, n("leader_url"))
         ttl = _positive(n("leader_ttl"), values.get("leader_ttl"), DEFAULT_TTL)
         # Renewing three times per ttl leaves two more attempts after a failed
-        # one before the lease runs out (the seeds' 5 s / 15 s split).
+        # one before the lease runs out (every 5 s for the default 15 s ttl).
         renew = _positive(n("leader_renew_interval"), values.get("leader_renew_interval"), ttl / 3)
         check_timing(ttl, renew, n("leader_ttl"), n("leader_renew_interval"))
         check_ttl(ttl, renew, n("leader_ttl"), n("leader_renew_interval"))
