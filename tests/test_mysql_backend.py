@@ -20,6 +20,7 @@ from celery_leader.exceptions import ConfigError, StoreMisconfigured, StoreUnava
 from harness.procs import Procs
 from harness.proxy import TcpProxy
 from harness.servers import MariaDbServer
+from harness.waiting import wait_for
 
 pytestmark = pytest.mark.mariadb
 
@@ -86,6 +87,57 @@ def test_a_session_killed_by_the_server_loses_everything(
     taken = b.acquire(ELECTION, "b", 5.0, 0)
     assert taken.term is not None and taken.term.epoch == 2
     assert b.load_state(ELECTION) == {}
+
+
+def _waits(server: MariaDbServer, name: str) -> list[int]:
+    """How long (ms) each statement queued for lock ``name`` has been waiting."""
+    with server.root_connection() as conn, conn.cursor() as cur:
+        cur.execute(
+            "SELECT TIME_MS FROM information_schema.PROCESSLIST WHERE INFO LIKE %s",
+            (f"SELECT GET_LOCK('{name}'%",),
+        )
+        return [int(ms) for (ms,) in cur.fetchall()]
+
+
+def test_a_follower_waits_a_ttl_per_statement_and_leaving_ends_its_wait_at_once(
+    mariadb_server: MariaDbServer, backends: Callable[..., MySqlBackend]
+) -> None:
+    """One GET_LOCK per ttl, past the store deadline (0.5 s here): not one per half
+    deadline, which made a fleet's followers most of a server's statements."""
+    name = lock_name("leader", PREFIX, ELECTION)
+    a, b = backends(), backends()
+    term = a.acquire(ELECTION, "a", 3.0, 0).term
+    assert term is not None
+    assert b.acquire(ELECTION, "b", 3.0, 0).term is None
+    # Two store deadlines into one statement (a 3 s slice): it outlived them.
+    wait_for(
+        lambda: any(1000 < ms < 1500 for ms in _waits(mariadb_server, name)),
+        5,
+        message="no wait past the store deadline",
+    )
+    b.leave(ELECTION)
+    # The follower cut its connection, and the server dropped it from the queue
+    # (MariaDB looks at a waiting connection about twice a second): before the
+    # end of its slice, which is 1.5 s or more away.
+    wait_for(lambda: _waits(mariadb_server, name) == [], 1.2, message="still queued")
+    a.release(ELECTION, term)
+    assert _used_by(mariadb_server, name) is None, "granted to a follower that left"
+
+
+def test_a_follower_that_waited_past_the_deadline_takes_over_and_renews(
+    backends: Callable[..., MySqlBackend],
+) -> None:
+    a, b = backends(), backends()
+    term = a.acquire(ELECTION, "a", 3.0, 0).term
+    assert term is not None
+    assert b.acquire(ELECTION, "b", 3.0, 0).term is None
+    time.sleep(1.5)  # three store deadlines queued: the case under test, not a wait for it
+    a.release(ELECTION, term)
+    b.wait(ELECTION, 2.0, threading.Event())
+    taken = b.acquire(ELECTION, "b", 3.0, 0)
+    assert taken.term is not None
+    assert b.renew(ELECTION, taken.term, 3.0)[0] is Renewal.RENEWED
+    assert b.claim(ELECTION, taken.term, [Write("slot", None, "1")]) == [True]
 
 
 @pytest.mark.timing  # bounds the lock's release to half a second
