@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ._urls import mask_url, scheme_of
-from .backends.registry import STORES, Store, store_for, store_for_url
+from .backends.registry import STORES, Store, store_for, store_for_url, store_hints
 from .exceptions import ConfigError
 from .process import default_instance_id
 
@@ -201,10 +201,7 @@ class LeaderConfig:
                 values[key] = value
                 shown[key] = (names or {}).get(key, key)
         if values.get("leader_url") in (None, ""):
-            raise ConfigError(
-                f"{shown['leader_url']} is not set: set it to redis://, postgresql://, etcd://, "
-                "file:///dir or memory://"
-            )
+            raise ConfigError(f"{shown['leader_url']} is not set: set it to {store_hints()}")
         return cls.from_mapping(values, names=shown)
 
     @classmethod
@@ -227,7 +224,7 @@ class LeaderConfig:
         url = _url(values.get("leader_url"), broker_url, n("leader_url"))
         ttl = _positive(n("leader_ttl"), values.get("leader_ttl"), DEFAULT_TTL)
         # Renewing three times per ttl leaves two more attempts after a failed
-        # one before the lease runs out (the seeds' 5 s / 15 s split).
+        # one before the lease runs out (every 5 s for the default 15 s ttl).
         renew = _positive(n("leader_renew_interval"), values.get("leader_renew_interval"), ttl / 3)
         check_timing(ttl, renew, n("leader_ttl"), n("leader_renew_interval"))
         check_ttl(ttl, renew, n("leader_ttl"), n("leader_renew_interval"))
@@ -462,7 +459,7 @@ def _url(value: object, broker_url: object, setting: str) -> str:
         shown = mask_url(broker_url) if isinstance(broker_url, str) else broker_url
         raise ConfigError(
             f"{setting} is not set and broker_url ({shown!r}) is not a Redis URL: set "
-            f"{setting} to redis://, postgresql://, etcd://, file:///dir or memory://"
+            f"{setting} to {store_hints()}"
         )
     if not isinstance(value, str):
         raise ConfigError(f"{setting} must be a string URL (got {type(value).__name__})")

@@ -416,7 +416,7 @@ class Lease:
         sent = self.clock.monotonic()
         try:
             with self.observe("renew"):
-                renewal, store_time = self.backend.renew_timed(self.election, term, self.ttl)
+                renewal, store_time = self.backend.renew(self.election, term, self.ttl)
         except StoreUnavailable as exc:
             self._store_down(exc)
             # Retry soon: the term is running out and one more try may save it.

@@ -69,8 +69,9 @@ class LeaseSet:
         self.config = config
         self._lock = threading.RLock()
         self._backend: Backend | None = None
-        # election -> its lease and that lease's members (a new lease, a new list)
-        self._leases: dict[str, tuple[Lease, list[Membership]]] = {}
+        # election -> its lease, that lease's members (a new lease, a new list) and
+        # those of them told "started" and not yet "stopped"
+        self._leases: dict[str, tuple[Lease, list[Membership], _Told]] = {}
 
     @property
     def backend(self) -> Backend:
@@ -116,13 +117,14 @@ class LeaseSet:
             shared = found is not None
             if found is None:
                 members: list[Membership] = []
+                told = _Told()
                 lease = Lease.from_config(
                     election,
                     self.config,
                     self.backend,
                     callbacks=Callbacks(
-                        on_started=lambda lease: _started(members, lease),
-                        on_stopped=lambda lease: _stopped(members, lease),
+                        on_started=lambda lease: _started(members, told, lease),
+                        on_stopped=lambda lease: _stopped(members, told, lease),
                         on_new_leader=lambda lease, holder: _new_leader(members, lease, holder),
                     ),
                     observers=(
@@ -134,20 +136,29 @@ class LeaseSet:
                     health_check=lambda: _first_problem(members),
                     on_cycle=lambda lease: _cycle(members, lease),
                 )
-                found = self._leases[election] = (lease, members)
-            lease, members = found
+                found = self._leases[election] = (lease, members, told)
+            lease, members, told = found
             membership = Membership(
                 self, lease, callbacks, on_change, health_check, on_cycle, observers
             )
             members.append(membership)
-        if shared:
-            # It may have been elected before this member listened.
-            if on_change is not None:
-                on_change(lease)
-            if callbacks is not None and callbacks.on_started is not None and lease.is_leader():
-                callbacks.on_started(lease)
-        if start:
-            lease.start()
+        try:
+            if shared:
+                # It may have been elected before this member listened.
+                if on_change is not None:
+                    on_change(lease)
+                if lease.is_leader() and told.add(membership):
+                    if callbacks is not None and callbacks.on_started is not None:
+                        callbacks.on_started(lease)
+            if start:
+                lease.start()
+        except BaseException:
+            # A join that fails leaves nothing behind: the member hears "stopped"
+            # for the "started" it heard, and the lease it alone joined ends.
+            if told.discard(membership):
+                _tell_stopped(membership, lease)
+            membership.leave()
+            raise
         return membership
 
     def elections(self) -> list[str]:
@@ -169,9 +180,10 @@ class LeaseSet:
             found = self._leases.get(lease.election)
             if found is None or found[0] is not lease or membership not in found[1]:
                 return  # left already, or the set was stopped
-            members = found[1]
+            members, told = found[1], found[2]
             if len(members) > 1:
                 members.remove(membership)
+                told.discard(membership)  # it stops listening: it hears no "stopped"
                 return
             # The last member: a join from now on starts a new lease.
             del self._leases[lease.election]
@@ -182,7 +194,7 @@ class LeaseSet:
         """End every lease, whoever joined it, then close the store connection. Idempotent."""
         with self._lock:
             ending, self._leases = list(self._leases.values()), {}
-        for lease, members in ending:
+        for lease, members, _told in ending:
             try:
                 _end(lease, members)
             except Exception:  # best effort: often called while the interpreter exits
@@ -207,18 +219,69 @@ def _end(lease: Lease, members: list[Membership]) -> None:
     members.clear()
 
 
-def _started(members: list[Membership], lease: Lease) -> None:
+class _Told:
+    """The members of one lease told "started" and not yet "stopped".
+
+    Members hear the two in pairs whatever another member raises: the lease
+    tells "stopped" only when it announced its term, so a member's ``on_started``
+    that raises (and makes the lease step down unannounced) must not leave
+    earlier members believing they lead. Joins run ``on_started`` in the joining
+    thread while the lease's thread may announce the same term, hence the lock.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._members: list[Membership] = []
+
+    def add(self, member: Membership) -> bool:
+        """Record ``member`` as told "started"; False when it was already."""
+        with self._lock:
+            if member in self._members:
+                return False
+            self._members.append(member)
+            return True
+
+    def discard(self, member: Membership) -> bool:
+        """Forget ``member``; whether it had been told "started"."""
+        with self._lock:
+            if member not in self._members:
+                return False
+            self._members.remove(member)
+            return True
+
+    def take(self) -> list[Membership]:
+        """Every member told "started", in the order told, forgetting them."""
+        with self._lock:
+            taken, self._members = self._members, []
+            return taken
+
+
+def _started(members: list[Membership], told: _Told, lease: Lease) -> None:
     for member in list(members):
-        if member.callbacks is not None and member.callbacks.on_started is not None:
+        if not told.add(member):
+            continue  # told at its join already
+        if member.callbacks is None or member.callbacks.on_started is None:
+            continue
+        try:
             member.callbacks.on_started(lease)
+        except Exception:
+            # The lease logs this and steps down without announcing, so it will
+            # not tell "stopped": tell it here to every member told "started",
+            # this one included, and tell no later member "started".
+            _stopped(members, told, lease)
+            raise
     _changed(members, lease)
 
 
-def _stopped(members: list[Membership], lease: Lease) -> None:
-    for member in list(members):
-        if member.callbacks is not None and member.callbacks.on_stopped is not None:
-            _guarded("on_stopped", member.callbacks.on_stopped, lease)
+def _stopped(members: list[Membership], told: _Told, lease: Lease) -> None:
+    for member in told.take():
+        _tell_stopped(member, lease)
     _changed(members, lease)
+
+
+def _tell_stopped(member: Membership, lease: Lease) -> None:
+    if member.callbacks is not None and member.callbacks.on_stopped is not None:
+        _guarded("on_stopped", member.callbacks.on_stopped, lease)
 
 
 def _changed(members: list[Membership], lease: Lease) -> None:

@@ -289,7 +289,7 @@ class TestLockStore:
         won = a.acquire(ELECTION, "a", TTL, 0)
         lost = b.acquire(ELECTION, "b", TTL, 0)
         assert won.term is not None
-        renewal, renewed_at = a.renew_timed(ELECTION, won.term, TTL)
+        renewal, renewed_at = a.renew(ELECTION, won.term, TTL)
         assert renewal is Renewal.RENEWED
         times = [won.store_time, lost.store_time, renewed_at, b.store_time(ELECTION)]
         resolution = a.clock_resolution
@@ -326,7 +326,7 @@ class TestLockStore:
         else:
             assert holder.ttl_remaining is None  # held as long as the holder lives
 
-        assert a.renew(ELECTION, term, TTL) is Renewal.RENEWED
+        assert a.renew(ELECTION, term, TTL)[0] is Renewal.RENEWED
         b.leave(ELECTION)  # a PostgreSQL follower stays queued for the lock until it leaves
         a.release(ELECTION, term)
         assert observer.holder(ELECTION) is None
@@ -350,7 +350,7 @@ class TestLockStore:
         assert lost.holder is not None and lost.holder.since == holder.since
         asked = observer.request_resign(ELECTION)
         assert asked is not None and asked.since == holder.since
-        assert a.renew(ELECTION, term, TTL) is Renewal.RESIGN
+        assert a.renew(ELECTION, term, TTL)[0] is Renewal.RESIGN
         still = observer.holder(ELECTION)
         assert still is not None and still.since == holder.since, "renewals keep the start"
         b.leave(ELECTION)
@@ -388,7 +388,7 @@ class TestLockStore:
         term = take(a, "a")
         asked = observer.request_resign(ELECTION)
         assert asked is not None and (asked.instance_id, asked.epoch) == ("a", term.epoch)
-        assert a.renew(ELECTION, term, TTL) is Renewal.RESIGN
+        assert a.renew(ELECTION, term, TTL)[0] is Renewal.RESIGN
 
     @pytest.mark.timing  # a release wakes the follower within 0.5 s
     def test_a_waiting_follower_wakes_promptly_on_release(self, store: Store) -> None:
@@ -444,7 +444,7 @@ class TestLockStore:
         with pytest.raises(StoreUnavailable, match="not a celery-leader term"):
             b.holder(ELECTION)
         if store.kind == "file":  # the flock, not the record, is the lock: still ours
-            assert a.renew(ELECTION, held, TTL) is Renewal.RENEWED
+            assert a.renew(ELECTION, held, TTL)[0] is Renewal.RENEWED
 
     def test_a_foreign_epoch_counter_is_never_restarted(self, store: Store) -> None:
         a = store.backend()
@@ -486,7 +486,7 @@ class TestFencedState:
         a.release(ELECTION, old)
         new = take(b, "b")
 
-        assert a.renew(ELECTION, old, TTL) is Renewal.LOST
+        assert a.renew(ELECTION, old, TTL)[0] is Renewal.LOST
         assert a.claim(ELECTION, old, [Write("x", '"old"', '"stale"'), Write("y", None, "1")]) == [
             False,
             False,
@@ -494,7 +494,7 @@ class TestFencedState:
         a.release(ELECTION, old)  # harmless: it never frees the new term
         holder = b.holder(ELECTION)
         assert holder is not None and holder.epoch == new.epoch
-        assert b.renew(ELECTION, new, TTL) is Renewal.RENEWED
+        assert b.renew(ELECTION, new, TTL)[0] is Renewal.RENEWED
         assert b.load_state(ELECTION) == {"x": '"old"'}
 
     def test_claims_are_fenced_compare_and_sets_in_order(self, store: Store) -> None:

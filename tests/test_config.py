@@ -13,13 +13,14 @@ from celery import Celery
 
 from celery_leader import ConfigError, LeaderConfig, Lease
 from celery_leader._urls import mask_url
-from celery_leader.backends import create_backend
+from celery_leader.backends import STORES, create_backend
 from celery_leader.backends.etcd import EtcdBackend
 from celery_leader.backends.file import FileBackend
 from celery_leader.backends.memory import MemoryBackend
 from celery_leader.backends.mysql import MySqlBackend
 from celery_leader.backends.redis import RedisBackend
 from celery_leader.config import DEFAULT_KEY_PREFIX, DEFAULT_TTL, DRIFT, MARGIN
+from celery_leader.dramatiq.settings import load_config
 from harness.servers import free_port
 from harness.waiting import wait_for
 from tests.docs_text import quoted_messages
@@ -183,6 +184,27 @@ def test_no_leader_url_and_broker_is_not_redis(broker: str | None) -> None:
     with pytest.raises(ConfigError) as exc:
         LeaderConfig.from_mapping({}, broker_url=broker)
     assert_one_clear_line(exc, "leader_url is not set")
+
+
+def test_errors_that_say_what_to_set_name_every_store_and_every_scheme() -> None:
+    """The lists in these messages come from the store table, so they cannot drift
+    from it (they had left out mysql:// and, on Dramatiq, etcd://)."""
+    untold = []
+    for call in (
+        lambda: LeaderConfig.from_mapping({}, broker_url="amqp://127.0.0.1//"),
+        lambda: LeaderConfig.from_env({}),
+        lambda: load_config({}),
+    ):
+        with pytest.raises(ConfigError) as exc:
+            call()
+        untold += [
+            (store.kind, str(exc.value)) for store in STORES if store.hint not in str(exc.value)
+        ]
+    with pytest.raises(ConfigError) as exc:
+        LeaderConfig.from_mapping({"leader_url": "mongodb://db/x"})
+    schemes = str(exc.value).partition("use one of ")[2].split(", ")
+    assert schemes == [f"{scheme}://" for store in STORES for scheme in store.schemes]
+    assert untold == []
 
 
 @pytest.mark.parametrize("url", ["file://relative/dir", "file:relative", "file://host/dir"])

@@ -99,7 +99,7 @@ def test_a_dead_member_is_skipped_at_once(etcd_cluster: EtcdCluster, etcd_url: s
         assert term is not None
         first.kill()
         began = time.monotonic()
-        assert a.renew("beat", term, TTL) is Renewal.RENEWED
+        assert a.renew("beat", term, TTL)[0] is Renewal.RENEWED
         assert a.claim("beat", term, [Write("x", None, "1")]) == [True]
         assert time.monotonic() - began < TIMEOUT, "a refused connection is not waited out"
     finally:
@@ -124,7 +124,7 @@ def test_without_quorum_nobody_can_renew_or_claim(etcd_cluster: EtcdCluster, etc
             a.claim("beat", term, [Write("x", None, "1")])
         etcd_cluster.start()
         # The new Raft leader carried the lease over: the term survives the outage.
-        assert a.renew("beat", term, TTL) is Renewal.RENEWED
+        assert a.renew("beat", term, TTL)[0] is Renewal.RENEWED
         # A claim that failed may still have been applied (the member queued it until
         # quorum returned): beat counts it as not sent, so a slot is skipped, never doubled.
         assert a.claim("beat", term, [Write("y", None, "1")]) == [True]
@@ -163,7 +163,7 @@ def test_tls_and_a_user_limited_to_the_key_prefix(secure_cluster: EtcdCluster) -
         assert term is not None
         assert good.claim("beat", term, [Write("x", None, "1")]) == [True]
         assert good.load_state("beat") == {"x": "1"}
-        assert good.renew("beat", term, TTL) is Renewal.RENEWED
+        assert good.renew("beat", term, TTL)[0] is Renewal.RENEWED
         good.release("beat", term)
         assert good.holder("beat") is None
 

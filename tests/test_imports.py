@@ -63,6 +63,56 @@ def _imports(name: str) -> list[tuple[ast.ImportFrom, str, bool]]:
     return found
 
 
+def _string_imports(name: str) -> list[tuple[int, str]]:
+    """(line, module) for each package module that ``name`` loads by a string literal."""
+    path = MODULES[name]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    return _loaded_by_string(path.read_text(), package)
+
+
+def _loaded_by_string(source: str, package: str) -> list[tuple[int, str]]:
+    """(line, module) for each ``importlib.import_module("...")`` or ``__import__("...")``
+    of a package module in ``source`` (of a module of ``package``): the layer table
+    binds those as much as an import statement."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.Call) and node.args):
+            continue
+        function, first = node.func, node.args[0]
+        called = getattr(function, "attr", getattr(function, "id", None))
+        if called not in ("import_module", "__import__"):
+            continue
+        if not (isinstance(first, ast.Constant) and isinstance(first.value, str)):
+            continue  # a name computed at run time: the code that names it is checked
+        target = first.value
+        if target.startswith("."):  # relative to the package argument, which is ours
+            dots = len(target) - len(target.lstrip("."))
+            base = package.rsplit(".", dots - 1)[0] if dots > 1 else package
+            target = f"{base}.{target[dots:]}".rstrip(".")
+        if target == "celery_leader" or target.startswith("celery_leader."):
+            found.append((node.lineno, target))
+    return found
+
+
+def test_string_imports_are_read_however_they_are_spelt() -> None:
+    source = (
+        "import importlib\n"
+        "from importlib import import_module\n"
+        'importlib.import_module("celery_leader.a")\n'
+        'import_module(".b", __name__)\n'
+        '__import__("celery_leader.c")\n'
+        'importlib.import_module("json")\n'
+        "importlib.import_module(name)\n"
+        'import_module("..d", __name__)\n'
+    )
+    assert _loaded_by_string(source, "celery_leader.x") == [
+        (3, "celery_leader.a"),
+        (4, "celery_leader.x.b"),
+        (5, "celery_leader.c"),
+        (8, "celery_leader.d"),
+    ]
+
+
 def test_no_import_cycle_in_the_package() -> None:
     graph = {name: {t for _, t, top in _imports(name) if top} for name in MODULES}
     # A package's __init__ importing its own submodules is not a cycle back.
@@ -203,7 +253,8 @@ def test_every_import_follows_the_layer_table_row_by_row() -> None:
         own = _layer_of(_short(name), layers)
         assert own is not None
         names, allowed = layers[own]
-        for _, target, _ in _imports(name):
+        targets = [t for _, t, _ in _imports(name)] + [t for _, t in _string_imports(name)]
+        for target in targets:
             short = _short(target)
             if not any(_covers(entry, short) for entry in names + allowed):
                 wrong.append(f"{_short(name)} imports {short}")

@@ -204,7 +204,7 @@ def test_holder_whose_lock_file_was_deleted_loses(store: Path) -> None:
         assert term is not None
         deleted = time.monotonic()
         (store / f"{PREFIX}.{ELECTION}.lock").unlink()
-        assert a.backend.renew(ELECTION, term, 1.0) is Renewal.LOST
+        assert a.backend.renew(ELECTION, term, 1.0)[0] is Renewal.LOST
         wait_for(lambda: demoted, 0.3 + 0.3)
         assert demoted[0] - deleted <= 0.3 + 0.1, "lost at its next renewal"
         assert not a.is_leader() or a.epoch != term.epoch

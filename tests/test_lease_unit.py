@@ -62,15 +62,15 @@ class Scripted(MemoryBackend):
             raise error
         return super().acquire(election, instance_id, ttl, min_epoch)
 
-    def renew(self, election: str, term: Term, ttl: float) -> Renewal:
+    def renew(self, election: str, term: Term, ttl: float) -> tuple[Renewal, None]:
         self.log("renew", epoch=term.epoch)
         if not self.renew_gate.is_set():
             with self.clock.blocking(self.renew_gate):  # type: ignore[attr-defined]
                 self.renew_gate.wait()
         self._fault()
-        result = super().renew(election, term, ttl)
+        result, store_time = super().renew(election, term, ttl)
         self.log("renewed", epoch=term.epoch, result=result)
-        return result
+        return result, store_time
 
     def release(self, election: str, term: Term) -> None:
         self.log("release", epoch=term.epoch, holder=self.holder_or_none(election))

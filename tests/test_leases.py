@@ -229,6 +229,77 @@ def test_members_bring_callbacks_and_followers_hear_of_new_leaders() -> None:
     assert ("two", "new leader", ("two", 2)) in heard
 
 
+def test_members_hear_started_and_stopped_in_pairs_whatever_another_member_raises() -> None:
+    """A member's on_started raising makes the lease step down unannounced: the
+    members told "started" before it, and the one that raised, hear "stopped"."""
+    leases = lease_set(config())
+    heard: list[tuple[str, str, object]] = []
+    raised = threading.Event()
+
+    def fails_once(lease: Any) -> None:
+        heard.append(("second", "started", lease.epoch))
+        if not raised.is_set():
+            raised.set()
+            raise RuntimeError("the second member cannot start")
+
+    leases.join(
+        "e",
+        callbacks=Callbacks(
+            on_started=lambda lease: heard.append(("first", "started", lease.epoch)),
+            on_stopped=lambda lease: heard.append(("first", "stopped", None)),
+        ),
+        start=False,
+    )
+    leases.join(
+        "e",
+        callbacks=Callbacks(
+            on_started=fails_once,
+            on_stopped=lambda lease: heard.append(("second", "stopped", None)),
+        ),
+    )
+    try:
+        # The second term (after the failed one's sit-out) is announced.
+        wait_for(lambda: ("second", "started", 2) in heard, 5, message="never elected again")
+    finally:
+        leases.stop()
+    for who in ("first", "second"):
+        told = [event for name, event, _ in heard if name == who]
+        assert told == ["started", "stopped", "started", "stopped"], (who, heard)
+
+
+def test_a_join_that_fails_leaves_nothing_behind() -> None:
+    leases = lease_set(config())
+    heard: list[str] = []
+    cycles: list[int] = []
+    first = leases.join("e", on_cycle=lambda lease: cycles.append(1))
+    lease = first.lease
+    try:
+        wait_for(lease.is_leader, 3, message="never elected")
+
+        def refuses(lease: Any) -> None:
+            heard.append("started")
+            raise RuntimeError("cannot start")
+
+        with pytest.raises(RuntimeError, match="cannot start"):
+            leases.join(
+                "e",
+                callbacks=Callbacks(
+                    on_started=refuses, on_stopped=lambda lease: heard.append("stopped")
+                ),
+                health_check=lambda: "a member that failed to join is still asked",
+            )
+        # It heard "stopped" for its "started", and no longer takes part: its
+        # health check is not asked, and the first member is the last to leave.
+        assert heard == ["started", "stopped"]
+        done = len(cycles)
+        wait_for(lambda: len(cycles) >= done + 2, 3, message="no renewal after the join")
+        assert lease.is_leader()
+        first.leave()
+        assert not lease.is_leader() and leases.elections() == []
+    finally:
+        leases.stop()
+
+
 def test_callbacks_are_validated_when_built() -> None:
     with pytest.raises(TypeError, match=r"Callbacks\.on_started must be callable"):
         Callbacks(on_started="not a function")  # type: ignore[arg-type]

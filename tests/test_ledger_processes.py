@@ -117,6 +117,16 @@ def test_a_slot_delivered_three_times_runs_once(workers: Workers) -> None:
     assert record.finished is not None and record.finished >= record.started
 
 
+def test_a_worker_says_in_its_log_that_the_ledger_is_on(workers: Workers) -> None:
+    """Logged once Celery has set up the worker's logging (not from worker_init,
+    before it, where the line went nowhere)."""
+    a = workers.start("a")
+    # Logged before the banner, so it is in the output once the worker is ready:
+    # the deadline only covers reading the pipe.
+    a.wait_for_line(r"celery-leader: run ledger on \(\d+ task\(s\); a dead worker's slot: ", 10)
+    assert a.output().count("celery-leader: run ledger on") == 1
+
+
 def test_a_workers_metrics_count_what_its_pool_processes_did(workers: Workers) -> None:
     """The ledger counts in the prefork pool processes; the main process serves them."""
     port = free_port()

@@ -20,6 +20,7 @@ from celery_leader.exceptions import ConfigError, StoreMisconfigured, StoreUnava
 from harness.procs import Procs
 from harness.proxy import TcpProxy
 from harness.servers import MariaDbServer
+from harness.waiting import wait_for
 
 pytestmark = pytest.mark.mariadb
 
@@ -82,11 +83,62 @@ def test_a_session_killed_by_the_server_loses_everything(
     b.wait(ELECTION, 5.0, threading.Event())
     assert time.monotonic() - killed < 0.5
     assert a.claim(ELECTION, term, [Write("slot", None, "stale")]) == [False]
-    assert a.renew(ELECTION, term, 5.0) is Renewal.LOST
+    assert a.renew(ELECTION, term, 5.0)[0] is Renewal.LOST
     a.release(ELECTION, term)  # nothing left to release: no error
     taken = b.acquire(ELECTION, "b", 5.0, 0)
     assert taken.term is not None and taken.term.epoch == 2
     assert b.load_state(ELECTION) == {}
+
+
+def _waits(server: MariaDbServer, name: str) -> list[int]:
+    """How long (ms) each statement queued for lock ``name`` has been waiting."""
+    with server.root_connection() as conn, conn.cursor() as cur:
+        cur.execute(
+            "SELECT TIME_MS FROM information_schema.PROCESSLIST WHERE INFO LIKE %s",
+            (f"SELECT GET_LOCK('{name}'%",),
+        )
+        return [int(ms) for (ms,) in cur.fetchall()]
+
+
+def test_a_follower_waits_a_ttl_per_statement_and_leaving_ends_its_wait_at_once(
+    mariadb_server: MariaDbServer, backends: Callable[..., MySqlBackend]
+) -> None:
+    """One GET_LOCK per ttl, past the store deadline (0.5 s here): not one per half
+    deadline, which made a fleet's followers most of a server's statements."""
+    name = lock_name("leader", PREFIX, ELECTION)
+    a, b = backends(), backends()
+    term = a.acquire(ELECTION, "a", 3.0, 0).term
+    assert term is not None
+    assert b.acquire(ELECTION, "b", 3.0, 0).term is None
+    # Two store deadlines into one statement (a 3 s slice): it outlived them.
+    wait_for(
+        lambda: any(1000 < ms < 1500 for ms in _waits(mariadb_server, name)),
+        5,
+        message="no wait past the store deadline",
+    )
+    b.leave(ELECTION)
+    # The follower cut its connection, and the server dropped it from the queue
+    # (MariaDB looks at a waiting connection about twice a second): before the
+    # end of its slice, which is 1.5 s or more away.
+    wait_for(lambda: _waits(mariadb_server, name) == [], 1.2, message="still queued")
+    a.release(ELECTION, term)
+    assert _used_by(mariadb_server, name) is None, "granted to a follower that left"
+
+
+def test_a_follower_that_waited_past_the_deadline_takes_over_and_renews(
+    backends: Callable[..., MySqlBackend],
+) -> None:
+    a, b = backends(), backends()
+    term = a.acquire(ELECTION, "a", 3.0, 0).term
+    assert term is not None
+    assert b.acquire(ELECTION, "b", 3.0, 0).term is None
+    time.sleep(1.5)  # three store deadlines queued: the case under test, not a wait for it
+    a.release(ELECTION, term)
+    b.wait(ELECTION, 2.0, threading.Event())
+    taken = b.acquire(ELECTION, "b", 3.0, 0)
+    assert taken.term is not None
+    assert b.renew(ELECTION, taken.term, 3.0)[0] is Renewal.RENEWED
+    assert b.claim(ELECTION, taken.term, [Write("slot", None, "1")]) == [True]
 
 
 @pytest.mark.timing  # bounds the lock's release to half a second
@@ -108,7 +160,7 @@ def test_wait_timeout_frees_the_lock_no_earlier_than_the_belief(
     # ...and the server kept the lock no longer than the ttl rounded up to whole seconds.
     assert won - sent < -(-ttl // 1) + 0.5
     assert a.claim(ELECTION, term, [Write("slot", None, "stale")]) == [False]
-    assert a.renew(ELECTION, term, ttl) is Renewal.LOST
+    assert a.renew(ELECTION, term, ttl)[0] is Renewal.LOST
 
 
 def test_a_renewing_holder_outlives_wait_timeout(backends: Callable[..., MySqlBackend]) -> None:
@@ -117,7 +169,7 @@ def test_a_renewing_holder_outlives_wait_timeout(backends: Callable[..., MySqlBa
     assert term is not None
     until = time.monotonic() + 2.5
     while time.monotonic() < until:
-        assert a.renew(ELECTION, term, 1.0) is Renewal.RENEWED
+        assert a.renew(ELECTION, term, 1.0)[0] is Renewal.RENEWED
         time.sleep(0.3)  # the renew interval of a 1 s ttl
     assert a.claim(ELECTION, term, [Write("slot", None, "1")]) == [True]
 
@@ -144,7 +196,7 @@ def test_a_cut_off_holder_loses_its_claims_and_a_follower_takes_over_after_the_t
     # The server counts wait_timeout from its answer to the holder's last statement.
     assert sent + 1.0 * (1 - DRIFT) - MARGIN < time.monotonic() < sent + 1.5
     proxy.release()
-    assert a.renew(ELECTION, term, 1.0) is Renewal.LOST
+    assert a.renew(ELECTION, term, 1.0)[0] is Renewal.LOST
     assert b.load_state(ELECTION) == {}
 
 
@@ -179,7 +231,7 @@ def test_the_store_clock_is_utc_whatever_the_session_time_zone(
         a = backends()
         won = a.acquire(ELECTION, "a", 5.0, 0)
         assert won.term is not None
-        renewal, renewed_at = a.renew_timed(ELECTION, won.term, 5.0)
+        renewal, renewed_at = a.renew(ELECTION, won.term, 5.0)
         assert renewal is Renewal.RENEWED
         for when in (won.store_time, renewed_at, a.store_time(ELECTION)):
             assert when is not None and abs(when - time.time()) < 1.0

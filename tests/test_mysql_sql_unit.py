@@ -29,5 +29,11 @@ def test_mysql_cancels_selects_in_milliseconds(version: str) -> None:
     sql, params = statement_deadline(version, 0.45)
     assert sql == "SET SESSION max_execution_time = %(ms)s"
     assert params == {"ms": 450}
-    # Never 0, which would switch MySQL's limit off.
+    # Never 0, which would switch MySQL's limit off...
     assert statement_deadline(version, 0.0004)[1] == {"ms": 1}
+    # ...unless asked to (a follower's lock wait outlasts the deadline).
+    assert statement_deadline(version, None)[1] == {"ms": 0}
+
+
+def test_no_deadline_on_mariadb_is_zero() -> None:
+    assert statement_deadline("10.11.6-MariaDB", None)[1] == {"seconds": 0.0}

@@ -95,7 +95,7 @@ def test_a_session_ended_by_the_server_loses_everything(
         )
     # The next claim finds the session gone: nothing is written, nothing raised.
     assert a.claim(ELECTION, term, [Write("slot", None, "stale")]) == [False]
-    assert a.renew(ELECTION, term, 5.0) is Renewal.LOST
+    assert a.renew(ELECTION, term, 5.0)[0] is Renewal.LOST
     a.release(ELECTION, term)  # nothing left to release: no error
     taken = b.acquire(ELECTION, "b", 5.0, 0)
     assert taken.term is not None and taken.term.epoch == 2
@@ -123,7 +123,7 @@ def test_idle_session_timeout_frees_the_lock_no_earlier_than_the_belief(
     # The claim goes to the dead session first (the server's goodbye is still
     # unread on its socket), then the renewal finds the term gone.
     assert a.claim(ELECTION, term, [Write("slot", None, "stale")]) == [False]
-    assert a.renew(ELECTION, term, ttl) is Renewal.LOST
+    assert a.renew(ELECTION, term, ttl)[0] is Renewal.LOST
     assert b.load_state(ELECTION) == {}
 
 
@@ -318,9 +318,9 @@ class Recording(PostgresBackend):
             emit("bound", epoch=result.term.epoch, bound=sent + validity)
         return result
 
-    def renew_timed(self, election, term, ttl):  # what the lease calls to renew
+    def renew(self, election, term, ttl):
         sent = time.monotonic()
-        result, store_time = super().renew_timed(election, term, ttl)
+        result, store_time = super().renew(election, term, ttl)
         if result is not Renewal.LOST:
             emit("bound", epoch=term.epoch, bound=sent + validity)
         return result, store_time

@@ -232,7 +232,7 @@ def test_a_postgres_claim_the_synchronous_standby_does_not_confirm_is_handed_bac
             with pytest.raises(StoreUnavailable, match=r"2 claim.*handed back"):
                 leader.claim("e", term, claims)
             assert leader.load_state("e") == {"x": "1"}
-            assert leader.renew("e", term, TTL) is Renewal.RENEWED
+            assert leader.renew("e", term, TTL)[0] is Renewal.RENEWED
             assert other.acquire("e", "b", TTL, 0).term is None
             store.link.release()
             assert leader.claim("e", term, claims) == [True, True]

@@ -16,7 +16,6 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..exceptions import ConfigError
 from .lock import Term
 
 
@@ -172,19 +171,19 @@ class FencedState(ABC):
     # process may edit without a term (an operator's CLI, an admin view): the
     # leader only reads them. Every applied edit moves the election's entries
     # version, so a leader asks one cheap question per tick and re-reads the
-    # entries only when it moved. A store that does not keep entries says so.
+    # entries only when it moved.
 
+    @abstractmethod
     def entries_version(self, election: str) -> int:
         """A number that changes whenever an entry of ``election`` is edited (0: never)."""
-        raise self._no_entries()
 
+    @abstractmethod
     def load_entries(self, election: str) -> tuple[int, dict[str, str]]:
         """The entries version and the entries of ``election`` (name -> value), as written.
 
         The version is read no later than the entries: a version that moves after
         the read makes the reader read again, never miss an edit.
         """
-        raise self._no_entries()
 
     def entries_changed_since(
         self, election: str, version: int
@@ -198,12 +197,9 @@ class FencedState(ABC):
         """
         return None
 
+    @abstractmethod
     def edit_entries(self, election: str, edits: Sequence[Edit]) -> list[bool]:
         """Apply ``edits`` (compare-and-set, no term needed); one result each.
 
         The entries version moves when any of them applied.
         """
-        raise self._no_entries()
-
-    def _no_entries(self) -> ConfigError:
-        return ConfigError(f"{type(self).__name__} does not keep schedule entries yet")

@@ -155,15 +155,15 @@ class FileBackend(Backend):
             return None
         return fd
 
-    def renew(self, election: str, term: Term, ttl: float) -> Renewal:
+    def renew(self, election: str, term: Term, ttl: float) -> tuple[Renewal, None]:
         if self._holds(election, term) is None:
-            return Renewal.LOST
+            return Renewal.LOST, None
         resign = self._path(election, "resign")
         if _read_text(resign) == term.token:
             with _io(resign):
                 resign.unlink(missing_ok=True)
-            return Renewal.RESIGN
-        return Renewal.RENEWED
+            return Renewal.RESIGN, None
+        return Renewal.RENEWED, None
 
     def release(self, election: str, term: Term) -> None:
         with self._lock:

@@ -118,15 +118,12 @@ class LockStore(ABC):
         """
 
     @abstractmethod
-    def renew(self, election: str, term: Term, ttl: float) -> Renewal:
-        """Extend ``term`` by ``ttl`` seconds if it is still current."""
-
-    def renew_timed(self, election: str, term: Term, ttl: float) -> tuple[Renewal, float | None]:
-        """:meth:`renew`, with the store's clock when it answered (``None`` without one).
+    def renew(self, election: str, term: Term, ttl: float) -> tuple[Renewal, float | None]:
+        """Extend ``term`` by ``ttl`` seconds if it is still current; with the
+        store's clock when it answered (``None`` for a store without one).
 
         Stores with a clock read it in the renewal itself: no extra round trip.
         """
-        return self.renew(election, term, ttl), None
 
     @abstractmethod
     def release(self, election: str, term: Term) -> None:

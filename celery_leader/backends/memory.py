@@ -83,17 +83,17 @@ class MemoryBackend(Backend):
             )
             return Acquired(term, None, ttl)
 
-    def renew(self, election: str, term: Term, ttl: float) -> Renewal:
+    def renew(self, election: str, term: Term, ttl: float) -> tuple[Renewal, None]:
         store = self._store
         with store.cond:
             current = store.live(election, self.clock.monotonic())
             if current is None or current.token != term.token:
-                return Renewal.LOST
+                return Renewal.LOST, None
             current.expires = self.clock.monotonic() + ttl
             if store.resign.get(election) == term.token:
                 del store.resign[election]
-                return Renewal.RESIGN
-            return Renewal.RENEWED
+                return Renewal.RESIGN, None
+            return Renewal.RENEWED, None
 
     def release(self, election: str, term: Term) -> None:
         store = self._store

@@ -21,6 +21,13 @@ class Store:
     class_name: str
     #: The extra (``pip install 'celery-leader[<extra>]'``) that installs its client.
     extra: str | None = None
+    #: How messages show a URL of this store; its first scheme by default.
+    shown: str = ""
+
+    @property
+    def hint(self) -> str:
+        """The start of a URL of this store, as error messages show it."""
+        return self.shown or f"{self.schemes[0]}://"
 
 
 STORES: tuple[Store, ...] = (
@@ -32,11 +39,19 @@ STORES: tuple[Store, ...] = (
     ),
     Store("mysql", ("mysql", "mariadb"), ".mysql", "MySqlBackend", "mysql"),
     Store("etcd", ("etcd", "etcds"), ".etcd", "EtcdBackend", "etcd"),
-    Store("file", ("file",), ".file", "FileBackend"),
+    Store("file", ("file",), ".file", "FileBackend", shown="file:///dir"),
     Store("memory", ("memory",), ".memory", "MemoryBackend"),
 )
 
 _BY_SCHEME = {scheme: store for store in STORES for scheme in store.schemes}
+
+
+def store_hints() -> str:
+    """Every store, one URL start each, for messages that say what to set:
+    ``redis://, postgresql://, ... or memory://``. Read from :data:`STORES`, so
+    a store added there is named in them too."""
+    hints = [store.hint for store in STORES]
+    return f"{', '.join(hints[:-1])} or {hints[-1]}"
 
 
 def store_for(scheme: str) -> Store | None:

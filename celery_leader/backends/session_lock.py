@@ -144,10 +144,7 @@ class SessionLockBackend(Backend, Generic[S, R]):
         whether the holder is asked to resign, and the store's clock as in
         :meth:`_try_lock`."""
 
-    def renew(self, election: str, term: Term, ttl: float) -> Renewal:
-        return self.renew_timed(election, term, ttl)[0]
-
-    def renew_timed(self, election: str, term: Term, ttl: float) -> tuple[Renewal, float | None]:
+    def renew(self, election: str, term: Term, ttl: float) -> tuple[Renewal, float | None]:
         session = self._holding(election, term)
         if session is None:
             return Renewal.LOST, None

@@ -105,9 +105,10 @@ class LeaderSchedulerMixin:
         self._send_error: BaseException | None = None
         with _collector_paused():
             super().__init__(*args, **kwargs)
+            self._adapter = _BeatAdapter(self)
             self._protocol = SlotProtocol(
                 self.leader_config,
-                _BeatAdapter(self),
+                self._adapter,
                 logger,
                 idle=FOLLOWER_INTERVAL,
                 max_sleep=self.max_interval,
@@ -150,19 +151,17 @@ class LeaderSchedulerMixin:
             return self._tick()
 
     def _tick(self) -> float:
-        adapter = self._protocol.adapter
-        first = False
-        if isinstance(adapter, _BeatAdapter) and adapter.feed is None:
+        adapter = self._adapter
+        first = adapter.feed is None
+        if adapter.feed is None:
             lease = self.lease
             adapter.feed = EntryFeed(lease.backend, lease.election, logger)
-            first = True
         following = self.lease.term is None
-        if isinstance(adapter, _BeatAdapter) and adapter.feed is not None:
-            adapter.feed.quiet = following
+        adapter.feed.quiet = following
         if (
             self._set_up
             and (first or following)
-            and (not isinstance(adapter, _BeatAdapter) or adapter.warm(WARM_SLICE))
+            and adapter.warm(WARM_SLICE)
             and adapter.jobs_changed()
         ):
             # A follower keeps the jobs made (code entries' a slice per tick, see
@@ -182,8 +181,8 @@ class LeaderSchedulerMixin:
         ticks. ``store_entries``: also the entries kept in the store (read once, on
         a connection of its own); otherwise nothing contacts the store.
         """
-        adapter = self._protocol.adapter
-        if not store_entries or not isinstance(adapter, _BeatAdapter):
+        adapter = self._adapter
+        if not store_entries:
             return adapter.jobs()
         backend = create_backend(self.leader_config)
         try:

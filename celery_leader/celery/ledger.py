@@ -168,11 +168,22 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
         print(f"celery-leader: cannot start worker {sender.hostname}: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
     count = wrap_tasks(app)
-    logger.info(
-        "celery-leader: run ledger on (%d task(s); a dead worker's slot: %s)",
-        count,
-        config.on_redelivery,
-    )
+    worker = sender
+
+    def announce(sender: Any = None, instance: Any = None, **_: Any) -> None:
+        # `celery worker` sets its logging up after worker_init, where a line
+        # logged goes nowhere; this signal comes once it is set up, before the
+        # banner. It is sent for every worker of the process: say it for this one.
+        if instance is not worker:
+            return
+        signals.celeryd_after_setup.disconnect(announce)
+        logger.info(
+            "celery-leader: run ledger on (%d task(s); a dead worker's slot: %s)",
+            count,
+            config.on_redelivery,
+        )
+
+    signals.celeryd_after_setup.connect(announce, weak=False)
 
 
 def _serve_metrics(port: int, hostname: str) -> None:

@@ -12,6 +12,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from ..backends.registry import store_hints
 from ..config import SETTINGS, LeaderConfig, env_name, warn_unknown
 from ..exceptions import ConfigError
 from ..startup import check_store
@@ -24,8 +25,7 @@ def load_config(arguments: Mapping[str, Any]) -> LeaderConfig:
     environ = _django_settings()
     if "leader_url" not in overrides and not (environ or os.environ).get(env_name("leader_url")):
         raise ConfigError(
-            f"LeaderMiddleware needs url= (or {env_name('leader_url')}): redis://, "
-            "postgresql://, file:///dir or memory://"
+            f"LeaderMiddleware needs url= (or {env_name('leader_url')}): {store_hints()}"
         )
     config = LeaderConfig.from_env(environ, names, **overrides)
     refuse_celery_only(config)

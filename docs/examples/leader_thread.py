@@ -1,7 +1,7 @@
 """A service that runs on every replica, with one loop that runs on one replica only.
 
 Run it on several hosts with CELERY_LEADER_URL set (redis://, postgresql://,
-etcd://, file://); stop one with SIGTERM and another takes the loop over at once.
+mysql://, etcd://, file://); stop one with SIGTERM and another takes the loop over at once.
 """
 
 import signal

@@ -158,7 +158,7 @@ def _recording_backend(inner: Any, rec: Recorder, validity: float) -> Any:
         def renew(self, election: str, term: Any, ttl: float) -> Any:
             sent = time.monotonic()
             try:
-                result = inner.renew(election, term, ttl)
+                result, store_time = inner.renew(election, term, ttl)
             except StoreUnavailable as exc:
                 self._error("renew", exc)
                 raise
@@ -171,7 +171,7 @@ def _recording_backend(inner: Any, rec: Recorder, validity: float) -> Any:
                 )
                 rec.emit("renewed", epoch=term.epoch, bound=bound, result=result.value)
                 rec.slot(term.epoch, start, bound, INF)
-            return result
+            return result, store_time
 
         def release(self, election: str, term: Any) -> None:
             now = time.monotonic()
@@ -216,6 +216,16 @@ def _recording_backend(inner: Any, rec: Recorder, validity: float) -> Any:
 
         def load_runs(self, election: str) -> dict[str, str]:
             return dict(inner.load_runs(election))
+
+        def entries_version(self, election: str) -> int:
+            return int(inner.entries_version(election))
+
+        def load_entries(self, election: str) -> tuple[int, dict[str, str]]:
+            version, entries = inner.load_entries(election)
+            return version, dict(entries)
+
+        def edit_entries(self, election: str, edits: Sequence[Any]) -> list[bool]:
+            return list(inner.edit_entries(election, edits))
 
         def leave(self, election: str) -> None:
             inner.leave(election)

@@ -139,10 +139,7 @@ class EtcdBackend(Backend):
         }
         return Acquired(Term(json.dumps(token), epoch, since), None, ttl, server_time())
 
-    def renew(self, election: str, term: Term, ttl: float) -> Renewal:
-        return self.renew_timed(election, term, ttl)[0]
-
-    def renew_timed(self, election: str, term: Term, ttl: float) -> tuple[Renewal, float | None]:
+    def renew(self, election: str, term: Term, ttl: float) -> tuple[Renewal, float | None]:
         ours = _ours(term)
         if ours is None:
             return Renewal.LOST, None

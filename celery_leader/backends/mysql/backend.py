@@ -83,7 +83,7 @@ class MySqlBackend(SessionLockBackend[Session, Result]):
         return got == 1, holder, _seconds(now_us)
 
     def _queue(self, session: Session, election: str, ttl: float) -> LockWaiter[Session]:
-        return queue_for_lock(self._db, session, self._lock_name(election))
+        return queue_for_lock(self._db, session, self._lock_name(election), ttl)
 
     def _start_term(
         self, session: Session, election: str, instance_id: str, min_epoch: int

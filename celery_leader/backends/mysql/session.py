@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import re
+import socket
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -47,6 +48,32 @@ class Session:
         #: One statement at a time, and ``close()`` never races a statement
         #: (PyMySQL connections are not thread-safe).
         self.lock = threading.Lock()
+        #: The server's ``VERSION()``: how it spells a statement deadline.
+        self.version = ""
+
+    def read_timeout(self, seconds: float) -> None:
+        """Give every answer on this session up to ``seconds`` from now on.
+
+        PyMySQL takes its read timeout as it connects and has no setter, but
+        reads ``_read_timeout`` back at every read: the one way to lengthen it
+        on a live connection, for a queued follower's wait.
+        """
+        self.conn._read_timeout = seconds  # type: ignore[attr-defined]
+
+    def cut(self) -> None:
+        """Cut the connection under a statement another thread waits on.
+
+        The statement fails at once (the connection is lost), and the server
+        ends the session, dropping it from any lock queue, when it next looks
+        at the connection. ``close()`` cannot: it waits for the statement
+        (:attr:`lock`), and PyMySQL has no other way in but its socket.
+        """
+        sock = self.conn._sock  # type: ignore[attr-defined]
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # closed already
 
     def close(self) -> None:
         with self.lock:
@@ -113,13 +140,25 @@ class Connector:
                 session, SETUP, {"idle_s": idle_s, "lock_wait_s": whole_seconds(self.timeout)}
             )
             session.conn_id, version = ident.rows[0]
+            session.version = str(version)
             self._refuse_clusters(dict(variables.rows))
-            # 90 % of the deadline: the server gives up first, the session survives.
-            self.execute(session, *statement_deadline(str(version), self.timeout * 0.9))
+            self.deadline(session)
         except Exception:
             session.close()
             raise
         return session
+
+    def deadline(self, session: Session, wait: float = 0.0) -> None:
+        """Give each statement on ``session`` the store deadline, or, with ``wait``,
+        a lock wait of up to ``wait`` seconds and the store deadline after it.
+
+        Without a wait the server cancels a statement at 90 % of the deadline,
+        so it gives up first and the session survives; a lock wait may take
+        longer than the deadline, so the server's limit is lifted for it.
+        """
+        limit = None if wait else self.timeout * 0.9
+        self.execute(session, *statement_deadline(session.version, limit))
+        session.read_timeout(self.timeout + wait)
 
     def ensure_schema(self, session: Session) -> None:
         """Create the tables on first use (a user without CREATE can use an admin's)."""
@@ -192,26 +231,35 @@ def _code(exc: BaseException) -> int | None:
     return args[0] if args and isinstance(args[0], int) else None
 
 
-def queue_for_lock(connector: Connector, session: Session, lock: str) -> LockWaiter[Session]:
+def queue_for_lock(
+    connector: Connector, session: Session, lock: str, ttl: float
+) -> LockWaiter[Session]:
     """Queue ``session`` for the named lock ``lock`` in a thread of its own.
 
     The server grants the lock to it the moment the holder releases it or its
     session ends, so a crashed holder is replaced without any polling. It
-    waits in slices of half the store deadline, each one ``GET_LOCK`` whose
-    answer must come within the deadline: a follower cut off from the server
-    notices, and a follower that left stops within one slice.
+    waits in slices of one ttl, as PostgreSQL's followers do: one ``GET_LOCK``
+    a ttl, where slices of half the store deadline made a fleet's followers
+    send most of the server's statements. Each answer must come within the
+    slice and the store deadline, so a follower cut off from the server
+    notices. A follower that leaves cuts its connection (:meth:`Session.cut`):
+    its wait ends at once, and the server drops it from the queue.
     """
-    slice_s = round(connector.timeout / 2, 3)
+    slice_s = round(ttl, 3)
 
     def wait(session: Session, cancelled: threading.Event) -> bool:
         try:
+            connector.deadline(session, wait=slice_s)
             while not cancelled.is_set():
                 result = connector.execute(session, WAIT_LOCK, {"lock": lock, "slice_s": slice_s})
                 if result[0].rows[0][0] == 1:
+                    connector.deadline(session)  # it holds the lock now: a renewal's deadline
                     return True
         except StoreUnavailable as exc:
             # The follower's next acquire connects afresh and reports errors itself.
             logger.debug("celery-leader: lock waiter stopped: %s", exc)
         return False
 
-    return LockWaiter(session, wait, Session.close, name="celery-leader-mysql-waiter")
+    return LockWaiter(
+        session, wait, Session.close, name="celery-leader-mysql-waiter", interrupt=Session.cut
+    )

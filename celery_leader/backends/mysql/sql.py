@@ -118,9 +118,10 @@ SHOW GLOBAL VARIABLES WHERE Variable_name IN
 """
 
 
-def statement_deadline(version: str, seconds: float) -> tuple[str, dict[str, float]]:
+def statement_deadline(version: str, seconds: float | None) -> tuple[str, dict[str, float]]:
     """The statement that has the server cancel this session's statements after
-    ``seconds``, on the server whose ``VERSION()`` is ``version``, and its parameters.
+    ``seconds`` (``None``: never), on the server whose ``VERSION()`` is ``version``,
+    and its parameters.
 
     The one statement MariaDB and MySQL spell differently: MariaDB's
     ``max_statement_time`` (seconds, every statement); MySQL's
@@ -128,9 +129,13 @@ def statement_deadline(version: str, seconds: float) -> tuple[str, dict[str, flo
     MariaDB's ``VERSION()`` always says ``MariaDB``; MySQL's never does (Percona
     Server and Aurora MySQL report a MySQL version).
     """
+    # 0 is "no limit" for both.
     if "mariadb" in version.lower():
-        return "SET SESSION max_statement_time = %(seconds)s", {"seconds": round(seconds, 3)}
-    return "SET SESSION max_execution_time = %(ms)s", {"ms": max(1, int(seconds * 1000))}
+        limit = 0.0 if seconds is None else round(seconds, 3)
+        return "SET SESSION max_statement_time = %(seconds)s", {"seconds": limit}
+    return "SET SESSION max_execution_time = %(ms)s", {
+        "ms": 0 if seconds is None else max(1, int(seconds * 1000))
+    }
 
 
 # The server's clock, as microseconds since the Unix epoch. UTC_TIMESTAMP(6) is

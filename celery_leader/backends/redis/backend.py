@@ -147,10 +147,7 @@ class RedisBackend(Backend):
             retry = min(retry, WATCH_INTERVAL)
         return Acquired(None, info, retry, _seconds(now))
 
-    def renew(self, election: str, term: Term, ttl: float) -> Renewal:
-        return self.renew_timed(election, term, ttl)[0]
-
-    def renew_timed(self, election: str, term: Term, ttl: float) -> tuple[Renewal, float | None]:
+    def renew(self, election: str, term: Term, ttl: float) -> tuple[Renewal, float | None]:
         code, *now = self._conn.run(
             "renew",
             [self._key(election, "lock"), self._key(election, "resign")],
