@@ -78,6 +78,17 @@ PAUSE = {"redis": TTL + 0.5 + EVERY, "postgres": TTL + 0.5 + EVERY,
 #: timeout (1 s) before the old holder's lease can run out, and its expiry loop runs
 #: every 0.5 s; then a follower takes over as after a crash.
 QUORUM_BACK = TTL + 1.0 + 0.5 + 0.5
+#: A replica's exit after SIGTERM to its main process only (Dramatiq 2.2's cli.py and
+#: worker.py, and this test's ttl, whose store timeout is 1 s), at worst: each worker
+#: process sees the signal at its next 1 s poll; its ``before_worker_shutdown`` waits for
+#: the release (the lease thread joined within a store timeout + 1 s, then the release
+#: call within a store timeout: 3 s); its worker threads leave their 1 s work-queue poll,
+#: then its consumers their 1 s broker poll; the main process's log watcher polls its
+#: stop event every 1 s. That is 7 s of sleeps and timeouts (2.0-3.5 s measured on an
+#: idle machine); the rest is for the CPU the exiting processes need under the suite's
+#: load. Before the gate stopped rather than paused a stopping leader's consumer,
+#: Dramatiq's 3 s consumer restart delay came on top, and one exit took over 10 s.
+TERM_EXIT = 1.0 + 3.0 + 1.0 + 1.0 + 1.0 + 3.0
 READY = r"Dramatiq scheduler \S+ joins 'beat'"
 HOST = socket.gethostname()
 
@@ -225,7 +236,9 @@ def kill_fork(replicas: Replicas, replica: Proc, pid: int) -> None:
 
 
 def term_main(replicas: Replicas, replica: Proc, pid: int) -> None:
-    os.kill(replica.pid, signal.SIGTERM)
+    # Through the harness: a replica still running at teardown was asked to stop,
+    # so its stacks are written to its log (SIGABRT) before it is killed.
+    replica.signal(signal.SIGTERM, group=False)
 
 
 def kill_main(replicas: Replicas, replica: Proc, pid: int) -> None:
@@ -244,7 +257,7 @@ def running(pid: int) -> bool:
 
 
 def term_group(replicas: Replicas, replica: Proc, pid: int) -> None:
-    os.killpg(replica.pid, signal.SIGTERM)
+    replica.signal(signal.SIGTERM)  # the whole group, through the harness (see term_main)
 
 
 CRASHES = {"kill_group", "kill_fork"}
@@ -364,7 +377,7 @@ def run_faults(
                 replicas.replace(replica)
             elif name != "kill_fork":
                 if name not in ("kill_group", "kill_main"):
-                    replica.wait(10)
+                    replica.wait(TERM_EXIT)
                 replicas.replace(replica)
         rows.append((name, gap, bound))
         print(f"{kind} {'embedded' if embedded else 'standalone'} {name}: gap {gap:.3f} s")

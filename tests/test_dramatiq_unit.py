@@ -310,6 +310,7 @@ class _ConsumerThread:
         self.acked: list[str] = []
         self.requeued: list[str] = []
         self.closes = 0
+        self.stopped = False
 
     def handle_message(self, message: Any) -> None:
         self.handed.append(message.message_id)
@@ -330,6 +331,9 @@ class _ConsumerThread:
 
     def resume(self) -> None:
         self.paused = False
+
+    def stop(self) -> None:
+        self.stopped = True
 
 
 class _Worker:
@@ -380,6 +384,29 @@ def test_wait_mode_hands_messages_to_workers_only_while_leading_and_acks_none_it
             middleware.lease()
     finally:
         other.stop()
+
+
+def test_a_stopping_leader_ends_its_wait_queue_consumer_instead_of_pausing_it(
+    broker: StubBroker,
+) -> None:
+    """At shutdown the leader's gated consumer is stopped, not paused.
+
+    Dramatiq's consumer leaves its loop when paused and, its worker still running,
+    sleeps its restart delay (3 s) before looking again; the worker's shutdown then
+    waited for that sleep: a replica whose worker process led took 3 s longer to exit
+    on SIGTERM (tests/test_dramatiq_chaos.py, ``term_main``).
+    """
+
+    @dramatiq.actor(queue_name="reports", leader_only=True)
+    def report() -> None: ...
+
+    middleware = leader_of(broker)
+    thread = _ConsumerThread("reports")
+    middleware.after_consumer_thread_boot(broker, thread)
+    middleware.after_worker_boot(broker, _Worker(thread))
+    wait_for(lambda: not thread.paused, 5, message="elected and consuming")
+    middleware.stop()
+    assert thread.stopped and not thread.paused
 
 
 def test_a_failed_rabbitmq_connection_logs_no_pika_errors(caplog: pytest.LogCaptureFixture) -> None:

@@ -15,6 +15,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -462,7 +463,16 @@ def test_steady_state_memory_and_commands(
         assert sample["end"] < 512 * 1024, "well under 1 MB, lazy imports included"
         assert sample["peak"] < 512 * 1024
         assert sample["without_imports"] < 256 * 1024
-        assert sample["end"] - sample["begin"] < 32 * 1024, "no growth at steady state"
+        # Both numbers are instants, and each member's lease thread spends its idle time
+        # blocked in ``sock.recv(DEFAULT_SOCKET_READ_SIZE)`` on its pub/sub connection
+        # (``Subscription.message``), which holds a fresh 32 KB ``bytes`` until the read
+        # returns. A sample taken while the thread was renewing or between two reads
+        # lacks that buffer; one taken while it waits holds it: 34,049 bytes of "growth"
+        # on a loaded machine was that buffer (32,801) plus 1.2 KB of frames. So the
+        # bound is the 32 KB of real growth this checks for, plus that one buffer.
+        in_flight_read = redis.connection.DEFAULT_SOCKET_READ_SIZE + sys.getsizeof(b"")
+        growth = sample["end"] - sample["begin"]
+        assert growth < 32 * 1024 + in_flight_read, "no growth at steady state"
         assert sample["threads_end"] == sample["threads_begin"]
         assert sample["fds_end"] == sample["fds_begin"]
 

@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CELERY = Path(sys.executable).parent / "celery"
 TTL = 2.0
 APP = "tests.apps.worker_app"
+LEADER_QUEUE = "celery_leader.leader.worker"
 N = 30
 SENT = re.compile(r"celery-leader: sending slot (?P<slot>\S+) \(epoch (?P<epoch>\d+)\)")
 
@@ -167,9 +168,12 @@ class Cluster:
     def wait_leader(self, timeout: float = 10) -> str:
         return wait_for(self.holder, timeout, message="a node leads 'worker'")
 
-    def send(self, task: str, tags: list[str], **options: object) -> None:
-        for tag in tags:
-            self.sender.send_task(f"{APP}.{task}", args=(tag,), **options)  # type: ignore[arg-type]
+    def send(self, task: str, tags: list[str], **options: object) -> dict[str, str]:
+        """Send ``task`` once per tag; returns tag -> task id."""
+        return {
+            tag: self.sender.send_task(f"{APP}.{task}", args=(tag,), **options).id  # type: ignore[arg-type]
+            for tag in tags
+        }
 
     def ran(self, tag: str) -> list[str]:
         return [n.partition("@")[0] for n in self.redis.lrange(f"ran:{tag}", 0, -1)]
@@ -612,23 +616,40 @@ def test_messages_prefetched_by_a_demoted_leader_run_on_the_next_one(cluster: Cl
     cluster.wait_ready()
     leader = cluster.wait_leader()
     other = "nodeB" if leader == "nodeA" else "nodeA"
-    # Both pool processes of the leader busy: what it fetches now waits in its hands.
-    cluster.send("sleep_task", ["busy1", "busy2"], kwargs={"seconds": 3}, queue=leader)
-    wait_for(lambda: len(cluster.redis.lrange("started:busy1", 0, -1)) == 1, 10, message="busy")
-    wait_for(lambda: len(cluster.redis.lrange("started:busy2", 0, -1)) == 1, 10, message="busy")
-    tags = [f"held-{i}" for i in range(4)]
-    cluster.send("wait_task", tags, queue="celery_leader.leader.worker")
-    wait_for(
-        lambda: cluster.nodes[leader].output().count("wait_task[") >= 2, 10, message="prefetched"
-    )
+    # Both pool processes of the leader busy until the hand-over is over: what it
+    # fetches meanwhile waits in its hands, however long the hand-over takes. (With
+    # 3 s sleeps instead, a slow hand-over let the leader run them itself.)
+    busy = ["busy1", "busy2"]
+    cluster.send("latched_task", busy, queue=leader)
+    for tag in busy:
+        started = f"started:{tag}"
+        wait_for(lambda: cluster.redis.llen(started) == 1, 10, message=started)
+    ids = cluster.send("wait_task", [f"held-{i}" for i in range(4)], queue=LEADER_QUEUE)
+
+    def received() -> set[str]:
+        """The tags whose messages the leader's node took, by task id (not any line
+        that names the task, which the precondition used to count)."""
+        log = cluster.nodes[leader].output()
+        return {tag for tag, task_id in ids.items() if f"wait_task[{task_id}] received" in log}
+
+    # One prefetched message per pool process (worker_prefetch_multiplier = 1).
+    wait_for(lambda: len(received()) >= 2, 10, message="the leader holding two messages")
     cluster.store.request_resign("worker")
     wait_for(lambda: cluster.holder() == other, 10, message="the other node leads")
-    cluster.wait_done(tags, {"SUCCESS"}, timeout=20)
+    wait_for(
+        lambda: f"stops consuming {LEADER_QUEUE}" in cluster.nodes[leader].output(),
+        10,
+        message="the demoted node no longer consuming the leader queue",
+    )
+    held = received()  # it takes nothing from the leader queue any more
+    for tag in busy:
+        cluster.redis.rpush(f"release:{tag}", "go")
+    cluster.wait_done(list(ids), {"SUCCESS"}, timeout=20)
     # Nothing lost, nothing run on the demoted node: what it held went back to
     # the leader queue when its turn came, and ran once, on the new leader.
-    assert {t: cluster.ran(t) for t in tags} == {t: [other] for t in tags}
-    forwarded = [t for t in tags if ("RETRY", leader) in cluster.done(t)]
-    assert forwarded, "the demoted node held none of the messages"
+    assert {t: cluster.ran(t) for t in ids} == {t: [other] for t in ids}
+    forwarded = {t for t in ids if ("RETRY", leader) in cluster.done(t)}
+    assert forwarded == held, f"held {sorted(held)}, forwarded {sorted(forwarded)}"
 
 
 @pytest.mark.slow

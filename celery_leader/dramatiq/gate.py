@@ -54,6 +54,7 @@ class Gate:
         self._stopping = True  # paused by the gate and not closed since
         self._closed = True  # closed (or never opened) since the gate paused it
         self._open = False  # the thread has a consumer open (it went round its loop)
+        self._shutting_down = False  # the process stops: end the loop, do not pause
         self._original_handle = thread.handle_message
         self._original_post_process = thread.post_process_message
         self._original_close = thread.close
@@ -83,6 +84,20 @@ class Gate:
                 self.thread.queue_name,
                 self.election,
             )
+        self._settle()
+
+    def shut_down(self) -> None:
+        """The process is stopping: once drained, end the consumer's loop instead of pausing it.
+
+        Dramatiq's consumer leaves its loop when paused and, while its worker still
+        runs, sleeps its restart delay (3 s) before looking again; a worker that is
+        shutting down then waits for that sleep. A stopped consumer leaves its loop at
+        its next poll and does not sleep; the worker's stop closes it as usual, which
+        returns what it held. Nothing it delivered is in the process by then, so
+        nothing is left to ack.
+        """
+        with self._lock:
+            self._shutting_down = True
         self._settle()
 
     def hold(self, message: Any) -> None:
@@ -166,9 +181,14 @@ class Gate:
             # A thread that has no consumer open (it is still in Dramatiq's
             # paused sleep) will not close one: nothing of it to wait for.
             self._closed = not self._open
-            self.thread.pause()
+            if self._shutting_down:
+                self.thread.stop()
+            else:
+                self.thread.pause()
+            verb = "stopped" if self._shutting_down else "paused"
         logger.info(
-            "celery-leader: paused queue %r (%s)",
+            "celery-leader: %s queue %r (%s)",
+            verb,
             self.thread.queue_name,
             "returning held messages" if leading else f"not leading {self.election!r}",
         )

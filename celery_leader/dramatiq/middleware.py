@@ -412,6 +412,10 @@ class LeaderMiddleware(Middleware):
                 memberships, self._memberships = list(self._memberships.values()), {}
             if leases is None:
                 return
+            # Before the demotion below settles them: a stopping process's gated
+            # consumers end their loops rather than pause (see Gate.shut_down).
+            for gate in list(self._gates.values()):
+                gate.shut_down()
             # Leaving the set's last lease closes its store connection.
             for membership in memberships:
                 membership.leave()

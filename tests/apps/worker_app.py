@@ -171,6 +171,14 @@ def sleep_task(tag: str, seconds: float) -> None:
 
 
 @app.task
+def latched_task(tag: str) -> None:
+    """Keeps a pool slot busy until the test pushes on ``release:<tag>`` (60 s at most)."""
+    _redis.rpush(f"started:{tag}", current_task.request.hostname)
+    _redis.blpop([f"release:{tag}"], timeout=60)
+    _record(tag)
+
+
+@app.task
 def probe(tag: str, seconds: float) -> None:
     """Sample this pool process's view of leadership every 10 ms for ``seconds``."""
     end = time.monotonic() + seconds
