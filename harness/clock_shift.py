@@ -1,23 +1,21 @@
 """A server process whose wall clock is a fixed number of seconds off this host's.
 
-libfaketime (:mod:`harness.fakeclock`) cannot run ``redis-server``: version
-0.9.10 aborts it at start-up ("Unexpected recursive calls to clock_gettime()")
-because Redis's jemalloc reads the monotonic clock while libfaketime is still
-initialising. This shim does less, so it has nothing to initialise: preloaded,
-it adds ``CLOCK_SHIFT_SECONDS`` to every wall-clock read (``clock_gettime`` on
-the realtime clocks, ``gettimeofday``, ``time``) and leaves the monotonic
-clocks alone. It asks the kernel directly, so it never calls back into a
-library that might read the time itself. Compiled once per test run with the
-system's C compiler.
+Preloaded, this shim adds ``CLOCK_SHIFT_SECONDS`` to every wall-clock read
+(``clock_gettime`` on the realtime clocks, ``gettimeofday``, ``time``) and leaves
+the monotonic clocks alone. It has nothing to initialise, so it runs
+``redis-server``, which libfaketime 0.9.10 aborts at start-up ("Unexpected
+recursive calls to clock_gettime()": jemalloc reads the monotonic clock while
+libfaketime is still initialising). It asks the kernel directly, so it never
+calls back into a library that might read the time itself. Compiled once per
+test run (:mod:`harness.preload`). Scheduler processes on a fake clock that runs
+fast use :mod:`harness.fakeclock`.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
+
+from .preload import build
 
 _SOURCE = r"""
 #define _GNU_SOURCE
@@ -69,28 +67,9 @@ time_t time(time_t *out) {
 }
 """
 
-_built: Path | None = None
-
-
-def _library() -> Path:
-    global _built
-    if _built is None:
-        cc = shutil.which("cc") or shutil.which("gcc")
-        if cc is None:
-            raise RuntimeError("a C compiler (cc) is needed to shift a server's clock")
-        directory = Path(tempfile.mkdtemp(prefix="celery-leader-clockshift-"))
-        (directory / "clockshift.c").write_text(_SOURCE)
-        subprocess.run(
-            [cc, "-shared", "-fPIC", "-O2", "-o", "libclockshift.so", "clockshift.c"],
-            cwd=directory,
-            check=True,
-            capture_output=True,
-        )
-        _built = directory / "libclockshift.so"
-    return _built
-
 
 def shifted_env(seconds: float) -> dict[str, str]:
     """The environment (this process's, plus the shim) of a server whose wall clock
     runs ``seconds`` ahead of this host's (behind, when negative)."""
-    return {**os.environ, "LD_PRELOAD": str(_library()), "CLOCK_SHIFT_SECONDS": f"{seconds:g}"}
+    library = build("clockshift", _SOURCE)
+    return {**os.environ, "LD_PRELOAD": str(library), "CLOCK_SHIFT_SECONDS": f"{seconds:g}"}

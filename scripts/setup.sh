@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what the tests and the demo need on a fresh Debian 12 machine (run as root):
-# redis-server, PostgreSQL 15, MariaDB, RabbitMQ, etcd, libfaketime, and the venv with the package, every extra and the dev dependency group.
+# redis-server, PostgreSQL 15, MariaDB, RabbitMQ, etcd, a C compiler, and the venv with the package, every extra and the dev dependency group.
 # Idempotent and quick when nothing changed. The tests start their own servers on
 # random ports, so no system-wide server is left running.
 set -euo pipefail
@@ -12,13 +12,14 @@ set -euo pipefail
     missing=()
     [[ -x /usr/bin/redis-server ]] || missing+=(redis-server)
     [[ -x /usr/lib/postgresql/15/bin/postgres ]] || missing+=(postgresql-15)
-    # RabbitMQ is a broker in the beat, worker and Dramatiq matrices; etcd is a store;
-    # libfaketime runs real beat processes on a fake wall clock (DST tests).
+    # RabbitMQ is a broker in the beat, worker and Dramatiq matrices; etcd is a store.
     [[ -x /usr/sbin/rabbitmq-server ]] || missing+=(rabbitmq-server)
     [[ -x /usr/bin/etcd ]] || missing+=(etcd-server etcd-client)
     # MariaDB is the MySQL-family store the tests run on.
     [[ -x /usr/sbin/mariadbd ]] || missing+=(mariadb-server)
-    [[ -x /usr/bin/faketime ]] || missing+=(faketime)
+    # The fake and shifted wall clocks of the tests are small preloaded C shims
+    # (harness/fakeclock.py, harness/clock_shift.py), compiled at test time.
+    command -v cc >/dev/null || missing+=(gcc)
     # The TLS test makes its own certificate.
     command -v openssl >/dev/null || missing+=(openssl)
     # Debian's python3 has no venv module without this package.

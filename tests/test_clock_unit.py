@@ -11,7 +11,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from celery_leader.backends import Write, create_backend
+from celery_leader import metrics
+from celery_leader.backends import Term, Write, create_backend
 from celery_leader.config import LeaderConfig
 from celery_leader.schedule import plan as planning
 from celery_leader.schedule import protocol
@@ -128,6 +129,47 @@ def test_a_clock_that_goes_back_is_logged_once_and_nothing_is_resent(
         "min@2026-06-01T10:02:00.000+00:00",
         "min@2026-06-01T10:03:00.000+00:00",
     ]
+
+
+def test_missed_slots_are_reported_dropped_only_by_the_claim_that_records_them(
+    config: LeaderConfig,
+    made: list[protocol.SlotProtocol],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A tick whose claim is lost records nothing, so the tick that wins the claim drops
+    the same slots again: only that one may say so (the fake-clock fall-back test once
+    counted 83 minutes as 82 sent + 2 dropped)."""
+    job = Job("min", Every(timedelta(minutes=1)), "once", None)
+    backend = create_backend(config)
+    term = backend.acquire("beat", "previous", config.ttl, 0).term
+    assert term is not None
+    last = datetime(2026, 6, 1, 10, tzinfo=UTC)
+    assert all(backend.claim("beat", term, [Write("min", None, dump_state(last, 1, 1, "x"))]))
+    backend.release("beat", term)
+    # 10:01, 10:02 and 10:03 are due: "once" sends 10:03 and drops two.
+    monkeypatch.setattr(protocol, "utcnow", lambda: last + timedelta(minutes=3, seconds=30))
+    counted: list[tuple[str, int]] = []
+    monkeypatch.setattr(metrics, "count", lambda name, election, n=1: counted.append((name, n)))
+    adapter = _Recorder([job])
+    slot_protocol = leading(config, adapter, made, max_sleep=0.05)
+    store = slot_protocol.lease.backend
+    real_claim = store.claim
+
+    def lost_once(election: str, term: Term, writes: list[Write]) -> list[bool]:
+        # As if the term ended between reading the state and claiming the slots.
+        monkeypatch.setattr(store, "claim", real_claim)
+        return [False] * len(writes)
+
+    monkeypatch.setattr(store, "claim", lost_once)
+    with caplog.at_level(logging.INFO):
+        slot_protocol.tick()
+        assert adapter.sent == []
+        slot_protocol.tick()
+    assert adapter.sent == ["min@2026-06-01T10:03:00.000+00:00"]
+    dropped = [r.message for r in caplog.records if "missed slot(s)" in r.message]
+    assert len(dropped) == 1 and "not sending 2 missed slot(s) of 'min'" in dropped[0], dropped
+    assert [n for name, n in counted if name == "missed_slots_dropped"] == [2]
 
 
 # -- leader plan ---------------------------------------------------------------

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import amqp
 import psycopg
@@ -15,6 +19,7 @@ import pymysql
 import pytest
 import redis
 
+from harness.fakeclock import FakeClock
 from harness.procs import Procs
 from harness.procs import signal as send_signal
 from harness.servers import MariaDbServer, PostgresServer, RabbitServer, RedisServer
@@ -176,6 +181,61 @@ def test_a_process_that_ignores_its_stop_signal_leaves_its_stacks(procs: Procs) 
     proc.kill_group()
     assert "Fatal Python error: Aborted" in proc.output()
     assert re.search(r"line 5 in stuck", proc.output()), proc.output()
+
+
+#: Reads the wall clock in its main thread while three other threads wait on timed
+#: locks (reading clocks too, without the GIL); prints its number of reads and how
+#: far each read fell outside the fake times its monotonic bracket allows (seconds,
+#: rounded to the ms, each distinct value once).
+_FAKE_TIME_PROBE = """
+import sys, threading, time
+start, origin, speed = float(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+stop = False
+def waiter():
+    lock = threading.Lock(); lock.acquire()
+    while not stop:
+        lock.acquire(timeout=0.0005)
+for _ in range(3):
+    threading.Thread(target=waiter, daemon=True).start()
+offs, reads, end = set(), 0, time.monotonic() + 1.5
+while time.monotonic() < end:
+    before = time.monotonic_ns(); fake = time.time(); after = time.monotonic_ns()
+    low = start + (before - origin) * speed / 1e9
+    high = start + (after - origin) * speed / 1e9
+    reads += 1
+    # The test shifts the clock by 0 or +1 h: how far the nearer of the two is off.
+    off = min(abs(t - min(max(t, low), high)) for t in (fake, fake - 3600))
+    offs.add(round(off, 3))
+stop = True
+print(reads, *sorted(offs))
+"""
+
+
+def test_a_process_with_threads_reads_only_its_fake_clock(tmp_path: Path) -> None:
+    """libfaketime, which the fake clock used before, returned the real time to about
+    one read in 2,500 of a process whose other threads waited on timed locks (issue 41).
+    The shim must never, nor mix two versions of a clock the test is shifting."""
+    clock = FakeClock(tmp_path, datetime(2026, 3, 29, 0, 35, tzinfo=timezone.utc), 60.0)
+    clock.run()
+    argv = [str(clock.start.timestamp()), str(clock.origin_ns), str(clock.speed)]
+    child = subprocess.Popen(
+        [sys.executable, "-c", _FAKE_TIME_PROBE, *argv],
+        env={**os.environ, **clock.env()},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    shifts = 0
+    while child.poll() is None:
+        clock.shift("main", timedelta(hours=1 if shifts % 2 == 0 else -1))
+        shifts += 1
+        time.sleep(0.002)
+    out, _ = child.communicate()
+    clock.close()
+    reads, *offs = out.split()
+    # Each read is the fake time of its instant, or that plus the hour the test was
+    # shifting the clock by: rounded to the ms, off by nothing.
+    assert int(reads) > 1000 and shifts > 100, (reads, shifts)
+    assert offs == ["0.0"], offs
 
 
 @pytest.mark.postgres

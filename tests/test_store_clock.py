@@ -1,7 +1,7 @@
 """Real schedulers whose clocks disagree by ±10 minutes, scheduling on the store's clock.
 
 Three replicas (``celery beat -S leader``, or ``python -m celery_leader.dramatiq``)
-run through libfaketime at +0, +10 min and -10 min from real time
+run on fake clocks at +0, +10 min and -10 min from real time
 (:class:`harness.fakeclock.FakeClock` at real speed) on one lease store, with the
 default ``leader_clock = "store"``. Leadership moves four times (SIGKILL, SIGTERM,
 SIGKILL, SIGTERM), through every clock (the third replica steps out meanwhile).

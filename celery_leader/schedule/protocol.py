@@ -37,7 +37,6 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime, timezone
 
-from .. import metrics
 from ..backends import Term
 from ..callbacks import Observer
 from ..config import LeaderConfig
@@ -484,18 +483,6 @@ class SlotProtocol:
     ) -> Batch:
         lease = self.lease
         slots = [slot_name(job.name, due, job.zone) for due in chosen.send]
-        if chosen.dropped:
-            grace = job.grace
-            self.logger.info(
-                "celery-leader: not sending %d missed slot(s) of %r, the last due %s "
-                "(leader_missed_slots %s%s)",
-                chosen.dropped,
-                job.name,
-                slot_name(job.name, chosen.record, job.zone).partition("@")[2],
-                job.missed_slots,
-                "" if grace is None else f", grace {grace:g} s",
-            )
-            metrics.count("missed_slots_dropped", lease.election, chosen.dropped)
         count = state.count + len(chosen.send)
         raw = dump_state(
             chosen.record,
@@ -510,4 +497,4 @@ class SlotProtocol:
         # The store refuses a claim whose slot is not after the state it expects:
         # the last line of defence against due-time arithmetic going backwards.
         claim = Claim(job.name, state.raw, raw, due=chosen.record)
-        return Batch(job, slots, list(chosen.send), state, after, claim)
+        return Batch(job, slots, list(chosen.send), state, after, claim, chosen.dropped)

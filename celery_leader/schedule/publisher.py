@@ -22,7 +22,7 @@ from ..exceptions import StoreUnavailable
 from ..lease import Lease
 from .jobs import Adapter, Job, Outcome
 from .resend import Resender
-from .state import Claim, dump_state
+from .state import Claim, dump_state, slot_name
 from .sync import EntryState
 
 #: Slots whose publishes an adapter may buffer before they are flushed in one
@@ -41,6 +41,7 @@ class Batch:
     before: EntryState  # the state before the claim
     after: EntryState  # the state the claim writes
     claim: Claim
+    dropped: int = 0  # missed slots the claim records as not sent (the policy)
     sent: list[str] = field(default_factory=list)
 
 
@@ -89,6 +90,8 @@ class Publisher:
                 metrics.count("claims_lost", lease.election)
                 continue
             states[batch.job.name] = batch.after
+            if batch.dropped:
+                self._dropped(batch)
             self.adapter.recorded(
                 batch.job, batch.after.last_run_at, batch.after.count, bool(batch.slots)
             )
@@ -98,6 +101,24 @@ class Publisher:
         if failure is not None:
             in_sync &= self._failed(claimed, failure, term, states)
         return in_sync
+
+    def _dropped(self, batch: Batch) -> None:
+        """Report the missed slots a won claim recorded as not sent.
+
+        Only after the claim: a claim that is lost records nothing, and the leader
+        that next wins one drops (and reports) the same slots again.
+        """
+        job = batch.job
+        self.logger.info(
+            "celery-leader: not sending %d missed slot(s) of %r, the last due %s "
+            "(leader_missed_slots %s%s)",
+            batch.dropped,
+            job.name,
+            slot_name(job.name, batch.after.last_run_at, job.zone).partition("@")[2],
+            job.missed_slots,
+            "" if job.grace is None else f", grace {job.grace:g} s",
+        )
+        metrics.count("missed_slots_dropped", self.lease.election, batch.dropped)
 
     def _refuse(self, batch: Batch) -> None:
         """A slot not after the entry's last one: never sent; logged once per entry."""

@@ -89,7 +89,7 @@ if os.environ.get("HANG_FILE"):
     app.conf.beat_schedule["hang"] = {"task": "beat_app.noop", "schedule": HangingSchedule(EVERY)}
 
 if os.environ.get("CLOCK_AHEAD"):
-    # The slot protocol's one wall clock (tests of whole clocks use libfaketime).
+    # The slot protocol's one wall clock (tests of whole clocks use harness.fakeclock).
     _ahead = timedelta(seconds=float(os.environ["CLOCK_AHEAD"]))
     protocol.utcnow = lambda: datetime.now(timezone.utc) + _ahead
 
