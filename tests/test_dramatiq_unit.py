@@ -234,13 +234,19 @@ def test_a_body_let_through_while_leading_runs_with_that_epoch_after_a_resign(
     broker: StubBroker, mode: str
 ) -> None:
     seen: list[tuple[int | None, bool]] = []
+    after: list[int | None] = []
 
     @dramatiq.actor(queue_name="leader", leader_only=True, leader_on_follower=mode)
     def body() -> None:
         # The body's first line: the lease resigned after the check let it in.
         seen.append((current_epoch(), is_leader()))
 
-    worker = dramatiq.Worker(broker, worker_timeout=50)
+    @dramatiq.actor(queue_name="ordinary")
+    def next_message() -> None:
+        after.append(current_epoch())
+
+    # One worker thread: the next message runs where the body ran.
+    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=1)
     worker.start()
     try:
         lease = leader_of(broker).lease()
@@ -249,11 +255,14 @@ def test_a_body_let_through_while_leading_runs_with_that_epoch_after_a_resign(
         body.send()
         broker.join("leader")
         worker.join()
+        next_message.send()
+        broker.join("ordinary")
+        worker.join()
     finally:
         worker.stop()
     # It runs with the epoch it passed with; is_leader() tells the truth about now.
     assert seen == [(epoch, False)]
-    assert current_epoch() is None, "the body's epoch outlived the body"
+    assert after == [None], "the body's epoch outlived the body in its worker thread"
 
 
 # -- the scheduler ---------------------------------------------------------------
