@@ -265,6 +265,35 @@ def test_a_body_let_through_while_leading_runs_with_that_epoch_after_a_resign(
     assert after == [None], "the body's epoch outlived the body in its worker thread"
 
 
+def test_an_async_actor_runs_with_the_epoch_it_passed_with_after_a_resign(
+    broker: StubBroker,
+) -> None:
+    """An async actor's coroutine runs on Dramatiq's event-loop thread, in a copy
+    of the worker thread's context (asyncio copies it when the worker hands the
+    coroutine over): it reads the epoch its message passed with, as a sync one."""
+    from dramatiq.middleware.asyncio import AsyncIO
+
+    broker.add_middleware(AsyncIO())
+    seen: list[tuple[int | None, bool]] = []
+
+    @dramatiq.actor(queue_name="leader", leader_only=True)
+    async def body() -> None:
+        seen.append((current_epoch(), is_leader()))
+
+    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=1)
+    worker.start()
+    try:
+        lease = leader_of(broker).lease()
+        epoch = wait_for(lambda: lease.epoch, 5, message="the only process leads")
+        broker.add_middleware(_ResignAfterTheCheck(lease))
+        body.send()
+        broker.join("leader")
+        worker.join()
+    finally:
+        worker.stop()
+    assert seen == [(epoch, False)]
+
+
 # -- the scheduler ---------------------------------------------------------------
 
 
