@@ -267,8 +267,11 @@ def _started(members: list[Membership], told: _Told, lease: Lease) -> None:
         except Exception:
             # The lease logs this and steps down without announcing, so it will
             # not tell "stopped": tell it here to every member told "started",
-            # this one included, and tell no later member "started".
-            _stopped(members, told, lease)
+            # this one included, and tell no later member "started". Not
+            # on_change: no member heard of this term, and the lease still
+            # believes it here (a gate would open for it).
+            for told_member in told.take():
+                _tell_stopped(told_member, lease)
             raise
     _changed(members, lease)
 

@@ -234,13 +234,53 @@ def test_a_body_let_through_while_leading_runs_with_that_epoch_after_a_resign(
     broker: StubBroker, mode: str
 ) -> None:
     seen: list[tuple[int | None, bool]] = []
+    after: list[int | None] = []
 
     @dramatiq.actor(queue_name="leader", leader_only=True, leader_on_follower=mode)
     def body() -> None:
         # The body's first line: the lease resigned after the check let it in.
         seen.append((current_epoch(), is_leader()))
 
-    worker = dramatiq.Worker(broker, worker_timeout=50)
+    @dramatiq.actor(queue_name="ordinary")
+    def next_message() -> None:
+        after.append(current_epoch())
+
+    # One worker thread: the next message runs where the body ran.
+    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=1)
+    worker.start()
+    try:
+        lease = leader_of(broker).lease()
+        epoch = wait_for(lambda: lease.epoch, 5, message="the only process leads")
+        broker.add_middleware(_ResignAfterTheCheck(lease))
+        body.send()
+        broker.join("leader")
+        worker.join()
+        next_message.send()
+        broker.join("ordinary")
+        worker.join()
+    finally:
+        worker.stop()
+    # It runs with the epoch it passed with; is_leader() tells the truth about now.
+    assert seen == [(epoch, False)]
+    assert after == [None], "the body's epoch outlived the body in its worker thread"
+
+
+def test_an_async_actor_runs_with_the_epoch_it_passed_with_after_a_resign(
+    broker: StubBroker,
+) -> None:
+    """An async actor's coroutine runs on Dramatiq's event-loop thread, in a copy
+    of the worker thread's context (asyncio copies it when the worker hands the
+    coroutine over): it reads the epoch its message passed with, as a sync one."""
+    from dramatiq.middleware.asyncio import AsyncIO
+
+    broker.add_middleware(AsyncIO())
+    seen: list[tuple[int | None, bool]] = []
+
+    @dramatiq.actor(queue_name="leader", leader_only=True)
+    async def body() -> None:
+        seen.append((current_epoch(), is_leader()))
+
+    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=1)
     worker.start()
     try:
         lease = leader_of(broker).lease()
@@ -251,9 +291,7 @@ def test_a_body_let_through_while_leading_runs_with_that_epoch_after_a_resign(
         worker.join()
     finally:
         worker.stop()
-    # It runs with the epoch it passed with; is_leader() tells the truth about now.
     assert seen == [(epoch, False)]
-    assert current_epoch() is None, "the body's epoch outlived the body"
 
 
 # -- the scheduler ---------------------------------------------------------------

@@ -267,6 +267,33 @@ def test_members_hear_started_and_stopped_in_pairs_whatever_another_member_raise
         assert told == ["started", "stopped", "started", "stopped"], (who, heard)
 
 
+def test_a_term_whose_on_started_raised_is_never_shown_to_on_change_as_led() -> None:
+    """on_change members hear a term once it is announced. A term a member's
+    on_started refused is never announced: it must not reach them as led (a
+    Dramatiq gate would resume its consumer for it, and hear no more once the
+    lease stepped down unannounced)."""
+    leases = lease_set(config())
+    seen: list[int | None] = []
+    raised = threading.Event()
+
+    def fails_once(lease: Any) -> None:
+        if not raised.is_set():
+            raised.set()
+            raise RuntimeError("cannot start")
+
+    leases.join("e", on_change=lambda lease: seen.append(lease.epoch), start=False)
+    second = leases.join("e", callbacks=Callbacks(on_started=fails_once))
+    try:
+        # The second term (after the refused one's sit-out) is announced.
+        wait_for(lambda: 2 in seen, 5, message="never elected again")
+        assert raised.is_set()
+        # The refused term (epoch 1) never reached on_change as led.
+        assert 1 not in seen, seen
+    finally:
+        second.leave()
+        leases.stop()
+
+
 def test_a_join_that_fails_leaves_nothing_behind() -> None:
     leases = lease_set(config())
     heard: list[str] = []

@@ -280,6 +280,26 @@ def test_the_celery_step_is_on_by_default_where_the_settings_resolve() -> None:
         celery_ledger._on_worker_init(sender=_worker({**amqp, "leader_ledger": True}))
 
 
+def test_an_embedded_worker_logs_that_the_ledger_is_on_and_keeps_no_receiver(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A worker that is not ``celery worker``'s (``start_worker`` in a test suite, a
+    ``WorkController`` of one's own) gets no ``celeryd_after_setup``: the line is
+    logged at once, and no receiver waits for a signal that never comes (it
+    would keep the worker alive as long as the process)."""
+    from celery import signals
+
+    from celery_leader.celery import ledger as celery_ledger
+
+    before = len(signals.celeryd_after_setup.receivers)
+    with caplog.at_level(logging.INFO, logger=celery_ledger.__name__):
+        celery_ledger._on_worker_init(
+            sender=_worker({"leader_url": f"memory://ledger-{uuid.uuid4().hex}"})
+        )
+    assert "celery-leader: run ledger on (" in caplog.text
+    assert len(signals.celeryd_after_setup.receivers) == before
+
+
 def test_pool_processes_count_into_one_file(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(ENV_VAR, raising=False)
     shared = SharedCounters.create()

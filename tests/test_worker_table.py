@@ -7,6 +7,7 @@ import multiprocessing
 import os
 import signal
 import struct
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -111,6 +112,39 @@ def test_a_writer_stopped_mid_write(table: DeadlineTable) -> None:
     assert table.checker(1)()
     words.cast("B").cast("d")[1] = 0.0
     assert not table.checker(1)()
+
+
+def test_the_epoch_of_a_leading_slot_waits_for_a_write_in_progress(
+    table: DeadlineTable,
+) -> None:
+    """``@leader_only`` decides by the epoch: a writer descheduled half-way through
+    a renewal (seq odd for a while) must not make a leading pool answer "not
+    leading" (its task forwarded, retried or skipped), as the deadline word says
+    it leads."""
+    table.write("worker", time.monotonic() + 60, 5)
+    words = _slot_words(table, 1)
+    words[0] += 1  # the writer is half-way through its next write ...
+
+    def finish() -> None:
+        words[0] += 1  # ... and finishes it once it runs again
+
+    writer = threading.Timer(0.05, finish)
+    writer.start()
+    try:
+        assert table.epoch_reader(1)() == 5
+    finally:
+        writer.join()
+
+
+def test_the_epoch_of_a_slot_whose_writer_stopped_half_way_ends_with_its_deadline(
+    table: DeadlineTable,
+) -> None:
+    deadline = time.monotonic() + 0.2
+    table.write("worker", deadline, 5)
+    words = _slot_words(table, 1)
+    words[0] += 1  # the odd sequence number SIGSTOP mid-publish leaves, for good
+    assert table.epoch_reader(1)() is None
+    assert time.monotonic() >= deadline
 
 
 def _create_and_wait(out: multiprocessing.SimpleQueue) -> None:  # type: ignore[type-arg]

@@ -29,12 +29,14 @@ that an app with another store in the same process never reads this table.
 
 Slots are read and written as aligned 8-byte words through memoryviews (one
 machine load or store each; the ``struct`` module copies integers byte by
-byte). The leadership check reads ``valid_until`` alone: a single aligned
+byte). ``is_leader()`` reads ``valid_until`` alone: a single aligned
 word cannot be torn, on x86-64 or arm64, so the check needs no lock. The pair
 (valid_until, epoch) is kept consistent by a seqlock: the writer makes ``seq``
 odd, writes both, then makes it even again, and :meth:`DeadlineTable.read`
 retries while ``seq`` is odd or changed under it (giving up with "not
-leading" if a writer stopped half-way, say by SIGSTOP).
+leading" if a writer stopped half-way, say by SIGSTOP). ``@leader_only``'s
+check reads the pair, and waits for a write in progress while ``valid_until``
+lies ahead (:meth:`DeadlineTable.epoch_reader`).
 """
 
 from __future__ import annotations
@@ -201,13 +203,28 @@ class DeadlineTable:
         return 0.0, 0
 
     def epoch_reader(self, index: int) -> Callable[[], int | None]:
-        """A function: the epoch in slot ``index`` while its deadline lies ahead, else None."""
+        """A function: the epoch in slot ``index`` while its deadline lies ahead, else None.
+
+        ``@leader_only``'s check. A write in progress (its writer descheduled
+        half-way, or, in the writing process, holding no GIL) is waited for
+        while the deadline word says "leading", as :meth:`checker` would:
+        answering "not leading" meanwhile would turn a leader's task away. A
+        writer stopped for good lets that deadline pass.
+        """
         read = self.read
+        floats = self._floats
+        word = self._word(index) + 1
         monotonic = time.monotonic
+        sleep = time.sleep
 
         def epoch() -> int | None:
-            valid_until, value = read(index)
-            return value if monotonic() < valid_until else None
+            while True:
+                valid_until, value = read(index)
+                if monotonic() < valid_until:
+                    return value
+                if not monotonic() < floats[word]:
+                    return None
+                sleep(0)  # a write is in progress: let its writer run
 
         return epoch
 

@@ -170,6 +170,13 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
     count = wrap_tasks(app)
     worker = sender
 
+    def say() -> None:
+        logger.info(
+            "celery-leader: run ledger on (%d task(s); a dead worker's slot: %s)",
+            count,
+            config.on_redelivery,
+        )
+
     def announce(sender: Any = None, instance: Any = None, **_: Any) -> None:
         # `celery worker` sets its logging up after worker_init, where a line
         # logged goes nowhere; this signal comes once it is set up, before the
@@ -177,13 +184,17 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
         if instance is not worker:
             return
         signals.celeryd_after_setup.disconnect(announce)
-        logger.info(
-            "celery-leader: run ledger on (%d task(s); a dead worker's slot: %s)",
-            count,
-            config.on_redelivery,
-        )
+        say()
 
-    signals.celeryd_after_setup.connect(announce, weak=False)
+    from celery.apps.worker import Worker
+
+    if isinstance(worker, Worker):
+        signals.celeryd_after_setup.connect(announce, weak=False)
+    else:
+        # Only `celery worker`'s Worker sends celeryd_after_setup; another
+        # (start_worker, a WorkController of one's own) has its logging set up
+        # by its caller already, and a receiver would wait for it for ever.
+        say()
 
 
 def _serve_metrics(port: int, hostname: str) -> None:
