@@ -46,7 +46,10 @@ if os.environ.get("BREAK_CHECK") == "1":
     def broken(self: Lease) -> bool:
         raise RuntimeError("injected failure of the leadership check")
 
+    # The gate reads the epoch (a follower's never asks is_leader: it holds no
+    # term), so both break, on every process, leader or not.
     Lease.is_leader = broken  # type: ignore[method-assign]
+    Lease.epoch = property(broken)  # type: ignore[assignment,method-assign]
 
 
 def record(actor: str, n: int, epoch: int | None) -> None:
