@@ -35,10 +35,11 @@ from celery_leader.backends import (
     Write,
     create_backend,
 )
+from celery_leader.backends.fenced import RunSummary
 from celery_leader.backends.mysql.params import connection_params
 from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import StoreUnavailable
-from celery_leader.ledger import marks
+from celery_leader.ledger import RunRecord, marks
 from harness.servers import free_port
 from harness.waiting import wait_for
 
@@ -623,6 +624,15 @@ class TestFencedState:
         )
 
 
+def runs(backend: Backend, entry: str, election: str = ELECTION) -> dict[str, str]:
+    """Every run record of ``entry`` a store keeps (tests keep few)."""
+    return dict(backend.runs_of(election, entry, 1000))
+
+
+def summaries(backend: Backend) -> dict[str, RunSummary]:
+    return {s.entry: s for s in backend.run_summaries(ELECTION)}
+
+
 class TestRunRecords:
     """Run records (the run ledger): unfenced compare-and-sets that expire."""
 
@@ -633,8 +643,8 @@ class TestRunRecords:
         assert b.put_run(ELECTION, "job@1", "other", "x", 60) == (False, "started-a")
         assert b.put_run(ELECTION, "job@1", "started-a", "done-a", 60) == (True, "done-a")
         assert b.put_run(ELECTION, "job@2", "started-a", "x", 60)[0] is False, "nothing there"
-        assert a.load_runs(ELECTION) == {"job@1": "done-a"}
-        assert a.load_runs("other") == {}
+        assert runs(a, "job") == {"job@1": "done-a"}
+        assert runs(a, "job", "other") == {}
         assert a.load_state(ELECTION) == {}, "run records live apart from the schedule state"
 
     def test_the_ledgers_marks_are_read_without_a_write(self, store: Store) -> None:
@@ -642,19 +652,21 @@ class TestRunRecords:
         that cannot succeed (PostgreSQL once refused its expected value, so beat never re-sent)."""
         a = store.backend()
         assert marks.read(a, ELECTION, "job@1", 60) is None
-        assert marks.mark_sent(a, ELECTION, "job@1", "beat-a", 60)
+        assert marks.mark_sent(a, ELECTION, "job@1", "beat-a", 60, 0)
         sent = marks.read(a, ELECTION, "job@1", 60)
-        assert sent is not None and json.loads(sent)["status"] == "sent"
+        assert sent is not None and RunRecord.load(sent, "job@1") is not None
         assert marks.touch(a, ELECTION, "@mark", {"since": 1}, 60) == '{"since": 1}'
         assert marks.touch(a, ELECTION, "@mark", {"since": 2}, 60) == '{"since": 1}'
-        assert a.load_runs(ELECTION) == {"job@1": sent, "@mark": '{"since": 1}'}
+        assert marks.read(a, ELECTION, "@mark", 60) == '{"since": 1}'
+        assert runs(a, "job") == {"job@1": sent}
+        assert list(summaries(a)) == ["job"], "a mark is no entry's record"
 
     def test_one_of_many_racing_writers_wins(self, store: Store) -> None:
         backends = [store.backend() for _ in range(4)]
         won: list[str] = []
 
         def race(i: int) -> None:
-            ok, _ = backends[i].put_run(ELECTION, "job@race", None, f"w{i}", 60)
+            ok, _ = backends[i].put_run(ELECTION, "job@race", None, f"w{i}", 60, tally="t")
             if ok:
                 won.append(f"w{i}")
 
@@ -664,21 +676,66 @@ class TestRunRecords:
         for t in threads:
             t.join(10)
         assert len(won) == 1
-        assert backends[0].load_runs(ELECTION) == {"job@race": won[0]}
+        assert runs(backends[0], "job") == {"job@race": won[0]}
+        assert summaries(backends[0])["job"].counts == {"t": 1}
 
     def test_an_expired_record_counts_as_absent(self, store: Store) -> None:
         a = store.backend()
         ttl = 1.0
         assert a.put_run(ELECTION, "job@old", None, "v1", ttl)[0]
         # etcd keeps a record up to twice its ttl (leases are shared): wait for both.
-        wait_for(lambda: "job@old" not in a.load_runs(ELECTION), timeout=4 * ttl + 3)
+        wait_for(lambda: "job@old" not in runs(a, "job"), timeout=4 * ttl + 3)
         assert a.put_run(ELECTION, "job@old", "v1", "v2", 60)[0] is False
         assert a.put_run(ELECTION, "job@old", None, "v3", 60) == (True, "v3")
-        assert a.load_runs(ELECTION) == {"job@old": "v3"}
+        assert runs(a, "job") == {"job@old": "v3"}
+
+    def test_an_entrys_summary_follows_its_writes(self, store: Store) -> None:
+        """What ``leader status`` reads: per entry, its greatest slot and the tallies of
+        the records kept, moved by every write (a record changing tally moves both)."""
+        a = store.backend()
+        a.put_run(ELECTION, "a@01", None, "sent-1", 60, tally="sent")
+        a.put_run(ELECTION, "a@02", None, "sent-2", 60, tally="sent")
+        a.put_run(ELECTION, "a@01", "sent-1", "ok-1", 60, tally="success")
+        a.put_run(ELECTION, "b@01", None, "x", 60)
+        a.put_run(ELECTION, "@entry/a", None, "mark", 60)
+        got = summaries(a)
+        assert sorted(got) == ["a", "b"]
+        assert (got["a"].last_key, got["a"].last) == ("a@02", "sent-2")
+        assert got["a"].counts == {"sent": 1, "success": 1}
+        assert (got["b"].last_key, got["b"].last, got["b"].counts) == ("b@01", "x", {})
+
+    def test_runs_of_reads_the_newest_writes_first_up_to_a_limit(self, store: Store) -> None:
+        a = store.backend()
+        for i in range(5):
+            a.put_run(ELECTION, f"e@{i}", None, f"v{i}", 60)
+            time.sleep(0.002)  # etcd and SQL order writes by their expiry time
+        a.put_run(ELECTION, "e@1", "v1", "w1", 60)
+        assert a.runs_of(ELECTION, "e", 3) == [("e@1", "w1"), ("e@4", "v4"), ("e@3", "v3")]
+        assert a.runs_of(ELECTION, "f", 3) == []
+
+    def test_keep_caps_an_entrys_records_and_its_counts(self, store: Store) -> None:
+        a = store.backend()
+        for i in range(6):
+            a.put_run(ELECTION, f"e@{i}", None, f"v{i}", 60, keep=3, tally="ok")
+            time.sleep(0.002)
+        assert runs(a, "e") == {"e@3": "v3", "e@4": "v4", "e@5": "v5"}
+        got = summaries(a)["e"]
+        assert (got.last_key, got.counts) == ("e@5", {"ok": 3})
+
+    def test_expiry_takes_an_entrys_records_and_counts_with_it(self, store: Store) -> None:
+        a = store.backend()
+        a.put_run(ELECTION, "gone@1", None, "x", 1.0, tally="ok")
+        a.put_run(ELECTION, "live@1", None, "y", 1.0, tally="ok")
+        a.put_run(ELECTION, "live@2", None, "z", 60, tally="ok")
+        # etcd keeps a record up to twice its ttl (leases are shared): wait for both.
+        wait_for(lambda: "gone" not in summaries(a) and len(runs(a, "live")) == 1, timeout=7)
+        a.put_run(ELECTION, "live@3", None, "w", 60, tally="ok")  # a write drops what expired
+        assert summaries(a)["live"].counts == {"ok": 2}
 
     def test_a_store_that_is_down_raises_store_unavailable_only(self, store: Store) -> None:
         backend = _down(store)
         _only_store_unavailable(
             lambda: backend.put_run(ELECTION, "job@1", None, "x", 60),
-            lambda: backend.load_runs(ELECTION),
+            lambda: backend.runs_of(ELECTION, "job", 10),
+            lambda: backend.run_summaries(ELECTION),
         )

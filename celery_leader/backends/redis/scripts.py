@@ -178,7 +178,7 @@ end
 return n
 """
 
-# The start of both run-record scripts. KEYS: runs (hash, key -> record), run
+# The start of the marks' script. KEYS: runs (hash, key -> record), run
 # expiries (sorted set, key -> expiry in ms by the server's TIME). Refuses keys
 # of another type, then sets ``now``: the server's clock in ms.
 _RUNS_PROLOGUE = """
@@ -195,6 +195,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 # KEYS: runs, run expiries (as in _RUNS_PROLOGUE). ARGV: key, has-expected
 # ("0"/"1"), expected, new, ttl ms. Returns {1, new} when written, {0, stored
 # record or false} when not.
+# Marks are few; a slot the previous release kept here drains with them.
 # Up to 100 expired records are dropped first: the ledger expires without a
 # sweeper, and a write never pays for more than a bounded clean-up.
 PUT_RUN = _RUNS_PROLOGUE + """
@@ -212,16 +213,131 @@ redis.call('ZADD', KEYS[2], now + tonumber(ARGV[5]), ARGV[1])
 return {1, ARGV[4]}
 """
 
-# KEYS: runs, run expiries (as in _RUNS_PROLOGUE). Returns {key, record, ...}
-# of the records that have not expired; nothing is written.
-LOAD_RUNS = _RUNS_PROLOGUE + """
-local all = redis.call('HGETALL', KEYS[1])
+# The start of the per-entry run-record scripts. KEYS: the entry's records
+# (hash, key suffix -> "<tally>|<record>"), their expiries (sorted set, suffix
+# -> expiry in ms by the server's TIME), its summary (hash: "last" -> the
+# greatest suffix kept, "n:<tally>" -> how many kept records carry the tally).
+# Refuses keys of another type, then sets ``now`` as _RUNS_PROLOGUE does.
+_ENTRY_RUNS_PROLOGUE = """
+for _, at in ipairs({{1, 'hash'}, {2, 'zset'}, {3, 'hash'}}) do
+  local kind = redis.call('TYPE', KEYS[at[1]]).ok
+  if kind ~= at[2] and kind ~= 'none' then return {'foreign', KEYS[at[1]], kind} end
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
+# KEYS: as in _ENTRY_RUNS_PROLOGUE, then the election's entries with records
+# (sorted set, entry -> when its newest record expires), the marks' hash and
+# their expiries (the previous release kept slots there too). ARGV: entry, key,
+# suffix, has-expected ("0"/"1"), expected, new, ttl ms, keep (0: no cap),
+# tally, most records dropped. Returns as PUT_RUN does.
+# Each write drops up to ARGV[10] of the entry's expired records, and as many
+# over the cap, oldest write first: expiry costs what expired. A record the
+# previous release kept among the marks is compared with, and moved here.
+PUT_ENTRY_RUN = _ENTRY_RUNS_PROLOGUE + """
+local function remove(suffix)
+  local v = redis.call('HGET', KEYS[1], suffix)
+  if v then
+    local tally = string.match(v, '^([^|]*)|')
+    if tally and tally ~= '' then redis.call('HINCRBY', KEYS[3], 'n:' .. tally, -1) end
+    redis.call('HDEL', KEYS[1], suffix)
+  end
+  redis.call('ZREM', KEYS[2], suffix)
+end
+local most = tonumber(ARGV[10])
+local marks = redis.call('TYPE', KEYS[5]).ok == 'hash' and redis.call('TYPE', KEYS[6]).ok == 'zset'
+if marks then
+  -- The previous release's slots among the marks drain a few per write.
+  for _, key in ipairs(redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', now, 'LIMIT', 0, 10)) do
+    redis.call('HDEL', KEYS[5], key)
+    redis.call('ZREM', KEYS[6], key)
+  end
+end
+local cur = redis.call('HGET', KEYS[1], ARGV[3])
+local expires = redis.call('ZSCORE', KEYS[2], ARGV[3])
+if cur and expires and tonumber(expires) <= now then cur = false end
+if cur then cur = string.sub(cur, string.find(cur, '|', 1, true) + 1) end
+local legacy = false
+if not cur and marks then
+  local at = redis.call('ZSCORE', KEYS[6], ARGV[2])
+  if at and tonumber(at) > now then
+    cur = redis.call('HGET', KEYS[5], ARGV[2])
+    legacy = cur ~= false
+  end
+end
+local ok
+if ARGV[4] == '0' then ok = (cur == false) else ok = (cur == ARGV[5]) end
+if not ok then return {0, cur} end
+if legacy then
+  redis.call('HDEL', KEYS[5], ARGV[2])
+  redis.call('ZREM', KEYS[6], ARGV[2])
+end
+remove(ARGV[3])
+redis.call('HSET', KEYS[1], ARGV[3], ARGV[9] .. '|' .. ARGV[6])
+local ttl = tonumber(ARGV[7])
+redis.call('ZADD', KEYS[2], now + ttl, ARGV[3])
+if ARGV[9] ~= '' then redis.call('HINCRBY', KEYS[3], 'n:' .. ARGV[9], 1) end
+local last = redis.call('HGET', KEYS[3], 'last')
+if not last or ARGV[3] > last then redis.call('HSET', KEYS[3], 'last', ARGV[3]) end
+for _, suffix in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, most)) do
+  remove(suffix)
+end
+local keep = tonumber(ARGV[8])
+if keep > 0 then
+  local excess = math.min(redis.call('ZCARD', KEYS[2]) - keep, most)
+  if excess > 0 then
+    for _, suffix in ipairs(redis.call('ZRANGE', KEYS[2], 0, excess - 1)) do remove(suffix) end
+  end
+end
+-- The greatest suffix went while others stay: the newest write stands for it.
+if redis.call('HEXISTS', KEYS[1], redis.call('HGET', KEYS[3], 'last')) == 0 then
+  redis.call('HSET', KEYS[3], 'last', redis.call('ZRANGE', KEYS[2], -1, -1)[1])
+end
+-- Every record of the entry expires by the newest write's expiry: so do its keys,
+-- and an entry nobody writes any more goes with its last record.
+for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], ttl) end
+redis.call('ZADD', KEYS[4], now + ttl, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+return {1, ARGV[6]}
+"""
+
+# KEYS: as in _ENTRY_RUNS_PROLOGUE. ARGV: first rank, last rank (newest write
+# first). Returns {suffix, record, ...} of the unexpired records in that range.
+RUNS_OF = _ENTRY_RUNS_PROLOGUE + """
 local out = {}
-for i = 1, #all, 2 do
-  local expires = redis.call('ZSCORE', KEYS[2], all[i])
-  if expires and tonumber(expires) > now then
-    out[#out + 1] = all[i]
-    out[#out + 1] = all[i + 1]
+local page = redis.call('ZREVRANGE', KEYS[2], ARGV[1], ARGV[2], 'WITHSCORES')
+for i = 1, #page, 2 do
+  if tonumber(page[i + 1]) > now then
+    local v = redis.call('HGET', KEYS[1], page[i])
+    if v then
+      out[#out + 1] = page[i]
+      out[#out + 1] = string.sub(v, string.find(v, '|', 1, true) + 1)
+    end
+  end
+end
+return out
+"""
+
+# KEYS: as in _ENTRY_RUNS_PROLOGUE. Returns {last suffix or false, its record
+# or false, tally, count, ...}; {false} when the entry keeps nothing.
+RUN_SUMMARY = _ENTRY_RUNS_PROLOGUE + """
+local last = redis.call('HGET', KEYS[3], 'last')
+local newest = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
+if not last or #newest == 0 or tonumber(newest[2]) <= now then return {false} end
+local v = redis.call('HGET', KEYS[1], last)
+local expires = redis.call('ZSCORE', KEYS[2], last)
+if v and expires and tonumber(expires) > now then
+  v = string.sub(v, string.find(v, '|', 1, true) + 1)
+else
+  v = false
+end
+local out = {last, v}
+local fields = redis.call('HGETALL', KEYS[3])
+for i = 1, #fields, 2 do
+  if string.sub(fields[i], 1, 2) == 'n:' then
+    out[#out + 1] = string.sub(fields[i], 3)
+    out[#out + 1] = fields[i + 1]
   end
 end
 return out
@@ -308,7 +424,9 @@ SOURCES = {
     "unclaim": UNCLAIM,
     "time": TIME,
     "put_run": PUT_RUN,
-    "load_runs": LOAD_RUNS,
+    "put_entry_run": PUT_ENTRY_RUN,
+    "runs_of": RUNS_OF,
+    "run_summary": RUN_SUMMARY,
     "edit_entries": EDIT_ENTRIES,
     "entries_since": ENTRIES_SINCE,
 }
@@ -317,8 +435,9 @@ SOURCES = {
 _EXPECTED = {
     "lock": "a celery-leader term (a JSON string)",
     "epoch": "an epoch counter (an integer string)",
-    "runs": "the run ledger (a hash)",
-    "runs-expiry": "the run ledger's expiries (a sorted set)",
+    "runs": "the run ledger's marks (a hash)",
+    "runs-expiry": "the run ledger marks' expiries (a sorted set)",
+    "run-entries": "the run ledger's entries (a sorted set)",
     "entries": "schedule entries (a hash)",
     "entries-changes": "the schedule entries' recent edits (a sorted set)",
 }
