@@ -67,6 +67,9 @@ class Store:
     #: Rewrite the stored term of ELECTION as celery-leader 0.4.0 wrote it (no
     #: ``since``); None for a store whose terms never outlive the process (memory).
     as_written_by_0_4: Callable[[], None] | None = None
+    #: Store a slot's run record (key, record) as celery-leader 0.6 did, in the
+    #: election's one table of run records, for a minute; None for memory.
+    legacy_run: Callable[[str, str], None] | None = None
     made: list[Backend] = field(default_factory=list)
 
     def backend(self, url: str | None = None) -> Backend:
@@ -100,7 +103,14 @@ def _redis_store(url: str) -> Store:
         del term["since"]
         client.set(key, json.dumps(term), keepttl=True)
 
-    return Store("redis", url, True, plant, f"redis://127.0.0.1:{free_port()}/0", as_written_by_0_4)
+    def legacy_run(key: str, value: str) -> None:
+        client.hset(f"{{{PREFIX}:{ELECTION}}}:runs", key, value)
+        (seconds, micros) = client.time()
+        expires = seconds * 1000 + micros // 1000 + 60_000
+        client.zadd(f"{{{PREFIX}:{ELECTION}}}:runs-expiry", {key: expires})
+
+    down = f"redis://127.0.0.1:{free_port()}/0"
+    return Store("redis", url, True, plant, down, as_written_by_0_4, legacy_run)
 
 
 def _file_store(directory: Path) -> Store:
@@ -118,7 +128,13 @@ def _file_store(directory: Path) -> Store:
 
     # Down: the directory is replaced by a file after the backend was built.
     down = f"file://{directory}/down"
-    return Store("file", f"file://{directory}", False, plant, down, as_written_by_0_4)
+    def legacy_run(key: str, value: str) -> None:
+        path = directory / f"{PREFIX}.{ELECTION}.runs"
+        kept = json.loads(path.read_text()) if path.exists() else {}
+        path.write_text(json.dumps({**kept, key: [value, time.time() + 60]}))
+
+    url = f"file://{directory}"
+    return Store("file", url, False, plant, down, as_written_by_0_4, legacy_run)
 
 
 def _postgres_store(url: str) -> Store:
@@ -133,9 +149,17 @@ def _postgres_store(url: str) -> Store:
                 (PREFIX, ELECTION),
             )
 
+    def legacy_run(key: str, value: str) -> None:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO celery_leader_runs (prefix, election, key, value, expires)"
+                " VALUES (%s, %s, %s, %s, extract(epoch FROM now()) + 60)",
+                (PREFIX, ELECTION, key, value),
+            )
+
     host, port = "127.0.0.1", free_port()
     down = f"postgresql://leader:pw@{host}:{port}/leader"
-    return Store("postgres", url, False, plant, down, as_written_by_0_4)
+    return Store("postgres", url, False, plant, down, as_written_by_0_4, legacy_run)
 
 
 def _mariadb_store(url: str) -> Store:
@@ -154,8 +178,20 @@ def _mariadb_store(url: str) -> Store:
         finally:
             conn.close()
 
+    def legacy_run(key: str, value: str) -> None:
+        conn = pymysql.connect(**connection_params(url)[0], autocommit=True)
+        try:
+            with conn.cursor() as cursor:
+                cursor.execute(
+                    "INSERT INTO celery_leader_runs (prefix, election, run_key, value, expires)"
+                    " VALUES (%s, %s, %s, %s, UNIX_TIMESTAMP(NOW(6)) + 60)",
+                    (PREFIX, ELECTION, key, value),
+                )
+        finally:
+            conn.close()
+
     down = f"mariadb://leader:pw@127.0.0.1:{free_port()}/leader"
-    return Store("mysql", url, False, plant, down, as_written_by_0_4)
+    return Store("mysql", url, False, plant, down, as_written_by_0_4, legacy_run)
 
 
 def _etcd_store(url: str) -> Store:
@@ -181,8 +217,14 @@ def _etcd_store(url: str) -> Store:
         put = {"key": key, "value": _b64(json.dumps(term)), "lease": kv["lease"]}
         requests.post(f"http://{endpoint}/v3/kv/put", json=put, timeout=5).raise_for_status()
 
+    def legacy_run(key: str, value: str) -> None:
+        grant = requests.post(f"http://{endpoint}/v3/lease/grant", json={"TTL": 60}, timeout=5)
+        lease = grant.json()["ID"]
+        put = {"key": _b64(f"{PREFIX}/{ELECTION}/runs/{key}"), "value": _b64(value), "lease": lease}
+        requests.post(f"http://{endpoint}/v3/kv/put", json=put, timeout=5).raise_for_status()
+
     down = f"etcd://127.0.0.1:{free_port()},127.0.0.1:{free_port()}"
-    return Store("etcd", url, True, plant, down, as_written_by_0_4)
+    return Store("etcd", url, True, plant, down, as_written_by_0_4, legacy_run)
 
 
 def _b64(text: str) -> str:
@@ -731,6 +773,24 @@ class TestRunRecords:
         wait_for(lambda: "gone" not in summaries(a) and len(runs(a, "live")) == 1, timeout=7)
         a.put_run(ELECTION, "live@3", None, "w", 60, tally="ok")  # a write drops what expired
         assert summaries(a)["live"].counts == {"ok": 2}
+
+    def test_a_record_of_the_previous_release_is_compared_with_and_moved(
+        self, store: Store
+    ) -> None:
+        """An upgrade keeps the records it finds: a worker still sees that a slot ran
+        (or was sent) and takes a sent slot over, and the record moves to its entry."""
+        if store.legacy_run is None:
+            pytest.skip("records in process memory never outlive a release")
+        a = store.backend()
+        a.put_run(ELECTION, "@ledger-since", None, "{}", 60)  # SQL stores make their tables
+        store.legacy_run("old@1", "ran")
+        store.legacy_run("old@2", "sent")
+        assert a.put_run(ELECTION, "old@1", None, "again", 60, tally="t") == (False, "ran")
+        assert a.put_run(ELECTION, "old@2", "sent", "started", 60, tally="t") == (True, "started")
+        assert runs(a, "old") == {"old@2": "started"}
+        assert marks.read(a, ELECTION, "old@2", 60) == "started"
+        assert summaries(a)["old"].counts == {"t": 1}
+        assert a.put_run(ELECTION, "old@2", "sent", "x", 60)[0] is False, "moved, not copied"
 
     def test_a_store_that_is_down_raises_store_unavailable_only(self, store: Store) -> None:
         backend = _down(store)
