@@ -597,24 +597,44 @@ class RedisBackend(Backend):
                 lambda c, at=cursor: c.zscan(index, at, count=SUMMARIES_PAGE)
             )
             entries = sorted(str(e) for e, until in page if until > now_ms)
-
-            def read(client: Any, names: list[str] = entries) -> list[Any]:
-                pipe = client.pipeline(transaction=False)
-                script = self._conn.script("run_summary")
-                for name in names:
-                    script(self._entry_runs_keys(election, name), [], client=pipe)
-                return list(pipe.execute())
-
-            for entry, reply in zip(entries, self._conn.call(read), strict=True):
-                checked(reply)
-                if reply[0] in (None, False):
-                    continue
-                flat = reply[2:]
-                counts = {str(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
-                last = None if reply[1] in (None, False) else str(reply[1])
-                out.append(RunSummary(entry, f"{entry}@{reply[0]}", last, counts))
+            out += self._summaries(election, entries, now_ms)
             if not cursor:
                 return sorted(out, key=lambda s: s.entry)
+
+    def _summaries(self, election: str, entries: list[str], now_ms: float) -> list[RunSummary]:
+        """The summaries of ``entries``: two pipelined round trips of small reads
+        (plain commands, which a Cluster pipeline sends to the election's node)."""
+        keys = [self._entry_runs_keys(election, e) for e in entries]
+
+        def sums(client: Any) -> list[Any]:
+            pipe = client.pipeline(transaction=False)
+            for _, _, summary in keys:
+                pipe.hgetall(summary)
+            return list(pipe.execute())
+
+        found = self._conn.call(sums)
+        lasts = [str(f.get("last", "")) for f in found]
+
+        def records(client: Any) -> list[Any]:
+            pipe = client.pipeline(transaction=False)
+            for (records, expiry, _), last in zip(keys, lasts, strict=True):
+                pipe.hget(records, last)
+                pipe.zscore(expiry, last)
+            return list(pipe.execute())
+
+        read = self._conn.call(records)
+        out = []
+        for i, (entry, fields, last) in enumerate(zip(entries, found, lasts, strict=True)):
+            if not last:
+                continue
+            stored, expires = read[2 * i], read[2 * i + 1]
+            live = stored is not None and expires is not None and expires > now_ms
+            counts = {
+                str(k)[2:]: int(v) for k, v in fields.items() if str(k).startswith("n:") and int(v)
+            }
+            record = str(stored).partition("|")[2] if live else None
+            out.append(RunSummary(entry, f"{entry}@{last}", record, counts))
+        return out
 
     def _marks_keys(self, election: str) -> list[str]:
         return [self._key(election, "runs"), self._key(election, "runs-expiry")]

@@ -319,30 +319,6 @@ end
 return out
 """
 
-# KEYS: as in _ENTRY_RUNS_PROLOGUE. Returns {last suffix or false, its record
-# or false, tally, count, ...}; {false} when the entry keeps nothing.
-RUN_SUMMARY = _ENTRY_RUNS_PROLOGUE + """
-local last = redis.call('HGET', KEYS[3], 'last')
-local newest = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
-if not last or #newest == 0 or tonumber(newest[2]) <= now then return {false} end
-local v = redis.call('HGET', KEYS[1], last)
-local expires = redis.call('ZSCORE', KEYS[2], last)
-if v and expires and tonumber(expires) > now then
-  v = string.sub(v, string.find(v, '|', 1, true) + 1)
-else
-  v = false
-end
-local out = {last, v}
-local fields = redis.call('HGETALL', KEYS[3])
-for i = 1, #fields, 2 do
-  if string.sub(fields[i], 1, 2) == 'n:' then
-    out[#out + 1] = string.sub(fields[i], 3)
-    out[#out + 1] = fields[i + 1]
-  end
-end
-return out
-"""
-
 # The start of both entry scripts. KEYS: entries (hash), entries version,
 # entries changes (sorted set, name -> the version of its last edit).
 _ENTRIES_PROLOGUE = """
@@ -426,7 +402,6 @@ SOURCES = {
     "put_run": PUT_RUN,
     "put_entry_run": PUT_ENTRY_RUN,
     "runs_of": RUNS_OF,
-    "run_summary": RUN_SUMMARY,
     "edit_entries": EDIT_ENTRIES,
     "entries_since": ENTRIES_SINCE,
 }
