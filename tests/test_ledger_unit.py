@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -342,3 +343,19 @@ def test_monitor_slugs() -> None:
     assert monitor_slug("db_tick every 5 s") == "db_tick-every-5-s"
     assert monitor_slug("x" * 80) == "x" * 50
     assert monitor_slug("§§") == "celery-leader"
+
+
+def test_a_record_is_stored_compact_and_the_previous_form_still_reads() -> None:
+    """A million records must fit a store: ~60 bytes a finished run, not ~220 (the JSON
+    object of every field an earlier release wrote, which workers must still read)."""
+    ran = RunRecord(SLOT, "started", "celery@worker-3", 4003, 1796412032.788, 1796412047.788)
+    done = ran.ended(1796412033.588, "success")
+    assert done.dump() == '["success","celery@worker-3",4003,1796412032.788,15,1,0.8]'
+    assert RunRecord.load(done.dump(), SLOT) == done
+    skipped = ran.ended(1796412033.5, "skipped", "busy")
+    assert RunRecord.load(skipped.dump(), SLOT) == skipped
+    sent = RunRecord.sent_by(SLOT, "beat-1", 5, 1796412032.5)
+    assert RunRecord.load(sent.dump(), SLOT) == sent
+    old = json.dumps(dataclasses.asdict(done), sort_keys=True, separators=(",", ":"))
+    assert RunRecord.load(old, SLOT) == done
+    assert RunRecord.load("[1,2]", SLOT) is None

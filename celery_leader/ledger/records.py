@@ -1,15 +1,19 @@
 """What a run record says, as JSON (never pickle: the store is shared).
 
-A record is stored as a JSON array, its fields in :data:`_FIELDS` order with
-trailing nulls left out and times to the millisecond; its slot is the key it is
-stored under. A million records are a few hundred MB less this way than as
-objects naming every field, the form of earlier releases, which still reads.
+A record is stored as a JSON array, ``[state, worker, pid, started,
+alive for, attempt, took, reason]``: ``state`` is the outcome of a finished run
+and the status of any other, ``alive for`` and ``took`` are seconds after
+``started`` (``null``: no liveness, not finished), times are to the
+millisecond and trailing nulls are left out; its slot is the key it is stored
+under. A finished run is about 55 bytes this way, against some 220 as the JSON
+object naming every field that earlier releases wrote, which still reads: a
+million records are a few hundred MB of a store less.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 #: ``status`` values: beat sent it (no worker has started it yet); the body is
@@ -54,14 +58,28 @@ class RunRecord:
         return self.status == STARTED and now < self.alive_until
 
     @property
-    def tally(self) -> str:
-        """What the entry's summary counts this record as: its outcome when it
-        ended, else its status (``sent``, ``started``)."""
+    def state(self) -> str:
+        """Its outcome when it ended, else its status (``sent``, ``started``)."""
         return self.outcome if self.status == FINISHED and self.outcome else self.status
+
+    @property
+    def tally(self) -> str:
+        """What the entry's summary counts this record under: one letter a state
+        (see :data:`TALLIES`), a byte of every stored record."""
+        return TALLIES.get(self.state, "")
 
     def dump(self) -> str:
         """The record as stored: a compact JSON array (see the module docstring)."""
-        values: list[Any] = [_ms(getattr(self, name)) for name in _FIELDS]
+        values: list[Any] = [
+            self.state,
+            self.worker,
+            self.pid,
+            _ms(self.started),
+            _ms(self.alive_until - self.started) if self.alive_until else None,
+            self.attempt,
+            None if self.finished is None else _ms(self.finished - self.started),
+            self.reason,
+        ]
         while values and values[-1] is None:
             values.pop()
         return json.dumps(values, separators=(",", ":"))
@@ -77,19 +95,48 @@ class RunRecord:
         try:
             data = json.loads(text)
             if isinstance(data, list):
-                data = dict(zip(_FIELDS, data, strict=False))
+                return cls._from_array(slot, *data)
             return cls(**{**data, "slot": slot}) if isinstance(data, dict) else None
         except (TypeError, ValueError):
             return None
 
+    @classmethod
+    def _from_array(
+        cls,
+        slot: str,
+        state: str,
+        worker: str,
+        pid: int,
+        started: float,
+        alive_for: float | None = None,
+        attempt: int = 1,
+        took: float | None = None,
+        reason: str | None = None,
+    ) -> RunRecord:
+        ended = state in (SUCCESS, FAILURE, SKIPPED)
+        return cls(
+            slot,
+            FINISHED if ended else state,
+            worker,
+            pid,
+            started,
+            0.0 if alive_for is None else started + alive_for,
+            attempt,
+            None if took is None else started + took,
+            state if ended else None,
+            reason,
+        )
 
-#: The stored fields, in their order in a stored record (every field but ``slot``).
-_FIELDS = [f.name for f in fields(RunRecord) if f.name != "slot"]
+
+#: The letter an entry's summary counts each state under (``RunRecord.tally``).
+TALLIES = {SENT: "s", STARTED: "r", SUCCESS: "o", FAILURE: "f", SKIPPED: "k"}
 
 
-def _ms(value: Any) -> Any:
-    """Times to the millisecond: what a record is for needs no finer."""
-    return round(value, 3) if isinstance(value, float) else value
+def _ms(seconds: float) -> float | int:
+    """Times to the millisecond (what a record is for needs no finer); a whole
+    number without its ``.0``."""
+    rounded = round(seconds, 3)
+    return int(rounded) if rounded.is_integer() else rounded
 
 
 #: Keys of the ledger that are not slots (slot names are ``"<entry>@<time>"``).

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..backends.fenced import RunSummary
-from .records import FAILURE, FINISHED, SENT, SKIPPED, STARTED, SUCCESS, RunRecord
+from .records import FAILURE, FINISHED, SENT, SKIPPED, STARTED, SUCCESS, TALLIES, RunRecord
 
 
 @dataclass
@@ -60,9 +60,9 @@ def summarize(summaries: Sequence[RunSummary], now: float) -> list[EntryRuns]:
                 None if last is None else last.outcome,
                 0 if last is None else last.attempt,
                 # A run: it started (running, or its worker died) or it ended by running.
-                runs=sum(counts.get(t, 0) for t in (STARTED, SUCCESS, FAILURE)),
-                failures=counts.get(FAILURE, 0),
-                skips=counts.get(SKIPPED, 0),
+                runs=sum(counts.get(TALLIES[t], 0) for t in (STARTED, SUCCESS, FAILURE)),
+                failures=counts.get(TALLIES[FAILURE], 0),
+                skips=counts.get(TALLIES[SKIPPED], 0),
             )
         )
     return out

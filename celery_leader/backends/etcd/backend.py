@@ -388,6 +388,8 @@ class EtcdBackend(Backend):
 
     def _summaries(self, election: str, lasts: list[tuple[bytes, str]]) -> list[RunSummary]:
         """The summaries of one page of ``run-last/`` keys: two transactions of reads."""
+        if not lasts:
+            return []
         entries = [
             _RunKeys(self, election, unquote(key.rsplit(b"/", 1)[1].decode()))
             for key, _ in lasts
