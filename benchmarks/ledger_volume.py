@@ -69,6 +69,9 @@ ENTRIES = 50
 RETENTION = DEFAULT_LEDGER_RETENTION
 #: Real writes per entry after the seed (timed).
 WRITES = 100
+#: The workers named in the records: a Kubernetes pod's hostname, as long as
+#: most (a record's size, and so its memory, grows with its worker's name).
+WORKER = "celery@reports-worker-7d9f8b6c4-x2kq{}"
 #: Records per seeding command or transaction.
 BATCH = 1000
 
@@ -101,7 +104,7 @@ def slots(entry: int, count: int, now: float) -> Iterator[tuple[str, str, str, f
         key = f"{name}@{due.isoformat(timespec='milliseconds')}"
         outcome = FAILURE if i % 50 == 49 else SUCCESS
         started = written - 0.8
-        record = RunRecord(key, STARTED, f"celery@worker-{entry % 7}", 4000 + entry, started,
+        record = RunRecord(key, STARTED, WORKER.format(entry % 7), 4000 + entry, started,
                            started + 15.0, 1).ended(written, outcome)  # fmt: skip
         yield key, record.tally, record.dump(), written + RETENTION
 
@@ -124,7 +127,7 @@ def seed_redis(server: RedisServer, backend: Backend, n: int) -> None:
     index = f"{{{PREFIX}:{ELECTION}}}:run-entries"
     for e, count in enumerate(split(n)):
         name = entry_name(e)
-        records, expiry, summary = backend._entry_runs_keys(ELECTION, name)  # type: ignore[attr-defined]
+        records, order, summary = backend._entry_runs_keys(ELECTION, name)  # type: ignore[attr-defined]
         counts: dict[str, int] = {}
         batch: list[tuple[str, str, str, float]] = []
         last = ""
@@ -133,40 +136,52 @@ def seed_redis(server: RedisServer, backend: Backend, n: int) -> None:
             counts[slot[1]] = counts.get(slot[1], 0) + 1
             last = slot[0]
             if len(batch) == BATCH:
-                _redis_batch(client, name, records, expiry, batch)
+                _redis_batch(client, name, records, order, batch)
                 batch = []
         if batch:
-            _redis_batch(client, name, records, expiry, batch)
+            _redis_batch(client, name, records, order, batch)
         pipe = client.pipeline(transaction=False)
         fields = {"last": last[len(name) + 1 :], **{f"n:{t}": c for t, c in counts.items()}}
         pipe.hset(summary, mapping=fields)
-        for key in (records, expiry, summary):
+        for key in (records, order, summary):
             pipe.pexpire(key, int(RETENTION * 1000))
         pipe.zadd(index, {name: (now + RETENTION) * 1000})
         pipe.execute()
     client.close()
 
 
-def _redis_batch(client: Any, name: str, records: str, expiry: str, batch: list[Any]) -> None:
+def _redis_batch(client: Any, name: str, records: str, order: str, batch: list[Any]) -> None:
     cut = len(name) + 1
     pipe = client.pipeline(transaction=False)
-    pipe.hset(records, mapping={key[cut:]: f"{tally}|{text}" for key, tally, text, _ in batch})
-    pipe.zadd(expiry, {key[cut:]: at * 1000 for key, _, _, at in batch})
+    stored = {key[cut:]: f"{tally}|{_b36(int(at * 1000))}|{text}" for key, tally, text, at in batch}
+    pipe.hset(records, mapping=stored)
+    pipe.rpush(order, *(key[cut:] for key, _, _, _ in batch))
     pipe.execute()
+
+
+def _b36(n: int) -> str:
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+    out = ""
+    while True:
+        n, d = divmod(n, 36)
+        out = digits[d] + out
+        if not n:
+            return out
 
 
 def seed_postgres(url: str, backend: Backend, n: int) -> None:
     backend.put_run(ELECTION, "@ledger-since", None, "{}", 60)  # the tables, made on first use
     now = time.time()
     with psycopg.connect(url, autocommit=True) as conn:
-        columns = "prefix, election, entry, key, value, tally, expires"
+        columns = "prefix, election, entry, key, value, tally, expires, created"
         entries = []
         with conn.cursor() as cur:
             with cur.copy(f"COPY celery_leader_run_records ({columns}) FROM STDIN") as copy:
                 for e, count in enumerate(split(n)):
                     counts: dict[str, int] = {}
                     for key, tally, text, at in slots(e, count, now):
-                        copy.write_row((PREFIX, ELECTION, entry_name(e), key, text, tally, at))
+                        name, created = entry_name(e), at - RETENTION
+                        copy.write_row((PREFIX, ELECTION, name, key, text, tally, at, created))
                         counts[tally] = counts.get(tally, 0) + 1
                     entries.append((entry_name(e), count, json.dumps(counts)))
             cur.executemany(
@@ -188,7 +203,8 @@ def seed_mariadb(url: str, backend: Backend, n: int) -> None:
                 counts: dict[str, int] = {}
                 rows = []
                 for key, tally, text, at in slots(e, count, now):
-                    rows.append((PREFIX, ELECTION, entry_name(e), key, text, tally, at))
+                    created = at - RETENTION
+                    rows.append((PREFIX, ELECTION, entry_name(e), key, text, tally, at, created))
                     counts[tally] = counts.get(tally, 0) + 1
                     if len(rows) == BATCH:
                         _mariadb_rows(cur, rows)
@@ -212,8 +228,8 @@ def seed_mariadb(url: str, backend: Backend, n: int) -> None:
 def _mariadb_rows(cur: Any, rows: list[Any]) -> None:
     cur.executemany(
         "INSERT INTO celery_leader_run_records"
-        " (prefix, election, entry, run_key, value, tally, expires)"
-        " VALUES (%s, %s, %s, %s, %s, %s, %s)",
+        " (prefix, election, entry, run_key, value, tally, expires, created)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
         rows,
     )
 

@@ -746,13 +746,16 @@ class TestRunRecords:
         assert got["a"].counts == {"sent": 1, "success": 1}
         assert (got["b"].last_key, got["b"].last, got["b"].counts) == ("b@01", "x", {})
 
-    def test_runs_of_reads_the_newest_writes_first_up_to_a_limit(self, store: Store) -> None:
+    def test_runs_of_reads_the_newest_first_up_to_a_limit(self, store: Store) -> None:
+        """Newest created: a slot's record is created when it is sent or started, in
+        slot order, and its later writes (started, finished) do not move it."""
         a = store.backend()
         for i in range(5):
             a.put_run(ELECTION, f"e@{i}", None, f"v{i}", 60)
-            time.sleep(0.002)  # etcd and SQL order writes by their expiry time
+            time.sleep(0.002)  # SQL stores order by the server's clock
         a.put_run(ELECTION, "e@1", "v1", "w1", 60)
-        assert a.runs_of(ELECTION, "e", 3) == [("e@1", "w1"), ("e@4", "v4"), ("e@3", "v3")]
+        assert a.runs_of(ELECTION, "e", 3) == [("e@4", "v4"), ("e@3", "v3"), ("e@2", "v2")]
+        assert a.runs_of(ELECTION, "e", 10)[3] == ("e@1", "w1")
         assert a.runs_of(ELECTION, "f", 3) == []
 
     def test_keep_caps_an_entrys_records_and_its_counts(self, store: Store) -> None:

@@ -346,16 +346,20 @@ def test_monitor_slugs() -> None:
 
 
 def test_a_record_is_stored_compact_and_the_previous_form_still_reads() -> None:
-    """A million records must fit a store: ~60 bytes a finished run, not ~220 (the JSON
+    """A million records must fit a store: ~50 bytes a finished run, not ~220 (the JSON
     object of every field an earlier release wrote, which workers must still read)."""
-    ran = RunRecord(SLOT, "started", "celery@worker-3", 4003, 1796412032.788, 1796412047.788)
-    done = ran.ended(1796412033.588, "success")
-    assert done.dump() == '["success","celery@worker-3",4003,1796412032.788,15,1,0.8]'
+    due = datetime.fromisoformat(SLOT.rpartition("@")[2]).timestamp()
+    ran = RunRecord(SLOT, "started", "celery@worker-3", 4003, due + 0.25, due + 15.25)
+    done = ran.ended(due + 1.05, "success")
+    assert done.dump() == '["o","celery@worker-3",4003,0.25,15,1,0.8]'
+    absolute = RunRecord.load('["o","w",1,1796412032.5,15]', SLOT)
+    assert absolute is not None and absolute.started == 1796412032.5
     assert RunRecord.load(done.dump(), SLOT) == done
-    skipped = ran.ended(1796412033.5, "skipped", "busy")
+    skipped = ran.ended(due + 7, "skipped", "busy")
     assert RunRecord.load(skipped.dump(), SLOT) == skipped
-    sent = RunRecord.sent_by(SLOT, "beat-1", 5, 1796412032.5)
+    sent = RunRecord.sent_by(SLOT, "beat-1", 5, due - 0.003)
     assert RunRecord.load(sent.dump(), SLOT) == sent
     old = json.dumps(dataclasses.asdict(done), sort_keys=True, separators=(",", ":"))
     assert RunRecord.load(old, SLOT) == done
     assert RunRecord.load("[1,2]", SLOT) is None
+    assert RunRecord.load('["?","w",1,2]', SLOT) is None

@@ -208,14 +208,15 @@ class FencedState(ABC):
         For a record of an entry: ``tally`` is the label its entry's summary
         counts it under (:meth:`run_summaries`; ``""``: counted under none), and
         with ``keep`` > 0 the entry keeps only its ``keep`` most recently
-        written records. A write removes at most :data:`RUNS_DROPPED` expired or
+        created records (rewriting a record does not move it: slots are
+        created in their order). A write removes at most :data:`RUNS_DROPPED` expired or
         excess records, so expiry costs what expired, never a scan.
         """
 
     @abstractmethod
     def runs_of(self, election: str, entry: str, limit: int) -> list[tuple[str, str]]:
         """The unexpired records of ``entry``, at most ``limit`` of them, most
-        recently written first: (key, record) pairs, read in bounded pages."""
+        recently created first: (key, record) pairs, read in bounded pages."""
 
     @abstractmethod
     def run_summaries(self, election: str) -> list[RunSummary]:

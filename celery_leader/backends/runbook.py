@@ -16,7 +16,7 @@ from .fenced import RUNS_DROPPED, RunSummary
 
 @dataclass
 class EntryBook:
-    """The records of one entry: key -> (record, expiry, tally), oldest write first."""
+    """The records of one entry: key -> (record, expiry, tally), oldest created first."""
 
     records: dict[str, tuple[str, float, str]] = field(default_factory=dict)
     last: str = ""
@@ -46,25 +46,29 @@ class EntryBook:
             stored = current
         if stored != expected:
             return False, stored
-        self._remove(key)
-        self.records[key] = (new, expires, tally)
+        previous = self.records.get(key)
+        if previous is not None:
+            self.counts[previous[2]] = self.counts.get(previous[2], 0) - 1
+            if previous[1] <= now:
+                del self.records[key]  # expired: created anew, at the end
+        self.records[key] = (new, expires, tally)  # a rewrite keeps its place
         self.counts[tally] = self.counts.get(tally, 0) + 1
         self.last = max(self.last, key)
         if keep > 0:
-            for old in list(self.records)[: max(0, min(len(self.records) - keep, RUNS_DROPPED))]:
-                self._remove(old)
+            for oldest in list(self.records)[: max(0, min(len(self.records) - keep, RUNS_DROPPED))]:
+                self._remove(oldest)
         self._mend_last()
         return True, new
 
     def drop_expired(self, now: float) -> None:
-        """Remove up to ``RUNS_DROPPED`` expired records, oldest write first."""
+        """Remove up to ``RUNS_DROPPED`` expired records, oldest created first."""
         expired = [k for k, (_, at, _) in list(self.records.items())[:RUNS_DROPPED] if at <= now]
         for key in expired:
             self._remove(key)
         self._mend_last()
 
     def newest(self, now: float, limit: int) -> list[tuple[str, str]]:
-        """Up to ``limit`` unexpired records, most recently written first."""
+        """Up to ``limit`` unexpired records, most recently created first."""
         out = []
         for key in reversed(self.records):
             value, at, _ = self.records[key]
@@ -103,6 +107,6 @@ class EntryBook:
 
     def _mend_last(self) -> None:
         # The greatest key went (expired, or over the cap) while others stay:
-        # the most recently written one stands for it.
+        # the most recently created one stands for it.
         if self.last not in self.records:
             self.last = next(reversed(self.records), "")

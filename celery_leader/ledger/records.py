@@ -2,10 +2,12 @@
 
 A record is stored as a JSON array, ``[state, worker, pid, started,
 alive for, attempt, took, reason]``: ``state`` is the outcome of a finished run
-and the status of any other, ``alive for`` and ``took`` are seconds after
-``started`` (``null``: no liveness, not finished), times are to the
-millisecond and trailing nulls are left out; its slot is the key it is stored
-under. A finished run is about 55 bytes this way, against some 220 as the JSON
+or the status of any other, as its letter in :data:`TALLIES`; ``alive for``
+and ``took`` are seconds after
+``started`` (``null``: no liveness, not finished), and ``started`` is seconds
+after the slot's due time where the slot names one (``"<entry>@<ISO time>"``);
+times are to the millisecond and trailing nulls are left out; its slot is the key it is stored
+under. A finished run is about 50 bytes this way, against some 220 as the JSON
 object naming every field that earlier releases wrote, which still reads: a
 million records are a few hundred MB of a store less.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any
 
 #: ``status`` values: beat sent it (no worker has started it yet); the body is
@@ -71,10 +74,10 @@ class RunRecord:
     def dump(self) -> str:
         """The record as stored: a compact JSON array (see the module docstring)."""
         values: list[Any] = [
-            self.state,
+            self.tally,
             self.worker,
             self.pid,
-            _ms(self.started),
+            _ms(self.started - _due(self.slot)),
             _ms(self.alive_until - self.started) if self.alive_until else None,
             self.attempt,
             None if self.finished is None else _ms(self.finished - self.started),
@@ -97,7 +100,7 @@ class RunRecord:
             if isinstance(data, list):
                 return cls._from_array(slot, *data)
             return cls(**{**data, "slot": slot}) if isinstance(data, dict) else None
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, KeyError):
             return None
 
     @classmethod
@@ -113,16 +116,19 @@ class RunRecord:
         took: float | None = None,
         reason: str | None = None,
     ) -> RunRecord:
+        state = _STATES[state]
         ended = state in (SUCCESS, FAILURE, SKIPPED)
+        if abs(started) < _RELATIVE:
+            started = round(started + _due(slot), 3)
         return cls(
             slot,
             FINISHED if ended else state,
             worker,
             pid,
             started,
-            0.0 if alive_for is None else started + alive_for,
+            0.0 if alive_for is None else round(started + alive_for, 3),
             attempt,
-            None if took is None else started + took,
+            None if took is None else round(started + took, 3),
             state if ended else None,
             reason,
         )
@@ -130,6 +136,19 @@ class RunRecord:
 
 #: The letter an entry's summary counts each state under (``RunRecord.tally``).
 TALLIES = {SENT: "s", STARTED: "r", SUCCESS: "o", FAILURE: "f", SKIPPED: "k"}
+_STATES = {letter: state for state, letter in TALLIES.items()}
+#: A stored start this close to 0 is seconds after its slot's due time, not a
+#: Unix time: three years, where any Unix time since 1973 is larger, and no
+#: slot starts that long after its due time (its record expires long before).
+_RELATIVE = 1e8
+
+
+def _due(slot: str) -> float:
+    """The due time a slot name ends in, Unix seconds; 0 when it names none."""
+    try:
+        return datetime.fromisoformat(slot.rpartition("@")[2]).timestamp()
+    except ValueError:
+        return 0.0
 
 
 def _ms(seconds: float) -> float | int:

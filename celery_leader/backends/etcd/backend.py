@@ -341,7 +341,7 @@ class EtcdBackend(Backend):
         return True, new
 
     def _trim(self, names: _RunKeys, keep: int) -> None:
-        """Drop the entry's oldest writes over ``keep`` (at most RUNS_DROPPED a write)."""
+        """Drop the entry's oldest records over ``keep`` (at most RUNS_DROPPED a write)."""
         start, end = names.records, _prefix_end(names.records)
         count = self._etcd.call(
             lambda c: c.post(
@@ -352,7 +352,7 @@ class EtcdBackend(Backend):
         excess = min(int(count.get("count", 0)) - keep, RUNS_DROPPED)
         if excess <= 0:
             return
-        oldest = self._range_sorted(start, end, "ASCEND", excess)
+        oldest = self._range_sorted(start, end, "ASCEND", excess)  # by creation
         ops = []
         for kv in oldest:
             full = _bytes(kv["key"])
@@ -426,13 +426,13 @@ class EtcdBackend(Backend):
         return self._etcd.call(lambda c: c.post(c.get_url("/kv/range"), json=body))
 
     def _range_sorted(self, start: bytes, end: bytes, order: str, limit: int) -> list[Any]:
-        """Up to ``limit`` keys of ``[start, end)``, by the order they were last written."""
+        """Up to ``limit`` keys of ``[start, end)``, by the order they were created."""
         body = {
             "key": b64(start),
             "range_end": b64(end),
             "limit": limit,
             "sort_order": order,
-            "sort_target": "MOD",
+            "sort_target": "CREATE",
         }
         reply = self._etcd.call(lambda c: c.post(c.get_url("/kv/range"), json=body))
         return list(reply.get("kvs", []))

@@ -94,8 +94,10 @@ CREATE TABLE IF NOT EXISTS celery_leader_run_records (
     value    TEXT         NOT NULL,
     tally    VARCHAR(32)  NOT NULL,
     expires  DOUBLE       NOT NULL,
+    created  DOUBLE       NOT NULL,
     PRIMARY KEY (prefix, election, entry, run_key),
-    KEY celery_leader_run_records_expiry (prefix, election, entry, expires)
+    KEY celery_leader_run_records_expiry (prefix, election, entry, expires),
+    KEY celery_leader_run_records_order (prefix, election, entry, created)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
 CREATE TABLE IF NOT EXISTS celery_leader_run_entries (
     prefix   VARCHAR(190) NOT NULL,
@@ -344,12 +346,12 @@ LIMIT 100
 _ENTRY = "prefix = %(prefix)s AND election = %(election)s AND entry = %(entry)s"
 _RECORD = f"{_ENTRY} AND run_key = %(key)s"
 _LEGACY = "prefix = %(prefix)s AND election = %(election)s AND run_key = %(key)s"
-# The entry's oldest writes first (the expiry index), ``@n`` of them at most.
+# The entry's first records by ``{by}`` (an index each), ``{count}`` of them at most.
 _OLDEST = """
     SELECT run_key FROM (
-        SELECT run_key, ROW_NUMBER() OVER (ORDER BY expires, run_key) AS n
-        FROM (SELECT run_key, expires FROM celery_leader_run_records
-              WHERE {where} ORDER BY expires, run_key LIMIT %(most)s) AS o) AS r
+        SELECT run_key, ROW_NUMBER() OVER (ORDER BY {by}, run_key) AS n
+        FROM (SELECT run_key, {by} FROM celery_leader_run_records
+              WHERE {where} ORDER BY {by}, run_key LIMIT %(most)s) AS o) AS r
     WHERE n <= {count}"""
 
 # An entry's run record, one transaction in one round trip (see
@@ -371,10 +373,12 @@ WHERE {_LEGACY} AND expires > @now AND @cur IS NULL FOR UPDATE;
 SET @cur = COALESCE(@cur, @legacy);
 SET @ok = @cur <=> %(expected)s;
 SET @added = @ok AND @old IS NULL;
-INSERT INTO celery_leader_run_records (prefix, election, entry, run_key, value, tally, expires)
-SELECT %(prefix)s, %(election)s, %(entry)s, %(key)s, %(new)s, %(tally)s, @now + %(ttl)s
+INSERT INTO celery_leader_run_records
+    (prefix, election, entry, run_key, value, tally, expires, created)
+SELECT %(prefix)s, %(election)s, %(entry)s, %(key)s, %(new)s, %(tally)s, @now + %(ttl)s, @now
 FROM DUAL WHERE @ok
-ON DUPLICATE KEY UPDATE value = VALUES(value), tally = VALUES(tally), expires = VALUES(expires);
+ON DUPLICATE KEY UPDATE value = VALUES(value), tally = VALUES(tally), expires = VALUES(expires),
+    created = IF(@live, created, VALUES(created));
 DELETE FROM celery_leader_runs WHERE {_LEGACY} AND @ok AND @legacy IS NOT NULL;
 INSERT INTO celery_leader_run_counts (prefix, election, entry, tally, n)
 SELECT %(prefix)s, %(election)s, %(entry)s, %(tally)s, 1 FROM DUAL WHERE @ok AND %(tally)s <> ''
@@ -387,11 +391,14 @@ DELETE FROM celery_leader_dropped;
 SELECT kept + @added INTO @kept FROM celery_leader_run_entries WHERE {_ENTRY};
 INSERT INTO celery_leader_dropped (run_key)
 {_OLDEST.format(
-    where=_ENTRY + " AND run_key <> %(key)s AND expires <= @now AND @ok", count="%(most)s"
+    by="expires",
+    where=_ENTRY + " AND run_key <> %(key)s AND expires <= @now AND @ok",
+    count="%(most)s",
 )};
 SET @kept = @kept - ROW_COUNT();
 INSERT IGNORE INTO celery_leader_dropped (run_key)
 {_OLDEST.format(
+    by="created",
     where=_ENTRY + " AND run_key <> %(key)s AND expires > @now AND @ok AND %(keep)s > 0",
     count="@kept - %(keep)s",
 )};
@@ -410,11 +417,11 @@ COMMIT;
 SELECT @ok, @cur
 """  # noqa: S608
 
-# The newest writes first, by the expiry index; ``limit`` bounded by the caller.
+# The newest created first, by the order index; ``limit`` bounded by the caller.
 RUNS_OF = f"""
 SELECT run_key, value FROM celery_leader_run_records
 WHERE {_ENTRY} AND expires > {_RUN_NOW}
-ORDER BY expires DESC LIMIT %(limit)s
+ORDER BY created DESC LIMIT %(limit)s
 """  # noqa: S608
 
 # A page of entries after ``after`` (by name): each one's greatest live key (a

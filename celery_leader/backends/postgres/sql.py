@@ -39,7 +39,7 @@ SCHEMA_EXISTS = (
     " AND to_regclass('celery_leader_state') IS NOT NULL"
     " AND to_regclass('celery_leader_runs') IS NOT NULL"
     " AND to_regclass('celery_leader_entries') IS NOT NULL"
-    " AND to_regclass('celery_leader_run_records_expiry') IS NOT NULL"
+    " AND to_regclass('celery_leader_run_records_order') IS NOT NULL"
     " AND to_regclass('celery_leader_run_entries') IS NOT NULL"
 )
 
@@ -81,10 +81,13 @@ CREATE TABLE IF NOT EXISTS celery_leader_run_records (
     value    text   NOT NULL,
     tally    text   NOT NULL,
     expires  float8 NOT NULL,
+    created  float8 NOT NULL,
     PRIMARY KEY (prefix, election, entry, key)
 );
 CREATE INDEX IF NOT EXISTS celery_leader_run_records_expiry
     ON celery_leader_run_records (prefix, election, entry, expires);
+CREATE INDEX IF NOT EXISTS celery_leader_run_records_order
+    ON celery_leader_run_records (prefix, election, entry, created);
 CREATE INDEX IF NOT EXISTS celery_leader_run_records_stale
     ON celery_leader_run_records (prefix, election, expires);
 CREATE TABLE IF NOT EXISTS celery_leader_run_entries (
@@ -422,8 +425,8 @@ WHERE prefix = %(prefix)s AND election = %(election)s AND key = %(key)s AND expi
 
 # An entry's run records, one statement a write (see FencedState.put_run):
 # ``w`` writes the record (compare-and-set), ``swept`` drops up to ``most`` of
-# the entry's expired records and ``trimmed`` as many over ``keep`` (oldest
-# write first, by the expiry index), ``stale`` a few records of entries nobody
+# the entry's expired records (by the expiry index) and ``trimmed`` as many over
+# ``keep`` (oldest created first, by the order index), ``stale`` a few records of entries nobody
 # writes any more, and the entry's row takes every change to its counts at once.
 _ENTRY = "prefix = %(prefix)s AND election = %(election)s AND entry = %(entry)s"
 _RECORD = f"{_ENTRY} AND key = %(key)s"
@@ -443,7 +446,7 @@ trimmed AS (
     WHERE EXISTS (SELECT 1 FROM w) AND %(keep)s::int > 0 AND {_KEYS} IN (
         SELECT prefix, election, entry, key FROM celery_leader_run_records
         WHERE {_ENTRY} AND key <> %(key)s AND expires > {NOW}
-        ORDER BY expires
+        ORDER BY created
         LIMIT GREATEST(0, LEAST(%(most)s::int,
             COALESCE((SELECT kept FROM celery_leader_run_entries WHERE {_ENTRY}), 0)
             + 1 - (SELECT count(*) FROM prev) - (SELECT count(*) FROM swept) - %(keep)s::int)))
@@ -494,15 +497,16 @@ PUT_ENTRY_RUN_NEW = f"""
 WITH {_PREV},
 w AS (
     INSERT INTO celery_leader_run_records AS r
-        (prefix, election, entry, key, value, tally, expires)
+        (prefix, election, entry, key, value, tally, expires, created)
     SELECT %(prefix)s, %(election)s, %(entry)s, %(key)s, %(new)s, %(tally)s,
-           {NOW} + %(ttl)s
+           {NOW} + %(ttl)s, {NOW}
     WHERE NOT EXISTS (
         SELECT 1 FROM celery_leader_runs
         WHERE prefix = %(prefix)s AND election = %(election)s AND key = %(key)s
           AND expires > {NOW})
     ON CONFLICT (prefix, election, entry, key) DO UPDATE SET
-        value = EXCLUDED.value, tally = EXCLUDED.tally, expires = EXCLUDED.expires
+        value = EXCLUDED.value, tally = EXCLUDED.tally, expires = EXCLUDED.expires,
+        created = EXCLUDED.created
     WHERE r.expires <= {NOW}
     RETURNING 1
 ),
@@ -531,8 +535,9 @@ gone AS (
     RETURNING key
 ),
 w AS (
-    INSERT INTO celery_leader_run_records (prefix, election, entry, key, value, tally, expires)
-    SELECT %(prefix)s, %(election)s, %(entry)s, key, %(new)s, %(tally)s, {NOW} + %(ttl)s
+    INSERT INTO celery_leader_run_records
+        (prefix, election, entry, key, value, tally, expires, created)
+    SELECT %(prefix)s, %(election)s, %(entry)s, key, %(new)s, %(tally)s, {NOW} + %(ttl)s, {NOW}
     FROM gone
     ON CONFLICT (prefix, election, entry, key) DO NOTHING
     RETURNING 1
@@ -548,11 +553,11 @@ WHERE prefix = %(prefix)s AND election = %(election)s AND key = %(key)s AND expi
 LIMIT 1
 """  # noqa: S608
 
-# The newest writes first, by the expiry index; ``limit`` bounded by the caller.
+# The newest created first, by the order index; ``limit`` bounded by the caller.
 RUNS_OF = f"""
 SELECT key, value FROM celery_leader_run_records
 WHERE {_ENTRY} AND expires > {NOW}
-ORDER BY expires DESC LIMIT %(limit)s
+ORDER BY created DESC LIMIT %(limit)s
 """  # noqa: S608
 
 # A page of entries after ``after`` (by name), each with its greatest live key

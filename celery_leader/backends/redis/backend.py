@@ -14,9 +14,9 @@ script touches a single Redis Cluster slot:
 * ``{p:e}:runs``   - hash of the run ledger's marks (``@...`` keys) -> JSON
 * ``{p:e}:runs-expiry`` - sorted set: when each mark expires (ms, server clock)
 * ``{p:e}:run:<entry>`` - hash of one entry's run records, written by workers:
-  the slot's time (the key after ``<entry>@``) -> ``<tally>|<record>``
-* ``{p:e}:run-expiry:<entry>`` - sorted set: when each of them expires, which
-  is also their write order
+  the slot's time (the key after ``<entry>@``) -> ``<tally>|<expiry>|<record>``
+  (the expiry in ms by the server's clock, base 36)
+* ``{p:e}:run-order:<entry>`` - list: the same slot times, oldest created first
 * ``{p:e}:run-sum:<entry>`` - hash: the entry's greatest slot kept (``last``)
   and how many kept records carry each tally (``n:<tally>``)
 * ``{p:e}:run-entries`` - sorted set: entries with run records -> when their
@@ -578,12 +578,13 @@ class RedisBackend(Backend):
         start = 0
         while len(out) < limit:
             # A page of ranks, not of live records: an expired one is skipped,
-            # so the next page starts where this one's ranks ended.
+            # so the next page starts where this one's ranks ended. Ranks count
+            # from the newest created; a page is one short script.
             count = min(RUNS_PAGE, limit - len(out))
             flat = self._conn.run("runs_of", keys, [start, start + count - 1])
             out += [(f"{entry}@{flat[i]}", str(flat[i + 1])) for i in range(0, len(flat), 2)]
             start += count
-            if start >= self._conn.call(lambda c: c.zcard(keys[1])):
+            if start >= self._conn.call(lambda c: c.llen(keys[1])):
                 break
         return out[:limit]
 
@@ -617,30 +618,29 @@ class RedisBackend(Backend):
 
         def records(client: Any) -> list[Any]:
             pipe = client.pipeline(transaction=False)
-            for (records, expiry, _), last in zip(keys, lasts, strict=True):
+            for (records, _, _), last in zip(keys, lasts, strict=True):
                 pipe.hget(records, last)
-                pipe.zscore(expiry, last)
             return list(pipe.execute())
 
         read = self._conn.call(records)
         out = []
-        for i, (entry, fields, last) in enumerate(zip(entries, found, lasts, strict=True)):
+        for entry, fields, last, stored in zip(entries, found, lasts, read, strict=True):
             if not last:
                 continue
-            stored, expires = read[2 * i], read[2 * i + 1]
-            live = stored is not None and expires is not None and expires > now_ms
+            # As stored: "<tally>|<expiry, ms in base 36>|<record>".
+            _, expiry, record = str(stored).split("|", 2) if stored else ("", "0", "")
             counts = {
                 str(k)[2:]: int(v) for k, v in fields.items() if str(k).startswith("n:") and int(v)
             }
-            record = str(stored).partition("|")[2] if live else None
-            out.append(RunSummary(entry, f"{entry}@{last}", record, counts))
+            live = int(expiry, 36) > now_ms
+            out.append(RunSummary(entry, f"{entry}@{last}", record if live else None, counts))
         return out
 
     def _marks_keys(self, election: str) -> list[str]:
         return [self._key(election, "runs"), self._key(election, "runs-expiry")]
 
     def _entry_runs_keys(self, election: str, entry: str) -> list[str]:
-        return [self._key(election, f"run{kind}:{entry}") for kind in ("", "-expiry", "-sum")]
+        return [self._key(election, f"run{kind}:{entry}") for kind in ("", "-order", "-sum")]
 
     def leave(self, election: str) -> None:
         self._drop_subscription(election)

@@ -214,17 +214,24 @@ return {1, ARGV[4]}
 """
 
 # The start of the per-entry run-record scripts. KEYS: the entry's records
-# (hash, key suffix -> "<tally>|<record>"), their expiries (sorted set, suffix
-# -> expiry in ms by the server's TIME), its summary (hash: "last" -> the
-# greatest suffix kept, "n:<tally>" -> how many kept records carry the tally).
-# Refuses keys of another type, then sets ``now`` as _RUNS_PROLOGUE does.
+# (hash, key suffix -> "<tally>|<expiry>|<record>", the expiry in ms by the
+# server's TIME, base 36), the order they were created in (list of suffixes,
+# oldest first), its summary (hash: "last" -> the greatest suffix kept,
+# "n:<tally>" -> how many kept records carry the tally). A list element costs
+# a tenth of a sorted-set member, and a record is a third of its memory.
+# Refuses keys of another type, then sets ``now`` as _RUNS_PROLOGUE does and
+# defines parse(stored) -> tally, expiry, record.
 _ENTRY_RUNS_PROLOGUE = """
-for _, at in ipairs({{1, 'hash'}, {2, 'zset'}, {3, 'hash'}}) do
+for _, at in ipairs({{1, 'hash'}, {2, 'list'}, {3, 'hash'}}) do
   local kind = redis.call('TYPE', KEYS[at[1]]).ok
   if kind ~= at[2] and kind ~= 'none' then return {'foreign', KEYS[at[1]], kind} end
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function parse(stored)
+  local tally, expiry, record = string.match(stored, '^([^|]*)|([^|]*)|(.*)$')
+  return tally, tonumber(expiry, 36) or 0, record
+end
 """
 
 # KEYS: as in _ENTRY_RUNS_PROLOGUE, then the election's entries with records
@@ -232,18 +239,28 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 # their expiries (the previous release kept slots there too). ARGV: entry, key,
 # suffix, has-expected ("0"/"1"), expected, new, ttl ms, keep (0: no cap),
 # tally, most records dropped. Returns as PUT_RUN does.
-# Each write drops up to ARGV[10] of the entry's expired records, and as many
-# over the cap, oldest write first: expiry costs what expired. A record the
-# previous release kept among the marks is compared with, and moved here.
+# Each write drops, oldest created first, up to ARGV[10] of the entry's records
+# that expired (stopping at the first that has not: a run rewritten late keeps
+# younger ones a while, never longer than it ran) and as many over the cap:
+# expiry costs what expired. A record the previous release kept among the
+# marks is compared with, and moved here.
 PUT_ENTRY_RUN = _ENTRY_RUNS_PROLOGUE + """
-local function remove(suffix)
+local function b36(n)
+  local out = ''
+  repeat
+    local d = n % 36
+    out = string.sub('0123456789abcdefghijklmnopqrstuvwxyz', d + 1, d + 1) .. out
+    n = math.floor(n / 36)
+  until n == 0
+  return out
+end
+local function drop(suffix)
   local v = redis.call('HGET', KEYS[1], suffix)
   if v then
-    local tally = string.match(v, '^([^|]*)|')
+    local tally = parse(v)
     if tally and tally ~= '' then redis.call('HINCRBY', KEYS[3], 'n:' .. tally, -1) end
     redis.call('HDEL', KEYS[1], suffix)
   end
-  redis.call('ZREM', KEYS[2], suffix)
 end
 local most = tonumber(ARGV[10])
 local marks = redis.call('TYPE', KEYS[5]).ok == 'hash' and redis.call('TYPE', KEYS[6]).ok == 'zset'
@@ -254,10 +271,12 @@ if marks then
     redis.call('ZREM', KEYS[6], key)
   end
 end
-local cur = redis.call('HGET', KEYS[1], ARGV[3])
-local expires = redis.call('ZSCORE', KEYS[2], ARGV[3])
-if cur and expires and tonumber(expires) <= now then cur = false end
-if cur then cur = string.sub(cur, string.find(cur, '|', 1, true) + 1) end
+local stored = redis.call('HGET', KEYS[1], ARGV[3])
+local cur = false
+if stored then
+  local _, expiry, record = parse(stored)
+  if expiry > now then cur = record end
+end
 local legacy = false
 if not cur and marks then
   local at = redis.call('ZSCORE', KEYS[6], ARGV[2])
@@ -273,26 +292,32 @@ if legacy then
   redis.call('HDEL', KEYS[5], ARGV[2])
   redis.call('ZREM', KEYS[6], ARGV[2])
 end
-remove(ARGV[3])
-redis.call('HSET', KEYS[1], ARGV[3], ARGV[9] .. '|' .. ARGV[6])
+if stored then drop(ARGV[3]) else redis.call('RPUSH', KEYS[2], ARGV[3]) end
 local ttl = tonumber(ARGV[7])
-redis.call('ZADD', KEYS[2], now + ttl, ARGV[3])
+redis.call('HSET', KEYS[1], ARGV[3], ARGV[9] .. '|' .. b36(now + ttl) .. '|' .. ARGV[6])
 if ARGV[9] ~= '' then redis.call('HINCRBY', KEYS[3], 'n:' .. ARGV[9], 1) end
 local last = redis.call('HGET', KEYS[3], 'last')
 if not last or ARGV[3] > last then redis.call('HSET', KEYS[3], 'last', ARGV[3]) end
-for _, suffix in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, most)) do
-  remove(suffix)
+for _ = 1, most do
+  local head = redis.call('LINDEX', KEYS[2], 0)
+  if not head then break end
+  local v = redis.call('HGET', KEYS[1], head)
+  if v then
+    local _, expiry = parse(v)
+    if expiry > now then break end
+  end
+  redis.call('LPOP', KEYS[2])
+  drop(head)
 end
 local keep = tonumber(ARGV[8])
 if keep > 0 then
-  local excess = math.min(redis.call('ZCARD', KEYS[2]) - keep, most)
-  if excess > 0 then
-    for _, suffix in ipairs(redis.call('ZRANGE', KEYS[2], 0, excess - 1)) do remove(suffix) end
+  for _ = 1, math.min(redis.call('LLEN', KEYS[2]) - keep, most) do
+    drop(redis.call('LPOP', KEYS[2]))
   end
 end
--- The greatest suffix went while others stay: the newest write stands for it.
+-- The greatest suffix went while others stay: the newest created stands for it.
 if redis.call('HEXISTS', KEYS[1], redis.call('HGET', KEYS[3], 'last')) == 0 then
-  redis.call('HSET', KEYS[3], 'last', redis.call('ZRANGE', KEYS[2], -1, -1)[1])
+  redis.call('HSET', KEYS[3], 'last', redis.call('LINDEX', KEYS[2], -1))
 end
 -- Every record of the entry expires by the newest write's expiry: so do its keys,
 -- and an entry nobody writes any more goes with its last record.
@@ -302,17 +327,18 @@ redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
 return {1, ARGV[6]}
 """
 
-# KEYS: as in _ENTRY_RUNS_PROLOGUE. ARGV: first rank, last rank (newest write
-# first). Returns {suffix, record, ...} of the unexpired records in that range.
+# KEYS: as in _ENTRY_RUNS_PROLOGUE. ARGV: first rank, last rank (counted from
+# the newest created). Returns {suffix, record, ...} of those that have not expired.
 RUNS_OF = _ENTRY_RUNS_PROLOGUE + """
 local out = {}
-local page = redis.call('ZREVRANGE', KEYS[2], ARGV[1], ARGV[2], 'WITHSCORES')
-for i = 1, #page, 2 do
-  if tonumber(page[i + 1]) > now then
-    local v = redis.call('HGET', KEYS[1], page[i])
-    if v then
+local page = redis.call('LRANGE', KEYS[2], -1 - tonumber(ARGV[2]), -1 - tonumber(ARGV[1]))
+for i = #page, 1, -1 do
+  local v = redis.call('HGET', KEYS[1], page[i])
+  if v then
+    local _, expiry, record = parse(v)
+    if expiry > now then
       out[#out + 1] = page[i]
-      out[#out + 1] = string.sub(v, string.find(v, '|', 1, true) + 1)
+      out[#out + 1] = record
     end
   end
 end
