@@ -777,6 +777,21 @@ class TestRunRecords:
         a.put_run(ELECTION, "live@3", None, "w", 60, tally="ok")  # a write drops what expired
         assert summaries(a)["live"].counts == {"ok": 2}
 
+    def test_an_entry_written_again_after_it_expired_counts_afresh(self, store: Store) -> None:
+        """An entry that stopped (its records expired, some of them dropped meanwhile by
+        other entries' writes) and comes back counts and caps only its new records."""
+        a = store.backend()
+        for i in range(3):
+            a.put_run(ELECTION, f"back@{i}", None, "x", 1.0, keep=2, tally="ok")
+        # etcd keeps a record up to twice its ttl (leases are shared): wait for both.
+        wait_for(lambda: "back" not in summaries(a), timeout=7)
+        for i in range(3):
+            a.put_run(ELECTION, f"other@{i}", None, "y", 60)  # may drop back's rows
+        a.put_run(ELECTION, "back@3", None, "z", 60, keep=2, tally="ok")
+        a.put_run(ELECTION, "back@4", None, "z", 60, keep=2, tally="ok")
+        assert runs(a, "back") == {"back@3": "z", "back@4": "z"}
+        assert summaries(a)["back"].counts == {"ok": 2}
+
     def test_a_record_of_the_previous_release_is_compared_with_and_moved(
         self, store: Store
     ) -> None:

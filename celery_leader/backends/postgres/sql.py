@@ -427,11 +427,25 @@ WHERE prefix = %(prefix)s AND election = %(election)s AND key = %(key)s AND expi
 # ``w`` writes the record (compare-and-set), ``swept`` drops up to ``most`` of
 # the entry's expired records (by the expiry index) and ``trimmed`` as many over
 # ``keep`` (oldest created first, by the order index), ``stale`` a few records of entries nobody
-# writes any more, and the entry's row takes every change to its counts at once.
+# writes any more (their rows' counts move with them), and the entry's row takes
+# every change to its counts at once.
 _ENTRY = "prefix = %(prefix)s AND election = %(election)s AND entry = %(entry)s"
 _RECORD = f"{_ENTRY} AND key = %(key)s"
 _PREV = f"prev AS (SELECT tally FROM celery_leader_run_records WHERE {_RECORD})"  # noqa: S608
 _KEYS = "(d.prefix, d.election, d.entry, d.key)"
+
+
+def _merged(counts: str, more: str) -> str:
+    """SQL of two jsonb objects of counts added up, tally by tally (zeros dropped)."""
+    return f"""(
+            SELECT COALESCE(jsonb_object_agg(k, n), '{{}}'::jsonb) FROM (
+                SELECT k, sum(v::bigint) AS n FROM (
+                    SELECT * FROM jsonb_each_text({counts})
+                    UNION ALL SELECT * FROM jsonb_each_text({more})) AS c(k, v)
+                GROUP BY k) AS m
+            WHERE n <> 0)"""  # noqa: S608
+
+
 _AFTER_WRITE = f"""
 swept AS (
     DELETE FROM celery_leader_run_records AS d
@@ -460,6 +474,19 @@ stale AS (
         WHERE prefix = %(prefix)s AND election = %(election)s AND entry <> %(entry)s
           AND expires <= {NOW}
         ORDER BY expires LIMIT 10)
+    RETURNING d.entry, d.tally
+),
+stale_by AS (
+    SELECT entry, sum(c) AS n,
+           COALESCE(jsonb_object_agg(tally, -c) FILTER (WHERE tally <> ''), '{{}}') AS counts
+    FROM (SELECT entry, tally, count(*) AS c FROM stale GROUP BY entry, tally) AS x
+    GROUP BY entry
+),
+restale AS (
+    UPDATE celery_leader_run_entries AS r
+    SET kept = r.kept - s.n, counts = {_merged("r.counts", "s.counts")}
+    FROM stale_by AS s
+    WHERE r.prefix = %(prefix)s AND r.election = %(election)s AND r.entry = s.entry
 ),
 deltas AS (
     SELECT t, sum(n) AS n FROM (
@@ -480,13 +507,7 @@ e AS (
     WHERE EXISTS (SELECT 1 FROM w)
     ON CONFLICT (prefix, election, entry) DO UPDATE SET
         kept = r.kept + EXCLUDED.kept,
-        counts = (
-            SELECT COALESCE(jsonb_object_agg(k, n), '{{}}'::jsonb) FROM (
-                SELECT k, sum(v::bigint) AS n FROM (
-                    SELECT * FROM jsonb_each_text(r.counts)
-                    UNION ALL SELECT * FROM jsonb_each_text(EXCLUDED.counts)) AS c(k, v)
-                GROUP BY k) AS m
-            WHERE n <> 0),
+        counts = {_merged("r.counts", "EXCLUDED.counts")},
         until = GREATEST(r.until, EXCLUDED.until)
 )
 SELECT 1 FROM w"""  # noqa: S608
