@@ -152,8 +152,12 @@ def test_a_dead_workers_run_stops_blocking_once_its_liveness_lapses(backend: Bac
 def test_settings() -> None:
     config = LeaderConfig.from_mapping({"leader_url": "memory://"})
     assert (config.ledger, config.on_redelivery, config.overlap) == (True, "rerun", "allow")
-    assert config.ledger_retention == 2 * 86400
+    assert (config.ledger_retention, config.ledger_keep) == (2 * 86400, 10_000)
+    env = {"CELERY_LEADER_URL": "memory://", "CELERY_LEADER_LEDGER_KEEP": "50"}
+    assert LeaderConfig.from_env(env).ledger_keep == 50
     for key, value, says in [
+        ("leader_ledger_keep", 0, "leader_ledger_keep must be at least 1"),
+        ("leader_ledger_keep", 2.5, "leader_ledger_keep must be a whole number"),
         ("leader_on_redelivery", "again", "leader_on_redelivery"),
         ("leader_overlap", "never", "leader_overlap"),
         ("leader_ledger_retention", 60, "at least 60 x leader_ttl"),
