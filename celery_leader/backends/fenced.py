@@ -63,9 +63,10 @@ def run_entry(key: str) -> str | None:
 class RunSummary:
     """What a store keeps of one entry's run records, up to date with every write.
 
-    ``last_key`` is the entry's greatest key written that is still kept (keys of
-    one entry sort in their order), ``last`` its record (``None`` if it expired
-    before the others); ``counts`` is how many kept records carry each tally.
+    ``last_key`` is the entry's greatest key kept (keys of one entry sort in
+    their order; a store that dropped it while others stay may name its newest
+    created instead), ``last`` its record (``None`` if it expired before the
+    others); ``counts`` is how many kept records carry each tally.
     """
 
     entry: str
