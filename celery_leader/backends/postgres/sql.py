@@ -423,6 +423,11 @@ SELECT value FROM celery_leader_runs
 WHERE prefix = %(prefix)s AND election = %(election)s AND key = %(key)s AND expires > {NOW}
 """  # noqa: S608
 
+# The statement's time (its transaction's start: each runs alone): stable
+# within it, so ``expires <= {_AT}`` is an index condition. clock_timestamp()
+# is volatile, so the planner filtered the entry's every row with it instead.
+_AT = "extract(epoch FROM now())::float8"
+
 # An entry's run records, one statement a write (see FencedState.put_run):
 # ``w`` writes the record (compare-and-set), ``swept`` drops up to ``most`` of
 # the entry's expired records (by the expiry index) and ``trimmed`` as many over
@@ -451,7 +456,7 @@ swept AS (
     DELETE FROM celery_leader_run_records AS d
     WHERE EXISTS (SELECT 1 FROM w) AND {_KEYS} IN (
         SELECT prefix, election, entry, key FROM celery_leader_run_records
-        WHERE {_ENTRY} AND key <> %(key)s AND expires <= {NOW}
+        WHERE {_ENTRY} AND key <> %(key)s AND expires <= {_AT}
         ORDER BY expires LIMIT %(most)s::int)
     RETURNING d.tally
 ),
@@ -459,7 +464,7 @@ trimmed AS (
     DELETE FROM celery_leader_run_records AS d
     WHERE EXISTS (SELECT 1 FROM w) AND %(keep)s::int > 0 AND {_KEYS} IN (
         SELECT prefix, election, entry, key FROM celery_leader_run_records
-        WHERE {_ENTRY} AND key <> %(key)s AND expires > {NOW}
+        WHERE {_ENTRY} AND key <> %(key)s AND expires > {_AT}
         ORDER BY created
         LIMIT GREATEST(0, LEAST(%(most)s::int,
             COALESCE((SELECT kept FROM celery_leader_run_entries WHERE {_ENTRY}), 0)
@@ -469,10 +474,10 @@ trimmed AS (
 stale AS (
     DELETE FROM celery_leader_run_records AS d USING celery_leader_run_entries AS e
     WHERE EXISTS (SELECT 1 FROM w) AND e.prefix = d.prefix AND e.election = d.election
-      AND e.entry = d.entry AND e.until <= {NOW} AND {_KEYS} IN (
+      AND e.entry = d.entry AND e.until <= {_AT} AND {_KEYS} IN (
         SELECT prefix, election, entry, key FROM celery_leader_run_records
         WHERE prefix = %(prefix)s AND election = %(election)s AND entry <> %(entry)s
-          AND expires <= {NOW}
+          AND expires <= {_AT}
         ORDER BY expires LIMIT 10)
     RETURNING d.entry, d.tally
 ),
@@ -503,7 +508,7 @@ e AS (
            1 - (SELECT count(*) FROM prev) - (SELECT count(*) FROM swept)
              - (SELECT count(*) FROM trimmed),
            COALESCE((SELECT jsonb_object_agg(t, n) FROM deltas), '{{}}'::jsonb),
-           {NOW} + %(ttl)s
+           {_AT} + %(ttl)s
     WHERE EXISTS (SELECT 1 FROM w)
     ON CONFLICT (prefix, election, entry) DO UPDATE SET
         kept = r.kept + EXCLUDED.kept,
@@ -520,15 +525,15 @@ w AS (
     INSERT INTO celery_leader_run_records AS r
         (prefix, election, entry, key, value, tally, expires, created)
     SELECT %(prefix)s, %(election)s, %(entry)s, %(key)s, %(new)s, %(tally)s,
-           {NOW} + %(ttl)s, {NOW}
+           {_AT} + %(ttl)s, {_AT}
     WHERE NOT EXISTS (
         SELECT 1 FROM celery_leader_runs
         WHERE prefix = %(prefix)s AND election = %(election)s AND key = %(key)s
-          AND expires > {NOW})
+          AND expires > {_AT})
     ON CONFLICT (prefix, election, entry, key) DO UPDATE SET
         value = EXCLUDED.value, tally = EXCLUDED.tally, expires = EXCLUDED.expires,
         created = EXCLUDED.created
-    WHERE r.expires <= {NOW}
+    WHERE r.expires <= {_AT}
     RETURNING 1
 ),
 {_AFTER_WRITE}
@@ -538,8 +543,8 @@ PUT_ENTRY_RUN_REPLACE = f"""
 WITH {_PREV},
 w AS (
     UPDATE celery_leader_run_records
-    SET value = %(new)s, tally = %(tally)s, expires = {NOW} + %(ttl)s
-    WHERE {_RECORD} AND value = %(expected)s AND expires > {NOW}
+    SET value = %(new)s, tally = %(tally)s, expires = {_AT} + %(ttl)s
+    WHERE {_RECORD} AND value = %(expected)s AND expires > {_AT}
     RETURNING 1
 ),
 {_AFTER_WRITE}
@@ -552,13 +557,13 @@ WITH prev AS (SELECT ''::text AS tally WHERE false),
 gone AS (
     DELETE FROM celery_leader_runs
     WHERE prefix = %(prefix)s AND election = %(election)s AND key = %(key)s
-      AND value = %(expected)s AND expires > {NOW}
+      AND value = %(expected)s AND expires > {_AT}
     RETURNING key
 ),
 w AS (
     INSERT INTO celery_leader_run_records
         (prefix, election, entry, key, value, tally, expires, created)
-    SELECT %(prefix)s, %(election)s, %(entry)s, key, %(new)s, %(tally)s, {NOW} + %(ttl)s, {NOW}
+    SELECT %(prefix)s, %(election)s, %(entry)s, key, %(new)s, %(tally)s, {_AT} + %(ttl)s, {_AT}
     FROM gone
     ON CONFLICT (prefix, election, entry, key) DO NOTHING
     RETURNING 1
@@ -567,17 +572,17 @@ w AS (
 """  # noqa: S608
 
 GET_ENTRY_RUN = f"""
-SELECT value FROM celery_leader_run_records WHERE {_RECORD} AND expires > {NOW}
+SELECT value FROM celery_leader_run_records WHERE {_RECORD} AND expires > {_AT}
 UNION ALL
 SELECT value FROM celery_leader_runs
-WHERE prefix = %(prefix)s AND election = %(election)s AND key = %(key)s AND expires > {NOW}
+WHERE prefix = %(prefix)s AND election = %(election)s AND key = %(key)s AND expires > {_AT}
 LIMIT 1
 """  # noqa: S608
 
 # The newest created first, by the order index; ``limit`` bounded by the caller.
 RUNS_OF = f"""
 SELECT key, value FROM celery_leader_run_records
-WHERE {_ENTRY} AND expires > {NOW}
+WHERE {_ENTRY} AND expires > {_AT}
 ORDER BY created DESC LIMIT %(limit)s
 """  # noqa: S608
 
@@ -589,11 +594,11 @@ FROM celery_leader_run_entries AS e
 LEFT JOIN LATERAL (
     SELECT key, value FROM celery_leader_run_records AS r
     WHERE r.prefix = e.prefix AND r.election = e.election AND r.entry = e.entry
-      AND r.expires > {NOW}
+      AND r.expires > {_AT}
     ORDER BY r.key DESC LIMIT 1
 ) AS l ON true
 WHERE e.prefix = %(prefix)s AND e.election = %(election)s AND e.entry > %(after)s
-  AND e.until > {NOW}
+  AND e.until > {_AT}
 ORDER BY e.entry LIMIT %(page)s
 """  # noqa: S608
 
