@@ -359,7 +359,9 @@ _OLDEST = """
 # take turns, so the reads that decide (the record, its tally, the expired and
 # excess records to drop) stay true until the commit. A record the previous
 # release kept in celery_leader_runs is compared with, and moved here when
-# replaced. The last statement says whether the write won and what is stored.
+# replaced. The dropped rows are joined by primary key (a subquery "IN" made
+# MariaDB scan the entry's rows). The last statement says whether the write won
+# and what is stored.
 PUT_ENTRY_RUN = f"""
 START TRANSACTION;
 INSERT INTO celery_leader_run_entries (prefix, election, entry, kept, until)
@@ -403,13 +405,15 @@ INSERT IGNORE INTO celery_leader_dropped (run_key)
     count="@kept - %(keep)s",
 )};
 UPDATE celery_leader_run_counts AS c JOIN (
-    SELECT tally, COUNT(*) AS n FROM celery_leader_run_records
-    WHERE {_ENTRY} AND run_key IN (SELECT run_key FROM celery_leader_dropped)
-    GROUP BY tally) AS g ON c.tally = g.tally
+    SELECT r.tally, COUNT(*) AS n FROM celery_leader_dropped AS d
+    JOIN celery_leader_run_records AS r ON r.prefix = %(prefix)s
+        AND r.election = %(election)s AND r.entry = %(entry)s AND r.run_key = d.run_key
+    GROUP BY r.tally) AS g ON c.tally = g.tally
 SET c.n = c.n - g.n WHERE c.prefix = %(prefix)s AND c.election = %(election)s
   AND c.entry = %(entry)s;
-DELETE FROM celery_leader_run_records
-WHERE {_ENTRY} AND run_key IN (SELECT run_key FROM celery_leader_dropped);
+DELETE r FROM celery_leader_run_records AS r
+JOIN celery_leader_dropped AS d ON r.run_key = d.run_key
+WHERE r.prefix = %(prefix)s AND r.election = %(election)s AND r.entry = %(entry)s;
 UPDATE celery_leader_run_entries
 SET kept = kept + @added - ROW_COUNT(), until = GREATEST(until, @now + %(ttl)s)
 WHERE {_ENTRY} AND @ok;
