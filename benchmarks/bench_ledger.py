@@ -48,7 +48,13 @@ def timed(fn: Callable[[int], object], n: int) -> list[float]:
 def ledger_cost(url: str, n: int) -> list[float]:
     config = LeaderConfig.from_mapping({"leader_url": url, "leader_key_prefix": "bench"})
     target = LedgerTarget(
-        create_backend(config), "beat", "bench", 15.0, 5.0, config.ledger_retention
+        create_backend(config),
+        "beat",
+        "bench",
+        15.0,
+        5.0,
+        config.ledger_retention,
+        config.ledger_keep,
     )
     guard = RunGuard(target, "rerun")
     run = uuid.uuid4().hex[:6]

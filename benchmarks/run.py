@@ -37,6 +37,9 @@ RESULTS = ROOT / "benchmarks" / "results"
 #: so not part of this command), kept for the page: ``python -m benchmarks.scale``
 #: (and ``django_rows``, ``start``), and paste their output there.
 SCALE_RESULTS = ROOT / "benchmarks" / "scale_results.md"
+#: The run ledger at volume (``benchmarks/ledger_volume.py``, run on its own: it
+#: seeds a million records on each store), as the page shows it.
+LEDGER_RESULTS = ROOT / "benchmarks" / "ledger_volume_results.md"
 DOCS = ROOT / "docs"
 COMMAND = ".venv/bin/python benchmarks/run.py"
 
@@ -399,6 +402,7 @@ def main() -> int:
             pause=failover.PAUSE,
             partition=failover.PARTITION,
             scale_results=SCALE_RESULTS.read_text(),
+            ledger_results=LEDGER_RESULTS.read_text(),
             # One heading level down: the results sit under the page's own sections.
             results=re.sub(r"(?m)^(#{2,}) ", r"#\1 ", body).replace(
                 "(failover.png)", "(img/failover.png)"
@@ -568,6 +572,7 @@ code entries and redbeat.
   its new leader has nothing to send until a beat restarts.
 
 {scale_results}
+{ledger_results}
 ## Latest results
 
 {results}"""

@@ -79,6 +79,12 @@ ON_REDELIVERY = ("rerun", "skip")
 #: ``leader_ledger_retention``: two days, so yesterday's slots stay visible
 #: and deduplicated through a whole day's redeliveries and restarts.
 DEFAULT_LEDGER_RETENTION = 2 * 86400.0
+#: ``leader_ledger_keep``: the runs kept per entry. A record is also what drops a
+#: redelivered copy of its slot, so an entry must keep its runs for as long as a
+#: broker may redeliver: 10,000 covers Celery's one-hour Redis visibility timeout
+#: for an entry every 0.36 s, and keeps an entry every second from holding more
+#: than about 3 MB of the store (10,000 records of ~250 B) whatever the retention.
+DEFAULT_LEDGER_KEEP = 10_000
 #: ``leader_overlap`` values: what a slot does while the previous slot of its
 #: entry still runs: run anyway, be skipped, or wait (up to ``leader_overlap_wait``).
 OVERLAP = ("allow", "skip", "wait")
@@ -135,6 +141,8 @@ class LeaderConfig:
     on_redelivery: str = "rerun"
     #: Seconds a run record is kept after its last write.
     ledger_retention: float = DEFAULT_LEDGER_RETENTION
+    #: Runs kept per entry (the most recently written), beside the retention.
+    ledger_keep: int = DEFAULT_LEDGER_KEEP
     #: Entries' default ``overlap`` (see :data:`OVERLAP`).
     overlap: str = "allow"
     #: Longest wait of a slot of an ``overlap = "wait"`` entry, seconds.
@@ -287,6 +295,9 @@ class LeaderConfig:
             ledger_retention=_retention(
                 n("leader_ledger_retention"), values.get("leader_ledger_retention"), ttl
             ),
+            ledger_keep=_count(
+                n("leader_ledger_keep"), values.get("leader_ledger_keep"), DEFAULT_LEDGER_KEEP
+            ),
             overlap=_choice(n("leader_overlap"), values.get("leader_overlap") or "allow", OVERLAP),
             overlap_wait=_positive(
                 n("leader_overlap_wait"), values.get("leader_overlap_wait"), DEFAULT_OVERLAP_WAIT
@@ -320,6 +331,7 @@ SETTINGS = (
     "leader_ledger",
     "leader_on_redelivery",
     "leader_ledger_retention",
+    "leader_ledger_keep",
     "leader_overlap",
     "leader_overlap_wait",
     "leader_sentry_crons",

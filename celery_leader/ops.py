@@ -92,7 +92,7 @@ def status(
         rows = [_row(name, backend.holder(name)) for name in names]
         clock = _clock(config, backend, names[0])
         runs = (
-            summarize(backend.load_runs(config.beat_election), time.time())
+            summarize(backend.run_summaries(config.beat_election), time.time())
             if config.ledger
             else None
         )

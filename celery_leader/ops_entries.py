@@ -21,7 +21,7 @@ from typing import Any
 from .backends import Backend, FencedState, create_backend
 from .config import LeaderConfig
 from .exceptions import ConfigError, StoreUnavailable
-from .ledger.summary import summarize
+from .ledger.summary import RECENT_RUNS, recent_run, summarize
 from .schedule.book import EntryBook
 from .schedule.entries import CODE, Entry, EntryError, allowed, instant_now
 from .schedule.series import Series, utc
@@ -263,15 +263,18 @@ def _show(app: EntriesApp, book: EntryBook, echo: Echo, name: str, as_json: bool
     if entry is not None and entry.kind != CODE:
         shown["entry"] = json.loads(entry.to_json())
     if app.config.ledger:
-        records = book.backend.load_runs(app.config.beat_election)
-        runs = [r for r in summarize(records, time.time()) if r.entry == name]
+        election = app.config.beat_election
+        summaries = [s for s in book.backend.run_summaries(election) if s.entry == name]
+        runs = summarize(summaries, time.time())
         # null: the ledger has no run of it within its retention.
         shown["runs"] = runs[0].to_json() if runs else None
+        recent = book.backend.runs_of(election, name, RECENT_RUNS)
+        shown["recent_runs"] = [recent_run(key, text) for key, text in sorted(recent, reverse=True)]
     if as_json:
         echo(json.dumps(shown, indent=2))
     else:
         for key, value in shown.items():
-            echo(f"{key}: {json.dumps(value) if isinstance(value, dict) else value}")
+            echo(f"{key}: {json.dumps(value) if isinstance(value, dict | list) else value}")
     return 0
 
 

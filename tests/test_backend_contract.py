@@ -35,10 +35,11 @@ from celery_leader.backends import (
     Write,
     create_backend,
 )
+from celery_leader.backends.fenced import RunSummary
 from celery_leader.backends.mysql.params import connection_params
 from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import StoreUnavailable
-from celery_leader.ledger import marks
+from celery_leader.ledger import RunRecord, marks
 from harness.servers import free_port
 from harness.waiting import wait_for
 
@@ -66,6 +67,9 @@ class Store:
     #: Rewrite the stored term of ELECTION as celery-leader 0.4.0 wrote it (no
     #: ``since``); None for a store whose terms never outlive the process (memory).
     as_written_by_0_4: Callable[[], None] | None = None
+    #: Store a slot's run record (key, record) as celery-leader 0.6 did, in the
+    #: election's one table of run records, for a minute; None for memory.
+    legacy_run: Callable[[str, str], None] | None = None
     made: list[Backend] = field(default_factory=list)
 
     def backend(self, url: str | None = None) -> Backend:
@@ -99,7 +103,14 @@ def _redis_store(url: str) -> Store:
         del term["since"]
         client.set(key, json.dumps(term), keepttl=True)
 
-    return Store("redis", url, True, plant, f"redis://127.0.0.1:{free_port()}/0", as_written_by_0_4)
+    def legacy_run(key: str, value: str) -> None:
+        client.hset(f"{{{PREFIX}:{ELECTION}}}:runs", key, value)
+        (seconds, micros) = client.time()
+        expires = seconds * 1000 + micros // 1000 + 60_000
+        client.zadd(f"{{{PREFIX}:{ELECTION}}}:runs-expiry", {key: expires})
+
+    down = f"redis://127.0.0.1:{free_port()}/0"
+    return Store("redis", url, True, plant, down, as_written_by_0_4, legacy_run)
 
 
 def _file_store(directory: Path) -> Store:
@@ -117,7 +128,13 @@ def _file_store(directory: Path) -> Store:
 
     # Down: the directory is replaced by a file after the backend was built.
     down = f"file://{directory}/down"
-    return Store("file", f"file://{directory}", False, plant, down, as_written_by_0_4)
+    def legacy_run(key: str, value: str) -> None:
+        path = directory / f"{PREFIX}.{ELECTION}.runs"
+        kept = json.loads(path.read_text()) if path.exists() else {}
+        path.write_text(json.dumps({**kept, key: [value, time.time() + 60]}))
+
+    url = f"file://{directory}"
+    return Store("file", url, False, plant, down, as_written_by_0_4, legacy_run)
 
 
 def _postgres_store(url: str) -> Store:
@@ -132,9 +149,17 @@ def _postgres_store(url: str) -> Store:
                 (PREFIX, ELECTION),
             )
 
+    def legacy_run(key: str, value: str) -> None:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO celery_leader_runs (prefix, election, key, value, expires)"
+                " VALUES (%s, %s, %s, %s, extract(epoch FROM now()) + 60)",
+                (PREFIX, ELECTION, key, value),
+            )
+
     host, port = "127.0.0.1", free_port()
     down = f"postgresql://leader:pw@{host}:{port}/leader"
-    return Store("postgres", url, False, plant, down, as_written_by_0_4)
+    return Store("postgres", url, False, plant, down, as_written_by_0_4, legacy_run)
 
 
 def _mariadb_store(url: str) -> Store:
@@ -153,8 +178,20 @@ def _mariadb_store(url: str) -> Store:
         finally:
             conn.close()
 
+    def legacy_run(key: str, value: str) -> None:
+        conn = pymysql.connect(**connection_params(url)[0], autocommit=True)
+        try:
+            with conn.cursor() as cursor:
+                cursor.execute(
+                    "INSERT INTO celery_leader_runs (prefix, election, run_key, value, expires)"
+                    " VALUES (%s, %s, %s, %s, UNIX_TIMESTAMP(NOW(6)) + 60)",
+                    (PREFIX, ELECTION, key, value),
+                )
+        finally:
+            conn.close()
+
     down = f"mariadb://leader:pw@127.0.0.1:{free_port()}/leader"
-    return Store("mysql", url, False, plant, down, as_written_by_0_4)
+    return Store("mysql", url, False, plant, down, as_written_by_0_4, legacy_run)
 
 
 def _etcd_store(url: str) -> Store:
@@ -180,8 +217,14 @@ def _etcd_store(url: str) -> Store:
         put = {"key": key, "value": _b64(json.dumps(term)), "lease": kv["lease"]}
         requests.post(f"http://{endpoint}/v3/kv/put", json=put, timeout=5).raise_for_status()
 
+    def legacy_run(key: str, value: str) -> None:
+        grant = requests.post(f"http://{endpoint}/v3/lease/grant", json={"TTL": 60}, timeout=5)
+        lease = grant.json()["ID"]
+        put = {"key": _b64(f"{PREFIX}/{ELECTION}/runs/{key}"), "value": _b64(value), "lease": lease}
+        requests.post(f"http://{endpoint}/v3/kv/put", json=put, timeout=5).raise_for_status()
+
     down = f"etcd://127.0.0.1:{free_port()},127.0.0.1:{free_port()}"
-    return Store("etcd", url, True, plant, down, as_written_by_0_4)
+    return Store("etcd", url, True, plant, down, as_written_by_0_4, legacy_run)
 
 
 def _b64(text: str) -> str:
@@ -626,6 +669,15 @@ class TestFencedState:
         )
 
 
+def runs(backend: Backend, entry: str, election: str = ELECTION) -> dict[str, str]:
+    """Every run record of ``entry`` a store keeps (tests keep few)."""
+    return dict(backend.runs_of(election, entry, 1000))
+
+
+def summaries(backend: Backend) -> dict[str, RunSummary]:
+    return {s.entry: s for s in backend.run_summaries(ELECTION)}
+
+
 class TestRunRecords:
     """Run records (the run ledger): unfenced compare-and-sets that expire."""
 
@@ -636,8 +688,8 @@ class TestRunRecords:
         assert b.put_run(ELECTION, "job@1", "other", "x", 60) == (False, "started-a")
         assert b.put_run(ELECTION, "job@1", "started-a", "done-a", 60) == (True, "done-a")
         assert b.put_run(ELECTION, "job@2", "started-a", "x", 60)[0] is False, "nothing there"
-        assert a.load_runs(ELECTION) == {"job@1": "done-a"}
-        assert a.load_runs("other") == {}
+        assert runs(a, "job") == {"job@1": "done-a"}
+        assert runs(a, "job", "other") == {}
         assert a.load_state(ELECTION) == {}, "run records live apart from the schedule state"
 
     def test_the_ledgers_marks_are_read_without_a_write(self, store: Store) -> None:
@@ -645,19 +697,21 @@ class TestRunRecords:
         that cannot succeed (PostgreSQL once refused its expected value, so beat never re-sent)."""
         a = store.backend()
         assert marks.read(a, ELECTION, "job@1", 60) is None
-        assert marks.mark_sent(a, ELECTION, "job@1", "beat-a", 60)
+        assert marks.mark_sent(a, ELECTION, "job@1", "beat-a", 60, 0)
         sent = marks.read(a, ELECTION, "job@1", 60)
-        assert sent is not None and json.loads(sent)["status"] == "sent"
+        assert sent is not None and RunRecord.load(sent, "job@1") is not None
         assert marks.touch(a, ELECTION, "@mark", {"since": 1}, 60) == '{"since": 1}'
         assert marks.touch(a, ELECTION, "@mark", {"since": 2}, 60) == '{"since": 1}'
-        assert a.load_runs(ELECTION) == {"job@1": sent, "@mark": '{"since": 1}'}
+        assert marks.read(a, ELECTION, "@mark", 60) == '{"since": 1}'
+        assert runs(a, "job") == {"job@1": sent}
+        assert list(summaries(a)) == ["job"], "a mark is no entry's record"
 
     def test_one_of_many_racing_writers_wins(self, store: Store) -> None:
         backends = [store.backend() for _ in range(4)]
         won: list[str] = []
 
         def race(i: int) -> None:
-            ok, _ = backends[i].put_run(ELECTION, "job@race", None, f"w{i}", 60)
+            ok, _ = backends[i].put_run(ELECTION, "job@race", None, f"w{i}", 60, tally="t")
             if ok:
                 won.append(f"w{i}")
 
@@ -667,21 +721,102 @@ class TestRunRecords:
         for t in threads:
             t.join(10)
         assert len(won) == 1
-        assert backends[0].load_runs(ELECTION) == {"job@race": won[0]}
+        assert runs(backends[0], "job") == {"job@race": won[0]}
+        assert summaries(backends[0])["job"].counts == {"t": 1}
 
     def test_an_expired_record_counts_as_absent(self, store: Store) -> None:
         a = store.backend()
         ttl = 1.0
         assert a.put_run(ELECTION, "job@old", None, "v1", ttl)[0]
         # etcd keeps a record up to twice its ttl (leases are shared): wait for both.
-        wait_for(lambda: "job@old" not in a.load_runs(ELECTION), timeout=4 * ttl + 3)
+        wait_for(lambda: "job@old" not in runs(a, "job"), timeout=4 * ttl + 3)
         assert a.put_run(ELECTION, "job@old", "v1", "v2", 60)[0] is False
         assert a.put_run(ELECTION, "job@old", None, "v3", 60) == (True, "v3")
-        assert a.load_runs(ELECTION) == {"job@old": "v3"}
+        assert runs(a, "job") == {"job@old": "v3"}
+
+    def test_an_entrys_summary_follows_its_writes(self, store: Store) -> None:
+        """What ``leader status`` reads: per entry, its greatest slot and the tallies of
+        the records kept, moved by every write (a record changing tally moves both)."""
+        a = store.backend()
+        a.put_run(ELECTION, "a@01", None, "sent-1", 60, tally="sent")
+        a.put_run(ELECTION, "a@02", None, "sent-2", 60, tally="sent")
+        a.put_run(ELECTION, "a@01", "sent-1", "ok-1", 60, tally="success")
+        a.put_run(ELECTION, "b@01", None, "x", 60)
+        a.put_run(ELECTION, "@entry/a", None, "mark", 60)
+        got = summaries(a)
+        assert sorted(got) == ["a", "b"]
+        assert (got["a"].last_key, got["a"].last) == ("a@02", "sent-2")
+        assert got["a"].counts == {"sent": 1, "success": 1}
+        assert (got["b"].last_key, got["b"].last, got["b"].counts) == ("b@01", "x", {})
+
+    def test_runs_of_reads_the_newest_first_up_to_a_limit(self, store: Store) -> None:
+        """Newest created: a slot's record is created when it is sent or started, in
+        slot order, and its later writes (started, finished) do not move it."""
+        a = store.backend()
+        for i in range(5):
+            a.put_run(ELECTION, f"e@{i}", None, f"v{i}", 60)
+            time.sleep(0.002)  # SQL stores order by the server's clock
+        a.put_run(ELECTION, "e@1", "v1", "w1", 60)
+        assert a.runs_of(ELECTION, "e", 3) == [("e@4", "v4"), ("e@3", "v3"), ("e@2", "v2")]
+        assert a.runs_of(ELECTION, "e", 10)[3] == ("e@1", "w1")
+        assert a.runs_of(ELECTION, "f", 3) == []
+
+    def test_keep_caps_an_entrys_records_and_its_counts(self, store: Store) -> None:
+        a = store.backend()
+        for i in range(6):
+            a.put_run(ELECTION, f"e@{i}", None, f"v{i}", 60, keep=3, tally="ok")
+            time.sleep(0.002)
+        assert runs(a, "e") == {"e@3": "v3", "e@4": "v4", "e@5": "v5"}
+        got = summaries(a)["e"]
+        assert (got.last_key, got.counts) == ("e@5", {"ok": 3})
+
+    def test_expiry_takes_an_entrys_records_and_counts_with_it(self, store: Store) -> None:
+        a = store.backend()
+        a.put_run(ELECTION, "gone@1", None, "x", 1.0, tally="ok")
+        a.put_run(ELECTION, "live@1", None, "y", 1.0, tally="ok")
+        a.put_run(ELECTION, "live@2", None, "z", 60, tally="ok")
+        # etcd keeps a record up to twice its ttl (leases are shared): wait for both.
+        wait_for(lambda: "gone" not in summaries(a) and len(runs(a, "live")) == 1, timeout=7)
+        a.put_run(ELECTION, "live@3", None, "w", 60, tally="ok")  # a write drops what expired
+        assert summaries(a)["live"].counts == {"ok": 2}
+
+    def test_an_entry_written_again_after_it_expired_counts_afresh(self, store: Store) -> None:
+        """An entry that stopped (its records expired, some of them dropped meanwhile by
+        other entries' writes) and comes back counts and caps only its new records."""
+        a = store.backend()
+        for i in range(3):
+            a.put_run(ELECTION, f"back@{i}", None, "x", 1.0, keep=2, tally="ok")
+        # etcd keeps a record up to twice its ttl (leases are shared): wait for both.
+        wait_for(lambda: "back" not in summaries(a), timeout=7)
+        for i in range(3):
+            a.put_run(ELECTION, f"other@{i}", None, "y", 60)  # may drop back's rows
+        a.put_run(ELECTION, "back@3", None, "z", 60, keep=2, tally="ok")
+        a.put_run(ELECTION, "back@4", None, "z", 60, keep=2, tally="ok")
+        assert runs(a, "back") == {"back@3": "z", "back@4": "z"}
+        assert summaries(a)["back"].counts == {"ok": 2}
+
+    def test_a_record_of_the_previous_release_is_compared_with_and_moved(
+        self, store: Store
+    ) -> None:
+        """An upgrade keeps the records it finds: a worker still sees that a slot ran
+        (or was sent) and takes a sent slot over, and the record moves to its entry."""
+        if store.legacy_run is None:
+            pytest.skip("records in process memory never outlive a release")
+        a = store.backend()
+        a.put_run(ELECTION, "@ledger-since", None, "{}", 60)  # SQL stores make their tables
+        store.legacy_run("old@1", "ran")
+        store.legacy_run("old@2", "sent")
+        assert a.put_run(ELECTION, "old@1", None, "again", 60, tally="t") == (False, "ran")
+        assert a.put_run(ELECTION, "old@2", "sent", "started", 60, tally="t") == (True, "started")
+        assert runs(a, "old") == {"old@2": "started"}
+        assert marks.read(a, ELECTION, "old@2", 60) == "started"
+        assert summaries(a)["old"].counts == {"t": 1}
+        assert a.put_run(ELECTION, "old@2", "sent", "x", 60)[0] is False, "moved, not copied"
 
     def test_a_store_that_is_down_raises_store_unavailable_only(self, store: Store) -> None:
         backend = _down(store)
         _only_store_unavailable(
             lambda: backend.put_run(ELECTION, "job@1", None, "x", 60),
-            lambda: backend.load_runs(ELECTION),
+            lambda: backend.runs_of(ELECTION, "job", 10),
+            lambda: backend.run_summaries(ELECTION),
         )

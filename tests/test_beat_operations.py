@@ -41,6 +41,7 @@ from harness.procs import signal as send_signal
 from harness.proxy import TcpProxy
 from harness.servers import RabbitServer, RedisServer, free_port
 from harness.waiting import wait_for
+from tests import ledger_reads
 from tests.test_beat_chaos import (  # noqa: F401 - fixtures
     BEAT,
     CELERY,
@@ -393,7 +394,7 @@ def start_ledger_workers(
     backend = create_backend(LeaderConfig.from_mapping({"leader_url": lease_store.url}))
     try:
         wait_for(
-            lambda: WORKERS in backend.load_runs("beat"),
+            lambda: ledger_reads.record(backend, WORKERS) is not None,
             20,
             message="no worker registered in the ledger",
         )

@@ -685,7 +685,7 @@ def test_show_has_the_run_ledgers_summary_of_the_entry_when_the_ledger_is_on() -
             backend = create_backend(config)
             done = RunRecord.sent_by("r@2026-03-01T12:00:05+00:00", "beat-1", 1, 100.0)
             ran = replace(done, status="started", attempt=1).ended(102.5, "success")
-            backend.put_run("beat", done.slot, None, ran.dump(), 60)
+            backend.put_run("beat", done.slot, None, ran.dump(), 60, tally=ran.tally)
             backend.close()
     assert "runs" not in shown["False"], "no ledger: nothing of it shown"
     runs = shown["True"]["runs"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -30,6 +31,7 @@ from celery_leader.schedule.jobs import Outcome
 from celery_leader.schedule.resend import Resender
 from celery_leader.shared_counters import ENV_VAR, SharedCounters
 from harness.waiting import wait_for
+from tests import ledger_reads
 
 TTL = 0.3
 SLOT = "report@2026-01-01T00:00:00.000+00:00"
@@ -42,11 +44,13 @@ def backend() -> Backend:
 
 
 def guard(backend: Backend, who: str, on_redelivery: str = "rerun") -> RunGuard:
-    return RunGuard(LedgerTarget(backend, "beat", who, TTL, TTL / 3, 3600), on_redelivery)
+    target = LedgerTarget(backend, "beat", who, TTL, TTL / 3, 3600, 10)
+    return RunGuard(target, on_redelivery)
 
 
 def record(backend: Backend, slot: str = SLOT) -> RunRecord:
-    loaded = RunRecord.load(backend.load_runs("beat")[slot])
+    text = ledger_reads.record(backend, slot)
+    loaded = None if text is None else RunRecord.load(text, slot)
     assert loaded is not None
     return loaded
 
@@ -123,11 +127,11 @@ def test_a_retry_takes_over_its_started_record(backend: Backend) -> None:
 
 
 def test_beats_sent_mark_is_taken_over_by_the_first_worker(backend: Backend) -> None:
-    assert marks.mark_sent(backend, "beat", SLOT, "beat-1", 3600)
-    assert not marks.mark_sent(backend, "beat", SLOT, "beat-2", 3600), "sent once"
+    assert marks.mark_sent(backend, "beat", SLOT, "beat-1", 3600, 10)
+    assert not marks.mark_sent(backend, "beat", SLOT, "beat-2", 3600, 10), "sent once"
     assert guard(backend, "a").begin(SLOT).run
     assert not guard(backend, "b", "skip").begin(SLOT).run
-    assert summarize(backend.load_runs("beat"), time.time())[0].state == "running"
+    assert summarize(backend.run_summaries("beat"), time.time())[0].state == "running"
 
 
 def test_overlap_skip_and_wait(backend: Backend) -> None:
@@ -142,7 +146,7 @@ def test_overlap_skip_and_wait(backend: Backend) -> None:
     a.finish(first, "success")
     fourth = "report@2026-01-01T00:04:00.000+00:00"
     assert b.begin(fourth, overlap="wait", overlap_wait=5).run, "free once the first ended"
-    runs = summarize(backend.load_runs("beat"), time.time())
+    runs = summarize(backend.run_summaries("beat"), time.time())
     assert [(s.entry, s.last_slot, s.runs, s.skips) for s in runs] == [("report", fourth, 2, 2)]
 
 
@@ -159,8 +163,12 @@ def test_a_dead_workers_run_stops_blocking_once_its_liveness_lapses(backend: Bac
 def test_settings() -> None:
     config = LeaderConfig.from_mapping({"leader_url": "memory://"})
     assert (config.ledger, config.on_redelivery, config.overlap) == (True, "rerun", "allow")
-    assert config.ledger_retention == 2 * 86400
+    assert (config.ledger_retention, config.ledger_keep) == (2 * 86400, 10_000)
+    env = {"CELERY_LEADER_URL": "memory://", "CELERY_LEADER_LEDGER_KEEP": "50"}
+    assert LeaderConfig.from_env(env).ledger_keep == 50
     for key, value, says in [
+        ("leader_ledger_keep", 0, "leader_ledger_keep must be at least 1"),
+        ("leader_ledger_keep", 2.5, "leader_ledger_keep must be a whole number"),
         ("leader_on_redelivery", "again", "leader_on_redelivery"),
         ("leader_overlap", "never", "leader_overlap"),
         ("leader_ledger_retention", 60, "at least 60 x leader_ttl"),
@@ -208,13 +216,13 @@ def test_a_publish_of_unknown_outcome_is_resent_only_while_workers_deduplicate(
         backend=backend, election="beat", instance_id="beat-1", ttl=60, clock=SYSTEM_CLOCK
     )
     adapter = _Sends()
-    resender = Resender(lease, adapter, 3600, logging.getLogger("test"))  # type: ignore[arg-type]
+    resender = Resender(lease, adapter, 3600, 10, logging.getLogger("test"))  # type: ignore[arg-type]
     due = datetime(2026, 1, 1, tzinfo=timezone.utc)
     # No worker with the dedup step: the slot stays claimed, as with the ledger off.
     resender.unknown(None, SLOT, due)  # type: ignore[arg-type]
     resender.retry(epoch=1)
     assert adapter.sent == []
-    assert SLOT not in backend.load_runs("beat")
+    assert ledger_reads.record(backend, SLOT) is None
     # A worker registered (its mark lives a few ttl): the next one is re-sent once.
     marks.touch(backend, "beat", WORKERS, {"worker": "w1"}, 60)
     resender.unknown(None, SLOT, due)  # type: ignore[arg-type]
@@ -231,13 +239,13 @@ def test_beat_marks_slots_sent_only_while_workers_deduplicate(backend: Backend) 
     lease = SimpleNamespace(
         backend=backend, election="beat", instance_id="beat-1", ttl=TTL, clock=clock
     )
-    resender = Resender(lease, _Sends(), 3600, logging.getLogger("test"))  # type: ignore[arg-type]
+    resender = Resender(lease, _Sends(), 3600, 10, logging.getLogger("test"))  # type: ignore[arg-type]
     resender.sent(SLOT)  # nobody would drop a re-sent copy: no mark, no round trip
-    assert backend.load_runs("beat") == {}
+    assert ledger_reads.slot_records(backend) == {}
     marks.touch(backend, "beat", WORKERS, {"worker": "w1"}, 60)
     now[0] = start + TTL / 2
     resender.sent(SLOT)  # the answer is kept one ttl: nobody registered yet
-    assert SLOT not in backend.load_runs("beat")
+    assert SLOT not in ledger_reads.slot_records(backend)
     now[0] = start + TTL
     resender.sent(SLOT)
     assert record(backend).status == "sent"
@@ -245,9 +253,9 @@ def test_beat_marks_slots_sent_only_while_workers_deduplicate(backend: Backend) 
 
 def test_the_workers_mark_lapses_a_few_ttl_after_the_last_worker(backend: Backend) -> None:
     marks.touch(backend, "beat", WORKERS, {"worker": "w1"}, TTL)
-    assert WORKERS in backend.load_runs("beat")
+    assert ledger_reads.record(backend, WORKERS) is not None
     time.sleep(TTL + 0.05)
-    assert WORKERS not in backend.load_runs("beat")
+    assert ledger_reads.record(backend, WORKERS) is None
 
 
 def _worker(conf: dict[str, object]) -> SimpleNamespace:
@@ -269,7 +277,7 @@ def test_the_celery_step_is_on_by_default_where_the_settings_resolve() -> None:
     celery_ledger._on_worker_init(sender=on)
     assert getattr(type(on.task()), "_celery_leader_ledger", False)
     store = create_backend(LeaderConfig.from_mapping({"leader_url": url}))
-    wait_for(lambda: WORKERS in store.load_runs("beat"), timeout=5)
+    wait_for(lambda: ledger_reads.record(store, WORKERS) is not None, timeout=5)
     off = _worker({"leader_url": url, "leader_ledger": False})
     celery_ledger._on_worker_init(sender=off)
     assert not getattr(type(off.task()), "_celery_leader_ledger", False)
@@ -380,3 +388,23 @@ def test_monitor_slugs() -> None:
     assert monitor_slug("db_tick every 5 s") == "db_tick-every-5-s"
     assert monitor_slug("x" * 80) == "x" * 50
     assert monitor_slug("§§") == "celery-leader"
+
+
+def test_a_record_is_stored_compact_and_the_previous_form_still_reads() -> None:
+    """A million records must fit a store: ~50 bytes a finished run, not ~220 (the JSON
+    object of every field an earlier release wrote, which workers must still read)."""
+    due = datetime.fromisoformat(SLOT.rpartition("@")[2]).timestamp()
+    ran = RunRecord(SLOT, "started", "celery@worker-3", 4003, due + 0.25, due + 15.25)
+    done = ran.ended(due + 1.05, "success")
+    assert done.dump() == '["o","celery@worker-3",4003,0.25,15,1,0.8]'
+    absolute = RunRecord.load('["o","w",1,1796412032.5,15]', SLOT)
+    assert absolute is not None and absolute.started == 1796412032.5
+    assert RunRecord.load(done.dump(), SLOT) == done
+    skipped = ran.ended(due + 7, "skipped", "busy")
+    assert RunRecord.load(skipped.dump(), SLOT) == skipped
+    sent = RunRecord.sent_by(SLOT, "beat-1", 5, due - 0.003)
+    assert RunRecord.load(sent.dump(), SLOT) == sent
+    old = json.dumps(dataclasses.asdict(done), sort_keys=True, separators=(",", ":"))
+    assert RunRecord.load(old, SLOT) == done
+    assert RunRecord.load("[1,2]", SLOT) is None
+    assert RunRecord.load('["?","w",1,2]', SLOT) is None

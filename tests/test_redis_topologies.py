@@ -121,7 +121,8 @@ def _run_records(url: str) -> None:
             assert a.put_run(election, "job@1", None, "started", 60) == (True, "started")
             assert b.put_run(election, "job@1", None, "again", 60) == (False, "started")
             assert b.put_run(election, "job@1", "started", "done", 60) == (True, "done")
-            assert a.load_runs(election) == {"job@1": "done"}
+            assert a.runs_of(election, "job", 10) == [("job@1", "done")]
+            assert [s.last for s in a.run_summaries(election)] == ["done"]
     finally:
         a.close()
         b.close()

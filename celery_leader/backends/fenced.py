@@ -42,6 +42,38 @@ class Write:
         return self.order is None or self.after is None or self.after < self.order
 
 
+#: Expired or excess run records one :meth:`FencedState.put_run` removes at
+#: most: a write never pays for more than a bounded clean-up, and an entry
+#: written once a second still sheds its expired records far faster than it
+#: gains them.
+RUNS_DROPPED = 100
+
+
+def run_entry(key: str) -> str | None:
+    """The entry of run record ``key`` (``"<entry>@<order>"``); ``None`` for a mark
+    (a key starting with ``@``) or a key without ``@``."""
+    if key.startswith("@"):
+        return None
+    entry, at, _ = key.rpartition("@")
+    return entry if at else None
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What a store keeps of one entry's run records, up to date with every write.
+
+    ``last_key`` is the entry's greatest key kept (keys of one entry sort in
+    their order; a store that dropped it while others stay may name its newest
+    created instead), ``last`` its record (``None`` if it expired before the
+    others); ``counts`` is how many kept records carry each tally.
+    """
+
+    entry: str
+    last_key: str
+    last: str | None
+    counts: dict[str, int]
+
+
 @dataclass(frozen=True)
 class Edit:
     """An unfenced compare-and-set of one schedule entry: any process may make it.
@@ -144,10 +176,23 @@ class FencedState(ABC):
         """
 
     # -- run records: written by workers, which hold no term ------------------
+    #
+    # A run record's key is ``"<entry>@<order>"`` (see :func:`run_entry`): the
+    # store keeps each entry's records apart and a summary per entry up to date
+    # as they are written, so a reader pays for what it shows, never for every
+    # record kept. A key starting with ``@`` is a mark: kept, never summarized.
 
     @abstractmethod
     def put_run(
-        self, election: str, key: str, expected: str | None, new: str, ttl: float
+        self,
+        election: str,
+        key: str,
+        expected: str | None,
+        new: str,
+        ttl: float,
+        *,
+        keep: int = 0,
+        tally: str = "",
     ) -> tuple[bool, str | None]:
         """Unfenced compare-and-set of one run record, in one round trip.
 
@@ -159,11 +204,24 @@ class FencedState(ABC):
         the record stored now (``None`` when there is none, or, after a lost
         write, when the store cannot tell without another round trip).
         Run records live apart from :meth:`load_state`'s records.
+
+        For a record of an entry: ``tally`` is the label its entry's summary
+        counts it under (:meth:`run_summaries`; ``""``: counted under none), and
+        with ``keep`` > 0 the entry keeps only its ``keep`` most recently
+        created records (rewriting a record does not move it: slots are
+        created in their order). A write removes at most :data:`RUNS_DROPPED` expired or
+        excess records, so expiry costs what expired, never a scan.
         """
 
     @abstractmethod
-    def load_runs(self, election: str) -> dict[str, str]:
-        """The unexpired run records of ``election``: key -> value, as written."""
+    def runs_of(self, election: str, entry: str, limit: int) -> list[tuple[str, str]]:
+        """The unexpired records of ``entry``, at most ``limit`` of them, most
+        recently created first: (key, record) pairs, read in bounded pages."""
+
+    @abstractmethod
+    def run_summaries(self, election: str) -> list[RunSummary]:
+        """One :class:`RunSummary` per entry with unexpired records, read in
+        bounded pages: the cost grows with the entries, not their records."""
 
     # -- schedule entries ---------------------------------------------------
     #

@@ -7,8 +7,12 @@ Files of election ``e`` under key prefix ``p``, all in ``dir``:
 * ``p.e.epoch``  - last epoch handed out; written only under the lock
 * ``p.e.resign`` - the term an operator asked to hand over
 * ``p.e.state``  - JSON of the shared schedule state
-* ``p.e.runs``   - JSON of the run ledger, key -> [value, expiry (Unix time)];
-  rewritten under ``flock`` of ``p.e.runs.lock`` by any process (workers hold no term)
+* ``p.e.runs``   - JSON of the run ledger's marks, key -> [value, expiry (Unix
+  time)]; rewritten under ``flock`` of ``p.e.runs.lock`` by any process (workers
+  hold no term)
+* ``p.e.run.<entry>`` - JSON of one entry's run records (the entry name
+  percent-encoded), and ``p.e.runsum.<entry>`` its summary: a status read
+  reads the summaries alone. Written under the same ``flock``
 * ``p.e.entries`` - JSON ``{"version", "entries"}`` of the schedule entries,
   edited under a ``flock`` of ``p.e.entries-lock`` (by any process, no term)
 
@@ -31,14 +35,16 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 from ..exceptions import ConfigError, StoreUnavailable
 from .base import Backend
-from .fenced import Edit, Write, apply_edits, apply_writes
+from .fenced import Edit, RunSummary, Write, apply_edits, apply_writes, run_entry
 from .lock import Acquired, HolderInfo, Renewal, Term
+from .runbook import EntryBook
 from .terms import holder_info, new_term, parse_epoch, unreadable_state
 from .waiting import LockWaiter, wait_sliced
 
@@ -254,20 +260,67 @@ class FileBackend(Backend):
         return results
 
     def put_run(
-        self, election: str, key: str, expected: str | None, new: str, ttl: float
+        self,
+        election: str,
+        key: str,
+        expected: str | None,
+        new: str,
+        ttl: float,
+        *,
+        keep: int = 0,
+        tally: str = "",
     ) -> tuple[bool, str | None]:
+        entry = run_entry(key)
         with self._runs_locked(election):
             runs = self._live_runs(election)
             stored = runs.get(key)
             current = None if stored is None else stored[0]
-            if current != expected:
-                return False, current
-            runs[key] = (new, time.time() + ttl)
-            _write(self._path(election, "runs"), json.dumps(runs))
-            return True, new
+            if entry is None:
+                if current != expected:
+                    return False, current
+                runs[key] = (new, time.time() + ttl)
+                _write(self._path(election, "runs"), json.dumps(runs))
+                return True, new
+            # A slot the previous release wrote among the marks moves to its entry.
+            book_path = self._entry_path(election, "run", entry)
+            book = EntryBook.from_json(_read_json(book_path))
+            now = time.time()
+            won, now_stored = book.put(key, expected, new, now + ttl, now, keep, tally, current)
+            if won:
+                _write(book_path, json.dumps(book.to_json()))
+                summary = book.summary(entry, now)
+                # The newest write's expiry is the entry's: past it, nothing is kept.
+                kept = {"until": now + ttl, **({} if summary is None else asdict(summary))}
+                _write(self._entry_path(election, "runsum", entry), json.dumps(kept))
+                if stored is not None:
+                    del runs[key]
+                    _write(self._path(election, "runs"), json.dumps(runs))
+            return won, now_stored
 
-    def load_runs(self, election: str) -> dict[str, str]:
-        return {key: value for key, (value, _) in self._live_runs(election).items()}
+    def runs_of(self, election: str, entry: str, limit: int) -> list[tuple[str, str]]:
+        book = EntryBook.from_json(_read_json(self._entry_path(election, "run", entry)))
+        return book.newest(time.time(), limit)
+
+    def run_summaries(self, election: str) -> list[RunSummary]:
+        prefix = f"{self.key_prefix}.{election}.runsum."
+        out = []
+        now = time.time()
+        with _io(self.directory):
+            paths = sorted(self.directory.glob(f"{_glob_escape(prefix)}*"))
+        for path in paths:
+            data = _read_json(path)
+            entry = unquote(path.name[len(prefix) :])
+            try:
+                if float(data["until"]) > now:
+                    out.append(
+                        RunSummary(entry, str(data["last_key"]), data["last"], data["counts"])
+                    )
+            except (TypeError, KeyError, ValueError):
+                continue  # removed, or damaged: records are for visibility alone
+        return out
+
+    def _entry_path(self, election: str, kind: str, entry: str) -> Path:
+        return self._path(election, f"{kind}.{quote(entry, safe='')}")
 
     @contextmanager
     def _runs_locked(self, election: str) -> Iterator[None]:
@@ -352,6 +405,11 @@ def _believes_elsewhere(previous: Any, inode: int) -> bool:
     except PermissionError:
         pass  # alive, run by another user
     return True
+
+
+def _glob_escape(text: str) -> str:
+    """``text`` matched literally by :meth:`Path.glob`."""
+    return "".join(f"[{c}]" if c in "*?[" else c for c in text)
 
 
 def _write(path: Path, text: str) -> None:

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 
 from ..clock import SYSTEM_CLOCK, Clock
 from .base import Backend
-from .fenced import Edit, Write, apply_edits, apply_writes
+from .fenced import Edit, RunSummary, Write, apply_edits, apply_writes, run_entry
 from .lock import Acquired, HolderInfo, Renewal, Term
+from .runbook import EntryBook
 from .terms import new_term
 
 
@@ -34,8 +35,10 @@ class _Store:
     epochs: dict[str, int] = field(default_factory=dict)
     resign: dict[str, str] = field(default_factory=dict)
     state: dict[str, dict[str, str]] = field(default_factory=dict)
-    #: election -> run key -> (value, expiry on the backend's clock).
+    #: election -> mark key -> (value, expiry on the backend's clock).
     runs: dict[str, dict[str, tuple[str, float]]] = field(default_factory=dict)
+    #: election -> entry -> its run records (expiries on the backend's clock).
+    entry_runs: dict[str, dict[str, EntryBook]] = field(default_factory=dict)
     entries: dict[str, dict[str, str]] = field(default_factory=dict)
     entries_version: dict[str, int] = field(default_factory=dict)
     #: election -> entry name -> the entries version of its last edit.
@@ -156,11 +159,24 @@ class MemoryBackend(Backend):
             return apply_writes(store.state.setdefault(election, {}), claims)
 
     def put_run(
-        self, election: str, key: str, expected: str | None, new: str, ttl: float
+        self,
+        election: str,
+        key: str,
+        expected: str | None,
+        new: str,
+        ttl: float,
+        *,
+        keep: int = 0,
+        tally: str = "",
     ) -> tuple[bool, str | None]:
         with self._store.cond:
-            runs = self._store.runs.setdefault(election, {})
             now = self.clock.monotonic()
+            entry = run_entry(key)
+            if entry is not None:
+                books = self._store.entry_runs.setdefault(election, {})
+                book = books.setdefault(entry, EntryBook())
+                return book.put(key, expected, new, now + ttl, now, keep, tally)
+            runs = self._store.runs.setdefault(election, {})
             stored = runs.get(key)
             current = stored[0] if stored is not None and stored[1] > now else None
             if current != expected:
@@ -168,11 +184,19 @@ class MemoryBackend(Backend):
             runs[key] = (new, now + ttl)
             return True, new
 
-    def load_runs(self, election: str) -> dict[str, str]:
+    def runs_of(self, election: str, entry: str, limit: int) -> list[tuple[str, str]]:
+        with self._store.cond:
+            book = self._store.entry_runs.get(election, {}).get(entry)
+            return [] if book is None else book.newest(self.clock.monotonic(), limit)
+
+    def run_summaries(self, election: str) -> list[RunSummary]:
         with self._store.cond:
             now = self.clock.monotonic()
-            runs = self._store.runs.get(election, {})
-            return {key: value for key, (value, expires) in runs.items() if expires > now}
+            books = self._store.entry_runs.get(election, {})
+            for entry in [e for e, book in books.items() if book.summary(e, now) is None]:
+                del books[entry]  # every record expired: the entry goes with them
+            return [s for e, book in books.items() if (s := book.summary(e, now)) is not None]
+
     def entries_version(self, election: str) -> int:
         with self._store.cond:
             return self._store.entries_version.get(election, 0)

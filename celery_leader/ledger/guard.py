@@ -107,7 +107,7 @@ class RunGuard:
             if stored is None:
                 won, stored = self._put(slot, None, mine)
                 continue
-            record = RunRecord.load(stored)
+            record = RunRecord.load(stored, slot)
             if record is None:
                 return Decision(slot, False, "its record is not one celery-leader wrote")
             if record.status == FINISHED:
@@ -211,7 +211,7 @@ class RunGuard:
         )
 
     def _put(self, slot: str, expected: str | None, record: RunRecord) -> tuple[bool, str | None]:
-        return self.target.put(slot, expected, record.dump())
+        return self.target.put(slot, expected, record.dump(), record.tally)
 
     # -- liveness -------------------------------------------------------------
 

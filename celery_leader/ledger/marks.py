@@ -23,11 +23,13 @@ def read(backend: Backend, election: str, key: str, retention: float) -> str | N
 
 
 def mark_sent(
-    backend: Backend, election: str, slot: str, instance_id: str, retention: float
+    backend: Backend, election: str, slot: str, instance_id: str, retention: float, keep: int
 ) -> bool:
-    """Record that beat published ``slot``, unless a worker recorded it first."""
+    """Record that beat published ``slot``, unless a worker recorded it first
+    (``keep``: the runs its entry keeps, ``leader_ledger_keep``)."""
     record = RunRecord.sent_by(slot, instance_id, os.getpid(), time.time())
-    return backend.put_run(election, slot, None, record.dump(), retention)[0]
+    text = record.dump()
+    return backend.put_run(election, slot, None, text, retention, keep=keep, tally=record.tally)[0]
 
 
 def touch(

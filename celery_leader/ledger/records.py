@@ -1,9 +1,23 @@
-"""What a run record says, as JSON (never pickle: the store is shared)."""
+"""What a run record says, as JSON (never pickle: the store is shared).
+
+A record is stored as a JSON array, ``[state, worker, pid, started,
+alive for, attempt, took, reason]``: ``state`` is the outcome of a finished run
+or the status of any other, as its letter in :data:`TALLIES`; ``alive for``
+and ``took`` are seconds after
+``started`` (``null``: no liveness, not finished), and ``started`` is seconds
+after the slot's due time where the slot names one (``"<entry>@<ISO time>"``);
+times are to the millisecond and trailing nulls are left out; its slot is the key it is stored
+under. A finished run is about 50 bytes this way, against some 220 as the JSON
+object naming every field that earlier releases wrote, which still reads: a
+million records are a few hundred MB of a store less.
+"""
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
 
 #: ``status`` values: beat sent it (no worker has started it yet); the body is
 #: running (or its worker died running it); it ended.
@@ -46,22 +60,102 @@ class RunRecord:
         """Started, and its worker renewed its liveness recently enough."""
         return self.status == STARTED and now < self.alive_until
 
+    @property
+    def state(self) -> str:
+        """Its outcome when it ended, else its status (``sent``, ``started``)."""
+        return self.outcome if self.status == FINISHED and self.outcome else self.status
+
+    @property
+    def tally(self) -> str:
+        """What the entry's summary counts this record under: one letter a state
+        (see :data:`TALLIES`), a byte of every stored record."""
+        return TALLIES.get(self.state, "")
+
     def dump(self) -> str:
-        """The record as stored: compact JSON with sorted keys."""
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        """The record as stored: a compact JSON array (see the module docstring)."""
+        values: list[Any] = [
+            self.tally,
+            self.worker,
+            self.pid,
+            _ms(self.started - _due(self.slot)),
+            _ms(self.alive_until - self.started) if self.alive_until else None,
+            self.attempt,
+            None if self.finished is None else _ms(self.finished - self.started),
+            self.reason,
+        ]
+        while values and values[-1] is None:
+            values.pop()
+        return json.dumps(values, separators=(",", ":"))
 
     def ended(self, at: float, outcome: str, reason: str | None = None) -> RunRecord:
         """This run, finished at ``at`` with ``outcome``."""
         return replace(self, status=FINISHED, finished=at, outcome=outcome, reason=reason)
 
     @classmethod
-    def load(cls, text: str) -> RunRecord | None:
-        """The record in ``text``; ``None`` when it is not one (foreign or damaged)."""
+    def load(cls, text: str, slot: str) -> RunRecord | None:
+        """The record of ``slot`` in ``text``; ``None`` when it is not one (foreign
+        or damaged). Reads the object form of earlier releases too."""
         try:
             data = json.loads(text)
-            return cls(**data) if isinstance(data, dict) else None
-        except (TypeError, ValueError):
+            if isinstance(data, list):
+                return cls._from_array(slot, *data)
+            return cls(**{**data, "slot": slot}) if isinstance(data, dict) else None
+        except (TypeError, ValueError, KeyError):
             return None
+
+    @classmethod
+    def _from_array(
+        cls,
+        slot: str,
+        state: str,
+        worker: str,
+        pid: int,
+        started: float,
+        alive_for: float | None = None,
+        attempt: int = 1,
+        took: float | None = None,
+        reason: str | None = None,
+    ) -> RunRecord:
+        state = _STATES[state]
+        ended = state in (SUCCESS, FAILURE, SKIPPED)
+        if abs(started) < _RELATIVE:
+            started = round(started + _due(slot), 3)
+        return cls(
+            slot,
+            FINISHED if ended else state,
+            worker,
+            pid,
+            started,
+            0.0 if alive_for is None else round(started + alive_for, 3),
+            attempt,
+            None if took is None else round(started + took, 3),
+            state if ended else None,
+            reason,
+        )
+
+
+#: The letter an entry's summary counts each state under (``RunRecord.tally``).
+TALLIES = {SENT: "s", STARTED: "r", SUCCESS: "o", FAILURE: "f", SKIPPED: "k"}
+_STATES = {letter: state for state, letter in TALLIES.items()}
+#: A stored start this close to 0 is seconds after its slot's due time, not a
+#: Unix time: three years, where any Unix time since 1973 is larger, and no
+#: slot starts that long after its due time (its record expires long before).
+_RELATIVE = 1e8
+
+
+def _due(slot: str) -> float:
+    """The due time a slot name ends in, Unix seconds; 0 when it names none."""
+    try:
+        return datetime.fromisoformat(slot.rpartition("@")[2]).timestamp()
+    except ValueError:
+        return 0.0
+
+
+def _ms(seconds: float) -> float | int:
+    """Times to the millisecond (what a record is for needs no finer); a whole
+    number without its ``.0``."""
+    rounded = round(seconds, 3)
+    return int(rounded) if rounded.is_integer() else rounded
 
 
 #: Keys of the ledger that are not slots (slot names are ``"<entry>@<time>"``).

@@ -34,6 +34,7 @@ def build_guard(config: LeaderConfig) -> RunGuard:
         config.ttl,
         config.renew_interval,
         config.ledger_retention,
+        config.ledger_keep,
     )
     guard = RunGuard(target, config.on_redelivery)
     if config.sentry_crons:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .records import FAILURE, FINISHED, SENT, SKIPPED, STARTED, SUCCESS, RunRecord, is_slot
+from ..backends.fenced import RunSummary
+from .records import FAILURE, FINISHED, SENT, SKIPPED, STARTED, SUCCESS, TALLIES, RunRecord
 
 
 @dataclass
@@ -15,7 +16,8 @@ class EntryRuns:
 
     entry: str
     last_slot: str
-    #: ``sent``, ``running``, ``abandoned`` (its worker died mid-run) or ``finished``.
+    #: ``sent``, ``running``, ``abandoned`` (its worker died mid-run), ``finished``,
+    #: or ``unknown`` (its record is gone, or not one celery-leader wrote).
     state: str
     worker: str | None
     started: float | None
@@ -32,34 +34,57 @@ class EntryRuns:
         return asdict(self)
 
 
-def summarize(records: Mapping[str, str], now: float) -> list[EntryRuns]:
-    """One :class:`EntryRuns` per entry of the slot records in ``records``, by name."""
-    by_entry: dict[str, list[RunRecord]] = {}
-    for key, text in records.items():
-        record = RunRecord.load(text) if is_slot(key) else None
-        if record is not None:
-            by_entry.setdefault(record.entry, []).append(record)
+def summarize(summaries: Sequence[RunSummary], now: float) -> list[EntryRuns]:
+    """One :class:`EntryRuns` per entry of the store's ``summaries``, by name.
+
+    The store keeps them as records are written (see
+    :meth:`~celery_leader.backends.FencedState.run_summaries`), so this reads
+    nothing per record. An entry whose last record is not one celery-leader
+    wrote (or expired before the others) shows its slot alone.
+    """
     out = []
-    for entry, runs in sorted(by_entry.items()):
-        # Slot names end in their due time, in one zone per entry: name order is time order.
-        last = max(runs, key=lambda r: r.slot)
-        summary = EntryRuns(
-            entry,
-            last.slot,
-            _state(last, now),
-            None if last.status == SENT else last.worker,
-            None if last.status == SENT else last.started,
-            last.finished,
-            None if last.finished is None else last.finished - last.started,
-            last.outcome,
-            last.attempt,
+    for s in sorted(summaries, key=lambda s: s.entry):
+        last = None if s.last is None else RunRecord.load(s.last, s.last_key)
+        counts = s.counts
+        out.append(
+            EntryRuns(
+                s.entry,
+                s.last_key,
+                "unknown" if last is None else _state(last, now),
+                None if last is None or last.status == SENT else last.worker,
+                None if last is None or last.status == SENT else last.started,
+                None if last is None else last.finished,
+                None
+                if last is None or last.finished is None
+                else last.finished - last.started,
+                None if last is None else last.outcome,
+                0 if last is None else last.attempt,
+                # A run: it started (running, or its worker died) or it ended by running.
+                runs=sum(counts.get(TALLIES[t], 0) for t in (STARTED, SUCCESS, FAILURE)),
+                failures=counts.get(TALLIES[FAILURE], 0),
+                skips=counts.get(TALLIES[SKIPPED], 0),
+            )
         )
-        for r in runs:
-            summary.runs += r.outcome in (SUCCESS, FAILURE) or r.status == STARTED
-            summary.failures += r.outcome == FAILURE
-            summary.skips += r.outcome == SKIPPED
-        out.append(summary)
     return out
+
+
+#: Runs ``leader entries show`` lists beside the summary (read by
+#: :meth:`~celery_leader.backends.FencedState.runs_of`, newest first).
+RECENT_RUNS = 10
+
+
+def recent_run(key: str, text: str) -> dict[str, Any]:
+    """One of an entry's recent runs as ``leader entries show`` lists it."""
+    record = RunRecord.load(text, key)
+    if record is None:
+        return {"slot": key, "status": "unknown"}
+    return {
+        "slot": key,
+        "status": record.status,
+        "outcome": record.outcome,
+        "worker": None if record.status == SENT else record.worker,
+        "attempt": record.attempt,
+    }
 
 
 def _state(record: RunRecord, now: float) -> str:

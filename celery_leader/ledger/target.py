@@ -27,8 +27,14 @@ class LedgerTarget:
     renew_interval: float
     #: How long the store keeps a record.
     retention: float
+    #: How many of an entry's runs the store keeps (0: all within the retention).
+    keep: int
     clock: Callable[[], float] = field(default=time.time)
 
-    def put(self, key: str, expected: str | None, text: str) -> tuple[bool, str | None]:
+    def put(
+        self, key: str, expected: str | None, text: str, tally: str = ""
+    ) -> tuple[bool, str | None]:
         """Compare-and-set run record ``key`` of the election (see ``put_run``)."""
-        return self.backend.put_run(self.election, key, expected, text, self.retention)
+        return self.backend.put_run(
+            self.election, key, expected, text, self.retention, keep=self.keep, tally=tally
+        )

@@ -211,7 +211,13 @@ class SlotProtocol:
             self._stuck_logged.clear()
             lease = self.lease
             resender = (
-                Resender(lease, self.adapter, self.config.ledger_retention, self.logger)
+                Resender(
+                    lease,
+                    self.adapter,
+                    self.config.ledger_retention,
+                    self.config.ledger_keep,
+                    self.logger,
+                )
                 if self.config.ledger
                 else None
             )

@@ -54,11 +54,17 @@ class Resender:
     """Beat's side of the run ledger, for one scheduler's lease."""
 
     def __init__(
-        self, lease: Lease, adapter: Adapter, retention: float, logger: logging.Logger
+        self,
+        lease: Lease,
+        adapter: Adapter,
+        retention: float,
+        keep: int,
+        logger: logging.Logger,
     ) -> None:
         self.lease = lease
         self.adapter = adapter
         self.retention = retention
+        self.keep = keep
         self.logger = logger
         self._pending: list[Pending] = []
         #: Whether dedup workers were registered, and until when (on the lease's
@@ -83,7 +89,12 @@ class Resender:
             if not self._workers_registered():
                 return
             marks.mark_sent(
-                self._backend, self.lease.election, slot, self.lease.instance_id, self.retention
+                self._backend,
+                self.lease.election,
+                slot,
+                self.lease.instance_id,
+                self.retention,
+                self.keep,
             )
         except StoreUnavailable as exc:
             # Without the mark a later leader may re-send it once; workers drop the copy.
@@ -169,7 +180,12 @@ class Resender:
     def _resend(self, job: Job, slot: str, due: datetime, epoch: int, why: str) -> None:
         try:
             won = marks.mark_sent(
-                self._backend, self.lease.election, slot, self.lease.instance_id, self.retention
+                self._backend,
+                self.lease.election,
+                slot,
+                self.lease.instance_id,
+                self.retention,
+                self.keep,
             )
         except StoreUnavailable as exc:
             self.logger.warning("celery-leader: slot %s not re-sent: %s", slot, exc)

@@ -209,13 +209,24 @@ def _recording_backend(inner: Any, rec: Recorder, validity: float) -> Any:
             return list(inner.compare_and_set(election, term, claims))
 
         def put_run(
-            self, election: str, key: str, expected: str | None, new: str, ttl: float
+            self,
+            election: str,
+            key: str,
+            expected: str | None,
+            new: str,
+            ttl: float,
+            *,
+            keep: int = 0,
+            tally: str = "",
         ) -> tuple[bool, str | None]:
-            won, stored = inner.put_run(election, key, expected, new, ttl)
+            won, stored = inner.put_run(election, key, expected, new, ttl, keep=keep, tally=tally)
             return bool(won), stored
 
-        def load_runs(self, election: str) -> dict[str, str]:
-            return dict(inner.load_runs(election))
+        def runs_of(self, election: str, entry: str, limit: int) -> list[tuple[str, str]]:
+            return list(inner.runs_of(election, entry, limit))
+
+        def run_summaries(self, election: str) -> list[Any]:
+            return list(inner.run_summaries(election))
 
         def entries_version(self, election: str) -> int:
             return int(inner.entries_version(election))

@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
+from urllib.parse import quote, unquote
 
 from etcd3gw.client import Etcd3Client
 from etcd3gw.exceptions import ConnectionFailedError, Etcd3Exception
@@ -18,7 +19,7 @@ from etcd3gw.lease import Lease
 
 from ...exceptions import StoreUnavailable
 from ..base import Backend
-from ..fenced import Edit, Write, write_rounds
+from ..fenced import RUNS_DROPPED, Edit, RunSummary, Write, run_entry, write_rounds
 from ..lock import Acquired, HolderInfo, Renewal, Term
 from ..terms import foreign, parse_epoch, since_of
 from ..waiting import wait_sliced
@@ -28,6 +29,9 @@ from .params import etcd_params
 #: Claims per transaction. etcd's ``--max-txn-ops`` (128 by default) bounds
 #: the operations of a transaction and of the ones nested in it together.
 MAX_TXN_OPS = 64
+
+#: Entries per summary page: two read-only transactions of up to 128 reads.
+SUMMARIES_PAGE = 50
 
 _TERM = "a celery-leader term (JSON with token and holder, on a lease)"
 
@@ -215,12 +219,22 @@ class EtcdBackend(Backend):
         return info
 
     def elections(self) -> list[str]:
-        names = set()
-        for key, _ in self._range_prefix(f"{self.key_prefix}/".encode(), keys_only=True):
+        # One key per election, skipping to the next election's keys: reading
+        # every key (a run ledger holds two a record) took seconds at 200,000.
+        names: list[str] = []
+        start = f"{self.key_prefix}/".encode()
+        end = _prefix_end(start)
+        while True:
+            kvs = self._range_page(start, end, 1, keys_only=True).get("kvs", [])
+            if not kvs:
+                return names
+            key = _bytes(kvs[0]["key"])
             parts = key.split(b"/")
-            if len(parts) >= 3:
-                names.add(parts[1].decode())
-        return sorted(names)
+            if len(parts) < 3:
+                start = key + b"\0"
+                continue
+            names.append(parts[1].decode())
+            start = _prefix_end(f"{self.key_prefix}/{names[-1]}/".encode())
 
     def load_state(self, election: str) -> dict[str, str]:
         prefix = self._key(election, "state/")
@@ -254,8 +268,19 @@ class EtcdBackend(Backend):
         return results
 
     def put_run(
-        self, election: str, key: str, expected: str | None, new: str, ttl: float
+        self,
+        election: str,
+        key: str,
+        expected: str | None,
+        new: str,
+        ttl: float,
+        *,
+        keep: int = 0,
+        tally: str = "",
     ) -> tuple[bool, str | None]:
+        entry = run_entry(key)
+        if entry is not None:
+            return self._put_entry_run(election, entry, key, expected, new, ttl, keep, tally)
         run_key = self._key(election, f"runs/{key}")
         if expected is None:
             compare = _created_at(run_key, 0)
@@ -264,21 +289,160 @@ class EtcdBackend(Backend):
                 "key": b64(run_key),
                 "target": "VALUE",
                 "result": "EQUAL",
-                "value": b64(expected.encode("utf-8", "surrogateescape")),
+                "value": b64(_encode(expected)),
             }
-        put = _put(run_key, new.encode("utf-8", "surrogateescape"), self._run_lease(ttl))
+        put = _put(run_key, _encode(new), self._run_lease(ttl))
         reply = self._txn([compare], [put], [_range(run_key)])
         if reply.get("succeeded"):
             return True, new
         kv = _kv(reply["responses"][0])
         return False, None if kv is None else _value(kv)
 
-    def load_runs(self, election: str) -> dict[str, str]:
-        prefix = self._key(election, "runs/")
-        return {
-            key[len(prefix) :].decode(): value.decode("utf-8", "surrogateescape")
-            for key, value in self._range_prefix(prefix)
+    def _put_entry_run(
+        self,
+        election: str,
+        entry: str,
+        key: str,
+        expected: str | None,
+        new: str,
+        ttl: float,
+        keep: int,
+        tally: str,
+    ) -> tuple[bool, str | None]:
+        """An entry's record (``run/<entry>/<slot time>``, ``<tally>|<record>``), its
+        tally's index key (``tally/<entry>/<tally>/<slot time>``: a summary counts
+        them) and the entry's greatest slot (``last/<entry>``), in one transaction
+        that holds only while what it read is unchanged (read again otherwise)."""
+        suffix = key[len(entry) + 1 :]
+        names = _RunKeys(self, election, entry)
+        record, legacy = names.record(suffix), self._key(election, f"runs/{key}")
+        while True:
+            reply = self._txn([], [_range(record), _range(legacy), _range(names.last)])
+            kv, legacy_kv, last_kv = (_kv(r) for r in reply["responses"])
+            old_tally, current = _split(_value(kv)) if kv else ("", None)
+            if kv is None and legacy_kv is not None:
+                current = _value(legacy_kv)
+            if current != expected:
+                return False, current
+            lease = self._run_lease(ttl)
+            last = max(suffix, _value(last_kv) if last_kv else "")
+            ops = [
+                _put(record, _encode(f"{tally}|{new}"), lease),
+                _put(names.last, last.encode(), lease),
+            ]
+            if kv is not None and old_tally and old_tally != tally:
+                ops.append(_delete(names.tally(old_tally, suffix)))
+            if tally:
+                ops += [_put(names.tally(tally, suffix), b"", lease)]
+                ops += [_put(names.tallies + _encode(tally), b"", lease)]
+            if legacy_kv is not None:
+                ops.append(_delete(legacy))
+            compare = [
+                _modified_at(k, v)
+                for k, v in ((record, kv), (legacy, legacy_kv), (names.last, last_kv))
+            ]
+            if self._txn(compare, ops).get("succeeded"):
+                break
+        if keep > 0 and kv is None:
+            self._trim(names, keep)
+        return True, new
+
+    def _trim(self, names: _RunKeys, keep: int) -> None:
+        """Drop the entry's oldest records over ``keep`` (at most RUNS_DROPPED a write)."""
+        start, end = names.records, _prefix_end(names.records)
+        count = self._etcd.call(
+            lambda c: c.post(
+                c.get_url("/kv/range"),
+                json={"key": b64(start), "range_end": b64(end), "count_only": True},
+            )
+        )
+        excess = min(int(count.get("count", 0)) - keep, RUNS_DROPPED)
+        if excess <= 0:
+            return
+        oldest = self._range_sorted(start, end, "ASCEND", excess)  # by creation
+        ops = []
+        for kv in oldest:
+            full = _bytes(kv["key"])
+            tally, _ = _split(_value(kv))
+            ops.append(_delete(full))
+            if tally:
+                ops.append(_delete(names.tally(tally, full[len(start) :].decode())))
+        for at in range(0, len(ops), MAX_TXN_OPS):
+            self._txn([], ops[at : at + MAX_TXN_OPS])
+
+    def runs_of(self, election: str, entry: str, limit: int) -> list[tuple[str, str]]:
+        names = _RunKeys(self, election, entry)
+        start = names.records
+        # etcd sorts the entry's keys to answer: bounded by leader_ledger_keep.
+        kvs = self._range_sorted(start, _prefix_end(start), "DESCEND", limit)
+        out = []
+        for kv in kvs:
+            _, record = _split(_value(kv))
+            out.append((f"{entry}@{_bytes(kv['key'])[len(start) :].decode()}", record or ""))
+        return out
+
+    def run_summaries(self, election: str) -> list[RunSummary]:
+        prefix = self._key(election, "run-last/")
+        out: list[RunSummary] = []
+        after = prefix
+        while True:
+            page = self._range_page(after, _prefix_end(prefix), SUMMARIES_PAGE)
+            kvs = page.get("kvs", [])
+            out += self._summaries(election, [(_bytes(kv["key"]), _value(kv)) for kv in kvs])
+            if len(kvs) < SUMMARIES_PAGE:
+                return out
+            after = _bytes(kvs[-1]["key"]) + b"\0"
+
+    def _summaries(self, election: str, lasts: list[tuple[bytes, str]]) -> list[RunSummary]:
+        """The summaries of one page of ``run-last/`` keys: two transactions of reads."""
+        if not lasts:
+            return []
+        entries = [
+            _RunKeys(self, election, unquote(key.rsplit(b"/", 1)[1].decode()))
+            for key, _ in lasts
+        ]
+        reads = []
+        for names, (_, last) in zip(entries, lasts, strict=True):
+            reads += [_range(names.record(last)), _range_of(names.tallies)]
+        replies = self._txn([], reads)["responses"]
+        counted: list[tuple[int, str, bytes]] = []
+        records: list[str | None] = []
+        for i, names in enumerate(entries):
+            kv = _kv(replies[2 * i])
+            records.append(_split(_value(kv))[1] if kv else None)
+            for t in replies[2 * i + 1].get("response_range", {}).get("kvs", []):
+                tally = _bytes(t["key"])[len(names.tallies) :].decode()
+                counted.append((i, tally, names.tally(tally, "")))
+        counts: list[dict[str, int]] = [{} for _ in entries]
+        for at in range(0, len(counted), MAX_TXN_OPS):
+            chunk = counted[at : at + MAX_TXN_OPS]
+            ops = [_range_of(k, count_only=True) for _, _, k in chunk]
+            for (i, tally, _), r in zip(chunk, self._txn([], ops)["responses"], strict=True):
+                n = int(r.get("response_range", {}).get("count", 0))
+                if n:
+                    counts[i][tally] = n
+        return [
+            RunSummary(names.entry, f"{names.entry}@{last}", record, count)
+            for names, (_, last), record, count in zip(
+                entries, lasts, records, counts, strict=True
+            )
+        ]
+
+    def _range_page(self, start: bytes, end: bytes, limit: int, keys_only: bool = False) -> Any:
+        body = {"key": b64(start), "range_end": b64(end), "limit": limit, "keys_only": keys_only}
+        return self._etcd.call(lambda c: c.post(c.get_url("/kv/range"), json=body))
+
+    def _range_sorted(self, start: bytes, end: bytes, order: str, limit: int) -> list[Any]:
+        """Up to ``limit`` keys of ``[start, end)``, by the order they were created."""
+        body = {
+            "key": b64(start),
+            "range_end": b64(end),
+            "limit": limit,
+            "sort_order": order,
+            "sort_target": "CREATE",
         }
+        reply = self._etcd.call(lambda c: c.post(c.get_url("/kv/range"), json=body))
+        return list(reply.get("kvs", []))
 
     def _run_lease(self, ttl: float) -> int:
         """A lease of ``2 * ttl``, used for ``ttl``: every record lives ttl to 2 ttl."""
@@ -454,6 +618,45 @@ def _lease_call(client: Etcd3Client, path: str, lease: int) -> int:
 
 def _range(key: bytes) -> Op:
     return {"request_range": {"key": b64(key)}}
+
+
+def _range_of(prefix: bytes, count_only: bool = False) -> Op:
+    """Every key starting with ``prefix`` (only how many, with ``count_only``)."""
+    body = {"key": b64(prefix), "range_end": b64(_prefix_end(prefix)), "count_only": count_only}
+    return {"request_range": body}
+
+
+def _delete(key: bytes) -> Op:
+    return {"request_delete_range": {"key": b64(key)}}
+
+
+def _encode(text: str) -> bytes:
+    return text.encode("utf-8", "surrogateescape")
+
+
+def _split(stored: str) -> tuple[str, str | None]:
+    """A stored entry record, ``<tally>|<record>``: its tally and record."""
+    tally, bar, record = stored.partition("|")
+    return (tally, record) if bar else ("", None)
+
+
+class _RunKeys:
+    """The keys of one entry's run records (the entry name percent-encoded, so
+    that one entry's prefix never covers another's)."""
+
+    def __init__(self, backend: EtcdBackend, election: str, entry: str) -> None:
+        self.entry = entry
+        name = quote(entry, safe="")
+        self.records = backend._key(election, f"run/{name}/")
+        self.last = backend._key(election, f"run-last/{name}")
+        self.tallies = backend._key(election, f"run-tallies/{name}/")
+        self._tally = backend._key(election, f"run-tally/{name}/")
+
+    def record(self, suffix: str) -> bytes:
+        return self.records + _encode(suffix)
+
+    def tally(self, tally: str, suffix: str) -> bytes:
+        return self._tally + _encode(f"{tally}/{suffix}")
 
 
 def _put(key: bytes, value: bytes, lease: int | None = None) -> Op:

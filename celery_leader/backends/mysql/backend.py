@@ -7,11 +7,12 @@ lock-holding session.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..fenced import Edit, Write
+from ..fenced import RUNS_DROPPED, Edit, RunSummary, Write, run_entry
 from ..lock import HolderInfo, Term
 from ..session_lock import SessionGone, SessionLockBackend
 from ..terms import since_of
@@ -28,19 +29,26 @@ from .sql import (
     GET_RUN,
     HOLDER,
     LOAD_ENTRIES,
-    LOAD_RUNS,
+    PUT_ENTRY_RUN,
     PUT_RUN_NEW,
     PUT_RUN_REPLACE,
     RELEASE,
     RENEW,
     REPLACE_ENTRY,
     REQUEST_RESIGN,
+    RUN_RECORDS,
+    RUN_SUMMARIES,
+    RUNS_OF,
     START_TERM,
     SWEEP_RUNS,
     TRY_LOCK,
     lock_name,
 )
 from .state import StateTable
+
+#: Entries per summary page: two indexed statements of a few milliseconds,
+#: whatever the ledger holds.
+SUMMARIES_PAGE = 200
 
 
 class MySqlBackend(SessionLockBackend[Session, Result]):
@@ -195,20 +203,56 @@ class MySqlBackend(SessionLockBackend[Session, Result]):
             return [False] * len(writes)
 
     def put_run(
-        self, election: str, key: str, expected: str | None, new: str, ttl: float
+        self,
+        election: str,
+        key: str,
+        expected: str | None,
+        new: str,
+        ttl: float,
+        *,
+        keep: int = 0,
+        tally: str = "",
     ) -> tuple[bool, str | None]:
-        write = PUT_RUN_NEW if expected is None else PUT_RUN_REPLACE
         params = {**self._names(election), "key": key, "new": new, "ttl": ttl}
-        results = self._on_kept(
-            ";\n".join([SWEEP_RUNS, write, GET_RUN]), {**params, "expected": expected}
-        )
-        rows = results[-1].rows
-        current = str(rows[0][0]) if rows else None
-        return current == new, current
+        entry = run_entry(key)
+        if entry is None:
+            write = PUT_RUN_NEW if expected is None else PUT_RUN_REPLACE
+            results = self._on_kept(
+                ";\n".join([SWEEP_RUNS, write, GET_RUN]), {**params, "expected": expected}
+            )
+            rows = results[-1].rows
+            current = str(rows[0][0]) if rows else None
+            return current == new, current
+        params.update(entry=entry, tally=tally, keep=keep, most=RUNS_DROPPED, expected=expected)
+        ((ok, stored),) = self._on_kept(PUT_ENTRY_RUN, params)[-1].rows
+        if ok:
+            return True, new
+        return False, None if stored is None else _text(stored)
 
-    def load_runs(self, election: str) -> dict[str, str]:
-        results = self._on_kept(LOAD_RUNS, self._names(election))
-        return {str(key): str(value) for key, value in results[0].rows}
+    def runs_of(self, election: str, entry: str, limit: int) -> list[tuple[str, str]]:
+        params = {**self._names(election), "entry": entry, "limit": limit}
+        return [(str(k), str(v)) for k, v in self._on_kept(RUNS_OF, params)[0].rows]
+
+    def run_summaries(self, election: str) -> list[RunSummary]:
+        out: list[RunSummary] = []
+        after = ""
+        while True:
+            params = {**self._names(election), "after": after, "page": SUMMARIES_PAGE}
+            rows = self._on_kept(RUN_SUMMARIES, params)[0].rows
+            kept = [(str(e), str(k)) for e, k, _ in rows if k is not None]
+            records: dict[tuple[str, str], str] = {}
+            if kept:
+                found = self._on_kept(RUN_RECORDS, {**params, "keys": tuple(kept)})[0].rows
+                records = {(str(e), str(k)): str(v) for e, k, v in found}
+            for entry, last_key, counts in rows:
+                if last_key is not None:
+                    at = (str(entry), str(last_key))
+                    tallies = {str(t): int(n) for t, n in json.loads(_text(counts)).items()}
+                    out.append(RunSummary(at[0], at[1], records.get(at), tallies))
+            if len(rows) < SUMMARIES_PAGE:
+                return out
+            after = str(rows[-1][0])
+
     # -- schedule entries (no lock needed) -----------------------------------
 
     def entries_version(self, election: str) -> int:
@@ -245,6 +289,11 @@ class MySqlBackend(SessionLockBackend[Session, Result]):
 
     def _one(self, session: Session, query: str, params: Mapping[str, Any]) -> Result:
         return self._db.execute(session, query, params)[0]
+
+
+def _text(value: object) -> str:
+    """A text column's value (bytes from a server that sends JSON as binary)."""
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _seconds(microseconds: int) -> float:

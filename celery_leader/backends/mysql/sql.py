@@ -47,10 +47,11 @@ def whole_seconds(seconds: float) -> int:
 SCHEMA_LOCK = "celery_leader#schema"
 
 SCHEMA_EXISTS = """
-SELECT COUNT(*) = 5 FROM information_schema.tables
+SELECT COUNT(*) = 8 FROM information_schema.tables
 WHERE table_schema = DATABASE() AND table_name IN (
     'celery_leader_lease', 'celery_leader_state', 'celery_leader_runs',
-    'celery_leader_entries', 'celery_leader_entries_version'
+    'celery_leader_entries', 'celery_leader_entries_version',
+    'celery_leader_run_records', 'celery_leader_run_entries', 'celery_leader_run_counts'
 )
 """
 
@@ -84,6 +85,35 @@ CREATE TABLE IF NOT EXISTS celery_leader_runs (
     value    MEDIUMTEXT   NOT NULL,
     expires  DOUBLE       NOT NULL,
     PRIMARY KEY (prefix, election, run_key)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+CREATE TABLE IF NOT EXISTS celery_leader_run_records (
+    prefix   VARCHAR(190) NOT NULL,
+    election VARCHAR(190) NOT NULL,
+    entry    VARCHAR(190) NOT NULL,
+    run_key  VARCHAR(190) NOT NULL,
+    value    TEXT         NOT NULL,
+    tally    VARCHAR(32)  NOT NULL,
+    expires  DOUBLE       NOT NULL,
+    created  DOUBLE       NOT NULL,
+    PRIMARY KEY (prefix, election, entry, run_key),
+    KEY celery_leader_run_records_expiry (prefix, election, entry, expires),
+    KEY celery_leader_run_records_order (prefix, election, entry, created)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+CREATE TABLE IF NOT EXISTS celery_leader_run_entries (
+    prefix   VARCHAR(190) NOT NULL,
+    election VARCHAR(190) NOT NULL,
+    entry    VARCHAR(190) NOT NULL,
+    kept     BIGINT       NOT NULL,
+    until    DOUBLE       NOT NULL,
+    PRIMARY KEY (prefix, election, entry)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+CREATE TABLE IF NOT EXISTS celery_leader_run_counts (
+    prefix   VARCHAR(190) NOT NULL,
+    election VARCHAR(190) NOT NULL,
+    entry    VARCHAR(190) NOT NULL,
+    tally    VARCHAR(32)  NOT NULL,
+    n        BIGINT       NOT NULL,
+    PRIMARY KEY (prefix, election, entry, tally)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
 CREATE TABLE IF NOT EXISTS celery_leader_entries (
     prefix   VARCHAR(190) NOT NULL,
@@ -280,9 +310,10 @@ WHERE prefix = %(prefix)s AND election = %(election)s AND entry = %(entry)s
 """
 
 
-# The run ledger: records of any process, so no lock is checked; an expired
-# record counts as absent. Each write is two statements in one round trip: the
-# write, then a read of what is stored, which says whether the write won (a
+# The run ledger's marks (keys starting with "@"): records of any process, so
+# no lock is checked; an expired record counts as absent. Each write is two
+# statements in one round trip: the write, then a read of what is stored, which
+# says whether the write won (a
 # record names its writer's pid and start time, so two are never equal).
 _RUN_NOW = "UNIX_TIMESTAMP(NOW(6))"
 
@@ -308,7 +339,8 @@ WHERE prefix = %(prefix)s AND election = %(election)s AND run_key = %(key)s
   AND expires > {_RUN_NOW}
 """  # noqa: S608
 
-# Expired records go when a worker writes: at most 100 a time, bounded work.
+# Expired marks go when a worker writes: at most 100 a time, bounded work (the
+# previous release's slots, kept here, drain with them).
 SWEEP_RUNS = f"""
 DELETE FROM celery_leader_runs
 WHERE prefix = %(prefix)s AND election = %(election)s AND expires <= {_RUN_NOW}
@@ -316,7 +348,109 @@ WHERE prefix = %(prefix)s AND election = %(election)s AND expires <= {_RUN_NOW}
 LIMIT 100
 """  # noqa: S608
 
-LOAD_RUNS = f"""
-SELECT run_key, value FROM celery_leader_runs
-WHERE prefix = %(prefix)s AND election = %(election)s AND expires > {_RUN_NOW}
+_ENTRY = "prefix = %(prefix)s AND election = %(election)s AND entry = %(entry)s"
+_RECORD = f"{_ENTRY} AND run_key = %(key)s"
+_LEGACY = "prefix = %(prefix)s AND election = %(election)s AND run_key = %(key)s"
+# The entry's first records by ``{by}`` (an index each), ``{count}`` of them at most.
+_OLDEST = """
+    SELECT run_key FROM (
+        SELECT run_key, ROW_NUMBER() OVER (ORDER BY {by}, run_key) AS n
+        FROM (SELECT run_key, {by} FROM celery_leader_run_records
+              WHERE {where} ORDER BY {by}, run_key LIMIT %(most)s) AS o) AS r
+    WHERE n <= {count}"""
+
+# An entry's run record, one transaction in one round trip (see
+# FencedState.put_run). The entry's row is locked first: writers of one entry
+# take turns, so the reads that decide (the record, its tally, the expired and
+# excess records to drop) stay true until the commit. A record the previous
+# release kept in celery_leader_runs is compared with, and moved here when
+# replaced. The dropped rows are joined by primary key (a subquery "IN" made
+# MariaDB scan the entry's rows). The last statement says whether the write won
+# and what is stored.
+PUT_ENTRY_RUN = f"""
+START TRANSACTION;
+INSERT INTO celery_leader_run_entries (prefix, election, entry, kept, until)
+VALUES (%(prefix)s, %(election)s, %(entry)s, 0, 0) ON DUPLICATE KEY UPDATE kept = kept;
+SET @now = {_RUN_NOW}, @cur = NULL, @live = 0, @old = NULL, @legacy = NULL;
+SELECT value, expires > @now, tally INTO @cur, @live, @old
+FROM celery_leader_run_records WHERE {_RECORD} FOR UPDATE;
+SET @cur = IF(@live, @cur, NULL);
+SELECT value INTO @legacy FROM celery_leader_runs
+WHERE {_LEGACY} AND expires > @now AND @cur IS NULL FOR UPDATE;
+SET @cur = COALESCE(@cur, @legacy);
+SET @ok = @cur <=> %(expected)s;
+SET @added = @ok AND @old IS NULL;
+INSERT INTO celery_leader_run_records
+    (prefix, election, entry, run_key, value, tally, expires, created)
+SELECT %(prefix)s, %(election)s, %(entry)s, %(key)s, %(new)s, %(tally)s, @now + %(ttl)s, @now
+FROM DUAL WHERE @ok
+ON DUPLICATE KEY UPDATE value = VALUES(value), tally = VALUES(tally), expires = VALUES(expires),
+    created = IF(@live, created, VALUES(created));
+DELETE FROM celery_leader_runs WHERE {_LEGACY} AND @ok AND @legacy IS NOT NULL;
+INSERT INTO celery_leader_run_counts (prefix, election, entry, tally, n)
+SELECT %(prefix)s, %(election)s, %(entry)s, %(tally)s, 1 FROM DUAL WHERE @ok AND %(tally)s <> ''
+ON DUPLICATE KEY UPDATE n = n + 1;
+UPDATE celery_leader_run_counts SET n = n - 1 WHERE {_ENTRY} AND tally = @old AND @ok;
+CREATE TEMPORARY TABLE IF NOT EXISTS celery_leader_dropped (
+    run_key VARCHAR(190) NOT NULL PRIMARY KEY
+) ENGINE = MEMORY DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+DELETE FROM celery_leader_dropped;
+SELECT kept + @added INTO @kept FROM celery_leader_run_entries WHERE {_ENTRY};
+INSERT INTO celery_leader_dropped (run_key)
+{_OLDEST.format(
+    by="expires",
+    where=_ENTRY + " AND run_key <> %(key)s AND expires <= @now AND @ok",
+    count="%(most)s",
+)};
+SET @kept = @kept - ROW_COUNT();
+INSERT IGNORE INTO celery_leader_dropped (run_key)
+{_OLDEST.format(
+    by="created",
+    where=_ENTRY + " AND run_key <> %(key)s AND expires > @now AND @ok AND %(keep)s > 0",
+    count="@kept - %(keep)s",
+)};
+UPDATE celery_leader_run_counts AS c JOIN (
+    SELECT r.tally, COUNT(*) AS n FROM celery_leader_dropped AS d
+    JOIN celery_leader_run_records AS r ON r.prefix = %(prefix)s
+        AND r.election = %(election)s AND r.entry = %(entry)s AND r.run_key = d.run_key
+    GROUP BY r.tally) AS g ON c.tally = g.tally
+SET c.n = c.n - g.n WHERE c.prefix = %(prefix)s AND c.election = %(election)s
+  AND c.entry = %(entry)s;
+DELETE r FROM celery_leader_run_records AS r
+JOIN celery_leader_dropped AS d ON r.run_key = d.run_key
+WHERE r.prefix = %(prefix)s AND r.election = %(election)s AND r.entry = %(entry)s;
+UPDATE celery_leader_run_entries
+SET kept = kept + @added - ROW_COUNT(), until = GREATEST(until, @now + %(ttl)s)
+WHERE {_ENTRY} AND @ok;
+COMMIT;
+SELECT @ok, @cur
 """  # noqa: S608
+
+# The newest created first, by the order index; ``limit`` bounded by the caller.
+RUNS_OF = f"""
+SELECT run_key, value FROM celery_leader_run_records
+WHERE {_ENTRY} AND expires > {_RUN_NOW}
+ORDER BY created DESC LIMIT %(limit)s
+"""  # noqa: S608
+
+# A page of entries after ``after`` (by name): each one's greatest live key (a
+# backward scan of the primary key), its record, and its counts as JSON.
+RUN_SUMMARIES = f"""
+SELECT e.entry,
+    (SELECT r.run_key FROM celery_leader_run_records AS r
+     WHERE r.prefix = e.prefix AND r.election = e.election AND r.entry = e.entry
+       AND r.expires > {_RUN_NOW} ORDER BY r.run_key DESC LIMIT 1) AS last_key,
+    (SELECT COALESCE(JSON_OBJECTAGG(c.tally, c.n), '{{}}') FROM celery_leader_run_counts AS c
+     WHERE c.prefix = e.prefix AND c.election = e.election AND c.entry = e.entry
+       AND c.n <> 0) AS counts
+FROM celery_leader_run_entries AS e
+WHERE e.prefix = %(prefix)s AND e.election = %(election)s AND e.entry > %(after)s
+  AND e.until > {_RUN_NOW}
+ORDER BY e.entry LIMIT %(page)s
+"""  # noqa: S608
+
+# The records of the keys a summary page named.
+RUN_RECORDS = """
+SELECT entry, run_key, value FROM celery_leader_run_records
+WHERE prefix = %(prefix)s AND election = %(election)s AND (entry, run_key) IN %(keys)s
+"""

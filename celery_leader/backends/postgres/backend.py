@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -10,7 +11,7 @@ from psycopg.rows import TupleRow
 
 from ...exceptions import StoreMisconfigured, StoreUnavailable
 from ..errors import hand_back
-from ..fenced import Edit, Write, write_rounds
+from ..fenced import RUNS_DROPPED, Edit, RunSummary, Write, run_entry, write_rounds
 from ..lock import HolderInfo, Term
 from ..session_lock import SessionGone, SessionLockBackend
 from ..terms import since_of
@@ -24,18 +25,23 @@ from .sql import (
     DELETE_ENTRY,
     ELECTIONS,
     ENTRIES_VERSION,
+    GET_ENTRY_RUN,
     GET_RUN,
     HOLDER,
     LOAD_ENTRIES,
     LOAD_ENTRY,
-    LOAD_RUNS,
     LOAD_STATE,
+    PUT_ENTRY_RUN_MIGRATE,
+    PUT_ENTRY_RUN_NEW,
+    PUT_ENTRY_RUN_REPLACE,
     PUT_RUN_NEW,
     PUT_RUN_REPLACE,
     RELEASE,
     RENEW,
     REPLACE_ENTRY,
     REQUEST_RESIGN,
+    RUN_SUMMARIES,
+    RUNS_OF,
     START_TERM,
     TRY_LOCK,
     UNCLAIM,
@@ -43,6 +49,10 @@ from .sql import (
     lock_ids,
     ms,
 )
+
+#: Entries per summary page: each page is one indexed statement of a few
+#: milliseconds, whatever the ledger holds.
+SUMMARIES_PAGE = 200
 
 
 class PostgresBackend(SessionLockBackend[Session, TupleRow]):
@@ -170,21 +180,57 @@ class PostgresBackend(SessionLockBackend[Session, TupleRow]):
         return dict(self._admin(LOAD_STATE, self._names(election)))
 
     def put_run(
-        self, election: str, key: str, expected: str | None, new: str, ttl: float
+        self,
+        election: str,
+        key: str,
+        expected: str | None,
+        new: str,
+        ttl: float,
+        *,
+        keep: int = 0,
+        tally: str = "",
     ) -> tuple[bool, str | None]:
         params = {**self._names(election), "key": key, "new": new, "ttl": ttl}
+        entry = run_entry(key)
+        if entry is None:
+            if expected is None:
+                rows = self._on_kept(PUT_RUN_NEW, params)
+            else:
+                rows = self._on_kept(PUT_RUN_REPLACE, {**params, "expected": expected})
+            if rows:
+                return True, new
+            # Lost (the rare path: a second delivery): one more read says to what.
+            current = self._on_kept(GET_RUN, params)
+            return False, current[0][0] if current else None
+        params.update(entry=entry, tally=tally, keep=keep, most=RUNS_DROPPED, expected=expected)
         if expected is None:
-            rows = self._on_kept(PUT_RUN_NEW, params)
+            rows = self._on_kept(PUT_ENTRY_RUN_NEW, params)
         else:
-            rows = self._on_kept(PUT_RUN_REPLACE, {**params, "expected": expected})
+            rows = self._on_kept(PUT_ENTRY_RUN_REPLACE, params)
+            if not rows:
+                # Perhaps a record of the previous release, in the marks' table.
+                rows = self._on_kept(PUT_ENTRY_RUN_MIGRATE, params)
         if rows:
             return True, new
-        # Lost (the rare path: a second delivery): one more read says to what.
-        current = self._on_kept(GET_RUN, params)
+        current = self._on_kept(GET_ENTRY_RUN, params)
         return False, current[0][0] if current else None
 
-    def load_runs(self, election: str) -> dict[str, str]:
-        return dict(self._on_kept(LOAD_RUNS, self._names(election)))
+    def runs_of(self, election: str, entry: str, limit: int) -> list[tuple[str, str]]:
+        params = {**self._names(election), "entry": entry, "limit": limit}
+        return [(key, value) for key, value in self._on_kept(RUNS_OF, params)]
+
+    def run_summaries(self, election: str) -> list[RunSummary]:
+        out: list[RunSummary] = []
+        after = ""
+        while True:
+            params = {**self._names(election), "after": after, "page": SUMMARIES_PAGE}
+            rows = self._on_kept(RUN_SUMMARIES, params)
+            for entry, counts, key, value in rows:
+                if key is not None:
+                    out.append(RunSummary(entry, key, value, dict(json.loads(counts))))
+            if len(rows) < SUMMARIES_PAGE:
+                return out
+            after = rows[-1][0]
 
     def entries_version(self, election: str) -> int:
         rows = self._on_kept(ENTRIES_VERSION, self._names(election))

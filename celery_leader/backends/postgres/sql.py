@@ -39,6 +39,8 @@ SCHEMA_EXISTS = (
     " AND to_regclass('celery_leader_state') IS NOT NULL"
     " AND to_regclass('celery_leader_runs') IS NOT NULL"
     " AND to_regclass('celery_leader_entries') IS NOT NULL"
+    " AND to_regclass('celery_leader_run_records_order') IS NOT NULL"
+    " AND to_regclass('celery_leader_run_entries') IS NOT NULL"
 )
 
 # Sent as one simple-protocol query: one round trip, one implicit transaction,
@@ -70,6 +72,32 @@ CREATE TABLE IF NOT EXISTS celery_leader_runs (
     value    text   NOT NULL,
     expires  float8 NOT NULL,
     PRIMARY KEY (prefix, election, key)
+);
+CREATE TABLE IF NOT EXISTS celery_leader_run_records (
+    prefix   text   NOT NULL,
+    election text   NOT NULL,
+    entry    text   NOT NULL,
+    key      text   NOT NULL,
+    value    text   NOT NULL,
+    tally    text   NOT NULL,
+    expires  float8 NOT NULL,
+    created  float8 NOT NULL,
+    PRIMARY KEY (prefix, election, entry, key)
+);
+CREATE INDEX IF NOT EXISTS celery_leader_run_records_expiry
+    ON celery_leader_run_records (prefix, election, entry, expires);
+CREATE INDEX IF NOT EXISTS celery_leader_run_records_order
+    ON celery_leader_run_records (prefix, election, entry, created);
+CREATE INDEX IF NOT EXISTS celery_leader_run_records_stale
+    ON celery_leader_run_records (prefix, election, expires);
+CREATE TABLE IF NOT EXISTS celery_leader_run_entries (
+    prefix   text   NOT NULL,
+    election text   NOT NULL,
+    entry    text   NOT NULL,
+    kept     bigint NOT NULL,
+    counts   jsonb  NOT NULL,
+    until    float8 NOT NULL,
+    PRIMARY KEY (prefix, election, entry)
 );
 CREATE TABLE IF NOT EXISTS celery_leader_entries (
     prefix   text NOT NULL,
@@ -359,10 +387,10 @@ SELECT count(*) FROM e
 """
 
 
-# The run ledger: records of any process, so no lock is checked. An expired
-# record counts as absent. Writing also drops up to 100 expired records of the
-# election (never the one written: a statement may change a row only once), so
-# the table keeps about one retention's worth without a sweeper.
+# The run ledger's marks (keys starting with "@"): records of any process, so
+# no lock is checked. An expired record counts as absent. Writing also drops up
+# to 100 expired marks of the election (never the one written: a statement may
+# change a row only once); slots the previous release kept here drain with them.
 _SWEEP = f"""
 swept AS (
     DELETE FROM celery_leader_runs AS r
@@ -395,9 +423,183 @@ SELECT value FROM celery_leader_runs
 WHERE prefix = %(prefix)s AND election = %(election)s AND key = %(key)s AND expires > {NOW}
 """  # noqa: S608
 
-LOAD_RUNS = f"""
-SELECT key, value FROM celery_leader_runs
-WHERE prefix = %(prefix)s AND election = %(election)s AND expires > {NOW}
+# The statement's time (its transaction's start: each runs alone): stable
+# within it, so ``expires <= {_AT}`` is an index condition. clock_timestamp()
+# is volatile, so the planner filtered the entry's every row with it instead.
+_AT = "extract(epoch FROM now())::float8"
+
+# An entry's run records, one statement a write (see FencedState.put_run):
+# ``w`` writes the record (compare-and-set), ``swept`` drops up to ``most`` of
+# the entry's expired records (by the expiry index) and ``trimmed`` as many over
+# ``keep`` (oldest created first, by the order index), ``stale`` a few records of entries nobody
+# writes any more (their rows' counts move with them), and the entry's row takes
+# every change to its counts at once.
+_ENTRY = "prefix = %(prefix)s AND election = %(election)s AND entry = %(entry)s"
+_RECORD = f"{_ENTRY} AND key = %(key)s"
+_PREV = f"prev AS (SELECT tally FROM celery_leader_run_records WHERE {_RECORD})"  # noqa: S608
+_KEYS = "(d.prefix, d.election, d.entry, d.key)"
+
+
+def _merged(counts: str, more: str) -> str:
+    """SQL of two jsonb objects of counts added up, tally by tally (zeros dropped)."""
+    return f"""(
+            SELECT COALESCE(jsonb_object_agg(k, n), '{{}}'::jsonb) FROM (
+                SELECT k, sum(v::bigint) AS n FROM (
+                    SELECT * FROM jsonb_each_text({counts})
+                    UNION ALL SELECT * FROM jsonb_each_text({more})) AS c(k, v)
+                GROUP BY k) AS m
+            WHERE n <> 0)"""  # noqa: S608
+
+
+_AFTER_WRITE = f"""
+swept AS (
+    DELETE FROM celery_leader_run_records AS d
+    WHERE EXISTS (SELECT 1 FROM w) AND {_KEYS} IN (
+        SELECT prefix, election, entry, key FROM celery_leader_run_records
+        WHERE {_ENTRY} AND key <> %(key)s AND expires <= {_AT}
+        ORDER BY expires LIMIT %(most)s::int)
+    RETURNING d.tally
+),
+trimmed AS (
+    DELETE FROM celery_leader_run_records AS d
+    WHERE EXISTS (SELECT 1 FROM w) AND %(keep)s::int > 0 AND {_KEYS} IN (
+        SELECT prefix, election, entry, key FROM celery_leader_run_records
+        WHERE {_ENTRY} AND key <> %(key)s AND expires > {_AT}
+        ORDER BY created
+        LIMIT GREATEST(0, LEAST(%(most)s::int,
+            COALESCE((SELECT kept FROM celery_leader_run_entries WHERE {_ENTRY}), 0)
+            + 1 - (SELECT count(*) FROM prev) - (SELECT count(*) FROM swept) - %(keep)s::int)))
+    RETURNING d.tally
+),
+stale AS (
+    DELETE FROM celery_leader_run_records AS d USING celery_leader_run_entries AS e
+    WHERE EXISTS (SELECT 1 FROM w) AND e.prefix = d.prefix AND e.election = d.election
+      AND e.entry = d.entry AND e.until <= {_AT} AND {_KEYS} IN (
+        SELECT prefix, election, entry, key FROM celery_leader_run_records
+        WHERE prefix = %(prefix)s AND election = %(election)s AND entry <> %(entry)s
+          AND expires <= {_AT}
+        ORDER BY expires LIMIT 10)
+    RETURNING d.entry, d.tally
+),
+stale_by AS (
+    SELECT entry, sum(c) AS n,
+           COALESCE(jsonb_object_agg(tally, -c) FILTER (WHERE tally <> ''), '{{}}') AS counts
+    FROM (SELECT entry, tally, count(*) AS c FROM stale GROUP BY entry, tally) AS x
+    GROUP BY entry
+),
+restale AS (
+    UPDATE celery_leader_run_entries AS r
+    SET kept = r.kept - s.n, counts = {_merged("r.counts", "s.counts")}
+    FROM stale_by AS s
+    WHERE r.prefix = %(prefix)s AND r.election = %(election)s AND r.entry = s.entry
+),
+deltas AS (
+    SELECT t, sum(n) AS n FROM (
+        SELECT %(tally)s::text AS t, 1 AS n FROM w
+        UNION ALL SELECT tally, -1 FROM prev WHERE EXISTS (SELECT 1 FROM w)
+        UNION ALL SELECT tally, -1 FROM swept
+        UNION ALL SELECT tally, -1 FROM trimmed) AS x
+    WHERE t <> ''
+    GROUP BY t
+),
+e AS (
+    INSERT INTO celery_leader_run_entries AS r (prefix, election, entry, kept, counts, until)
+    SELECT %(prefix)s, %(election)s, %(entry)s,
+           1 - (SELECT count(*) FROM prev) - (SELECT count(*) FROM swept)
+             - (SELECT count(*) FROM trimmed),
+           COALESCE((SELECT jsonb_object_agg(t, n) FROM deltas), '{{}}'::jsonb),
+           {_AT} + %(ttl)s
+    WHERE EXISTS (SELECT 1 FROM w)
+    ON CONFLICT (prefix, election, entry) DO UPDATE SET
+        kept = r.kept + EXCLUDED.kept,
+        counts = {_merged("r.counts", "EXCLUDED.counts")},
+        until = GREATEST(r.until, EXCLUDED.until)
+)
+SELECT 1 FROM w"""  # noqa: S608
+
+# Expecting no record: written when none is kept, or the kept one expired; not
+# while the previous release's table holds one for the key.
+PUT_ENTRY_RUN_NEW = f"""
+WITH {_PREV},
+w AS (
+    INSERT INTO celery_leader_run_records AS r
+        (prefix, election, entry, key, value, tally, expires, created)
+    SELECT %(prefix)s, %(election)s, %(entry)s, %(key)s, %(new)s, %(tally)s,
+           {_AT} + %(ttl)s, {_AT}
+    WHERE NOT EXISTS (
+        SELECT 1 FROM celery_leader_runs
+        WHERE prefix = %(prefix)s AND election = %(election)s AND key = %(key)s
+          AND expires > {_AT})
+    ON CONFLICT (prefix, election, entry, key) DO UPDATE SET
+        value = EXCLUDED.value, tally = EXCLUDED.tally, expires = EXCLUDED.expires,
+        created = EXCLUDED.created
+    WHERE r.expires <= {_AT}
+    RETURNING 1
+),
+{_AFTER_WRITE}
+"""  # noqa: S608
+
+PUT_ENTRY_RUN_REPLACE = f"""
+WITH {_PREV},
+w AS (
+    UPDATE celery_leader_run_records
+    SET value = %(new)s, tally = %(tally)s, expires = {_AT} + %(ttl)s
+    WHERE {_RECORD} AND value = %(expected)s AND expires > {_AT}
+    RETURNING 1
+),
+{_AFTER_WRITE}
+"""  # noqa: S608
+
+# A record the previous release kept in celery_leader_runs, replaced: it moves
+# to its entry (the previous row is its ``prev``: none in the new table).
+PUT_ENTRY_RUN_MIGRATE = f"""
+WITH prev AS (SELECT ''::text AS tally WHERE false),
+gone AS (
+    DELETE FROM celery_leader_runs
+    WHERE prefix = %(prefix)s AND election = %(election)s AND key = %(key)s
+      AND value = %(expected)s AND expires > {_AT}
+    RETURNING key
+),
+w AS (
+    INSERT INTO celery_leader_run_records
+        (prefix, election, entry, key, value, tally, expires, created)
+    SELECT %(prefix)s, %(election)s, %(entry)s, key, %(new)s, %(tally)s, {_AT} + %(ttl)s, {_AT}
+    FROM gone
+    ON CONFLICT (prefix, election, entry, key) DO NOTHING
+    RETURNING 1
+),
+{_AFTER_WRITE}
+"""  # noqa: S608
+
+GET_ENTRY_RUN = f"""
+SELECT value FROM celery_leader_run_records WHERE {_RECORD} AND expires > {_AT}
+UNION ALL
+SELECT value FROM celery_leader_runs
+WHERE prefix = %(prefix)s AND election = %(election)s AND key = %(key)s AND expires > {_AT}
+LIMIT 1
+"""  # noqa: S608
+
+# The newest created first, by the order index; ``limit`` bounded by the caller.
+RUNS_OF = f"""
+SELECT key, value FROM celery_leader_run_records
+WHERE {_ENTRY} AND expires > {_AT}
+ORDER BY created DESC LIMIT %(limit)s
+"""  # noqa: S608
+
+# A page of entries after ``after`` (by name), each with its greatest live key
+# (a backward scan of the primary key) and its counts.
+RUN_SUMMARIES = f"""
+SELECT e.entry, e.counts::text, l.key, l.value
+FROM celery_leader_run_entries AS e
+LEFT JOIN LATERAL (
+    SELECT key, value FROM celery_leader_run_records AS r
+    WHERE r.prefix = e.prefix AND r.election = e.election AND r.entry = e.entry
+      AND r.expires > {_AT}
+    ORDER BY r.key DESC LIMIT 1
+) AS l ON true
+WHERE e.prefix = %(prefix)s AND e.election = %(election)s AND e.entry > %(after)s
+  AND e.until > {_AT}
+ORDER BY e.entry LIMIT %(page)s
 """  # noqa: S608
 
 

@@ -11,8 +11,16 @@ script touches a single Redis Cluster slot:
 * ``{p:e}:resign`` - the term an operator asked to hand over (``leader resign``)
 * ``{p:e}:watch``  - presence id of the follower that watches the holder closely
 * ``{p:e}:state``  - hash of shared schedule state, entry -> JSON
-* ``{p:e}:runs``   - hash of the run ledger, slot -> JSON, written by workers
-* ``{p:e}:runs-expiry`` - sorted set: when each run record expires (ms, server clock)
+* ``{p:e}:runs``   - hash of the run ledger's marks (``@...`` keys) -> JSON
+* ``{p:e}:runs-expiry`` - sorted set: when each mark expires (ms, server clock)
+* ``{p:e}:run:<entry>`` - hash of one entry's run records, written by workers:
+  the slot's time (the key after ``<entry>@``) -> ``<tally>|<expiry>|<record>``
+  (the expiry in ms by the server's clock, base 36)
+* ``{p:e}:run-order:<entry>`` - list: the same slot times, oldest created first
+* ``{p:e}:run-sum:<entry>`` - hash: the entry's greatest slot kept (``last``)
+  and how many kept records carry each tally (``n:<tally>``)
+* ``{p:e}:run-entries`` - sorted set: entries with run records -> when their
+  newest expires (the three keys above expire then too)
 * ``{p:e}:entries`` - hash of schedule entries, name -> JSON; edited by any
   process (no term)
 * ``{p:e}:entries-version`` - counter moved by every applied entry edit
@@ -47,7 +55,7 @@ from ..._urls import mask_url
 from ...exceptions import StoreMisconfigured, StoreUnavailable
 from ..base import Backend
 from ..errors import hand_back
-from ..fenced import Edit, Write
+from ..fenced import RUNS_DROPPED, Edit, RunSummary, Write, run_entry
 from ..lock import Acquired, HolderInfo, Renewal, Term
 from ..terms import holder_info, parse_term, since_of, unreadable_state
 from ..waiting import wait_sliced
@@ -66,6 +74,12 @@ _CLAIM_CHUNK = 500
 #: hundred bytes an entry, a page is a few MB and milliseconds of the server's
 #: time, so a million entries take 100 calls, each far inside the store deadline.
 ENTRIES_PAGE = 10_000
+
+#: Run records read per script call, and entry summaries per pipelined round
+#: trip: each call is a few hundred small reads, far under a millisecond of the
+#: server's time, whatever the ledger holds.
+RUNS_PAGE = 500
+SUMMARIES_PAGE = 200
 
 #: Entry edits the store remembers by name: a reader that fell further behind
 #: (edits of more entries than this between two of its looks, twice a second)
@@ -530,24 +544,100 @@ class RedisBackend(Backend):
         )
 
     def put_run(
-        self, election: str, key: str, expected: str | None, new: str, ttl: float
+        self,
+        election: str,
+        key: str,
+        expected: str | None,
+        new: str,
+        ttl: float,
+        *,
+        keep: int = 0,
+        tally: str = "",
     ) -> tuple[bool, str | None]:
-        reply = checked(
-            self._conn.run(
-                "put_run",
-                self._runs_keys(election),
-                [key, _has(expected), expected or "", new, max(1, math.ceil(ttl * 1000))],
-            )
-        )
+        ttl_ms = max(1, math.ceil(ttl * 1000))
+        entry = run_entry(key)
+        if entry is None:
+            args = [key, _has(expected), expected or "", new, ttl_ms]
+            reply = self._conn.run("put_run", self._marks_keys(election), args)
+        else:
+            suffix = key[len(entry) + 1 :]
+            args = [entry, key, suffix, _has(expected), expected or "", new, ttl_ms, keep]
+            args += [tally, RUNS_DROPPED]
+            keys = self._entry_runs_keys(election, entry)
+            keys += [self._key(election, "run-entries"), *self._marks_keys(election)]
+            reply = self._conn.run("put_entry_run", keys, args)
         stored = reply[1]
         return bool(int(reply[0])), None if stored in (None, False) else str(stored)
 
-    def load_runs(self, election: str) -> dict[str, str]:
-        reply = checked(self._conn.run("load_runs", self._runs_keys(election), []))
-        return {str(reply[i]): str(reply[i + 1]) for i in range(0, len(reply), 2)}
+    def runs_of(self, election: str, entry: str, limit: int) -> list[tuple[str, str]]:
+        keys = self._entry_runs_keys(election, entry)
+        out: list[tuple[str, str]] = []
+        start = 0
+        while len(out) < limit:
+            # A page of ranks, not of live records: an expired one is skipped,
+            # so the next page starts where this one's ranks ended. Ranks count
+            # from the newest created; a page is one short script.
+            count = min(RUNS_PAGE, limit - len(out))
+            flat = self._conn.run("runs_of", keys, [start, start + count - 1])
+            out += [(f"{entry}@{flat[i]}", str(flat[i + 1])) for i in range(0, len(flat), 2)]
+            start += count
+            if start >= self._conn.call(lambda c: c.llen(keys[1])):
+                break
+        return out[:limit]
 
-    def _runs_keys(self, election: str) -> list[str]:
+    def run_summaries(self, election: str) -> list[RunSummary]:
+        index = self._key(election, "run-entries")
+        now_ms = _seconds(self._conn.run("time", [self._key(election, "lock")], [])) * 1000
+        out: list[RunSummary] = []
+        cursor = 0
+        while True:
+            cursor, page = self._conn.call(
+                lambda c, at=cursor: c.zscan(index, at, count=SUMMARIES_PAGE)
+            )
+            entries = sorted(str(e) for e, until in page if until > now_ms)
+            out += self._summaries(election, entries, now_ms)
+            if not cursor:
+                return sorted(out, key=lambda s: s.entry)
+
+    def _summaries(self, election: str, entries: list[str], now_ms: float) -> list[RunSummary]:
+        """The summaries of ``entries``: two pipelined round trips of small reads
+        (plain commands, which a Cluster pipeline sends to the election's node)."""
+        keys = [self._entry_runs_keys(election, e) for e in entries]
+
+        def sums(client: Any) -> list[Any]:
+            pipe = client.pipeline(transaction=False)
+            for _, _, summary in keys:
+                pipe.hgetall(summary)
+            return list(pipe.execute())
+
+        found = self._conn.call(sums)
+        lasts = [str(f.get("last", "")) for f in found]
+
+        def records(client: Any) -> list[Any]:
+            pipe = client.pipeline(transaction=False)
+            for (records, _, _), last in zip(keys, lasts, strict=True):
+                pipe.hget(records, last)
+            return list(pipe.execute())
+
+        read = self._conn.call(records)
+        out = []
+        for entry, fields, last, stored in zip(entries, found, lasts, read, strict=True):
+            if not last:
+                continue
+            # As stored: "<tally>|<expiry, ms in base 36>|<record>".
+            _, expiry, record = str(stored).split("|", 2) if stored else ("", "0", "")
+            counts = {
+                str(k)[2:]: int(v) for k, v in fields.items() if str(k).startswith("n:") and int(v)
+            }
+            live = int(expiry, 36) > now_ms
+            out.append(RunSummary(entry, f"{entry}@{last}", record if live else None, counts))
+        return out
+
+    def _marks_keys(self, election: str) -> list[str]:
         return [self._key(election, "runs"), self._key(election, "runs-expiry")]
+
+    def _entry_runs_keys(self, election: str, entry: str) -> list[str]:
+        return [self._key(election, f"run{kind}:{entry}") for kind in ("", "-order", "-sum")]
 
     def leave(self, election: str) -> None:
         self._drop_subscription(election)

@@ -178,7 +178,7 @@ end
 return n
 """
 
-# The start of both run-record scripts. KEYS: runs (hash, key -> record), run
+# The start of the marks' script. KEYS: runs (hash, key -> record), run
 # expiries (sorted set, key -> expiry in ms by the server's TIME). Refuses keys
 # of another type, then sets ``now``: the server's clock in ms.
 _RUNS_PROLOGUE = """
@@ -195,6 +195,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 # KEYS: runs, run expiries (as in _RUNS_PROLOGUE). ARGV: key, has-expected
 # ("0"/"1"), expected, new, ttl ms. Returns {1, new} when written, {0, stored
 # record or false} when not.
+# Marks are few; a slot the previous release kept here drains with them.
 # Up to 100 expired records are dropped first: the ledger expires without a
 # sweeper, and a write never pays for more than a bounded clean-up.
 PUT_RUN = _RUNS_PROLOGUE + """
@@ -212,16 +213,133 @@ redis.call('ZADD', KEYS[2], now + tonumber(ARGV[5]), ARGV[1])
 return {1, ARGV[4]}
 """
 
-# KEYS: runs, run expiries (as in _RUNS_PROLOGUE). Returns {key, record, ...}
-# of the records that have not expired; nothing is written.
-LOAD_RUNS = _RUNS_PROLOGUE + """
-local all = redis.call('HGETALL', KEYS[1])
+# The start of the per-entry run-record scripts. KEYS: the entry's records
+# (hash, key suffix -> "<tally>|<expiry>|<record>", the expiry in ms by the
+# server's TIME, base 36), the order they were created in (list of suffixes,
+# oldest first), its summary (hash: "last" -> the greatest suffix kept,
+# "n:<tally>" -> how many kept records carry the tally). A list element costs
+# a tenth of a sorted-set member, and a record is a third of its memory.
+# Refuses keys of another type, then sets ``now`` as _RUNS_PROLOGUE does and
+# defines parse(stored) -> tally, expiry, record.
+_ENTRY_RUNS_PROLOGUE = """
+for _, at in ipairs({{1, 'hash'}, {2, 'list'}, {3, 'hash'}}) do
+  local kind = redis.call('TYPE', KEYS[at[1]]).ok
+  if kind ~= at[2] and kind ~= 'none' then return {'foreign', KEYS[at[1]], kind} end
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function parse(stored)
+  local tally, expiry, record = string.match(stored, '^([^|]*)|([^|]*)|(.*)$')
+  return tally, tonumber(expiry, 36) or 0, record
+end
+"""
+
+# KEYS: as in _ENTRY_RUNS_PROLOGUE, then the election's entries with records
+# (sorted set, entry -> when its newest record expires), the marks' hash and
+# their expiries (the previous release kept slots there too). ARGV: entry, key,
+# suffix, has-expected ("0"/"1"), expected, new, ttl ms, keep (0: no cap),
+# tally, most records dropped. Returns as PUT_RUN does.
+# Each write drops, oldest created first, up to ARGV[10] of the entry's records
+# that expired (stopping at the first that has not: a run rewritten late keeps
+# younger ones a while, never longer than it ran) and as many over the cap:
+# expiry costs what expired. A record the previous release kept among the
+# marks is compared with, and moved here.
+PUT_ENTRY_RUN = _ENTRY_RUNS_PROLOGUE + """
+local function b36(n)
+  local out = ''
+  repeat
+    local d = n % 36
+    out = string.sub('0123456789abcdefghijklmnopqrstuvwxyz', d + 1, d + 1) .. out
+    n = math.floor(n / 36)
+  until n == 0
+  return out
+end
+local function drop(suffix)
+  local v = redis.call('HGET', KEYS[1], suffix)
+  if v then
+    local tally = parse(v)
+    if tally and tally ~= '' then redis.call('HINCRBY', KEYS[3], 'n:' .. tally, -1) end
+    redis.call('HDEL', KEYS[1], suffix)
+  end
+end
+local most = tonumber(ARGV[10])
+local marks = redis.call('TYPE', KEYS[5]).ok == 'hash' and redis.call('TYPE', KEYS[6]).ok == 'zset'
+if marks then
+  -- The previous release's slots among the marks drain a few per write.
+  for _, key in ipairs(redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', now, 'LIMIT', 0, 10)) do
+    redis.call('HDEL', KEYS[5], key)
+    redis.call('ZREM', KEYS[6], key)
+  end
+end
+local stored = redis.call('HGET', KEYS[1], ARGV[3])
+local cur = false
+if stored then
+  local _, expiry, record = parse(stored)
+  if expiry > now then cur = record end
+end
+local legacy = false
+if not cur and marks then
+  local at = redis.call('ZSCORE', KEYS[6], ARGV[2])
+  if at and tonumber(at) > now then
+    cur = redis.call('HGET', KEYS[5], ARGV[2])
+    legacy = cur ~= false
+  end
+end
+local ok
+if ARGV[4] == '0' then ok = (cur == false) else ok = (cur == ARGV[5]) end
+if not ok then return {0, cur} end
+if legacy then
+  redis.call('HDEL', KEYS[5], ARGV[2])
+  redis.call('ZREM', KEYS[6], ARGV[2])
+end
+if stored then drop(ARGV[3]) else redis.call('RPUSH', KEYS[2], ARGV[3]) end
+local ttl = tonumber(ARGV[7])
+redis.call('HSET', KEYS[1], ARGV[3], ARGV[9] .. '|' .. b36(now + ttl) .. '|' .. ARGV[6])
+if ARGV[9] ~= '' then redis.call('HINCRBY', KEYS[3], 'n:' .. ARGV[9], 1) end
+local last = redis.call('HGET', KEYS[3], 'last')
+if not last or ARGV[3] > last then redis.call('HSET', KEYS[3], 'last', ARGV[3]) end
+for _ = 1, most do
+  local head = redis.call('LINDEX', KEYS[2], 0)
+  if not head then break end
+  local v = redis.call('HGET', KEYS[1], head)
+  if v then
+    local _, expiry = parse(v)
+    if expiry > now then break end
+  end
+  redis.call('LPOP', KEYS[2])
+  drop(head)
+end
+local keep = tonumber(ARGV[8])
+if keep > 0 then
+  for _ = 1, math.min(redis.call('LLEN', KEYS[2]) - keep, most) do
+    drop(redis.call('LPOP', KEYS[2]))
+  end
+end
+-- The greatest suffix went while others stay: the newest created stands for it.
+if redis.call('HEXISTS', KEYS[1], redis.call('HGET', KEYS[3], 'last')) == 0 then
+  redis.call('HSET', KEYS[3], 'last', redis.call('LINDEX', KEYS[2], -1))
+end
+-- Every record of the entry expires by the newest write's expiry: so do its keys,
+-- and an entry nobody writes any more goes with its last record.
+for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], ttl) end
+redis.call('ZADD', KEYS[4], now + ttl, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+return {1, ARGV[6]}
+"""
+
+# KEYS: as in _ENTRY_RUNS_PROLOGUE. ARGV: first rank, last rank (counted from
+# the newest created). Returns {suffix, record, ...} of those that have not expired.
+RUNS_OF = _ENTRY_RUNS_PROLOGUE + """
 local out = {}
-for i = 1, #all, 2 do
-  local expires = redis.call('ZSCORE', KEYS[2], all[i])
-  if expires and tonumber(expires) > now then
-    out[#out + 1] = all[i]
-    out[#out + 1] = all[i + 1]
+local page = redis.call('LRANGE', KEYS[2], -1 - tonumber(ARGV[2]), -1 - tonumber(ARGV[1]))
+for i = #page, 1, -1 do
+  local v = redis.call('HGET', KEYS[1], page[i])
+  if v then
+    local _, expiry, record = parse(v)
+    if expiry > now then
+      out[#out + 1] = page[i]
+      out[#out + 1] = record
+    end
   end
 end
 return out
@@ -308,7 +426,8 @@ SOURCES = {
     "unclaim": UNCLAIM,
     "time": TIME,
     "put_run": PUT_RUN,
-    "load_runs": LOAD_RUNS,
+    "put_entry_run": PUT_ENTRY_RUN,
+    "runs_of": RUNS_OF,
     "edit_entries": EDIT_ENTRIES,
     "entries_since": ENTRIES_SINCE,
 }
@@ -317,8 +436,9 @@ SOURCES = {
 _EXPECTED = {
     "lock": "a celery-leader term (a JSON string)",
     "epoch": "an epoch counter (an integer string)",
-    "runs": "the run ledger (a hash)",
-    "runs-expiry": "the run ledger's expiries (a sorted set)",
+    "runs": "the run ledger's marks (a hash)",
+    "runs-expiry": "the run ledger marks' expiries (a sorted set)",
+    "run-entries": "the run ledger's entries (a sorted set)",
     "entries": "schedule entries (a hash)",
     "entries-changes": "the schedule entries' recent edits (a sorted set)",
 }
