@@ -73,7 +73,7 @@ def test_liveness_is_renewed_while_the_body_runs(backend: Backend) -> None:
     # for the renewal made after it, so the record is alive at every instant the
     # clock shows however late the renewer thread runs on a loaded machine.
     now = [1_767_225_600.0]
-    target = LedgerTarget(backend, "beat", "a", TTL, TTL / 3, 3600, clock=lambda: now[0])
+    target = LedgerTarget(backend, "beat", "a", TTL, TTL / 3, 3600, 10, clock=lambda: now[0])
     a = RunGuard(target, "rerun")
     assert a.begin(SLOT).run
     first_ttl_ends = record(backend).alive_until
