@@ -7,6 +7,7 @@ Run with ``-s`` to see the measured numbers.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import signal
 import threading
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from celery_leader import Lease
-from celery_leader.backends import Renewal
+from celery_leader.backends import Edit, Renewal
 from celery_leader.backends.file import FileBackend
 from celery_leader.callbacks import Callbacks
 from celery_leader.exceptions import StoreUnavailable
@@ -312,3 +313,21 @@ def test_file_system_errors_are_store_unavailable(store: Path) -> None:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the flock went all the same
     finally:
         os.close(fd)
+
+
+def test_an_entries_file_the_changes_file_does_not_reach_is_read_whole(tmp_path: Path) -> None:
+    """The previous release (or an editor that died between the two files)
+    rewrites the entries file alone: readers from before it read everything,
+    and the next edit starts the changes over from there."""
+    backend = FileBackend(f"file://{tmp_path}", "p", 1.0)
+    assert backend.edit_entries("beat", [Edit("a", None, "a1")]) == [True]
+    version, entries = backend.load_entries("beat")
+    # The previous release's edit: the entries file only.
+    entries["b"] = "b1"
+    path = tmp_path / "p.beat.entries"
+    path.write_text(json.dumps({"version": version + 1, "entries": entries}))
+    assert backend.entries_version("beat") == version + 1, "read from the file's head"
+    assert backend.entries_changed_since("beat", version) is None
+    assert backend.edit_entries("beat", [Edit("a", "a1", None)]) == [True]
+    assert backend.entries_changed_since("beat", version) is None, "b would be missed"
+    assert backend.entries_changed_since("beat", version + 1) == (version + 2, {"a": None})

@@ -575,6 +575,31 @@ def test_entries_are_read_in_pages_whole(
         client.close()
 
 
+def test_an_edit_that_recorded_nothing_makes_older_readers_read_everything(
+    redis_url: str,
+) -> None:
+    """An editor of a release that kept no changes (a rolling upgrade) moves the
+    version alone: a reader from before it must not be told only the later edits."""
+    backend = RedisBackend(redis_url, "old", 1.0)
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        assert backend.edit_entries("beat", [Edit("a", None, "a1")]) == [True]
+        version, _ = backend.load_entries("beat")
+        # The previous release's edit: the entry and the version, no change recorded.
+        client.hset("{old:beat}:entries", "b", "b1")
+        client.incr("{old:beat}:entries-version")
+        assert backend.entries_changed_since("beat", version) is None
+        assert backend.edit_entries("beat", [Edit("a", "a1", "a2")]) == [True]
+        assert backend.entries_changed_since("beat", version) is None, "b would be missed"
+        assert backend.entries_changed_since("beat", version + 1) == (
+            version + 2,
+            {"a": "a2"},
+        )
+    finally:
+        backend.close()
+        client.close()
+
+
 def test_entry_changes_kept_are_bounded_and_an_older_reader_reads_everything(
     redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

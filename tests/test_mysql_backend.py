@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from celery_leader.backends import Renewal, Write
+from celery_leader.backends import Edit, Renewal, Write
 from celery_leader.backends.mysql import MySqlBackend, lock_name
 from celery_leader.backends.mysql.params import connection_params
 from celery_leader.config import DRIFT, MARGIN
@@ -64,6 +64,62 @@ def test_long_names_are_hashed_and_the_readable_one_stays_in_the_table(
     with mariadb_server.root_connection() as conn, conn.cursor() as cur:
         cur.execute("SELECT prefix, election, lock_name FROM leader.celery_leader_lease")
         assert cur.fetchall() == ((prefix, ELECTION, name),)
+
+
+# The entries tables as the previous release made them, and its edit of an entry.
+PREVIOUS_ENTRIES_TABLES = [
+    """CREATE TABLE leader.celery_leader_entries (
+        prefix VARCHAR(190) NOT NULL, election VARCHAR(190) NOT NULL,
+        name VARCHAR(190) NOT NULL, value MEDIUMTEXT NOT NULL,
+        PRIMARY KEY (prefix, election, name)
+    ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin""",
+    """CREATE TABLE leader.celery_leader_entries_version (
+        prefix VARCHAR(190) NOT NULL, election VARCHAR(190) NOT NULL, version BIGINT NOT NULL,
+        PRIMARY KEY (prefix, election)
+    ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin""",
+]
+PREVIOUS_REPLACE_ENTRY = [
+    "UPDATE leader.celery_leader_entries SET value = 'x2'"
+    " WHERE prefix = %(prefix)s AND election = %(election)s AND name = 'x' AND value = 'x1'",
+    "UPDATE leader.celery_leader_entries_version SET version = version + 1"
+    " WHERE prefix = %(prefix)s AND election = %(election)s",
+]
+
+
+def test_entries_of_the_previous_release_are_read_by_change_after_the_first_edit(
+    mariadb_server: MariaDbServer, backends: Callable[..., MySqlBackend]
+) -> None:
+    """Its tables gain the record of edits on first use; what it did not record
+    (edits before the upgrade, or by one of its editors still running) makes a
+    reader from before it read everything."""
+    names = {"prefix": PREFIX, "election": ELECTION}
+    with mariadb_server.root_connection() as conn, conn.cursor() as cur:
+        for statement in PREVIOUS_ENTRIES_TABLES:
+            cur.execute(statement)
+        cur.execute("INSERT INTO leader.celery_leader_entries VALUES (%s, %s, 'x', 'x1')",
+                    (PREFIX, ELECTION))  # fmt: skip
+        cur.execute("INSERT INTO leader.celery_leader_entries_version VALUES (%s, %s, 3)",
+                    (PREFIX, ELECTION))  # fmt: skip
+        conn.commit()
+    reader, editor = backends(), backends()
+    assert reader.load_entries(ELECTION) == (3, {"x": "x1"})
+    assert reader.entries_changed_since(ELECTION, 3) == (3, {})
+    assert reader.entries_changed_since(ELECTION, 2) is None
+
+    assert editor.edit_entries(ELECTION, [Edit("y", None, "y1")]) == [True]
+    assert reader.entries_changed_since(ELECTION, 3) == (4, {"y": "y1"})
+    assert reader.entries_changed_since(ELECTION, 2) is None, "edit 3 was not recorded"
+
+    with mariadb_server.root_connection() as conn, conn.cursor() as cur:
+        for statement in PREVIOUS_REPLACE_ENTRY:
+            cur.execute(statement, names)
+        conn.commit()
+    assert reader.entries_version(ELECTION) == 5
+    assert reader.entries_changed_since(ELECTION, 4) is None, "edit 5 was not recorded"
+    assert editor.edit_entries(ELECTION, [Edit("y", "y1", None)]) == [True]
+    assert reader.entries_changed_since(ELECTION, 4) is None
+    assert reader.entries_changed_since(ELECTION, 5) == (6, {"y": None})
+    assert reader.load_entries(ELECTION) == (6, {"x": "x2"})
 
 
 @pytest.mark.timing  # the loss seen within 0.5 s

@@ -23,7 +23,7 @@ import psycopg
 import pytest
 
 from celery_leader import Lease
-from celery_leader.backends import Renewal, Write, store_timeout
+from celery_leader.backends import Edit, Renewal, Write, store_timeout
 from celery_leader.backends.postgres import PostgresBackend, advisory_key
 from celery_leader.callbacks import Callbacks
 from celery_leader.config import DRIFT, MARGIN
@@ -58,6 +58,68 @@ def backends(postgres_url: str) -> Iterator[Callable[..., PostgresBackend]]:
 def superuser(server: PostgresServer) -> psycopg.Connection[Any]:
     """Superuser connection to the leader database."""
     return psycopg.connect(server.superuser_url.rsplit("/", 1)[0] + "/leader", autocommit=True)
+
+
+# The entries tables as the previous release made them, and its edit of an entry.
+PREVIOUS_ENTRIES_TABLES = """
+CREATE TABLE celery_leader_entries (
+    prefix text NOT NULL, election text NOT NULL, name text NOT NULL, value text NOT NULL,
+    PRIMARY KEY (prefix, election, name)
+);
+CREATE TABLE celery_leader_entries_version (
+    prefix text NOT NULL, election text NOT NULL, version bigint NOT NULL,
+    PRIMARY KEY (prefix, election)
+)
+"""
+PREVIOUS_REPLACE_ENTRY = """
+WITH e AS (
+    UPDATE celery_leader_entries SET value = %(new)s
+    WHERE prefix = %(prefix)s AND election = %(election)s AND name = %(name)s
+      AND value = %(expected)s
+    RETURNING 1
+),
+v AS (
+    INSERT INTO celery_leader_entries_version AS v (prefix, election, version)
+    SELECT %(prefix)s, %(election)s, 1 FROM e
+    ON CONFLICT (prefix, election) DO UPDATE SET version = v.version + 1
+)
+SELECT count(*) FROM e
+"""
+
+
+def test_entries_of_the_previous_release_are_read_by_change_after_the_first_edit(
+    postgres_url: str, backends: Callable[..., PostgresBackend]
+) -> None:
+    """Its tables gain the record of edits on first use; what it did not record
+    (edits before the upgrade, or by one of its editors still running) makes a
+    reader from before it read everything."""
+    names = {"prefix": PREFIX, "election": ELECTION}
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(PREVIOUS_ENTRIES_TABLES)
+        conn.execute(
+            "INSERT INTO celery_leader_entries VALUES (%s, %s, 'x', 'x1')", (PREFIX, ELECTION)
+        )
+        conn.execute(
+            "INSERT INTO celery_leader_entries_version VALUES (%s, %s, 3)", (PREFIX, ELECTION)
+        )
+    reader, editor = backends(), backends()
+    assert reader.load_entries(ELECTION) == (3, {"x": "x1"})
+    assert reader.entries_changed_since(ELECTION, 3) == (3, {})
+    assert reader.entries_changed_since(ELECTION, 2) is None
+
+    assert editor.edit_entries(ELECTION, [Edit("y", None, "y1")]) == [True]
+    assert reader.entries_changed_since(ELECTION, 3) == (4, {"y": "y1"})
+    assert reader.entries_changed_since(ELECTION, 2) is None, "edit 3 was not recorded"
+
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        params = {**names, "name": "x", "expected": "x1", "new": "x2"}
+        assert conn.execute(PREVIOUS_REPLACE_ENTRY, params).fetchall() == [(1,)]
+    assert reader.entries_version(ELECTION) == 5
+    assert reader.entries_changed_since(ELECTION, 4) is None, "edit 5 was not recorded"
+    assert editor.edit_entries(ELECTION, [Edit("y", "y1", None)]) == [True]
+    assert reader.entries_changed_since(ELECTION, 4) is None
+    assert reader.entries_changed_since(ELECTION, 5) == (6, {"y": None})
+    assert reader.load_entries(ELECTION) == (6, {"x": "x2"})
 
 
 # -- the protocol ---------------------------------------------------------------

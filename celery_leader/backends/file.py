@@ -15,6 +15,10 @@ Files of election ``e`` under key prefix ``p``, all in ``dir``:
   reads the summaries alone. Written under the same ``flock``
 * ``p.e.entries`` - JSON ``{"version", "entries"}`` of the schedule entries,
   edited under a ``flock`` of ``p.e.entries-lock`` (by any process, no term)
+* ``p.e.entries-changes`` - JSON ``{"version", "from", "edits"}``: the latest
+  edited entry names with the version of their edit and their value then
+  (``null``: removed), written after ``p.e.entries`` by the same editor, so a
+  reader pays for an edit what it touched
 
 The kernel drops a flock when its holder's process dies, and a follower
 blocked in ``flock`` wakes up holding it: a crash hands over at once, with no
@@ -31,6 +35,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -47,6 +52,17 @@ from .lock import Acquired, HolderInfo, Renewal, Term
 from .runbook import EntryBook
 from .terms import holder_info, new_term, parse_epoch, unreadable_state
 from .waiting import LockWaiter, wait_sliced
+
+#: Edited entries the changes file keeps, values included: a reader that fell
+#: further behind (edits of more entries than this between two of its looks,
+#: twice a second) reads every entry. Bounds the file every reader parses after
+#: an edit to a few hundred KB.
+CHANGES_KEPT = 1_000
+
+#: How ``p.e.entries`` starts (``json.dumps`` keeps the keys in the order
+#: written, by this release and the previous ones): the version is read from
+#: the first bytes, not from the whole file, at every look.
+_HEAD = re.compile(rb'\{"version": (\d+), ')
 
 
 @contextmanager
@@ -347,7 +363,14 @@ class FileBackend(Backend):
             if isinstance(item, list) and len(item) == 2 and float(item[1]) > now
         }
     def entries_version(self, election: str) -> int:
-        return self.load_entries(election)[0]
+        path = self._path(election, "entries")
+        with _io(path):
+            try:
+                with path.open("rb") as f:
+                    head = _HEAD.match(f.read(64))
+            except FileNotFoundError:
+                return 0
+        return int(head.group(1)) if head else self.load_entries(election)[0]
 
     def load_entries(self, election: str) -> tuple[int, dict[str, str]]:
         path = self._path(election, "entries")
@@ -363,22 +386,71 @@ class FileBackend(Backend):
             return 0, unreadable_state(str(path), text)
         return version, entries
 
+    def entries_changed_since(
+        self, election: str, version: int
+    ) -> tuple[int, dict[str, str | None]] | None:
+        # The version first: the changes file is written after the entries, so
+        # one behind it is being written (or was not, by a previous release or
+        # an editor that died in between): read everything then.
+        now = self.entries_version(election)
+        if now == version:
+            return now, {}
+        changes = self._changes(election)
+        if now < version or changes is None or changes[0] < now or changes[1] > version:
+            return None
+        return changes[0], {k: v for k, (at, v) in changes[2].items() if at > version}
+
+    def _changes(self, election: str) -> tuple[int, int, dict[str, list[Any]]] | None:
+        """The changes file: (its version, the oldest version it answers from, edits)."""
+        data = _read_json(self._path(election, "entries-changes"))
+        try:
+            return int(data["version"]), int(data["from"]), dict(data["edits"])
+        except (TypeError, KeyError, ValueError):
+            return None  # none yet, or not ours: readers read everything
+
     def edit_entries(self, election: str, edits: Sequence[Edit]) -> list[bool]:
         lock_path = self._path(election, "entries-lock")
         with _io(lock_path):
             fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
             try:
-                # Editors of one host take turns; the file is replaced atomically,
-                # so a leader reading it needs no lock.
+                # Editors of one host take turns; the files are replaced atomically,
+                # so a leader reading them needs no lock.
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 version, entries = self.load_entries(election)
                 results = apply_edits(entries, edits)
                 if any(results):
                     text = json.dumps({"version": version + 1, "entries": entries})
                     _write(self._path(election, "entries"), text)
+                    _write(
+                        self._path(election, "entries-changes"),
+                        json.dumps(self._recorded(election, version, entries, edits, results)),
+                    )
                 return results
             finally:
                 os.close(fd)
+
+    def _recorded(
+        self,
+        election: str,
+        version: int,
+        entries: dict[str, str],
+        edits: Sequence[Edit],
+        results: list[bool],
+    ) -> dict[str, Any]:
+        """The changes file after the edits that moved the entries from ``version``."""
+        changes = self._changes(election)
+        if changes is None or changes[0] != version:
+            # It does not reach this version: readers from before it read everything.
+            start, kept = version, {}
+        else:
+            start, kept = changes[1], changes[2]
+        for edit, applied in zip(edits, results, strict=True):
+            if applied:
+                kept.pop(edit.key, None)  # to the end: the dict stays oldest first
+                kept[edit.key] = [version + 1, entries.get(edit.key)]
+        while len(kept) > CHANGES_KEPT:
+            start = max(start, kept.pop(next(iter(kept)))[0])
+        return {"version": version + 1, "from": start, "edits": kept}
 
     def leave(self, election: str) -> None:
         with self._lock:

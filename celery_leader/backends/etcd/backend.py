@@ -26,6 +26,14 @@ from ..waiting import wait_sliced
 from .client import NOT_FOUND, UNAVAILABLE, Cluster, b64, error_of, server_time
 from .params import etcd_params
 
+#: Entries read per range when reading them all: a few MB, so a million
+#: entries never make one request that outlasts the store deadline.
+ENTRIES_PAGE = 10_000
+
+#: Edits a reader replays from etcd's history before it reads every entry
+#: instead: bounds what one look reads after the reader fell far behind.
+CHANGES_KEPT = 10_000
+
 #: Claims per transaction. etcd's ``--max-txn-ops`` (128 by default) bounds
 #: the operations of a transaction and of the ones nested in it together.
 MAX_TXN_OPS = 64
@@ -461,15 +469,77 @@ class EtcdBackend(Backend):
         return int(kv["mod_revision"]) if kv else 0
 
     def load_entries(self, election: str) -> tuple[int, dict[str, str]]:
+        # By bounded ranges: one range of a million entries outlasted the store
+        # deadline. The version comes with the first page: an edit during the
+        # pages moves it past the one returned, and the reader asks again.
         prefix = self._key(election, "entries/")
-        every = {"key": b64(prefix), "range_end": b64(_prefix_end(prefix))}
+        end = b64(_prefix_end(prefix))
+        page = {"key": b64(prefix), "range_end": end, "limit": ENTRIES_PAGE}
         reply = self._txn(
-            [], [_range(self._key(election, "entries-version")), {"request_range": every}]
+            [], [_range(self._key(election, "entries-version")), {"request_range": page}]
         )
         kv = _kv(reply["responses"][0])
-        kvs = reply["responses"][1].get("response_range", {}).get("kvs", [])
-        entries = {_bytes(e["key"])[len(prefix) :].decode(): _value(e) for e in kvs}
-        return (int(kv["mod_revision"]) if kv else 0), entries
+        version = int(kv["mod_revision"]) if kv else 0
+        listed = reply["responses"][1].get("response_range", {})
+        entries: dict[str, str] = {}
+        while True:
+            kvs = listed.get("kvs", [])
+            entries.update((_bytes(e["key"])[len(prefix) :].decode(), _value(e)) for e in kvs)
+            if not listed.get("more") or not kvs:
+                return version, entries
+            after = b64(_bytes(kvs[-1]["key"]) + b"\0")
+            body: dict[str, Any] = {"key": after, "range_end": end, "limit": ENTRIES_PAGE}
+
+            def more(client: Etcd3Client, body: dict[str, Any] = body) -> Any:
+                return client.post(client.get_url("/kv/range"), json=body)
+
+            listed = self._etcd.call(more)
+
+    def entries_changed_since(
+        self, election: str, version: int
+    ) -> tuple[int, dict[str, str | None]] | None:
+        """The entries' events after ``version``, replayed from etcd's history by a watch.
+
+        Every edit is one transaction that writes one entry key and the version
+        key, so the event at the version read first is the last one to take.
+        ``None`` when etcd compacted that history, or it holds more edits than
+        :data:`CHANGES_KEPT`.
+        """
+        with self._etcd.deadline():
+            now = self.entries_version(election)
+            if now == version:
+                return now, {}
+            if now < version:
+                return None
+            prefix = self._key(election, "entries/")
+            watch = {
+                "key": b64(prefix),
+                "range_end": b64(_prefix_end(prefix)),
+                "start_revision": str(version + 1),
+            }
+
+            def replay(client: Etcd3Client) -> dict[str, str | None] | None:
+                url = client.get_url("/watch")
+                edits: dict[str, str | None] = {}
+                with client.session.post(url, json={"create_request": watch}, stream=True) as r:
+                    r.raise_for_status()
+                    for line in r.iter_lines():
+                        result = json.loads(line).get("result", {}) if line else {}
+                        if int(result.get("compact_revision", 0)) or result.get("canceled"):
+                            return None  # compacted: that history is gone
+                        for event in result.get("events", []):
+                            kv = event["kv"]
+                            name = _bytes(kv["key"])[len(prefix) :].decode()
+                            removed = event.get("type") == "DELETE"
+                            edits[name] = None if removed else _value(kv)
+                            if int(kv["mod_revision"]) >= now:
+                                return edits
+                            if len(edits) > CHANGES_KEPT:
+                                return None
+                return None  # the stream ended early: read everything
+
+            edits = self._etcd.call(replay)
+        return None if edits is None else (now, edits)
 
     def edit_entries(self, election: str, edits: Sequence[Edit]) -> list[bool]:
         """One transaction per edit: compare the entry, write it and the version key.

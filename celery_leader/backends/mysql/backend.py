@@ -17,24 +17,31 @@ from ..lock import HolderInfo, Term
 from ..session_lock import SessionGone, SessionLockBackend
 from ..terms import since_of
 from ..waiting import LockWaiter
+from .entries import (
+    CREATE_ENTRY,
+    DELETE_ENTRY,
+    EDIT_ENTRY,
+    EDIT_RESULT,
+    ENTRIES_FIRST_PAGE,
+    ENTRIES_NEXT_PAGE,
+    ENTRIES_PAGE,
+    ENTRIES_SINCE,
+    ENTRIES_VERSION,
+    LOAD_ENTRY,
+    REPLACE_ENTRY,
+)
 from .params import connection_params
 from .session import Connector, Result, Session, queue_for_lock
 from .sql import (
     CLOCK,
-    CREATE_ENTRY,
-    DELETE_ENTRY,
-    EDIT_ENTRY,
     ELECTIONS,
-    ENTRIES_VERSION,
     GET_RUN,
     HOLDER,
-    LOAD_ENTRIES,
     PUT_ENTRY_RUN,
     PUT_RUN_NEW,
     PUT_RUN_REPLACE,
     RELEASE,
     RENEW,
-    REPLACE_ENTRY,
     REQUEST_RESIGN,
     RUN_RECORDS,
     RUN_SUMMARIES,
@@ -260,27 +267,57 @@ class MySqlBackend(SessionLockBackend[Session, Result]):
         return int(rows[0][0]) if rows else 0
 
     def load_entries(self, election: str) -> tuple[int, dict[str, str]]:
-        results = self._on_kept(LOAD_ENTRIES, self._names(election))
-        versions, entries = results[1].rows, results[2].rows
-        version = int(versions[0][0]) if versions else 0
-        return version, {str(name): str(value) for name, value in entries}
+        # By pages: one statement of a million entries outlasts the store
+        # deadline. The version first (see ENTRIES_FIRST_PAGE).
+        names = self._names(election)
+        rows = self._on_kept(ENTRIES_VERSION, names)[0].rows
+        version = int(rows[0][0]) if rows else 0
+        entries: dict[str, str] = {}
+        page = self._on_kept(ENTRIES_FIRST_PAGE, {**names, "page": ENTRIES_PAGE})[0].rows
+        while True:
+            entries.update((str(name), str(value)) for name, value in page)
+            if len(page) < ENTRIES_PAGE:
+                return version, entries
+            after = page[-1][0]
+            page = self._on_kept(
+                ENTRIES_NEXT_PAGE, {**names, "page": ENTRIES_PAGE, "after": after}
+            )[0].rows
+
+    def entries_changed_since(
+        self, election: str, version: int
+    ) -> tuple[int, dict[str, str | None]] | None:
+        results = self._on_kept(ENTRIES_SINCE, {**self._names(election), "since": version})
+        heads, changes = results[2].rows, results[3].rows
+        now = int(heads[0][0]) if heads else 0
+        if now == version:
+            return now, {}
+        if now < version or not heads or not heads[0][1]:
+            return None  # a store behind the reader, or edits the record lacks
+        return now, {str(n): None if v is None else str(v) for n, v in changes}
 
     def edit_entries(self, election: str, edits: Sequence[Edit]) -> list[bool]:
-        results = []
-        for e in edits:
-            params = {**self._names(election), "name": e.key, "new": e.new, "expected": e.expected}
-            if e.expected is None and e.new is None:
-                # "Remove what is not there": true when nothing is there.
-                _, entries = self.load_entries(election)
-                results.append(e.key not in entries)
-                continue
-            if e.expected is None:
-                edit = CREATE_ENTRY
-            else:
-                edit = DELETE_ENTRY if e.new is None else REPLACE_ENTRY
-            done = self._admin(EDIT_ENTRY.replace("{edit}", edit.strip()), params)
-            results.append(done[1].rowcount == 1)
-        return results
+        """One transaction per edit, on a short-lived connection (no lock needed)."""
+        session = self._db.connect(None)
+        try:
+            self._db.ensure_schema(session)
+            results = []
+            for e in edits:
+                params = {**self._names(election), "name": e.key, "new": e.new}
+                params["expected"] = e.expected
+                if e.expected is None and e.new is None:
+                    # "Remove what is not there": true when nothing is there.
+                    results.append(not self._db.execute(session, LOAD_ENTRY, params)[0].rows)
+                    continue
+                if e.expected is None:
+                    edit = CREATE_ENTRY
+                else:
+                    edit = DELETE_ENTRY if e.new is None else REPLACE_ENTRY
+                query = EDIT_ENTRY.replace("{edit}", edit.strip())
+                done = self._db.execute(session, query, params)
+                results.append(done[EDIT_RESULT].rowcount == 1)
+            return results
+        finally:
+            session.close()
 
     # -- helpers ------------------------------------------------------------
 

@@ -250,48 +250,6 @@ LOAD_STATE = """
 SELECT entry, value FROM celery_leader_state WHERE prefix = %(prefix)s AND election = %(election)s
 """
 
-ENTRIES_VERSION = """
-SELECT version FROM celery_leader_entries_version
-WHERE prefix = %(prefix)s AND election = %(election)s
-"""
-
-# One transaction, one snapshot: the version and the entries agree.
-LOAD_ENTRIES = """
-START TRANSACTION WITH CONSISTENT SNAPSHOT;
-SELECT version FROM celery_leader_entries_version
-WHERE prefix = %(prefix)s AND election = %(election)s;
-SELECT name, value FROM celery_leader_entries
-WHERE prefix = %(prefix)s AND election = %(election)s;
-COMMIT
-"""
-
-# Unfenced entry edits (no lock needed): each is a single-row compare-and-set,
-# run as the second statement of EDIT_ENTRY.
-CREATE_ENTRY = """
-INSERT IGNORE INTO celery_leader_entries (prefix, election, name, value)
-VALUES (%(prefix)s, %(election)s, %(name)s, %(new)s)
-"""
-REPLACE_ENTRY = """
-UPDATE celery_leader_entries SET value = %(new)s
-WHERE prefix = %(prefix)s AND election = %(election)s AND name = %(name)s
-  AND value = %(expected)s
-"""
-DELETE_ENTRY = """
-DELETE FROM celery_leader_entries
-WHERE prefix = %(prefix)s AND election = %(election)s AND name = %(name)s
-  AND value = %(expected)s
-"""
-# The edit and, when it applied, the version bump: one transaction, one round trip.
-EDIT_ENTRY = """
-START TRANSACTION;
-{edit};
-SET @celery_leader_applied = ROW_COUNT();
-INSERT INTO celery_leader_entries_version (prefix, election, version)
-SELECT %(prefix)s, %(election)s, 1 FROM DUAL WHERE @celery_leader_applied > 0
-ON DUPLICATE KEY UPDATE version = version + 1;
-COMMIT
-"""
-
 # Fenced writes, one statement each, in order, in one transaction and one round
 # trip. Each writes only while this session holds the election's lock.
 # Connections report *matched* rows (CLIENT.FOUND_ROWS), so a write whose new

@@ -16,20 +16,27 @@ from ..lock import HolderInfo, Term
 from ..session_lock import SessionGone, SessionLockBackend
 from ..terms import since_of
 from ..waiting import LockWaiter
+from .entries import (
+    CREATE_ENTRY,
+    DELETE_ENTRY,
+    ENTRIES_FIRST_PAGE,
+    ENTRIES_NEXT_PAGE,
+    ENTRIES_PAGE,
+    ENTRIES_SINCE,
+    ENTRIES_VERSION,
+    LOAD_ENTRY,
+    REPLACE_ENTRY,
+    VERSION_ROW,
+)
 from .params import connection_params
 from .session import Canceller, Connector, Session, queue_for_lock
 from .sql import (
     CLAIM,
     CLOCK,
-    CREATE_ENTRY,
-    DELETE_ENTRY,
     ELECTIONS,
-    ENTRIES_VERSION,
     GET_ENTRY_RUN,
     GET_RUN,
     HOLDER,
-    LOAD_ENTRIES,
-    LOAD_ENTRY,
     LOAD_STATE,
     PUT_ENTRY_RUN_MIGRATE,
     PUT_ENTRY_RUN_NEW,
@@ -38,7 +45,6 @@ from .sql import (
     PUT_RUN_REPLACE,
     RELEASE,
     RENEW,
-    REPLACE_ENTRY,
     REQUEST_RESIGN,
     RUN_SUMMARIES,
     RUNS_OF,
@@ -237,23 +243,45 @@ class PostgresBackend(SessionLockBackend[Session, TupleRow]):
         return int(rows[0][0]) if rows else 0
 
     def load_entries(self, election: str) -> tuple[int, dict[str, str]]:
-        rows = self._on_kept(LOAD_ENTRIES, self._names(election))
-        version = next((int(value) for name, value in rows if name is None), 0)
-        return version, {name: value for name, value in rows if name is not None}
+        # By pages: one statement of a million entries outlasted the statement
+        # timeout. The version first (see ENTRIES_FIRST_PAGE).
+        names = self._names(election)
+        rows = self._on_kept(ENTRIES_VERSION, names)
+        version = int(rows[0][0]) if rows else 0
+        entries: dict[str, str] = {}
+        page = self._on_kept(ENTRIES_FIRST_PAGE, {**names, "page": ENTRIES_PAGE})
+        while True:
+            entries.update(page)
+            if len(page) < ENTRIES_PAGE:
+                return version, entries
+            after = page[-1][0]
+            page = self._on_kept(
+                ENTRIES_NEXT_PAGE, {**names, "page": ENTRIES_PAGE, "after": after}
+            )
+
+    def entries_changed_since(
+        self, election: str, version: int
+    ) -> tuple[int, dict[str, str | None]] | None:
+        rows = self._on_kept(ENTRIES_SINCE, {**self._names(election), "since": version})
+        head = next((row for row in rows if row[0] is None), None)
+        now = int(head[1]) if head is not None else 0
+        if now == version:
+            return now, {}
+        if now < version or head is None or not head[2]:
+            return None  # a store behind the reader, or edits the record lacks
+        return now, {name: value for name, value, _ in rows if name is not None}
 
     def edit_entries(self, election: str, edits: Sequence[Edit]) -> list[bool]:
         """One statement per edit, on a short-lived connection (no term needed)."""
         session = self._db.connect(None)
         try:
             self._db.ensure_schema(session)
+            names = self._names(election)
+            if edits:
+                self._db.execute(session, VERSION_ROW, names)
             results = []
             for e in edits:
-                params = {
-                    **self._names(election),
-                    "name": e.key,
-                    "new": e.new,
-                    "expected": e.expected,
-                }
+                params = {**names, "name": e.key, "new": e.new, "expected": e.expected}
                 if e.new is None and e.expected is None:
                     # "Remove what is not there": true when nothing is there.
                     rows = self._db.execute(session, LOAD_ENTRY, params)

@@ -20,6 +20,7 @@ from ...exceptions import StoreMisconfigured, StoreUnavailable
 from ..errors import first_line
 from ..session_lock import SessionGone
 from ..waiting import LockWaiter
+from .entries import ADD_CHANGES, CHANGES_READY
 from .sql import (
     CLIENT_CHECK_MS,
     CREATE_SCHEMA,
@@ -172,6 +173,10 @@ class Connector:
         ((exists,),) = self.execute(session, SCHEMA_EXISTS)
         if not exists:
             self.execute(session, CREATE_SCHEMA)
+        # Tables of the previous release lack the record of entry edits.
+        ((recording,),) = self.execute(session, CHANGES_READY)
+        if not recording:
+            self.execute(session, ADD_CHANGES)
         self._schema_ready = True
 
     def execute(

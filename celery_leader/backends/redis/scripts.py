@@ -359,7 +359,9 @@ end
 # when any applied, the version moves by one and each applied name is recorded
 # in the changes at it. Only the newest changes are kept: the member '' (no
 # entry has an empty name) scores the newest version dropped, so a reader from
-# before it reads everything. No term: any process may edit entries.
+# before it reads everything. A version the changes do not end at was moved by
+# an edit that recorded nothing (a previous release's): '' scores it too.
+# No term: any process may edit entries.
 EDIT_ENTRIES = _ENTRIES_PROLOGUE + """
 local out, applied = {}, {}
 for i = 2, #ARGV, 5 do
@@ -377,6 +379,11 @@ for i = 2, #ARGV, 5 do
   table.insert(out, ok and 1 or 0)
 end
 if #applied > 0 then
+  local before = tonumber(redis.call('GET', KEYS[2]) or '0')
+  local newest = redis.call('ZREVRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+  if before > 0 and (newest[2] == nil or tonumber(newest[2]) ~= before) then
+    redis.call('ZADD', KEYS[3], before, '')
+  end
   local version = redis.call('INCR', KEYS[2])
   for _, name in ipairs(applied) do redis.call('ZADD', KEYS[3], version, name) end
   local excess = redis.call('ZCARD', KEYS[3]) - tonumber(ARGV[1])

@@ -1,0 +1,153 @@
+"""The SQL of the PostgreSQL store's schedule entries: edits, reads by page and by change.
+
+Every applied edit moves the election's entries version and records the edited
+name in ``celery_leader_entries_edits`` with the version of its edit, so a
+reader is told what changed since its version instead of reading every entry.
+The record keeps the latest :data:`CHANGES_KEPT` names; ``changes_from`` (on
+the version row) is the oldest version a reader may ask from. A version row
+whose ``recorded`` is not its ``version`` was moved by an edit that recorded
+nothing (a previous release): readers from before it read everything.
+"""
+
+from __future__ import annotations
+
+from .sql import SCHEMA_KEY
+
+#: Entries read per statement when reading them all: a few MB, milliseconds of
+#: the server's time, so a million entries never make one statement that
+#: outlasts the statement timeout.
+ENTRIES_PAGE = 10_000
+
+#: Edited names kept in the record of edits (as on Redis): a reader that fell
+#: further behind reads every entry. Dropped in steps of :data:`DROP_EVERY`
+#: versions, so an edit seldom pays for the drop.
+CHANGES_KEPT = 10_000
+DROP_EVERY = 100
+
+CHANGES_READY = "SELECT to_regclass('celery_leader_entries_edits') IS NOT NULL"
+
+# The record of edits, added to the tables of the previous release (or of a
+# fresh schema) in one transaction: the version row's two columns, then the
+# table. Nothing reads or rewrites the entries themselves, so it is instant at
+# any size. Rows written before have recorded NULL: readers read everything.
+ADD_CHANGES = f"""
+SELECT pg_advisory_xact_lock({SCHEMA_KEY});
+ALTER TABLE celery_leader_entries_version
+    ADD COLUMN IF NOT EXISTS recorded bigint,
+    ADD COLUMN IF NOT EXISTS changes_from bigint NOT NULL DEFAULT 0;
+CREATE TABLE IF NOT EXISTS celery_leader_entries_edits (
+    prefix   text   NOT NULL,
+    election text   NOT NULL,
+    name     text   NOT NULL,
+    version  bigint NOT NULL,
+    PRIMARY KEY (prefix, election, name)
+);
+CREATE INDEX IF NOT EXISTS celery_leader_entries_edits_version
+    ON celery_leader_entries_edits (prefix, election, version)
+"""
+
+_ELECTION = "prefix = %(prefix)s AND election = %(election)s"
+
+ENTRIES_VERSION = f"SELECT version FROM celery_leader_entries_version WHERE {_ELECTION}"  # noqa: S608
+
+# Pages in name order (keyset: the primary key's range). The version is read
+# before the first page: an edit during the pages moves it past the one
+# returned, and the reader asks again at its next look.
+ENTRIES_FIRST_PAGE = f"""
+SELECT name, value FROM celery_leader_entries WHERE {_ELECTION}
+ORDER BY name LIMIT %(page)s
+"""  # noqa: S608
+ENTRIES_NEXT_PAGE = f"""
+SELECT name, value FROM celery_leader_entries WHERE {_ELECTION} AND name > %(after)s
+ORDER BY name LIMIT %(page)s
+"""  # noqa: S608
+
+# One statement, so one snapshot: the version row, then every name edited
+# after %(since)s with its value (NULL: removed), read only when the record
+# can answer. The third column says whether it can.
+ENTRIES_SINCE = f"""
+SELECT NULL, version::text,
+       recorded IS NOT DISTINCT FROM version AND changes_from <= %(since)s::bigint
+FROM celery_leader_entries_version WHERE {_ELECTION}
+UNION ALL
+SELECT c.name, e.value, NULL FROM celery_leader_entries_edits AS c
+LEFT JOIN celery_leader_entries AS e
+    ON e.prefix = c.prefix AND e.election = c.election AND e.name = c.name
+WHERE c.prefix = %(prefix)s AND c.election = %(election)s AND c.version > %(since)s::bigint
+  AND EXISTS (SELECT FROM celery_leader_entries_version
+              WHERE {_ELECTION} AND recorded = version AND changes_from <= %(since)s::bigint)
+"""  # noqa: S608
+
+LOAD_ENTRY = f"SELECT value FROM celery_leader_entries WHERE {_ELECTION} AND name = %(name)s"  # noqa: S608
+
+# Before an editor's first edit: the version row every edit locks.
+VERSION_ROW = """
+INSERT INTO celery_leader_entries_version (prefix, election, version, recorded, changes_from)
+VALUES (%(prefix)s, %(election)s, 0, 0, 0)
+ON CONFLICT DO NOTHING
+"""
+
+# One edit a statement. ``v`` locks the version row first (every edit does, so
+# editors queue there and never deadlock on an entry's row); ``e`` is the
+# single-row compare-and-set, which PostgreSQL re-checks after waiting for a
+# concurrent writer; when it applied, the name is recorded at the new version,
+# the oldest records beyond CHANGES_KEPT go now and then, and the version row
+# moves (``changes_from`` past any unrecorded edit and any dropped record).
+_LOCK = f"""
+v AS (
+    SELECT version, recorded, changes_from FROM celery_leader_entries_version
+    WHERE {_ELECTION} FOR UPDATE
+)"""  # noqa: S608
+
+_RECORD = f"""
+logged AS (
+    INSERT INTO celery_leader_entries_edits (prefix, election, name, version)
+    SELECT %(prefix)s, %(election)s, %(name)s, version + 1 FROM v WHERE EXISTS (SELECT FROM e)
+    ON CONFLICT (prefix, election, name) DO UPDATE SET version = EXCLUDED.version
+),
+dropped AS (
+    DELETE FROM celery_leader_entries_edits AS d
+    WHERE EXISTS (SELECT FROM e) AND (SELECT version + 1 FROM v) %% {DROP_EVERY} = 0
+      AND d.prefix = %(prefix)s AND d.election = %(election)s AND d.name <> %(name)s
+      AND d.version <= (SELECT version FROM celery_leader_entries_edits WHERE {_ELECTION}
+                        ORDER BY version DESC OFFSET {CHANGES_KEPT} LIMIT 1)
+    RETURNING d.version
+),
+bumped AS (
+    UPDATE celery_leader_entries_version AS t
+    SET version = v.version + 1, recorded = v.version + 1,
+        changes_from = GREATEST(
+            CASE WHEN v.recorded IS DISTINCT FROM v.version THEN v.version ELSE v.changes_from END,
+            (SELECT max(version) FROM dropped))
+    FROM v
+    WHERE t.prefix = %(prefix)s AND t.election = %(election)s AND EXISTS (SELECT FROM e)
+)
+SELECT count(*) FROM e
+"""  # noqa: S608
+
+CREATE_ENTRY = f"""
+WITH {_LOCK},
+e AS (
+    INSERT INTO celery_leader_entries (prefix, election, name, value)
+    SELECT %(prefix)s, %(election)s, %(name)s, %(new)s FROM v
+    ON CONFLICT DO NOTHING RETURNING 1
+),
+{_RECORD}"""  # noqa: S608
+
+REPLACE_ENTRY = f"""
+WITH {_LOCK},
+e AS (
+    UPDATE celery_leader_entries SET value = %(new)s
+    WHERE EXISTS (SELECT FROM v) AND {_ELECTION} AND name = %(name)s AND value = %(expected)s
+    RETURNING 1
+),
+{_RECORD}"""  # noqa: S608
+
+DELETE_ENTRY = f"""
+WITH {_LOCK},
+e AS (
+    DELETE FROM celery_leader_entries
+    WHERE EXISTS (SELECT FROM v) AND {_ELECTION} AND name = %(name)s AND value = %(expected)s
+    RETURNING 1
+),
+{_RECORD}"""  # noqa: S608
