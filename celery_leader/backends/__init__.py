@@ -1,25 +1,37 @@
-"""Lease stores. Only modules in this package talk to a store.
+"""Stores. Only modules in this package talk to a store.
 
-:data:`STORES` (in :mod:`.registry`) is the one table of stores: the URL
-schemes that select each one, where its backend lives, and the extra that
-installs its client. :mod:`celery_leader.config` validates ``leader_url``
-against it, and :func:`create_backend` builds from it.
+A store implements small interfaces, one per record kind (its *facets*):
+
+* :class:`LeaseLock` (:mod:`.lock`): terms, holders and presence; the elector's;
+* :class:`FencedRecords` (:mod:`.records`): records only the current term may
+  change, written under a :class:`Fence` the caller holds;
+* :class:`EntryStore` (:mod:`.entry_store`): schedule entries, versioned;
+* :class:`RunStore` (:mod:`.run_store`): run records, per entry.
+
+A store module exports one function, ``open_store(StoreParams) -> StoreFacets``:
+the facets it implements, on one connection. :data:`STORES` (in
+:mod:`.registry`) is the one table of stores: the URL schemes that select each
+one, its module and the extra that installs its client; :func:`open_store`
+builds from it.
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from ..exceptions import missing_extra
-from .base import Backend
-from .fenced import Edit, FencedState, Write
-from .lock import Acquired, HolderInfo, LockStore, Renewal, Term
+from .entry_store import Edit, EntryStore
+from .lock import Acquired, HolderInfo, LeaseLock, Renewal, Term
+from .records import Fence, FencedRecords, Write
 from .registry import STORES, Store, store_for
+from .run_store import RunStore, RunSummary, RunWrite
 
 
 class StoreSettings(Protocol):
-    """What :func:`create_backend` reads of the settings (``LeaderConfig`` has it all).
+    """What :func:`open_store` reads of the settings (``LeaderConfig`` has it all).
 
     Spelled out here so that the store layer never imports the settings layer.
     """
@@ -38,20 +50,68 @@ class StoreSettings(Protocol):
     def replica_acks(self) -> int | None: ...
 
 
+@dataclass(frozen=True)
+class StoreParams:
+    """What a store module's ``open_store`` is given."""
+
+    url: str
+    key_prefix: str
+    #: Deadline of every store call, in seconds (:func:`store_timeout`).
+    timeout: float
+    #: How many replicas of the store must hold a write (and a new term) before
+    #: a claim (and an acquire) return it; ``None``: as many as the store's
+    #: topology needs so that a promotion cannot roll it back ("auto"). Stores
+    #: without replicas ignore it.
+    replica_acks: int | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class StoreFacets:
+    """One opened store: the facets it implements, sharing one connection.
+
+    It does not contact the store until a facet is first used. One instance
+    may serve several elections and threads.
+    """
+
+    params: StoreParams
+    lock: LeaseLock
+    records: FencedRecords
+    entries: EntryStore
+    runs: RunStore
+    #: Releases every connection and resource of the store.
+    close: Callable[[], None]
+
+    @property
+    def url(self) -> str:
+        """The store's URL, password and all: mask it before showing it."""
+        return self.params.url
+
+    @property
+    def timeout(self) -> float:
+        """Deadline of every store call, in seconds."""
+        return self.params.timeout
+
+
 __all__ = [
     "STORES",
     "Acquired",
-    "Backend",
     "Edit",
-    "FencedState",
+    "EntryStore",
+    "Fence",
+    "FencedRecords",
     "HolderInfo",
-    "LockStore",
+    "LeaseLock",
     "Renewal",
+    "RunStore",
+    "RunSummary",
+    "RunWrite",
     "Store",
+    "StoreFacets",
+    "StoreParams",
     "StoreSettings",
     "Term",
     "Write",
-    "create_backend",
+    "open_store",
     "store_for",
 ]
 
@@ -66,8 +126,8 @@ def store_timeout(ttl: float, renew_interval: float) -> float:
     return max(0.05, min(renew_interval, ttl - renew_interval))
 
 
-def create_backend(config: StoreSettings) -> Backend:
-    """Build the backend that ``config.url`` selects. It does not contact the store yet.
+def open_store(config: StoreSettings) -> StoreFacets:
+    """Open the store that ``config.url`` selects. It does not contact the store yet.
 
     A store whose client is not installed fails in one line naming its extra.
     """
@@ -78,8 +138,12 @@ def create_backend(config: StoreSettings) -> Backend:
         if store.extra is None:
             raise
         raise missing_extra(exc, store.extra) from None
-    backend: Backend = getattr(module, store.class_name)(
-        config.url, config.key_prefix, store_timeout(config.ttl, config.renew_interval)
+    opener: Callable[[StoreParams], StoreFacets] = module.open_store
+    return opener(
+        StoreParams(
+            url=config.url,
+            key_prefix=config.key_prefix,
+            timeout=store_timeout(config.ttl, config.renew_interval),
+            replica_acks=config.replica_acks,
+        )
     )
-    backend.replica_acks = config.replica_acks
-    return backend

@@ -1,7 +1,7 @@
-"""The lock interface: terms, holders and presence of an election.
+"""The lease-lock facet: terms, holders and presence of an election.
 
-A lock store only stores and compares; it never decides who leads (that is
-:mod:`celery_leader.lease`). Values it keeps are JSON strings, never pickles.
+A lock only stores and compares; it never decides who leads (the elector
+does). Values it keeps are JSON strings, never pickles.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -67,7 +68,7 @@ def stored_holder(instance_id: str, deployment: str | None) -> str:
 
 @dataclass(frozen=True)
 class Acquired:
-    """Result of :meth:`LockStore.acquire`.
+    """Result of :meth:`LeaseLock.acquire`.
 
     Exactly one of ``term`` (we hold it now) and ``holder`` (someone else
     does) is set, except that both may be ``None`` when the store could not say
@@ -84,18 +85,19 @@ class Acquired:
 
 
 class Renewal(enum.Enum):
-    """Outcome of :meth:`LockStore.renew`."""
+    """Outcome of :meth:`LeaseLock.renew`."""
 
     RENEWED = "renewed"
     LOST = "lost"  # the store holds another value: someone else's term
     RESIGN = "resign"  # renewed, but an operator asked this holder to hand over
 
 
-class LockStore(ABC):
-    """Terms, holders and presence of elections: what the elector needs of a store.
+class LeaseLock(ABC):
+    """Terms, holders and presence of elections: the store facet the elector needs.
 
-    Strictly for :mod:`celery_leader.lease`; nothing else campaigns. One
-    instance may serve several elections and threads.
+    Six methods a store writes (acquire, renew, release, wait, holders,
+    request_resign) and one it may (store_time). Strictly for the elector;
+    nothing else campaigns. One instance may serve several elections and threads.
     """
 
     #: Extra seconds a new holder waits after winning before it believes it
@@ -126,22 +128,37 @@ class LockStore(ABC):
         """
 
     @abstractmethod
-    def release(self, election: str, term: Term) -> None:
-        """Free ``election`` if ``term`` still holds it, and wake followers."""
+    def release(self, election: str, term: Term | None) -> None:
+        """Leave ``election``: free it if ``term`` still holds it and wake
+        followers, then drop what the store keeps for this process's campaign
+        in it (waiters, a session). ``term=None``: this process holds nothing
+        there and only leaves. The elector calls it once, when it stops."""
 
     @abstractmethod
-    def wait(self, election: str, timeout: float, cancel: threading.Event) -> None:
-        """Block until ``election`` may be free, ``timeout`` passes or ``cancel`` is set."""
+    def wait(
+        self, election: str, timeout: float, cancel: threading.Event, term: Term | None = None
+    ) -> bool:
+        """Block until ``timeout`` passes or ``cancel`` is set.
 
-    def hold(self, election: str, term: Term, timeout: float, cancel: threading.Event) -> bool:
-        """Block while holding ``term`` until ``timeout`` passes or ``cancel`` is set.
-
-        Returns False as soon as the store shows that this holder's connection
-        is gone, after which another instance may take the term over at once:
-        the caller must stop believing it leads. Stores that cannot tell just wait.
+        A follower (``term=None``) also wakes as soon as ``election`` may be
+        free. A holder (``term`` given) returns False as soon as the store
+        shows that this holder's connection is gone, after which another
+        instance may take the term over at once: the caller must stop
+        believing it leads. Stores that cannot tell just wait. Returns True
+        otherwise.
         """
-        cancel.wait(timeout)
-        return True
+
+    @abstractmethod
+    def holders(self, elections: Sequence[str] | None = None) -> dict[str, HolderInfo | None]:
+        """The current holder of each of ``elections`` (``None``: nobody holds it).
+
+        ``elections=None``: every election under this key prefix that the store
+        knows, for a status listing.
+        """
+
+    @abstractmethod
+    def request_resign(self, election: str) -> HolderInfo | None:
+        """Ask the current holder to hand over at its next renewal; return it."""
 
     def store_time(self, election: str) -> float | None:
         """The store's clock now, where ``election`` lives (one round trip; seconds
@@ -149,20 +166,6 @@ class LockStore(ABC):
         ``None`` for a store without a clock of its own."""
         return None
 
-    @abstractmethod
     def holder(self, election: str) -> HolderInfo | None:
-        """The current holder of ``election``, or ``None`` when nobody holds it."""
-
-    @abstractmethod
-    def request_resign(self, election: str) -> HolderInfo | None:
-        """Ask the current holder to hand over at its next renewal; return it."""
-
-    @abstractmethod
-    def elections(self) -> list[str]:
-        """Names of the elections under this key prefix that the store knows."""
-
-    def leave(self, election: str) -> None:  # noqa: B027 - optional hook
-        """Drop what this backend keeps for ``election`` (waiters, connections).
-
-        Called after the lease of ``election`` stopped and released its term.
-        """
+        """The current holder of ``election`` alone (``None``: nobody)."""
+        return self.holders([election]).get(election)

@@ -17,8 +17,9 @@ class Store:
 
     kind: str
     schemes: tuple[str, ...]
+    #: The module (relative to ``celery_leader.backends``) whose ``open_store``
+    #: opens it.
     module: str
-    class_name: str
     #: The extra (``pip install 'celery-leader[<extra>]'``) that installs its client.
     extra: str | None = None
     #: How messages show a URL of this store; its first scheme by default.
@@ -31,16 +32,12 @@ class Store:
 
 
 STORES: tuple[Store, ...] = (
-    Store(
-        "redis", ("redis", "rediss", "unix", "redis+sentinel"), ".redis", "RedisBackend", "redis"
-    ),
-    Store(
-        "postgres", ("postgresql", "postgres", "django"), ".postgres", "PostgresBackend", "postgres"
-    ),
-    Store("mysql", ("mysql", "mariadb"), ".mysql", "MySqlBackend", "mysql"),
-    Store("etcd", ("etcd", "etcds"), ".etcd", "EtcdBackend", "etcd"),
-    Store("file", ("file",), ".file", "FileBackend", shown="file:///dir"),
-    Store("memory", ("memory",), ".memory", "MemoryBackend"),
+    Store("redis", ("redis", "rediss", "unix", "redis+sentinel"), ".redis", "redis"),
+    Store("postgres", ("postgresql", "postgres", "django"), ".postgres", "postgres"),
+    Store("mysql", ("mysql", "mariadb"), ".mysql", "mysql"),
+    Store("etcd", ("etcd", "etcds"), ".etcd", "etcd"),
+    Store("file", ("file",), ".file", shown="file:///dir"),
+    Store("memory", ("memory",), ".memory"),
 )
 
 _BY_SCHEME = {scheme: store for store in STORES for scheme in store.schemes}

@@ -1,0 +1,73 @@
+"""The entries facet: schedule entries any process may edit, versioned.
+
+Entries of an election are records beside its fenced records that any process
+may edit without a term (an operator's CLI, an admin view): the leader only
+reads them. Every applied edit moves the election's entries version, so a
+leader asks one cheap question per tick and reads only what changed.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Edit:
+    """An unfenced compare-and-set of one schedule entry: any process may make it.
+
+    It succeeds only if the stored entry ``key`` is exactly ``expected``
+    (``None``: no such entry); ``new`` replaces it, ``None`` removes it.
+    """
+
+    key: str
+    expected: str | None
+    new: str | None
+
+
+def apply_edits(entries: dict[str, str], edits: Sequence[Edit]) -> list[bool]:
+    """Compare-and-set ``edits`` on ``entries`` in place, in order; one result each."""
+    results = []
+    for e in edits:
+        ok = entries.get(e.key) == e.expected
+        if ok:
+            if e.new is None:
+                entries.pop(e.key, None)
+            else:
+                entries[e.key] = e.new
+        results.append(ok)
+    return results
+
+
+class EntryStore(ABC):
+    """The schedule entries of elections, and a version that moves with each edit."""
+
+    @abstractmethod
+    def version(self, election: str) -> int:
+        """A number that changes whenever an entry of ``election`` is edited (0: never)."""
+
+    @abstractmethod
+    def load(self, election: str) -> tuple[int, dict[str, str]]:
+        """The entries version and the entries of ``election`` (name -> value), as written.
+
+        The version is read no later than the entries: a version that moves after
+        the read makes the reader read again, never miss an edit.
+        """
+
+    def changes_since(self, election: str, version: int) -> tuple[int, dict[str, str | None]] | None:
+        """The entries edited after ``version`` (name -> value, ``None``: removed),
+        with the version that brings a reader to, in one round trip.
+
+        ``None``: the store cannot tell (it keeps no record of edits, or not
+        that far back); read every entry with :meth:`load`. A reader of a large
+        schedule pays this way for an edit what the edit touched.
+        """
+        return None
+
+    @abstractmethod
+    def edit(self, election: str, edits: Sequence[Edit]) -> list[bool]:
+        """Apply ``edits`` (compare-and-set, no term needed); one result each.
+
+        The entries version moves when any of them applied.
+        """
