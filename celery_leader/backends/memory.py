@@ -223,7 +223,9 @@ class MemoryEntries(_Memory, EntryStore):
             entries = dict(self._store.entries.get(election, {}))
             return self._store.entries_version.get(election, 0), entries
 
-    def changes_since(self, election: str, version: int) -> tuple[int, dict[str, str | None]] | None:
+    def changes_since(
+        self, election: str, version: int
+    ) -> tuple[int, dict[str, str | None]] | None:
         store = self._store
         with store.cond:
             now = store.entries_version.get(election, 0)
