@@ -5,7 +5,7 @@ Run:  python -m benchmarks.bench_replica_acks [--batches 300]
 Starts its own servers on loopback: a lone redis-server, a Redis master with
 one replica, a lone PostgreSQL and a primary with a synchronous (and one with
 an asynchronous) standby, replicas linked directly. Each row times
-``backend.claim()`` of a batch of 1, 10 and 100 entries (every claim wins):
+``records.claim()`` of a batch of 1, 10 and 100 entries (every claim wins):
 median and 90th percentile, in milliseconds. ``acks 0`` is the claim as it was
 before replicas were waited for; on a lone server ``auto`` adds ``ROLE`` to the
 claim's round trip (Redis) or a look at ``pg_stat_replication`` to the claim's

@@ -19,7 +19,7 @@ it measures, in this order:
   pinging in a loop from before the status read until after it);
 * on Redis, memory per record: ``INFO memory`` ``used_memory`` before and after
   the seed, over N;
-* one write through the store's own ``put_run`` (beat's ``sent`` mark of a new
+* one write through the store's own ``runs.put`` (beat's ``sent`` mark of a new
   slot of an entry that holds its N/50 records): p50 and p99 over a hundred
   writes per entry with no cap, then a hundred more with ``leader_ledger_keep``
   at its default (10,000), under what the entries hold: each of those writes
@@ -322,7 +322,7 @@ def status_seconds(url: str) -> tuple[float, float]:
 
 
 def timed_writes(backend: StoreFacets, keep: int, first: int) -> tuple[float, float]:
-    """p50 and p99 (ms) of ``put_run`` on seeded entries: beat's mark of a new slot."""
+    """p50 and p99 (ms) of ``runs.put`` on seeded entries: beat's mark of a new slot."""
     took = []
     now = time.time()
     for i in range(first, first + WRITES):
