@@ -42,7 +42,6 @@ from celery_leader.backends import (
     Write,
     open_store,
 )
-from celery_leader.backends.mysql.params import connection_params
 from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import StoreUnavailable
 from celery_leader.ledger import RunRecord, marks
@@ -170,6 +169,9 @@ def _postgres_store(url: str) -> Store:
 
 
 def _mariadb_store(url: str) -> Store:
+    # Imported here, so that collecting the other stores' cases never loads this store.
+    from celery_leader.backends.mysql.params import connection_params
+
     def plant(what: str) -> str | None:
         return None  # typed columns, written only by the holder's own statements
 
