@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from .. import http_health, metrics
+from ..backends import StoreFacets
 from ..callbacks import Callbacks, Observer
 from ..config import LeaderConfig
 from ..health import HealthFile, Watchdog
 from ..lease import Lease
-from ..backends import StoreFacets
 from ..leases import Membership, lease_set
 
 
