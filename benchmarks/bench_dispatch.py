@@ -112,7 +112,9 @@ def seed_leader_state(app: Celery) -> None:
         last_run = (datetime.now(timezone.utc) - OVERDUE).isoformat()
         state = json.dumps({"last_run_at": last_run, "total_run_count": 1})
         claims = [Write(name, None, state) for name in app.conf.beat_schedule]
-        assert all(backend.records.claim(Fence(config.beat_election, term), claims)), "state not seeded"
+        assert all(backend.records.claim(Fence(config.beat_election, term), claims)), (
+            "state not seeded"
+        )
         backend.lock.release(config.beat_election, term)
     finally:
         backend.close()

@@ -87,7 +87,9 @@ def seed(app: Celery, hour: datetime) -> None:
         names = list(app.conf.beat_schedule)
         for start in range(0, len(names), SEED_CHUNK):
             claims = [Write(name, None, state) for name in names[start : start + SEED_CHUNK]]
-            assert all(backend.records.claim(Fence(config.beat_election, term), claims)), "state not seeded"
+            assert all(backend.records.claim(Fence(config.beat_election, term), claims)), (
+                "state not seeded"
+            )
         backend.lock.release(config.beat_election, term)
     finally:
         backend.close()

@@ -136,7 +136,9 @@ def measure(store: str, n: int, edits: int) -> Row:
         reader, editor = backend(url), backend(url)
         try:
             count = counted(reader)
-            feed = EntryFeed(reader.entries, ELECTION, logging.getLogger("entry_edit"), interval=0.0)
+            feed = EntryFeed(
+                reader.entries, ELECTION, logging.getLogger("entry_edit"), interval=0.0
+            )
             t0 = time.perf_counter()
             if len(feed.current()) != n:
                 raise RuntimeError("the replica did not read every entry")

@@ -173,7 +173,8 @@ def _b36(n: int) -> str:
 
 
 def seed_postgres(url: str, backend: StoreFacets, n: int) -> None:
-    backend.runs.put(ELECTION, RunWrite("@ledger-since", None, "{}", 60))  # the tables, made on first use
+    # The tables, made on first use.
+    backend.runs.put(ELECTION, RunWrite("@ledger-since", None, "{}", 60))
     now = time.time()
     with psycopg.connect(url, autocommit=True) as conn:
         columns = "prefix, election, entry, key, value, tally, expires, created"
@@ -197,7 +198,8 @@ def seed_postgres(url: str, backend: StoreFacets, n: int) -> None:
 
 
 def seed_mariadb(url: str, backend: StoreFacets, n: int) -> None:
-    backend.runs.put(ELECTION, RunWrite("@ledger-since", None, "{}", 60))  # the tables, made on first use
+    # The tables, made on first use.
+    backend.runs.put(ELECTION, RunWrite("@ledger-since", None, "{}", 60))
     now = time.time()
     conn = pymysql.connect(**connection_params(url)[0], autocommit=True)
     try:

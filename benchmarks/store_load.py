@@ -355,8 +355,7 @@ def run(
         try:
             results.append(measure(store, window, quick, log))
         finally:
-            for store in stores:
-        store.close()
+            store.close()
     return results
 
 

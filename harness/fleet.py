@@ -76,9 +76,7 @@ class Fleet:
         self.env = env or {}
         self.replicas: dict[str, tuple[Proc, str]] = {}  # instance -> (process, clock name)
         self._spawned = 0
-        self._store = open_store(
-            LeaderConfig.from_env({"CELERY_LEADER_URL": self.leader_url})
-        )
+        self._store = open_store(LeaderConfig.from_env({"CELERY_LEADER_URL": self.leader_url}))
 
     def argv(self) -> list[str]:
         if self.kind == "dramatiq":

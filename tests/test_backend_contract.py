@@ -134,6 +134,7 @@ def _file_store(directory: Path) -> Store:
 
     # Down: the directory is replaced by a file after the store was opened.
     down = f"file://{directory}/down"
+
     def legacy_run(key: str, value: str) -> None:
         path = directory / f"{PREFIX}.{ELECTION}.runs"
         kept = json.loads(path.read_text()) if path.exists() else {}
@@ -545,7 +546,9 @@ class TestFencedRecords:
         new = take(b, "b")
 
         assert a.lock.renew(ELECTION, old, TTL)[0] is Renewal.LOST
-        assert a.records.claim(Fence(ELECTION, old), [Write("x", '"old"', '"stale"'), Write("y", None, "1")]) == [
+        assert a.records.claim(
+            Fence(ELECTION, old), [Write("x", '"old"', '"stale"'), Write("y", None, "1")]
+        ) == [
             False,
             False,
         ], "a stale term fails every claim"
@@ -579,7 +582,9 @@ class TestFencedRecords:
     ) -> None:
         a, observer = store.open(), store.open()
         term = take(a, "a")
-        assert a.records.claim(Fence(ELECTION, term), [Write("x", None, '"1"'), Write("y", None, '"2"')])
+        assert a.records.claim(
+            Fence(ELECTION, term), [Write("x", None, '"1"'), Write("y", None, '"2"')]
+        )
         some = observer.records.load_some(ELECTION, ["x", "absent"])
         assert some is None or some == {"x": '"1"'}  # None: this store reads all at once
 
@@ -587,7 +592,9 @@ class TestFencedRecords:
         """Order keys are compared as strings, never parsed: a record only moves forward."""
         a, observer = store.open(), store.open()
         term = take(a, "a")
-        assert a.records.claim(Fence(ELECTION, term), [Write("x", None, "r1", order="0005")]) == [True]
+        assert a.records.claim(Fence(ELECTION, term), [Write("x", None, "r1", order="0005")]) == [
+            True
+        ]
 
         def step(order: str, new: str = "r2") -> Write:
             return Write("x", "r1", new, order=order, after="0005")
@@ -655,9 +662,7 @@ class TestEntryStore:
         assert leader.records.load(ELECTION) == {}, "entries are apart from the run state"
         assert leader.entries.load("other") == (0, {})
 
-    def test_a_reader_is_told_only_the_entries_edited_since_its_version(
-        self, store: Store
-    ) -> None:
+    def test_a_reader_is_told_only_the_entries_edited_since_its_version(self, store: Store) -> None:
         reader, editor = store.open(), store.open()
         editor.entries.edit(ELECTION, [Edit("a", None, "a1"), Edit("b", None, "b1")])
         version, _ = reader.entries.load(ELECTION)
@@ -752,10 +757,18 @@ class TestRunStore:
     def test_set_if_absent_needs_no_term_and_says_what_is_stored(self, store: Store) -> None:
         a, b = store.open(), store.open()
         assert a.runs.put(ELECTION, RunWrite("job@1", None, "started-a", 60)) == (True, "started-a")
-        assert b.runs.put(ELECTION, RunWrite("job@1", None, "started-b", 60)) == (False, "started-a")
+        assert b.runs.put(ELECTION, RunWrite("job@1", None, "started-b", 60)) == (
+            False,
+            "started-a",
+        )
         assert b.runs.put(ELECTION, RunWrite("job@1", "other", "x", 60)) == (False, "started-a")
-        assert b.runs.put(ELECTION, RunWrite("job@1", "started-a", "done-a", 60)) == (True, "done-a")
-        assert b.runs.put(ELECTION, RunWrite("job@2", "started-a", "x", 60))[0] is False, "nothing there"
+        assert b.runs.put(ELECTION, RunWrite("job@1", "started-a", "done-a", 60)) == (
+            True,
+            "done-a",
+        )
+        assert b.runs.put(ELECTION, RunWrite("job@2", "started-a", "x", 60))[0] is False, (
+            "nothing there"
+        )
         assert runs(a, "job") == {"job@1": "done-a"}
         assert runs(a, "job", "other") == {}
         assert a.records.load(ELECTION) == {}, "run records live apart from the schedule state"
@@ -845,7 +858,9 @@ class TestRunStore:
         a.runs.put(ELECTION, RunWrite("live@2", None, "z", 60, tally="ok"))
         # etcd keeps a record up to twice its ttl (leases are shared): wait for both.
         wait_for(lambda: "gone" not in summaries(a) and len(runs(a, "live")) == 1, timeout=7)
-        a.runs.put(ELECTION, RunWrite("live@3", None, "w", 60, tally="ok"))  # a write drops what expired
+        a.runs.put(
+            ELECTION, RunWrite("live@3", None, "w", 60, tally="ok")
+        )  # a write drops what expired
         assert summaries(a)["live"].counts == {"ok": 2}
 
     def test_an_entry_written_again_after_it_expired_counts_afresh(self, store: Store) -> None:
@@ -871,15 +886,25 @@ class TestRunStore:
         if store.legacy_run is None:
             pytest.skip("records in process memory never outlive a release")
         a = store.open()
-        a.runs.put(ELECTION, RunWrite("@ledger-since", None, "{}", 60))  # SQL stores make their tables
+        a.runs.put(
+            ELECTION, RunWrite("@ledger-since", None, "{}", 60)
+        )  # SQL stores make their tables
         store.legacy_run("old@1", "ran")
         store.legacy_run("old@2", "sent")
-        assert a.runs.put(ELECTION, RunWrite("old@1", None, "again", 60, tally="t")) == (False, "ran")
-        assert a.runs.put(ELECTION, RunWrite("old@2", "sent", "started", 60, tally="t")) == (True, "started")
+        assert a.runs.put(ELECTION, RunWrite("old@1", None, "again", 60, tally="t")) == (
+            False,
+            "ran",
+        )
+        assert a.runs.put(ELECTION, RunWrite("old@2", "sent", "started", 60, tally="t")) == (
+            True,
+            "started",
+        )
         assert runs(a, "old") == {"old@2": "started"}
         assert marks.read(a.runs, ELECTION, "old@2", 60) == "started"
         assert summaries(a)["old"].counts == {"t": 1}
-        assert a.runs.put(ELECTION, RunWrite("old@2", "sent", "x", 60))[0] is False, "moved, not copied"
+        assert a.runs.put(ELECTION, RunWrite("old@2", "sent", "x", 60))[0] is False, (
+            "moved, not copied"
+        )
 
     def test_a_store_that_is_down_raises_store_unavailable_only(self, store: Store) -> None:
         down = _down(store)

@@ -713,9 +713,7 @@ def test_a_claim_acknowledged_by_postgres_survives_a_crash(
     again (the PostgreSQL chaos test saw it in about half its runs). Here the WAL writer
     waits 10 s instead of 0.2 s, so the loss does not depend on timing.
     """
-    backend = open_store(
-        LeaderConfig.from_mapping({"leader_url": postgres_url, "leader_ttl": TTL})
-    )
+    backend = open_store(LeaderConfig.from_mapping({"leader_url": postgres_url, "leader_ttl": TTL}))
 
     def admin(*statements: str) -> None:
         with psycopg.connect(postgres_server.superuser_url, autocommit=True) as conn:
@@ -737,7 +735,9 @@ def test_a_claim_acknowledged_by_postgres_survives_a_crash(
         admin("ALTER SYSTEM SET wal_writer_delay = '10s'", "SELECT pg_reload_conf()", "CHECKPOINT")
         # The server reloaded (and signalled the WAL writer, before forking new sessions).
         wait_for(lambda: wal_writer_delay() == "10000", 10, message="wal_writer_delay not 10 s")
-        assert backend.records.claim(Fence("beat", term), [Write("tick", None, "slot sent")]) == [True]
+        assert backend.records.claim(Fence("beat", term), [Write("tick", None, "slot sent")]) == [
+            True
+        ]
         postgres_server.kill()
         postgres_server.start()
         assert backend.records.load("beat") == {"tick": "slot sent"}

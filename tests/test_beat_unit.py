@@ -845,9 +845,7 @@ def test_a_term_lost_while_loading_the_state_is_named_as_such(
 ) -> None:
     # The store refuses every anchor claim at once: what it does when the term is gone.
     app.conf.beat_schedule = {"a": every(5), "b": every(5)}
-    monkeypatch.setattr(
-        MemoryRecords, "claim", lambda self, fence, claims: [False] * len(claims)
-    )
+    monkeypatch.setattr(MemoryRecords, "claim", lambda self, fence, claims: [False] * len(claims))
     scheduler = make_scheduler()
     wait_leading(scheduler)
     assert scheduler.tick() == FOLLOWER_INTERVAL

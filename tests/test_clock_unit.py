@@ -145,7 +145,11 @@ def test_missed_slots_are_reported_dropped_only_by_the_claim_that_records_them(
     term = backend.lock.acquire("beat", "previous", config.ttl, 0).term
     assert term is not None
     last = datetime(2026, 6, 1, 10, tzinfo=UTC)
-    assert all(backend.records.claim(Fence("beat", term), [Write("min", None, dump_state(last, 1, 1, "x"))]))
+    assert all(
+        backend.records.claim(
+            Fence("beat", term), [Write("min", None, dump_state(last, 1, 1, "x"))]
+        )
+    )
     backend.lock.release("beat", term)
     # 10:01, 10:02 and 10:03 are due: "once" sends 10:03 and drops two.
     monkeypatch.setattr(protocol, "utcnow", lambda: last + timedelta(minutes=3, seconds=30))

@@ -515,7 +515,9 @@ def test_a_stored_state_a_day_ahead_is_repaired_and_the_entry_keeps_firing(
     assert term is not None
     ahead = datetime.now(timezone.utc) + timedelta(days=1)
     raw = dump_state(ahead, 5, term.epoch, "fast-replica")
-    assert backend.records.claim(Fence(config.beat_election, term), [Write("tick", None, raw)]) == [True]
+    assert backend.records.claim(Fence(config.beat_election, term), [Write("tick", None, raw)]) == [
+        True
+    ]
     backend.lock.release(config.beat_election, term)
     backend.close()
     env = {"BROKER_URL": broker_server.url, "LEADER_URL": redis_url, "LEADER_TTL": str(TTL)}

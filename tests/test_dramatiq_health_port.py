@@ -60,7 +60,9 @@ def holder(leader_url: str, election: str) -> HolderInfo:
     config = LeaderConfig.from_env(env={}, leader_url=leader_url)
     backend = open_store(config)
     try:
-        return wait_for(lambda: backend.lock.holder(election), 15, message=f"a holder of {election!r}")
+        return wait_for(
+            lambda: backend.lock.holder(election), 15, message=f"a holder of {election!r}"
+        )
     finally:
         backend.close()
 

@@ -142,5 +142,7 @@ def test_the_memory_store_reads_the_state_of_some_keys(config: LeaderConfig) -> 
     term = backend.lock.acquire("beat", "me", config.ttl, 0).term
     assert term is not None
 
-    assert all(backend.records.claim(Fence("beat", term), [Write("a", None, "1"), Write("b", None, "2")]))
+    assert all(
+        backend.records.claim(Fence("beat", term), [Write("a", None, "1"), Write("b", None, "2")])
+    )
     assert backend.records.load_some("beat", ["a", "missing"]) == {"a": "1"}

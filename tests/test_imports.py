@@ -263,7 +263,15 @@ def test_every_import_follows_the_layer_table_row_by_row() -> None:
 
 #: What no store module imports: the frameworks and Django (a store is chosen for
 #: Django by the Django integration, which hands the store its connection settings).
-STORE_FORBIDDEN = {"celery", "kombu", "click", "billiard", "django_celery_beat", "dramatiq", "django"}
+STORE_FORBIDDEN = {
+    "celery",
+    "kombu",
+    "click",
+    "billiard",
+    "django_celery_beat",
+    "dramatiq",
+    "django",
+}
 #: The only package modules a store module imports, besides the stores themselves.
 STORE_BELOW = ("exceptions", "_urls", "clock")
 
@@ -277,7 +285,12 @@ def test_the_store_layer_imports_no_framework_scheduler_or_settings() -> None:
             continue
         targets = [t for _, t, _ in _imports(name)] + [t for _, t in _string_imports(name)]
         ours = {_short(t) for t in targets}
-        above = {t for t in ours if not _covers("backends", t) and t.split(".")[0] not in STORE_BELOW}
+        above = {
+            t for t in ours if not _covers("backends", t) and t.split(".")[0] not in STORE_BELOW
+        }
         wrong.extend(f"{_short(name)} imports {t}" for t in sorted(above))
-        wrong.extend(f"{_short(name)} imports {t}" for t in sorted(_third_party_imports(name) & STORE_FORBIDDEN))
+        wrong.extend(
+            f"{_short(name)} imports {t}"
+            for t in sorted(_third_party_imports(name) & STORE_FORBIDDEN)
+        )
     assert not wrong, "; ".join(wrong)

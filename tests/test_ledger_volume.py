@@ -33,7 +33,9 @@ def test_leader_status_runs_no_long_command_over_a_large_ledger(redis_url: str) 
         backend = open_store(config)
         for i in range(worker, RECORDS, 4):
             slot = f"job-{i % ENTRIES}@{i:08d}"
-            backend.runs.put("beat", RunWrite(slot, None, RunRecord.sent_by(slot, "b", 1, now).dump(), 3600))
+            backend.runs.put(
+                "beat", RunWrite(slot, None, RunRecord.sent_by(slot, "b", 1, now).dump(), 3600)
+            )
         backend.close()
 
     with ThreadPoolExecutor(4) as pool:

@@ -245,9 +245,7 @@ class Publisher:
             self.failures = 0
         return in_sync
 
-    def _hand_back(
-        self, batches: list[Batch], fence: Fence, states: dict[str, EntryState]
-    ) -> bool:
+    def _hand_back(self, batches: list[Batch], fence: Fence, states: dict[str, EntryState]) -> bool:
         """Undo the claims of slots that were not sent, in one fenced compare-and-set.
 
         The stored state goes back to the last slot sent (or to what it was

@@ -155,9 +155,7 @@ class Resender:
 
     def _since(self) -> float:
         now = datetime.now(timezone.utc).timestamp()
-        stored = marks.touch(
-            self.runs, self.lease.election, SINCE, {"since": now}, self.retention
-        )
+        stored = marks.touch(self.runs, self.lease.election, SINCE, {"since": now}, self.retention)
         try:
             return float(json.loads(stored)["since"])
         except (ValueError, KeyError, TypeError):
