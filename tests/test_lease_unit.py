@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from celery_leader import Lease, StoreUnavailable, signals
-from celery_leader.backends import Renewal, StoreParams, Term
+from celery_leader.backends import Fence, Renewal, StoreParams, Term
 from celery_leader.backends.memory import _STORES, MemoryLock
 from celery_leader.callbacks import Callbacks, Observer
 from celery_leader.celery.signals import SIGNALS
@@ -225,6 +225,7 @@ def test_single_lease_leads_and_stops(url, leases, watch, clock) -> None:
     a = make(leases, backend, "a", watch)
     leads(a, 1)
     assert a.epoch == 1 and a.term is not None and a.term.epoch == 1
+    assert a.fence() == Fence(ELECTION, a.term), "claims are fenced by the term it holds"
     assert clock.monotonic() < a.valid_until <= clock.monotonic() + VALIDITY
     holder = a.holder()
     assert holder is not None and (holder.instance_id, holder.epoch) == ("a", 1)
@@ -233,6 +234,7 @@ def test_single_lease_leads_and_stops(url, leases, watch, clock) -> None:
     assert a.is_leader() and watch.kinds("a") == ["elected"]
     a.stop()
     assert not a.is_leader() and a.epoch is None and a.term is None and a.valid_until == 0
+    assert a.fence() is None, "a follower fences nothing"
     assert watch.kinds("a") == ["elected", "demoted"]
     assert backend.holder(ELECTION) is None, "stop() released the term"
     a.stop()  # idempotent
