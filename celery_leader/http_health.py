@@ -23,7 +23,7 @@ from typing import Any
 
 from .backends import HolderInfo
 from .health import HealthFile, judge
-from .lease import Lease
+from .election.lease import Lease
 
 
 class LeaderSeen:

@@ -21,7 +21,7 @@ from .backends import Backend, HolderInfo, create_backend
 from .clock import StoreClock
 from .config import LeaderConfig, validate_name
 from .exceptions import ConfigError, MissingExtra, StoreUnavailable
-from .leases import lease_set
+from .election.lease_set import lease_set
 from .ledger.summary import EntryRuns, summarize
 from .run.runner import Runner
 from .run.spec import run_spec

@@ -19,7 +19,8 @@ from celery_leader.backends.file import FileBackend
 from celery_leader.backends.memory import MemoryBackend
 from celery_leader.backends.mysql import MySqlBackend
 from celery_leader.backends.redis import RedisBackend
-from celery_leader.config import DEFAULT_KEY_PREFIX, DEFAULT_TTL, DRIFT, MARGIN
+from celery_leader.config import DEFAULT_KEY_PREFIX, DEFAULT_TTL
+from celery_leader.election.timing import DRIFT, MARGIN
 from celery_leader.dramatiq.settings import load_config
 from harness.servers import free_port
 from harness.waiting import wait_for

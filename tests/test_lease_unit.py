@@ -19,9 +19,9 @@ import pytest
 from celery_leader import Lease, StoreUnavailable, signals
 from celery_leader.backends import Renewal, Term
 from celery_leader.backends.memory import _STORES, MemoryBackend
-from celery_leader.callbacks import Callbacks, Observer
+from celery_leader.election.events import Callbacks, Observer
 from celery_leader.celery.signals import SIGNALS
-from celery_leader.config import DRIFT, MARGIN
+from celery_leader.election.timing import DRIFT, MARGIN
 from harness.manual_clock import PAST, ManualClock
 
 TTL = 0.5

@@ -1,4 +1,4 @@
-"""This process's lease set (celery_leader/leases.py): one lease per election and settings."""
+"""This process's lease set (celery_leader/election/lease_set.py): one lease per election."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from celery_leader.backends import create_backend
-from celery_leader.callbacks import Callbacks, Observer
+from celery_leader.election.events import Callbacks, Observer
 from celery_leader.config import LeaderConfig
-from celery_leader.leases import leader_of, lease_set
+from celery_leader.election.lease_set import leader_of, lease_set
 from harness.waiting import wait_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -154,7 +154,7 @@ def test_a_process_that_exits_normally_hands_over_at_once(redis_url: str) -> Non
     # ttl 30 s: without the release at exit, the election would stay held that long.
     code = (
         "from celery_leader.config import LeaderConfig\n"
-        "from celery_leader.leases import lease_set\n"
+        "from celery_leader.election.lease_set import lease_set\n"
         f"config = LeaderConfig.from_mapping({{'leader_url': {redis_url!r}, 'leader_ttl': 30,"
         " 'leader_instance_id': 'exiting'})\n"
         "lease = lease_set(config).join('e').lease\n"

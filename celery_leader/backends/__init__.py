@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import Protocol
 
+from ..election.timing import store_timeout
 from ..exceptions import missing_extra
 from .base import Backend
 from .fenced import Edit, FencedState, Write
@@ -54,16 +55,6 @@ __all__ = [
     "create_backend",
     "store_for",
 ]
-
-
-def store_timeout(ttl: float, renew_interval: float) -> float:
-    """Deadline of one store call.
-
-    A renewal sent ``renew_interval`` after the last good one must give up
-    while the lease is still valid (``ttl - renew_interval`` left), so the
-    leader gets to retry; and no call should outlast one renew interval.
-    """
-    return max(0.05, min(renew_interval, ttl - renew_interval))
 
 
 def create_backend(config: StoreSettings) -> Backend:

@@ -33,7 +33,7 @@ from typing import Any
 
 from .. import metrics
 from ..exceptions import StoreUnavailable
-from ..lease import Lease
+from ..election.lease import Lease
 from ..ledger import marks
 from ..ledger.records import SINCE, WORKERS
 from .jobs import Adapter, Job

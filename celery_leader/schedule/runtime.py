@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from .. import http_health, metrics
-from ..callbacks import Callbacks, Observer
+from ..election.events import Callbacks, Observer
 from ..config import LeaderConfig
 from ..health import HealthFile, Watchdog
-from ..lease import Lease
-from ..leases import Membership, lease_set
+from ..election.lease import Lease
+from ..election.lease_set import Membership, lease_set
 
 
 class SchedulerRuntime:

@@ -31,7 +31,7 @@ from typing import overload
 
 from ..backends import Term
 from ..exceptions import TermEnded
-from ..lease import Lease
+from ..election.lease import Lease
 from .jobs import Job
 from .state import Claim, dump_state, parse_state
 
