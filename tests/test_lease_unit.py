@@ -19,8 +19,9 @@ import pytest
 from celery_leader import Lease, StoreUnavailable, signals
 from celery_leader.backends import Renewal, Term
 from celery_leader.backends.memory import _STORES, MemoryBackend
-from celery_leader.election.events import Callbacks, Observer
 from celery_leader.celery.signals import SIGNALS
+from celery_leader.election.elector import State
+from celery_leader.election.events import Callbacks, Observer
 from celery_leader.election.timing import DRIFT, MARGIN
 from harness.manual_clock import PAST, ManualClock
 
@@ -682,6 +683,29 @@ def test_resign_hands_over(url, leases, watch, clock) -> None:
     clock.run(RENEW * 2)
     assert b.is_leader() and not a.is_leader()
     assert backend.request_resign("nobody-holds-this") is None
+
+
+def test_the_state_is_explicit_and_leading_is_not_believing(url, leases, clock) -> None:
+    """Following, leading, stepping down (while the members hear "stopped"), sitting
+    out, following again; and a holder whose belief ran out still leads, unbelieved."""
+    backend = Scripted(url, clock)
+    seen: list[State] = []
+    a = make(leases, backend, "a", on_stopped=lambda lease: seen.append(lease.state))
+    assert a.state is State.FOLLOWING
+    leads(a)
+    assert a.state is State.LEADING
+    b = make(leases, backend, "b")
+    clock.run_until(lambda: "acquire" in backend.names()[1:], 1)
+    assert b.state is State.FOLLOWING
+    backend.request_resign(ELECTION)
+    clock.run_until(lambda: a.state is State.SITTING_OUT, RENEW + 0.3)
+    assert seen == [State.STEPPING_DOWN] and not a.is_leader()
+    clock.run_until(lambda: a.state is State.FOLLOWING, RENEW + 0.1)
+    leads(b)
+    backend.renew_gate.clear()  # b's renewals hang: its belief ends, its state does not
+    clock.run_until(lambda: not b.is_leader(), VALIDITY + 0.1)
+    assert b.state is State.LEADING
+    backend.renew_gate.set()
 
 
 def test_unexpected_backend_error_does_not_kill_the_lease(url, leases, caplog, clock) -> None:

@@ -378,3 +378,29 @@ def test_leader_of_asks_the_store_without_joining() -> None:
         assert lease_set(settings).elections() == [], "asking joined nothing"
     finally:
         leader.owner.stop()
+
+
+def test_the_old_import_paths_work_and_warn_once() -> None:
+    code = (
+        "import warnings\n"
+        "warnings.simplefilter('always')\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    from celery_leader.lease import Lease\n"
+        "    from celery_leader.callbacks import Callbacks, Observer\n"
+        "    from celery_leader.lease import Lease as Again\n"
+        "import celery_leader\n"
+        "from celery_leader.election import events\n"
+        "assert Lease is Again is celery_leader.Lease\n"
+        "assert (Callbacks, Observer) == (events.Callbacks, events.Observer)\n"
+        "print(sorted(str(w.message) for w in caught if w.category is DeprecationWarning))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(
+        [
+            "celery_leader.callbacks is deprecated: import from celery_leader.election.events",
+            "celery_leader.lease is deprecated: import Lease from celery_leader",
+        ]
+    )

@@ -1,7 +1,7 @@
-"""Who leads: the elector (:mod:`.lease`), its timing (:mod:`.timing`), what it tells
-(:mod:`.events`, :mod:`.members`) and what watches it (:mod:`.skew`, :mod:`.foreign`,
-:mod:`.outage`), and this process's leases (:mod:`.lease_set`).
+"""Who leads: the elector (:mod:`.elector`) and its timing (:mod:`.timing`), what it
+tells (:mod:`.events`, :mod:`.members`) and who listens (:mod:`.lease`, :mod:`.skew`,
+:mod:`.foreign`), and this process's leases (:mod:`.lease_set`).
 
-Nothing is imported here: the store layer takes :mod:`.timing`'s call deadline,
-and the elector imports the store layer.
+It imports nothing itself: the store layer imports :mod:`.timing`, and the
+elector imports the store layer.
 """

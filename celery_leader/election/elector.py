@@ -360,4 +360,8 @@ class Elector:
                     exc,
                     self.ttl,
                 )
-        self._state = State.SITTING_OUT if sit_out > 0 else State.FOLLOWING
+        with self._lock:
+            # stop() may step down while the thread wins a term: the thread keeps
+            # that one and, seeing _stopping, hands it straight back.
+            if self._term is None:
+                self._state = State.SITTING_OUT if sit_out > 0 else State.FOLLOWING
