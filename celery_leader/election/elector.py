@@ -319,8 +319,8 @@ class Elector:
         with self._lock:
             # stop() may have stepped down while the callbacks ran: then pair
             # them with on_stopped here, and announce nothing.
-            self._announced = self._term is term
-        if not self._announced:
+            current = self._announced = self._term is term
+        if not current:
             self._tell("on_stopped")
             return
         self._tell("on_transition", "elected", term.epoch)
