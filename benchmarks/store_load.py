@@ -33,8 +33,8 @@ from pathlib import Path
 import psycopg
 
 from celery_leader.backends import create_backend
-from celery_leader.election.events import Callbacks
 from celery_leader.config import LeaderConfig
+from celery_leader.election.events import Callbacks
 from celery_leader.election.lease import Lease
 from harness.etcd import EtcdCluster
 from harness.groups import group_cpu_seconds, start_child

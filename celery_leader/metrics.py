@@ -27,8 +27,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from .election.events import Observer
-from .exceptions import missing_extra
 from .election.lease import Lease
+from .exceptions import missing_extra
 from .shared_counters import SharedCounters
 
 #: Counters that :func:`count` accepts, and their help text.

@@ -20,8 +20,8 @@ from . import health
 from .backends import Backend, HolderInfo, create_backend
 from .clock import StoreClock
 from .config import LeaderConfig, validate_name
-from .exceptions import ConfigError, MissingExtra, StoreUnavailable
 from .election.lease_set import lease_set
+from .exceptions import ConfigError, MissingExtra, StoreUnavailable
 from .ledger.summary import EntryRuns, summarize
 from .run.runner import Runner
 from .run.spec import run_spec

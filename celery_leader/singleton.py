@@ -18,8 +18,8 @@ from types import TracebackType
 from typing import Any
 
 from .backends import HolderInfo
-from .election.events import Callbacks
 from .config import LeaderConfig
+from .election.events import Callbacks
 from .election.lease import Lease
 from .election.lease_set import Membership, lease_set
 

@@ -20,8 +20,8 @@ from celery_leader.backends.memory import MemoryBackend
 from celery_leader.backends.mysql import MySqlBackend
 from celery_leader.backends.redis import RedisBackend
 from celery_leader.config import DEFAULT_KEY_PREFIX, DEFAULT_TTL
-from celery_leader.election.timing import DRIFT, MARGIN
 from celery_leader.dramatiq.settings import load_config
+from celery_leader.election.timing import DRIFT, MARGIN
 from harness.servers import free_port
 from harness.waiting import wait_for
 from tests.docs_text import quoted_messages

@@ -690,8 +690,9 @@ def test_the_state_is_explicit_and_leading_is_not_believing(url, leases, clock) 
     out, following again; and a holder whose belief ran out still leads, unbelieved."""
     backend = Scripted(url, clock)
     seen: list[State] = []
-    a = make(leases, backend, "a", on_stopped=lambda lease: seen.append(lease.state))
+    a = make(leases, backend, "a", start=False, on_stopped=lambda x: seen.append(x.state))
     assert a.state is State.FOLLOWING
+    a.start()
     leads(a)
     assert a.state is State.LEADING
     b = make(leases, backend, "b")

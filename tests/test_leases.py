@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from celery_leader.backends import create_backend
-from celery_leader.election.events import Callbacks, Observer
 from celery_leader.config import LeaderConfig
+from celery_leader.election.events import Callbacks, Observer
 from celery_leader.election.lease_set import leader_of, lease_set
 from harness.waiting import wait_for
 

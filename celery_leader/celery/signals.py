@@ -14,8 +14,8 @@ that join an election (beat, the worker bootstep, ``is_leader()`` and
 from __future__ import annotations
 
 from ..election.events import Observer
-from ..exceptions import missing_extra
 from ..election.lease import Lease
+from ..exceptions import missing_extra
 
 try:
     from celery.utils.dispatch import Signal

@@ -28,12 +28,12 @@ from typing import Any
 
 from .. import http_health, metrics
 from ..backends import Backend
-from ..election.events import Callbacks
 from ..config import LeaderConfig
-from ..exceptions import StoreUnavailable, missing_extra
-from ..health import ConsumerLiveness, HealthFile
+from ..election.events import Callbacks
 from ..election.lease import Lease
 from ..election.lease_set import lease_set
+from ..exceptions import StoreUnavailable, missing_extra
+from ..health import ConsumerLiveness, HealthFile
 from ..pins import role_of
 from ..process import default_instance_id
 from . import deadline_table, decorators, leadership, routing

@@ -23,10 +23,10 @@ import logging
 import os
 
 from ..election.events import Callbacks
+from ..election.lease import Lease
 from ..exceptions import ConfigError
 from ..health import HealthFile
 from ..http_health import LeaderSeen, serve
-from ..election.lease import Lease
 
 logger = logging.getLogger(__name__)
 

@@ -127,7 +127,8 @@ class StoreOutage(Events):
             return  # a release, or a scheduler's call: reported where it is made
         if error is None:
             if self.error is not None:
-                logger.info("celery-leader: store %s answers again for %r", self._url, lease.election)
+                what = "celery-leader: store %s answers again for %r"
+                logger.info(what, self._url, lease.election)
             self.error = None
         elif isinstance(error, StoreUnavailable):
             if str(error) != self.error:

@@ -32,8 +32,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from .. import metrics
-from ..exceptions import StoreUnavailable
 from ..election.lease import Lease
+from ..exceptions import StoreUnavailable
 from ..ledger import marks
 from ..ledger.records import SINCE, WORKERS
 from .jobs import Adapter, Job

@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from .. import http_health, metrics
-from ..election.events import Callbacks, Observer
 from ..config import LeaderConfig
-from ..health import HealthFile, Watchdog
+from ..election.events import Callbacks, Observer
 from ..election.lease import Lease
 from ..election.lease_set import Membership, lease_set
+from ..health import HealthFile, Watchdog
 
 
 class SchedulerRuntime:

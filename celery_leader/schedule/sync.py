@@ -30,8 +30,8 @@ from datetime import datetime, timedelta
 from typing import overload
 
 from ..backends import Term
-from ..exceptions import TermEnded
 from ..election.lease import Lease
+from ..exceptions import TermEnded
 from .jobs import Job
 from .state import Claim, dump_state, parse_state
 
