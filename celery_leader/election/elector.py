@@ -1,10 +1,7 @@
-"""The elector: an explicit state and the acquire, renew and release loop.
+"""The elector: an explicit state, and the acquire, renew and release loop.
 
-Leadership is a deadline, never a stored flag (:mod:`.timing` derives it):
-:meth:`Elector.is_leader` is true only while ``monotonic() < t_sent + ttl * (1 -
-DRIFT) - MARGIN``, ``t_sent`` being when the last acknowledged acquire or renewal
-was *sent*, so it turns false on time however stuck the thread is. Whatever
-else a lease does listens to the elector through :class:`~.events.Events`.
+Leading is a deadline, never a stored flag (:mod:`.timing` derives it), so
+:meth:`Elector.is_leader` turns false on time however stuck the thread is.
 """
 
 from __future__ import annotations
@@ -39,11 +36,8 @@ class State(enum.Enum):
 
 class Elector:
     """The thread that campaigns for one instance in one election, and its state.
-
-    It tells ``listeners`` every event, in order. With ``polls_health`` a leader
-    asks their ``problem()`` every :data:`~.timing.HEALTH_POLL`, else only
-    before each renewal.
-    """
+    It tells ``listeners`` every :class:`~.events.Events` event, in order; with
+    ``polls_health`` a leader asks their ``problem()`` every ``HEALTH_POLL``."""
 
     #: Why the last term ended: ``"expired"``, ``"lost"``, ``"disconnected"``,
     #: ``"resigned"``, ``"stopping"``, ``"unhealthy"``, ``"error"``, ``"clock_skew"``,

@@ -23,19 +23,12 @@ logger = logging.getLogger(__name__)
 class Lease(Elector):
     """Membership of one instance in one election.
 
-    Its first member (:attr:`members`; a lease set's joins add more) is what it
-    is given here: ``callbacks`` hear of its terms and new leaders,
-    ``observers`` watch transitions and store calls (Celery's signals,
-    metrics), ``health_check`` is asked before every acquire and renewal (a
-    reason makes a leader step down and a follower stay out), ``on_cycle`` runs
-    after every cycle of its thread. ``clock`` is the time it runs on (the
-    system's unless a test gives another).
-
-    Every acquire and renewal of a store with a clock of its own samples that
-    clock into :attr:`store_clock`. A local wall clock further than
-    ``max_clock_skew`` seconds off it is logged (once per crossing); with
-    ``clock_source="local"`` (schedules run on this host's clock) such a lease
-    also gives up any term it wins until the clock is back within the bound.
+    ``callbacks``, ``observers``, ``health_check`` and ``on_cycle`` are its first
+    member (:class:`~.members.Member`; a lease set's joins add more). ``clock``
+    is the time it runs on (the system's unless a test gives another). Answers
+    of a store with a clock of its own are samples of :attr:`store_clock`; a
+    local clock more than ``max_clock_skew`` off it is logged, and with
+    ``clock_source="local"`` the lease gives up its terms until it is back.
     """
 
     def __init__(

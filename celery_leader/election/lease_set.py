@@ -48,12 +48,8 @@ class Membership:
 
 
 class LeaseSet:
-    """The leases this process holds with one set of settings, by election.
-
-    Several parts of a process may join one election: each gets a
-    :class:`Membership` with its own callbacks and health check, and the one
-    lease runs them all until the last member leaves.
-    """
+    """The leases this process holds with one set of settings, by election: several
+    parts of a process may join one, each with a :class:`Membership` of its own."""
 
     def __init__(self, config: LeaderConfig) -> None:
         self.config = config
@@ -111,10 +107,8 @@ class LeaseSet:
         return list(self._leases)
 
     def lease_of(self, election: str) -> Lease | None:
-        """The lease of ``election`` if a part of this process joined it, else ``None``.
-
-        It never joins and never talks to the store: what ``is_leader()`` asks.
-        """
+        """The lease of ``election`` if a part of this process joined it, else ``None``;
+        it never joins and never talks to the store (what ``is_leader()`` asks)."""
         with self._lock:
             return self._leases.get(election)
 
