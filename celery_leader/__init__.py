@@ -13,9 +13,9 @@ from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
 from .config import LeaderConfig
+from .election.lease import Lease
+from .election.lease_set import leader_of
 from .exceptions import ConfigError, LeaderError, MissingExtra, NotLeader, StoreUnavailable
-from .lease import Lease
-from .leases import leader_of
 from .singleton import LeaderLoop, Leadership, leader_loop
 
 if TYPE_CHECKING:

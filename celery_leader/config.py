@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 from ._urls import mask_url, scheme_of
 from .backends.registry import STORES, Store, store_for, store_for_url, store_hints
+from .election.timing import MAX_TTL, check_timing, check_ttl, store_timeout
 from .exceptions import ConfigError
 from .process import default_instance_id
 
@@ -33,22 +34,8 @@ _REDIS_BROKER_SCHEMES = ("redis", "rediss")
 
 _NAME = re.compile(r"^[A-Za-z0-9_.:\-]+$")
 
-#: Largest clock *rate* difference assumed between this host and the store
-#: (1 %, far above NTP-disciplined clocks' ~0.01 %). Safety holds while real
-#: drift stays below it; beat's fenced claims keep slots unique even beyond.
-DRIFT = 0.01
-#: Covers the store's one-millisecond expiry granularity and rounding.
-MARGIN = 0.005
-
 DEFAULT_TTL = 15.0
 DEFAULT_KEY_PREFIX = "celery_leader"
-
-#: The shortest deadline a store call gets (``backends.store_timeout`` never
-#: goes below it): under it a healthy store on a busy host misses deadlines.
-STORE_TIMEOUT_FLOOR = 0.05
-#: The longest ttl every store can represent: PostgreSQL's
-#: ``idle_session_timeout`` (the ttl there) is a 32-bit count of milliseconds.
-MAX_TTL = 2_147_483.0
 
 #: ``leader_missed_slots`` values: what a leader sends for the slots of an
 #: entry that fell due while nobody dispatched (see docs/operations.md).
@@ -152,6 +139,11 @@ class LeaderConfig:
     #: Task-name globs a schedule entry kept in the store may name; the leader
     #: skips (and logs) any other. ``("*",)``: every task.
     entries_allow: tuple[str, ...] = ("*",)
+
+    @property
+    def store_timeout(self) -> float:
+        """Deadline of every store call, in seconds (see :func:`store_timeout`)."""
+        return store_timeout(self.ttl, self.renew_interval)
 
     @property
     def display_url(self) -> str:
@@ -382,44 +374,6 @@ def warn_unknown(keys: Iterable[str], prefix: str) -> None:
 def env_name(setting: str) -> str:
     """The environment variable (and Django setting) of ``setting``: ``CELERY_LEADER_TTL``."""
     return f"CELERY_{setting.upper()}"
-
-
-def validity(ttl: float) -> float:
-    """How long a term is trusted after its acquire or renew request was sent."""
-    return ttl * (1 - DRIFT) - MARGIN
-
-
-def check_timing(ttl: float, renew: float, ttl_name: str, renew_name: str) -> None:
-    """A leader must renew before its belief (shorter than the ttl) runs out."""
-    if not 0 < renew < validity(ttl):
-        raise ConfigError(
-            f"{renew_name} must be greater than 0 and smaller than {ttl_name} less "
-            f"{DRIFT:.0%} and {MARGIN * 1000:g} ms, so that the leader renews before its "
-            f"lease runs out (got renew interval {renew:g} s, ttl {ttl:g} s)"
-        )
-
-
-def check_ttl(ttl: float, renew: float, ttl_name: str, renew_name: str) -> None:
-    """Bounds of the ttl that the lease's timing arithmetic needs, one line each.
-
-    Low end: a renewal gets ``store_timeout = min(renew, ttl - renew)`` to answer,
-    never less than :data:`STORE_TIMEOUT_FLOOR`. Below the floor the deadline is
-    raised to it, a renewal can then outlast the leader's belief, and the lease
-    flaps (ttl 0.01: 29 hand-overs in 9 s). High end: :data:`MAX_TTL`.
-    """
-    if min(renew, ttl - renew) < STORE_TIMEOUT_FLOOR - 1e-9:  # ttl / 3 rounds down
-        raise ConfigError(
-            f"{ttl_name} is too short: {renew_name} ({renew:g} s) and {ttl_name} less "
-            f"{renew_name} ({ttl - renew:g} s) must each be at least the store call "
-            f"deadline floor of {STORE_TIMEOUT_FLOOR * 1000:g} ms, so a renewal can answer "
-            f"before the lease runs out (ttl {ttl:g} s; at least {3 * STORE_TIMEOUT_FLOOR:g} s "
-            "with the default renew interval)"
-        )
-    if ttl > MAX_TTL:
-        raise ConfigError(
-            f"{ttl_name} must be at most {MAX_TTL:,.0f} s (about 24.8 days, the longest ttl "
-            f"every store can represent; got {ttl:g})"
-        )
 
 
 def validate_missed_slots(setting: str, value: object) -> str:

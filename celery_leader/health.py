@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .lease import Lease
+from .election.lease import Lease
 
 #: A tick rewrites the file at most this often unless something else changed
 #: (a follower ticks ten times a second). The deadline written is then up to

@@ -22,8 +22,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from .backends import HolderInfo
+from .election.lease import Lease
 from .health import HealthFile, judge
-from .lease import Lease
 
 
 class LeaderSeen:

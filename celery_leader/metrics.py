@@ -26,9 +26,9 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from .callbacks import Observer
+from .election.events import Observer
+from .election.lease import Lease
 from .exceptions import missing_extra
-from .lease import Lease
 from .shared_counters import SharedCounters
 
 #: Counters that :func:`count` accepts, and their help text.

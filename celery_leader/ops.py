@@ -20,8 +20,8 @@ from . import health
 from .backends import HolderInfo, LeaseLock, open_store
 from .clock import StoreClock
 from .config import LeaderConfig, validate_name
+from .election.lease_set import lease_set
 from .exceptions import ConfigError, MissingExtra, StoreUnavailable
-from .leases import lease_set
 from .ledger.summary import EntryRuns, summarize
 from .run.runner import Runner
 from .run.spec import run_spec

@@ -18,10 +18,10 @@ from types import TracebackType
 from typing import Any
 
 from .backends import HolderInfo
-from .callbacks import Callbacks
 from .config import LeaderConfig
-from .lease import Lease
-from .leases import Membership, lease_set
+from .election.events import Callbacks
+from .election.lease import Lease
+from .election.lease_set import Membership, lease_set
 
 __all__ = ["LeaderLoop", "Leadership", "leader_loop"]
 

@@ -34,7 +34,7 @@ from celery_leader.backends.memory import MemoryEntries, MemoryRecords
 from celery_leader.celery import beat
 from celery_leader.celery.beat import FOLLOWER_INTERVAL, LeaderScheduler
 from celery_leader.config import LeaderConfig
-from celery_leader.lease import Lease
+from celery_leader.election.lease import Lease
 from celery_leader.schedule import protocol
 from celery_leader.schedule.feed import POLL_INTERVAL
 from celery_leader.schedule.series import Every

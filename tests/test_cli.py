@@ -15,7 +15,7 @@ import pytest
 
 from celery_leader.backends import StoreFacets, open_store
 from celery_leader.config import LeaderConfig
-from celery_leader.lease import Lease
+from celery_leader.election.lease import Lease
 from harness.servers import RedisServer
 from harness.waiting import wait_for
 

@@ -15,8 +15,9 @@ from celery_leader import ConfigError, LeaderConfig, Lease
 from celery_leader._urls import mask_url
 from celery_leader.backends import STORES, StoreParams, open_store
 from celery_leader.backends.memory import MemoryLock
-from celery_leader.config import DEFAULT_KEY_PREFIX, DEFAULT_TTL, DRIFT, MARGIN
+from celery_leader.config import DEFAULT_KEY_PREFIX, DEFAULT_TTL
 from celery_leader.dramatiq.settings import load_config
+from celery_leader.election.timing import DRIFT, MARGIN
 from harness.servers import free_port
 from harness.waiting import wait_for
 from tests.docs_text import quoted_messages

@@ -26,9 +26,9 @@ from celery_leader.dramatiq import (
     is_leader,
 )
 from celery_leader.dramatiq.scheduler import DramatiqScheduler
+from celery_leader.election.lease import Lease
+from celery_leader.election.lease_set import lease_set
 from celery_leader.exceptions import ConfigError, LeaderError
-from celery_leader.lease import Lease
-from celery_leader.leases import lease_set
 from harness.waiting import wait_for
 
 UTC = timezone.utc

@@ -19,7 +19,7 @@ import pytest
 from celery_leader import Lease
 from celery_leader.backends import Edit, Renewal
 from celery_leader.backends.file import FileBackend
-from celery_leader.callbacks import Callbacks
+from celery_leader.election.events import Callbacks
 from celery_leader.exceptions import StoreUnavailable
 from harness.procs import Procs
 from harness.procs import signal as send_signal

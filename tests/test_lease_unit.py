@@ -19,9 +19,10 @@ import pytest
 from celery_leader import Lease, StoreUnavailable, signals
 from celery_leader.backends import Fence, Renewal, StoreParams, Term
 from celery_leader.backends.memory import _STORES, MemoryLock
-from celery_leader.callbacks import Callbacks, Observer
 from celery_leader.celery.signals import SIGNALS
-from celery_leader.config import DRIFT, MARGIN
+from celery_leader.election.elector import State
+from celery_leader.election.events import Callbacks, Observer
+from celery_leader.election.timing import DRIFT, MARGIN
 from harness.manual_clock import PAST, ManualClock
 
 TTL = 0.5
@@ -694,6 +695,30 @@ def test_resign_hands_over(url, leases, watch, clock) -> None:
     clock.run(RENEW * 2)
     assert b.is_leader() and not a.is_leader()
     assert backend.request_resign("nobody-holds-this") is None
+
+
+def test_the_state_is_explicit_and_leading_is_not_believing(url, leases, clock) -> None:
+    """Following, leading, stepping down (while the members hear "stopped"), sitting
+    out, following again; and a holder whose belief ran out still leads, unbelieved."""
+    backend = Scripted(url, clock)
+    seen: list[State] = []
+    a = make(leases, backend, "a", start=False, on_stopped=lambda x: seen.append(x.state))
+    assert a.state is State.FOLLOWING
+    a.start()
+    leads(a)
+    assert a.state is State.LEADING
+    b = make(leases, backend, "b")
+    clock.run_until(lambda: "acquire" in backend.names()[1:], 1)
+    assert b.state is State.FOLLOWING
+    backend.request_resign(ELECTION)
+    clock.run_until(lambda: a.state is State.SITTING_OUT, RENEW + 0.3)
+    assert seen == [State.STEPPING_DOWN] and not a.is_leader()
+    clock.run_until(lambda: a.state is State.FOLLOWING, RENEW + 0.1)
+    leads(b)
+    backend.renew_gate.clear()  # b's renewals hang: its belief ends, its state does not
+    clock.run_until(lambda: not b.is_leader(), VALIDITY + 0.1)
+    assert b.state is State.LEADING
+    backend.renew_gate.set()
 
 
 def test_unexpected_backend_error_does_not_kill_the_lease(url, leases, caplog, clock) -> None:

@@ -1,4 +1,4 @@
-"""This process's lease set (celery_leader/leases.py): one lease per election and settings."""
+"""This process's lease set (celery_leader/election/lease_set.py): one lease per election."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from celery_leader.backends import open_store
-from celery_leader.callbacks import Callbacks, Observer
 from celery_leader.config import LeaderConfig
-from celery_leader.leases import leader_of, lease_set
+from celery_leader.election.events import Callbacks, Observer
+from celery_leader.election.lease_set import leader_of, lease_set
 from harness.waiting import wait_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -154,7 +154,7 @@ def test_a_process_that_exits_normally_hands_over_at_once(redis_url: str) -> Non
     # ttl 30 s: without the release at exit, the election would stay held that long.
     code = (
         "from celery_leader.config import LeaderConfig\n"
-        "from celery_leader.leases import lease_set\n"
+        "from celery_leader.election.lease_set import lease_set\n"
         f"config = LeaderConfig.from_mapping({{'leader_url': {redis_url!r}, 'leader_ttl': 30,"
         " 'leader_instance_id': 'exiting'})\n"
         "lease = lease_set(config).join('e').lease\n"
@@ -378,3 +378,29 @@ def test_leader_of_asks_the_store_without_joining() -> None:
         assert lease_set(settings).elections() == [], "asking joined nothing"
     finally:
         leader.owner.stop()
+
+
+def test_the_old_import_paths_work_and_warn_once() -> None:
+    code = (
+        "import warnings\n"
+        "warnings.simplefilter('always')\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    from celery_leader.lease import Lease\n"
+        "    from celery_leader.callbacks import Callbacks, Observer\n"
+        "    from celery_leader.lease import Lease as Again\n"
+        "import celery_leader\n"
+        "from celery_leader.election import events\n"
+        "assert Lease is Again is celery_leader.Lease\n"
+        "assert (Callbacks, Observer) == (events.Callbacks, events.Observer)\n"
+        "print(sorted(str(w.message) for w in caught if w.category is DeprecationWarning))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(
+        [
+            "celery_leader.callbacks is deprecated: import from celery_leader.election.events",
+            "celery_leader.lease is deprecated: import Lease from celery_leader",
+        ]
+    )

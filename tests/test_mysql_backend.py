@@ -15,7 +15,7 @@ import pytest
 from celery_leader.backends import Edit, Renewal, Write
 from celery_leader.backends.mysql import MySqlBackend, lock_name
 from celery_leader.backends.mysql.params import connection_params
-from celery_leader.config import DRIFT, MARGIN
+from celery_leader.election.timing import DRIFT, MARGIN
 from celery_leader.exceptions import ConfigError, StoreMisconfigured, StoreUnavailable
 from harness.procs import Procs
 from harness.proxy import TcpProxy

@@ -25,8 +25,8 @@ import pytest
 from celery_leader import Lease
 from celery_leader.backends import Edit, Renewal, Write, store_timeout
 from celery_leader.backends.postgres import PostgresBackend, advisory_key
-from celery_leader.callbacks import Callbacks
-from celery_leader.config import DRIFT, MARGIN
+from celery_leader.election.events import Callbacks
+from celery_leader.election.timing import DRIFT, MARGIN
 from celery_leader.exceptions import ConfigError, StoreMisconfigured, StoreUnavailable
 from harness.procs import Proc, Procs
 from harness.procs import signal as send_signal
@@ -361,9 +361,9 @@ import json, os, signal, sys, time
 from celery_leader.backends import store_timeout
 from celery_leader.backends import Write, Renewal
 from celery_leader.backends.postgres import PostgresBackend
-from celery_leader.config import DRIFT, MARGIN
-from celery_leader.callbacks import Callbacks
-from celery_leader.lease import Lease
+from celery_leader.election.timing import DRIFT, MARGIN
+from celery_leader.election.events import Callbacks
+from celery_leader.election.lease import Lease
 
 url, name, ttl, renew = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
 validity = ttl * (1 - DRIFT) - MARGIN

@@ -23,8 +23,8 @@ import redis
 
 from celery_leader.backends import Write, create_backend
 from celery_leader.config import LeaderConfig
+from celery_leader.election.lease import Lease
 from celery_leader.exceptions import StoreMisconfigured, StoreUnavailable
-from celery_leader.lease import Lease
 from harness.procs import Procs
 from harness.servers import RedisServer, free_port
 from harness.waiting import wait_for

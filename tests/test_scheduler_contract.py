@@ -31,8 +31,8 @@ from celery_leader.celery.beat import LeaderScheduler
 from celery_leader.config import LeaderConfig
 from celery_leader.dramatiq import LeaderMiddleware, every
 from celery_leader.dramatiq.scheduler import INTERVAL, DramatiqScheduler
+from celery_leader.election.lease import Lease
 from celery_leader.health import check
-from celery_leader.lease import Lease
 from celery_leader.schedule import protocol
 from celery_leader.schedule.feed import POLL_INTERVAL
 from celery_leader.schedule.jobs import Job

@@ -28,7 +28,7 @@ from celery_leader.celery import deadline_table, leadership
 from celery_leader.celery.decorators import CONSUMER_STEPS, WORKER_STEP, leader_only
 from celery_leader.celery.worker import FencedStrategies, LeaderNode, install
 from celery_leader.config import LeaderConfig
-from celery_leader.lease import Lease
+from celery_leader.election.lease import Lease
 from harness.waiting import wait_for
 
 

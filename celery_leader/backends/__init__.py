@@ -42,10 +42,9 @@ class StoreSettings(Protocol):
     def url(self) -> str: ...
     @property
     def key_prefix(self) -> str: ...
+    #: Deadline of every store call, in seconds (the elector's timing decides it).
     @property
-    def ttl(self) -> float: ...
-    @property
-    def renew_interval(self) -> float: ...
+    def store_timeout(self) -> float: ...
     @property
     def replica_acks(self) -> int | None: ...
 
@@ -56,7 +55,7 @@ class StoreParams:
 
     url: str
     key_prefix: str
-    #: Deadline of every store call, in seconds (:func:`store_timeout`).
+    #: Deadline of every store call, in seconds.
     timeout: float
     #: How many replicas of the store must hold a write (and a new term) before
     #: a claim (and an acquire) return it; ``None``: as many as the store's
@@ -116,16 +115,6 @@ __all__ = [
 ]
 
 
-def store_timeout(ttl: float, renew_interval: float) -> float:
-    """Deadline of one store call.
-
-    A renewal sent ``renew_interval`` after the last good one must give up
-    while the lease is still valid (``ttl - renew_interval`` left), so the
-    leader gets to retry; and no call should outlast one renew interval.
-    """
-    return max(0.05, min(renew_interval, ttl - renew_interval))
-
-
 def open_store(config: StoreSettings) -> StoreFacets:
     """Open the store that ``config.url`` selects. It does not contact the store yet.
 
@@ -143,7 +132,7 @@ def open_store(config: StoreSettings) -> StoreFacets:
         StoreParams(
             url=config.url,
             key_prefix=config.key_prefix,
-            timeout=store_timeout(config.ttl, config.renew_interval),
+            timeout=config.store_timeout,
             replica_acks=config.replica_acks,
         )
     )

@@ -32,9 +32,9 @@ from typing import Any
 
 from .. import body_epoch, metrics
 from ..config import LeaderConfig, validate_name
+from ..election.lease import Lease
+from ..election.lease_set import Membership, lease_set
 from ..exceptions import NotLeader, StoreUnavailable, missing_extra
-from ..lease import Lease
-from ..leases import Membership, lease_set
 from ..pins import on_reset, role_of, watch
 from ..process import after_fork_in_child
 from . import deadline_table

@@ -13,9 +13,9 @@ that join an election (beat, the worker bootstep, ``is_leader()`` and
 
 from __future__ import annotations
 
-from ..callbacks import Observer
+from ..election.events import Observer
+from ..election.lease import Lease
 from ..exceptions import missing_extra
-from ..lease import Lease
 
 try:
     from celery.utils.dispatch import Signal

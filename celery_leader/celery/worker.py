@@ -27,12 +27,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .. import http_health, metrics
-from ..callbacks import Callbacks
 from ..config import LeaderConfig
+from ..election.events import Callbacks
+from ..election.lease import Lease
+from ..election.lease_set import lease_set
 from ..exceptions import StoreUnavailable, missing_extra
 from ..health import ConsumerLiveness, HealthFile
-from ..lease import Lease
-from ..leases import lease_set
 from ..pins import role_of
 from ..process import default_instance_id
 from . import deadline_table, decorators, leadership, routing

@@ -22,11 +22,11 @@ import errno
 import logging
 import os
 
-from ..callbacks import Callbacks
+from ..election.events import Callbacks
+from ..election.lease import Lease
 from ..exceptions import ConfigError
 from ..health import HealthFile
 from ..http_health import LeaderSeen, serve
-from ..lease import Lease
 
 logger = logging.getLogger(__name__)
 

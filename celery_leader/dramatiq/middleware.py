@@ -28,10 +28,10 @@ from typing import Any
 
 from .. import body_epoch, metrics
 from ..config import LeaderConfig, validate_name
+from ..election.lease import Lease
+from ..election.lease_set import LeaseSet, Membership, lease_set
 from ..exceptions import ConfigError, LeaderError, missing_extra
 from ..health import ConsumerLiveness
-from ..lease import Lease
-from ..leases import LeaseSet, Membership, lease_set
 from ..pins import Role, role_of, watch
 from ..process import after_fork_in_child, default_instance_id
 from .cli_errors import one_line_errors

@@ -26,12 +26,12 @@ from pathlib import Path
 from types import FrameType
 
 from .. import http_health
-from ..callbacks import Callbacks
 from ..config import LeaderConfig
+from ..election.events import Callbacks
+from ..election.lease import Lease
+from ..election.lease_set import lease_set
 from ..exceptions import ConfigError
 from ..health import HealthFile
-from ..lease import Lease
-from ..leases import lease_set
 from . import guard as guard_module
 from .spec import RunSpec
 from .timing import KILL_SLACK

@@ -1,7 +1,7 @@
 """How long ``leader run`` gives a command to stop, bounded by the lease.
 
 A leader believes in its term until ``valid_until = t_sent + ttl * (1 - DRIFT)
-- MARGIN`` (:func:`celery_leader.config.validity`), where ``t_sent`` is when its
+- MARGIN`` (:func:`celery_leader.election.timing.validity`), where ``t_sent`` is when its
 last acknowledged acquire or renew was sent; the store cannot hand the term to
 another replica before ``t_sent + ttl``. The guard therefore starts stopping
 the command at ``valid_until - grace - KILL_SLACK`` when no renewal has moved
@@ -23,7 +23,7 @@ renew interval 0.667 s: 0.40 s.
 
 from __future__ import annotations
 
-from ..config import validity
+from ..election.timing import validity
 
 #: From SIGKILL to the group's processes being gone, and the guard's wake-up
 #: latency on a loaded host.

@@ -38,10 +38,10 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime, timezone
 
 from ..backends import Fence
-from ..callbacks import Observer
 from ..config import LeaderConfig
+from ..election.events import Observer
+from ..election.lease import Lease
 from ..exceptions import StoreUnavailable, TermEnded
-from ..lease import Lease
 from .due import DueIndex
 from .jobs import Adapter, Job
 from .policy import DueSlots, counted_after, due_slots, later

@@ -18,8 +18,8 @@ from datetime import datetime
 
 from .. import metrics
 from ..backends import Fence, FencedRecords
+from ..election.lease import Lease
 from ..exceptions import StoreUnavailable
-from ..lease import Lease
 from .jobs import Adapter, Job, Outcome
 from .resend import Resender
 from .state import Claim, dump_state, slot_name

@@ -32,8 +32,8 @@ from datetime import datetime, timezone
 
 from .. import metrics
 from ..backends import RunStore
+from ..election.lease import Lease
 from ..exceptions import StoreUnavailable
-from ..lease import Lease
 from ..ledger import marks
 from ..ledger.records import SINCE, WORKERS
 from .jobs import Adapter, Job

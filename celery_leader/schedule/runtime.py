@@ -12,11 +12,11 @@ from collections.abc import Iterable
 
 from .. import http_health, metrics
 from ..backends import StoreFacets
-from ..callbacks import Callbacks, Observer
 from ..config import LeaderConfig
+from ..election.events import Callbacks, Observer
+from ..election.lease import Lease
+from ..election.lease_set import Membership, lease_set
 from ..health import HealthFile, Watchdog
-from ..lease import Lease
-from ..leases import Membership, lease_set
 
 
 class SchedulerRuntime:

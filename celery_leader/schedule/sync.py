@@ -30,8 +30,8 @@ from datetime import datetime, timedelta
 from typing import overload
 
 from ..backends import Fence, FencedRecords
+from ..election.lease import Lease
 from ..exceptions import TermEnded
-from ..lease import Lease
 from .jobs import Job
 from .state import Claim, dump_state, parse_state
 

@@ -41,7 +41,7 @@ broker.add_middleware(
 dramatiq.set_broker(broker)
 
 if os.environ.get("BREAK_CHECK") == "1":
-    from celery_leader.lease import Lease
+    from celery_leader.election.lease import Lease
 
     def broken(self: Lease) -> bool:
         raise RuntimeError("injected failure of the leadership check")

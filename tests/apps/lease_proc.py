@@ -229,8 +229,8 @@ def main(argv: list[str]) -> int:
     import celery_leader.backends.redis  # noqa: F401
     from celery_leader import LeaderConfig, Lease
     from celery_leader.backends import open_store
-    from celery_leader.callbacks import Callbacks
-    from celery_leader.config import DRIFT, MARGIN
+    from celery_leader.election.events import Callbacks
+    from celery_leader.election.timing import DRIFT, MARGIN
 
     rec = Recorder(args.events, args.slots, args.slot, args.id)
     settings: dict[str, Any] = {
