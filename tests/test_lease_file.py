@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from celery_leader import Lease
-from celery_leader.backends import Edit, Renewal, StoreFacets, StoreParams
+from celery_leader.backends import Edit, LeaseLock, Renewal, StoreFacets, StoreParams
 from celery_leader.backends.file import open_store
 from celery_leader.callbacks import Callbacks
 from celery_leader.exceptions import StoreUnavailable
@@ -187,10 +187,10 @@ def test_blocked_follower_takes_the_kernel_lock_at_once(procs: Procs, store: Pat
 # -- the lock file is deleted under a holder ------------------------------------------------
 
 
-def _lease(files: StoreFacets, ident: str, **kwargs) -> Lease:
+def _lease(lock: LeaseLock, ident: str, **kwargs) -> Lease:
     return Lease(
         ELECTION,
-        files,
+        lock,
         ttl=1.0,
         renew_interval=0.3,
         instance_id=ident,
@@ -203,7 +203,7 @@ def test_holder_whose_lock_file_was_deleted_loses(store: Path) -> None:
     demoted: list[float] = []
     stopped = Callbacks(on_stopped=lambda _: demoted.append(time.monotonic()))
     files = opened(store, 0.3)
-    a = _lease(files, "a", callbacks=stopped)
+    a = _lease(files.lock, "a", callbacks=stopped)
     a.start()
     try:
         wait_for(a.is_leader, 5)
@@ -220,8 +220,8 @@ def test_holder_whose_lock_file_was_deleted_loses(store: Path) -> None:
 
 
 def test_deleted_lock_file_never_gives_two_leaders(store: Path) -> None:
-    a = _lease(opened(store, 0.3), "a")
-    c = _lease(opened(store, 0.3), "c")
+    a = _lease(opened(store, 0.3).lock, "a")
+    c = _lease(opened(store, 0.3).lock, "c")
     a.start()
     try:
         wait_for(a.is_leader, 5)
@@ -242,11 +242,11 @@ def test_follower_does_not_leak_threads_or_descriptors(store: Path) -> None:
     ttl, renew = 0.6, 0.2
     elections: list[str] = []
     a = Lease(
-        ELECTION, opened(store, 0.1), ttl=ttl, renew_interval=renew,
+        ELECTION, opened(store, 0.1).lock, ttl=ttl, renew_interval=renew,
         instance_id="a", callbacks=Callbacks(on_started=lambda x: elections.append(x.instance_id)),
     )  # fmt: skip
     b = Lease(
-        ELECTION, opened(store, 0.1), ttl=ttl, renew_interval=renew,
+        ELECTION, opened(store, 0.1).lock, ttl=ttl, renew_interval=renew,
         instance_id="b",
     )  # fmt: skip
     # Threads of earlier tests' leases may still be winding down: not this test's.

@@ -63,8 +63,8 @@ def open_store(params: StoreParams) -> StoreFacets:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigError(f"leader_url {params.url!r}: cannot create the directory: {exc}") from exc
-    files = _Files(directory, params.key_prefix, params.timeout)
-    lock = FileLock(files)
+    files = _Files(directory, params.key_prefix)
+    lock = FileLock(files, params)
     return StoreFacets(
         params, lock, FileRecords(files), FileEntries(files), FileRuns(files), lock.close
     )
@@ -77,7 +77,6 @@ class _Files:
 
     directory: Path
     prefix: str
-    timeout: float
     #: Guards :attr:`held` and :attr:`waiters`.
     mutex: threading.Lock = field(default_factory=threading.Lock)
     #: election -> the descriptor holding its flock, and the term written under it.
@@ -125,6 +124,10 @@ class _Facet:
 class FileLock(_Facet, LeaseLock):
     """Terms held as flocks; a follower queues one thread in ``flock`` per election."""
 
+    def __init__(self, files: _Files, params: StoreParams) -> None:
+        super().__init__(files)
+        self.url, self.timeout = params.url, params.timeout
+
     def acquire(self, election: str, instance_id: str, ttl: float, min_epoch: int) -> Acquired:
         lock_path = self._files.path(election, "lock")
         with self._files.mutex:
@@ -169,7 +172,7 @@ class FileLock(_Facet, LeaseLock):
             # and may still believe it leads: it finds out at its next
             # renewal and releases (removing its holder file). Until then,
             # taking this new lock would make two leaders.
-            return Acquired(None, self._holder_file(election), self._files.timeout)
+            return Acquired(None, self._holder_file(election), self.timeout)
         epoch_path = path(election, "epoch")
         text = _read_text(epoch_path)
         epoch = max(parse_epoch(text, str(epoch_path)) if text else 0, min_epoch) + 1
@@ -190,23 +193,24 @@ class FileLock(_Facet, LeaseLock):
         return Renewal.RENEWED, None
 
     def release(self, election: str, term: Term | None) -> None:
+        if term is None:
+            with self._files.mutex:
+                waiter = self._files.waiters.pop(election, None)
+            if waiter is not None:
+                waiter.cancel()  # a lock it won meanwhile goes with it
+            return
         with self._files.mutex:
             held = self._files.held.get(election)
-            if held is not None and held[1] == term:
-                del self._files.held[election]
-            else:
-                held = None
-            waiter = self._files.waiters.pop(election, None)
+            if held is None or held[1] != term:
+                return
+            del self._files.held[election]
         holder = self._files.path(election, "holder")
         try:
-            if held is not None and _read_text(holder) == held[1].token:
+            if _read_text(holder) == term.token:
                 with _io(holder):
                     holder.unlink(missing_ok=True)
         finally:
-            if held is not None:
-                _close(held[0])
-            if waiter is not None:
-                waiter.cancel()  # a lock it won meanwhile goes with it
+            _close(held[0])
 
     def wait(
         self, election: str, timeout: float, cancel: threading.Event, term: Term | None = None
