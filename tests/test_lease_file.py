@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from celery_leader import Lease
-from celery_leader.backends import Edit, Renewal
-from celery_leader.backends.file import FileBackend
+from celery_leader.backends import Edit, LeaseLock, Renewal, StoreFacets, StoreParams
+from celery_leader.backends.file import open_store
 from celery_leader.election.events import Callbacks
 from celery_leader.exceptions import StoreUnavailable
 from harness.procs import Procs
@@ -45,6 +45,11 @@ def cluster(procs: Procs, tmp_path: Path, store: Path):
     made = LeaseCluster(procs, tmp_path, f"file://{store}", ttl=TTL, renew=RENEW, settle_follows=1)
     yield made
     made.close()
+
+
+def opened(store: Path, timeout: float, prefix: str = PREFIX) -> StoreFacets:
+    """The file store in ``store``, as ``leader_url=file://<store>`` opens it."""
+    return open_store(StoreParams(f"file://{store}", prefix, timeout))
 
 
 def start_pair(cluster: LeaseCluster) -> tuple[Member, Member]:
@@ -148,7 +153,7 @@ def test_blocked_follower_takes_the_kernel_lock_at_once(procs: Procs, store: Pat
         str(lock),
     )
     holder.wait_for_line("^locked$", STARTUP)
-    backend = FileBackend(f"file://{store}", PREFIX, 1.0)
+    backend = opened(store, 1.0).lock
     assert backend.acquire(ELECTION, "me", TTL, 0).term is None
     woke: list[float] = []
     cancel = threading.Event()
@@ -182,10 +187,10 @@ def test_blocked_follower_takes_the_kernel_lock_at_once(procs: Procs, store: Pat
 # -- the lock file is deleted under a holder ------------------------------------------------
 
 
-def _lease(store: Path, ident: str, **kwargs) -> Lease:
+def _lease(lock: LeaseLock, ident: str, **kwargs) -> Lease:
     return Lease(
         ELECTION,
-        FileBackend(f"file://{store}", PREFIX, 0.3),
+        lock,
         ttl=1.0,
         renew_interval=0.3,
         instance_id=ident,
@@ -197,7 +202,8 @@ def _lease(store: Path, ident: str, **kwargs) -> Lease:
 def test_holder_whose_lock_file_was_deleted_loses(store: Path) -> None:
     demoted: list[float] = []
     stopped = Callbacks(on_stopped=lambda _: demoted.append(time.monotonic()))
-    a = _lease(store, "a", callbacks=stopped)
+    files = opened(store, 0.3)
+    a = _lease(files.lock, "a", callbacks=stopped)
     a.start()
     try:
         wait_for(a.is_leader, 5)
@@ -205,7 +211,7 @@ def test_holder_whose_lock_file_was_deleted_loses(store: Path) -> None:
         assert term is not None
         deleted = time.monotonic()
         (store / f"{PREFIX}.{ELECTION}.lock").unlink()
-        assert a.backend.renew(ELECTION, term, 1.0)[0] is Renewal.LOST
+        assert files.lock.renew(ELECTION, term, 1.0)[0] is Renewal.LOST
         wait_for(lambda: demoted, 0.3 + 0.3)
         assert demoted[0] - deleted <= 0.3 + 0.1, "lost at its next renewal"
         assert not a.is_leader() or a.epoch != term.epoch
@@ -214,8 +220,8 @@ def test_holder_whose_lock_file_was_deleted_loses(store: Path) -> None:
 
 
 def test_deleted_lock_file_never_gives_two_leaders(store: Path) -> None:
-    a = _lease(store, "a")
-    c = _lease(store, "c")
+    a = _lease(opened(store, 0.3).lock, "a")
+    c = _lease(opened(store, 0.3).lock, "c")
     a.start()
     try:
         wait_for(a.is_leader, 5)
@@ -236,11 +242,11 @@ def test_follower_does_not_leak_threads_or_descriptors(store: Path) -> None:
     ttl, renew = 0.6, 0.2
     elections: list[str] = []
     a = Lease(
-        ELECTION, FileBackend(f"file://{store}", PREFIX, 0.1), ttl=ttl, renew_interval=renew,
+        ELECTION, opened(store, 0.1).lock, ttl=ttl, renew_interval=renew,
         instance_id="a", callbacks=Callbacks(on_started=lambda x: elections.append(x.instance_id)),
     )  # fmt: skip
     b = Lease(
-        ELECTION, FileBackend(f"file://{store}", PREFIX, 0.1), ttl=ttl, renew_interval=renew,
+        ELECTION, opened(store, 0.1).lock, ttl=ttl, renew_interval=renew,
         instance_id="b",
     )  # fmt: skip
     # Threads of earlier tests' leases may still be winding down: not this test's.
@@ -295,8 +301,8 @@ def test_steady_state_memory(cluster: LeaseCluster) -> None:
 
 def test_file_system_errors_are_store_unavailable(store: Path) -> None:
     """release and request_resign raise StoreUnavailable naming the file, never OSError."""
-    a = FileBackend(f"file://{store}", PREFIX, 0.5)
-    b = FileBackend(f"file://{store}", PREFIX, 0.5)
+    a = opened(store, 0.5).lock
+    b = opened(store, 0.5).lock
     term = a.acquire(ELECTION, "a", TTL, 0).term
     assert term is not None
     resign = store / f"{PREFIX}.{ELECTION}.resign"
@@ -319,15 +325,15 @@ def test_an_entries_file_the_changes_file_does_not_reach_is_read_whole(tmp_path:
     """The previous release (or an editor that died between the two files)
     rewrites the entries file alone: readers from before it read everything,
     and the next edit starts the changes over from there."""
-    backend = FileBackend(f"file://{tmp_path}", "p", 1.0)
-    assert backend.edit_entries("beat", [Edit("a", None, "a1")]) == [True]
-    version, entries = backend.load_entries("beat")
+    backend = opened(tmp_path, 1.0, "p").entries
+    assert backend.edit("beat", [Edit("a", None, "a1")]) == [True]
+    version, entries = backend.load("beat")
     # The previous release's edit: the entries file only.
     entries["b"] = "b1"
     path = tmp_path / "p.beat.entries"
     path.write_text(json.dumps({"version": version + 1, "entries": entries}))
-    assert backend.entries_version("beat") == version + 1, "read from the file's head"
-    assert backend.entries_changed_since("beat", version) is None
-    assert backend.edit_entries("beat", [Edit("a", "a1", None)]) == [True]
-    assert backend.entries_changed_since("beat", version) is None, "b would be missed"
-    assert backend.entries_changed_since("beat", version + 1) == (version + 2, {"a": None})
+    assert backend.version("beat") == version + 1, "read from the file's head"
+    assert backend.changes_since("beat", version) is None
+    assert backend.edit("beat", [Edit("a", "a1", None)]) == [True]
+    assert backend.changes_since("beat", version) is None, "b would be missed"
+    assert backend.changes_since("beat", version + 1) == (version + 2, {"a": None})
