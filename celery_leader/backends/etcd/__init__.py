@@ -49,6 +49,5 @@ def open_store(params: StoreParams) -> StoreFacets:
     """The etcd store's facets, on one connection to the cluster ``params.url`` names
     (``replica_acks`` does not apply: etcd answers once a majority holds a write)."""
     etcd = Cluster(etcd_params(params.url), params.timeout, params.key_prefix)
-    return StoreFacets(
-        params, EtcdLock(etcd), EtcdRecords(etcd), EtcdEntries(etcd), EtcdRuns(etcd), etcd.close
-    )
+    lock, records = EtcdLock(etcd, params.url), EtcdRecords(etcd)
+    return StoreFacets(params, lock, records, EtcdEntries(etcd), EtcdRuns(etcd), etcd.close)

@@ -58,9 +58,10 @@ class EtcdLock(LeaseLock):
     #: belief ends first while the clocks' rates differ by less than 1 %.
     holdoff = 0.0
 
-    def __init__(self, etcd: Cluster) -> None:
+    def __init__(self, etcd: Cluster, url: str) -> None:
         #: The connection every facet of this store shares.
         self.etcd = etcd
+        self.url, self.timeout = url, etcd.timeout
         self._lock = threading.Lock()
         #: Store revision of this process's last look at each election's term,
         #: so that a follower's watch starts right after what it saw.
@@ -141,23 +142,21 @@ class EtcdLock(LeaseLock):
 
     def release(self, election: str, term: Term | None) -> None:
         ours = None if term is None else Ours.of(term)
-        try:
-            if ours is not None:
-                # Revoking the lease deletes the term key (and a resign request
-                # on it) in one Raft entry; followers' watches see the deletion.
-                try:
-                    self._revoke(ours.lease)
-                except StoreUnavailable:
-                    # Quorum lost, say: when it is back, the new Raft leader
-                    # gives the lease a full TTL again. Revoke it at the next
-                    # call that gets through instead of leaving the role empty
-                    # that long.
-                    with self._lock:
-                        self._unreleased.add(ours.lease)
-                    raise
-        finally:
+        if term is None:
             with self._lock:
                 self._seen.pop(election, None)
+        elif ours is not None:
+            # Revoking the lease deletes the term key (and a resign request on
+            # it) in one Raft entry; followers' watches see the deletion.
+            try:
+                self._revoke(ours.lease)
+            except StoreUnavailable:
+                # Quorum lost, say: when it is back, the new Raft leader gives the
+                # lease a full TTL again. Revoke it at the next call that gets
+                # through instead of leaving the role empty that long.
+                with self._lock:
+                    self._unreleased.add(ours.lease)
+                raise
 
     def wait(
         self, election: str, timeout: float, cancel: threading.Event, term: Term | None = None
