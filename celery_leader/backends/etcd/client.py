@@ -326,4 +326,3 @@ def _brief(exc: BaseException) -> str:
     if isinstance(exc, Etcd3Exception) and exc.detail_text:
         return error_of(exc)[1]
     return summarise(exc)
-

@@ -329,9 +329,7 @@ class EtcdRuns(RunStore):
                     counts[i][tally] = n
         return [
             RunSummary(names.entry, f"{names.entry}@{last}", record, count)
-            for names, (_, last), record, count in zip(
-                entries, lasts, records, counts, strict=True
-            )
+            for names, (_, last), record, count in zip(entries, lasts, records, counts, strict=True)
         ]
 
     def _lease(self, ttl: float) -> int:
