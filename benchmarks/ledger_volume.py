@@ -56,7 +56,7 @@ import requests
 
 from celery_leader import ops
 from celery_leader.backends import RunWrite, StoreFacets, open_store
-from celery_leader.backends.etcd.backend import _RunKeys
+from celery_leader.backends.etcd.records import RunKeys
 from celery_leader.backends.mysql.params import connection_params
 from celery_leader.config import DEFAULT_LEDGER_RETENTION, LeaderConfig
 from celery_leader.ledger.records import FAILURE, STARTED, SUCCESS, RunRecord
@@ -256,7 +256,7 @@ def seed_etcd(cluster: EtcdCluster, backend: StoreFacets, n: int) -> None:
 
     now = time.time()
     for e, count in enumerate(split(n)):
-        names = _RunKeys(backend, ELECTION, entry_name(e))  # type: ignore[arg-type]
+        names = RunKeys(backend.runs.etcd, ELECTION, entry_name(e))  # type: ignore[attr-defined]
         cut = len(entry_name(e)) + 1
         ops: list[dict[str, Any]] = []
         tallies: set[str] = set()

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from celery_leader.backends import Renewal, Write, create_backend
-from celery_leader.backends.etcd import EtcdBackend
+from celery_leader.backends import Fence, Renewal, StoreFacets, Write, open_store
+from celery_leader.backends.etcd import EtcdLock
 from celery_leader.backends.etcd.params import EtcdParams, etcd_params
 from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import ConfigError, StoreMisconfigured, StoreUnavailable
@@ -24,12 +24,12 @@ TTL = 3.0
 TIMEOUT = 0.5
 
 
-def backend(url: str) -> EtcdBackend:
+def store(url: str) -> StoreFacets:
     config = LeaderConfig.from_mapping(
         {"leader_url": url, "leader_ttl": TTL, "leader_renew_interval": TIMEOUT}
     )
-    made = create_backend(config)
-    assert isinstance(made, EtcdBackend) and made.timeout == TIMEOUT
+    made = open_store(config)
+    assert isinstance(made.lock, EtcdLock) and made.timeout == TIMEOUT
     return made
 
 
@@ -56,11 +56,11 @@ def test_url_forms() -> None:
 
 
 def test_the_epoch_is_the_term_keys_create_revision(etcd_url: str) -> None:
-    a = backend(etcd_url)
+    a = store(etcd_url)
     try:
-        term = a.acquire("beat", "a", TTL, 0).term
-        assert term is not None
-        reply = a._etcd.call(  # the store's own word, not the backend's bookkeeping
+        term = a.lock.acquire("beat", "a", TTL, 0).term
+        assert term is not None and isinstance(a.lock, EtcdLock)
+        reply = a.lock.etcd.call(  # the store's own word, not the lock's bookkeeping
             lambda c: c.get("celery_leader/beat/term", metadata=True)
         )
         assert term.epoch == int(reply[0][1]["create_revision"])
@@ -70,17 +70,17 @@ def test_the_epoch_is_the_term_keys_create_revision(etcd_url: str) -> None:
 
 def test_epochs_stay_above_those_of_a_cluster_that_was_rebuilt(etcd_url: str) -> None:
     """Revisions restart with a new cluster; processes remember higher epochs (min_epoch)."""
-    a = backend(etcd_url)
+    a = store(etcd_url)
     try:
         seen = 10**6  # far above this cluster's revisions
-        first = a.acquire("beat", "a", TTL, seen).term
+        first = a.lock.acquire("beat", "a", TTL, seen).term
         assert first is not None and first.epoch == seen + 1
-        holder = a.holder("beat")
+        holder = a.lock.holder("beat")
         assert holder is not None and holder.epoch == first.epoch
-        a.release("beat", first)
-        second = a.acquire("beat", "a", TTL, 0).term
+        a.lock.release("beat", first)
+        second = a.lock.acquire("beat", "a", TTL, 0).term
         assert second is not None and second.epoch > first.epoch
-        a.release("beat", second)
+        a.lock.release("beat", second)
     finally:
         a.close()
 
@@ -89,18 +89,18 @@ def test_epochs_stay_above_those_of_a_cluster_that_was_rebuilt(etcd_url: str) ->
 def test_a_dead_member_is_skipped_at_once(etcd_cluster: EtcdCluster, etcd_url: str) -> None:
     """A member that is down costs nothing: the next one is asked at once."""
     # A member that does not lead Raft, so that the others need no election; the
-    # URL names it first, so it is the one the backend asks.
+    # URL names it first, so it is the one the store asks.
     leader = etcd_cluster.raft_leader()
     first = next(m for m in etcd_cluster.members if m is not leader)
     others = [m.endpoint for m in etcd_cluster.members if m is not first]
-    a = backend(f"etcd://{','.join([first.endpoint, *others])}")
+    a = store(f"etcd://{','.join([first.endpoint, *others])}")
     try:
-        term = a.acquire("beat", "a", TTL, 0).term
+        term = a.lock.acquire("beat", "a", TTL, 0).term
         assert term is not None
         first.kill()
         began = time.monotonic()
-        assert a.renew("beat", term, TTL)[0] is Renewal.RENEWED
-        assert a.claim("beat", term, [Write("x", None, "1")]) == [True]
+        assert a.lock.renew("beat", term, TTL)[0] is Renewal.RENEWED
+        assert a.records.claim(Fence("beat", term), [Write("x", None, "1")]) == [True]
         assert time.monotonic() - began < TIMEOUT, "a refused connection is not waited out"
     finally:
         a.close()
@@ -109,25 +109,25 @@ def test_a_dead_member_is_skipped_at_once(etcd_cluster: EtcdCluster, etcd_url: s
 
 @pytest.mark.timing  # within 0.2 s of the store deadline
 def test_without_quorum_nobody_can_renew_or_claim(etcd_cluster: EtcdCluster, etcd_url: str) -> None:
-    a = backend(etcd_url)
+    a = store(etcd_url)
     try:
-        term = a.acquire("beat", "a", TTL, 0).term
+        term = a.lock.acquire("beat", "a", TTL, 0).term
         assert term is not None
         for member in etcd_cluster.members[1:]:
             member.kill()
         began = time.monotonic()
         with pytest.raises(StoreUnavailable) as info:
-            a.renew("beat", term, TTL)
+            a.lock.renew("beat", term, TTL)
         assert time.monotonic() - began < TIMEOUT + 0.2, "one deadline for the whole renewal"
         assert "\n" not in str(info.value)
         with pytest.raises(StoreUnavailable):
-            a.claim("beat", term, [Write("x", None, "1")])
+            a.records.claim(Fence("beat", term), [Write("x", None, "1")])
         etcd_cluster.start()
         # The new Raft leader carried the lease over: the term survives the outage.
-        assert a.renew("beat", term, TTL)[0] is Renewal.RENEWED
+        assert a.lock.renew("beat", term, TTL)[0] is Renewal.RENEWED
         # A claim that failed may still have been applied (the member queued it until
         # quorum returned): beat counts it as not sent, so a slot is skipped, never doubled.
-        assert a.claim("beat", term, [Write("y", None, "1")]) == [True]
+        assert a.records.claim(Fence("beat", term), [Write("y", None, "1")]) == [True]
     finally:
         a.close()
         etcd_cluster.start()
@@ -154,26 +154,26 @@ def secure_cluster(tmp_path: Path) -> Iterator[EtcdCluster]:
 def test_tls_and_a_user_limited_to_the_key_prefix(secure_cluster: EtcdCluster) -> None:
     endpoint = secure_cluster.members[0].endpoint
     ca = secure_cluster.verify
-    good = backend(f"etcds://leader:s3cret@{endpoint}?cacert={ca}")
-    wrong = backend(f"etcds://leader:wrong@{endpoint}?cacert={ca}")
-    anonymous = backend(f"etcds://{endpoint}?cacert={ca}")
-    unverified = backend(f"etcds://leader:s3cret@{endpoint}")  # the system CAs do not know it
+    good = store(f"etcds://leader:s3cret@{endpoint}?cacert={ca}")
+    wrong = store(f"etcds://leader:wrong@{endpoint}?cacert={ca}")
+    anonymous = store(f"etcds://{endpoint}?cacert={ca}")
+    unverified = store(f"etcds://leader:s3cret@{endpoint}")  # the system CAs do not know it
     try:
-        term = good.acquire("beat", "a", TTL, 0).term
+        term = good.lock.acquire("beat", "a", TTL, 0).term
         assert term is not None
-        assert good.claim("beat", term, [Write("x", None, "1")]) == [True]
-        assert good.load_state("beat") == {"x": "1"}
-        assert good.renew("beat", term, TTL)[0] is Renewal.RENEWED
-        good.release("beat", term)
-        assert good.holder("beat") is None
+        assert good.records.claim(Fence("beat", term), [Write("x", None, "1")]) == [True]
+        assert good.records.load("beat") == {"x": "1"}
+        assert good.lock.renew("beat", term, TTL)[0] is Renewal.RENEWED
+        good.lock.release("beat", term)
+        assert good.lock.holder("beat") is None
 
         with pytest.raises(StoreMisconfigured, match="refused user 'leader'") as info:
-            wrong.holder("beat")
+            wrong.lock.holder("beat")
         assert "wrong" not in str(info.value)
         with pytest.raises(StoreMisconfigured, match="put user:password@"):
-            anonymous.holder("beat")
+            anonymous.lock.holder("beat")
         with pytest.raises(StoreUnavailable, match=r"SSLError|certificate"):
-            unverified.holder("beat")
+            unverified.lock.holder("beat")
     finally:
         for made in (good, wrong, anonymous, unverified):
             made.close()
@@ -183,16 +183,16 @@ def test_a_release_that_failed_without_quorum_is_done_by_the_next_acquire(
     etcd_cluster: EtcdCluster, etcd_url: str
 ) -> None:
     """Else the new Raft leader would give the orphaned lease a full TTL again."""
-    a = backend(etcd_url)
+    a = store(etcd_url)
     try:
-        term = a.acquire("beat", "a", TTL, 0).term
+        term = a.lock.acquire("beat", "a", TTL, 0).term
         assert term is not None
         for member in etcd_cluster.members[1:]:
             member.kill()
         with pytest.raises(StoreUnavailable):
-            a.release("beat", term)
+            a.lock.release("beat", term)
         etcd_cluster.start()
-        again = a.acquire("beat", "a", TTL, 0).term
+        again = a.lock.acquire("beat", "a", TTL, 0).term
         assert again is not None and again.epoch > term.epoch
     finally:
         a.close()

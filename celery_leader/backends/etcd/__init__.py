@@ -29,9 +29,25 @@ Followers wait with a watch on the term key that starts right after the
 revision at which they saw it held, so a release is never missed, bounded by
 the holder's remaining ttl. A member that cannot reach a majority answers
 nothing: its clients' calls fail (``StoreUnavailable``) and, with no renewal,
-nobody leads through it.
+nobody leads through it. Every read is linearizable (etcd's default): a quorum
+read, never a member's possibly stale copy. The facets (:mod:`.lock`,
+:mod:`.records`) share one :class:`.client.Cluster`.
 """
 
-from .backend import EtcdBackend
+from __future__ import annotations
 
-__all__ = ["EtcdBackend"]
+from .. import StoreFacets, StoreParams
+from .client import Cluster
+from .lock import EtcdLock
+from .params import etcd_params
+from .records import EtcdEntries, EtcdRecords, EtcdRuns
+
+__all__ = ["EtcdEntries", "EtcdLock", "EtcdRecords", "EtcdRuns", "open_store"]
+
+
+def open_store(params: StoreParams) -> StoreFacets:
+    """The etcd store's facets, on one connection to the cluster ``params.url`` names
+    (``replica_acks`` does not apply: etcd answers once a majority holds a write)."""
+    etcd = Cluster(etcd_params(params.url), params.timeout, params.key_prefix)
+    lock, records = EtcdLock(etcd, params.url), EtcdRecords(etcd)
+    return StoreFacets(params, lock, records, EtcdEntries(etcd), EtcdRuns(etcd), etcd.close)

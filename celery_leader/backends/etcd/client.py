@@ -1,5 +1,7 @@
 """Calls to an etcd cluster through its gRPC gateway: one deadline, member fail-over, auth.
 
+:class:`Cluster` is the one connection every facet of an etcd store shares.
+
 Built on etcd3gw's :class:`~etcd3gw.client.Etcd3Client` (one per member), with
 three things it lacks added here:
 
@@ -21,26 +23,23 @@ timeout on its request, which hangs for good behind a partition.
 
 from __future__ import annotations
 
-import base64
 import json
+import math
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from email.utils import parsedate_to_datetime
 from typing import Any, TypeVar
 
 import requests
 from etcd3gw.client import Etcd3Client
-from etcd3gw.exceptions import (
-    ConnectionFailedError,
-    ConnectionTimeoutError,
-    Etcd3Exception,
-)
+from etcd3gw.exceptions import ConnectionFailedError, ConnectionTimeoutError, Etcd3Exception
 
 from ...exceptions import StoreMisconfigured, StoreUnavailable
 from ..errors import summarise
 from .params import EtcdParams
+from .wire import Op, b64
 
 T = TypeVar("T")
 
@@ -141,12 +140,18 @@ class _Member:
 
 
 class Cluster:
-    """The members of one etcd cluster, called with one deadline per operation."""
+    """The members of one etcd cluster, called with one deadline per operation, and
+    where this store's keys live in it."""
 
-    def __init__(self, params: EtcdParams, timeout: float) -> None:
+    def __init__(self, params: EtcdParams, timeout: float, key_prefix: str) -> None:
         self.timeout = timeout
+        self.key_prefix = key_prefix
         self._members = [_Member(host, port, params, timeout) for host, port in params.endpoints]
         self._preferred = 0
+
+    def key(self, election: str, name: str) -> bytes:
+        """The key ``name`` of ``election`` (see the package docstring for the names)."""
+        return f"{self.key_prefix}/{election}/{name}".encode()
 
     @contextmanager
     def deadline(self) -> Iterator[None]:
@@ -208,6 +213,20 @@ class Cluster:
             except (requests.RequestException, ValueError, KeyError) as exc:
                 raise StoreUnavailable(f"etcd {member.name}: {_brief(exc)}") from None
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def txn(self, compare: list[Op], success: list[Op], failure: Sequence[Op] = ()) -> Any:
+        """One transaction: ``success`` when every ``compare`` holds, else ``failure``."""
+        body = {"compare": compare, "success": success, "failure": list(failure)}
+        return self.call(lambda c: c.transaction(body))
+
+    def kv_range(self, start: bytes, end: bytes, **options: Any) -> Any:
+        """The keys of ``[start, end)``; ``options`` as the gateway names them (``limit``...)."""
+        body = {"key": b64(start), "range_end": b64(end), **options}
+        return self.call(lambda c: c.post(c.get_url("/kv/range"), json=body))
+
+    def grant(self, ttl: float) -> int:
+        """A new etcd lease of ``ttl`` seconds, rounded up to whole ones: never shorter."""
+        return int(self.call(lambda c: c.lease(max(1, math.ceil(ttl)))).id)
 
     def close(self) -> None:
         """Close every member's connections."""
@@ -288,11 +307,6 @@ class Watch:
             self.done.set()
             return True
         return "error" in result
-
-
-def b64(data: bytes) -> str:
-    """Keys and values travel base64-encoded in the gateway's JSON."""
-    return base64.b64encode(data).decode("ascii")
 
 
 def error_of(exc: Etcd3Exception) -> tuple[int | None, str]:
