@@ -116,7 +116,7 @@ class LeaderConfig(ProbeSettings, LedgerSettings, SchedulerSettings, ElectionSet
 
     @property
     def store_kind(self) -> str:
-        """``"redis"``, ``"postgres"``, ``"etcd"``, ``"file"`` or ``"memory"``."""
+        """The kind of store ``url`` selects (``"redis"``, ...: ``backends.STORES``)."""
         return self.store.kind
 
     #: Each consumer's settings, as a frozen copy (see :mod:`celery_leader.settings.views`).
