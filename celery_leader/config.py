@@ -17,6 +17,7 @@ from .exceptions import ConfigError
 
 # A name imported "as" itself is for other modules, which import it from here.
 from .settings.table import DEFAULT_KEY_PREFIX as DEFAULT_KEY_PREFIX
+from .settings.table import DEFAULT_LEDGER_RETENTION as DEFAULT_LEDGER_RETENTION
 from .settings.table import DEFAULT_TTL as DEFAULT_TTL
 from .settings.table import MISSED_SLOTS as MISSED_SLOTS
 from .settings.table import OVERLAP as OVERLAP
