@@ -186,7 +186,7 @@ class LeaderConfig(ProbeSettings, LedgerSettings, SchedulerSettings, ElectionSet
 
 def _bounds(field: str, got: Mapping[str, Any], spelt: Mapping[str, str]) -> None:
     """Check the bounds that tie ``field``, just read, to the settings read before it."""
-    value, ttl, name = got[field], got.get("ttl"), spelt[f"leader_{field}"]
+    value, ttl, name = got[field], got.get("ttl", 0.0), spelt[f"leader_{field}"]
     if field == "renew_interval":
         check_timing(ttl, value, spelt["leader_ttl"], name)
         check_ttl(ttl, value, spelt["leader_ttl"], name)
