@@ -78,4 +78,3 @@ class ProbeSettings:
     health_file: str | None = None
     health_port: int | None = None
     metrics_port: int | None = None
-
