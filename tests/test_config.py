@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import math
 import os
@@ -18,9 +20,16 @@ from celery_leader.backends.memory import MemoryLock
 from celery_leader.config import DEFAULT_KEY_PREFIX, DEFAULT_TTL
 from celery_leader.dramatiq.settings import load_config
 from celery_leader.election.timing import DRIFT, MARGIN
+from celery_leader.settings.table import SETTINGS, TABLE, Setting
+from celery_leader.settings.views import (
+    ElectionSettings,
+    LedgerSettings,
+    ProbeSettings,
+    SchedulerSettings,
+)
 from harness.servers import free_port
 from harness.waiting import wait_for
-from tests.docs_text import quoted_messages
+from tests.docs_text import ROOT, quoted_messages
 
 SECRET = "s3cr3t-Pw"
 
@@ -440,7 +449,7 @@ def test_unknown_settings_are_warned_about_once_with_the_closest_name(caplog) ->
         CELERY_LEADER_COUNTERS = "/tmp/c"
 
     app = app_from(Misspelt)
-    with caplog.at_level(logging.WARNING, logger="celery_leader.config"):
+    with caplog.at_level(logging.WARNING, logger="celery_leader.settings"):
         LeaderConfig.from_app(app)
         LeaderConfig.from_app(app)
     assert [r.getMessage() for r in caplog.records] == [
@@ -512,3 +521,104 @@ def test_clock_settings_from_the_environment_name_the_variable() -> None:
     with pytest.raises(ConfigError) as exc:
         LeaderConfig.from_env({**env, "CELERY_LEADER_MAX_CLOCK_SKEW": "-1"})
     assert_one_clear_line(exc, "CELERY_LEADER_MAX_CLOCK_SKEW")
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        ("leader_ledger_keep", 10**400),
+        ("leader_health_port", 10**400),
+        ("leader_replica_acks", "1e999"),
+    ],
+)
+def test_numbers_too_large_for_a_float_are_one_clear_line(setting: str, value: object) -> None:
+    with pytest.raises(ConfigError) as exc:
+        config(**{setting: value})
+    assert_one_clear_line(exc, setting)
+
+
+# -- the table of settings ---------------------------------------------------------
+
+
+def test_each_field_is_a_row_of_the_table_and_defaults_to_the_rows_default() -> None:
+    fields = {field.name: field for field in dataclasses.fields(LeaderConfig)}
+    assert sorted(fields) == sorted([row.field for row in TABLE] + ["deployment"])
+    assert SETTINGS == tuple(f"leader_{row.field}" for row in TABLE)
+    nothing_set = LeaderConfig.from_mapping({"leader_url": "memory://"})
+    defaults = {
+        name: field.default
+        for name, field in fields.items()
+        if field.default is not dataclasses.MISSING
+    }
+    assert {name: getattr(nothing_set, name) for name in defaults} == defaults
+
+
+def test_each_consumer_reads_a_frozen_view_of_its_settings() -> None:
+    cfg = config(leader_ttl=6, leader_health_port="9000", leader_overlap="skip")
+    assert cfg.election == ElectionSettings(
+        url="memory://",
+        ttl=6,
+        renew_interval=2,
+        key_prefix="celery_leader",
+        instance_id=cfg.instance_id,
+    )
+    assert (cfg.scheduler.beat_election, cfg.scheduler.missed_slots) == ("beat", "once")
+    assert (cfg.run_ledger.ledger, cfg.run_ledger.overlap) == (True, "skip")
+    assert cfg.probes == ProbeSettings(health_port=9000)
+    assert not hasattr(cfg.election, "overlap")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.election.ttl = 1  # type: ignore[misc]
+    views = (ElectionSettings, SchedulerSettings, LedgerSettings, ProbeSettings)
+    in_views = {field.name for view in views for field in dataclasses.fields(view)}
+    assert {field.name for field in dataclasses.fields(LeaderConfig)} - in_views == {
+        "worker_election",
+        "fence_tasks",
+    }
+
+
+def _settings_tables(page: str) -> dict[str, str]:
+    """Setting -> its default cell in the ``| setting | default | meaning |`` tables of ``page``."""
+    rows = {}
+    for table in (ROOT / page).read_text().split("| setting | default | meaning |")[1:]:
+        for line in table.split("\n\n")[0].splitlines()[2:]:
+            name, default = line.split(" | ")[:2]
+            rows[name.strip("|` ")] = default
+    return rows
+
+
+def _as_documented(row: Setting) -> str:
+    """A row's default as the docs' settings tables write it."""
+    if row.shown:
+        return f"`{row.shown}`"
+    if row.default is None:
+        return "not set"
+    if isinstance(row.default, str):
+        return f'`"{row.default}"`'
+    if isinstance(row.default, tuple):
+        return f"`{json.dumps(list(row.default))}`"
+    if isinstance(row.default, bool):
+        return f"`{row.default}`"
+    return f"`{row.default:g}`"
+
+
+def test_the_docs_settings_tables_follow_the_table_of_settings() -> None:
+    """docs/configuration.md lists every setting, and only settings; every page's
+    settings table gives each one the table's default."""
+    assert sorted(_settings_tables("docs/configuration.md")) == sorted(SETTINGS)
+    rows = {row.name: row for row in TABLE}
+    pages = sorted(str(page.relative_to(ROOT)) for page in (ROOT / "docs").rglob("*.md"))
+    documented = [
+        (page, name, cell) for page in pages for name, cell in _settings_tables(page).items()
+    ]
+    assert len(documented) > len(SETTINGS), "the tables of other pages were not found"
+    assert [
+        (page, name, cell, _as_documented(rows[name]))
+        for page, name, cell in documented
+        if name not in rows or not cell.startswith(_as_documented(rows[name]))
+    ] == []
+
+
+def test_the_docs_name_every_scheme_of_every_store_for_leader_url() -> None:
+    text = (ROOT / "docs" / "configuration.md").read_text()
+    cell = next(line for line in text.splitlines() if line.startswith("| `leader_url` |"))
+    assert [s for store in STORES for s in store.schemes if f"`{s}://" not in cell] == []

@@ -28,14 +28,7 @@ def load_config(arguments: Mapping[str, Any]) -> LeaderConfig:
             f"LeaderMiddleware needs url= (or {env_name('leader_url')}): {store_hints()}"
         )
     config = LeaderConfig.from_env(environ, names, **overrides)
-    refuse_celery_only(config)
-    # A store that cannot be built fails with the app's import, in one line.
-    check_store(config, names.get("leader_url", env_name("leader_url")))
-    return config
-
-
-def refuse_celery_only(config: LeaderConfig) -> None:
-    """Settings Dramatiq cannot honour fail in one line, rather than doing nothing."""
+    # Settings Dramatiq cannot honour fail in one line, rather than doing nothing.
     if config.fence_tasks:
         raise ConfigError(
             f"{env_name('leader_fence_tasks')} is for Celery workers only (Dramatiq's "
@@ -46,6 +39,9 @@ def refuse_celery_only(config: LeaderConfig) -> None:
             f"{env_name('leader_crontab_dst')} = {config.crontab_dst!r} is for Celery crontab "
             "entries only (Dramatiq's cron() always follows cron's clock-change rules): unset it"
         )
+    # A store that cannot be built fails with the app's import, in one line.
+    check_store(config, names.get("leader_url", env_name("leader_url")))
+    return config
 
 
 def _django_settings() -> dict[str, str] | None:
@@ -57,9 +53,5 @@ def _django_settings() -> dict[str, str] | None:
     if not settings.configured:
         return None
     warn_unknown(dir(settings), "CELERY_")
-    values = {}
-    for key in SETTINGS:
-        value = getattr(settings, env_name(key), None)
-        if value is not None:
-            values[env_name(key)] = value
-    return values
+    values = {env_name(key): getattr(settings, env_name(key), None) for key in SETTINGS}
+    return {key: value for key, value in values.items() if value is not None}
