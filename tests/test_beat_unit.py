@@ -975,7 +975,7 @@ def test_a_follower_makes_its_jobs_a_slice_per_tick_and_a_promotion_makes_the_re
     rival.stop()
     wait_leading(scheduler)
     scheduler.tick()
-    jobs = scheduler._protocol._jobs
+    jobs = scheduler._protocol.held.jobs
     assert set(jobs) == {f"e{i}" for i in range(5)}, "the promotion made the rest"
     assert all(jobs[name] is job for name, job in early.items()), "and kept those made"
 
