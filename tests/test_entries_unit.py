@@ -506,7 +506,7 @@ def test_dramatiq_honours_queue_and_expires_and_refuses_priority_and_headers(
     book.add(name="celery-made", task="job", every=60, options={"priority": 3})
     scheduler = DramatiqScheduler(broker, LeaderConfig.from_mapping({"leader_url": url}))
     adapter = scheduler.adapter
-    adapter.feed = EntryFeed(scheduler.protocol.lease.backend, "beat", logging.getLogger("t"))
+    adapter.catalog.open(scheduler.protocol.lease.backend, "beat")
     for _ in range(2):
         jobs = {j.name: j for j in adapter.jobs()}
     assert set(jobs) == {"w"}
@@ -738,14 +738,14 @@ def test_a_celery_follower_keeps_store_entry_jobs_made_and_its_promotion_reuses_
     book.add(name="b", task="t", every=60)
     follower.tick()
     assert {j.name for j in adapter._listed or ()} == {"a", "b"}, "an edit is seen following"
-    assert not follower._protocol._states, "a follower holds no run state"
+    assert not follower._protocol.held.states, "a follower holds no run state"
     loads = counting_loads(follower.lease.backend)
     leader.close()
     wait_for(follower.lease.is_leader, 5, message="the follower never took over")
     follower.tick()
     assert follower._protocol.loaded()
     assert loads == [], "the promotion read no entries: the version did not move"
-    assert follower._protocol._jobs["a"] is made["a"], "the job made while following"
+    assert follower._protocol.held.jobs["a"] is made["a"], "the job made while following"
     follower.close()
 
 
@@ -765,7 +765,7 @@ def test_a_dramatiq_follower_keeps_store_entry_jobs_made_and_its_promotion_reuse
         config = LeaderConfig.from_mapping({"leader_url": url, "leader_instance_id": instance})
         scheduler = DramatiqScheduler(broker, config)
         lease = scheduler.protocol.lease
-        scheduler.adapter.feed = EntryFeed(lease.backend, lease.election, logging.getLogger("t"))
+        scheduler.adapter.catalog.open(lease.backend, lease.election)
         lease.start()
         return scheduler
 
@@ -777,13 +777,13 @@ def test_a_dramatiq_follower_keeps_store_entry_jobs_made_and_its_promotion_reuse
     book.add(name="a", task="job", every=60)
     follower.tick()
     assert not follower.protocol.lease.is_leader()
-    made = {j.name: j for j in follower.adapter._made}
-    assert set(made) == {"a"} and not follower.protocol._states
+    made = {j.name: j for j in follower.adapter._made or ()}
+    assert set(made) == {"a"} and not follower.protocol.held.states
     loads = counting_loads(follower.protocol.lease.backend)
     leader.protocol.close()
     wait_for(follower.protocol.lease.is_leader, 5, message="the follower never took over")
     follower.tick()
     assert follower.protocol.loaded()
     assert loads == [], "the promotion read no entries: the version did not move"
-    assert follower.protocol._jobs["a"] is made["a"]
+    assert follower.protocol.held.jobs["a"] is made["a"]
     follower.protocol.close()
