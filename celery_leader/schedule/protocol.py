@@ -161,28 +161,23 @@ class Dispatcher:
         # Named to the millisecond, like every slot.
         due = due.replace(microsecond=due.microsecond // 1000 * 1000)
         if due <= state.last_run_at:
-            # The schedule says due, but not after its last slot: never resent.
-            # Looked at again in a second, not in a busy loop.
-            self._stuck(job, due, state)
+            # The schedule says due, but not after its last slot: never resent, and
+            # said once per term. Looked at again in a second, not in a busy loop.
+            if job.name not in self.held.stuck:
+                self.held.stuck.add(job.name)
+                self.logger.warning(
+                    "celery-leader: entry %r is due at %s, which is not after its last slot "
+                    "(%s): not sent again; the entry waits for its next slot",
+                    job.name,
+                    due.isoformat(),
+                    state.last_run_at.isoformat(),
+                )
             return None, min(1.0, self.max_sleep)
         # A slot due before the job became active is recorded, never sent.
         since = later(job.active_since, state.active_since)
         early = since is not None and due < since
         chosen = DueSlots([] if early else [due], 0, due)
         return self._batch(job, state, term, chosen), 0.0
-
-    def _stuck(self, job: Job, due: datetime, state: EntryState) -> None:
-        """Log once per term that ``job``'s schedule names a slot not after its last one."""
-        if job.name in self.held.stuck:
-            return
-        self.held.stuck.add(job.name)
-        self.logger.warning(
-            "celery-leader: entry %r is due at %s, which is not after its last slot (%s): "
-            "not sent again; the entry waits for its next slot",
-            job.name,
-            due.isoformat(),
-            state.last_run_at.isoformat(),
-        )
 
     def _batch(self, job: Job, state: EntryState, term: Term, chosen: DueSlots) -> Batch:
         slots = [slot_name(job.name, due, job.zone) for due in chosen.send]
@@ -288,14 +283,25 @@ class SlotProtocol:
         elif self.adapter.jobs_changed() and not held.apply(self.adapter.jobs(), term):
             self._epoch = None  # reload the state before dispatching anything
             return self.idle
+        dispatcher = self._dispatcher
+        assert dispatcher is not None  # made by the term's first _begin
         if held.pending:
             if not held.load_some(term, now):
                 self._epoch = None
                 return self.idle
-            self._loaded_some(term)
+            if not self._announced:
+                self._announced = True
+                what = "celery-leader: dispatching as leader of %r (epoch %d)"
+                self.logger.info(what, lease.election, term.epoch)
+            if self._recover and not held.pending:
+                # All loaded on a new term: the run ledger re-sends what the previous
+                # leader may not have sent.
+                self._recover = False
+                resender = dispatcher.publisher.resender
+                if resender is not None:
+                    resender.recover(list(held.jobs.values()), held.states, term.epoch)
         self._notice_clock(now)
-        assert self._dispatcher is not None
-        sleep, in_sync = self._dispatcher.run(term, now)
+        sleep, in_sync = dispatcher.run(term, now)
         if not in_sync:
             # Someone else moved the state (or our term ended): reload it before
             # dispatching anything more.
@@ -316,20 +322,6 @@ class SlotProtocol:
             )
             self._recover = True
         self._epoch = term.epoch
-
-    def _loaded_some(self, term: Term) -> None:
-        """Say once per load that this scheduler dispatches; once all is loaded on a new
-        term, let the run ledger re-send what the previous leader may not have sent."""
-        if not self._announced:
-            self._announced = True
-            what = "celery-leader: dispatching as leader of %r (epoch %d)"
-            self.logger.info(what, self.lease.election, term.epoch)
-        if self._recover and not self.held.pending:
-            self._recover = False
-            assert self._dispatcher is not None
-            resender = self._dispatcher.publisher.resender
-            if resender is not None:
-                resender.recover(list(self.held.jobs.values()), self.held.states, term.epoch)
 
     def _notice_clock(self, now: datetime) -> None:
         """Say once when the clock slots run on went back (this host's, or the store's

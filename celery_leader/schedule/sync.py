@@ -262,7 +262,7 @@ class HeldJobs:
         self.due = DueIndex()  # next due times of loaded jobs with a series
         self.polled: dict[str, None] = {}  # loaded jobs without a series, in order
         self.pending: list[Job] = []  # jobs whose state is not loaded yet; the next last
-        #: Jobs whose stuck schedule was logged this term (see the dispatcher).
+        #: Jobs whose stuck schedule was logged this term (see ``Dispatcher``).
         self.stuck: set[str] = set()
         #: The store's whole state, read for ``pending`` by stores that cannot read some keys.
         self._stored: dict[str, str] | None = None
