@@ -159,7 +159,8 @@ class BeatAdapter(Adapter):
         # database whether the schedule changed (django-celery-beat's does, and
         # reconnects first unless CONN_MAX_AGE keeps its connection), which is
         # far too slow to pay for every entry on every tick.
-        self._entries = entries = scheduler.schedule
+        entries: dict[str, ScheduleEntry] = scheduler.schedule
+        self._entries = entries
         self._count = len(entries)
         series = SeriesMemo(scheduler.leader_config.crontab_dst)
         edited = scheduler.edited_entries()

@@ -39,6 +39,7 @@ from .runtime import SchedulerRuntime
 from .state import Claim, dump_state, slot_name
 from .sync import MAX_CLOCK_SKEW, EntryState, HeldJobs
 
+
 def utcnow() -> datetime:
     """The wall clock, as an aware UTC datetime."""
     return datetime.now(timezone.utc)

@@ -4,7 +4,8 @@ A new term loads it in chunks, the most frequent entries first, a slice of
 time per tick: dispatching starts with the first chunk, and the watchdog sees
 each chunk as progress, so a schedule too large to load within
 ``leader_tick_timeout`` is not a hung tick. The store is the truth of what was
-sent: a new leader continues where the last one stopped. Stored state never moves backwards, with one exception named below:
+sent: a new leader continues where the last one stopped. Stored state never
+moves backwards, with one exception named below:
 
 * **An entry with no state** (new, or the store lost its data) is anchored at
   its series' anchor before now, with a claim, before anything is sent: our own
