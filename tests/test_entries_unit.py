@@ -50,6 +50,7 @@ from celery_leader.schedule.entries import (
     parse_cron,
 )
 from celery_leader.schedule.feed import EntryFeed
+from celery_leader.schedule.jobs import Outcome
 from harness.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
@@ -362,11 +363,11 @@ def test_store_entry_edits_under_missed_slots_all(monkeypatch: pytest.MonkeyPatc
     scheduler = LeaderScheduler(app=app, lazy=True)
     sent: list[str] = []
 
-    def send(entry: Any, slot: str, epoch: int) -> tuple[None, bool]:
+    def send(job: Any, slot: str, due: Any, epoch: int) -> Outcome:
         sent.append(slot)
-        return None, False
+        return Outcome()
 
-    monkeypatch.setattr(scheduler, "_send", send)
+    monkeypatch.setattr(scheduler._protocol.adapter, "send", send)
     scheduler.tick()
     wait_for(scheduler.lease.is_leader, 5, message="never led")
     book = EntryBook(scheduler.lease.backend, "beat", now=clock)
