@@ -118,11 +118,15 @@ class LeaderSchedulerMixin:
         """
         adapter = self._adapter
         with _stop_signals_deferred():
+            lease = self.lease
             # Only where the schedule was set up at start-up: a scheduler that writes
             # while setting up waits until it leads. Code entries' jobs are made a
             # slice per tick (see WARM_SLICE).
             adapter.catalog.follow(
-                self.lease, adapter, lambda: self._set_up and adapter.warm(WARM_SLICE)
+                lease.backend,
+                lease.term is None,
+                adapter,
+                lambda: self._set_up and adapter.warm(WARM_SLICE),
             )
             return min(self._protocol.tick(), POLL_INTERVAL)
 

@@ -200,5 +200,6 @@ class DramatiqScheduler:
         store's entries that changed (:meth:`EntryCatalog.follow`), so a promotion
         only loads run state; only a leader dispatches.
         """
-        self.adapter.catalog.follow(self.protocol.lease, self.adapter)
+        lease = self.protocol.lease
+        self.adapter.catalog.follow(lease.backend, lease.term is None, self.adapter)
         return self.protocol.tick()

@@ -14,7 +14,6 @@ from datetime import datetime, timezone, tzinfo
 
 from ..backends import FencedState, create_backend
 from ..config import LeaderConfig
-from ..lease import Lease
 from .entries import CODE, STORE, Entry, allowed
 from .feed import EntryFeed
 from .jobs import Adapter, Job
@@ -134,15 +133,18 @@ class EntryCatalog:
         return jobs
 
     def follow(
-        self, lease: Lease, adapter: Adapter, ready: Callable[[], bool] | None = None
+        self,
+        store: FencedState,
+        following: bool,
+        adapter: Adapter,
+        ready: Callable[[], bool] | None = None,
     ) -> None:
-        """Before each tick of the protocol: open the feed at the first, and while
-        following keep the jobs made (after an edit only), so that a promotion only
+        """Before each tick of the protocol: read ``store`` from the first, and while
+        ``following`` keep the jobs made (after an edit only), so that a promotion only
         loads run state: seconds at 100,000 store entries, outside any tick timeout.
         ``ready``: whether the adapter may list its jobs now."""
         first = self.feed is None
-        feed = self.feed or self.open(lease.backend, lease.election)
-        following = lease.term is None
+        feed = self.feed or self.open(store, self.config.beat_election)
         # A follower's lease already reports a store it cannot reach.
         feed.quiet = following
         if (first or following) and (ready is None or ready()) and adapter.jobs_changed():
