@@ -1,12 +1,10 @@
 """Celery beat on every replica, one dispatcher, no schedule slot sent twice.
 
 :class:`LeaderSchedulerMixin` gates any Celery scheduler on the beat election and
-hands its dispatching to the slot protocol (:mod:`celery_leader.schedule`), which
-it shares with the Dramatiq scheduler. Celery's entries and publish are mapped
-onto it by :class:`~celery_leader.celery.adapter.BeatAdapter`; this module holds
-the scheduler's side: when the schedule is set up, the hooks subclasses
-override, the banner, and stop signals held back between a batch's claim and
-its publish.
+hands its dispatching to the slot protocol (:mod:`celery_leader.schedule`) through
+:class:`~celery_leader.celery.adapter.BeatAdapter`. This module holds the scheduler's
+side: when the schedule is set up, the hooks subclasses override, the banner, and
+stop signals held back between a batch's claim and its publish.
 
 A follower's ``tick()`` returns a short sleep and never runs Celery's own tick.
 """

@@ -55,10 +55,8 @@ class EntryCatalog:
         self.logger = logger
         self.noun = noun
         self.refusal = refusal
-        #: The entries kept in the store; opened on the first tick (which joins the lease).
-        self.feed: EntryFeed | None = None
-        #: The records the last listing read (:meth:`read`).
-        self.listed: dict[str, Entry] | None = None
+        self.feed: EntryFeed | None = None  # opened on the first tick (see follow)
+        self.listed: dict[str, Entry] | None = None  # the records the last listing read
         #: Store entries' jobs, by name, with the Entry each was made of: an unchanged
         #: entry keeps its job (so the protocol skips it).
         self._stored: dict[str, tuple[Entry, Job]] = {}

@@ -12,12 +12,8 @@ Each tick:
    missed-slot policy sends (:mod:`~celery_leader.schedule.policy`) and a claim
    that records the newest due slot. All arithmetic is on UTC instants.
 3. **Claim and publish** (:mod:`~celery_leader.schedule.publisher`): one fenced
-   round trip claims the whole batch; only claimed slots are published.
-
-The tick watchdog, health file and metrics come with the lease
-(:mod:`~celery_leader.schedule.runtime`). The adapter maps its own entries to
-:class:`~celery_leader.schedule.jobs.Job` and its own publish to
-:meth:`~celery_leader.schedule.jobs.Adapter.send`.
+   round trip claims the whole batch; only claimed slots are published, through
+   the adapter (:mod:`~celery_leader.schedule.jobs`).
 """
 
 from __future__ import annotations
