@@ -31,12 +31,13 @@ from kombu.exceptions import OperationalError
 
 from celery_leader.backends import Fence, Write, open_store
 from celery_leader.backends.memory import MemoryEntries, MemoryRecords
+from celery_leader.celery import adapter as beat_adapter
 from celery_leader.celery import beat
 from celery_leader.celery.beat import FOLLOWER_INTERVAL, LeaderScheduler
 from celery_leader.config import LeaderConfig
 from celery_leader.election.lease import Lease
 from celery_leader.schedule import protocol
-from celery_leader.schedule.feed import POLL_INTERVAL
+from celery_leader.schedule.feed import POLL_INTERVAL, EntryFeed
 from celery_leader.schedule.series import Every
 from harness.servers import RedisServer
 from harness.waiting import wait_for
@@ -782,7 +783,7 @@ def test_merging_beat_schedule_keeps_celerys_rules(
 def test_a_large_schedule_is_built_without_the_collector_and_then_left_out_of_its_scans(
     app: Celery, make_scheduler: Callable[..., LeaderScheduler], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(beat, "FREEZE_AT", 3)
+    monkeypatch.setattr(beat_adapter, "FREEZE_AT", 3)
     app.conf.beat_schedule = {f"e{i}": every(60) for i in range(3)}
     enabled_while_building = []
     merge = beat.LeaderScheduler.merge_inplace
@@ -917,7 +918,7 @@ def test_a_stop_signal_inside_a_store_call_closes_beat_after_the_tick(
         raise SystemExit(143)
 
     monkeypatch.setattr(MemoryEntries, "version", entries_version)
-    monkeypatch.setattr(beat.EntryFeed, "current", lambda self: {} if closed else _asks(self))
+    monkeypatch.setattr(EntryFeed, "current", lambda self: {} if closed else _asks(self))
     previous = signal.signal(signal.SIGTERM, stop)
     try:
         with pytest.raises(SystemExit):
@@ -976,7 +977,7 @@ def test_a_follower_makes_its_jobs_a_slice_per_tick_and_a_promotion_makes_the_re
     rival.stop()
     wait_leading(scheduler)
     scheduler.tick()
-    jobs = scheduler._protocol._jobs
+    jobs = scheduler._protocol.held.jobs
     assert set(jobs) == {f"e{i}" for i in range(5)}, "the promotion made the rest"
     assert all(jobs[name] is job for name, job in early.items()), "and kept those made"
 

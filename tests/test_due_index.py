@@ -11,7 +11,7 @@ import pytest
 
 from celery_leader.backends import Fence, Write, open_store
 from celery_leader.config import LeaderConfig
-from celery_leader.schedule import protocol
+from celery_leader.schedule import protocol, sync
 from celery_leader.schedule.due import DueIndex
 from celery_leader.schedule.jobs import Adapter, Job, Outcome
 from celery_leader.schedule.series import Every
@@ -88,8 +88,8 @@ made = slot_protocols.made
 def test_a_new_term_loads_in_chunks_most_frequent_first_and_dispatches_between_them(
     config: LeaderConfig, made: list[protocol.SlotProtocol], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(protocol, "LOAD_CHUNK", 2)
-    monkeypatch.setattr(protocol, "LOAD_SLICE", 0.0)  # one chunk per tick
+    monkeypatch.setattr(sync, "LOAD_CHUNK", 2)
+    monkeypatch.setattr(sync, "LOAD_SLICE", 0.0)  # one chunk per tick
     hourly = [Job(f"h{n}", Every(timedelta(hours=1)), "once", None) for n in range(5)]
     fast = Job("fast", Every(timedelta(seconds=1)), "once", None)
     adapter = Counting([*hourly, fast], changed=False)
@@ -97,7 +97,7 @@ def test_a_new_term_loads_in_chunks_most_frequent_first_and_dispatches_between_t
     slot_protocol = leading(config, adapter, made, clock)
     assert slot_protocol.tick() == 0.0  # more to load: tick again at once
     assert not slot_protocol.loaded()
-    assert "fast" in slot_protocol._states  # in the first chunk
+    assert "fast" in slot_protocol.held.states  # in the first chunk
     clock.at = at(1)
     slot_protocol.tick()
     assert adapter.sent == [f"fast@{at(1).isoformat(timespec='milliseconds')}"]
@@ -130,11 +130,11 @@ def test_a_follower_holds_no_per_entry_state(
     adapter = Counting([Job("e", Every(timedelta(seconds=1)), "once", None)], changed=False)
     slot_protocol = leading(config, adapter, made, Clock())
     slot_protocol.tick()
-    assert slot_protocol._states
+    assert slot_protocol.held.states
     slot_protocol.lease.step_down("test", kind="test", sit_out=5.0)
     slot_protocol.tick()
-    assert not slot_protocol._states and not slot_protocol._jobs
-    assert len(slot_protocol._due) == 0
+    assert not slot_protocol.held.states and not slot_protocol.held.jobs
+    assert len(slot_protocol.held.due) == 0
 
 
 def test_the_memory_store_reads_the_state_of_some_keys(config: LeaderConfig) -> None:

@@ -179,7 +179,7 @@ def test_a_job_back_after_a_pause_sends_nothing_from_the_pause_under_all(
     job = adapter.remove("p")  # paused at 3
     now.to(3)
     slot_protocol.tick()
-    assert "p" not in slot_protocol._states  # forgotten while gone
+    assert "p" not in slot_protocol.held.states  # forgotten while gone
     now.to(18.5)
     slot_protocol.tick()
     adapter.jobs_now.append(dataclasses.replace(job, active_since=seconds(18.5)))

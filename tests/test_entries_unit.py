@@ -50,6 +50,7 @@ from celery_leader.schedule.entries import (
     parse_cron,
 )
 from celery_leader.schedule.feed import EntryFeed
+from celery_leader.schedule.jobs import Outcome
 from harness.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
@@ -361,11 +362,11 @@ def test_store_entry_edits_under_missed_slots_all(monkeypatch: pytest.MonkeyPatc
     scheduler = LeaderScheduler(app=app, lazy=True)
     sent: list[str] = []
 
-    def send(entry: Any, slot: str, epoch: int) -> tuple[None, bool]:
+    def send(job: Any, slot: str, due: Any, epoch: int) -> Outcome:
         sent.append(slot)
-        return None, False
+        return Outcome()
 
-    monkeypatch.setattr(scheduler, "_send", send)
+    monkeypatch.setattr(scheduler._protocol.adapter, "send", send)
     scheduler.tick()
     wait_for(scheduler.lease.is_leader, 5, message="never led")
     book = EntryBook(scheduler._protocol.runtime.store.entries, "beat", now=clock)
@@ -506,8 +507,7 @@ def test_dramatiq_honours_queue_and_expires_and_refuses_priority_and_headers(
     book.add(name="celery-made", task="job", every=60, options={"priority": 3})
     scheduler = DramatiqScheduler(broker, config)
     adapter = scheduler.adapter
-    entries = scheduler.protocol.runtime.store.entries
-    adapter.feed = EntryFeed(entries, "beat", logging.getLogger("t"))
+    adapter.catalog.open(scheduler.protocol.runtime.store.entries, "beat")
     for _ in range(2):
         jobs = {j.name: j for j in adapter.jobs()}
     assert set(jobs) == {"w"}
@@ -739,14 +739,14 @@ def test_a_celery_follower_keeps_store_entry_jobs_made_and_its_promotion_reuses_
     book.add(name="b", task="t", every=60)
     follower.tick()
     assert {j.name for j in adapter._listed or ()} == {"a", "b"}, "an edit is seen following"
-    assert not follower._protocol._states, "a follower holds no run state"
+    assert not follower._protocol.held.states, "a follower holds no run state"
     loads = counting_loads(follower._protocol.runtime.store.entries)
     leader.close()
     wait_for(follower.lease.is_leader, 5, message="the follower never took over")
     follower.tick()
     assert follower._protocol.loaded()
     assert loads == [], "the promotion read no entries: the version did not move"
-    assert follower._protocol._jobs["a"] is made["a"], "the job made while following"
+    assert follower._protocol.held.jobs["a"] is made["a"], "the job made while following"
     follower.close()
 
 
@@ -766,8 +766,7 @@ def test_a_dramatiq_follower_keeps_store_entry_jobs_made_and_its_promotion_reuse
         config = LeaderConfig.from_mapping({"leader_url": url, "leader_instance_id": instance})
         scheduler = DramatiqScheduler(broker, config)
         lease = scheduler.protocol.lease
-        entries = scheduler.protocol.runtime.store.entries
-        scheduler.adapter.feed = EntryFeed(entries, lease.election, logging.getLogger("t"))
+        scheduler.adapter.catalog.open(scheduler.protocol.runtime.store.entries, lease.election)
         lease.start()
         return scheduler
 
@@ -779,13 +778,13 @@ def test_a_dramatiq_follower_keeps_store_entry_jobs_made_and_its_promotion_reuse
     book.add(name="a", task="job", every=60)
     follower.tick()
     assert not follower.protocol.lease.is_leader()
-    made = {j.name: j for j in follower.adapter._made}
-    assert set(made) == {"a"} and not follower.protocol._states
+    made = {j.name: j for j in follower.adapter._made or ()}
+    assert set(made) == {"a"} and not follower.protocol.held.states
     loads = counting_loads(follower.protocol.runtime.store.entries)
     leader.protocol.close()
     wait_for(follower.protocol.lease.is_leader, 5, message="the follower never took over")
     follower.tick()
     assert follower.protocol.loaded()
     assert loads == [], "the promotion read no entries: the version did not move"
-    assert follower.protocol._jobs["a"] is made["a"]
+    assert follower.protocol.held.jobs["a"] is made["a"]
     follower.protocol.close()

@@ -30,7 +30,8 @@ from typing import Any
 from ..exceptions import missing_extra
 from ..schedule.jobs import Job
 from ..schedule.series import utc
-from .beat import ENTRY_OPTIONS, LeaderSchedulerMixin
+from .adapter import ENTRY_OPTIONS
+from .beat import LeaderSchedulerMixin
 
 try:
     from celery import schedules

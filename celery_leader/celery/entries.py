@@ -10,7 +10,7 @@ from .. import ops_entries
 from ..config import LeaderConfig
 from ..exceptions import ConfigError, missing_extra
 from ..ops_entries import CodeEntry, EntriesApp, EntriesError, ScheduleEntries
-from .beat import series_of
+from .adapter import series_of
 
 try:
     import click

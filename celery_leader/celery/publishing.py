@@ -37,12 +37,12 @@ from __future__ import annotations
 
 import logging
 import select
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from ..exceptions import missing_extra
-from ..schedule.jobs import NOT_CONNECTED, caused_by
+from ..schedule.jobs import NOT_CONNECTED, Outcome, caused_by
 
 try:
     from celery.exceptions import QueueNotFound
@@ -53,7 +53,7 @@ except ModuleNotFoundError as exc:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BeatPublisher", "PublishOutcomeUnknown", "known_unsent", "publisher_of"]
+__all__ = ["BeatPublisher", "PublishOutcomeUnknown", "keep_failure", "known_unsent"]
 
 #: Tries to open the broker connection before a slot counts as not sent. One
 #: retry rides out a broker that closed an idle connection; more would hold a
@@ -81,10 +81,21 @@ def known_unsent(error: BaseException) -> bool:
 
 
 class _Record:
-    """What the publishes of one slot did: ``"none"``, ``"unknown"`` or ``"acked"``."""
+    """What the publishes of one slot did: ``"none"``, ``"unknown"`` or ``"acked"``, and
+    the failure kept for it, if any."""
 
     def __init__(self) -> None:
         self.state = "none"
+        self.error: BaseException | None = None
+
+
+def keep_failure(producer: Any, error: BaseException) -> bool:
+    """Keep ``error`` as the failure of the slot ``producer`` publishes; False when
+    ``producer`` is not a :class:`BeatPublisher`'s (no slot is being sent with it)."""
+    if not isinstance(producer, _Confirming):
+        return False
+    producer._record.error = error
+    return True
 
 
 class _Confirming:
@@ -212,8 +223,25 @@ class BeatPublisher:
             batch = self._producer.batch(max_size=PIPELINE_COMMANDS)
             batch.__enter__()
             self._batch = batch
-        self._record.state = "none"
+        self._record.state, self._record.error = "none", None
         return self._producer
+
+    def send(self, publish: Callable[[Any], object]) -> Outcome:
+        """Publish one slot, ``publish(producer)``, and say what became of it."""
+        try:
+            producer = self.producer()
+        except Exception as exc:  # no broker connection: nothing was sent
+            return Outcome(exc, True)
+        record = self._record
+        try:
+            publish(producer)
+        except Exception as exc:
+            # A hook of apply_entry raised before sending; or, after apply_async
+            # kept the real failure and returned None, Celery before 5.4 failed
+            # reading that None's id: the failure kept is the one that counts.
+            record.error = record.error or exc
+        error = record.error
+        return Outcome() if error is None else Outcome(error, self.definitely_unsent(error))
 
     @contextmanager
     def pipelined(self) -> Iterator[None]:
@@ -229,15 +257,16 @@ class BeatPublisher:
             self._pipelining = False
             self._close_batch()
 
-    def flush(self) -> None:
-        """Send the buffered publishes; raises when that fails (see :meth:`definitely_unsent`)."""
+    def flush(self) -> Outcome:
+        """Send the buffered publishes: the outcome of every publish it carried."""
         if self._batch is not None:
             self._record.state = "none"
             try:
                 self._batch.flush()
-            except Exception:
+            except Exception as exc:
                 self._close_batch()
-                raise
+                return Outcome(exc, self.definitely_unsent(exc))
+        return Outcome()
 
     def _close_batch(self) -> None:
         batch, self._batch = self._batch, None
@@ -276,18 +305,3 @@ class BeatPublisher:
                 connection.collect()
             except Exception as exc:
                 logger.debug("celery-leader: dropping the broker connection failed: %s", exc)
-
-
-def publisher_of(scheduler: Any, tick_timeout: float) -> BeatPublisher:
-    """The :class:`BeatPublisher` of ``scheduler``, made on first use.
-
-    Its confirm timeout is twice the tick timeout: a stalled publish must trip
-    the tick watchdog first, which hands the lead over at once. A confirm
-    timeout that ended the tick just before would let the next publish stall
-    on reconnecting, for another tick timeout before the watchdog fires.
-    """
-    publisher: BeatPublisher | None = scheduler.__dict__.get("_leader_publisher")
-    if publisher is None:
-        publisher = BeatPublisher(scheduler.app, 2 * tick_timeout, scheduler.Producer)
-        scheduler.__dict__["_leader_publisher"] = publisher
-    return publisher

@@ -18,11 +18,10 @@ from datetime import datetime
 from typing import Any
 
 from .. import metrics
-from ..backends import open_store
 from ..config import LeaderConfig
 from ..exceptions import ConfigError
-from ..schedule.entries import CODE, STORE, Entry, allowed
-from ..schedule.feed import EntryFeed
+from ..schedule.catalog import EntryCatalog, kept_pause, policy
+from ..schedule.entries import Entry
 from ..schedule.jobs import NOT_CONNECTED, Adapter, Job, Outcome, caused_by
 from ..schedule.protocol import SlotProtocol
 from .schedules import Schedule
@@ -44,15 +43,8 @@ def entries_of(broker: Any, config: LeaderConfig) -> list[Job]:
                 raise ConfigError(
                     f"two leader_schedule entries are named {name!r}: give one of them name="
                 )
-            entries[name] = Job(
-                name,
-                schedule,
-                schedule.missed_slots or config.missed_slots,
-                schedule.missed_slots_grace
-                if schedule.missed_slots_grace is not None
-                else config.missed_slots_grace,
-                payload=actor,
-            )
+            missed, grace = policy(config, schedule.missed_slots, schedule.missed_slots_grace)
+            entries[name] = Job(name, schedule, missed, grace, payload=actor)
     return list(entries.values())
 
 
@@ -105,113 +97,47 @@ def schedules_of(value: object) -> list[Schedule]:
 class _EnqueueAdapter(Adapter):
     """Dramatiq's entries and enqueue, as the slot protocol sees them."""
 
-    def __init__(self, broker: Any, entries: list[Job], config: LeaderConfig) -> None:
+    def __init__(self, broker: Any, config: LeaderConfig) -> None:
         self.broker = broker
-        self.entries = entries
-        self.config = config
-        #: The entries kept in the store; set once the scheduler has its lease.
-        self.feed: EntryFeed | None = None
-        self._refused: set[tuple[str, str]] = set()  # (name, why) logged once
-        self._unhonoured = refused_options(broker)
-        #: What the last :meth:`jobs` listed from: the feed and the entries it had read.
-        self._listed: tuple[EntryFeed | None, dict[str, Entry] | None] | None = None
-        #: Store entries' jobs, by name, with the Entry each was made of: an unchanged
-        #: entry keeps its job.
-        self._stored: dict[str, tuple[Entry, Job]] = {}
-        #: What the last :meth:`jobs` returned: returned again while nothing changed
-        #: (a promotion of a follower that kept them made).
-        self._made: Sequence[Job] = ()
+        self.entries = entries_of(broker, config)
+        unhonoured = refused_options(broker)
+
+        def refusal(entry: Entry) -> str | None:
+            if entry.task not in broker.actors:
+                return f"no actor {entry.task} is declared"
+            option = min(set(entry.options) & set(unhonoured), default=None)
+            return None if option is None else f"its option {option}: {unhonoured[option]}"
+
+        self.catalog = EntryCatalog(config, logger, "actor", refusal)
+        #: What the last :meth:`jobs` returned (``None``: nothing yet): returned again
+        #: while the store's entries did not change (code entries are fixed at start-up).
+        self._made: Sequence[Job] | None = None
 
     def jobs_changed(self) -> bool:
         """Code entries are fixed at start-up: only the store's entries change."""
-        if self._listed is None:
-            return True
-        feed, records = self._listed
-        return self.feed is not feed or (feed is not None and feed.current() is not records)
+        return self._made is None or self.catalog.changed()
 
     def jobs(self) -> Sequence[Job]:
-        if self._listed is not None and not self.jobs_changed():
+        if self._made is not None and not self.jobs_changed():
             return self._made
-        self._made = self._list()
-        return self._made
-
-    def _list(self) -> Sequence[Job]:
-        if self.feed is None:
-            self._listed = (None, None)
-            return self.entries
-        records = self.feed.current()
-        self._listed = (self.feed, records)
+        records = self.catalog.read()
         jobs = []
         for job in self.entries:
-            kept = records.get(job.name)
-            if kept is not None and kept.kind == CODE:
-                if not kept.enabled:
-                    continue  # paused from the CLI or the API
-                # Resumed: nothing for the paused time.
-                job = replace(job, active_since=kept.active_since)
+            enabled, since = kept_pause(records, job.name)
+            if not enabled:
+                continue
+            if since != job.active_since:
+                job = replace(job, active_since=since)
             jobs.append(job)
         code = {j.name for j in self.entries}
-        stored: dict[str, tuple[Entry, Job]] = {}
-        for name, entry in records.items():
-            actor = self.broker.actors.get(entry.task)
-            known = self._stored.get(name)
-            # The feed keeps an unedited entry's object: checked when first listed,
-            # so a list after one edit of a large schedule costs a lookup per entry.
-            if (
-                known is not None
-                and known[0] is entry
-                and known[1].payload[0] is actor
-                and name not in code
-            ):
-                stored[name] = known
-                jobs.append(known[1])
-                continue
-            if entry.kind != STORE or not entry.enabled:
-                continue
-            # Written by a Celery app or an older tool: refused, never half-sent.
-            unhonoured = sorted(set(entry.options) & set(self._unhonoured))
-            why = (
-                "a code entry has its name; the code entry runs"
-                if name in code
-                else f"its actor {entry.task} is outside leader_entries_allow"
-                if not allowed(entry.task, self.config.entries_allow)
-                else f"no actor {entry.task} is declared"
-                if actor is None
-                else f"its option {unhonoured[0]}: {self._unhonoured[unhonoured[0]]}"
-                if unhonoured
-                else None
-            )
-            if why is not None:
-                if (name, why) not in self._refused:
-                    self._refused.add((name, why))
-                    logger.error("celery-leader: not sending stored entry %s: %s", name, why)
-                continue
-            if known is None or known[0] != entry or known[1].payload[0] is not actor:
-                known = (
-                    entry,
-                    Job(
-                        name,
-                        entry.series(),
-                        entry.missed_slots or self.config.missed_slots,
-                        entry.missed_slots_grace
-                        if entry.missed_slots_grace is not None
-                        else self.config.missed_slots_grace,
-                        payload=(actor, entry),
-                        generation=entry.generation,
-                        active_since=entry.active_since,
-                    ),
-                )
-            stored[name] = known
-            jobs.append(known[1])
-        self._stored = stored
-        return jobs
+        self._made = jobs + self.catalog.jobs(records, code, lambda entry: entry)
+        return self._made
 
     def send(self, job: Job, slot: str, due: datetime, epoch: int) -> Outcome:
-        if isinstance(job.payload, tuple):  # a store entry: (its actor, the Entry)
-            actor, entry = job.payload
-            assert isinstance(entry, Entry)
-            args, kwargs = tuple(entry.args), dict(entry.kwargs)
-            options = entry.options
+        if isinstance(job.payload, Entry):  # a store entry's
+            entry = job.payload
+            actor = self.broker.actors[entry.task]
+            args, kwargs, options = tuple(entry.args), dict(entry.kwargs), entry.options
         else:
             schedule = job.series
             assert isinstance(schedule, Schedule)
@@ -228,23 +154,16 @@ def leader_jobs(broker: Any, config: LeaderConfig) -> Sequence[Job]:
     """The entries a leader of ``broker`` would send: its code entries (less those
     paused) and the store entries it honours (``plan --stored`` lists them). Reads
     the store once, on a connection of its own."""
-    adapter = _EnqueueAdapter(broker, entries_of(broker, config), config)
-    store = open_store(config)
-    try:
-        adapter.feed = EntryFeed(store.entries, config.beat_election, logger, interval=0)
-        return adapter.jobs()
-    finally:
-        store.close()
+    adapter = _EnqueueAdapter(broker, config)
+    return adapter.catalog.read_once(adapter.jobs)
 
 
 class DramatiqScheduler:
     """Sends the due slots of ``broker``'s scheduled actors while it leads the beat election."""
 
     def __init__(self, broker: Any, config: LeaderConfig) -> None:
-        self.broker = broker
         self.config = config
-        self.entries = entries_of(broker, config)
-        self.adapter = _EnqueueAdapter(broker, self.entries, config)
+        self.adapter = _EnqueueAdapter(broker, config)
         self.protocol = SlotProtocol(
             config,
             self.adapter,
@@ -261,15 +180,9 @@ class DramatiqScheduler:
             self.config.instance_id,
             self.config.beat_election,
             self.config.display_url,
-            len(self.entries),
-            ", ".join(f"{e.name} {e.series!r}" for e in self.entries) or "none",
+            len(self.adapter.entries),
+            ", ".join(f"{e.name} {e.series!r}" for e in self.adapter.entries) or "none",
         )
-        lease = self.protocol.lease
-        self.adapter.feed = EntryFeed(self.protocol.runtime.store.entries, lease.election, logger)
-        # The store entries' jobs are made before joining the election: seconds at
-        # 100,000 entries that would otherwise run out a new leader's tick timeout.
-        self.adapter.jobs()
-        lease.start()
         try:
             while not stop.is_set():
                 if parent_pid is not None and os.getppid() != parent_pid:
@@ -283,13 +196,12 @@ class DramatiqScheduler:
     def tick(self) -> float:
         """One pass of the loop; returns how long to sleep.
 
-        A follower keeps the jobs of the store's entries made (one version check
-        per ``POLL_INTERVAL``, a re-read only after an edit), so a promotion only
-        loads run state; only a leader dispatches.
+        The first pass, and every pass while following, makes the jobs of the
+        store's entries that changed (:meth:`EntryCatalog.follow`), so a promotion
+        only loads run state; only a leader dispatches.
         """
-        following = self.protocol.lease.term is None
-        if self.adapter.feed is not None:
-            self.adapter.feed.quiet = following
-        if following and self.adapter.jobs_changed():
-            self.adapter.jobs()
+        lease = self.protocol.lease
+        self.adapter.catalog.follow(
+            self.protocol.runtime.store.entries, lease.term is None, self.adapter
+        )
         return self.protocol.tick()

@@ -1,7 +1,11 @@
-"""Loading a term's schedule state: adopt what is stored, anchor what is not.
+"""The schedule state a leader holds (:class:`HeldJobs`), loaded for a term (:class:`StateSync`).
 
-The store is the truth of what was sent: a new leader continues where the last
-one stopped. Stored state never moves backwards, with one exception named below:
+A new term loads it in chunks, the most frequent entries first, a slice of
+time per tick: dispatching starts with the first chunk, and the watchdog sees
+each chunk as progress, so a schedule too large to load within
+``leader_tick_timeout`` is not a hung tick. The store is the truth of what was
+sent: a new leader continues where the last one stopped. Stored state never
+moves backwards, with one exception named below:
 
 * **An entry with no state** (new, or the store lost its data) is anchored at
   its series' anchor before now, with a claim, before anything is sent: our own
@@ -24,15 +28,19 @@ one stopped. Stored state never moves backwards, with one exception named below:
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import overload
 
 from ..backends import Fence, FencedRecords
-from ..election.lease import Lease
-from ..exceptions import TermEnded
-from .jobs import Job
+from ..exceptions import StoreUnavailable, TermEnded
+from ..lease import Lease
+from .due import DueIndex
+from .jobs import Adapter, Job
+from .policy import counted_after, later
+from .runtime import SchedulerRuntime
 from .state import Claim, dump_state, parse_state
 
 #: Clock skew that goes unmentioned: replicas' clocks disagree by milliseconds.
@@ -221,3 +229,167 @@ def _span(delta: timedelta) -> str:
     if seconds < 7200:
         return f"{seconds / 60:.1f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+#: Entries whose state one claim round trip loads or anchors on a new term.
+LOAD_CHUNK = 2000
+#: Seconds of loading per tick while a new term loads its state: between slices
+#: the leader dispatches what is loaded and due (a 1 s entry stays on time).
+LOAD_SLICE = 0.2
+
+
+def _load_order(jobs: Iterable[Job]) -> list[Job]:
+    """``jobs`` in the order a new term loads them, from the end: most frequent first,
+    and first of all those without a series (they may be due at any tick)."""
+    return sorted(jobs, key=lambda j: 0.0 if j.series is None else j.series.spacing(), reverse=True)
+
+
+def _resumed(job: Job, state: EntryState) -> bool:
+    """Whether ``job`` was resumed or re-timed after its stored ``active_since``."""
+    return job.active_since is not None and (
+        state.active_since is None or job.active_since > state.active_since
+    )
+
+
+class HeldJobs:
+    """The jobs as last listed, their loaded state, and when each is next due (a
+    :class:`~celery_leader.schedule.due.DueIndex` for jobs with a series, asked at
+    every tick for the others). Methods that touch the store return False when the
+    state must be loaded again before anything more is dispatched."""
+
+    def __init__(self, runtime: SchedulerRuntime, adapter: Adapter, logger: logging.Logger) -> None:
+        self.runtime = runtime
+        self.adapter = adapter
+        self.logger = logger
+        self.jobs: dict[str, Job] = {}  # the jobs as last listed, by name
+        self.states: dict[str, EntryState] = {}  # loaded state, by name
+        self.due = DueIndex()  # next due times of loaded jobs with a series
+        self.polled: dict[str, None] = {}  # loaded jobs without a series, in order
+        self.pending: list[Job] = []  # jobs whose state is not loaded yet; the next last
+        #: Jobs whose stuck schedule was logged this term (see ``Dispatcher``).
+        self.stuck: set[str] = set()
+        #: The store's whole state, read for ``pending`` by stores that cannot read some keys.
+        self._stored: dict[str, str] | None = None
+        self._load_error: str | None = None
+
+    def clear(self) -> None:
+        """Drop every entry's state: a follower holds none."""
+        if self.jobs or self.states or self.pending:
+            self.jobs, self.states, self.pending = {}, {}, []
+            self.polled, self._stored = {}, None
+            self.due.clear()
+
+    def begin(self, jobs: Sequence[Job]) -> None:
+        """Hold ``jobs``, none of their state loaded yet (a new term, or a reload)."""
+        self.clear()
+        self.jobs = {job.name: job for job in jobs}
+        self.pending = _load_order(jobs)
+
+    def apply(self, jobs: Sequence[Job], fence: Fence) -> bool:
+        """Take in the jobs as listed now: forget the gone, load the new or re-created
+        (anchored anew if of another generation), re-time the edited at once.
+
+        Gone jobs' stored state stays: a job that comes back loads it again, and
+        its ``generation`` and ``active_since`` say what of it still counts.
+        """
+        old, self.jobs = self.jobs, {job.name: job for job in jobs}
+        for name in old.keys() - self.jobs.keys():
+            self._drop(name)
+        fresh = False
+        stale = []
+        for job in jobs:
+            before = old.get(job.name)
+            if before is job or before == job:
+                continue
+            state = self.states.get(job.name)
+            if state is not None and state.generation != job.generation:
+                self._drop(job.name)  # re-created: its state is loaded (anchored) anew
+                state = None
+            if state is None:
+                fresh = True
+                continue
+            if _resumed(job, state):
+                stale.append(job)
+            self.settle(job, state)
+        if fresh or self.pending:
+            self.pending = _load_order([j for j in jobs if j.name not in self.states])
+        if fresh:
+            self._stored = None  # read again: another leader may have written it since
+        return self._restamp(stale, fence)
+
+    def _drop(self, name: str) -> None:
+        self.states.pop(name, None)
+        self.due.discard(name)
+        self.polled.pop(name, None)
+        self.stuck.discard(name)
+
+    def settle(self, job: Job, state: EntryState) -> None:
+        """Put ``job`` (its state loaded, claimed or edited) where the next tick finds it."""
+        if job.series is None:
+            self.polled[job.name] = None
+            return
+        self.polled.pop(job.name, None)
+        since = later(job.active_since, state.active_since)
+        # A changed schedule takes effect at once: never wait out the old one.
+        self.due.set(job.name, job.series.next_after(counted_after(state.last_run_at, since)))
+
+    def _restamp(self, jobs: Sequence[Job], fence: Fence) -> bool:
+        """Store the ``active_since`` of jobs resumed or re-timed since their state was
+        written."""
+        if not jobs:
+            return True
+        try:
+            if StateSync(self.runtime.lease, self.runtime.store.records, self.logger).restamp(
+                jobs, fence, self.states
+            ):
+                for job in jobs:
+                    self.settle(job, self.states[job.name])
+                return True
+        except StoreUnavailable as exc:
+            self.logger.warning("celery-leader: cannot record a resumed entry: %s", exc)
+        return False
+
+    def load_some(self, fence: Fence, now: datetime) -> bool:
+        """Load (or anchor) the next chunks of pending jobs, for up to :data:`LOAD_SLICE`
+        seconds (retried at the next tick when the state cannot be loaded)."""
+        sync = StateSync(self.runtime.lease, self.runtime.store.records, self.logger)
+        watchdog = self.runtime.watchdog
+        stop = time.monotonic() + LOAD_SLICE
+        try:
+            while self.pending:
+                chunk = self.pending[-LOAD_CHUNK:]
+                del self.pending[-LOAD_CHUNK:]
+                stored = self._stored
+                if stored is None:
+                    # The chunk's records alone where the store can; else all, once per load.
+                    stored = sync.read([job.name for job in chunk])
+                    if stored is None:
+                        stored = self._stored = sync.read()
+                        watchdog.progress()
+                states = sync.load(chunk, fence, now, stored)
+                self.states.update(states)
+                stale = []
+                for job in chunk:
+                    state = states[job.name]
+                    self.adapter.recorded(job, state.last_run_at, state.count, False)
+                    self.settle(job, state)
+                    if _resumed(job, state):
+                        stale.append(job)
+                watchdog.progress()
+                if not self._restamp(stale, fence):
+                    return False
+                if time.monotonic() >= stop:
+                    break
+        except TermEnded as exc:
+            self.logger.warning("celery-leader: not dispatching: %s", exc)
+            return False
+        except StoreUnavailable as exc:
+            # Retried every tick until the lease runs out: say it once.
+            if str(exc) != self._load_error:
+                self.logger.warning("celery-leader: cannot load schedule state: %s", exc)
+            self._load_error = str(exc)
+            return False
+        self._load_error = None
+        if not self.pending:
+            self._stored = None
+        return True

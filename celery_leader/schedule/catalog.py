@@ -1,0 +1,166 @@
+"""The entries kept in the store, as jobs: one catalog for Celery beat and Dramatiq.
+
+Each scheduler lists its code entries its own way; what the store keeps for
+its election (store entries, pauses of code entries) becomes jobs here, with
+the same refusals, defaults and cache for both. A framework gives only what its
+publish needs (a job's payload) and its own reasons to refuse an entry.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Container, Mapping, Sequence
+from datetime import datetime, timezone, tzinfo
+
+from ..backends import EntryStore, open_store
+from ..config import LeaderConfig
+from .entries import CODE, STORE, Entry, allowed
+from .feed import EntryFeed
+from .jobs import Adapter, Job
+
+
+def policy(
+    config: LeaderConfig, missed_slots: str | None, grace: float | None
+) -> tuple[str, float | None]:
+    """An entry's missed-slot policy and grace: its own where it has them, else the settings."""
+    default = config.missed_slots_grace
+    return missed_slots or config.missed_slots, default if grace is None else grace
+
+
+def kept_pause(records: Mapping[str, Entry], name: str) -> tuple[bool, datetime | None]:
+    """Whether code entry ``name`` may run (not paused from the CLI or the API), and
+    since when: resumed, nothing is sent for the paused time (``None``: always)."""
+    kept = records.get(name)
+    if kept is None or kept.kind != CODE:
+        return True, None
+    return kept.enabled, kept.active_since
+
+
+class EntryCatalog:
+    """The entries one scheduler's election keeps in the store, and their jobs.
+
+    ``noun`` names what an entry runs in the refusals ("task", "actor");
+    ``refusal`` is the framework's own reason not to send an entry (``None``: it
+    may be sent), asked after the common ones.
+    """
+
+    def __init__(
+        self,
+        config: LeaderConfig,
+        logger: logging.Logger,
+        noun: str,
+        refusal: Callable[[Entry], str | None] | None = None,
+    ) -> None:
+        self.config = config
+        self.logger = logger
+        self.noun = noun
+        self.refusal = refusal
+        self.feed: EntryFeed | None = None  # opened on the first tick (see follow)
+        self.listed: dict[str, Entry] | None = None  # the records the last listing read
+        #: Store entries' jobs, by name, with the Entry each was made of: an unchanged
+        #: entry keeps its job (so the protocol skips it).
+        self._stored: dict[str, tuple[Entry, Job]] = {}
+        self._refused: set[tuple[str, str]] = set()  # (name, why) logged once
+
+    def open(self, store: EntryStore, election: str, interval: float | None = None) -> EntryFeed:
+        """Read ``election``'s entries from ``store`` from now on."""
+        self.feed = EntryFeed(store, election, self.logger, interval)
+        return self.feed
+
+    def current(self) -> dict[str, Entry] | None:
+        """The records now; ``None`` for none (a feed that finds none changes nothing)."""
+        return None if self.feed is None else self.feed.current() or None
+
+    def changed(self) -> bool:
+        """Whether the records moved since the last listing read them."""
+        return self.current() is not self.listed
+
+    def read(self) -> dict[str, Entry]:
+        """The records a listing works from (kept as :attr:`listed`)."""
+        self.listed = self.current()
+        return {} if self.listed is None else self.listed
+
+    def jobs(
+        self,
+        records: Mapping[str, Entry],
+        code: Container[str],
+        payload: Callable[[Entry], object],
+        zone: tzinfo = timezone.utc,
+    ) -> list[Job]:
+        """The enabled store entries of ``records`` this scheduler may send, as jobs
+        (each refusal logged once). ``code``: the names of the code entries, which win;
+        ``payload``: what a new or edited entry's job carries to the framework's publish."""
+        config = self.config
+        jobs = []
+        stored = {}
+        for name, entry in records.items():
+            known = self._stored.get(name)
+            # The feed keeps an unedited entry's object: checked when first listed,
+            # so a list after one edit of a large schedule costs a lookup per entry.
+            if known is not None and known[0] is entry and name not in code:
+                stored[name] = known
+                jobs.append(known[1])
+                continue
+            if entry.kind != STORE or not entry.enabled:
+                continue
+            # Written by another framework's app or an older tool: refused, never half-sent.
+            why = (
+                "a code entry has its name; the code entry runs"
+                if name in code
+                else f"its {self.noun} {entry.task} is outside leader_entries_allow"
+                if not allowed(entry.task, config.entries_allow)
+                else None
+                if self.refusal is None
+                else self.refusal(entry)
+            )
+            if why is not None:
+                if (name, why) not in self._refused:
+                    self._refused.add((name, why))
+                    self.logger.error("celery-leader: not sending stored entry %s: %s", name, why)
+                continue
+            if known is None or known[0] != entry:
+                missed, grace = policy(config, entry.missed_slots, entry.missed_slots_grace)
+                job = Job(
+                    name,
+                    entry.series(),
+                    missed,
+                    grace,
+                    zone,
+                    payload(entry),
+                    generation=entry.generation,
+                    active_since=entry.active_since,
+                )
+                known = (entry, job)
+            stored[name] = known
+            jobs.append(known[1])
+        self._stored = stored
+        return jobs
+
+    def follow(
+        self,
+        store: EntryStore,
+        following: bool,
+        adapter: Adapter,
+        ready: Callable[[], bool] | None = None,
+    ) -> None:
+        """Before each tick of the protocol: read ``store`` from the first, and while
+        ``following`` keep the jobs made (after an edit only), so that a promotion only
+        loads run state: seconds at 100,000 store entries, outside any tick timeout.
+        ``ready``: whether the adapter may list its jobs now."""
+        first = self.feed is None
+        feed = self.feed or self.open(store, self.config.beat_election)
+        # A follower's lease already reports a store it cannot reach.
+        feed.quiet = following
+        if (first or following) and (ready is None or ready()) and adapter.jobs_changed():
+            adapter.jobs()
+
+    def read_once(self, jobs: Callable[[], Sequence[Job]]) -> Sequence[Job]:
+        """``jobs()`` with the store's entries read once, on a connection of its own
+        (``leader plan --stored``)."""
+        store = open_store(self.config)
+        try:
+            self.open(store.entries, self.config.beat_election, interval=0)
+            return jobs()
+        finally:
+            self.feed = None
+            store.close()
