@@ -35,8 +35,8 @@ from datetime import datetime, timedelta
 from typing import overload
 
 from ..backends import Fence, FencedRecords
+from ..election.lease import Lease
 from ..exceptions import StoreUnavailable, TermEnded
-from ..lease import Lease
 from .due import DueIndex
 from .jobs import Adapter, Job
 from .policy import counted_after, later
