@@ -115,10 +115,6 @@ class SessionStore(ABC, Generic[S]):
                 self.execute(session, create)
         self._schema_ready = True
 
-    def schema_dropped(self) -> None:
-        """The tables were dropped behind our back: make them again at the next use."""
-        self._schema_ready = False
-
     def masked(self, text: str) -> str:
         """``text`` of a client's error without the password, in the URL or alone."""
         if self._password:

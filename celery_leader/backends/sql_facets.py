@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any, Generic
 
 from .entry_store import Edit, EntryStore
-from .run_store import RunStore, RunSummary
+from .run_store import RUNS_DROPPED, RunStore, RunSummary, RunWrite, run_entry
 from .session_lock import Rows, S, SessionStore
 
 #: Entries read per statement when reading them all: a few MB, milliseconds of
@@ -121,9 +121,9 @@ class SqlEntries(EntryStore, Generic[S]):
 
 
 class SqlRuns(RunStore):
-    """The run-records facet of a SQL store: a store writes records its way
-    (:meth:`put`) and reads them with :attr:`_RUNS_OF`; summaries are read by
-    pages of :attr:`_SUMMARIES`, one entry a row."""
+    """The run-records facet of a SQL store: a store writes marks and an entry's
+    records its way, and reads them with :attr:`_RUNS_OF`; summaries are read
+    by pages of :attr:`_SUMMARIES`, one entry a row."""
 
     #: An entry's newest records: ``(key, value)`` rows.
     _RUNS_OF: str
@@ -132,6 +132,20 @@ class SqlRuns(RunStore):
 
     def __init__(self, db: SessionStore[Any]) -> None:
         self._db = db
+
+    def put(self, election: str, write: RunWrite) -> tuple[bool, str | None]:
+        params = {
+            **self._db.names(election),
+            "key": write.key,
+            "new": write.new,
+            "ttl": write.ttl,
+            "expected": write.expected,
+        }
+        entry = run_entry(write.key)
+        if entry is None:
+            return self._put_mark(write, params)
+        params.update(entry=entry, tally=write.tally, keep=write.keep, most=RUNS_DROPPED)
+        return self._put_record(write, params)
 
     def runs_of(self, election: str, entry: str, limit: int) -> list[tuple[str, str]]:
         params = {**self._db.names(election), "entry": entry, "limit": limit}
@@ -147,6 +161,14 @@ class SqlRuns(RunStore):
             if len(rows) < SUMMARIES_PAGE:
                 return out
             after = str(rows[-1][0])
+
+    @abstractmethod
+    def _put_mark(self, write: RunWrite, params: dict[str, Any]) -> tuple[bool, str | None]:
+        """:meth:`put` of a mark (a key starting with ``@``)."""
+
+    @abstractmethod
+    def _put_record(self, write: RunWrite, params: dict[str, Any]) -> tuple[bool, str | None]:
+        """:meth:`put` of an entry's record (``params`` name its entry, tally, keep)."""
 
     @abstractmethod
     def _summarise(self, rows: Rows, params: dict[str, Any]) -> list[RunSummary]:

@@ -60,11 +60,5 @@ __all__ = ["lock_name", "open_store"]
 def open_store(params: StoreParams) -> StoreFacets:
     """The MySQL / MariaDB store of ``params``; it does not connect until first used."""
     db = Connector(params)
-    return StoreFacets(
-        params,
-        lock=MySqlLock(db),
-        records=MySqlRecords(db, params.replica_acks),
-        entries=MySqlEntries(db),
-        runs=MySqlRuns(db),
-        close=db.close,
-    )
+    lock, records = MySqlLock(db), MySqlRecords(db, params.replica_acks)
+    return StoreFacets(params, lock, records, MySqlEntries(db), MySqlRuns(db), db.close)

@@ -10,7 +10,7 @@ from typing import Any
 from ...exceptions import StoreMisconfigured, StoreUnavailable
 from ..lock import HolderInfo, Term
 from ..records import Fence, FencedRecords, Write
-from ..run_store import RUNS_DROPPED, RunSummary, RunWrite, run_entry
+from ..run_store import RunSummary, RunWrite
 from ..session_lock import Rows, SessionGone, SessionLock
 from ..sql_facets import LOAD_STATE, SqlEntries, SqlRuns
 from ..terms import since_of
@@ -23,7 +23,7 @@ from .entries import (
     ENTRIES_SINCE,
     REPLACE_ENTRY,
 )
-from .session import Connector, Result, Session, queue_for_lock
+from .session import Connector, Session, queue_for_lock
 from .sql import (
     CLAIM_NEW,
     CLAIM_UPDATE,
@@ -194,28 +194,21 @@ class MySqlRecords(FencedRecords):
             params.update({f"entry{i}": w.key, f"new{i}": w.new, f"expected{i}": w.expected})
         statements.append("COMMIT")
         try:
-            results = self._claim(session, ";\n".join(statements), params)
+            results = self._db.results(session, ";\n".join(statements), params)
         except SessionGone:
             self._db.drop_session(election, session)
             return [False] * len(writes)
-        return [r.rowcount == 1 for r in results[1 : 1 + len(writes)]]
-
-    def _claim(self, session: Session, query: str, params: dict[str, Any]) -> list[Result]:
-        """Run the claim's transaction; a failed one is rolled back before anything
-        else runs on the session (SessionGone if even that fails)."""
-        try:
-            return self._db.results(session, query, params)
-        except SessionGone:
-            raise
         except StoreUnavailable:
             # A statement failed (a row lock not granted in time ...): the
             # transaction is still open on the session. End it before anything
             # else runs there; if even that fails, the session is unusable.
             try:
                 self._db.execute(session, "ROLLBACK")
-            except StoreUnavailable as exc:
-                raise SessionGone(str(exc)) from exc
+            except StoreUnavailable:
+                self._db.drop_session(election, session)
+                return [False] * len(writes)
             raise
+        return [r.rowcount == 1 for r in results[1 : 1 + len(writes)]]
 
 
 class MySqlEntries(SqlEntries[Session]):
@@ -251,21 +244,13 @@ class MySqlRuns(SqlRuns):
 
     _db: Connector
 
-    def put(self, election: str, write: RunWrite) -> tuple[bool, str | None]:
-        params = {
-            **self._db.names(election),
-            "key": write.key,
-            "new": write.new,
-            "ttl": write.ttl,
-            "expected": write.expected,
-        }
-        entry = run_entry(write.key)
-        if entry is None:
-            put = PUT_RUN_NEW if write.expected is None else PUT_RUN_REPLACE
-            rows = self._db.kept(";\n".join([SWEEP_RUNS, put, GET_RUN]), params)
-            current = str(rows[0][0]) if rows else None
-            return current == write.new, current
-        params.update(entry=entry, tally=write.tally, keep=write.keep, most=RUNS_DROPPED)
+    def _put_mark(self, write: RunWrite, params: dict[str, Any]) -> tuple[bool, str | None]:
+        put = PUT_RUN_NEW if write.expected is None else PUT_RUN_REPLACE
+        rows = self._db.kept(";\n".join([SWEEP_RUNS, put, GET_RUN]), params)
+        current = str(rows[0][0]) if rows else None
+        return current == write.new, current
+
+    def _put_record(self, write: RunWrite, params: dict[str, Any]) -> tuple[bool, str | None]:
         ((ok, stored),) = self._db.kept(PUT_ENTRY_RUN, params)
         if ok:
             return True, write.new

@@ -184,7 +184,7 @@ class Connector(SessionStore[Session]):
                     return results
             except pymysql.MySQLError as exc:
                 if _code(exc) == ER.NO_SUCH_TABLE:
-                    self.schema_dropped()
+                    self._schema_ready = False  # dropped behind our back: make it again
                 message = f"{self.target}: {self.describe(exc)}"
                 if not session.conn.open:
                     raise SessionGone(message) from exc

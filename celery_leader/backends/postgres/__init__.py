@@ -62,11 +62,5 @@ __all__ = ["MIN_SERVER_VERSION", "advisory_key", "open_store"]
 def open_store(params: StoreParams) -> StoreFacets:
     """The PostgreSQL store of ``params``; it does not connect until first used."""
     db = Connector(params)
-    return StoreFacets(
-        params,
-        lock=PostgresLock(db),
-        records=PostgresRecords(db, params.replica_acks),
-        entries=PostgresEntries(db),
-        runs=PostgresRuns(db),
-        close=db.close,
-    )
+    lock, records = PostgresLock(db), PostgresRecords(db, params.replica_acks)
+    return StoreFacets(params, lock, records, PostgresEntries(db), PostgresRuns(db), db.close)

@@ -11,7 +11,7 @@ from ...exceptions import StoreMisconfigured, StoreUnavailable
 from ..errors import hand_back
 from ..lock import HolderInfo, Term
 from ..records import Fence, FencedRecords, Write, write_rounds
-from ..run_store import RUNS_DROPPED, RunSummary, RunWrite, run_entry
+from ..run_store import RunSummary, RunWrite
 from ..session_lock import Rows, SessionGone, SessionLock
 from ..sql_facets import LOAD_STATE, SqlEntries, SqlRuns
 from ..terms import since_of
@@ -295,24 +295,15 @@ class PostgresRuns(SqlRuns):
 
     _db: Connector
 
-    def put(self, election: str, write: RunWrite) -> tuple[bool, str | None]:
-        params = {
-            **self._db.names(election),
-            "key": write.key,
-            "new": write.new,
-            "ttl": write.ttl,
-            "expected": write.expected,
-        }
-        entry = run_entry(write.key)
-        if entry is None:
-            put = PUT_RUN_NEW if write.expected is None else PUT_RUN_REPLACE
-            rows = self._db.kept(put, params)
-            if rows:
-                return True, write.new
-            # Lost (the rare path: a second delivery): one more read says to what.
-            current = self._db.kept(GET_RUN, params)
-            return False, current[0][0] if current else None
-        params.update(entry=entry, tally=write.tally, keep=write.keep, most=RUNS_DROPPED)
+    def _put_mark(self, write: RunWrite, params: dict[str, Any]) -> tuple[bool, str | None]:
+        put = PUT_RUN_NEW if write.expected is None else PUT_RUN_REPLACE
+        if self._db.kept(put, params):
+            return True, write.new
+        # Lost (the rare path: a second delivery): one more read says to what.
+        current = self._db.kept(GET_RUN, params)
+        return False, current[0][0] if current else None
+
+    def _put_record(self, write: RunWrite, params: dict[str, Any]) -> tuple[bool, str | None]:
         if write.expected is None:
             rows = self._db.kept(PUT_ENTRY_RUN_NEW, params)
         else:

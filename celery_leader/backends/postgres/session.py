@@ -179,7 +179,7 @@ class Connector(SessionStore[Session]):
             except psycopg.Error as exc:
                 cut = watchdog.stop()
                 if isinstance(exc, errors.UndefinedTable):
-                    self.schema_dropped()
+                    self._schema_ready = False  # dropped behind our back: make it again
                 if cut:
                     raise SessionGone(
                         f"{self.target}: no answer within {self.timeout:g} s"
