@@ -354,9 +354,7 @@ class SessionLock(LeaseLock, Generic[S]):
             return {election: self._holder(session, election) for election in elections}
 
     @abstractmethod
-    def _try_lock(
-        self, session: S, election: str
-    ) -> tuple[bool, HolderInfo | None, float | None]:
+    def _try_lock(self, session: S, election: str) -> tuple[bool, HolderInfo | None, float | None]:
         """Take the election's lock in ``session`` if it is free: whether it did,
         the holder the lease table names (None: no term written yet), and the
         store's clock when it answered."""

@@ -91,9 +91,7 @@ class SqlEntries(EntryStore, Generic[S]):
             if len(page) < ENTRIES_PAGE:
                 return version, entries
             after = page[-1][0]
-            page = self._db.kept(
-                ENTRIES_NEXT_PAGE, {**names, "page": ENTRIES_PAGE, "after": after}
-            )
+            page = self._db.kept(ENTRIES_NEXT_PAGE, {**names, "page": ENTRIES_PAGE, "after": after})
 
     def edit(self, election: str, edits: Sequence[Edit]) -> list[bool]:
         """One statement per edit, on a short-lived connection (no term needed)."""
