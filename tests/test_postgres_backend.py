@@ -341,7 +341,7 @@ def test_django_alias(postgres_url: str, procs: Procs) -> None:
         from celery_leader.exceptions import ConfigError
 
         def config(url):
-            return LeaderConfig.from_mapping({"leader_url": url, "leader_key_prefix": "dj"})
+            return LeaderConfig.from_mapping({{"leader_url": url, "leader_key_prefix": "dj"}})
 
         store = open_store(config("django://default"))
         print("EPOCH", store.lock.acquire("beat", "a", 5.0, 0).term.epoch)
