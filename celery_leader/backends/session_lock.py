@@ -25,6 +25,7 @@ from .._urls import mask_url
 from ..exceptions import StoreUnavailable
 from . import StoreParams
 from .lock import Acquired, HolderInfo, LeaseLock, Renewal, Term
+from .terms import since_of
 from .waiting import LockWaiter, wait_sliced
 
 #: The rows of one statement.
@@ -261,9 +262,14 @@ class SessionLock(LeaseLock, Generic[S]):
 
     A store supplies the statements: :meth:`_try_lock`, :meth:`_queue` and
     :meth:`_start_term` for :meth:`acquire`, :meth:`_renew_in` for
-    :meth:`renew`, :meth:`_unlock` for :meth:`release` and :meth:`_holder`
-    for :meth:`holders`.
+    :meth:`renew`, :meth:`_holder` for :meth:`holders`, and two that take
+    :meth:`_lock_params` alone.
     """
+
+    #: Frees the election's lock held by the session it runs on.
+    _RELEASE: str
+    #: Marks the holder's term for resignation; returns its instance, epoch and token.
+    _REQUEST_RESIGN: str
 
     def __init__(self, db: SessionStore[S]) -> None:
         self._db = db
@@ -337,7 +343,7 @@ class SessionLock(LeaseLock, Generic[S]):
         try:
             # Unlocking first makes the hand-over synchronous: a queued
             # follower has the lock before this returns.
-            self._unlock(session, election)
+            self._db.execute(session, self._RELEASE, self._lock_params(election))
         except SessionGone:
             # Nothing left to release: the server freed the lock with the
             # session, or frees it when it notices (at the latest after the
@@ -352,6 +358,18 @@ class SessionLock(LeaseLock, Generic[S]):
                 rows = self._db.execute(session, ELECTIONS, {"prefix": self._db.prefix})
                 elections = [str(name) for (name,) in rows]
             return {election: self._holder(session, election) for election in elections}
+
+    def request_resign(self, election: str) -> HolderInfo | None:
+        with self._db.admin() as session:
+            rows = self._db.execute(session, self._REQUEST_RESIGN, self._lock_params(election))
+        if not rows:
+            return None
+        instance_id, epoch, token = rows[0]
+        return HolderInfo(instance_id, epoch, None, since=since_of(token))
+
+    @abstractmethod
+    def _lock_params(self, election: str) -> dict[str, Any]:
+        """The parameters that name ``election`` and its lock in the statements."""
 
     @abstractmethod
     def _try_lock(self, session: S, election: str) -> tuple[bool, HolderInfo | None, float | None]:
@@ -377,10 +395,6 @@ class SessionLock(LeaseLock, Generic[S]):
         """Renew ``term`` in ``session``: whether the session still holds the lock,
         whether the holder is asked to resign, and the store's clock as in
         :meth:`_try_lock`."""
-
-    @abstractmethod
-    def _unlock(self, session: S, election: str) -> None:
-        """Free the election's lock that ``session`` holds."""
 
     @abstractmethod
     def _holder(self, session: S, election: str) -> HolderInfo | None:

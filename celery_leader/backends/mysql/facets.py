@@ -63,17 +63,18 @@ class MySqlLock(SessionLock[Session]):
     #: off holder is replaced after ``ceil(ttl)`` rather than ``ttl``.
     holdoff = 0.0
 
+    _RELEASE, _REQUEST_RESIGN = RELEASE, REQUEST_RESIGN
+
     _db: Connector
 
-    def _lock_of(self, election: str) -> dict[str, str]:
-        """The parameters that name ``election`` and its lock."""
+    def _lock_params(self, election: str) -> dict[str, Any]:
         name = lock_name(self._db.database, self._db.prefix, election)
         return {**self._db.names(election), "lock": name}
 
     def _try_lock(
         self, session: Session, election: str
     ) -> tuple[bool, HolderInfo | None, float | None]:
-        rows = self._db.execute(session, TRY_LOCK, self._lock_of(election))
+        rows = self._db.execute(session, TRY_LOCK, self._lock_params(election))
         ((conn_id, got, holder_id, holder_epoch, token, now_us),) = rows
         self._db.check_conn_id(session, conn_id)
         holder = (
@@ -84,13 +85,13 @@ class MySqlLock(SessionLock[Session]):
         return got == 1, holder, _seconds(now_us)
 
     def _queue(self, session: Session, election: str, ttl: float) -> LockWaiter[Session]:
-        return queue_for_lock(self._db, session, self._lock_of(election)["lock"], ttl)
+        return queue_for_lock(self._db, session, self._lock_params(election)["lock"], ttl)
 
     def _start_term(
         self, session: Session, election: str, instance_id: str, min_epoch: int
     ) -> tuple[Term, float | None]:
         params = {
-            **self._lock_of(election),
+            **self._lock_params(election),
             "floor": min_epoch,
             "nonce": uuid.uuid4().hex,
             "instance": instance_id,
@@ -102,17 +103,14 @@ class MySqlLock(SessionLock[Session]):
     def _renew_in(
         self, session: Session, election: str, term: Term, ttl: float
     ) -> tuple[bool, bool, float | None]:
-        params = {**self._lock_of(election), "token": term.token}
+        params = {**self._lock_params(election), "token": term.token}
         ((conn_id, held, resign, now_us),) = self._db.execute(session, RENEW, params)
         self._db.check_conn_id(session, conn_id)
         return held == 1, bool(resign), _seconds(now_us)
 
-    def _unlock(self, session: Session, election: str) -> None:
-        self._db.execute(session, RELEASE, self._lock_of(election))
-
     def _holder(self, session: Session, election: str) -> HolderInfo | None:
         ((used_by, instance_id, epoch, token, conn),) = self._db.execute(
-            session, HOLDER, self._lock_of(election)
+            session, HOLDER, self._lock_params(election)
         )
         if used_by is None:
             return None
@@ -120,14 +118,6 @@ class MySqlLock(SessionLock[Session]):
             # Locked by a session that has not written its term yet (a
             # follower that was just granted the lock), or by a stranger.
             return HolderInfo("?", epoch or 0, None)
-        return HolderInfo(instance_id, epoch, None, since=since_of(token))
-
-    def request_resign(self, election: str) -> HolderInfo | None:
-        with self._db.admin() as session:
-            rows = self._db.execute(session, REQUEST_RESIGN, self._lock_of(election))
-        if not rows:
-            return None
-        instance_id, epoch, token = rows[0]
         return HolderInfo(instance_id, epoch, None, since=since_of(token))
 
     def store_time(self, election: str) -> float | None:

@@ -59,18 +59,19 @@ class PostgresLock(SessionLock[Session]):
     #: covers timer rounding. The old holder's belief ends first.
     holdoff = 0.0
 
+    _RELEASE, _REQUEST_RESIGN = RELEASE, REQUEST_RESIGN
+
     _db: Connector
 
-    def _lock_ids(self, election: str) -> dict[str, Any]:
-        return {**self._db.names(election), **lock_ids(advisory_key(self._db.prefix, election))}
+    def _lock_params(self, election: str) -> dict[str, Any]:
+        key = advisory_key(self._db.prefix, election)
+        return {**self._db.names(election), "key": key, **lock_ids(key)}
 
     def _try_lock(
         self, session: Session, election: str
     ) -> tuple[bool, HolderInfo | None, float | None]:
         ((pid, got, holder_id, holder_epoch, token, now),) = self._db.execute(
-            session,
-            TRY_LOCK,
-            {"key": advisory_key(self._db.prefix, election), **self._db.names(election)},
+            session, TRY_LOCK, self._lock_params(election)
         )
         self._db.check_pid(session, pid)
         holder = (
@@ -81,7 +82,7 @@ class PostgresLock(SessionLock[Session]):
         return bool(got), holder, now
 
     def _queue(self, session: Session, election: str, ttl: float) -> LockWaiter[Session]:
-        return queue_for_lock(self._db, session, advisory_key(self._db.prefix, election), ttl)
+        return queue_for_lock(self._db, session, self._lock_params(election)["key"], ttl)
 
     def _start_term(
         self, session: Session, election: str, instance_id: str, min_epoch: int
@@ -102,16 +103,13 @@ class PostgresLock(SessionLock[Session]):
     def _renew_in(
         self, session: Session, election: str, term: Term, ttl: float
     ) -> tuple[bool, bool, float | None]:
-        params = {**self._lock_ids(election), "idle_ms": ms(ttl), "token": term.token}
+        params = {**self._lock_params(election), "idle_ms": ms(ttl), "token": term.token}
         ((pid, _, held, resign, now),) = self._db.execute(session, RENEW, params)
         self._db.check_pid(session, pid)
         return bool(held), bool(resign), now
 
-    def _unlock(self, session: Session, election: str) -> None:
-        self._db.execute(session, RELEASE, {"key": advisory_key(self._db.prefix, election)})
-
     def _holder(self, session: Session, election: str) -> HolderInfo | None:
-        rows = self._db.execute(session, HOLDER, self._lock_ids(election))
+        rows = self._db.execute(session, HOLDER, self._lock_params(election))
         if not rows:
             return None
         instance_id, epoch, token, current = rows[0]
@@ -119,14 +117,6 @@ class PostgresLock(SessionLock[Session]):
             # Locked by a session that has not written its term yet (a
             # follower that was just granted the lock), or by a stranger.
             return HolderInfo("?", epoch or 0, None)
-        return HolderInfo(instance_id, epoch, None, since=since_of(token))
-
-    def request_resign(self, election: str) -> HolderInfo | None:
-        with self._db.admin() as session:
-            rows = self._db.execute(session, REQUEST_RESIGN, self._lock_ids(election))
-        if not rows:
-            return None
-        instance_id, epoch, token = rows[0]
         return HolderInfo(instance_id, epoch, None, since=since_of(token))
 
     def store_time(self, election: str) -> float | None:
