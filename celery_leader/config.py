@@ -11,8 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ._urls import mask_url
-from .backends.registry import Store, store_for_url, store_hints
+from ._urls import mask_url, scheme_of
+from .backends.registry import Store, store_for, store_hints
+from .contrib.django_db import django_database
 from .election.timing import MAX_TTL, check_timing, check_ttl, store_timeout
 from .exceptions import ConfigError
 
@@ -57,11 +58,21 @@ class LeaderConfig(ProbeSettings, LedgerSettings, SchedulerSettings, ElectionSet
 
     @property
     def store(self) -> Store:
-        """The store ``url`` selects (validated, so always known)."""
-        store = store_for_url(self.url)
+        """The store ``url`` selects (validated, so always known); for
+        ``django://ALIAS``, the one the alias's ``ENGINE`` selects."""
+        scheme = scheme_of(self.url)
+        store = store_for(django_database(self.url).scheme if scheme == "django" else scheme)
         if store is None:  # only a LeaderConfig built by hand, not by from_mapping
             raise ConfigError(f"leader_url {mask_url(self.url)!r} names no known store")
         return store
+
+    @property
+    def connection(self) -> dict[str, Any] | None:
+        """The store client's connection parameters when Django's ``DATABASES``
+        give them (``django://ALIAS``); ``None``: the store reads ``url``."""
+        if scheme_of(self.url) != "django":
+            return None
+        return django_database(self.url).connection
 
     @property
     def watchdog_timeout(self) -> float:

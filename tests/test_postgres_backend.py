@@ -1,5 +1,5 @@
-"""PostgresBackend against a real PostgreSQL 15: what only this store does, then real
-processes and faults. The protocol itself is in tests/test_backend_contract.py.
+"""The PostgreSQL store against a real PostgreSQL 15: what only this store does, then
+real processes and faults. The facets' contract is in tests/test_backend_contract.py.
 
 Times are ``time.monotonic()`` (CLOCK_MONOTONIC, system-wide on Linux), so the
 times lease processes print compare directly with the test's own.
@@ -23,10 +23,10 @@ import psycopg
 import pytest
 
 from celery_leader import Lease
-from celery_leader.backends import Edit, Renewal, Write, store_timeout
-from celery_leader.backends.postgres import PostgresBackend, advisory_key
+from celery_leader.backends import Edit, Fence, Renewal, StoreFacets, StoreParams, Write
+from celery_leader.backends.postgres import advisory_key, open_store
 from celery_leader.election.events import Callbacks
-from celery_leader.election.timing import DRIFT, MARGIN
+from celery_leader.election.timing import DRIFT, MARGIN, store_timeout
 from celery_leader.exceptions import ConfigError, StoreMisconfigured, StoreUnavailable
 from harness.procs import Proc, Procs
 from harness.procs import signal as send_signal
@@ -41,18 +41,18 @@ ELECTION = "beat"
 
 
 @pytest.fixture
-def backends(postgres_url: str) -> Iterator[Callable[..., PostgresBackend]]:
-    """Factory of backends on the test database; all closed at teardown."""
-    made: list[PostgresBackend] = []
+def stores(postgres_url: str) -> Iterator[Callable[..., StoreFacets]]:
+    """Factory of stores on the test database; all closed at teardown."""
+    made: list[StoreFacets] = []
 
-    def make(url: str = postgres_url, timeout: float = 0.5) -> PostgresBackend:
-        backend = PostgresBackend(url, PREFIX, timeout)
-        made.append(backend)
-        return backend
+    def make(url: str = postgres_url, timeout: float = 0.5) -> StoreFacets:
+        store = open_store(StoreParams(url, PREFIX, timeout))
+        made.append(store)
+        return store
 
     yield make
-    for backend in made:
-        backend.close()
+    for store in made:
+        store.close()
 
 
 def superuser(server: PostgresServer) -> psycopg.Connection[Any]:
@@ -88,7 +88,7 @@ SELECT count(*) FROM e
 
 
 def test_entries_of_the_previous_release_are_read_by_change_after_the_first_edit(
-    postgres_url: str, backends: Callable[..., PostgresBackend]
+    postgres_url: str, stores: Callable[..., StoreFacets]
 ) -> None:
     """Its tables gain the record of edits on first use; what it did not record
     (edits before the upgrade, or by one of its editors still running) makes a
@@ -102,36 +102,36 @@ def test_entries_of_the_previous_release_are_read_by_change_after_the_first_edit
         conn.execute(
             "INSERT INTO celery_leader_entries_version VALUES (%s, %s, 3)", (PREFIX, ELECTION)
         )
-    reader, editor = backends(), backends()
-    assert reader.load_entries(ELECTION) == (3, {"x": "x1"})
-    assert reader.entries_changed_since(ELECTION, 3) == (3, {})
-    assert reader.entries_changed_since(ELECTION, 2) is None
+    reader, editor = stores(), stores()
+    assert reader.entries.load(ELECTION) == (3, {"x": "x1"})
+    assert reader.entries.changes_since(ELECTION, 3) == (3, {})
+    assert reader.entries.changes_since(ELECTION, 2) is None
 
-    assert editor.edit_entries(ELECTION, [Edit("y", None, "y1")]) == [True]
-    assert reader.entries_changed_since(ELECTION, 3) == (4, {"y": "y1"})
-    assert reader.entries_changed_since(ELECTION, 2) is None, "edit 3 was not recorded"
+    assert editor.entries.edit(ELECTION, [Edit("y", None, "y1")]) == [True]
+    assert reader.entries.changes_since(ELECTION, 3) == (4, {"y": "y1"})
+    assert reader.entries.changes_since(ELECTION, 2) is None, "edit 3 was not recorded"
 
     with psycopg.connect(postgres_url, autocommit=True) as conn:
         params = {**names, "name": "x", "expected": "x1", "new": "x2"}
         assert conn.execute(PREVIOUS_REPLACE_ENTRY, params).fetchall() == [(1,)]
-    assert reader.entries_version(ELECTION) == 5
-    assert reader.entries_changed_since(ELECTION, 4) is None, "edit 5 was not recorded"
-    assert editor.edit_entries(ELECTION, [Edit("y", "y1", None)]) == [True]
-    assert reader.entries_changed_since(ELECTION, 4) is None
-    assert reader.entries_changed_since(ELECTION, 5) == (6, {"y": None})
-    assert reader.load_entries(ELECTION) == (6, {"x": "x2"})
+    assert reader.entries.version(ELECTION) == 5
+    assert reader.entries.changes_since(ELECTION, 4) is None, "edit 5 was not recorded"
+    assert editor.entries.edit(ELECTION, [Edit("y", "y1", None)]) == [True]
+    assert reader.entries.changes_since(ELECTION, 4) is None
+    assert reader.entries.changes_since(ELECTION, 5) == (6, {"y": None})
+    assert reader.entries.load(ELECTION) == (6, {"x": "x2"})
 
 
 # -- the protocol ---------------------------------------------------------------
 
 
 def test_lock_key_is_documented_and_visible_in_pg_locks(
-    postgres_server: PostgresServer, backends: Callable[..., PostgresBackend]
+    postgres_server: PostgresServer, stores: Callable[..., StoreFacets]
 ) -> None:
     key = advisory_key(PREFIX, ELECTION)
     digest = hashlib.sha256(f"{PREFIX}:{ELECTION}".encode()).digest()
     assert key == int.from_bytes(digest[:8], "big", signed=True)
-    result = backends().acquire(ELECTION, "a", 5.0, 0)
+    result = stores().lock.acquire(ELECTION, "a", 5.0, 0)
     assert result.term is not None
     with superuser(postgres_server) as conn:
         row = conn.execute(
@@ -144,10 +144,10 @@ def test_lock_key_is_documented_and_visible_in_pg_locks(
 
 
 def test_a_session_ended_by_the_server_loses_everything(
-    postgres_server: PostgresServer, backends: Callable[..., PostgresBackend]
+    postgres_server: PostgresServer, stores: Callable[..., StoreFacets]
 ) -> None:
-    a, b = backends(), backends()
-    term = a.acquire(ELECTION, "a", 5.0, 0).term
+    a, b = stores(), stores()
+    term = a.lock.acquire(ELECTION, "a", 5.0, 0).term
     assert term is not None
     with superuser(postgres_server) as conn:
         conn.execute(
@@ -156,26 +156,26 @@ def test_a_session_ended_by_the_server_loses_everything(
             (PREFIX, ELECTION),
         )
     # The next claim finds the session gone: nothing is written, nothing raised.
-    assert a.claim(ELECTION, term, [Write("slot", None, "stale")]) == [False]
-    assert a.renew(ELECTION, term, 5.0)[0] is Renewal.LOST
-    a.release(ELECTION, term)  # nothing left to release: no error
-    taken = b.acquire(ELECTION, "b", 5.0, 0)
+    assert a.records.claim(Fence(ELECTION, term), [Write("slot", None, "stale")]) == [False]
+    assert a.lock.renew(ELECTION, term, 5.0)[0] is Renewal.LOST
+    a.lock.release(ELECTION, term)  # nothing left to release: no error
+    taken = b.lock.acquire(ELECTION, "b", 5.0, 0)
     assert taken.term is not None and taken.term.epoch == 2
-    assert b.load_state(ELECTION) == {}
+    assert b.records.load(ELECTION) == {}
 
 
 @pytest.mark.timing  # freed within 0.5 s of the ttl
 def test_idle_session_timeout_frees_the_lock_no_earlier_than_the_belief(
-    backends: Callable[..., PostgresBackend],
+    stores: Callable[..., StoreFacets],
 ) -> None:
     ttl = 1.0
-    a, b = backends(), backends()
+    a, b = stores(), stores()
     sent = time.monotonic()
-    term = a.acquire(ELECTION, "a", ttl, 0).term  # and never renewed: a "paused" holder
+    term = a.lock.acquire(ELECTION, "a", ttl, 0).term  # and never renewed: a "paused" holder
     assert term is not None
-    assert b.acquire(ELECTION, "b", ttl, 0).term is None
-    b.wait(ELECTION, ttl + 2, threading.Event())
-    taken = b.acquire(ELECTION, "b", ttl, 0)
+    assert b.lock.acquire(ELECTION, "b", ttl, 0).term is None
+    b.lock.wait(ELECTION, ttl + 2, threading.Event())
+    taken = b.lock.acquire(ELECTION, "b", ttl, 0)
     won = time.monotonic()
     assert taken.term is not None
     # The holder's belief (what Lease trusts after `sent`) ended before b won...
@@ -184,40 +184,40 @@ def test_idle_session_timeout_frees_the_lock_no_earlier_than_the_belief(
     assert won - sent < ttl + 0.5
     # The claim goes to the dead session first (the server's goodbye is still
     # unread on its socket), then the renewal finds the term gone.
-    assert a.claim(ELECTION, term, [Write("slot", None, "stale")]) == [False]
-    assert a.renew(ELECTION, term, ttl)[0] is Renewal.LOST
-    assert b.load_state(ELECTION) == {}
+    assert a.records.claim(Fence(ELECTION, term), [Write("slot", None, "stale")]) == [False]
+    assert a.lock.renew(ELECTION, term, ttl)[0] is Renewal.LOST
+    assert b.records.load(ELECTION) == {}
 
 
-def test_a_follower_that_leaves_holds_nothing(backends: Callable[..., PostgresBackend]) -> None:
-    a, b, c, d = backends(), backends(), backends(), backends()
-    term = a.acquire(ELECTION, "a", 5.0, 0).term
+def test_a_follower_that_leaves_holds_nothing(stores: Callable[..., StoreFacets]) -> None:
+    a, b, c, d = stores(), stores(), stores(), stores()
+    term = a.lock.acquire(ELECTION, "a", 5.0, 0).term
     assert term is not None
-    assert b.acquire(ELECTION, "b", 5.0, 0).term is None
-    assert c.acquire(ELECTION, "c", 5.0, 0).term is None
-    b.leave(ELECTION)  # leaves while queued
+    assert b.lock.acquire(ELECTION, "b", 5.0, 0).term is None
+    assert c.lock.acquire(ELECTION, "c", 5.0, 0).term is None
+    b.lock.release(ELECTION, None)  # leaves while queued
 
     # c's waiter is granted the lock when a releases; c leaves without taking it.
-    a.release(ELECTION, term)
-    c.wait(ELECTION, 5.0, threading.Event())
-    c.leave(ELECTION)
+    a.lock.release(ELECTION, term)
+    c.lock.wait(ELECTION, 5.0, threading.Event())
+    c.lock.release(ELECTION, None)
     got = wait_for(
-        lambda: d.acquire(ELECTION, "d", 5.0, 0).term, 2.0, message="a lock was left behind"
+        lambda: d.lock.acquire(ELECTION, "d", 5.0, 0).term, 2.0, message="a lock was left behind"
     )
     assert got.epoch == 2
 
 
-def test_a_pooled_connection_is_refused(backends: Callable[..., PostgresBackend]) -> None:
-    a = backends()
-    term = a.acquire(ELECTION, "a", 5.0, 0).term
+def test_a_pooled_connection_is_refused(stores: Callable[..., StoreFacets]) -> None:
+    a = stores()
+    term = a.lock.acquire(ELECTION, "a", 5.0, 0).term
     assert term is not None
     # What a transaction-mode pooler does: the next statement runs in another
-    # server session. Simulated by making the backend remember another pid.
-    hold = a._holds[ELECTION]
-    assert hold.session is not None
-    hold.session.pid += 1
+    # server session. Simulated by making the store remember another pid.
+    session = a.lock._db.holding(ELECTION, term)
+    assert session is not None
+    session.pid += 1
     with pytest.raises(StoreMisconfigured, match="PgBouncer"):
-        a.renew(ELECTION, term, 5.0)
+        a.lock.renew(ELECTION, term, 5.0)
 
 
 # -- bad input: one clear line ---------------------------------------------------
@@ -232,11 +232,11 @@ def _one_clear_line(exc: BaseException, *needles: str) -> str:
 
 
 def test_store_errors_are_one_clear_line(
-    postgres_server: PostgresServer, backends: Callable[..., PostgresBackend], postgres_url: str
+    postgres_server: PostgresServer, stores: Callable[..., StoreFacets], postgres_url: str
 ) -> None:
     wrong = postgres_url.replace(":leaderpw@", ":hunter2@")
     with pytest.raises(StoreUnavailable) as info:
-        backends(wrong).acquire(ELECTION, "a", 5.0, 0)
+        stores(wrong).lock.acquire(ELECTION, "a", 5.0, 0)
     message = _one_clear_line(
         info.value, 'password authentication failed for user "leader"', "leader:***@127.0.0.1"
     )
@@ -244,33 +244,33 @@ def test_store_errors_are_one_clear_line(
 
     missing = postgres_url.rsplit("/", 1)[0] + "/nosuchdb"
     with pytest.raises(StoreUnavailable) as info:
-        backends(missing).holder(ELECTION)
+        stores(missing).lock.holder(ELECTION)
     message = _one_clear_line(info.value, 'database "nosuchdb" does not exist')
     assert "leaderpw" not in message
 
     closed_port = postgres_url.replace(f":{postgres_server.port}/", ":1/")
     with pytest.raises(StoreUnavailable) as info:
-        backends(closed_port).acquire(ELECTION, "a", 5.0, 0)
+        stores(closed_port).lock.acquire(ELECTION, "a", 5.0, 0)
     _one_clear_line(info.value, "Connection refused")
 
     with pytest.raises(ConfigError) as config_info:
-        PostgresBackend(postgres_url + "?nosuchoption=1", PREFIX, 0.5)
+        open_store(StoreParams(postgres_url + "?nosuchoption=1", PREFIX, 0.5))
     message = _one_clear_line(config_info.value, "nosuchoption")
     assert "leaderpw" not in message
 
 
 def test_server_older_than_14_is_refused_in_one_line(
-    backends: Callable[..., PostgresBackend], monkeypatch: pytest.MonkeyPatch
+    stores: Callable[..., StoreFacets], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(psycopg.ConnectionInfo, "server_version", property(lambda self: 130011))
     with pytest.raises(StoreMisconfigured) as info:
-        backends().acquire(ELECTION, "a", 5.0, 0)
+        stores().lock.acquire(ELECTION, "a", 5.0, 0)
     _one_clear_line(info.value, "PostgreSQL 13", "idle_session_timeout", "14 or later")
 
 
 def test_wrong_password_is_logged_once_and_recovers_when_fixed(
     postgres_server: PostgresServer,
-    backends: Callable[..., PostgresBackend],
+    stores: Callable[..., StoreFacets],
     postgres_url: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -281,8 +281,8 @@ def test_wrong_password_is_logged_once_and_recovers_when_fixed(
     needs no restart.
     """
     caplog.set_level(logging.WARNING, logger="celery_leader")
-    backend = backends(postgres_url.replace(":leaderpw@", ":newpw@"))
-    lease = Lease(ELECTION, backend, ttl=1.0, renew_interval=0.2, instance_id="a")
+    store = stores(postgres_url.replace(":leaderpw@", ":newpw@"))
+    lease = Lease(ELECTION, store.lock, ttl=1.0, renew_interval=0.2, instance_id="a")
     lease.start()
     try:
         wait_for(lambda: len(_store_warnings(caplog)) >= 1, 5.0, message="no warning logged")
@@ -328,14 +328,19 @@ def test_django_alias(postgres_url: str, procs: Procs) -> None:
             "lite": {{"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
         }})
         django.setup()
-        from celery_leader.backends.postgres import PostgresBackend
+        from celery_leader.backends import open_store
+        from celery_leader.config import LeaderConfig
         from celery_leader.exceptions import ConfigError
 
-        backend = PostgresBackend("django://default", "dj", 0.5)
-        print("EPOCH", backend.acquire("beat", "a", 5.0, 0).term.epoch)
+        def config(url):
+            return LeaderConfig.from_mapping({{"leader_url": url, "leader_key_prefix": "dj"}})
+
+        store = open_store(config("django://default"))
+        print("EPOCH", store.lock.acquire("beat", "a", 5.0, 0).term.epoch)
+        print("TARGET", store.lock._db.target)
         for url in ("django://lite", "django://nope"):
             try:
-                PostgresBackend(url, "dj", 0.5)
+                open_store(config(url))
             except ConfigError as exc:
                 print("ERROR", exc)
         """
@@ -344,6 +349,8 @@ def test_django_alias(postgres_url: str, procs: Procs) -> None:
     assert proc.wait(30) == 0, proc.output()
     lines = proc.lines()
     assert "EPOCH 1" in lines, proc.output()
+    target = f"TARGET django://default (database {parts.path.lstrip('/')!r} on {parts.hostname})"
+    assert target in lines, proc.output()
     errors = [line for line in lines if line.startswith("ERROR")]
     assert len(errors) == 2, proc.output()
     assert "ENGINE 'django.db.backends.sqlite3'" in errors[0]
@@ -358,10 +365,9 @@ def test_django_alias(postgres_url: str, procs: Procs) -> None:
 # the answer it covers (the lease took its own `sent` before ours).
 LEASE_SCRIPT = """
 import json, os, signal, sys, time
-from celery_leader.backends import store_timeout
-from celery_leader.backends import Write, Renewal
-from celery_leader.backends.postgres import PostgresBackend
-from celery_leader.election.timing import DRIFT, MARGIN
+from celery_leader.backends import Fence, Renewal, StoreParams, Write
+from celery_leader.backends.postgres import open_store
+from celery_leader.election.timing import DRIFT, MARGIN, store_timeout
 from celery_leader.election.events import Callbacks
 from celery_leader.election.lease import Lease
 
@@ -372,20 +378,25 @@ def emit(event, **fields):
     line = json.dumps({"event": event, "name": name, "t": time.monotonic(), **fields})
     os.write(1, (line + "\\n").encode())  # one write: safe from a signal handler
 
-class Recording(PostgresBackend):
-    def acquire(self, election, instance_id, ttl, min_epoch):
-        sent = time.monotonic()
-        result = super().acquire(election, instance_id, ttl, min_epoch)
-        if result.term is not None:
-            emit("bound", epoch=result.term.epoch, bound=sent + validity)
-        return result
+store = open_store(StoreParams(url, "chaos", store_timeout(ttl, renew)))
+lock = store.lock
+acquire, renewal = lock.acquire, lock.renew
 
-    def renew(self, election, term, ttl):
-        sent = time.monotonic()
-        result, store_time = super().renew(election, term, ttl)
-        if result is not Renewal.LOST:
-            emit("bound", epoch=term.epoch, bound=sent + validity)
-        return result, store_time
+def recording_acquire(election, instance_id, ttl, min_epoch):
+    sent = time.monotonic()
+    result = acquire(election, instance_id, ttl, min_epoch)
+    if result.term is not None:
+        emit("bound", epoch=result.term.epoch, bound=sent + validity)
+    return result
+
+def recording_renew(election, term, ttl):
+    sent = time.monotonic()
+    result, store_time = renewal(election, term, ttl)
+    if result is not Renewal.LOST:
+        emit("bound", epoch=term.epoch, bound=sent + validity)
+    return result, store_time
+
+lock.acquire, lock.renew = recording_acquire, recording_renew
 
 terms = []
 
@@ -393,14 +404,13 @@ def elected(lease):
     terms.append(lease.term)
     emit("elected", epoch=lease.epoch)
 
-backend = Recording(url, "chaos", store_timeout(ttl, renew))
-lease = Lease("beat", backend, ttl=ttl, renew_interval=renew, instance_id=name,
+lease = Lease("beat", lock, ttl=ttl, renew_interval=renew, instance_id=name,
               callbacks=Callbacks(on_started=elected, on_stopped=lambda lease: emit("demoted")))
 
 def on_cont(signum, frame):
     leader = lease.is_leader()  # the first thing this process does after the pause
     try:
-        claims = backend.claim("beat", terms[-1], [Write("slot", None, name)])
+        claims = store.records.claim(Fence("beat", terms[-1]), [Write("slot", None, name)])
     except Exception as exc:
         claims = repr(exc)
     emit("resumed", leader=leader, claims=claims)
@@ -544,11 +554,11 @@ def test_paused_holder_loses_the_lock_on_time(
     wait_for(
         lambda: cluster.leaders() == [second["name"]], 2, message="the paused one never demoted"
     )
-    backend = PostgresBackend(postgres_url, "chaos", 0.5)
+    store = open_store(StoreParams(postgres_url, "chaos", 0.5))
     try:
-        assert backend.load_state(ELECTION) == {}
+        assert store.records.load(ELECTION) == {}
     finally:
-        backend.close()
+        store.close()
 
 
 def test_postgres_restart(
@@ -584,7 +594,7 @@ def test_postgres_restart(
 @pytest.mark.timing  # taken within 0.5 s of the ttl
 def test_cut_off_holder_loses_the_lock_on_time(
     postgres_server: PostgresServer,
-    backends: Callable[..., PostgresBackend],
+    stores: Callable[..., StoreFacets],
     postgres_url: str,
     tcp_proxy: Callable[[str, int], TcpProxy],
 ) -> None:
@@ -598,7 +608,7 @@ def test_cut_off_holder_loses_the_lock_on_time(
 
     cut_off = Lease(
         ELECTION,
-        backends(proxy.url_for(postgres_url), timeout=store_timeout(ttl, renew)),
+        stores(proxy.url_for(postgres_url), timeout=store_timeout(ttl, renew)).lock,
         ttl=ttl,
         renew_interval=renew,
         instance_id="cut",
@@ -607,7 +617,7 @@ def test_cut_off_holder_loses_the_lock_on_time(
     cut_off.start()
     direct = Lease(
         ELECTION,
-        backends(timeout=store_timeout(ttl, renew)),
+        stores(timeout=store_timeout(ttl, renew)).lock,
         ttl=ttl,
         renew_interval=renew,
         instance_id="direct",

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from celery_leader.backends import Write, create_backend
+from celery_leader.backends import Fence, Write, open_store
 from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import StoreMisconfigured
 from harness.pg_standby import PrimaryAndStandby
@@ -233,15 +233,15 @@ def test_postgres_with_an_asynchronous_standby_refuses_claims_by_default() -> No
     try:
         store.start()
         config = LeaderConfig.from_mapping({"leader_url": store.url, "leader_ttl": TTL})
-        backend = create_backend(config)
+        opened = open_store(config)
         try:
-            term = backend.acquire("beat", "r0", TTL, 0).term
+            term = opened.lock.acquire("beat", "r0", TTL, 0).term
             assert term is not None
             with pytest.raises(StoreMisconfigured) as info:
-                backend.claim("beat", term, [Write("tick", None, "1")])
-            assert backend.load_state("beat") == {}
+                opened.records.claim(Fence("beat", term), [Write("tick", None, "1")])
+            assert opened.records.load("beat") == {}
         finally:
-            backend.close()
+            opened.close()
     finally:
         store.close()
     message = str(info.value)

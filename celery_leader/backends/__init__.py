@@ -18,9 +18,9 @@ builds from it.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from ..exceptions import missing_extra
 from .entry_store import Edit, EntryStore
@@ -47,6 +47,8 @@ class StoreSettings(Protocol):
     def store_timeout(self) -> float: ...
     @property
     def replica_acks(self) -> int | None: ...
+    @property
+    def connection(self) -> Mapping[str, Any] | None: ...
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,10 @@ class StoreParams:
     #: topology needs so that a promotion cannot roll it back ("auto"). Stores
     #: without replicas ignore it.
     replica_acks: int | None = None
+    #: The client's connection parameters when they do not come from ``url``
+    #: (``django://ALIAS``: read from Django's ``DATABASES`` by the settings);
+    #: ``url`` then only names the store in messages.
+    connection: Mapping[str, Any] | None = field(default=None, hash=False)
 
 
 @dataclass(frozen=True, eq=False)
@@ -134,5 +140,6 @@ def open_store(config: StoreSettings) -> StoreFacets:
             key_prefix=config.key_prefix,
             timeout=config.store_timeout,
             replica_acks=config.replica_acks,
+            connection=config.connection,
         )
     )

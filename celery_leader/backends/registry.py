@@ -1,14 +1,13 @@
-"""The one table of lease stores: schemes, backend classes and the extras they need.
+"""The one table of stores: schemes, store modules and the extras they need.
 
 A leaf module (it imports nothing of the package), so that
 :mod:`celery_leader.config` can validate URLs against it while
-:mod:`celery_leader.backends` builds backends from a validated config.
+:mod:`celery_leader.backends` opens stores from a validated config.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 
 @dataclass(frozen=True)
@@ -31,6 +30,9 @@ class Store:
         return self.shown or f"{self.schemes[0]}://"
 
 
+#: ``django://ALIAS`` is listed with PostgreSQL, where it began, so that scheme
+#: lists show it there; the settings resolve it by the alias's ``ENGINE``
+#: (:mod:`celery_leader.contrib.django_db`) before a store is opened.
 STORES: tuple[Store, ...] = (
     Store("redis", ("redis", "rediss", "unix", "redis+sentinel"), ".redis", "redis"),
     Store("postgres", ("postgresql", "postgres", "django"), ".postgres", "postgres"),
@@ -54,31 +56,3 @@ def store_hints() -> str:
 def store_for(scheme: str) -> Store | None:
     """The store that URLs of ``scheme`` (lower case) select, if any."""
     return _BY_SCHEME.get(scheme)
-
-
-def django_alias(url: str) -> str:
-    """The ``DATABASES`` alias ``django://ALIAS`` names (``default`` when none)."""
-    parts = urlsplit(url)
-    return parts.netloc or parts.path.strip("/") or "default"
-
-
-def store_for_url(url: str) -> Store | None:
-    """The store ``url`` selects, if any.
-
-    ``django://ALIAS`` selects the MySQL store when Django's ``DATABASES[ALIAS]``
-    uses ``django.db.backends.mysql`` (MySQL and MariaDB alike), PostgreSQL otherwise.
-    """
-    scheme = urlsplit(url).scheme.lower()
-    if scheme == "django" and _django_engine(django_alias(url)).endswith(".mysql"):
-        return _BY_SCHEME["mysql"]
-    return store_for(scheme)
-
-
-def _django_engine(alias: str) -> str:
-    try:
-        from django.conf import settings  # type: ignore[import-untyped]
-
-        return str(settings.DATABASES[alias].get("ENGINE", ""))
-    except Exception:
-        # The PostgreSQL store's parameters then say in one line what is missing.
-        return ""

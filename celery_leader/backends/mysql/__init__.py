@@ -1,4 +1,5 @@
-"""MySQL and MariaDB store: ``mysql://``, ``mariadb://`` and ``django://<alias>``.
+"""MySQL and MariaDB store: ``mysql://`` and ``mariadb://`` (and ``django://<alias>``,
+which the settings resolve to an engine and its parameters).
 
 A term is a *named lock* (``GET_LOCK``) held on a dedicated connection (never
 one from a pool), in autocommit mode. The lock of election ``e`` under key
@@ -16,7 +17,7 @@ The server frees the lock when the session ends, so:
   runs with ``wait_timeout`` = the ttl, rounded up to whole seconds: the server
   ends a session that sent nothing for that long, and renewals are
   statements on that session, which restart the count. No hold-off is needed
-  (see :attr:`MySqlBackend.holdoff`).
+  (see :attr:`.MySqlLock.holdoff`).
 
 A session can also end early: a server restart, ``KILL``, a missed store
 deadline (PyMySQL's read timeout closes the connection). The old holder learns
@@ -35,17 +36,29 @@ Named locks live in one server's memory and are not replicated: under Galera
 or group replication two nodes would each grant the same lock, so such
 servers are refused (StoreMisconfigured). A proxy that multiplexes
 connections (ProxySQL) breaks the session lock the same way a transaction
-pooler breaks PostgreSQL's: the backend compares ``CONNECTION_ID()`` of every
+pooler breaks PostgreSQL's: the store compares ``CONNECTION_ID()`` of every
 acquire and renew statement with its session's and refuses to go on.
 
-The package: :mod:`.sql` (the statements and the lock name), :mod:`.session`
-(dedicated sessions, the store deadline, a follower's queued wait),
-:mod:`.params` (``leader_url`` or a Django alias -> PyMySQL parameters),
-:mod:`.state` (the fenced records) and :mod:`.backend` (the lock
-protocol on top of them).
+The package: :mod:`.sql` and :mod:`.entries` (the statements and the lock
+name), :mod:`.session` (dedicated sessions, the store deadline, a follower's
+queued wait; its :class:`~.session.Connector` is the connection object the
+facets share), :mod:`.params` (``leader_url`` -> PyMySQL parameters) and
+:mod:`.facets` (the lease lock, fenced records, entries and run records on top
+of them).
 """
 
-from .backend import MySqlBackend
+from __future__ import annotations
+
+from .. import StoreFacets, StoreParams
+from .facets import MySqlEntries, MySqlLock, MySqlRecords, MySqlRuns
+from .session import Connector
 from .sql import lock_name
 
-__all__ = ["MySqlBackend", "lock_name"]
+__all__ = ["lock_name", "open_store"]
+
+
+def open_store(params: StoreParams) -> StoreFacets:
+    """The MySQL / MariaDB store of ``params``; it does not connect until first used."""
+    db = Connector(params)
+    lock, records = MySqlLock(db), MySqlRecords(db, params.replica_acks)
+    return StoreFacets(params, lock, records, MySqlEntries(db), MySqlRuns(db), db.close)

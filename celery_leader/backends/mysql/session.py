@@ -14,12 +14,13 @@ from typing import Any
 import pymysql
 from pymysql.constants import CLIENT, ER
 
-from ..._urls import mask_url
 from ...exceptions import StoreMisconfigured, StoreUnavailable
+from .. import StoreParams
 from ..errors import first_line
-from ..session_lock import SessionGone
+from ..session_lock import SessionGone, SessionStore
 from ..waiting import LockWaiter
 from .entries import ADD_CHANGES, CHANGES_READY
+from .params import connection_params
 from .sql import (
     CREATE_SCHEMA,
     SCHEMA_EXISTS,
@@ -84,8 +85,9 @@ class Session:
                 pass  # already broken: closing the socket is all there was to do
 
 
-class Connector:
-    """Opens sessions to one database and runs statements on them.
+class Connector(SessionStore[Session]):
+    """Opens sessions to one database and runs statements on them: the store's
+    connection object, shared by its facets.
 
     Every statement runs under the store deadline: PyMySQL's read and write
     timeouts (= the store deadline) close the connection when the server or
@@ -97,13 +99,13 @@ class Connector:
     password masked.
     """
 
-    def __init__(self, params: Mapping[str, Any], target: str, timeout: float) -> None:
-        self.params = dict(params)
-        #: The database as messages name it: the URL with its password masked.
-        self.target = target
-        self.timeout = timeout
-        self._password = str(params.get("password") or "")
-        self._schema_ready = False
+    schema = ((SCHEMA_EXISTS, CREATE_SCHEMA), (CHANGES_READY, ADD_CHANGES))
+
+    def __init__(self, store: StoreParams) -> None:
+        params, target = connection_params(store.url, store.connection)
+        password = str(params.get("password") or "")
+        super().__init__(store, target, password)
+        self.params = params
 
     @property
     def database(self) -> str:
@@ -137,7 +139,7 @@ class Connector:
         try:
             # Admin sessions keep the server's wait_timeout: they live for one statement.
             idle_s = whole_seconds(ttl) if ttl is not None else None
-            _, ident, variables = self.execute(
+            _, ident, variables = self.results(
                 session, SETUP, {"idle_s": idle_s, "lock_wait_s": whole_seconds(self.timeout)}
             )
             session.conn_id, version = ident.rows[0]
@@ -161,20 +163,12 @@ class Connector:
         self.execute(session, *statement_deadline(session.version, limit))
         session.read_timeout(self.timeout + wait)
 
-    def ensure_schema(self, session: Session) -> None:
-        """Create the tables on first use (a user without CREATE can use an admin's)."""
-        if self._schema_ready:
-            return
-        ((exists,),) = self.execute(session, SCHEMA_EXISTS)[0].rows
-        if not exists:
-            self.execute(session, CREATE_SCHEMA)
-        # Tables of the previous release lack the record of entry edits.
-        ((recording,),) = self.execute(session, CHANGES_READY)[0].rows
-        if not recording:
-            self.execute(session, ADD_CHANGES)
-        self._schema_ready = True
-
     def execute(
+        self, session: Session, query: str, params: Mapping[str, Any] | None = None
+    ) -> list[tuple[Any, ...]]:
+        return list(self.results(session, query, params)[-1].rows)
+
+    def results(
         self, session: Session, query: str, params: Mapping[str, Any] | None = None
     ) -> list[Result]:
         """Run ``query`` (one or more statements, one round trip) under the store
@@ -212,9 +206,7 @@ class Connector:
         text = " ".join(str(args[1]).split()) if len(args) >= 2 else first_line(exc)
         text = text or type(exc).__name__
         text = re.sub(r"\s*\(timed out\)$", " (no answer within the store deadline)", text)
-        if self._password:
-            text = text.replace(self._password, "***")
-        return mask_url(text)
+        return self.masked(text)
 
     def _refuse_clusters(self, variables: Mapping[str, str]) -> None:
         """Refuse Galera and group replication: named locks are not replicated there."""
@@ -257,7 +249,7 @@ def queue_for_lock(
             connector.deadline(session, wait=slice_s)
             while not cancelled.is_set():
                 result = connector.execute(session, WAIT_LOCK, {"lock": lock, "slice_s": slice_s})
-                if result[0].rows[0][0] == 1:
+                if result[0][0] == 1:
                     connector.deadline(session)  # it holds the lock now: a renewal's deadline
                     return True
         except StoreUnavailable as exc:

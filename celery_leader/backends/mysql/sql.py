@@ -239,17 +239,6 @@ WHERE prefix = %(prefix)s AND election = %(election)s AND conn = IS_USED_LOCK(%(
   AND resign = token
 """
 
-ELECTIONS = """
-SELECT election FROM celery_leader_lease WHERE prefix = %(prefix)s
-UNION
-SELECT election FROM celery_leader_state WHERE prefix = %(prefix)s
-ORDER BY 1
-"""
-
-LOAD_STATE = """
-SELECT entry, value FROM celery_leader_state WHERE prefix = %(prefix)s AND election = %(election)s
-"""
-
 # Fenced writes, one statement each, in order, in one transaction and one round
 # trip. Each writes only while this session holds the election's lock.
 # Connections report *matched* rows (CLIENT.FOUND_ROWS), so a write whose new
@@ -318,7 +307,7 @@ _OLDEST = """
     WHERE n <= {count}"""
 
 # An entry's run record, one transaction in one round trip (see
-# FencedState.put_run). The entry's row is locked first: writers of one entry
+# RunStore.put). The entry's row is locked first: writers of one entry
 # take turns, so the reads that decide (the record, its tally, the expired and
 # excess records to drop) stay true until the commit. A record the previous
 # release kept in celery_leader_runs is compared with, and moved here when

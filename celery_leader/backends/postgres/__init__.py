@@ -1,4 +1,5 @@
-"""PostgreSQL store: ``postgresql://``, ``postgres://`` and ``django://<alias>``.
+"""PostgreSQL store: ``postgresql://`` and ``postgres://`` (and ``django://<alias>``,
+which the settings resolve to an engine and its parameters).
 
 A term is a *session-level advisory lock* held on a dedicated connection (never
 one from a pool), in autocommit mode. The lock of election ``e`` under key
@@ -18,7 +19,7 @@ The server frees the lock when the session ends, so:
   runs with ``idle_session_timeout`` = the ttl (PostgreSQL >= 14): the server
   ends a session that sent nothing for a ttl, and renewals are statements on
   that session, which restart the count. No hold-off is needed (see
-  :attr:`PostgresBackend.holdoff`).
+  :attr:`.PostgresLock.holdoff`).
 
 A session can also end early: a server restart or fail-over,
 ``pg_terminate_backend``, a missed store deadline (the backend then cuts the
@@ -40,13 +41,26 @@ compares the server pid of every acquire and renew statement with its
 session's and refuses to go on (StoreMisconfigured) when it changes; claims check
 ``pg_locks`` for their own session, so they fail rather than write unfenced.
 
-The package: :mod:`.sql` (the statements and the lock key), :mod:`.session`
-(dedicated sessions, the store deadline, a follower's queued wait),
-:mod:`.params` (``leader_url`` or a Django alias -> libpq parameters) and
-:mod:`.backend` (the protocol on top of them).
+The package: :mod:`.sql` and :mod:`.entries` (the statements and the lock
+key), :mod:`.session` (dedicated sessions, the store deadline, a follower's
+queued wait; its :class:`~.session.Connector` is the connection object the
+facets share), :mod:`.params` (``leader_url`` -> libpq parameters) and
+:mod:`.facets` (the lease lock, fenced records, entries and run records on top
+of them).
 """
 
-from .backend import PostgresBackend
+from __future__ import annotations
+
+from .. import StoreFacets, StoreParams
+from .facets import PostgresEntries, PostgresLock, PostgresRecords, PostgresRuns
+from .session import Connector
 from .sql import MIN_SERVER_VERSION, advisory_key
 
-__all__ = ["MIN_SERVER_VERSION", "PostgresBackend", "advisory_key"]
+__all__ = ["MIN_SERVER_VERSION", "advisory_key", "open_store"]
+
+
+def open_store(params: StoreParams) -> StoreFacets:
+    """The PostgreSQL store of ``params``; it does not connect until first used."""
+    db = Connector(params)
+    lock, records = PostgresLock(db), PostgresRecords(db, params.replica_acks)
+    return StoreFacets(params, lock, records, PostgresEntries(db), PostgresRuns(db), db.close)

@@ -1,28 +1,10 @@
-"""The SQL of the PostgreSQL store's schedule entries: edits, reads by page and by change.
-
-Every applied edit moves the election's entries version and records the edited
-name in ``celery_leader_entries_edits`` with the version of its edit, so a
-reader is told what changed since its version instead of reading every entry.
-The record keeps the latest :data:`CHANGES_KEPT` names; ``changes_from`` (on
-the version row) is the oldest version a reader may ask from. A version row
-whose ``recorded`` is not its ``version`` was moved by an edit that recorded
-nothing (a previous release): readers from before it read everything.
-"""
+"""The SQL of the PostgreSQL store's schedule entries: the record of edits, the
+edits themselves and the read by change (see :mod:`..sql_facets`)."""
 
 from __future__ import annotations
 
+from ..sql_facets import CHANGES_KEPT, DROP_EVERY, ELECTION
 from .sql import SCHEMA_KEY
-
-#: Entries read per statement when reading them all: a few MB, milliseconds of
-#: the server's time, so a million entries never make one statement that
-#: outlasts the statement timeout.
-ENTRIES_PAGE = 10_000
-
-#: Edited names kept in the record of edits (as on Redis): a reader that fell
-#: further behind reads every entry. Dropped in steps of :data:`DROP_EVERY`
-#: versions, so an edit seldom pays for the drop.
-CHANGES_KEPT = 10_000
-DROP_EVERY = 100
 
 CHANGES_READY = "SELECT to_regclass('celery_leader_entries_edits') IS NOT NULL"
 
@@ -46,39 +28,21 @@ CREATE INDEX IF NOT EXISTS celery_leader_entries_edits_version
     ON celery_leader_entries_edits (prefix, election, version)
 """
 
-_ELECTION = "prefix = %(prefix)s AND election = %(election)s"
-
-ENTRIES_VERSION = f"SELECT version FROM celery_leader_entries_version WHERE {_ELECTION}"  # noqa: S608
-
-# Pages in name order (keyset: the primary key's range). The version is read
-# before the first page: an edit during the pages moves it past the one
-# returned, and the reader asks again at its next look.
-ENTRIES_FIRST_PAGE = f"""
-SELECT name, value FROM celery_leader_entries WHERE {_ELECTION}
-ORDER BY name LIMIT %(page)s
-"""  # noqa: S608
-ENTRIES_NEXT_PAGE = f"""
-SELECT name, value FROM celery_leader_entries WHERE {_ELECTION} AND name > %(after)s
-ORDER BY name LIMIT %(page)s
-"""  # noqa: S608
-
 # One statement, so one snapshot: the version row, then every name edited
 # after %(since)s with its value (NULL: removed), read only when the record
 # can answer. The third column says whether it can.
 ENTRIES_SINCE = f"""
 SELECT NULL, version::text,
        recorded IS NOT DISTINCT FROM version AND changes_from <= %(since)s::bigint
-FROM celery_leader_entries_version WHERE {_ELECTION}
+FROM celery_leader_entries_version WHERE {ELECTION}
 UNION ALL
 SELECT c.name, e.value, NULL FROM celery_leader_entries_edits AS c
 LEFT JOIN celery_leader_entries AS e
     ON e.prefix = c.prefix AND e.election = c.election AND e.name = c.name
 WHERE c.prefix = %(prefix)s AND c.election = %(election)s AND c.version > %(since)s::bigint
   AND EXISTS (SELECT FROM celery_leader_entries_version
-              WHERE {_ELECTION} AND recorded = version AND changes_from <= %(since)s::bigint)
+              WHERE {ELECTION} AND recorded = version AND changes_from <= %(since)s::bigint)
 """  # noqa: S608
-
-LOAD_ENTRY = f"SELECT value FROM celery_leader_entries WHERE {_ELECTION} AND name = %(name)s"  # noqa: S608
 
 # Before an editor's first edit: the version row every edit locks.
 VERSION_ROW = """
@@ -96,7 +60,7 @@ ON CONFLICT DO NOTHING
 _LOCK = f"""
 v AS (
     SELECT version, recorded, changes_from FROM celery_leader_entries_version
-    WHERE {_ELECTION} FOR UPDATE
+    WHERE {ELECTION} FOR UPDATE
 )"""  # noqa: S608
 
 _RECORD = f"""
@@ -109,7 +73,7 @@ dropped AS (
     DELETE FROM celery_leader_entries_edits AS d
     WHERE EXISTS (SELECT FROM e) AND (SELECT version + 1 FROM v) %% {DROP_EVERY} = 0
       AND d.prefix = %(prefix)s AND d.election = %(election)s AND d.name <> %(name)s
-      AND d.version <= (SELECT version FROM celery_leader_entries_edits WHERE {_ELECTION}
+      AND d.version <= (SELECT version FROM celery_leader_entries_edits WHERE {ELECTION}
                         ORDER BY version DESC OFFSET {CHANGES_KEPT} LIMIT 1)
     RETURNING d.version
 ),
@@ -138,7 +102,7 @@ REPLACE_ENTRY = f"""
 WITH {_LOCK},
 e AS (
     UPDATE celery_leader_entries SET value = %(new)s
-    WHERE EXISTS (SELECT FROM v) AND {_ELECTION} AND name = %(name)s AND value = %(expected)s
+    WHERE EXISTS (SELECT FROM v) AND {ELECTION} AND name = %(name)s AND value = %(expected)s
     RETURNING 1
 ),
 {_RECORD}"""  # noqa: S608
@@ -147,7 +111,7 @@ DELETE_ENTRY = f"""
 WITH {_LOCK},
 e AS (
     DELETE FROM celery_leader_entries
-    WHERE EXISTS (SELECT FROM v) AND {_ELECTION} AND name = %(name)s AND value = %(expected)s
+    WHERE EXISTS (SELECT FROM v) AND {ELECTION} AND name = %(name)s AND value = %(expected)s
     RETURNING 1
 ),
 {_RECORD}"""  # noqa: S608

@@ -15,12 +15,13 @@ import psycopg
 from psycopg import errors
 from psycopg.rows import TupleRow
 
-from ..._urls import mask_url
 from ...exceptions import StoreMisconfigured, StoreUnavailable
+from .. import StoreParams
 from ..errors import first_line
-from ..session_lock import SessionGone
+from ..session_lock import SessionGone, SessionStore
 from ..waiting import LockWaiter
 from .entries import ADD_CHANGES, CHANGES_READY
+from .params import connection_params
 from .sql import (
     CLIENT_CHECK_MS,
     CREATE_SCHEMA,
@@ -124,8 +125,9 @@ class Canceller:
         return self.fired
 
 
-class Connector:
-    """Opens sessions to one database and runs statements on them.
+class Connector(SessionStore[Session]):
+    """Opens sessions to one database and runs statements on them: the store's
+    connection object, shared by its facets.
 
     Every statement runs under the store deadline: the server cancels it a
     little before (``statement_timeout``), and the client cuts the connection
@@ -133,17 +135,17 @@ class Connector:
     :class:`StoreUnavailable` in one line, with the password masked.
     """
 
-    def __init__(self, params: Mapping[str, Any], target: str, timeout: float) -> None:
-        self.params = dict(params)
-        #: The database as messages name it: the URL with its password masked.
-        self.target = target
-        self.timeout = timeout
-        self._password = str(params.get("password") or "")
+    schema = ((SCHEMA_EXISTS, CREATE_SCHEMA), (CHANGES_READY, ADD_CHANGES))
+
+    def __init__(self, store: StoreParams) -> None:
+        params, target = connection_params(store.url, store.timeout, store.connection)
+        password = str(params.get("password") or "")
+        super().__init__(store, target, password)
+        self.params = params
         # The server cancels a slow statement a little before our own deadline
         # cuts the connection: a merely slow server then costs one failed call,
         # not the session and the term held in it.
-        self.statement_ms = ms(timeout * 0.9)
-        self._schema_ready = False
+        self.statement_ms = ms(store.timeout * 0.9)
 
     def connect(self, ttl: float | None) -> Session:
         """A new dedicated session; ``ttl`` set means it may hold a lock."""
@@ -166,23 +168,9 @@ class Connector:
             raise
         return session
 
-    def ensure_schema(self, session: Session) -> None:
-        """Create the tables on first use (a role without CREATE can use an admin's)."""
-        if self._schema_ready:
-            return
-        ((exists,),) = self.execute(session, SCHEMA_EXISTS)
-        if not exists:
-            self.execute(session, CREATE_SCHEMA)
-        # Tables of the previous release lack the record of entry edits.
-        ((recording,),) = self.execute(session, CHANGES_READY)
-        if not recording:
-            self.execute(session, ADD_CHANGES)
-        self._schema_ready = True
-
     def execute(
         self, session: Session, query: str, params: Mapping[str, Any] | None = None
     ) -> list[TupleRow]:
-        """Run ``query`` under the store deadline; psycopg errors become StoreUnavailable."""
         with session.lock:
             watchdog = _Watchdog(session.conn, self.timeout)
             try:
@@ -219,9 +207,7 @@ class Connector:
         text = re.sub(r"^connection failed: ", "", text)
         text = re.sub(r'^connection to server (?:at|on) "[^"]*".*? failed: ', "", text)
         text = re.sub(r"^FATAL:\s+", "", text)
-        if self._password:
-            text = text.replace(self._password, "***")
-        return mask_url(text)
+        return self.masked(text)
 
     def _require_server_version(self, version: int) -> None:
         """Refuse a server without ``idle_session_timeout`` (before 14)."""

@@ -309,17 +309,6 @@ WHERE t.prefix = %(prefix)s AND t.election = %(election)s AND l.pid = t.pid AND 
 RETURNING t.instance_id, t.epoch, t.token
 """  # noqa: S608
 
-ELECTIONS = """
-SELECT election FROM celery_leader_lease WHERE prefix = %(prefix)s
-UNION
-SELECT election FROM celery_leader_state WHERE prefix = %(prefix)s
-ORDER BY 1
-"""
-
-LOAD_STATE = """
-SELECT entry, value FROM celery_leader_state WHERE prefix = %(prefix)s AND election = %(election)s
-"""
-
 # The run ledger's marks (keys starting with "@"): records of any process, so
 # no lock is checked. An expired record counts as absent. Writing also drops up
 # to 100 expired marks of the election (never the one written: a statement may
@@ -361,7 +350,7 @@ WHERE prefix = %(prefix)s AND election = %(election)s AND key = %(key)s AND expi
 # is volatile, so the planner filtered the entry's every row with it instead.
 _AT = "extract(epoch FROM now())::float8"
 
-# An entry's run records, one statement a write (see FencedState.put_run):
+# An entry's run records, one statement a write (see RunStore.put):
 # ``w`` writes the record (compare-and-set), ``swept`` drops up to ``most`` of
 # the entry's expired records (by the expiry index) and ``trimmed`` as many over
 # ``keep`` (oldest created first, by the order index), ``stale`` a few records of entries nobody

@@ -1,0 +1,174 @@
+"""The entries and run-records facets the SQL stores share, and their common SQL.
+
+Schedule entries: every applied edit moves the election's entries version and
+records the edited name in ``celery_leader_entries_edits`` with the version of
+its edit, so a reader is told what changed since its version instead of reading
+every entry. The record keeps the latest :data:`CHANGES_KEPT` names;
+``changes_from`` (on the version row) is the oldest version a reader may ask
+from. A version row whose ``recorded`` is not its ``version`` was moved by an
+edit that recorded nothing (a previous release): readers from before it read
+everything. Each store writes the edits and reads the changes in its own SQL;
+the version and the pages read the same in both.
+
+Run records are written and read on the store's kept session; each store
+writes them in its own SQL, and both read summaries page by page.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Sequence
+from typing import Any, Generic
+
+from .entry_store import Edit, EntryStore
+from .run_store import RUNS_DROPPED, RunStore, RunSummary, RunWrite, run_entry
+from .session_lock import Rows, S, SessionStore
+
+#: Entries read per statement when reading them all: a few MB, milliseconds of
+#: the server's time, so a million entries never make one statement that
+#: outlasts the store deadline.
+ENTRIES_PAGE = 10_000
+
+#: Edited names kept in the record of edits (as on Redis): a reader that fell
+#: further behind reads every entry. Dropped in steps of :data:`DROP_EVERY`
+#: versions, so an edit seldom pays for the drop.
+CHANGES_KEPT = 10_000
+DROP_EVERY = 100
+
+#: Entries per run-summary page: a few indexed statements of a few
+#: milliseconds, whatever the ledger holds.
+SUMMARIES_PAGE = 200
+
+ELECTION = "prefix = %(prefix)s AND election = %(election)s"
+
+ENTRIES_VERSION = f"SELECT version FROM celery_leader_entries_version WHERE {ELECTION}"  # noqa: S608
+
+# Pages in name order (keyset: the primary key's range). The version is read
+# before the first page: an edit during the pages moves it past the one
+# returned, and the reader asks again at its next look.
+ENTRIES_FIRST_PAGE = f"""
+SELECT name, value FROM celery_leader_entries WHERE {ELECTION}
+ORDER BY name LIMIT %(page)s
+"""  # noqa: S608
+ENTRIES_NEXT_PAGE = f"""
+SELECT name, value FROM celery_leader_entries WHERE {ELECTION} AND name > %(after)s
+ORDER BY name LIMIT %(page)s
+"""  # noqa: S608
+
+LOAD_ENTRY = f"SELECT value FROM celery_leader_entries WHERE {ELECTION} AND name = %(name)s"  # noqa: S608
+
+# The fenced records of an election.
+LOAD_STATE = f"SELECT entry, value FROM celery_leader_state WHERE {ELECTION}"  # noqa: S608
+
+
+class SqlEntries(EntryStore, Generic[S]):
+    """The entries facet of a SQL store: the version and the pages of every
+    entry read alike; a store adds :meth:`changes_since` and :meth:`_apply`."""
+
+    # A store's single-entry compare-and-sets, chosen by :meth:`edit`.
+    _CREATE: str
+    _REPLACE: str
+    _DELETE: str
+    #: Run once before a batch of edits (the version row every edit locks), if set.
+    _BEFORE_EDITS: str | None = None
+
+    def __init__(self, db: SessionStore[S]) -> None:
+        self._db = db
+
+    def version(self, election: str) -> int:
+        rows = self._db.kept(ENTRIES_VERSION, self._db.names(election))
+        return int(rows[0][0]) if rows else 0
+
+    def load(self, election: str) -> tuple[int, dict[str, str]]:
+        # By pages: one statement of a million entries outlasted the statement
+        # timeout. The version first (see ENTRIES_FIRST_PAGE).
+        names = self._db.names(election)
+        version = self.version(election)
+        entries: dict[str, str] = {}
+        page = self._db.kept(ENTRIES_FIRST_PAGE, {**names, "page": ENTRIES_PAGE})
+        while True:
+            entries.update((str(name), str(value)) for name, value in page)
+            if len(page) < ENTRIES_PAGE:
+                return version, entries
+            after = page[-1][0]
+            page = self._db.kept(ENTRIES_NEXT_PAGE, {**names, "page": ENTRIES_PAGE, "after": after})
+
+    def edit(self, election: str, edits: Sequence[Edit]) -> list[bool]:
+        """One statement per edit, on a short-lived connection (no term needed)."""
+        with self._db.admin() as session:
+            names = self._db.names(election)
+            if edits and self._BEFORE_EDITS is not None:
+                self._db.execute(session, self._BEFORE_EDITS, names)
+            results = []
+            for e in edits:
+                params = {**names, "name": e.key, "new": e.new, "expected": e.expected}
+                if e.expected is None and e.new is None:
+                    # "Remove what is not there": true when nothing is there.
+                    results.append(not self._db.execute(session, LOAD_ENTRY, params))
+                    continue
+                if e.expected is None:
+                    edit = self._CREATE
+                else:
+                    edit = self._DELETE if e.new is None else self._REPLACE
+                results.append(self._apply(session, edit, params))
+            return results
+
+    @abstractmethod
+    def _apply(self, session: S, edit: str, params: dict[str, Any]) -> bool:
+        """Run the compare-and-set ``edit`` on ``session``; whether it applied."""
+
+
+class SqlRuns(RunStore):
+    """The run-records facet of a SQL store: a store writes marks and an entry's
+    records its way, and reads them with :attr:`_RUNS_OF`; summaries are read
+    by pages of :attr:`_SUMMARIES`, one entry a row."""
+
+    #: An entry's newest records: ``(key, value)`` rows.
+    _RUNS_OF: str
+    #: A page of entries after ``%(after)s``: rows that start with the entry.
+    _SUMMARIES: str
+
+    def __init__(self, db: SessionStore[Any]) -> None:
+        self._db = db
+
+    def put(self, election: str, write: RunWrite) -> tuple[bool, str | None]:
+        params = {
+            **self._db.names(election),
+            "key": write.key,
+            "new": write.new,
+            "ttl": write.ttl,
+            "expected": write.expected,
+        }
+        entry = run_entry(write.key)
+        if entry is None:
+            return self._put_mark(write, params)
+        params.update(entry=entry, tally=write.tally, keep=write.keep, most=RUNS_DROPPED)
+        return self._put_record(write, params)
+
+    def runs_of(self, election: str, entry: str, limit: int) -> list[tuple[str, str]]:
+        params = {**self._db.names(election), "entry": entry, "limit": limit}
+        return [(str(key), str(value)) for key, value in self._db.kept(self._RUNS_OF, params)]
+
+    def summaries(self, election: str) -> list[RunSummary]:
+        out: list[RunSummary] = []
+        after = ""
+        while True:
+            params = {**self._db.names(election), "after": after, "page": SUMMARIES_PAGE}
+            rows = self._db.kept(self._SUMMARIES, params)
+            out.extend(self._summarise(rows, params))
+            if len(rows) < SUMMARIES_PAGE:
+                return out
+            after = str(rows[-1][0])
+
+    @abstractmethod
+    def _put_mark(self, write: RunWrite, params: dict[str, Any]) -> tuple[bool, str | None]:
+        """:meth:`put` of a mark (a key starting with ``@``)."""
+
+    @abstractmethod
+    def _put_record(self, write: RunWrite, params: dict[str, Any]) -> tuple[bool, str | None]:
+        """:meth:`put` of an entry's record (``params`` name its entry, tally, keep)."""
+
+    @abstractmethod
+    def _summarise(self, rows: Rows, params: dict[str, Any]) -> list[RunSummary]:
+        """The summaries of one page of :attr:`_SUMMARIES` rows (the entries
+        with a record kept)."""
