@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import redis
 
 from celery_leader import ops
-from celery_leader.backends import create_backend
+from celery_leader.backends import RunWrite, open_store
 from celery_leader.config import LeaderConfig
 from celery_leader.ledger import RunRecord
 
@@ -30,11 +30,12 @@ def test_leader_status_runs_no_long_command_over_a_large_ledger(redis_url: str) 
     now = time.time()
 
     def write(worker: int) -> None:
-        backend = create_backend(config)
+        store = open_store(config)
         for i in range(worker, RECORDS, 4):
             slot = f"job-{i % ENTRIES}@{i:08d}"
-            backend.put_run("beat", slot, None, RunRecord.sent_by(slot, "b", 1, now).dump(), 3600)
-        backend.close()
+            record = RunRecord.sent_by(slot, "b", 1, now).dump()
+            store.runs.put("beat", RunWrite(slot, None, record, 3600))
+        store.close()
 
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(write, range(4)))

@@ -89,10 +89,10 @@ class Connection:
     """The client of one store URL, its registered scripts, and calls that fail in one line."""
 
     def __init__(self, params: StoreParams) -> None:
-        url = self.url = params.url
+        self.url = url = params.url
         self.timeout = params.timeout
         self.key_prefix = params.key_prefix
-        self._options = _options(url, timeout)
+        self._options = _options(url, self.timeout)
         self._cluster_url = _cluster_url(url)
         self._redis: Any = None
         self._scripts: dict[str, Script] = {}

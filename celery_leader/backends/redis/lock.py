@@ -118,12 +118,13 @@ class RedisLock(LeaseLock):
             elif subscription is None or subscription.presence != presence:
                 return False  # the connection the term names was dropped already
         if subscription is None:
-            # A follower whose subscription was dropped after an error: the next
-            # acquire subscribes again.
+            # No presence to keep, or a subscription dropped after an error (the
+            # next acquire subscribes again).
             cancel.wait(timeout)
             return True
+        ready = subscription.message if term is None else subscription.idle
         try:
-            wait_sliced(subscription.idle if term else subscription.message, timeout, cancel)
+            wait_sliced(ready, timeout, cancel)
         except (redis.RedisError, RedisClusterException):
             self._presences.drop(election)
             if term is not None:
