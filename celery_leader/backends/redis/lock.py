@@ -32,6 +32,7 @@ class RedisLock(LeaseLock):
     clock_resolution = 1e-6
 
     def __init__(self, conn: Connection, presences: Presences, replicas: Replicas) -> None:
+        self.url, self.timeout = conn.url, conn.timeout
         self._conn = conn
         self._presences = presences
         self._replicas = replicas
@@ -82,7 +83,7 @@ class RedisLock(LeaseLock):
         reply, acks = self._conn.call(run)
         reply = checked(reply)
         if not acks.enough:
-            self._free(election, reply[1])
+            self.release(election, Term(reply[1], 0))
             raise replicas.refused(acks, "a new term", "released; nobody leads on it")
         return list(reply)
 
@@ -95,16 +96,11 @@ class RedisLock(LeaseLock):
         return seconds(self._conn.run("time", [self._conn.key(election, "lock")], []))
 
     def release(self, election: str, term: Term | None) -> None:
-        try:
-            if term is not None:
-                self._free(election, term.token)
-        finally:
-            self._presences.drop(election)
-
-    def _free(self, election: str, token: str) -> None:
-        """Delete the term ``token`` if it still holds ``election``, and wake followers."""
-        lock, released = self._conn.keys(election, "lock", "released")
-        self._conn.run("release", [lock], [token, released])
+        if term is None:
+            self._presences.drop(election)  # leaving: its presence and announcements go
+        else:
+            lock, released = self._conn.keys(election, "lock", "released")
+            self._conn.run("release", [lock], [term.token, released])
 
     def wait(
         self, election: str, timeout: float, cancel: threading.Event, term: Term | None = None
