@@ -80,10 +80,7 @@ class Pinned:
         return self
 
     def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         if not self._clean or kind is not None:
             # Replies may be left unread on the socket: it cannot be reused.

@@ -84,11 +84,7 @@ class Subscription:
 
     @classmethod
     def open(
-        cls,
-        client: Any,
-        released: str,
-        presence: tuple[str, str] | None,
-        timeout: float,
+        cls, client: Any, released: str, presence: tuple[str, str] | None, timeout: float
     ) -> Subscription:
         """Subscribe ``client`` to ``released`` and ``presence`` (``(channel, id)``).
 
