@@ -24,10 +24,9 @@ import pytest
 import redis
 
 from celery_leader import LeaderConfig, Lease
-from celery_leader.backends import Edit, Write, create_backend
-from celery_leader.backends import Fence, StoreParams
+from celery_leader.backends import Edit, Fence, StoreParams, Write, open_store
 from celery_leader.backends.redis import entries as redis_entries
-from celery_leader.backends.redis import open_store
+from celery_leader.backends.redis import open_store as open_redis
 from celery_leader.backends.redis.presence import WATCH_INTERVAL
 from celery_leader.exceptions import StoreUnavailable
 from harness.procs import Procs
@@ -136,7 +135,7 @@ def test_graceful_stop_hands_over_within_half_a_second(cluster: LeaseCluster) ->
 @pytest.mark.timing  # within 0.5 s of a renew interval
 def test_resign_hands_over(cluster: LeaseCluster, redis_url: str) -> None:
     leader, follower = start_pair(cluster)
-    store = open_store(StoreParams(redis_url, cluster.prefix, 1.0))
+    store = open_redis(StoreParams(redis_url, cluster.prefix, 1.0))
     asked = time.monotonic()
     holder = store.lock.request_resign(cluster.election)
     assert holder is not None and holder.instance_id == leader.ident
@@ -153,8 +152,8 @@ def test_keys_are_json_under_one_hash_tag(redis_url: str) -> None:
         {"leader_url": redis_url, "leader_ttl": TTL, "leader_renew_interval": RENEW,
          "leader_key_prefix": "myapp", "leader_instance_id": "host-1:42"}
     )  # fmt: skip
-    backend = create_backend(cfg)
-    lease = Lease.from_config("beat", cfg, backend)
+    store = open_store(cfg)
+    lease = Lease.from_config("beat", cfg, store.lock)
     lease.start()
     try:
         wait_for(lease.is_leader, 5)
@@ -165,8 +164,8 @@ def test_keys_are_json_under_one_hash_tag(redis_url: str) -> None:
         assert value["holder"] == "host-1:42" and len(value["token"]) >= 16
         assert 0 < client.pttl("{myapp:beat}:lock") <= TTL * 1000
         assert client.ttl("{myapp:beat}:epoch") == -1
-        assert backend.elections() == ["beat"]
-        holder = backend.holder("beat")
+        assert list(store.lock.holders()) == ["beat"]
+        holder = store.lock.holder("beat")
         assert holder is not None and holder.instance_id == "host-1:42"
     finally:
         lease.stop()
@@ -296,7 +295,7 @@ def test_unreachable_at_start_then_leads_once_redis_is_there(caplog) -> None:
         {"leader_url": url, "leader_ttl": TTL, "leader_renew_interval": RENEW}
     )
     caplog.set_level(logging.INFO, logger="celery_leader")
-    lease = Lease.from_config("start-down", cfg, create_backend(cfg))
+    lease = Lease.from_config("start-down", cfg, open_store(cfg).lock)
     server: subprocess.Popen[bytes] | None = None
     lease.start()
     try:
@@ -491,7 +490,7 @@ def test_a_claim_batch_is_one_round_trip_without_script_exists(
     execute; the store sends EVALSHA itself and falls back to EVAL only when
     the server answers NOSCRIPT (after a start or SCRIPT FLUSH).
     """
-    store = open_store(StoreParams(redis_url, "count", 1.0))
+    store = open_redis(StoreParams(redis_url, "count", 1.0))
     sends: list[int] = []
     real_send = redis.connection.AbstractConnection.send_packed_command
 
@@ -531,7 +530,7 @@ def test_a_claim_batch_is_one_round_trip_without_script_exists(
 
 def test_wrong_key_types_are_named(redis_url: str) -> None:
     """A key of the wrong type at the lease or epoch key: the error names it."""
-    store = open_store(StoreParams(redis_url, "typed", 1.0))
+    store = open_redis(StoreParams(redis_url, "typed", 1.0))
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     try:
         client.hset("{typed:beat}:epoch", "x", "1")
@@ -554,7 +553,7 @@ def test_entries_are_read_in_pages_whole(
     """Schedule entries come back whole across many HSCAN pages, none in one
     big call (one HGETALL of a million entries outlasted the socket timeout)."""
     monkeypatch.setattr(redis_entries, "ENTRIES_PAGE", 100)
-    store = open_store(StoreParams(redis_url, "paged", 1.0))
+    store = open_redis(StoreParams(redis_url, "paged", 1.0))
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     try:
         # Past the listpack limit (128 fields by default), so HSCAN really pages.
@@ -581,7 +580,7 @@ def test_an_edit_that_recorded_nothing_makes_older_readers_read_everything(
 ) -> None:
     """An editor of a release that kept no changes (a rolling upgrade) moves the
     version alone: a reader from before it must not be told only the later edits."""
-    store = open_store(StoreParams(redis_url, "old", 1.0))
+    store = open_redis(StoreParams(redis_url, "old", 1.0))
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     try:
         assert store.entries.edit("beat", [Edit("a", None, "a1")]) == [True]
@@ -605,7 +604,7 @@ def test_entry_changes_kept_are_bounded_and_an_older_reader_reads_everything(
     redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(redis_entries, "CHANGES_KEPT", 3)
-    store = open_store(StoreParams(redis_url, "changes", 1.0))
+    store = open_redis(StoreParams(redis_url, "changes", 1.0))
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     try:
         versions = []
