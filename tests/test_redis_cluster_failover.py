@@ -34,9 +34,7 @@ def cluster3x3() -> Iterator[Cluster3x3]:
 
 
 def _backend(url: str, **settings: Any) -> StoreFacets:
-    return open_store(
-        LeaderConfig.from_mapping({"leader_url": url, "leader_ttl": TTL, **settings})
-    )
+    return open_store(LeaderConfig.from_mapping({"leader_url": url, "leader_ttl": TTL, **settings}))
 
 
 def _until_it_works(call: Callable[[], Any], since: float, timeout: float) -> float:
@@ -74,11 +72,15 @@ def test_every_operation_reaches_the_promoted_master(cluster3x3: Cluster3x3) -> 
         won: list[Any] = []
         took = {
             "leader claim": _until_it_works(
-                lambda: claimed.extend(leader.records.claim(Fence(ELECTION, term), [Write("tick", "1", "2")])),
+                lambda: claimed.extend(
+                    leader.records.claim(Fence(ELECTION, term), [Write("tick", "1", "2")])
+                ),
                 promoted,
                 8,
             ),
-            "leader renew": _until_it_works(lambda: leader.lock.renew(ELECTION, term, TTL), promoted, 8),
+            "leader renew": _until_it_works(
+                lambda: leader.lock.renew(ELECTION, term, TTL), promoted, 8
+            ),
             "watcher holder": _until_it_works(lambda: watcher.lock.holder(ELECTION), promoted, 8),
             # The leader's presence lived on the dead master: the follower takes over.
             "follower acquire": _until_it_works(

@@ -78,7 +78,9 @@ def test_a_promotion_keeps_claims_and_epochs_only_with_replica_acks(
             assert acks == 0
             assert second.epoch > first.epoch
             # Accepted by the master alone.
-            assert backend.records.claim(Fence("e", second), [Write("tick", "slot-1", "slot-2")]) == [True]
+            assert backend.records.claim(
+                Fence("e", second), [Write("tick", "slot-1", "slot-2")]
+            ) == [True]
         promoted = _promote(replicated)
     finally:
         backend.close()
@@ -188,7 +190,9 @@ def test_behind_sentinel_auto_waits_for_a_cut_off_replica_sentinel_could_promote
         plain = _backend(store.master.url, None)
         guarded = _backend(store.sentinel_url, None)
         try:
-            terms = {b: b.lock.acquire(e, "a", TTL, 0).term for b, e in ((plain, "p"), (guarded, "s"))}
+            terms = {
+                b: b.lock.acquire(e, "a", TTL, 0).term for b, e in ((plain, "p"), (guarded, "s"))
+            }
             store.wait_synced()
             store.link.hold()
             store.link.cut()  # the replica reconnects to a proxy that forwards nothing
