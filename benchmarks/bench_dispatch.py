@@ -41,7 +41,7 @@ from celery import Celery
 from celery.beat import PersistentScheduler, Scheduler
 
 from celery_leader import LeaderScheduler
-from celery_leader.backends import Write, create_backend
+from celery_leader.backends import Fence, Write, open_store
 from celery_leader.config import LeaderConfig
 from harness.servers import RedisServer
 from harness.waiting import wait_for
@@ -105,15 +105,17 @@ def persistent(app: Celery, workdir: Path, limit: float) -> float:
 def seed_leader_state(app: Celery) -> None:
     """Store the state a previous leader would have left: every entry ran long ago."""
     config = LeaderConfig.from_app(app)
-    backend = create_backend(config)
+    backend = open_store(config)
     try:
-        term = backend.acquire(config.beat_election, "previous-leader", config.ttl, 0).term
+        term = backend.lock.acquire(config.beat_election, "previous-leader", config.ttl, 0).term
         assert term is not None, "someone holds the beat election"
         last_run = (datetime.now(timezone.utc) - OVERDUE).isoformat()
         state = json.dumps({"last_run_at": last_run, "total_run_count": 1})
         claims = [Write(name, None, state) for name in app.conf.beat_schedule]
-        assert all(backend.claim(config.beat_election, term, claims)), "state not seeded"
-        backend.release(config.beat_election, term)
+        assert all(backend.records.claim(Fence(config.beat_election, term), claims)), (
+            "state not seeded"
+        )
+        backend.lock.release(config.beat_election, term)
     finally:
         backend.close()
 

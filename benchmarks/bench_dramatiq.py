@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
 
-from celery_leader.backends import create_backend
+from celery_leader.backends import open_store
 from celery_leader.config import LeaderConfig
 from harness.dramatiq_tap import DramatiqTap
 from harness.groups import VENV_BIN, kill_all, pgrp_of, start_child
@@ -138,9 +138,9 @@ def leader_sender(cluster: Cluster, store_url: str) -> Callable[[], Proc | None]
     config = LeaderConfig.from_env({}, leader_url=store_url, leader_ttl=TTL)
 
     def sender() -> Proc | None:
-        backend = create_backend(config)
+        backend = open_store(config)
         try:
-            holder = backend.holder(config.beat_election)
+            holder = backend.lock.holder(config.beat_election)
         finally:
             backend.close()
         if holder is None:

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kombu import Connection
 
-from celery_leader.backends import create_backend
+from celery_leader.backends import open_store
 from celery_leader.config import LeaderConfig
 from celery_leader.ledger import LedgerTarget, RunGuard
 from harness.servers import PostgresServer, RedisServer
@@ -48,7 +48,7 @@ def timed(fn: Callable[[int], object], n: int) -> list[float]:
 def ledger_cost(url: str, n: int) -> list[float]:
     config = LeaderConfig.from_mapping({"leader_url": url, "leader_key_prefix": "bench"})
     target = LedgerTarget(
-        create_backend(config),
+        open_store(config).runs,
         "beat",
         "bench",
         15.0,

@@ -5,7 +5,7 @@ Run:  python -m benchmarks.bench_replica_acks [--batches 300]
 Starts its own servers on loopback: a lone redis-server, a Redis master with
 one replica, a lone PostgreSQL and a primary with a synchronous (and one with
 an asynchronous) standby, replicas linked directly. Each row times
-``backend.claim()`` of a batch of 1, 10 and 100 entries (every claim wins):
+``records.claim()`` of a batch of 1, 10 and 100 entries (every claim wins):
 median and 90th percentile, in milliseconds. ``acks 0`` is the claim as it was
 before replicas were waited for; on a lone server ``auto`` adds ``ROLE`` to the
 claim's round trip (Redis) or a look at ``pg_stat_replication`` to the claim's
@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 
-from celery_leader.backends import Write, create_backend
+from celery_leader.backends import Fence, Write, open_store
 from celery_leader.config import LeaderConfig
 from harness.pg_standby import PrimaryAndStandby
 from harness.servers import PostgresServer, RedisServer
@@ -35,24 +35,24 @@ def time_claims(url: str, acks: str, batches: int) -> list[str]:
     config = LeaderConfig.from_mapping(
         {"leader_url": url, "leader_ttl": TTL, "leader_replica_acks": acks}
     )
-    backend = create_backend(config)
+    backend = open_store(config)
     cells = []
     try:
-        term = backend.acquire("bench", "bench", TTL, 0).term
+        term = backend.lock.acquire("bench", "bench", TTL, 0).term
         assert term is not None
-        state = backend.load_state("bench")
+        state = backend.records.load("bench")
         for size in SIZES:
             times = []
             for n in range(batches):
                 claims = [Write(f"e{i}", state.get(f"e{i}"), f"{n}") for i in range(size)]
                 start = time.perf_counter()
-                won = backend.claim("bench", term, claims)
+                won = backend.records.claim(Fence("bench", term), claims)
                 times.append(time.perf_counter() - start)
                 assert all(won), won
                 state.update((c.key, c.new) for c in claims)
             p90 = statistics.quantiles(times, n=10)[-1]
             cells.append(f"{statistics.median(times) * 1000:.2f} / {p90 * 1000:.2f}")
-        backend.release("bench", term)
+        backend.lock.release("bench", term)
     finally:
         backend.close()
     return cells

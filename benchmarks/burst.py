@@ -41,7 +41,7 @@ from typing import Any
 from celery import Celery
 
 from celery_leader import LeaderScheduler
-from celery_leader.backends import Write, create_backend
+from celery_leader.backends import Fence, Write, open_store
 from celery_leader.config import LeaderConfig
 from celery_leader.schedule.state import dump_state
 from harness.servers import PostgresServer, RedisServer
@@ -79,16 +79,18 @@ def make_app(broker_url: str, store_url: str, n: int) -> Celery:
 def seed(app: Celery, hour: datetime) -> None:
     """Store what a previous leader would leave: every entry ran at the hour before."""
     config = LeaderConfig.from_app(app)
-    backend = create_backend(config)
+    backend = open_store(config)
     try:
-        term = backend.acquire(config.beat_election, "previous-leader", config.ttl, 0).term
+        term = backend.lock.acquire(config.beat_election, "previous-leader", config.ttl, 0).term
         assert term is not None, "someone holds the beat election"
         state = dump_state(hour - PERIOD, 1, term.epoch, "previous-leader")
         names = list(app.conf.beat_schedule)
         for start in range(0, len(names), SEED_CHUNK):
             claims = [Write(name, None, state) for name in names[start : start + SEED_CHUNK]]
-            assert all(backend.claim(config.beat_election, term, claims)), "state not seeded"
-        backend.release(config.beat_election, term)
+            assert all(backend.records.claim(Fence(config.beat_election, term), claims)), (
+                "state not seeded"
+            )
+        backend.lock.release(config.beat_election, term)
     finally:
         backend.close()
 

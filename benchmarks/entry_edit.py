@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from celery_leader.backends import Backend, Edit, create_backend
+from celery_leader.backends import Edit, StoreFacets, open_store
 from celery_leader.config import LeaderConfig
 from celery_leader.schedule.entries import instant_now, new_entry
 from celery_leader.schedule.feed import EntryFeed
@@ -74,8 +74,8 @@ def server(store: str) -> Iterator[str]:
         yield running.url
 
 
-def backend(url: str) -> Backend:
-    return create_backend(LeaderConfig.from_mapping({"leader_url": url}))
+def backend(url: str) -> StoreFacets:
+    return open_store(LeaderConfig.from_mapping({"leader_url": url}))
 
 
 def entry_text(i: int, fields: dict[str, Any]) -> str:
@@ -95,7 +95,7 @@ def seed(url: str, n: int) -> dict[str, str]:
         writer = backend(url)
         try:
             edits = [Edit(k, None, texts[k]) for k in names[first : first + BATCH]]
-            if not all(writer.edit_entries(ELECTION, edits)):
+            if not all(writer.entries.edit(ELECTION, edits)):
                 raise RuntimeError("an entry existed already in a fresh store")
         finally:
             writer.close()
@@ -109,10 +109,10 @@ def seed(url: str, n: int) -> dict[str, str]:
     return texts
 
 
-def counted(reader: Backend) -> list[int]:
+def counted(reader: StoreFacets) -> list[int]:
     """Count the entries ``reader``'s entry reads return (the list's one item)."""
     count = [0]
-    load, since = reader.load_entries, reader.entries_changed_since
+    load, since = reader.entries.load, reader.entries.changes_since
 
     def load_entries(election: str) -> tuple[int, dict[str, str]]:
         version, entries = load(election)
@@ -125,8 +125,8 @@ def counted(reader: Backend) -> list[int]:
             count[0] += len(changed[1])
         return changed
 
-    reader.load_entries = load_entries  # type: ignore[method-assign]
-    reader.entries_changed_since = entries_changed_since  # type: ignore[method-assign]
+    reader.entries.load = load_entries  # type: ignore[method-assign]
+    reader.entries.changes_since = entries_changed_since  # type: ignore[method-assign]
     return count
 
 
@@ -136,7 +136,9 @@ def measure(store: str, n: int, edits: int) -> Row:
         reader, editor = backend(url), backend(url)
         try:
             count = counted(reader)
-            feed = EntryFeed(reader, ELECTION, logging.getLogger("entry_edit"), interval=0.0)
+            feed = EntryFeed(
+                reader.entries, ELECTION, logging.getLogger("entry_edit"), interval=0.0
+            )
             t0 = time.perf_counter()
             if len(feed.current()) != n:
                 raise RuntimeError("the replica did not read every entry")
@@ -146,7 +148,7 @@ def measure(store: str, n: int, edits: int) -> Row:
             for i in range(edits):
                 old = texts[probe]
                 texts[probe] = json.dumps({**json.loads(old), "kwargs": {"edit": i}})
-                if editor.edit_entries(ELECTION, [Edit(probe, old, texts[probe])]) != [True]:
+                if editor.entries.edit(ELECTION, [Edit(probe, old, texts[probe])]) != [True]:
                     raise RuntimeError(f"the edit of {probe} did not apply")
                 count[0] = 0
                 t0, c0 = time.perf_counter(), time.process_time()

@@ -19,7 +19,7 @@ it measures, in this order:
   pinging in a loop from before the status read until after it);
 * on Redis, memory per record: ``INFO memory`` ``used_memory`` before and after
   the seed, over N;
-* one write through the store's own ``put_run`` (beat's ``sent`` mark of a new
+* one write through the store's own ``runs.put`` (beat's ``sent`` mark of a new
   slot of an entry that holds its N/50 records): p50 and p99 over a hundred
   writes per entry with no cap, then a hundred more with ``leader_ledger_keep``
   at its default (10,000), under what the entries hold: each of those writes
@@ -55,7 +55,7 @@ import redis
 import requests
 
 from celery_leader import ops
-from celery_leader.backends import Backend, create_backend
+from celery_leader.backends import RunWrite, StoreFacets, open_store
 from celery_leader.backends.etcd.backend import _RunKeys
 from celery_leader.backends.mysql.params import connection_params
 from celery_leader.config import DEFAULT_LEDGER_RETENTION, LeaderConfig
@@ -124,13 +124,13 @@ def config_of(url: str) -> LeaderConfig:
 # -- seeding, one store at a time ----------------------------------------------
 
 
-def seed_redis(server: RedisServer, backend: Backend, n: int) -> None:
+def seed_redis(server: RedisServer, backend: StoreFacets, n: int) -> None:
     client = server.client()
     now = time.time()
     index = f"{{{PREFIX}:{ELECTION}}}:run-entries"
     for e, count in enumerate(split(n)):
         name = entry_name(e)
-        records, order, summary = backend._entry_runs_keys(ELECTION, name)  # type: ignore[attr-defined]
+        records, order, summary = backend.runs._entry_keys(ELECTION, name)  # type: ignore[attr-defined]
         counts: dict[str, int] = {}
         batch: list[tuple[str, str, str, float]] = []
         last = ""
@@ -172,8 +172,9 @@ def _b36(n: int) -> str:
             return out
 
 
-def seed_postgres(url: str, backend: Backend, n: int) -> None:
-    backend.put_run(ELECTION, "@ledger-since", None, "{}", 60)  # the tables, made on first use
+def seed_postgres(url: str, backend: StoreFacets, n: int) -> None:
+    # The tables, made on first use.
+    backend.runs.put(ELECTION, RunWrite("@ledger-since", None, "{}", 60))
     now = time.time()
     with psycopg.connect(url, autocommit=True) as conn:
         columns = "prefix, election, entry, key, value, tally, expires, created"
@@ -196,8 +197,9 @@ def seed_postgres(url: str, backend: Backend, n: int) -> None:
         conn.execute("ANALYZE celery_leader_run_records")
 
 
-def seed_mariadb(url: str, backend: Backend, n: int) -> None:
-    backend.put_run(ELECTION, "@ledger-since", None, "{}", 60)  # the tables, made on first use
+def seed_mariadb(url: str, backend: StoreFacets, n: int) -> None:
+    # The tables, made on first use.
+    backend.runs.put(ELECTION, RunWrite("@ledger-since", None, "{}", 60))
     now = time.time()
     conn = pymysql.connect(**connection_params(url)[0], autocommit=True)
     try:
@@ -237,7 +239,7 @@ def _mariadb_rows(cur: Any, rows: list[Any]) -> None:
     )
 
 
-def seed_etcd(cluster: EtcdCluster, backend: Backend, n: int) -> None:
+def seed_etcd(cluster: EtcdCluster, backend: StoreFacets, n: int) -> None:
     base = f"http://{cluster.members[0].endpoint}/v3"
     http = requests.Session()
     grant = http.post(f"{base}/lease/grant", json={"TTL": int(2 * RETENTION)}, timeout=10)
@@ -321,8 +323,8 @@ def status_seconds(url: str) -> tuple[float, float]:
     return in_process, time.perf_counter() - start
 
 
-def timed_writes(backend: Backend, keep: int, first: int) -> tuple[float, float]:
-    """p50 and p99 (ms) of ``put_run`` on seeded entries: beat's mark of a new slot."""
+def timed_writes(backend: StoreFacets, keep: int, first: int) -> tuple[float, float]:
+    """p50 and p99 (ms) of ``runs.put`` on seeded entries: beat's mark of a new slot."""
     took = []
     now = time.time()
     for i in range(first, first + WRITES):
@@ -331,19 +333,18 @@ def timed_writes(backend: Backend, keep: int, first: int) -> tuple[float, float]
             key = f"{entry_name(e)}@{due.isoformat(timespec='milliseconds')}"
             start = time.perf_counter()
             sent = RunRecord.sent_by(key, "beat-1", 1, now)
-            won, _ = backend.put_run(
-                ELECTION, key, None, sent.dump(), RETENTION, keep=keep, tally=sent.tally
-            )
+            write = RunWrite(key, None, sent.dump(), RETENTION, keep=keep, tally=sent.tally)
+            won, _ = backend.runs.put(ELECTION, write)
             took.append(time.perf_counter() - start)
             assert won, key
     took.sort()
     return statistics.median(took) * 1000, took[int(len(took) * 0.99)] * 1000
 
 
-def measure(name: str, url: str, n: int, seed: Callable[[Backend], None],
+def measure(name: str, url: str, n: int, seed: Callable[[StoreFacets], None],
             memory: Callable[[], int] | None = None) -> Row:  # fmt: skip
     config = config_of(url)
-    backend = create_backend(config)
+    backend = open_store(config)
     before = memory() if memory else 0
     start = time.perf_counter()
     seed(backend)
@@ -383,7 +384,7 @@ def run(stores: list[str], n: int, sql_n: int, etcd_n: int) -> list[Row]:
             )  # fmt: skip
     if "postgres" in stores:
         with PostgresServer() as pg:
-            seed_pg: Callable[[Backend], None] = lambda b: seed_postgres(pg.url, b, sql_n)  # noqa: E731
+            seed_pg: Callable[[StoreFacets], None] = lambda b: seed_postgres(pg.url, b, sql_n)  # noqa: E731
             rows.append(measure("PostgreSQL", pg.url, sql_n, seed_pg))
     if "mariadb" in stores:
         with MariaDbServer() as db:

@@ -81,7 +81,7 @@ import redis
 from celery import Celery
 
 from benchmarks import burst
-from celery_leader.backends import Edit, create_backend
+from celery_leader.backends import Edit, open_store
 from celery_leader.config import LeaderConfig
 from celery_leader.schedule.entries import Entry, instant_now, new_entry
 from harness.groups import VENV_BIN, group_cpu_seconds, kill_all, start_child
@@ -356,7 +356,7 @@ def load_store_entries(url: str, n: int, minute: int) -> Edit:
     app = Celery("scale_loader", set_as_current=False)
     app.conf.leader_url = url
     config = LeaderConfig.from_app(app)
-    backend = create_backend(config)
+    backend = open_store(config)
     template = new_entry(instant_now(), name="hourly0", task=HOURLY_TASK, cron=f"{minute} * * * *")
     fields = json.loads(template.to_json())
 
@@ -371,7 +371,7 @@ def load_store_entries(url: str, n: int, minute: int) -> Edit:
             edits = [
                 Edit(f"hourly{i}", None, stored(i)) for i in range(first, min(n, first + BATCH))
             ]
-            if not all(backend.edit_entries(config.beat_election, edits)):
+            if not all(backend.entries.edit(config.beat_election, edits)):
                 raise RuntimeError("an entry existed already in a fresh store")
             text = next((e.new for e in edits if e.key == probe), None) or text
     finally:
@@ -384,10 +384,10 @@ def edit_cost(run: Run, edit: Edit, pids: Sequence[int], idle: float) -> float:
     """CPU seconds the replicas ``pids`` spend on ``edit`` above ``idle`` (s/s, all of them)."""
     assert run.store is not None
     config = LeaderConfig.from_mapping({"leader_url": run.store.url})
-    backend = create_backend(config)
+    backend = open_store(config)
     try:
         cpu0, t0 = sum(group_cpu_seconds(p) for p in pids), time.monotonic()
-        if backend.edit_entries(config.beat_election, [edit]) != [True]:
+        if backend.entries.edit(config.beat_election, [edit]) != [True]:
             raise RuntimeError(f"the edit of {edit.key} did not apply")
     finally:
         backend.close()

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import psycopg
 
-from celery_leader.backends import create_backend
+from celery_leader.backends import open_store
 from celery_leader.callbacks import Callbacks
 from celery_leader.config import LeaderConfig
 from celery_leader.lease import Lease
@@ -56,10 +56,11 @@ def holder_main(url: str, first: int, count: int, generation: int) -> None:
         with out:
             print(f"elected {lease.election} {time.time():.6f}", flush=True)
 
+    stores = [open_store(config) for _ in range(count)]
     leases = [
         Lease(
             f"e{i % ELECTIONS}",
-            create_backend(config),
+            stores[i - first].lock,
             ttl=config.ttl,
             renew_interval=config.renew_interval,
             instance_id=f"g{generation}-h{i}",
@@ -79,8 +80,8 @@ def holder_main(url: str, first: int, count: int, generation: int) -> None:
         t.start()
     for t in stoppers:
         t.join()
-    for lease in leases:
-        lease.backend.close()
+    for store in stores:
+        store.close()
 
 
 class Fleet:

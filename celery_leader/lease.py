@@ -1,7 +1,7 @@
 """The lease: who leads an election, decided in one place for beat and workers.
 
 A :class:`Lease` runs one background thread that acquires, renews and releases
-a term in a :class:`~celery_leader.backends.Backend`. Leadership is a *validity
+a term in a store's :class:`~celery_leader.backends.LeaseLock`. Leadership is a *validity
 deadline*, never a stored flag: :meth:`Lease.is_leader` is true only while
 ``monotonic() < t_sent + ttl * (1 - DRIFT) - MARGIN``, where ``t_sent`` is when
 the last successful acquire or renew was *sent*. The store's copy of the term
@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from ._urls import mask_url
-from .backends import Backend, HolderInfo, Renewal, Term
+from .backends import Fence, HolderInfo, LeaseLock, Renewal, Term
 from .backends.lock import stored_holder
 from .callbacks import NO_CALLBACKS, Callbacks, Observer
 from .clock import SYSTEM_CLOCK, Clock, StoreClock
@@ -49,7 +49,7 @@ class Lease:
     follower stay out, so a process whose own work is stuck does not keep the
     role. ``on_cycle`` runs in the lease thread after every acquire or renew
     cycle. ``clock`` is the time it runs on (the system's unless a test gives
-    another); the store's own waits (``wait``, ``hold``) are the store's.
+    another); the store's own waits (``wait``) are the store's.
 
     Every acquire and renewal of a store with a clock of its own samples that
     clock into :attr:`store_clock`. A local wall clock further than
@@ -66,7 +66,7 @@ class Lease:
     def __init__(
         self,
         election: str,
-        backend: Backend,
+        lock: LeaseLock,
         *,
         ttl: float,
         renew_interval: float,
@@ -83,7 +83,8 @@ class Lease:
         validate_name("election", election)
         check_timing(ttl, renew_interval, "ttl", "renew_interval")
         self.election = election
-        self.backend = backend
+        #: The store's lease lock: the one store facet the elector uses.
+        self.store_lock = lock
         self.ttl = ttl
         self.renew_interval = renew_interval
         self.instance_id = instance_id
@@ -120,14 +121,14 @@ class Lease:
         self._announced = False  # on_started ran and on_stopped has not yet
         self._acked_sent = 0.0  # when the last successful acquire/renew was sent
         self._next_renew = 0.0
-        self._believe_at = 0.0  # end of the backend's hold-off after winning
+        self._believe_at = 0.0  # end of the store's hold-off after winning
         self._sit_out_until = 0.0
         self._max_epoch = 0  # highest epoch seen, so epochs grow even if the store forgets
         self._store_error: str | None = None
 
     @classmethod
     def from_config(
-        cls, election: str, config: LeaderConfig, backend: Backend, **options: Any
+        cls, election: str, config: LeaderConfig, lock: LeaseLock, **options: Any
     ) -> Lease:
         """A lease with the ttl, renew interval, instance id, deployment and clock
         settings of ``config``.
@@ -137,7 +138,7 @@ class Lease:
         """
         return cls(
             election,
-            backend,
+            lock,
             ttl=config.ttl,
             renew_interval=config.renew_interval,
             instance_id=config.instance_id,
@@ -164,6 +165,11 @@ class Lease:
         term = self._term
         return term if term is not None and self.is_leader() else None
 
+    def fence(self) -> Fence | None:
+        """The current term as a fence for the store's fenced records, while leading."""
+        term = self.term
+        return None if term is None else Fence(self.election, term)
+
     @property
     def epoch(self) -> int | None:
         """Fencing token of the current term while leading, else ``None``."""
@@ -189,7 +195,7 @@ class Lease:
 
     def holder(self) -> HolderInfo | None:
         """Ask the store who holds the election now (one round trip)."""
-        return self.backend.holder(self.election)
+        return self.store_lock.holder(self.election)
 
     @contextmanager
     def observe(self, operation: str) -> Iterator[None]:
@@ -242,9 +248,9 @@ class Lease:
         with self._lock:  # after this, the thread cannot extend the belief again
             self._valid_until = 0.0
         if self._thread is not None:
-            self._thread.join(timeout if timeout is not None else self.backend.timeout + 1)
+            self._thread.join(timeout if timeout is not None else self.store_lock.timeout + 1)
         self._step_down("stopping", graceful=True)
-        self.backend.leave(self.election)
+        self.store_lock.release(self.election, None)
 
     # -- the thread ---------------------------------------------------------
 
@@ -300,7 +306,7 @@ class Lease:
         sent = self.clock.monotonic()
         try:
             with self.observe("acquire"):
-                result = self.backend.acquire(
+                result = self.store_lock.acquire(
                     self.election,
                     stored_holder(self.instance_id, self.deployment),
                     self.ttl,
@@ -318,7 +324,7 @@ class Lease:
             self._saw_leader(result.holder)
         if result.term is None:
             wait = min(max(result.retry_after, 0.0) + FOLLOWER_SLACK, self.ttl)
-            self.backend.wait(self.election, wait, self._stopping)
+            self.store_lock.wait(self.election, wait, self._stopping)
             return
         with self._lock:
             self._term = result.term
@@ -336,7 +342,7 @@ class Lease:
         self._next_renew = sent + self.renew_interval
         # A store that cannot cut an old holder off by itself makes the winner
         # wait until the old holder's belief has surely ended.
-        self._believe_at = sent + self.backend.holdoff
+        self._believe_at = sent + self.store_lock.holdoff
         self._refresh()
 
     def _warn_if_foreign(self, holder: HolderInfo) -> None:
@@ -365,7 +371,7 @@ class Lease:
             holder.epoch,
             holder.deployment,
             self.deployment,
-            mask_url(self.backend.url),
+            mask_url(self.store_lock.url),
         )
 
     def _lead(self) -> None:
@@ -379,7 +385,7 @@ class Lease:
             wake = min(wake, now + HEALTH_POLL)
         term = self._term
         assert term is not None
-        if not self.backend.hold(self.election, term, max(0.0, wake - now), self._stopping):
+        if not self.store_lock.wait(self.election, max(0.0, wake - now), self._stopping, term):
             # Another instance may take the term over now, without waiting for
             # the ttl. Sit out one interval so that one of them gets it.
             self._step_down(
@@ -416,7 +422,7 @@ class Lease:
         sent = self.clock.monotonic()
         try:
             with self.observe("renew"):
-                renewal, store_time = self.backend.renew(self.election, term, self.ttl)
+                renewal, store_time = self.store_lock.renew(self.election, term, self.ttl)
         except StoreUnavailable as exc:
             self._store_down(exc)
             # Retry soon: the term is running out and one more try may save it.
@@ -443,7 +449,7 @@ class Lease:
     def _sample(self, store_time: float | None, sent: float) -> None:
         """Take the store's clock from an answer to a request sent at ``sent``; say when
         it jumped and when the local clock crosses ``max_clock_skew``."""
-        resolution = self.backend.clock_resolution
+        resolution = self.store_lock.clock_resolution
         if store_time is None or resolution is None:
             return
         clock = self.store_clock
@@ -460,7 +466,7 @@ class Lease:
             logger.warning(
                 "celery-leader: the clock of store %s jumped %+.1f s (a fail-over to a server "
                 "whose clock differs?): %r %s",
-                mask_url(self.backend.url),
+                mask_url(self.store_lock.url),
                 clock.last_jump,
                 self.election,
                 follows,
@@ -477,7 +483,7 @@ class Lease:
                     "celery-leader: this host's clock is %+.1f s off the clock of store %s "
                     "(within %.3f s), more than leader_max_clock_skew (%g s)%s",
                     -offset,
-                    mask_url(self.backend.url),
+                    mask_url(self.store_lock.url),
                     error,
                     self.max_clock_skew,
                     (
@@ -515,7 +521,7 @@ class Lease:
             self.election,
             term.epoch,
             self.ttl,
-            mask_url(self.backend.url),
+            mask_url(self.store_lock.url),
         )
         started = self.callbacks.on_started
         if started is not None and not self._guarded("on_started", started, self):
@@ -572,7 +578,7 @@ class Lease:
         if term is not None:
             try:
                 with self.observe("release"):
-                    self.backend.release(self.election, term)
+                    self.store_lock.release(self.election, term)
             except StoreUnavailable as exc:
                 logger.warning(
                     "celery-leader: could not release %r (%s); it expires within %g s",
@@ -587,7 +593,7 @@ class Lease:
             logger.warning(
                 "celery-leader: store %s unreachable or refusing for %r: %s "
                 "(retrying; nobody can lead through it until it answers)",
-                mask_url(self.backend.url),
+                mask_url(self.store_lock.url),
                 self.election,
                 message,
             )
@@ -597,7 +603,7 @@ class Lease:
         if self._store_error is not None:
             logger.info(
                 "celery-leader: store %s answers again for %r",
-                mask_url(self.backend.url),
+                mask_url(self.store_lock.url),
                 self.election,
             )
             self._store_error = None

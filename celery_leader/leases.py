@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .backends import Backend, HolderInfo, create_backend
+from .backends import HolderInfo, StoreFacets, open_store
 from .callbacks import Callbacks, Observer
 from .config import LeaderConfig
 from .lease import Lease
@@ -68,18 +68,18 @@ class LeaseSet:
     def __init__(self, config: LeaderConfig) -> None:
         self.config = config
         self._lock = threading.RLock()
-        self._backend: Backend | None = None
+        self._store: StoreFacets | None = None
         # election -> its lease, that lease's members (a new lease, a new list) and
         # those of them told "started" and not yet "stopped"
         self._leases: dict[str, tuple[Lease, list[Membership], _Told]] = {}
 
     @property
-    def backend(self) -> Backend:
-        """The store connection of these settings, opened on first use."""
+    def store(self) -> StoreFacets:
+        """The store of these settings (its facets, on one connection), opened on first use."""
         with self._lock:
-            if self._backend is None:
-                self._backend = create_backend(self.config)
-            return self._backend
+            if self._store is None:
+                self._store = open_store(self.config)
+            return self._store
 
     def join(
         self,
@@ -121,7 +121,7 @@ class LeaseSet:
                 lease = Lease.from_config(
                     election,
                     self.config,
-                    self.backend,
+                    self.store.lock,
                     callbacks=Callbacks(
                         on_started=lambda lease: _started(members, told, lease),
                         on_stopped=lambda lease: _stopped(members, told, lease),
@@ -208,9 +208,9 @@ class LeaseSet:
         with self._lock:
             if self._leases:
                 return
-            backend, self._backend = self._backend, None
-        if backend is not None:
-            backend.close()
+            store, self._store = self._store, None
+        if store is not None:
+            store.close()
 
 
 def _end(lease: Lease, members: list[Membership]) -> None:
@@ -367,7 +367,7 @@ def leader_of(config: LeaderConfig, election: str | None = None) -> HolderInfo |
     """
     leases = lease_set(config)
     try:
-        return leases.backend.holder(election or config.worker_election)
+        return leases.store.lock.holder(election or config.worker_election)
     finally:
         leases.close_if_idle()
 

@@ -17,7 +17,7 @@ from datetime import datetime, timezone, tzinfo
 from typing import Any
 
 from . import health
-from .backends import Backend, HolderInfo, create_backend
+from .backends import HolderInfo, LeaseLock, open_store
 from .clock import StoreClock
 from .config import LeaderConfig, validate_name
 from .exceptions import ConfigError, MissingExtra, StoreUnavailable
@@ -82,24 +82,26 @@ def status(
     try:
         for name in elections:
             validate_name("election", name)
-        backend = create_backend(config)
+        store = open_store(config)
     except ConfigError as exc:
         raise OpsError(str(exc), EXIT_UNKNOWN) from exc
     try:
-        names = list(elections) or sorted(
-            set(backend.elections()) | {config.beat_election, config.worker_election}
-        )
-        rows = [_row(name, backend.holder(name)) for name in names]
-        clock = _clock(config, backend, names[0])
+        holders = store.lock.holders(list(elections) or None)
+        configured = {config.beat_election, config.worker_election}
+        names = list(elections) or sorted(holders.keys() | configured)
+        if missing := [name for name in names if name not in holders]:
+            holders.update(store.lock.holders(missing))
+        rows = [_row(name, holders[name]) for name in names]
+        clock = _clock(config, store.lock, names[0])
         runs = (
-            summarize(backend.run_summaries(config.beat_election), time.time())
+            summarize(store.runs.summaries(config.beat_election), time.time())
             if config.ledger
             else None
         )
     except (StoreUnavailable, ConfigError) as exc:
         raise _unreachable(config, exc) from exc
     finally:
-        backend.close()
+        store.close()
     led = [row["holder"] is not None for row in rows]
     code = EXIT_LEADER if (all(led) if elections else any(led)) else EXIT_NO_LEADER
     if as_json:
@@ -163,15 +165,15 @@ def _utc(at: float) -> str:
     return datetime.fromtimestamp(at, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _clock(config: LeaderConfig, backend: Backend, election: str) -> dict[str, Any]:
+def _clock(config: LeaderConfig, lock: LeaseLock, election: str) -> dict[str, Any]:
     """This host's clock against the store's (one round trip): ``clock_offset`` (the
     store's minus this host's; ``None`` for a store without a clock), its
     ``clock_error``, and ``clock_problem``: why this host does not lead, if so."""
     measured = StoreClock()
     sent = measured.monotonic()
-    now = backend.store_time(election)
-    if now is not None and backend.clock_resolution is not None:
-        measured.sample(now, sent, measured.monotonic(), backend.clock_resolution)
+    now = lock.store_time(election)
+    if now is not None and lock.clock_resolution is not None:
+        measured.sample(now, sent, measured.monotonic(), lock.clock_resolution)
     offset, error = measured.offset, measured.error
     problem = None
     if (
@@ -196,11 +198,11 @@ def resign(config: LeaderConfig, echo: Echo, election: str | None, wait: bool = 
     name = election or config.beat_election
     try:
         validate_name("election", name)
-        backend = create_backend(config)
+        store = open_store(config)
     except ConfigError as exc:
         raise OpsError(str(exc), EXIT_UNKNOWN) from exc
     try:
-        info = backend.request_resign(name)
+        info = store.lock.request_resign(name)
         if info is None:
             raise OpsError(f"nobody leads {name!r}; nothing to resign", EXIT_FAILED)
         echo(f"asked {info.instance_id} (epoch {info.epoch}) to hand over {name!r}")
@@ -211,7 +213,7 @@ def resign(config: LeaderConfig, echo: Echo, election: str | None, wait: bool = 
         patience = 2 * config.renew_interval + config.ttl
         deadline = time.monotonic() + patience
         while time.monotonic() < deadline:
-            now = backend.holder(name)
+            now = store.lock.holder(name)
             if now is not None and now.epoch > info.epoch:
                 echo(f"{now.instance_id} leads {name!r} now (epoch {now.epoch})")
                 return EXIT_LEADER
@@ -220,7 +222,7 @@ def resign(config: LeaderConfig, echo: Echo, election: str | None, wait: bool = 
     except (StoreUnavailable, ConfigError) as exc:
         raise _unreachable(config, exc) from exc
     finally:
-        backend.close()
+        store.close()
 
 
 def check(path: str | None, echo: Echo, max_age: float | None = None) -> int:
@@ -271,11 +273,11 @@ def plan(
 
 def _beat_state(config: LeaderConfig) -> dict[str, str]:
     """The beat election's stored state, in one round trip on a connection of its own."""
-    backend = create_backend(config)
+    store = open_store(config)
     try:
-        return backend.load_state(config.beat_election)
+        return store.records.load(config.beat_election)
     finally:
-        backend.close()
+        store.close()
 
 
 def run(
@@ -294,7 +296,7 @@ def run(
     try:
         spec = run_spec(config, election, command, grace, restart)
         # A store whose client is missing fails here, not later in the lease thread.
-        _ = lease_set(config).backend
+        _ = lease_set(config).store
         runner = Runner(config, spec)
     except (ConfigError, MissingExtra) as exc:
         raise OpsError(str(exc), EXIT_UNKNOWN) from exc

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from .backends import Backend, FencedState, create_backend
+from .backends import FencedRecords, StoreFacets, open_store
 from .config import LeaderConfig
 from .exceptions import ConfigError, StoreUnavailable
 from .ledger.summary import RECENT_RUNS, recent_run, summarize
@@ -73,22 +73,22 @@ class EntriesError(Exception):
     """One line for stderr; exit code 2."""
 
 
-def _store(app: EntriesApp) -> tuple[Backend, EntryBook]:
-    backend = create_backend(app.config)
-    return backend, EntryBook(backend, app.config.beat_election, set(app.code))
+def _store(app: EntriesApp) -> tuple[StoreFacets, EntryBook]:
+    store = open_store(app.config)
+    return store, EntryBook(store.entries, app.config.beat_election, set(app.code))
 
 
 def run_command(app: EntriesApp, echo: Echo, command: str, **args: Any) -> int:
     """Run one entries command; bad input and store errors become :class:`EntriesError`."""
-    backend, book = _store(app)
+    store, book = _store(app)
     try:
-        return int(_COMMANDS[command](app, book, echo, **args))
+        return int(_COMMANDS[command](app, store, book, echo, **args))
     except (ConfigError, ValueError) as exc:
         raise EntriesError(str(exc).splitlines()[0]) from None
     except StoreUnavailable as exc:
         raise EntriesError(f"store {app.config.display_url} unreachable: {exc}") from None
     finally:
-        backend.close()
+        store.close()
 
 
 # -- parsing the add arguments ----------------------------------------------------
@@ -151,6 +151,7 @@ def _json(option: str, text: str, kind: type, what: str) -> Any:
 
 def _add(
     app: EntriesApp,
+    store: StoreFacets,
     book: EntryBook,
     echo: Echo,
     fields: dict[str, Any],
@@ -177,10 +178,10 @@ def _add(
     return 0
 
 
-def _rows(app: EntriesApp, book: EntryBook, backend: FencedState) -> list[dict[str, Any]]:
+def _rows(app: EntriesApp, book: EntryBook, records: FencedRecords) -> list[dict[str, Any]]:
     """One row per entry, code entries first."""
     stored = {e.name: e for e in book.list()}
-    state = backend.load_state(app.config.beat_election)
+    state = records.load(app.config.beat_election)
     now = instant_now()
     rows = []
     for name, code in sorted(app.code.items()):
@@ -231,8 +232,10 @@ def _row(
     }
 
 
-def _ls(app: EntriesApp, book: EntryBook, echo: Echo, as_json: bool = False) -> int:
-    rows = _rows(app, book, book.backend)
+def _ls(
+    app: EntriesApp, store: StoreFacets, book: EntryBook, echo: Echo, as_json: bool = False
+) -> int:
+    rows = _rows(app, book, store.records)
     if as_json:
         echo(json.dumps(rows, indent=2))
         return 0
@@ -254,8 +257,15 @@ def _ls(app: EntriesApp, book: EntryBook, echo: Echo, as_json: bool = False) -> 
     return 0
 
 
-def _show(app: EntriesApp, book: EntryBook, echo: Echo, name: str, as_json: bool = False) -> int:
-    rows = {r["name"]: r for r in _rows(app, book, book.backend)}
+def _show(
+    app: EntriesApp,
+    store: StoreFacets,
+    book: EntryBook,
+    echo: Echo,
+    name: str,
+    as_json: bool = False,
+) -> int:
+    rows = {r["name"]: r for r in _rows(app, book, store.records)}
     if name not in rows:
         raise EntryError(f"no entry {name} (neither in the code nor in the store)")
     entry = book.get(name)
@@ -264,11 +274,11 @@ def _show(app: EntriesApp, book: EntryBook, echo: Echo, name: str, as_json: bool
         shown["entry"] = json.loads(entry.to_json())
     if app.config.ledger:
         election = app.config.beat_election
-        summaries = [s for s in book.backend.run_summaries(election) if s.entry == name]
+        summaries = [s for s in store.runs.summaries(election) if s.entry == name]
         runs = summarize(summaries, time.time())
         # null: the ledger has no run of it within its retention.
         shown["runs"] = runs[0].to_json() if runs else None
-        recent = book.backend.runs_of(election, name, RECENT_RUNS)
+        recent = store.runs.runs_of(election, name, RECENT_RUNS)
         shown["recent_runs"] = [recent_run(key, text) for key, text in sorted(recent, reverse=True)]
     if as_json:
         echo(json.dumps(shown, indent=2))
@@ -278,20 +288,20 @@ def _show(app: EntriesApp, book: EntryBook, echo: Echo, name: str, as_json: bool
     return 0
 
 
-def _rm(app: EntriesApp, book: EntryBook, echo: Echo, name: str) -> int:
+def _rm(app: EntriesApp, store: StoreFacets, book: EntryBook, echo: Echo, name: str) -> int:
     book.remove(name)
     echo(f"{name}: removed")
     return 0
 
 
-def _pause(app: EntriesApp, book: EntryBook, echo: Echo, name: str) -> int:
+def _pause(app: EntriesApp, store: StoreFacets, book: EntryBook, echo: Echo, name: str) -> int:
     _known(app, book, name)
     book.pause(name)
     echo(f"{name}: paused")
     return 0
 
 
-def _resume(app: EntriesApp, book: EntryBook, echo: Echo, name: str) -> int:
+def _resume(app: EntriesApp, store: StoreFacets, book: EntryBook, echo: Echo, name: str) -> int:
     _known(app, book, name)
     book.resume(name)
     echo(f"{name}: resumed")
@@ -303,7 +313,7 @@ def _known(app: EntriesApp, book: EntryBook, name: str) -> None:
         raise EntryError(f"no entry {name} (neither in the code nor in the store)")
 
 
-def _run(app: EntriesApp, book: EntryBook, echo: Echo, name: str) -> int:
+def _run(app: EntriesApp, store: StoreFacets, book: EntryBook, echo: Echo, name: str) -> int:
     slot = run_slot(name, instant_now())
     code = app.code.get(name)
     if code is not None:
@@ -324,7 +334,9 @@ def run_slot(name: str, now: datetime) -> str:
     return f"{name}@run:{utc(now).isoformat(timespec='milliseconds')}"
 
 
-def _export(app: EntriesApp, book: EntryBook, echo: Echo, as_json: bool = False) -> int:
+def _export(
+    app: EntriesApp, store: StoreFacets, book: EntryBook, echo: Echo, as_json: bool = False
+) -> int:
     entries = [json.loads(e.to_json()) for e in book.list() if e.kind != CODE]
     if as_json:
         echo(json.dumps(entries, indent=2))
@@ -335,7 +347,12 @@ def _export(app: EntriesApp, book: EntryBook, echo: Echo, as_json: bool = False)
 
 
 def _import(
-    app: EntriesApp, book: EntryBook, echo: Echo, lines: Iterable[str], replace: bool = False
+    app: EntriesApp,
+    store: StoreFacets,
+    book: EntryBook,
+    echo: Echo,
+    lines: Iterable[str],
+    replace: bool = False,
 ) -> int:
     """Entries from JSON lines (what ``export`` prints); all are checked before any is stored."""
     entries = []
@@ -381,6 +398,7 @@ def _add_all(
 
 def _from_redbeat(
     app: EntriesApp,
+    store: StoreFacets,
     book: EntryBook,
     echo: Echo,
     url: str,
@@ -468,7 +486,7 @@ class ScheduleEntries:
 
     def __init__(self, app: EntriesApp) -> None:
         self.app = app
-        self._backend, self.book = _store(app)
+        self._store, self.book = _store(app)
 
     def add(self, name: str, task: str, *, replace: bool = False, **fields: Any) -> Entry:
         """Add entry ``name`` sending ``task``: exactly one of ``every`` (seconds),
@@ -497,7 +515,7 @@ class ScheduleEntries:
     def run_now(self, name: str) -> str:
         """Send one run of ``name`` now, outside its grid; returns its ``leader_slot``."""
         lines: list[str] = []
-        _run(self.app, self.book, lines.append, name)
+        _run(self.app, self._store, self.book, lines.append, name)
         return lines[0].rsplit(" ", 1)[-1]
 
     def get(self, name: str) -> Entry | None:
@@ -510,7 +528,7 @@ class ScheduleEntries:
 
     def close(self) -> None:
         """Close the store connection."""
-        self._backend.close()
+        self._store.close()
 
     def __enter__(self) -> ScheduleEntries:
         return self

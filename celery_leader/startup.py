@@ -8,7 +8,7 @@ rather than on the first renewal in a loop that logs it with a traceback.
 
 from __future__ import annotations
 
-from .backends import create_backend
+from .backends import open_store
 from .config import LeaderConfig
 from .exceptions import ConfigError
 
@@ -20,10 +20,10 @@ def check_store(config: LeaderConfig, url_setting: str = "leader_url") -> None:
     the name the user wrote (``CELERY_LEADER_URL``, ``url=``).
     """
     try:
-        backend = create_backend(config)
+        store = open_store(config)
     except ConfigError as exc:
         message = str(exc)
         if message.startswith("leader_url") and url_setting != "leader_url":
             message = url_setting + message.removeprefix("leader_url")
         raise ConfigError(message) from None
-    backend.close()
+    store.close()

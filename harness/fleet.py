@@ -21,7 +21,7 @@ from typing import Any
 
 import redis
 
-from celery_leader.backends import HolderInfo, create_backend
+from celery_leader.backends import HolderInfo, open_store
 from celery_leader.config import LeaderConfig
 from harness.fakeclock import FakeClock
 from harness.procs import Proc, Procs
@@ -76,9 +76,7 @@ class Fleet:
         self.env = env or {}
         self.replicas: dict[str, tuple[Proc, str]] = {}  # instance -> (process, clock name)
         self._spawned = 0
-        self._backend = create_backend(
-            LeaderConfig.from_env({"CELERY_LEADER_URL": self.leader_url})
-        )
+        self._store = open_store(LeaderConfig.from_env({"CELERY_LEADER_URL": self.leader_url}))
 
     def argv(self) -> list[str]:
         if self.kind == "dramatiq":
@@ -127,11 +125,11 @@ class Fleet:
         self.proc(instance).wait_for_line(ready, timeout=30)
 
     def holder(self) -> HolderInfo | None:
-        return self._backend.holder("beat")
+        return self._store.lock.holder("beat")
 
     def store_time(self) -> float:
         """The lease store's clock now (seconds since the epoch; one round trip)."""
-        now = self._backend.store_time("beat")
+        now = self._store.lock.store_time("beat")
         assert now is not None, f"{self.leader_url} has no clock"
         return now
 
@@ -167,7 +165,7 @@ class Fleet:
             proc.signal(signal.SIGTERM)
         for proc, _ in self.replicas.values():
             proc.wait(timeout=30)
-        self._backend.close()
+        self._store.close()
 
     def sent(self) -> list[Sent]:
         """Every slot in the broker, in the order sent."""

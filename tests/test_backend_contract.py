@@ -1,10 +1,12 @@
-"""One contract, every store: memory, file, Redis, PostgreSQL, MariaDB and etcd.
+"""One contract per facet, every store: memory, file, Redis, PostgreSQL, MariaDB and etcd.
 
-Each case talks to the store through several backend instances, as separate
-processes would (separate connections; for ``memory://`` one process-wide store).
-What truly differs between stores is said by :class:`Store` (does a term carry a
-ttl, can a foreign value be planted, can the store be down) and tested in the
-store's own test module.
+One test class per store facet (:class:`TestLeaseLock`, :class:`TestFencedRecords`,
+:class:`TestEntryStore`, :class:`TestRunStore`), each run on every store. Each case
+talks to the store through several opened stores (``open_store``), as separate
+processes would (separate connections; for ``memory://`` one
+process-wide store). What truly differs between stores is said by :class:`Store`
+(does a term carry a ttl, can a foreign value be planted, can the store be down)
+and tested in the store's own test module.
 """
 
 from __future__ import annotations
@@ -26,17 +28,20 @@ import redis
 import requests
 
 from celery_leader.backends import (
-    Backend,
     Edit,
-    FencedState,
-    LockStore,
+    EntryStore,
+    Fence,
+    FencedRecords,
+    LeaseLock,
     Renewal,
+    RunStore,
+    RunSummary,
+    RunWrite,
+    StoreFacets,
     Term,
     Write,
-    create_backend,
+    open_store,
 )
-from celery_leader.backends.fenced import RunSummary
-from celery_leader.backends.mysql.params import connection_params
 from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import StoreUnavailable
 from celery_leader.ledger import RunRecord, marks
@@ -51,7 +56,7 @@ TIMEOUT = 0.5
 
 @dataclass
 class Store:
-    """One store under test: how to build backends on it, and what is particular to it."""
+    """One store under test: how to open it, and what is particular to it."""
 
     kind: str
     url: str
@@ -70,18 +75,19 @@ class Store:
     #: Store a slot's run record (key, record) as celery-leader 0.6 did, in the
     #: election's one table of run records, for a minute; None for memory.
     legacy_run: Callable[[str, str], None] | None = None
-    made: list[Backend] = field(default_factory=list)
+    made: list[StoreFacets] = field(default_factory=list)
 
-    def backend(self, url: str | None = None) -> Backend:
-        """A backend as ``create_backend`` builds it from settings (store deadline 0.5 s)."""
+    def open(self, url: str | None = None) -> StoreFacets:
+        """The store as ``open_store`` opens it from settings (store deadline 0.5 s)."""
         config = LeaderConfig.from_mapping(
             {"leader_url": url or self.url, "leader_key_prefix": PREFIX,
              "leader_ttl": 1.5, "leader_renew_interval": TIMEOUT}
         )  # fmt: skip
-        backend = create_backend(config)
-        assert config.store_kind == self.kind and backend.timeout == TIMEOUT
-        self.made.append(backend)
-        return backend
+        opened = open_store(config)
+        assert config.store_kind == self.kind and opened.timeout == TIMEOUT
+        assert (opened.lock.url, opened.lock.timeout) == (config.url, TIMEOUT)
+        self.made.append(opened)
+        return opened
 
 
 def _redis_store(url: str) -> Store:
@@ -126,8 +132,9 @@ def _file_store(directory: Path) -> Store:
         del term["since"]
         path.write_text(json.dumps(term))
 
-    # Down: the directory is replaced by a file after the backend was built.
+    # Down: the directory is replaced by a file after the store was opened.
     down = f"file://{directory}/down"
+
     def legacy_run(key: str, value: str) -> None:
         path = directory / f"{PREFIX}.{ELECTION}.runs"
         kept = json.loads(path.read_text()) if path.exists() else {}
@@ -163,6 +170,9 @@ def _postgres_store(url: str) -> Store:
 
 
 def _mariadb_store(url: str) -> Store:
+    # Imported here, so that collecting the other stores' cases never loads this store.
+    from celery_leader.backends.mysql.params import connection_params
+
     def plant(what: str) -> str | None:
         return None  # typed columns, written only by the holder's own statements
 
@@ -260,12 +270,12 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     else:
         made = _postgres_store(request.getfixturevalue("postgres_url"))
     yield made
-    for backend in made.made:
-        backend.close()
+    for opened in made.made:
+        opened.close()
 
 
-def take(backend: Backend, instance_id: str, min_epoch: int = 0) -> Term:
-    result = backend.acquire(ELECTION, instance_id, TTL, min_epoch)
+def take(opened: StoreFacets, instance_id: str, min_epoch: int = 0) -> Term:
+    result = opened.lock.acquire(ELECTION, instance_id, TTL, min_epoch)
     assert result.term is not None, result
     return result.term
 
@@ -273,8 +283,8 @@ def take(backend: Backend, instance_id: str, min_epoch: int = 0) -> Term:
 class Follower:
     """A follower's loop as the lease runs it: acquire, else wait; until it holds a term."""
 
-    def __init__(self, backend: Backend) -> None:
-        self.backend = backend
+    def __init__(self, lock: LeaseLock) -> None:
+        self.lock = lock
         self.cancel = threading.Event()
         self.waits = 0  # waits entered
         self.term: Term | None = None
@@ -284,12 +294,12 @@ class Follower:
 
     def _run(self) -> None:
         while not self.cancel.is_set():
-            result = self.backend.acquire(ELECTION, "b", TTL, 0)
+            result = self.lock.acquire(ELECTION, "b", TTL, 0)
             if result.term is not None:
                 self.term, self.took_at = result.term, time.monotonic()
                 return
             self.waits += 1
-            self.backend.wait(ELECTION, result.retry_after, self.cancel)
+            self.lock.wait(ELECTION, result.retry_after, self.cancel)
 
     def stop(self) -> None:
         self.cancel.set()
@@ -300,15 +310,15 @@ class Follower:
 FAKE = Term(json.dumps({"token": "t", "epoch": 1, "holder": "x"}), 1)
 
 
-def _down(store: Store) -> Backend:
-    """A backend of ``store``'s kind where nothing answers (skips stores that cannot be down)."""
+def _down(store: Store) -> StoreFacets:
+    """A store of ``store``'s kind where nothing answers (skips stores that cannot be down)."""
     if store.down_url is None:
         pytest.skip(f"{store.kind} lives in this process and cannot be down")
-    backend = store.backend(store.down_url)  # building it does not contact the store
+    opened = store.open(store.down_url)  # opening it does not contact the store
     if store.kind == "file":
         shutil.rmtree(Path(store.down_url.removeprefix("file://")))
         Path(store.down_url.removeprefix("file://")).write_text("a file, not a directory")
-    return backend
+    return opened
 
 
 def _only_store_unavailable(*calls: Callable[[], object]) -> None:
@@ -319,23 +329,23 @@ def _only_store_unavailable(*calls: Callable[[], object]) -> None:
             pass  # the only error a store call may raise
 
 
-class TestLockStore:
-    """The lock interface (:class:`~celery_leader.backends.LockStore`): terms, holders, waits."""
+class TestLeaseLock:
+    """The lease-lock facet (:class:`~celery_leader.backends.LeaseLock`): terms, holders, waits."""
 
-    def test_every_store_is_a_lock_store(self, store: Store) -> None:
-        assert isinstance(store.backend(), LockStore)
+    def test_every_store_has_a_lease_lock(self, store: Store) -> None:
+        assert isinstance(store.open().lock, LeaseLock)
 
     def test_acquire_and_renew_carry_the_store_clock(self, store: Store) -> None:
         """Stores with a clock answer acquire, renew and the probe with it (the servers
         here run on this host's clock); the others say they have none."""
-        a, b = store.backend(), store.backend()
-        won = a.acquire(ELECTION, "a", TTL, 0)
-        lost = b.acquire(ELECTION, "b", TTL, 0)
+        a, b = store.open(), store.open()
+        won = a.lock.acquire(ELECTION, "a", TTL, 0)
+        lost = b.lock.acquire(ELECTION, "b", TTL, 0)
         assert won.term is not None
-        renewal, renewed_at = a.renew(ELECTION, won.term, TTL)
+        renewal, renewed_at = a.lock.renew(ELECTION, won.term, TTL)
         assert renewal is Renewal.RENEWED
-        times = [won.store_time, lost.store_time, renewed_at, b.store_time(ELECTION)]
-        resolution = a.clock_resolution
+        times = [won.store_time, lost.store_time, renewed_at, b.lock.store_time(ELECTION)]
+        resolution = a.lock.clock_resolution
         if resolution is None:
             assert times == [None] * 4
         else:
@@ -343,18 +353,18 @@ class TestLockStore:
             for when in times:
                 assert when is not None
                 assert abs(when + resolution / 2 - time.time()) < 1.0 + resolution
-        b.leave(ELECTION)
-        a.release(ELECTION, won.term)
+        b.lock.release(ELECTION, None)
+        a.lock.release(ELECTION, won.term)
 
     def test_acquire_renew_release(self, store: Store) -> None:
-        a, b, observer = store.backend(), store.backend(), store.backend()
-        assert observer.holder(ELECTION) is None
+        a, b, observer = store.open(), store.open(), store.open()
+        assert observer.lock.holder(ELECTION) is None
 
         term = take(a, "a")
         stored = json.loads(term.token)
         assert stored["holder"] == "a" and stored["epoch"] == term.epoch > 0 and stored["token"]
 
-        lost = b.acquire(ELECTION, "b", TTL, 0)
+        lost = b.lock.acquire(ELECTION, "b", TTL, 0)
         assert lost.term is None
         assert lost.holder is not None and (lost.holder.instance_id, lost.holder.epoch) == (
             "a",
@@ -362,89 +372,94 @@ class TestLockStore:
         )
         assert 0 < lost.retry_after <= TTL
 
-        holder = observer.holder(ELECTION)
+        holder = observer.lock.holder(ELECTION)
         assert holder is not None and (holder.instance_id, holder.epoch) == ("a", term.epoch)
         if store.expires:
             assert holder.ttl_remaining is not None and 0 < holder.ttl_remaining <= TTL
         else:
             assert holder.ttl_remaining is None  # held as long as the holder lives
 
-        assert a.renew(ELECTION, term, TTL)[0] is Renewal.RENEWED
-        b.leave(ELECTION)  # a PostgreSQL follower stays queued for the lock until it leaves
-        a.release(ELECTION, term)
-        assert observer.holder(ELECTION) is None
+        assert a.lock.renew(ELECTION, term, TTL)[0] is Renewal.RENEWED
+        # A PostgreSQL follower stays queued for the lock until it leaves.
+        b.lock.release(ELECTION, None)
+        a.lock.release(ELECTION, term)
+        assert observer.lock.holder(ELECTION) is None
 
         second = take(b, "b")
         assert second.epoch > term.epoch
-        assert ELECTION in observer.elections()
+        assert ELECTION in observer.lock.holders()
+        known = observer.lock.holders([ELECTION, "nobody-here"])
+        assert known.keys() == {ELECTION, "nobody-here"} and known["nobody-here"] is None
+        found = known[ELECTION]
+        assert found is not None and found.epoch == second.epoch
 
     def test_holders_say_since_when_their_term_began(self, store: Store) -> None:
-        a, b, observer = store.backend(), store.backend(), store.backend()
+        a, b, observer = store.open(), store.open(), store.open()
         before = time.time()
         term = take(a, "a")
         after = time.time()
-        holder = observer.holder(ELECTION)
+        holder = observer.lock.holder(ELECTION)
         assert holder is not None and holder.since is not None
         # On the store's clock (this host's, in these tests), to its resolution:
         # etcd's is the whole second of an HTTP Date header.
         assert before - 1.0 <= holder.since <= after + 0.01
         assert term.since == holder.since, "the winner knows its term's start as others read it"
-        lost = b.acquire(ELECTION, "b", TTL, 0)
+        lost = b.lock.acquire(ELECTION, "b", TTL, 0)
         assert lost.holder is not None and lost.holder.since == holder.since
-        asked = observer.request_resign(ELECTION)
+        asked = observer.lock.request_resign(ELECTION)
         assert asked is not None and asked.since == holder.since
-        assert a.renew(ELECTION, term, TTL)[0] is Renewal.RESIGN
-        still = observer.holder(ELECTION)
+        assert a.lock.renew(ELECTION, term, TTL)[0] is Renewal.RESIGN
+        still = observer.lock.holder(ELECTION)
         assert still is not None and still.since == holder.since, "renewals keep the start"
-        b.leave(ELECTION)
-        a.release(ELECTION, term)
+        b.lock.release(ELECTION, None)
+        a.lock.release(ELECTION, term)
         time.sleep(0.01)  # the next term starts at a later time, even on a coarse clock
         second = take(b, "b")
-        again = observer.holder(ELECTION)
+        again = observer.lock.holder(ELECTION)
         assert again is not None and again.epoch == second.epoch
         assert again.since is not None and again.since >= holder.since
 
     def test_a_term_written_by_0_4_reads_with_since_unknown(self, store: Store) -> None:
         if store.as_written_by_0_4 is None:
             pytest.skip(f"{store.kind} keeps no term past its process")
-        a, b, observer = store.backend(), store.backend(), store.backend()
+        a, b, observer = store.open(), store.open(), store.open()
         term = take(a, "a")
         store.as_written_by_0_4()
-        holder = observer.holder(ELECTION)
+        holder = observer.lock.holder(ELECTION)
         assert holder is not None and (holder.instance_id, holder.epoch) == ("a", term.epoch)
         assert holder.since is None
-        lost = b.acquire(ELECTION, "b", TTL, 0)
+        lost = b.lock.acquire(ELECTION, "b", TTL, 0)
         assert lost.holder is not None and lost.holder.since is None
         assert lost.holder.epoch == term.epoch
-        b.leave(ELECTION)
+        b.lock.release(ELECTION, None)
 
     def test_epochs_grow_past_the_highest_one_seen(self, store: Store) -> None:
-        a = store.backend()
+        a = store.open()
         first = take(a, "a", min_epoch=41)
         assert first.epoch >= 42
-        a.release(ELECTION, first)
+        a.lock.release(ELECTION, first)
         assert take(a, "a").epoch > first.epoch
 
     def test_resign_reaches_the_holder_at_its_next_renewal(self, store: Store) -> None:
-        a, observer = store.backend(), store.backend()
-        assert observer.request_resign(ELECTION) is None, "nobody to ask"
+        a, observer = store.open(), store.open()
+        assert observer.lock.request_resign(ELECTION) is None, "nobody to ask"
         term = take(a, "a")
-        asked = observer.request_resign(ELECTION)
+        asked = observer.lock.request_resign(ELECTION)
         assert asked is not None and (asked.instance_id, asked.epoch) == ("a", term.epoch)
-        assert a.renew(ELECTION, term, TTL)[0] is Renewal.RESIGN
+        assert a.lock.renew(ELECTION, term, TTL)[0] is Renewal.RESIGN
 
     @pytest.mark.timing  # a release wakes the follower within 0.5 s
     def test_a_waiting_follower_wakes_promptly_on_release(self, store: Store) -> None:
-        a = store.backend()
+        a = store.open()
         term = take(a, "a")
-        follower = Follower(store.backend())
+        follower = Follower(store.open().lock)
         try:
             # Settled in its wait (a Redis follower's first wait only subscribes).
             wait_for(lambda: follower.waits >= 1, 5, message="the follower never waited")
             time.sleep(0.3)
             assert follower.term is None, "took a held election"
             released = time.monotonic()
-            a.release(ELECTION, term)
+            a.lock.release(ELECTION, term)
             wait_for(lambda: follower.term is not None, 2, message="the follower never woke")
             took = follower.took_at - released
             print(f"\nCONTRACT {store.kind}: follower took over {took * 1000:.1f} ms after release")
@@ -455,12 +470,12 @@ class TestLockStore:
 
     @pytest.mark.timing  # a cancel ends a wait within 0.1 s
     def test_wait_ends_at_its_timeout_or_at_cancel(self, store: Store) -> None:
-        a, b = store.backend(), store.backend()
+        a, b = store.open(), store.open()
         take(a, "a")
-        assert b.acquire(ELECTION, "b", TTL, 0).term is None
-        b.wait(ELECTION, 0.1, threading.Event())  # first wait may only set up (subscribe)
+        assert b.lock.acquire(ELECTION, "b", TTL, 0).term is None
+        b.lock.wait(ELECTION, 0.1, threading.Event())  # first wait may only set up (subscribe)
         began = time.monotonic()
-        b.wait(ELECTION, 0.3, threading.Event())
+        b.lock.wait(ELECTION, 0.3, threading.Event())
         waited = time.monotonic() - began
         assert 0.25 <= waited < 0.8, waited
 
@@ -472,76 +487,79 @@ class TestLockStore:
             cancel.set()
 
         threading.Timer(0.2, fire).start()
-        b.wait(ELECTION, 10.0, cancel)
+        b.lock.wait(ELECTION, 10.0, cancel)
         assert time.monotonic() - set_at[0] < 0.1, "a stopping lease is not held up"
 
     def test_a_foreign_term_is_never_taken_and_names_where_it_is(self, store: Store) -> None:
-        a, b = store.backend(), store.backend()
+        a, b = store.open(), store.open()
         held = take(a, "a")  # the file store keeps its term record beside a held lock
         where = store.plant("term")
         if where is None:
             pytest.skip(f"{store.kind} keeps no term it did not write")
         with pytest.raises(StoreUnavailable, match="not a celery-leader term") as info:
-            b.acquire(ELECTION, "b", TTL, 0)
+            b.lock.acquire(ELECTION, "b", TTL, 0)
         assert where in str(info.value) and "\n" not in str(info.value)
         with pytest.raises(StoreUnavailable, match="not a celery-leader term"):
-            b.holder(ELECTION)
+            b.lock.holder(ELECTION)
         if store.kind == "file":  # the flock, not the record, is the lock: still ours
-            assert a.renew(ELECTION, held, TTL)[0] is Renewal.RENEWED
+            assert a.lock.renew(ELECTION, held, TTL)[0] is Renewal.RENEWED
 
     def test_a_foreign_epoch_counter_is_never_restarted(self, store: Store) -> None:
-        a = store.backend()
+        a = store.open()
         where = store.plant("epoch")
         if where is None:
             pytest.skip(f"{store.kind} keeps its epoch in a typed column or in memory")
         with pytest.raises(StoreUnavailable, match="not an epoch counter") as info:
-            a.acquire(ELECTION, "a", TTL, 0)
+            a.lock.acquire(ELECTION, "a", TTL, 0)
         assert where in str(info.value) and "\n" not in str(info.value)
 
     @pytest.mark.timing  # one store deadline plus 0.4 s
     def test_a_store_that_is_down_raises_store_unavailable_only(self, store: Store) -> None:
-        backend = _down(store)
+        down = _down(store)
         with pytest.raises(StoreUnavailable) as info:
-            backend.acquire(ELECTION, "a", TTL, 0)
+            down.lock.acquire(ELECTION, "a", TTL, 0)
         assert "\n" not in str(info.value)
         _only_store_unavailable(
-            lambda: backend.renew(ELECTION, FAKE, TTL),
-            lambda: backend.release(ELECTION, FAKE),
-            lambda: backend.holder(ELECTION),
-            lambda: backend.request_resign(ELECTION),
-            lambda: backend.elections(),
+            lambda: down.lock.renew(ELECTION, FAKE, TTL),
+            lambda: down.lock.release(ELECTION, FAKE),
+            lambda: down.lock.holder(ELECTION),
+            lambda: down.lock.request_resign(ELECTION),
+            lambda: down.lock.holders(),
         )
         began = time.monotonic()
-        backend.wait(ELECTION, 0.2, threading.Event())  # never raises; waits its time at most
+        down.lock.wait(ELECTION, 0.2, threading.Event())  # never raises; waits its time at most
         assert time.monotonic() - began < 0.2 + TIMEOUT + 0.2
 
 
-class TestFencedState:
-    """The fenced-state interface (:class:`~celery_leader.backends.FencedState`)."""
+class TestFencedRecords:
+    """The fenced-records facet (:class:`~celery_leader.backends.FencedRecords`), under
+    fences of terms the lease lock hands out."""
 
-    def test_every_store_is_a_fenced_state_store(self, store: Store) -> None:
-        assert isinstance(store.backend(), FencedState)
+    def test_every_store_has_fenced_records(self, store: Store) -> None:
+        assert isinstance(store.open().records, FencedRecords)
 
     def test_a_lost_term_is_over_for_good(self, store: Store) -> None:
-        a, b = store.backend(), store.backend()
+        a, b = store.open(), store.open()
         old = take(a, "a")
-        assert a.claim(ELECTION, old, [Write("x", None, '"old"')]) == [True]
-        a.release(ELECTION, old)
+        assert a.records.claim(Fence(ELECTION, old), [Write("x", None, '"old"')]) == [True]
+        a.lock.release(ELECTION, old)
         new = take(b, "b")
 
-        assert a.renew(ELECTION, old, TTL)[0] is Renewal.LOST
-        assert a.claim(ELECTION, old, [Write("x", '"old"', '"stale"'), Write("y", None, "1")]) == [
+        assert a.lock.renew(ELECTION, old, TTL)[0] is Renewal.LOST
+        assert a.records.claim(
+            Fence(ELECTION, old), [Write("x", '"old"', '"stale"'), Write("y", None, "1")]
+        ) == [
             False,
             False,
         ], "a stale term fails every claim"
-        a.release(ELECTION, old)  # harmless: it never frees the new term
-        holder = b.holder(ELECTION)
+        a.lock.release(ELECTION, old)  # harmless: it never frees the new term
+        holder = b.lock.holder(ELECTION)
         assert holder is not None and holder.epoch == new.epoch
-        assert b.renew(ELECTION, new, TTL)[0] is Renewal.RENEWED
-        assert b.load_state(ELECTION) == {"x": '"old"'}
+        assert b.lock.renew(ELECTION, new, TTL)[0] is Renewal.RENEWED
+        assert b.records.load(ELECTION) == {"x": '"old"'}
 
     def test_claims_are_fenced_compare_and_sets_in_order(self, store: Store) -> None:
-        a, observer = store.backend(), store.backend()
+        a, observer = store.open(), store.open()
         term = take(a, "a")
         claims = [
             Write("x", None, '"1"'),  # nothing stored: taken
@@ -550,61 +568,80 @@ class TestFencedState:
             Write("x", '"1"', '"3"'),  # matches the first claim's value: taken
             Write("z", None, '"1"'),
         ]
-        assert a.claim(ELECTION, term, claims) == [True, False, False, True, True]
-        assert observer.load_state(ELECTION) == {"x": '"3"', "z": '"1"'}
-        assert a.claim(ELECTION, term, [Write("z", '"9"', '"2"')]) == [False]
-        assert a.claim(ELECTION, term, []) == []
+        assert a.records.claim(Fence(ELECTION, term), claims) == [True, False, False, True, True]
+        assert observer.records.load(ELECTION) == {"x": '"3"', "z": '"1"'}
+        assert a.records.claim(Fence(ELECTION, term), [Write("z", '"9"', '"2"')]) == [False]
+        assert a.records.claim(Fence(ELECTION, term), []) == []
         many = [Write(f"e{i}", None, str(i)) for i in range(1200)]  # more than one Redis chunk
-        assert a.claim(ELECTION, term, many) == [True] * 1200
-        assert len(observer.load_state(ELECTION)) == 1202
-        assert observer.load_state("other") == {}
+        assert a.records.claim(Fence(ELECTION, term), many) == [True] * 1200
+        assert len(observer.records.load(ELECTION)) == 1202
+        assert observer.records.load("other") == {}
 
     def test_the_state_of_some_keys_is_what_the_whole_state_says_of_them(
         self, store: Store
     ) -> None:
-        a, observer = store.backend(), store.backend()
+        a, observer = store.open(), store.open()
         term = take(a, "a")
-        assert a.claim(ELECTION, term, [Write("x", None, '"1"'), Write("y", None, '"2"')])
-        some = observer.load_state_of(ELECTION, ["x", "absent"])
+        assert a.records.claim(
+            Fence(ELECTION, term), [Write("x", None, '"1"'), Write("y", None, '"2"')]
+        )
+        some = observer.records.load_some(ELECTION, ["x", "absent"])
         assert some is None or some == {"x": '"1"'}  # None: this store reads all at once
 
     def test_a_write_must_come_after_the_record_it_replaces(self, store: Store) -> None:
         """Order keys are compared as strings, never parsed: a record only moves forward."""
-        a, observer = store.backend(), store.backend()
+        a, observer = store.open(), store.open()
         term = take(a, "a")
-        assert a.claim(ELECTION, term, [Write("x", None, "r1", order="0005")]) == [True]
+        assert a.records.claim(Fence(ELECTION, term), [Write("x", None, "r1", order="0005")]) == [
+            True
+        ]
 
         def step(order: str, new: str = "r2") -> Write:
             return Write("x", "r1", new, order=order, after="0005")
 
         for order in ("0005", "0004", "0000"):
-            assert a.claim(ELECTION, term, [step(order)]) == [False], order
-            assert observer.load_state(ELECTION) == {"x": "r1"}
-        assert a.claim(ELECTION, term, [step("0006"), step("0007", "r3")]) == [
+            assert a.records.claim(Fence(ELECTION, term), [step(order)]) == [False], order
+            assert observer.records.load(ELECTION) == {"x": "r1"}
+        assert a.records.claim(Fence(ELECTION, term), [step("0006"), step("0007", "r3")]) == [
             True,
             False,  # the first write of the batch changed the stored record
         ]
-        assert observer.load_state(ELECTION) == {"x": "r2"}
+        assert observer.records.load(ELECTION) == {"x": "r2"}
 
     def test_foreign_schedule_state_reads_as_empty_and_the_next_claim_replaces_it(
         self, store: Store, caplog: pytest.LogCaptureFixture
     ) -> None:
-        a = store.backend()
+        a = store.open()
         term = take(a, "a")
         where = store.plant("state")
         if where is None:
             pytest.skip(f"{store.kind} keeps its state in typed rows or in process memory")
-        assert a.load_state(ELECTION) == {}
+        assert a.records.load(ELECTION) == {}
         assert where in caplog.text, "logged, naming where"
-        assert a.claim(ELECTION, term, [Write("x", None, '"mine"')]) == [True]
-        assert a.load_state(ELECTION) == {"x": '"mine"'}
+        assert a.records.claim(Fence(ELECTION, term), [Write("x", None, '"mine"')]) == [True]
+        assert a.records.load(ELECTION) == {"x": '"mine"'}
+
+    def test_a_store_that_is_down_raises_store_unavailable_only(self, store: Store) -> None:
+        down = _down(store)
+        _only_store_unavailable(
+            lambda: down.records.load(ELECTION),
+            lambda: down.records.claim(Fence(ELECTION, FAKE), [Write("x", None, "1")]),
+        )
+
+
+class TestEntryStore:
+    """The entries facet (:class:`~celery_leader.backends.EntryStore`): schedule entries
+    anyone may edit, versioned."""
+
+    def test_every_store_has_an_entry_store(self, store: Store) -> None:
+        assert isinstance(store.open().entries, EntryStore)
 
     def test_entries_are_edited_by_anyone_with_compare_and_set(self, store: Store) -> None:
         """Schedule entries need no term; every applied edit moves the version."""
-        leader, editor, other = store.backend(), store.backend(), store.backend()
+        leader, editor, other = store.open(), store.open(), store.open()
         take(leader, "a")
-        assert editor.load_entries(ELECTION) == (0, {})
-        assert editor.entries_version(ELECTION) == 0
+        assert editor.entries.load(ELECTION) == (0, {})
+        assert editor.entries.version(ELECTION) == 0
         edits = [
             Edit("x", None, '{"v":1}'),  # nothing stored: created
             Edit("x", None, '{"v":2}'),  # now stored: fails
@@ -612,44 +649,42 @@ class TestFencedState:
             Edit("x", '{"v":1}', '{"v":3}'),  # matches: replaced
             Edit("z", None, "z1"),
         ]
-        assert other.edit_entries(ELECTION, edits) == [True, False, False, True, True]
-        version, entries = leader.load_entries(ELECTION)
+        assert other.entries.edit(ELECTION, edits) == [True, False, False, True, True]
+        version, entries = leader.entries.load(ELECTION)
         assert entries == {"x": '{"v":3}', "z": "z1"}
-        assert version > 0 and leader.entries_version(ELECTION) == version
+        assert version > 0 and leader.entries.version(ELECTION) == version
 
-        assert editor.edit_entries(ELECTION, [Edit("z", "stale", None)]) == [False]
-        assert leader.entries_version(ELECTION) == version, "nothing applied, nothing moved"
-        assert editor.edit_entries(ELECTION, [Edit("z", "z1", None)]) == [True]
-        moved, entries = leader.load_entries(ELECTION)
+        assert editor.entries.edit(ELECTION, [Edit("z", "stale", None)]) == [False]
+        assert leader.entries.version(ELECTION) == version, "nothing applied, nothing moved"
+        assert editor.entries.edit(ELECTION, [Edit("z", "z1", None)]) == [True]
+        moved, entries = leader.entries.load(ELECTION)
         assert entries == {"x": '{"v":3}'} and moved > version
-        assert leader.load_state(ELECTION) == {}, "entries are apart from the run state"
-        assert leader.load_entries("other") == (0, {})
+        assert leader.records.load(ELECTION) == {}, "entries are apart from the run state"
+        assert leader.entries.load("other") == (0, {})
 
-    def test_a_reader_is_told_only_the_entries_edited_since_its_version(
-        self, store: Store
-    ) -> None:
-        reader, editor = store.backend(), store.backend()
-        editor.edit_entries(ELECTION, [Edit("a", None, "a1"), Edit("b", None, "b1")])
-        version, _ = reader.load_entries(ELECTION)
-        assert reader.entries_changed_since(ELECTION, version) == (version, {})
-        editor.edit_entries(ELECTION, [Edit("a", "a1", "a2"), Edit("c", None, "c1")])
-        editor.edit_entries(ELECTION, [Edit("b", "b1", None), Edit("x", "not there", "x")])
-        moved = reader.entries_version(ELECTION)
-        assert reader.entries_changed_since(ELECTION, version) == (
+    def test_a_reader_is_told_only_the_entries_edited_since_its_version(self, store: Store) -> None:
+        reader, editor = store.open(), store.open()
+        editor.entries.edit(ELECTION, [Edit("a", None, "a1"), Edit("b", None, "b1")])
+        version, _ = reader.entries.load(ELECTION)
+        assert reader.entries.changes_since(ELECTION, version) == (version, {})
+        editor.entries.edit(ELECTION, [Edit("a", "a1", "a2"), Edit("c", None, "c1")])
+        editor.entries.edit(ELECTION, [Edit("b", "b1", None), Edit("x", "not there", "x")])
+        moved = reader.entries.version(ELECTION)
+        assert reader.entries.changes_since(ELECTION, version) == (
             moved,
             {"a": "a2", "c": "c1", "b": None},
         ), "the failed edit of x is not a change"
-        assert reader.entries_changed_since(ELECTION, moved) == (moved, {})
-        assert reader.entries_changed_since(ELECTION, moved + 5) is None, "a store behind"
+        assert reader.entries.changes_since(ELECTION, moved) == (moved, {})
+        assert reader.entries.changes_since(ELECTION, moved + 5) is None, "a store behind"
 
     def test_a_reader_following_racing_edits_ends_with_what_the_store_holds(
         self, store: Store
     ) -> None:
         """Reads by change and by page race a stream of edits: none is ever missed."""
-        reader, editor = store.backend(), store.backend()
+        reader, editor = store.open(), store.open()
         truth = {f"e{i}": "0" for i in range(20)}
-        editor.edit_entries(ELECTION, [Edit(k, None, v) for k, v in truth.items()])
-        version, view = reader.load_entries(ELECTION)
+        editor.entries.edit(ELECTION, [Edit(k, None, v) for k, v in truth.items()])
+        version, view = reader.entries.load(ELECTION)
         done = threading.Event()
 
         def edit() -> None:
@@ -657,7 +692,7 @@ class TestFencedState:
                 name = f"e{n % 25}"
                 old = truth.get(name)
                 new = None if old is not None and n % 3 == 0 else str(n)
-                assert editor.edit_entries(ELECTION, [Edit(name, old, new)]) == [True]
+                assert editor.entries.edit(ELECTION, [Edit(name, old, new)]) == [True]
                 if new is None:
                     del truth[name]
                 else:
@@ -666,9 +701,9 @@ class TestFencedState:
 
         def follow() -> None:
             nonlocal version, view
-            changed = reader.entries_changed_since(ELECTION, version)
+            changed = reader.entries.changes_since(ELECTION, version)
             if changed is None:
-                version, view = reader.load_entries(ELECTION)
+                version, view = reader.entries.load(ELECTION)
                 return
             version, edits = changed
             for name, value in edits.items():
@@ -681,17 +716,17 @@ class TestFencedState:
         while not done.is_set():
             follow()
         thread.join()
-        while reader.entries_version(ELECTION) != version:
+        while reader.entries.version(ELECTION) != version:
             follow()
         assert view == truth
 
     def test_concurrent_entry_editors_never_both_win(self, store: Store) -> None:
-        editors = [store.backend() for _ in range(4)]
-        editors[0].edit_entries(ELECTION, [Edit("x", None, "0")])
+        editors = [store.open() for _ in range(4)]
+        editors[0].entries.edit(ELECTION, [Edit("x", None, "0")])
         wins: list[str] = []
 
         def edit(i: int) -> None:
-            if editors[i].edit_entries(ELECTION, [Edit("x", "0", f"by {i}")]) == [True]:
+            if editors[i].entries.edit(ELECTION, [Edit("x", "0", f"by {i}")]) == [True]:
                 wins.append(f"by {i}")
 
         threads = [threading.Thread(target=edit, args=(i,)) for i in range(4)]
@@ -700,59 +735,64 @@ class TestFencedState:
         for t in threads:
             t.join()
         assert len(wins) == 1
-        assert editors[1].load_entries(ELECTION)[1] == {"x": wins[0]}
-
-    def test_a_store_that_is_down_raises_store_unavailable_only(self, store: Store) -> None:
-        backend = _down(store)
-        _only_store_unavailable(
-            lambda: backend.load_state(ELECTION),
-            lambda: backend.claim(ELECTION, FAKE, [Write("x", None, "1")]),
-        )
+        assert editors[1].entries.load(ELECTION)[1] == {"x": wins[0]}
 
 
-def runs(backend: Backend, entry: str, election: str = ELECTION) -> dict[str, str]:
+def runs(opened: StoreFacets, entry: str, election: str = ELECTION) -> dict[str, str]:
     """Every run record of ``entry`` a store keeps (tests keep few)."""
-    return dict(backend.runs_of(election, entry, 1000))
+    return dict(opened.runs.runs_of(election, entry, 1000))
 
 
-def summaries(backend: Backend) -> dict[str, RunSummary]:
-    return {s.entry: s for s in backend.run_summaries(ELECTION)}
+def summaries(opened: StoreFacets) -> dict[str, RunSummary]:
+    return {s.entry: s for s in opened.runs.summaries(ELECTION)}
 
 
-class TestRunRecords:
-    """Run records (the run ledger): unfenced compare-and-sets that expire."""
+class TestRunStore:
+    """The run-records facet (:class:`~celery_leader.backends.RunStore`, the run ledger):
+    unfenced compare-and-sets that expire."""
+
+    def test_every_store_has_a_run_store(self, store: Store) -> None:
+        assert isinstance(store.open().runs, RunStore)
 
     def test_set_if_absent_needs_no_term_and_says_what_is_stored(self, store: Store) -> None:
-        a, b = store.backend(), store.backend()
-        assert a.put_run(ELECTION, "job@1", None, "started-a", 60) == (True, "started-a")
-        assert b.put_run(ELECTION, "job@1", None, "started-b", 60) == (False, "started-a")
-        assert b.put_run(ELECTION, "job@1", "other", "x", 60) == (False, "started-a")
-        assert b.put_run(ELECTION, "job@1", "started-a", "done-a", 60) == (True, "done-a")
-        assert b.put_run(ELECTION, "job@2", "started-a", "x", 60)[0] is False, "nothing there"
+        a, b = store.open(), store.open()
+        assert a.runs.put(ELECTION, RunWrite("job@1", None, "started-a", 60)) == (True, "started-a")
+        assert b.runs.put(ELECTION, RunWrite("job@1", None, "started-b", 60)) == (
+            False,
+            "started-a",
+        )
+        assert b.runs.put(ELECTION, RunWrite("job@1", "other", "x", 60)) == (False, "started-a")
+        assert b.runs.put(ELECTION, RunWrite("job@1", "started-a", "done-a", 60)) == (
+            True,
+            "done-a",
+        )
+        assert b.runs.put(ELECTION, RunWrite("job@2", "started-a", "x", 60))[0] is False, (
+            "nothing there"
+        )
         assert runs(a, "job") == {"job@1": "done-a"}
         assert runs(a, "job", "other") == {}
-        assert a.load_state(ELECTION) == {}, "run records live apart from the schedule state"
+        assert a.records.load(ELECTION) == {}, "run records live apart from the schedule state"
 
     def test_the_ledgers_marks_are_read_without_a_write(self, store: Store) -> None:
         """How beat reads a slot's record and the ``@ledger-workers`` mark: one compare-and-set
         that cannot succeed (PostgreSQL once refused its expected value, so beat never re-sent)."""
-        a = store.backend()
-        assert marks.read(a, ELECTION, "job@1", 60) is None
-        assert marks.mark_sent(a, ELECTION, "job@1", "beat-a", 60, 0)
-        sent = marks.read(a, ELECTION, "job@1", 60)
+        a = store.open()
+        assert marks.read(a.runs, ELECTION, "job@1", 60) is None
+        assert marks.mark_sent(a.runs, ELECTION, "job@1", "beat-a", 60, 0)
+        sent = marks.read(a.runs, ELECTION, "job@1", 60)
         assert sent is not None and RunRecord.load(sent, "job@1") is not None
-        assert marks.touch(a, ELECTION, "@mark", {"since": 1}, 60) == '{"since": 1}'
-        assert marks.touch(a, ELECTION, "@mark", {"since": 2}, 60) == '{"since": 1}'
-        assert marks.read(a, ELECTION, "@mark", 60) == '{"since": 1}'
+        assert marks.touch(a.runs, ELECTION, "@mark", {"since": 1}, 60) == '{"since": 1}'
+        assert marks.touch(a.runs, ELECTION, "@mark", {"since": 2}, 60) == '{"since": 1}'
+        assert marks.read(a.runs, ELECTION, "@mark", 60) == '{"since": 1}'
         assert runs(a, "job") == {"job@1": sent}
         assert list(summaries(a)) == ["job"], "a mark is no entry's record"
 
     def test_one_of_many_racing_writers_wins(self, store: Store) -> None:
-        backends = [store.backend() for _ in range(4)]
+        opened = [store.open() for _ in range(4)]
         won: list[str] = []
 
         def race(i: int) -> None:
-            ok, _ = backends[i].put_run(ELECTION, "job@race", None, f"w{i}", 60, tally="t")
+            ok, _ = opened[i].runs.put(ELECTION, RunWrite("job@race", None, f"w{i}", 60, tally="t"))
             if ok:
                 won.append(f"w{i}")
 
@@ -762,28 +802,28 @@ class TestRunRecords:
         for t in threads:
             t.join(10)
         assert len(won) == 1
-        assert runs(backends[0], "job") == {"job@race": won[0]}
-        assert summaries(backends[0])["job"].counts == {"t": 1}
+        assert runs(opened[0], "job") == {"job@race": won[0]}
+        assert summaries(opened[0])["job"].counts == {"t": 1}
 
     def test_an_expired_record_counts_as_absent(self, store: Store) -> None:
-        a = store.backend()
+        a = store.open()
         ttl = 1.0
-        assert a.put_run(ELECTION, "job@old", None, "v1", ttl)[0]
+        assert a.runs.put(ELECTION, RunWrite("job@old", None, "v1", ttl))[0]
         # etcd keeps a record up to twice its ttl (leases are shared): wait for both.
         wait_for(lambda: "job@old" not in runs(a, "job"), timeout=4 * ttl + 3)
-        assert a.put_run(ELECTION, "job@old", "v1", "v2", 60)[0] is False
-        assert a.put_run(ELECTION, "job@old", None, "v3", 60) == (True, "v3")
+        assert a.runs.put(ELECTION, RunWrite("job@old", "v1", "v2", 60))[0] is False
+        assert a.runs.put(ELECTION, RunWrite("job@old", None, "v3", 60)) == (True, "v3")
         assert runs(a, "job") == {"job@old": "v3"}
 
     def test_an_entrys_summary_follows_its_writes(self, store: Store) -> None:
         """What ``leader status`` reads: per entry, its greatest slot and the tallies of
         the records kept, moved by every write (a record changing tally moves both)."""
-        a = store.backend()
-        a.put_run(ELECTION, "a@01", None, "sent-1", 60, tally="sent")
-        a.put_run(ELECTION, "a@02", None, "sent-2", 60, tally="sent")
-        a.put_run(ELECTION, "a@01", "sent-1", "ok-1", 60, tally="success")
-        a.put_run(ELECTION, "b@01", None, "x", 60)
-        a.put_run(ELECTION, "@entry/a", None, "mark", 60)
+        a = store.open()
+        a.runs.put(ELECTION, RunWrite("a@01", None, "sent-1", 60, tally="sent"))
+        a.runs.put(ELECTION, RunWrite("a@02", None, "sent-2", 60, tally="sent"))
+        a.runs.put(ELECTION, RunWrite("a@01", "sent-1", "ok-1", 60, tally="success"))
+        a.runs.put(ELECTION, RunWrite("b@01", None, "x", 60))
+        a.runs.put(ELECTION, RunWrite("@entry/a", None, "mark", 60))
         got = summaries(a)
         assert sorted(got) == ["a", "b"]
         assert (got["a"].last_key, got["a"].last) == ("a@02", "sent-2")
@@ -793,46 +833,48 @@ class TestRunRecords:
     def test_runs_of_reads_the_newest_first_up_to_a_limit(self, store: Store) -> None:
         """Newest created: a slot's record is created when it is sent or started, in
         slot order, and its later writes (started, finished) do not move it."""
-        a = store.backend()
+        a = store.open()
         for i in range(5):
-            a.put_run(ELECTION, f"e@{i}", None, f"v{i}", 60)
+            a.runs.put(ELECTION, RunWrite(f"e@{i}", None, f"v{i}", 60))
             time.sleep(0.002)  # SQL stores order by the server's clock
-        a.put_run(ELECTION, "e@1", "v1", "w1", 60)
-        assert a.runs_of(ELECTION, "e", 3) == [("e@4", "v4"), ("e@3", "v3"), ("e@2", "v2")]
-        assert a.runs_of(ELECTION, "e", 10)[3] == ("e@1", "w1")
-        assert a.runs_of(ELECTION, "f", 3) == []
+        a.runs.put(ELECTION, RunWrite("e@1", "v1", "w1", 60))
+        assert a.runs.runs_of(ELECTION, "e", 3) == [("e@4", "v4"), ("e@3", "v3"), ("e@2", "v2")]
+        assert a.runs.runs_of(ELECTION, "e", 10)[3] == ("e@1", "w1")
+        assert a.runs.runs_of(ELECTION, "f", 3) == []
 
     def test_keep_caps_an_entrys_records_and_its_counts(self, store: Store) -> None:
-        a = store.backend()
+        a = store.open()
         for i in range(6):
-            a.put_run(ELECTION, f"e@{i}", None, f"v{i}", 60, keep=3, tally="ok")
+            a.runs.put(ELECTION, RunWrite(f"e@{i}", None, f"v{i}", 60, keep=3, tally="ok"))
             time.sleep(0.002)
         assert runs(a, "e") == {"e@3": "v3", "e@4": "v4", "e@5": "v5"}
         got = summaries(a)["e"]
         assert (got.last_key, got.counts) == ("e@5", {"ok": 3})
 
     def test_expiry_takes_an_entrys_records_and_counts_with_it(self, store: Store) -> None:
-        a = store.backend()
-        a.put_run(ELECTION, "gone@1", None, "x", 1.0, tally="ok")
-        a.put_run(ELECTION, "live@1", None, "y", 1.0, tally="ok")
-        a.put_run(ELECTION, "live@2", None, "z", 60, tally="ok")
+        a = store.open()
+        a.runs.put(ELECTION, RunWrite("gone@1", None, "x", 1.0, tally="ok"))
+        a.runs.put(ELECTION, RunWrite("live@1", None, "y", 1.0, tally="ok"))
+        a.runs.put(ELECTION, RunWrite("live@2", None, "z", 60, tally="ok"))
         # etcd keeps a record up to twice its ttl (leases are shared): wait for both.
         wait_for(lambda: "gone" not in summaries(a) and len(runs(a, "live")) == 1, timeout=7)
-        a.put_run(ELECTION, "live@3", None, "w", 60, tally="ok")  # a write drops what expired
+        a.runs.put(
+            ELECTION, RunWrite("live@3", None, "w", 60, tally="ok")
+        )  # a write drops what expired
         assert summaries(a)["live"].counts == {"ok": 2}
 
     def test_an_entry_written_again_after_it_expired_counts_afresh(self, store: Store) -> None:
         """An entry that stopped (its records expired, some of them dropped meanwhile by
         other entries' writes) and comes back counts and caps only its new records."""
-        a = store.backend()
+        a = store.open()
         for i in range(3):
-            a.put_run(ELECTION, f"back@{i}", None, "x", 1.0, keep=2, tally="ok")
+            a.runs.put(ELECTION, RunWrite(f"back@{i}", None, "x", 1.0, keep=2, tally="ok"))
         # etcd keeps a record up to twice its ttl (leases are shared): wait for both.
         wait_for(lambda: "back" not in summaries(a), timeout=7)
         for i in range(3):
-            a.put_run(ELECTION, f"other@{i}", None, "y", 60)  # may drop back's rows
-        a.put_run(ELECTION, "back@3", None, "z", 60, keep=2, tally="ok")
-        a.put_run(ELECTION, "back@4", None, "z", 60, keep=2, tally="ok")
+            a.runs.put(ELECTION, RunWrite(f"other@{i}", None, "y", 60))  # may drop back's rows
+        a.runs.put(ELECTION, RunWrite("back@3", None, "z", 60, keep=2, tally="ok"))
+        a.runs.put(ELECTION, RunWrite("back@4", None, "z", 60, keep=2, tally="ok"))
         assert runs(a, "back") == {"back@3": "z", "back@4": "z"}
         assert summaries(a)["back"].counts == {"ok": 2}
 
@@ -843,21 +885,31 @@ class TestRunRecords:
         (or was sent) and takes a sent slot over, and the record moves to its entry."""
         if store.legacy_run is None:
             pytest.skip("records in process memory never outlive a release")
-        a = store.backend()
-        a.put_run(ELECTION, "@ledger-since", None, "{}", 60)  # SQL stores make their tables
+        a = store.open()
+        a.runs.put(
+            ELECTION, RunWrite("@ledger-since", None, "{}", 60)
+        )  # SQL stores make their tables
         store.legacy_run("old@1", "ran")
         store.legacy_run("old@2", "sent")
-        assert a.put_run(ELECTION, "old@1", None, "again", 60, tally="t") == (False, "ran")
-        assert a.put_run(ELECTION, "old@2", "sent", "started", 60, tally="t") == (True, "started")
+        assert a.runs.put(ELECTION, RunWrite("old@1", None, "again", 60, tally="t")) == (
+            False,
+            "ran",
+        )
+        assert a.runs.put(ELECTION, RunWrite("old@2", "sent", "started", 60, tally="t")) == (
+            True,
+            "started",
+        )
         assert runs(a, "old") == {"old@2": "started"}
-        assert marks.read(a, ELECTION, "old@2", 60) == "started"
+        assert marks.read(a.runs, ELECTION, "old@2", 60) == "started"
         assert summaries(a)["old"].counts == {"t": 1}
-        assert a.put_run(ELECTION, "old@2", "sent", "x", 60)[0] is False, "moved, not copied"
+        assert a.runs.put(ELECTION, RunWrite("old@2", "sent", "x", 60))[0] is False, (
+            "moved, not copied"
+        )
 
     def test_a_store_that_is_down_raises_store_unavailable_only(self, store: Store) -> None:
-        backend = _down(store)
+        down = _down(store)
         _only_store_unavailable(
-            lambda: backend.put_run(ELECTION, "job@1", None, "x", 60),
-            lambda: backend.runs_of(ELECTION, "job", 10),
-            lambda: backend.run_summaries(ELECTION),
+            lambda: down.runs.put(ELECTION, RunWrite("job@1", None, "x", 60)),
+            lambda: down.runs.runs_of(ELECTION, "job", 10),
+            lambda: down.runs.summaries(ELECTION),
         )

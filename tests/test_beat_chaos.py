@@ -42,7 +42,7 @@ import psycopg
 import pytest
 import redis
 
-from celery_leader.backends import HolderInfo, Write, create_backend
+from celery_leader.backends import Fence, HolderInfo, Write, open_store
 from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import StoreUnavailable
 from harness.procs import Proc, Procs
@@ -410,12 +410,12 @@ def beat_holder() -> Iterator[Callable[[str], Holder]]:
     backends = []
 
     def make(url: str) -> Holder:
-        backend = create_backend(LeaderConfig.from_mapping({"leader_url": url, "leader_ttl": TTL}))
+        backend = open_store(LeaderConfig.from_mapping({"leader_url": url, "leader_ttl": TTL}))
         backends.append(backend)
 
         def holder() -> HolderInfo | None:
             try:
-                return backend.holder("beat")
+                return backend.lock.holder("beat")
             except StoreUnavailable:
                 return None
 
@@ -713,9 +713,7 @@ def test_a_claim_acknowledged_by_postgres_survives_a_crash(
     again (the PostgreSQL chaos test saw it in about half its runs). Here the WAL writer
     waits 10 s instead of 0.2 s, so the loss does not depend on timing.
     """
-    backend = create_backend(
-        LeaderConfig.from_mapping({"leader_url": postgres_url, "leader_ttl": TTL})
-    )
+    backend = open_store(LeaderConfig.from_mapping({"leader_url": postgres_url, "leader_ttl": TTL}))
 
     def admin(*statements: str) -> None:
         with psycopg.connect(postgres_server.superuser_url, autocommit=True) as conn:
@@ -731,16 +729,18 @@ def test_a_claim_acknowledged_by_postgres_survives_a_crash(
         return None if row is None else str(row[0])
 
     try:
-        term = backend.acquire("beat", "r0.1", TTL, 0).term
+        term = backend.lock.acquire("beat", "r0.1", TTL, 0).term
         assert term is not None
         # Everything so far (tables, term) is on disk; the WAL writer now sleeps 10 s.
         admin("ALTER SYSTEM SET wal_writer_delay = '10s'", "SELECT pg_reload_conf()", "CHECKPOINT")
         # The server reloaded (and signalled the WAL writer, before forking new sessions).
         wait_for(lambda: wal_writer_delay() == "10000", 10, message="wal_writer_delay not 10 s")
-        assert backend.claim("beat", term, [Write("tick", None, "slot sent")]) == [True]
+        assert backend.records.claim(Fence("beat", term), [Write("tick", None, "slot sent")]) == [
+            True
+        ]
         postgres_server.kill()
         postgres_server.start()
-        assert backend.load_state("beat") == {"tick": "slot sent"}
+        assert backend.records.load("beat") == {"tick": "slot sent"}
     finally:
         backend.close()
         if not postgres_server.running:

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from celery_leader.backends import create_backend
+from celery_leader.backends import open_store
 from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import ConfigError
 from celery_leader.health import check
@@ -391,15 +391,15 @@ def start_ledger_workers(
     ]
     for worker in workers:
         worker.wait_for_line(r"ready\.", 60)
-    backend = create_backend(LeaderConfig.from_mapping({"leader_url": lease_store.url}))
+    store = open_store(LeaderConfig.from_mapping({"leader_url": lease_store.url}))
     try:
         wait_for(
-            lambda: ledger_reads.record(backend, WORKERS) is not None,
+            lambda: ledger_reads.record(store.runs, WORKERS) is not None,
             20,
             message="no worker registered in the ledger",
         )
     finally:
-        backend.close()
+        store.close()
     return workers
 
 
@@ -661,13 +661,13 @@ def test_metrics_hook_and_broker_connections_across_a_hand_over(
         clients_before = len(client.client_list())
     first, first_proc, first_epoch = beats.leader()
     # A graceful hand-over: the first leader resigns on request.
-    from celery_leader.backends import create_backend
+    from celery_leader.backends import open_store
 
-    backend = create_backend(LeaderConfig.from_mapping({"leader_url": lease_store.url}))
+    store = open_store(LeaderConfig.from_mapping({"leader_url": lease_store.url}))
     try:
-        backend.request_resign("beat")
+        store.lock.request_resign("beat")
     finally:
-        backend.close()
+        store.close()
     at = time.monotonic()
     first_of_other_term(tap, at, first_epoch, TTL + 5)
     wait_for(lambda: len(tap.after(at)) >= 10, 10, message="the new leader stalled")

@@ -29,8 +29,8 @@ from celery.schedules import crontab
 from kombu import Producer
 from kombu.exceptions import OperationalError
 
-from celery_leader.backends import Write, create_backend
-from celery_leader.backends.memory import MemoryBackend
+from celery_leader.backends import Fence, Write, open_store
+from celery_leader.backends.memory import MemoryEntries, MemoryRecords
 from celery_leader.celery import beat
 from celery_leader.celery.beat import FOLLOWER_INTERVAL, LeaderScheduler
 from celery_leader.config import LeaderConfig
@@ -93,7 +93,7 @@ def make_scheduler(app: Celery) -> Iterator[Callable[..., LeaderScheduler]]:
 def rival(app: Celery) -> Iterator[Lease]:
     """Another member of the beat election, sharing the scheduler's store."""
     config = LeaderConfig.from_app(app)
-    lease = Lease.from_config(ELECTION, config, create_backend(config))
+    lease = Lease.from_config(ELECTION, config, open_store(config).lock)
     lease.instance_id = "rival"
     yield lease
     lease.stop()
@@ -110,21 +110,21 @@ def state(last_run_at: datetime, count: int) -> str:
 def seed_state(app: Celery, states: dict[str, str]) -> None:
     """Write shared state as a previous leader would: with a fenced claim under its own term."""
     config = LeaderConfig.from_app(app)
-    backend = create_backend(config)
-    term = backend.acquire(ELECTION, "previous-leader", config.ttl, 0).term
+    store = open_store(config)
+    term = store.lock.acquire(ELECTION, "previous-leader", config.ttl, 0).term
     assert term is not None, "the store is held; seed before any scheduler ticks"
-    stored = backend.load_state(ELECTION)
+    stored = store.records.load(ELECTION)
     claims = [Write(name, stored.get(name), raw) for name, raw in states.items()]
-    assert all(backend.claim(ELECTION, term, claims))
-    backend.release(ELECTION, term)
+    assert all(store.records.claim(Fence(ELECTION, term), claims))
+    store.lock.release(ELECTION, term)
 
 
 def stored_state(app: Celery) -> dict[str, str]:
-    return create_backend(LeaderConfig.from_app(app)).load_state(ELECTION)
+    return open_store(LeaderConfig.from_app(app)).records.load(ELECTION)
 
 
 def holder(app: Celery) -> str | None:
-    info = create_backend(LeaderConfig.from_app(app)).holder(ELECTION)
+    info = open_store(LeaderConfig.from_app(app)).lock.holder(ELECTION)
     return None if info is None else info.instance_id
 
 
@@ -203,8 +203,8 @@ def test_follower_never_touches_shared_state_nor_runs_the_base_tick(
     spies = {
         name: Spy(monkeypatch, owner, name)
         for owner, name in [
-            (MemoryBackend, "load_state"),
-            (MemoryBackend, "claim"),
+            (MemoryRecords, "load"),
+            (MemoryRecords, "claim"),
             (Scheduler, "tick"),
             (Scheduler, "populate_heap"),
             (Scheduler, "apply_async"),
@@ -225,7 +225,7 @@ def test_follower_never_touches_shared_state_nor_runs_the_base_tick(
     rival.stop()
     sent: list[dict[str, Any]] = []
     drive(scheduler, lambda: sent.extend(published(app)) or sent)
-    assert spies["load_state"].calls
+    assert spies["load"].calls
     assert spies["claim"].calls
 
 
@@ -245,15 +245,16 @@ def test_promotion_reloads_state_and_rebuilds_the_heap(
     first_epoch = scheduler.lease.epoch
 
     # Another instance takes over and records a run of "e" a minute ago: "e" is overdue.
+    store = open_store(LeaderConfig.from_app(app))
     rival.start()
-    rival.backend.request_resign(ELECTION)
+    store.lock.request_resign(ELECTION)
     wait_for(rival.is_leader, 3.0, message="rival never took over")
     assert scheduler.tick() == FOLLOWER_INTERVAL
     ran_at = now - timedelta(seconds=60)
-    term = rival.term
-    assert term is not None
-    current = rival.backend.load_state(ELECTION).get("e")
-    assert rival.backend.claim(ELECTION, term, [Write("e", current, state(ran_at, 41))]) == [True]
+    fence = rival.fence()
+    assert fence is not None
+    current = store.records.load(ELECTION).get("e")
+    assert store.records.claim(fence, [Write("e", current, state(ran_at, 41))]) == [True]
     rival.stop()
 
     # Back in office, the scheduler must send "e" at once: the stored state says two
@@ -421,12 +422,12 @@ def test_many_due_entries_are_claimed_in_one_store_call(
     app.conf.beat_schedule = {f"e{i}": every(60) for i in range(count)}
     long_ago = datetime.now(timezone.utc) - timedelta(minutes=5)
     seed_state(app, {f"e{i}": state(long_ago, 3) for i in range(count)})
-    claims = Spy(monkeypatch, MemoryBackend, "claim")
+    claims = Spy(monkeypatch, MemoryRecords, "claim")
     scheduler = make_scheduler()
     wait_leading(scheduler)
     # One tick as leader: everything is due, so it is all claimed in that one call.
     assert scheduler.tick() == 0.0
-    assert [len(call[3]) for call in claims.calls] == [count]
+    assert [len(call[2]) for call in claims.calls] == [count]
     assert len(published(app)) == count
     # Nothing due: it sleeps until the entries poll, or until the next slot when the
     # test runs less than that before a whole minute (the grid of a 60 s entry).
@@ -511,7 +512,9 @@ def test_a_store_that_lost_its_data_does_not_make_a_former_leader_resend_a_slot(
         new.lease.start()
         sent: list[dict[str, Any]] = []
         drive(old, lambda: sent.extend(published(app)) or len(sent) >= 2)
-        old.lease.backend.request_resign(ELECTION)
+        asking = open_store(LeaderConfig.from_app(app))
+        asking.lock.request_resign(ELECTION)
+        asking.close()
         drive(old, new.lease.is_leader)
         drive(new, lambda: sent.extend(published(app)) or len(sent) >= 5)
         with redis_server.client() as client:
@@ -712,7 +715,7 @@ def test_interval_entries_sharing_a_period_stay_in_one_claim_round_trip(
 ) -> None:
     count = 50
     app.conf.beat_schedule = {f"e{i}": every(0.25) for i in range(count)}
-    claims = Spy(monkeypatch, MemoryBackend, "claim")
+    claims = Spy(monkeypatch, MemoryRecords, "claim")
     scheduler = make_scheduler()
     sent: list[dict[str, Any]] = []
 
@@ -725,7 +728,7 @@ def test_interval_entries_sharing_a_period_stay_in_one_claim_round_trip(
     dues = Counter(h["leader_slot"].split("@")[1] for h in sent)
     assert all(n == count for due, n in dues.items() if due != max(dues))
     assert all(round(due_of(f"x@{due}").timestamp() * 4, 6).is_integer() for due in dues)
-    batches = [len(call[3]) for call in claims.calls]
+    batches = [len(call[2]) for call in claims.calls]
     # The anchors, then one claim per round.
     assert batches[0] == count
     assert batches[1:] == [count] * (len(batches) - 1)
@@ -842,9 +845,7 @@ def test_a_term_lost_while_loading_the_state_is_named_as_such(
 ) -> None:
     # The store refuses every anchor claim at once: what it does when the term is gone.
     app.conf.beat_schedule = {"a": every(5), "b": every(5)}
-    monkeypatch.setattr(
-        MemoryBackend, "claim", lambda self, election, term, claims: [False] * len(claims)
-    )
+    monkeypatch.setattr(MemoryRecords, "claim", lambda self, fence, claims: [False] * len(claims))
     scheduler = make_scheduler()
     wait_leading(scheduler)
     assert scheduler.tick() == FOLLOWER_INTERVAL
@@ -894,11 +895,11 @@ def test_a_stop_signal_inside_a_store_call_closes_beat_after_the_tick(
     scheduler = make_scheduler()
     wait_leading(scheduler)
     store_lock = threading.Lock()  # stands for the store's own, not reentrant
-    original = MemoryBackend.entries_version
+    original = MemoryEntries.version
     signalled: list[bool] = []
     closed: list[bool] = []
 
-    def entries_version(self: MemoryBackend, election: str) -> int:
+    def entries_version(self: MemoryEntries, election: str) -> int:
         with store_lock:
             if not signalled:
                 signalled.append(True)
@@ -915,7 +916,7 @@ def test_a_stop_signal_inside_a_store_call_closes_beat_after_the_tick(
         closed.append(True)
         raise SystemExit(143)
 
-    monkeypatch.setattr(MemoryBackend, "entries_version", entries_version)
+    monkeypatch.setattr(MemoryEntries, "version", entries_version)
     monkeypatch.setattr(beat.EntryFeed, "current", lambda self: {} if closed else _asks(self))
     previous = signal.signal(signal.SIGTERM, stop)
     try:
@@ -949,7 +950,7 @@ def test_a_stop_signal_sent_twice_during_a_tick_stops_at_once() -> None:
 
 def _asks(feed: Any) -> dict[str, Any]:
     """The feed's question to the store, every time."""
-    feed.backend.entries_version(feed.election)
+    feed.store.version(feed.election)
     return {}
 
 

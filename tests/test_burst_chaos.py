@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from celery_leader.backends import Write, create_backend
+from celery_leader.backends import Fence, Write, open_store
 from celery_leader.config import LeaderConfig
 from celery_leader.schedule.protocol import BATCH
 from celery_leader.schedule.publisher import PIPELINE
@@ -58,14 +58,14 @@ def names() -> list[str]:
 def seed(store_url: str, due: datetime) -> None:
     """Store what a previous leader would leave: every entry last ran one period before ``due``."""
     config = LeaderConfig.from_mapping({"leader_url": store_url, "leader_ttl": TTL})
-    backend = create_backend(config)
+    backend = open_store(config)
     try:
-        term = backend.acquire(config.beat_election, "previous-leader", TTL, 0).term
+        term = backend.lock.acquire(config.beat_election, "previous-leader", TTL, 0).term
         assert term is not None
         state = dump_state(due - PERIOD, 1, term.epoch, "previous-leader")
         claims = [Write(name, None, state) for name in names()]
-        assert all(backend.claim(config.beat_election, term, claims))
-        backend.release(config.beat_election, term)
+        assert all(backend.records.claim(Fence(config.beat_election, term), claims))
+        backend.lock.release(config.beat_election, term)
     finally:
         backend.close()
 
@@ -111,12 +111,12 @@ def test_a_leader_killed_mid_burst_sends_no_slot_twice_and_loses_at_most_one_bat
     procs.spawn_python(CELERY, *beat, env={**env, "INSTANCE_ID": "second"})
 
     config = LeaderConfig.from_mapping({"leader_url": store_url, "leader_ttl": TTL})
-    backend = create_backend(config)
+    backend = open_store(config)
 
     def finished() -> tuple[dict[str, dict[str, object]], list[tuple[str, int]]] | None:
         """The stored states and the broker's messages, once every slot is claimed and
         every slot claimed by the second leader is in the broker."""
-        states = {k: json.loads(v) for k, v in backend.load_state(config.beat_election).items()}
+        states = {k: json.loads(v) for k, v in backend.records.load(config.beat_election).items()}
         if any(s.get("slot") not in expected for s in states.values()):
             return None
         sent = published(broker)

@@ -129,7 +129,7 @@ def test_a_flush_of_unknown_outcome_leaves_its_slots_claimed_and_unsent(
     slots = r.slots(2 * PIPELINE + 50)
     lost = slots[PIPELINE : 2 * PIPELINE]  # the second flush: maybe in the broker, never resent
     assert sorted(r.adapter.delivered) == [s for s in slots if s not in lost]
-    stored = r.protocol.lease.backend.load_state(r.protocol.lease.election)
+    stored = r.protocol.runtime.store.records.load(r.protocol.lease.election)
     assert all(f'"last_run_at": "{T0.isoformat()}"' in stored[s.partition("@")[0]] for s in lost)
 
 

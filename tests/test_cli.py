@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from celery_leader.backends import create_backend
+from celery_leader.backends import StoreFacets, open_store
 from celery_leader.config import LeaderConfig
 from celery_leader.lease import Lease
 from harness.servers import RedisServer
@@ -44,6 +44,10 @@ def leader_cli(leader_url: str, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+#: The leases a test started, each with the store it opened for it.
+Joined = list[tuple[Lease, StoreFacets]]
+
+
 @pytest.fixture
 def url(redis_server: RedisServer, redis_url: str) -> str:
     """The test Redis, reached as a user with a password (which must never be printed)."""
@@ -54,26 +58,27 @@ def url(redis_server: RedisServer, redis_url: str) -> str:
 
 
 @pytest.fixture
-def leases(url: str) -> Iterator[list[Lease]]:
-    made: list[Lease] = []
+def leases(url: str) -> Iterator[Joined]:
+    made: Joined = []
     yield made
-    for lease in made:
+    for lease, store in made:
         lease.stop()
-        lease.backend.close()
+        store.close()
 
 
-def join(leases: list[Lease], url: str, instance_id: str) -> Lease:
+def join(leases: Joined, url: str, instance_id: str) -> Lease:
     config = LeaderConfig.from_mapping(
         {"leader_url": url, "leader_ttl": TTL, "leader_instance_id": instance_id}
     )
-    lease = Lease.from_config("beat", config, create_backend(config))
+    store = open_store(config)
+    lease = Lease.from_config("beat", config, store.lock)
     lease.start()
-    leases.append(lease)
+    leases.append((lease, store))
     return lease
 
 
 def test_status_names_holder_epoch_and_ttl_with_the_password_masked(
-    url: str, leases: list[Lease]
+    url: str, leases: Joined
 ) -> None:
     started = time.time()
     holder = join(leases, url, "holder-1")
@@ -102,7 +107,7 @@ def test_status_names_holder_epoch_and_ttl_with_the_password_masked(
     assert beat_line.endswith(since.strftime("%Y-%m-%d %H:%M:%SZ"))
 
 
-def test_resign_hands_over_to_another_instance(url: str, leases: list[Lease]) -> None:
+def test_resign_hands_over_to_another_instance(url: str, leases: Joined) -> None:
     first = join(leases, url, "first")
     wait_for(first.is_leader, 5, message="first leads")
     second = join(leases, url, "second")
@@ -174,7 +179,7 @@ def module_cli(leader_url: str, *args: str, **env: str) -> subprocess.CompletedP
     )
 
 
-def test_status_exit_codes_say_whether_someone_leads(url: str, leases: list[Lease]) -> None:
+def test_status_exit_codes_say_whether_someone_leads(url: str, leases: Joined) -> None:
     for run in (leader_cli(url, "status"), module_cli(url, "status")):
         assert run.returncode == 3, run.stdout + run.stderr
         assert "(nobody)" in run.stdout
@@ -186,7 +191,7 @@ def test_status_exit_codes_say_whether_someone_leads(url: str, leases: list[Leas
     assert module_cli(url, "status", "beat", "worker").returncode == 3
 
 
-def test_the_module_prints_what_the_celery_command_prints(url: str, leases: list[Lease]) -> None:
+def test_the_module_prints_what_the_celery_command_prints(url: str, leases: Joined) -> None:
     holder = join(leases, url, "holder-1")
     wait_for(holder.is_leader, 5, message="holder-1 leads")
     celery_json = json.loads(leader_cli(url, "status", "--json").stdout)
@@ -215,10 +220,10 @@ def test_epoch_column_fits_13_digit_epochs(url: str, redis_server: RedisServer) 
     # An epoch seeded from the store's clock in milliseconds (as the Redis backend does
     # when its epoch key is missing) has 13 digits.
     config = LeaderConfig.from_mapping({"leader_url": url, "leader_ttl": TTL})
-    backend = create_backend(config)
+    store = open_store(config)
     try:
         # A ttl no CLI start-up outlasts, even on a loaded machine.
-        term = backend.acquire("beat", "holder-ms", 60, 1_765_000_000_000).term
+        term = store.lock.acquire("beat", "holder-ms", 60, 1_765_000_000_000).term
         assert term is not None and len(str(term.epoch)) == 13
         table = leader_cli(url, "status")
         header, beat = (
@@ -229,9 +234,9 @@ def test_epoch_column_fits_13_digit_epochs(url: str, redis_server: RedisServer) 
         end = header.index("EPOCH") + len("EPOCH")
         assert beat[end - 13 : end] == str(term.epoch)
         assert beat[end] == " "
-        backend.release("beat", term)
+        store.lock.release("beat", term)
     finally:
-        backend.close()
+        store.close()
 
 
 def test_check_reads_the_health_file(tmp_path: Path) -> None:

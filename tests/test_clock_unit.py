@@ -12,7 +12,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from celery_leader import metrics
-from celery_leader.backends import Term, Write, create_backend
+from celery_leader.backends import Fence, Write, open_store
 from celery_leader.config import LeaderConfig
 from celery_leader.schedule import plan as planning
 from celery_leader.schedule import protocol
@@ -90,12 +90,12 @@ def test_state_31_minutes_old_read_at_0201_cet_on_fall_back_day_is_not_in_the_fu
     """Last slot 02:30 CEST (00:30 UTC); now 02:01 CET (01:01 UTC): on the wall clock the
     state looks 29 minutes ahead, in real time it is 31 minutes old."""
     job = Job("q15", cron([0, 15, 30, 45], range(24)), "once", None, BERLIN)
-    backend = create_backend(config)
-    term = backend.acquire("beat", "previous", config.ttl, 0).term
+    backend = open_store(config)
+    term = backend.lock.acquire("beat", "previous", config.ttl, 0).term
     assert term is not None
     raw = dump_state(FALL + timedelta(minutes=30), 5, term.epoch, "previous")
-    assert all(backend.claim("beat", term, [Write("q15", None, raw)]))
-    backend.release("beat", term)
+    assert all(backend.records.claim(Fence("beat", term), [Write("q15", None, raw)]))
+    backend.lock.release("beat", term)
     monkeypatch.setattr(protocol, "utcnow", lambda: FALL + timedelta(minutes=61))
     adapter = _Recorder([job])
     slot_protocol = leading(config, adapter, made, max_sleep=0.05)
@@ -141,22 +141,26 @@ def test_missed_slots_are_reported_dropped_only_by_the_claim_that_records_them(
     the same slots again: only that one may say so (the fake-clock fall-back test once
     counted 83 minutes as 82 sent + 2 dropped)."""
     job = Job("min", Every(timedelta(minutes=1)), "once", None)
-    backend = create_backend(config)
-    term = backend.acquire("beat", "previous", config.ttl, 0).term
+    backend = open_store(config)
+    term = backend.lock.acquire("beat", "previous", config.ttl, 0).term
     assert term is not None
     last = datetime(2026, 6, 1, 10, tzinfo=UTC)
-    assert all(backend.claim("beat", term, [Write("min", None, dump_state(last, 1, 1, "x"))]))
-    backend.release("beat", term)
+    assert all(
+        backend.records.claim(
+            Fence("beat", term), [Write("min", None, dump_state(last, 1, 1, "x"))]
+        )
+    )
+    backend.lock.release("beat", term)
     # 10:01, 10:02 and 10:03 are due: "once" sends 10:03 and drops two.
     monkeypatch.setattr(protocol, "utcnow", lambda: last + timedelta(minutes=3, seconds=30))
     counted: list[tuple[str, int]] = []
     monkeypatch.setattr(metrics, "count", lambda name, election, n=1: counted.append((name, n)))
     adapter = _Recorder([job])
     slot_protocol = leading(config, adapter, made, max_sleep=0.05)
-    store = slot_protocol.lease.backend
+    store = slot_protocol.runtime.store.records
     real_claim = store.claim
 
-    def lost_once(election: str, term: Term, writes: list[Write]) -> list[bool]:
+    def lost_once(fence: Fence, writes: list[Write]) -> list[bool]:
         # As if the term ended between reading the state and claiming the slots.
         monkeypatch.setattr(store, "claim", real_claim)
         return [False] * len(writes)

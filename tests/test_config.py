@@ -13,12 +13,8 @@ from celery import Celery
 
 from celery_leader import ConfigError, LeaderConfig, Lease
 from celery_leader._urls import mask_url
-from celery_leader.backends import STORES, create_backend
-from celery_leader.backends.etcd import EtcdBackend
-from celery_leader.backends.file import FileBackend
-from celery_leader.backends.memory import MemoryBackend
-from celery_leader.backends.mysql import MySqlBackend
-from celery_leader.backends.redis import RedisBackend
+from celery_leader.backends import STORES, StoreParams, open_store
+from celery_leader.backends.memory import MemoryLock
 from celery_leader.config import DEFAULT_KEY_PREFIX, DEFAULT_TTL, DRIFT, MARGIN
 from celery_leader.dramatiq.settings import load_config
 from harness.servers import free_port
@@ -61,23 +57,28 @@ def test_renew_interval_defaults_to_a_third_of_the_ttl() -> None:
 
 
 @pytest.mark.parametrize(
-    ("url", "kind", "backend"),
+    ("url", "kind"),
     [
-        ("redis://127.0.0.1:6379/0", "redis", RedisBackend),
-        ("rediss://127.0.0.1:6380/0", "redis", RedisBackend),
-        ("unix:///tmp/redis.sock", "redis", RedisBackend),
-        ("memory://", "memory", MemoryBackend),
-        ("file:///{tmp}", "file", FileBackend),
-        ("etcd://127.0.0.1:2379,127.0.0.1:22379", "etcd", EtcdBackend),
-        ("etcds://u:pw@127.0.0.1?cacert=/ca.pem", "etcd", EtcdBackend),
-        ("mysql://u:pw@127.0.0.1:3306/db", "mysql", MySqlBackend),
-        ("mariadb://u:pw@127.0.0.1/db?ssl_ca=/ca.pem", "mysql", MySqlBackend),
+        ("redis://127.0.0.1:6379/0", "redis"),
+        ("rediss://127.0.0.1:6380/0", "redis"),
+        ("unix:///tmp/redis.sock", "redis"),
+        ("memory://", "memory"),
+        ("file:///{tmp}", "file"),
+        ("etcd://127.0.0.1:2379,127.0.0.1:22379", "etcd"),
+        ("etcds://u:pw@127.0.0.1?cacert=/ca.pem", "etcd"),
+        ("mysql://u:pw@127.0.0.1:3306/db", "mysql"),
+        ("mariadb://u:pw@127.0.0.1/db?ssl_ca=/ca.pem", "mysql"),
     ],
 )
-def test_scheme_selects_the_backend(url: str, kind: str, backend: type, tmp_path) -> None:
+def test_scheme_selects_the_store(url: str, kind: str, tmp_path) -> None:
     cfg = config(leader_url=url.format(tmp=str(tmp_path).lstrip("/")))
     assert cfg.store_kind == kind
-    assert isinstance(create_backend(cfg), backend)
+    opened = open_store(cfg)
+    try:
+        for facet in (opened.lock, opened.records, opened.entries, opened.runs):
+            assert type(facet).__module__.startswith(f"celery_leader.backends.{kind}")
+    finally:
+        opened.close()
 
 
 @pytest.mark.parametrize("kind", ["postgresql", "postgres"])
@@ -210,7 +211,7 @@ def test_errors_that_say_what_to_set_name_every_store_and_every_scheme() -> None
 @pytest.mark.parametrize("url", ["file://relative/dir", "file:relative", "file://host/dir"])
 def test_file_url_must_be_an_absolute_local_directory(url: str) -> None:
     with pytest.raises(ConfigError) as exc:
-        create_backend(config(leader_url=url))
+        open_store(config(leader_url=url))
     assert_one_clear_line(exc, "leader_url")
 
 
@@ -218,14 +219,14 @@ def test_file_directory_that_cannot_be_created(tmp_path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     with pytest.raises(ConfigError) as exc:
-        create_backend(config(leader_url=f"file://{blocker}/sub"))
+        open_store(config(leader_url=f"file://{blocker}/sub"))
     assert_one_clear_line(exc, "leader_url")
 
 
 def test_sentinel_url_without_service_name() -> None:
     cfg = config(leader_url=f"redis+sentinel://:{SECRET}@127.0.0.1:26379,127.0.0.2:26379/")
     with pytest.raises(ConfigError) as exc:
-        create_backend(cfg)
+        open_store(cfg)
     assert_one_clear_line(exc, "leader_url")
 
 
@@ -237,7 +238,7 @@ def test_leader_url_of_the_wrong_type() -> None:
 
 def test_malformed_redis_port_is_a_config_error() -> None:
     with pytest.raises(ConfigError) as exc:
-        create_backend(config(leader_url=f"redis://:{SECRET}@127.0.0.1:notaport/0"))
+        open_store(config(leader_url=f"redis://:{SECRET}@127.0.0.1:notaport/0"))
     assert_one_clear_line(exc, "leader_url")
 
 
@@ -250,7 +251,7 @@ def test_renew_interval_the_belief_cannot_outlive_is_refused(ttl: float, renew: 
 
 
 def test_lease_checks_its_own_arguments() -> None:
-    backend = MemoryBackend("memory://args", "p", 0.1)
+    backend = MemoryLock(StoreParams("memory://args", "p", 0.1))
     for ttl, renew in [(1, 1), (1, 2), (0, 0.5), (-1, 0.5), (1, 0), (1, -0.1)]:
         with pytest.raises(ConfigError, match="renew_interval"):
             Lease("e", backend, ttl=ttl, renew_interval=renew, instance_id="x")
@@ -379,17 +380,19 @@ def test_unreachable_store_at_start_logs_masked_url_and_keeps_trying(caplog) -> 
     cfg = config(leader_url=url, leader_ttl=1, leader_renew_interval=0.3)
     caplog.set_level(logging.INFO, logger="celery_leader")
 
-    class Counting(RedisBackend):
-        tries = 0
+    store = open_store(cfg)
+    tries: list[object] = []
+    acquire = store.lock.acquire
 
-        def acquire(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-            Counting.tries += 1
-            return super().acquire(*args, **kwargs)
+    def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
+        tries.append(args)
+        return acquire(*args, **kwargs)
 
-    lease = Lease.from_config("start-down", cfg, Counting(cfg.url, cfg.key_prefix, 0.3))
+    store.lock.acquire = counting  # type: ignore[method-assign]
+    lease = Lease.from_config("start-down", cfg, store.lock)
     lease.start()
     try:
-        wait_for(lambda: Counting.tries >= 4, timeout=5, message="the lease stopped retrying")
+        wait_for(lambda: len(tries) >= 4, timeout=5, message="the lease stopped retrying")
         thread = next(t for t in threading.enumerate() if t.name == "celery-leader:start-down")
         assert thread.is_alive()
         assert not lease.is_leader()
@@ -401,6 +404,7 @@ def test_unreachable_store_at_start_logs_masked_url_and_keeps_trying(caplog) -> 
         assert SECRET not in caplog.text
     finally:
         lease.stop()
+        store.close()
 
 
 def test_from_env_reads_celery_leader_variables() -> None:

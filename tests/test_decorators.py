@@ -22,7 +22,7 @@ from celery_leader import (
     leader_only,
     leader_queue,
 )
-from celery_leader.backends import create_backend
+from celery_leader.backends import open_store
 from celery_leader.celery import leadership
 from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import ConfigError, NotLeader
@@ -44,7 +44,7 @@ def app() -> Iterator[Celery]:
 def rival(app: Celery, election: str) -> Lease:
     """Another instance that holds ``election`` before this process asks."""
     config = LeaderConfig.from_app(app)
-    lease = Lease.from_config(election, config, create_backend(config))
+    lease = Lease.from_config(election, config, open_store(config).lock)
     lease.start()
     wait_for(lease.is_leader, 2, message=f"rival leads {election!r}")
     return lease

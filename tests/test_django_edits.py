@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from celery_leader.backends import create_backend
+from celery_leader.backends import open_store
 from celery_leader.config import LeaderConfig
 from harness.procs import Proc, Procs
 from harness.waiting import wait_for
@@ -291,8 +291,8 @@ def test_row_edits_take_effect_at_once_and_send_nothing_from_before_them(
     wait_for(lambda: broker.poll() or "delete" in _edit_times(editor), 20, interval=0.05,
              message=lambda: f"the editor never deleted a row:\n{editor.output()}")  # fmt: skip
     # SIGKILL the leader while the rows are away: its successor never saw them go.
-    store = create_backend(LeaderConfig.from_mapping({"leader_url": postgres_url}))
-    holder = store.holder("beat")
+    store = open_store(LeaderConfig.from_mapping({"leader_url": postgres_url}))
+    holder = store.lock.holder("beat")
     store.close()
     assert holder is not None
     os.killpg(beats[holder.instance_id].pid, signal.SIGKILL)

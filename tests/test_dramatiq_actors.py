@@ -22,7 +22,7 @@ import pytest
 import redis
 from dramatiq.brokers.redis import RedisBroker
 
-from celery_leader.backends import create_backend
+from celery_leader.backends import open_store
 from celery_leader.config import LeaderConfig
 from harness.procs import Proc, Procs
 from harness.servers import RedisServer
@@ -179,13 +179,13 @@ def test_sigterm_to_the_process_group_releases_worker_leases_at_once(
     first = worker_leader(redis_url)
     replica = next(p for p in replicas if os.getpgid(first) == p.pid)
     config = LeaderConfig.from_env(env={}, leader_url=redis_url, leader_ttl=3)
-    backend = create_backend(config)
+    backend = open_store(config)
     try:
         os.killpg(replica.pid, signal.SIGTERM)
         fault = time.monotonic()
 
         def other_holder() -> bool:
-            holder = backend.holder("worker")
+            holder = backend.lock.holder("worker")
             return holder is not None and not holder.instance_id.endswith(f":{first}")
 
         wait_for(other_holder, 3, interval=0.01, message="another process leading 'worker'")
@@ -339,11 +339,11 @@ def test_a_scheduler_with_no_entries_stays_out_of_the_election(
     embedded.wait_for_line(warning, 60)
     embedded.wait_for_line("ready for action", 60)
     config = LeaderConfig.from_env(env={}, leader_url=redis_url, leader_ttl=3)
-    backend = create_backend(config)
+    backend = open_store(config)
     try:
         deadline = time.monotonic() + 2
         while time.monotonic() < deadline:
-            assert backend.holder("beat") is None, "a scheduler with no entries leads"
+            assert backend.lock.holder("beat") is None, "a scheduler with no entries leads"
             time.sleep(0.05)
     finally:
         backend.close()

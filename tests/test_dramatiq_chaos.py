@@ -35,7 +35,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from celery_leader.backends import Write, create_backend
+from celery_leader.backends import Fence, Write, open_store
 from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import StoreUnavailable
 from celery_leader.schedule.state import dump_state
@@ -176,11 +176,11 @@ class Replicas:
 
 def leader_pid(config: LeaderConfig, timeout: float) -> int:
     """Pid of the process that holds the beat election, asked of the store."""
-    backend = create_backend(config)
+    backend = open_store(config)
 
     def ask() -> int | None:
         try:
-            holder = backend.holder(config.beat_election)
+            holder = backend.lock.holder(config.beat_election)
         except StoreUnavailable:
             return None
         if holder is None or not holder.instance_id.startswith(f"{HOST}:"):
@@ -510,13 +510,15 @@ def test_a_stored_state_a_day_ahead_is_repaired_and_the_entry_keeps_firing(
     # A replica whose clock ran a day ahead left the state of "tick" there: far more
     # than clock skew explains, so the next leader starts the entry anew from now.
     config = LeaderConfig.from_env(env={}, leader_url=redis_url, leader_ttl=TTL)
-    backend = create_backend(config)
-    term = backend.acquire(config.beat_election, "fast-replica", TTL, 0).term
+    backend = open_store(config)
+    term = backend.lock.acquire(config.beat_election, "fast-replica", TTL, 0).term
     assert term is not None
     ahead = datetime.now(timezone.utc) + timedelta(days=1)
     raw = dump_state(ahead, 5, term.epoch, "fast-replica")
-    assert backend.claim(config.beat_election, term, [Write("tick", None, raw)]) == [True]
-    backend.release(config.beat_election, term)
+    assert backend.records.claim(Fence(config.beat_election, term), [Write("tick", None, raw)]) == [
+        True
+    ]
+    backend.lock.release(config.beat_election, term)
     backend.close()
     env = {"BROKER_URL": broker_server.url, "LEADER_URL": redis_url, "LEADER_TTL": str(TTL)}
     replica = Replicas(procs, env, embedded=False).spawn()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from celery_leader.backends import HolderInfo, create_backend
+from celery_leader.backends import HolderInfo, open_store
 from celery_leader.config import LeaderConfig
 from harness.procs import Proc, Procs
 from harness.servers import RedisServer, free_port
@@ -58,9 +58,11 @@ def node(procs: Procs, env: dict[str, str]) -> Proc:
 
 def holder(leader_url: str, election: str) -> HolderInfo:
     config = LeaderConfig.from_env(env={}, leader_url=leader_url)
-    backend = create_backend(config)
+    backend = open_store(config)
     try:
-        return wait_for(lambda: backend.holder(election), 15, message=f"a holder of {election!r}")
+        return wait_for(
+            lambda: backend.lock.holder(election), 15, message=f"a holder of {election!r}"
+        )
     finally:
         backend.close()
 

@@ -26,7 +26,7 @@ import pytest
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
 from dramatiq.brokers.redis import RedisBroker
 
-from celery_leader.backends import create_backend
+from celery_leader.backends import open_store
 from celery_leader.config import LeaderConfig
 from harness.groups import pgrp_of
 from harness.procs import Proc, Procs
@@ -225,11 +225,11 @@ def test_a_worker_cut_off_from_rabbitmq_steps_down(
     fault = time.monotonic()
     send(amqp_url, "waiting", 50)
     config = LeaderConfig.from_env(env={}, leader_url=redis_url, leader_ttl=3)
-    backend = create_backend(config)
+    backend = open_store(config)
     try:
 
         def other_holder() -> bool:
-            holder = backend.holder("worker")
+            holder = backend.lock.holder("worker")
             return holder is not None and holder.instance_id != f"{HOST}:{first}"
 
         wait_for(other_holder, 20, interval=0.05, message="another replica leading")

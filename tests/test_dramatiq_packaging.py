@@ -26,7 +26,7 @@ from dramatiq.brokers.stub import StubBroker
 from celery_leader.dramatiq import LeaderMiddleware, cron, current_epoch, every, is_leader
 from celery_leader.dramatiq.runner import standalone
 from celery_leader.dramatiq.scheduler import DramatiqScheduler
-from celery_leader.backends import create_backend
+from celery_leader.backends import open_store
 from celery_leader.config import LeaderConfig
 try:
     celery_leader.LeaderScheduler

@@ -16,7 +16,7 @@ import pytest
 from dramatiq.brokers.stub import StubBroker
 
 import celery_leader
-from celery_leader.backends import create_backend
+from celery_leader.backends import open_store
 from celery_leader.dramatiq import (
     LeaderActorError,
     LeaderMiddleware,
@@ -389,7 +389,7 @@ def test_wait_mode_hands_messages_to_workers_only_while_leading_and_acks_none_it
 
     middleware = leader_of(broker)
     # Another process leads the worker election of the same store.
-    other = Lease.from_config("worker", middleware.config, create_backend(middleware.config))
+    other = Lease.from_config("worker", middleware.config, open_store(middleware.config).lock)
     other.start()
     wait_for(other.is_leader, 5)
     thread, delay = _ConsumerThread("reports"), _ConsumerThread("reports.DQ")

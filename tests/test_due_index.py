@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from celery_leader.backends import Write, create_backend
+from celery_leader.backends import Fence, Write, open_store
 from celery_leader.config import LeaderConfig
 from celery_leader.schedule import protocol
 from celery_leader.schedule.due import DueIndex
@@ -104,7 +104,7 @@ def test_a_new_term_loads_in_chunks_most_frequent_first_and_dispatches_between_t
     assert not slot_protocol.loaded()  # sent before the hourly entries were loaded
     while not slot_protocol.loaded():
         slot_protocol.tick()
-    stored = create_backend(config).load_state("beat")
+    stored = open_store(config).records.load("beat")
     assert set(stored) == {"fast", *(j.name for j in hourly)}  # every entry anchored
     assert adapter.listed == 1  # listed once, at the start of the term
 
@@ -138,9 +138,11 @@ def test_a_follower_holds_no_per_entry_state(
 
 
 def test_the_memory_store_reads_the_state_of_some_keys(config: LeaderConfig) -> None:
-    backend = create_backend(config)
-    term = backend.acquire("beat", "me", config.ttl, 0).term
+    backend = open_store(config)
+    term = backend.lock.acquire("beat", "me", config.ttl, 0).term
     assert term is not None
 
-    assert all(backend.claim("beat", term, [Write("a", None, "1"), Write("b", None, "2")]))
-    assert backend.load_state_of("beat", ["a", "missing"]) == {"a": "1"}
+    assert all(
+        backend.records.claim(Fence("beat", term), [Write("a", None, "1"), Write("b", None, "2")])
+    )
+    assert backend.records.load_some("beat", ["a", "missing"]) == {"a": "1"}

@@ -14,7 +14,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from celery_leader.backends import Write, create_backend
+from celery_leader.backends import Fence, Write, open_store
 from celery_leader.config import LeaderConfig
 from celery_leader.dramatiq import cron, every
 from celery_leader.schedule import protocol
@@ -89,18 +89,18 @@ def now(monkeypatch: pytest.MonkeyPatch) -> Now:
 
 
 def stored(config: LeaderConfig) -> dict[str, dict[str, object]]:
-    backend = create_backend(config)
-    return {k: json.loads(v) for k, v in backend.load_state("beat").items()}
+    backend = open_store(config)
+    return {k: json.loads(v) for k, v in backend.records.load("beat").items()}
 
 
 def seed(config: LeaderConfig, states: dict[str, str]) -> None:
     """Write state as a previous leader would: a fenced claim under its own term."""
-    backend = create_backend(config)
-    term = backend.acquire("beat", "previous-leader", config.ttl, 0).term
+    backend = open_store(config)
+    term = backend.lock.acquire("beat", "previous-leader", config.ttl, 0).term
     assert term is not None
     claims = [Write(entry, None, raw) for entry, raw in states.items()]
-    assert all(backend.claim("beat", term, claims))
-    backend.release("beat", term)
+    assert all(backend.records.claim(Fence("beat", term), claims))
+    backend.lock.release("beat", term)
 
 
 def every_s(n: float) -> Every:

@@ -23,7 +23,7 @@ from celery.schedules import crontab, schedule
 from dramatiq.brokers.stub import StubBroker
 from redbeat import RedBeatSchedulerEntry
 
-from celery_leader.backends import Edit, create_backend
+from celery_leader.backends import Edit, EntryStore, RunWrite, open_store
 from celery_leader.beat import LeaderScheduler
 from celery_leader.celery.entries import entries_of as celery_entries_of
 from celery_leader.config import LeaderConfig
@@ -57,9 +57,9 @@ CELERY = Path(sys.executable).with_name("celery")
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
 
 
-def memory_backend() -> Any:
+def memory_entries() -> EntryStore:
     config = LeaderConfig.from_mapping({"leader_url": f"memory://entries-{uuid.uuid4().hex}"})
-    return create_backend(config)
+    return open_store(config).entries
 
 
 # -- the model ------------------------------------------------------------------
@@ -135,8 +135,7 @@ def test_an_edit_moves_active_since_only_when_the_schedule_changes_or_it_resumes
 
 
 def test_the_book_adds_updates_pauses_and_removes_by_compare_and_set() -> None:
-    backend = memory_backend()
-    book = EntryBook(backend, "beat", code={"tick"})
+    book = EntryBook(memory_entries(), "beat", code={"tick"})
     added = book.add(name="r", task="t", every=5)
     with pytest.raises(EntryConflict, match="exists"):
         book.add(name="r", task="t", every=5)
@@ -166,17 +165,17 @@ def test_the_feed_rereads_only_when_the_version_moved_and_then_only_the_edits(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     config = LeaderConfig.from_mapping({"leader_url": f"memory://entries-{uuid.uuid4().hex}"})
-    backend = create_backend(config)  # the feed's; the book edits through its own
-    calls = counting_loads(backend)
-    feed = EntryFeed(backend, "beat", logging.getLogger("test"), interval=0)
-    book = EntryBook(create_backend(config), "beat")
+    entries = open_store(config).entries  # the feed's; the book edits through its own
+    calls = counting_loads(entries)
+    feed = EntryFeed(entries, "beat", logging.getLogger("test"), interval=0)
+    book = EntryBook(open_store(config).entries, "beat")
     book.add(name="a", task="t", every=5)
     assert set(feed.current()) == {"a"}
     for _ in range(5):
         feed.current()
     assert len(calls) == 1, "no edit, no re-read"
     book.pause("a")
-    book.backend.edit_entries("beat", [Edit("junk", None, "{not json")])
+    book.store.edit("beat", [Edit("junk", None, "{not json")])
     current = feed.current()
     assert not current["a"].enabled and "junk" not in current
     assert "skipping stored entry junk" in caplog.text
@@ -186,7 +185,7 @@ def test_the_feed_rereads_only_when_the_version_moved_and_then_only_the_edits(
     assert len(calls) == 1, "edits are read as changes, not by reading every entry"
 
     # A store that cannot tell what changed: every entry is read again.
-    backend.entries_changed_since = lambda election, version: None
+    entries.changes_since = lambda election, version: None  # type: ignore[method-assign]
     book.pause("b")
     assert not feed.current()["b"].enabled
     assert len(calls) == 2
@@ -201,7 +200,7 @@ def test_the_celery_adapter_merges_store_entries_and_honours_pauses_and_the_allo
     app.conf.leader_entries_allow = ["proj.reports.*"]
     app.conf.beat_schedule = {"tick": {"task": "proj.tick", "schedule": 5.0}}
     scheduler = LeaderScheduler(app=app, lazy=True)
-    book = EntryBook(scheduler.lease.backend, "beat", code={"tick"})
+    book = EntryBook(scheduler._protocol.runtime.store.entries, "beat", code={"tick"})
     book.add(name="r1", task="proj.reports.daily", every=2, kwargs={"c": 1})
     book.add(name="x", task="proj.other", every=2)
     book.add(name="p", task="proj.reports.p", every=2, enabled=False)
@@ -369,7 +368,7 @@ def test_store_entry_edits_under_missed_slots_all(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(scheduler, "_send", send)
     scheduler.tick()
     wait_for(scheduler.lease.is_leader, 5, message="never led")
-    book = EntryBook(scheduler.lease.backend, "beat", now=clock)
+    book = EntryBook(scheduler._protocol.runtime.store.entries, "beat", now=clock)
 
     def at(seconds: float) -> None:
         clock.now = T0 + timedelta(seconds=seconds)
@@ -502,11 +501,13 @@ def test_dramatiq_honours_queue_and_expires_and_refuses_priority_and_headers(
 
     # An entry another tool (a Celery app on the same store) wrote with a priority:
     # the Dramatiq leader skips it, logs once, and sends the others.
-    book = EntryBook(create_backend(LeaderConfig.from_mapping({"leader_url": url})), "beat")
+    config = LeaderConfig.from_mapping({"leader_url": url})
+    book = EntryBook(open_store(config).entries, "beat")
     book.add(name="celery-made", task="job", every=60, options={"priority": 3})
-    scheduler = DramatiqScheduler(broker, LeaderConfig.from_mapping({"leader_url": url}))
+    scheduler = DramatiqScheduler(broker, config)
     adapter = scheduler.adapter
-    adapter.feed = EntryFeed(scheduler.protocol.lease.backend, "beat", logging.getLogger("t"))
+    entries = scheduler.protocol.runtime.store.entries
+    adapter.feed = EntryFeed(entries, "beat", logging.getLogger("t"))
     for _ in range(2):
         jobs = {j.name: j for j in adapter.jobs()}
     assert set(jobs) == {"w"}
@@ -559,7 +560,7 @@ def test_the_dramatiq_plan_lists_store_entries_with_stored(tmp_path: Path) -> No
         "    pass\n"
     )
     book = EntryBook(
-        create_backend(LeaderConfig.from_mapping({"leader_url": f"file://{store}"})), "beat"
+        open_store(LeaderConfig.from_mapping({"leader_url": f"file://{store}"})).entries, "beat"
     )
     book.add(name="w", task="tick", every=20)
     book.add(name="refused", task="tick", every=20, options={"headers": {"h": 1}})
@@ -682,11 +683,11 @@ def test_show_has_the_run_ledgers_summary_of_the_entry_when_the_ledger_is_on() -
         run_command(app, lines.append, "show", name="r", as_json=True)
         shown[str(ledger)] = json.loads(lines[0])
         if not ledger:
-            backend = create_backend(config)
+            opened = open_store(config)
             done = RunRecord.sent_by("r@2026-03-01T12:00:05+00:00", "beat-1", 1, 100.0)
             ran = replace(done, status="started", attempt=1).ended(102.5, "success")
-            backend.put_run("beat", done.slot, None, ran.dump(), 60, tally=ran.tally)
-            backend.close()
+            opened.runs.put("beat", RunWrite(done.slot, None, ran.dump(), 60, tally=ran.tally))
+            opened.close()
     assert "runs" not in shown["False"], "no ledger: nothing of it shown"
     runs = shown["True"]["runs"]
     assert runs["last_slot"] == "r@2026-03-01T12:00:05+00:00"
@@ -698,16 +699,16 @@ def test_show_has_the_run_ledgers_summary_of_the_entry_when_the_ledger_is_on() -
     )
 
 
-def counting_loads(backend: Any) -> list[str]:
-    """The elections whose entries ``backend`` reads from now on (one item a read)."""
+def counting_loads(entries: Any) -> list[str]:
+    """The elections whose entries ``entries`` reads from now on (one item a read)."""
     calls: list[str] = []
-    load = backend.load_entries
+    load = entries.load
 
     def counting(election: str) -> Any:
         calls.append(election)
         return load(election)
 
-    backend.load_entries = counting
+    entries.load = counting
     return calls
 
 
@@ -728,7 +729,7 @@ def test_a_celery_follower_keeps_store_entry_jobs_made_and_its_promotion_reuses_
     leader.tick()
     wait_for(leader.lease.is_leader, 5, message="never led")
     follower = replica("two")
-    book = EntryBook(follower.lease.backend, "beat")
+    book = EntryBook(follower._protocol.runtime.store.entries, "beat")
     book.add(name="a", task="t", every=60)
     follower.tick()
     assert not follower.lease.is_leader()
@@ -739,7 +740,7 @@ def test_a_celery_follower_keeps_store_entry_jobs_made_and_its_promotion_reuses_
     follower.tick()
     assert {j.name for j in adapter._listed or ()} == {"a", "b"}, "an edit is seen following"
     assert not follower._protocol._states, "a follower holds no run state"
-    loads = counting_loads(follower.lease.backend)
+    loads = counting_loads(follower._protocol.runtime.store.entries)
     leader.close()
     wait_for(follower.lease.is_leader, 5, message="the follower never took over")
     follower.tick()
@@ -765,7 +766,8 @@ def test_a_dramatiq_follower_keeps_store_entry_jobs_made_and_its_promotion_reuse
         config = LeaderConfig.from_mapping({"leader_url": url, "leader_instance_id": instance})
         scheduler = DramatiqScheduler(broker, config)
         lease = scheduler.protocol.lease
-        scheduler.adapter.feed = EntryFeed(lease.backend, lease.election, logging.getLogger("t"))
+        entries = scheduler.protocol.runtime.store.entries
+        scheduler.adapter.feed = EntryFeed(entries, lease.election, logging.getLogger("t"))
         lease.start()
         return scheduler
 
@@ -773,13 +775,13 @@ def test_a_dramatiq_follower_keeps_store_entry_jobs_made_and_its_promotion_reuse
     wait_for(leader.protocol.lease.is_leader, 5, message="never led")
     leader.tick()
     follower = replica("two")
-    book = EntryBook(follower.protocol.lease.backend, "beat")
+    book = EntryBook(follower.protocol.runtime.store.entries, "beat")
     book.add(name="a", task="job", every=60)
     follower.tick()
     assert not follower.protocol.lease.is_leader()
     made = {j.name: j for j in follower.adapter._made}
     assert set(made) == {"a"} and not follower.protocol._states
-    loads = counting_loads(follower.protocol.lease.backend)
+    loads = counting_loads(follower.protocol.runtime.store.entries)
     leader.protocol.close()
     wait_for(follower.protocol.lease.is_leader, 5, message="the follower never took over")
     follower.tick()

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from celery_leader.backends import create_backend
+from celery_leader.backends import open_store
 from celery_leader.config import LeaderConfig
 from harness.procs import Proc, Procs
 from harness.waiting import wait_for
@@ -165,11 +165,11 @@ def test_database_scheduler_hands_over_without_duplicates(
     beats = {f"beat-{n}": beat(n) for n in (1, 2, 3)}
     client = redis.Redis.from_url(broker_url)
     wait_for(lambda: len(_published(client)) >= 20, 60, message="first publishes")
-    store = create_backend(LeaderConfig.from_mapping({"leader_url": store_url}))
+    store = open_store(LeaderConfig.from_mapping({"leader_url": store_url}))
     # The followers are past start-up once each has joined (and read the schedule).
     wait_for(lambda: all("beat: Starting" in p.output() for p in beats.values()), 60)
     time.sleep(1.0)
-    info = store.holder("beat")
+    info = store.lock.holder("beat")
     store.close()
     assert info is not None
     holder, leader_epoch = info.instance_id, info.epoch

@@ -259,3 +259,38 @@ def test_every_import_follows_the_layer_table_row_by_row() -> None:
             if not any(_covers(entry, short) for entry in names + allowed):
                 wrong.append(f"{_short(name)} imports {short}")
     assert not wrong, "not allowed by the layer table of docs/architecture.md: " + "; ".join(wrong)
+
+
+#: What no store module imports: the frameworks and Django (a store is chosen for
+#: Django by the Django integration, which hands the store its connection settings).
+STORE_FORBIDDEN = {
+    "celery",
+    "kombu",
+    "click",
+    "billiard",
+    "django_celery_beat",
+    "dramatiq",
+    "django",
+}
+#: The only package modules a store module imports, besides the stores themselves.
+STORE_BELOW = ("exceptions", "_urls", "clock")
+
+
+def test_the_store_layer_imports_no_framework_scheduler_or_settings() -> None:
+    """Stores know records, never what the records are for: no Celery, Dramatiq, Django
+    or kombu, and nothing of the scheduler, the elector or the settings."""
+    wrong = []
+    for name in MODULES:
+        if not _covers("backends", _short(name)):
+            continue
+        targets = [t for _, t, _ in _imports(name)] + [t for _, t in _string_imports(name)]
+        ours = {_short(t) for t in targets}
+        above = {
+            t for t in ours if not _covers("backends", t) and t.split(".")[0] not in STORE_BELOW
+        }
+        wrong.extend(f"{_short(name)} imports {t}" for t in sorted(above))
+        wrong.extend(
+            f"{_short(name)} imports {t}"
+            for t in sorted(_third_party_imports(name) & STORE_FORBIDDEN)
+        )
+    assert not wrong, "; ".join(wrong)

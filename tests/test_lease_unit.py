@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from celery_leader import Lease, StoreUnavailable, signals
-from celery_leader.backends import Renewal, Term
-from celery_leader.backends.memory import _STORES, MemoryBackend
+from celery_leader.backends import Fence, Renewal, StoreParams, Term
+from celery_leader.backends.memory import _STORES, MemoryLock
 from celery_leader.callbacks import Callbacks, Observer
 from celery_leader.celery.signals import SIGNALS
 from celery_leader.config import DRIFT, MARGIN
@@ -30,11 +30,16 @@ VALIDITY = TTL * (1 - DRIFT) - MARGIN
 ELECTION = "unit"
 
 
-class Scripted(MemoryBackend):
-    """The memory store, plus a call log and faults a test switches on and off."""
+def memory(url: str, clock: ManualClock, prefix: str = "p", timeout: float = 0.1) -> MemoryLock:
+    """The lease lock of the memory store ``url``, on ``clock``."""
+    return MemoryLock(StoreParams(url, prefix, timeout), clock)
+
+
+class Scripted(MemoryLock):
+    """The memory store's lease lock, plus a call log and faults a test switches on and off."""
 
     def __init__(self, url: str, clock: ManualClock, prefix: str = "p", timeout: float = 0.1):
-        super().__init__(url, prefix, timeout, clock)
+        super().__init__(StoreParams(url, prefix, timeout), clock)
         self.down = False
         self.renew_gate = threading.Event()
         self.renew_gate.set()
@@ -72,24 +77,25 @@ class Scripted(MemoryBackend):
         self.log("renewed", epoch=term.epoch, result=result)
         return result, store_time
 
-    def release(self, election: str, term: Term) -> None:
-        self.log("release", epoch=term.epoch, holder=self.holder_or_none(election))
-        self._fault()
+    def release(self, election: str, term: Term | None) -> None:
+        if term is None:
+            self.log("leave")
+        else:
+            self.log("release", epoch=term.epoch, holder=self.holder_or_none(election))
+            self._fault()
         super().release(election, term)
 
     def holder_or_none(self, election: str) -> int | None:
-        info = MemoryBackend.holder(self, election)
+        info = MemoryLock.holder(self, election)
         return None if info is None else info.epoch
 
-    def wait(self, election: str, timeout: float, cancel: threading.Event) -> None:
-        if self.down:
+    def wait(
+        self, election: str, timeout: float, cancel: threading.Event, term: Term | None = None
+    ) -> bool:
+        if self.down and term is None:
             self.clock.wait(timeout, cancel)
-            return
-        super().wait(election, timeout, cancel)
-
-    def leave(self, election: str) -> None:
-        self.log("leave")
-        super().leave(election)
+            return True
+        return super().wait(election, timeout, cancel, term)
 
     def forget_everything(self) -> None:
         """What a store restarted empty looks like."""
@@ -176,7 +182,7 @@ def signal_log() -> Iterator[list[tuple[str, str, dict[str, Any]]]]:
 
 def make(
     leases: list[Lease],
-    backend: MemoryBackend,
+    backend: MemoryLock,
     ident: str,
     watch: Watch | None = None,
     *,
@@ -215,10 +221,11 @@ def leads(lease: Lease, timeout: float = 2.0) -> None:
 
 
 def test_single_lease_leads_and_stops(url, leases, watch, clock) -> None:
-    backend = MemoryBackend(url, "p", 0.1, clock)
+    backend = memory(url, clock)
     a = make(leases, backend, "a", watch)
     leads(a, 1)
     assert a.epoch == 1 and a.term is not None and a.term.epoch == 1
+    assert a.fence() == Fence(ELECTION, a.term), "claims are fenced by the term it holds"
     assert clock.monotonic() < a.valid_until <= clock.monotonic() + VALIDITY
     holder = a.holder()
     assert holder is not None and (holder.instance_id, holder.epoch) == ("a", 1)
@@ -227,6 +234,7 @@ def test_single_lease_leads_and_stops(url, leases, watch, clock) -> None:
     assert a.is_leader() and watch.kinds("a") == ["elected"]
     a.stop()
     assert not a.is_leader() and a.epoch is None and a.term is None and a.valid_until == 0
+    assert a.fence() is None, "a follower fences nothing"
     assert watch.kinds("a") == ["elected", "demoted"]
     assert backend.holder(ELECTION) is None, "stop() released the term"
     a.stop()  # idempotent
@@ -234,7 +242,7 @@ def test_single_lease_leads_and_stops(url, leases, watch, clock) -> None:
 
 
 def test_stop_before_start_and_start_twice(url, leases, clock) -> None:
-    backend = MemoryBackend(url, "p", 0.1, clock)
+    backend = memory(url, clock)
     never = make(leases, backend, "never", start=False)
     never.stop()
     assert not never.is_leader()
@@ -308,7 +316,7 @@ def test_at_most_one_leader_among_threads_under_churn(url, leases, clock) -> Non
     Holding the store's lock freezes every acquire, renew and release, so a sample
     cannot catch one lease between releasing and another between acquiring.
     """
-    backend = MemoryBackend(url, "p", 0.05, clock)
+    backend = memory(url, clock, timeout=0.05)
     store = backend._store
     rng = random.Random(7)
     idents = ["a", "b", "c"]
@@ -348,7 +356,7 @@ def test_at_most_one_leader_among_threads_under_churn(url, leases, clock) -> Non
 
 def test_a_lease_reports_to_its_observers_only(url, leases, signal_log, caplog, clock) -> None:
     """No observer, no signal: a lease's reports are fixed when it is built."""
-    backend = MemoryBackend(url, "p", 0.1, clock)
+    backend = memory(url, clock)
     heard: list[tuple[str, int]] = []
 
     def broken(lease: Lease, operation: str, seconds: float, ok: bool) -> None:
@@ -496,7 +504,7 @@ def test_stop_makes_is_leader_false_before_anything_else(url, leases, clock) -> 
 def test_stop_during_a_slow_on_started_still_pairs_the_callbacks(
     url, leases, watch, signal_log, clock
 ) -> None:
-    backend = MemoryBackend(url, "p", 0.1, clock)
+    backend = memory(url, clock)
     entered, finish = threading.Event(), threading.Event()
 
     def slow_started(lease: Lease) -> None:
@@ -637,13 +645,17 @@ def test_renewal_lost_to_another_term_steps_down(url, leases, watch, clock) -> N
 
 
 class Disconnecting(Scripted):
-    """A store whose ``hold`` reports the holder's connection gone once ``gone`` is set."""
+    """A store whose holder's ``wait`` reports its connection gone once ``gone`` is set."""
 
     def __init__(self, url: str, clock: ManualClock) -> None:
         super().__init__(url, clock)
         self.gone = threading.Event()
 
-    def hold(self, election: str, term: Term, timeout: float, cancel: threading.Event) -> bool:
+    def wait(
+        self, election: str, timeout: float, cancel: threading.Event, term: Term | None = None
+    ) -> bool:
+        if term is None:
+            return super().wait(election, timeout, cancel)
         self.clock.wait(timeout, self.gone, cancel)
         return not self.gone.is_set()
 
@@ -693,9 +705,9 @@ def test_unexpected_backend_error_does_not_kill_the_lease(url, leases, caplog, c
 
 
 def test_memory_store_is_per_url_and_prefix(url, leases, clock) -> None:
-    one = make(leases, MemoryBackend(url, "p", 0.1, clock), "one")
-    other_prefix = make(leases, MemoryBackend(url, "q", 0.1, clock), "other-prefix")
-    other_url = make(leases, MemoryBackend(url + "-2", "p", 0.1, clock), "other-url")
+    one = make(leases, memory(url, clock), "one")
+    other_prefix = make(leases, memory(url, clock, "q"), "other-prefix")
+    other_url = make(leases, memory(url + "-2", clock), "other-url")
     for lease in (one, other_prefix, other_url):
         leads(lease)
 
@@ -716,7 +728,7 @@ def test_renew_interval_close_to_ttl_does_not_flap(url, leases, watch, clock) ->
     """
     renew = 0.48
     margin = VALIDITY - renew
-    backend = MemoryBackend(url, "p", 0.1, clock)
+    backend = memory(url, clock)
     left: list[float] = []  # belief left when each renewal went out
     original = backend.renew
 
@@ -745,7 +757,7 @@ def test_renew_interval_close_to_ttl_does_not_flap(url, leases, watch, clock) ->
 
 
 def test_new_leaders_are_seen_by_followers_and_by_the_leader_itself(url, leases, clock) -> None:
-    backend = MemoryBackend(url, "p", 0.1, clock)
+    backend = memory(url, clock)
     seen: list[tuple[str, str, int]] = []
 
     def saw(ident: str) -> Callable[[Lease, Any], None]:
@@ -770,7 +782,7 @@ def test_new_leaders_are_seen_by_followers_and_by_the_leader_itself(url, leases,
 def test_a_follower_names_a_holder_of_another_deployment_once_per_term(
     url, leases, caplog, clock
 ) -> None:
-    backend = MemoryBackend(url, "p", 0.1, clock)
+    backend = memory(url, clock)
 
     def lease(ident: str, deployment: str) -> Lease:
         made = Lease(

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from celery_leader.backends import create_backend
+from celery_leader.backends import open_store
 from celery_leader.callbacks import Callbacks, Observer
 from celery_leader.config import LeaderConfig
 from celery_leader.leases import leader_of, lease_set
@@ -96,14 +96,14 @@ def test_leaving_the_last_election_closes_the_store_and_a_later_join_starts_afre
     leases = lease_set(config())
     a = leases.join("a")
     b = leases.join("b")
-    backend = leases.backend
+    store = leases.store
     wait_for(a.lease.is_leader, 3, message="never elected")
     a.leave()
     assert not a.lease.is_leader() and leases.elections() == ["b"]
-    assert leases.backend is backend, "b still uses the store"
+    assert leases.store is store, "b still uses the store"
     b.leave()
     assert leases.elections() == []
-    assert leases.backend is not backend, "the last leave closes the store connection"
+    assert leases.store is not store, "the last leave closes the store connection"
     again = leases.join("a")
     try:
         assert again.lease is not a.lease
@@ -164,32 +164,32 @@ def test_a_process_that_exits_normally_hands_over_at_once(redis_url: str) -> Non
         "    time.sleep(0.01)\n"
         "print('leading' if lease.is_leader() else 'not leading', flush=True)\n"
     )
-    backend = create_backend(LeaderConfig.from_mapping({"leader_url": redis_url}))
+    store = open_store(LeaderConfig.from_mapping({"leader_url": redis_url}))
     try:
         done = subprocess.run(
             [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
         )
         exited = time.monotonic()
         assert done.stdout.strip() == "leading", done.stderr
-        holder = backend.holder("e")
+        holder = store.lock.holder("e")
         assert holder is None, (
             f"{holder} still holds 'e' {time.monotonic() - exited:.2f} s after exit"
         )
     finally:
-        backend.close()
+        store.close()
 
 
 def test_a_connection_opened_without_a_lease_is_closed_only_while_no_election_is_joined() -> None:
     """What a Dramatiq process that only asked ``holder()`` leaves behind at stop()."""
     leases = lease_set(config())
-    asked = leases.backend  # opened by a holder() call, no lease
+    asked = leases.store  # opened by a holder() call, no lease
     leases.close_if_idle()
-    assert leases.backend is not asked, "an idle connection is closed"
+    assert leases.store is not asked, "an idle connection is closed"
     member = leases.join("e")
     try:
-        used = leases.backend
+        used = leases.store
         leases.close_if_idle()
-        assert leases.backend is used, "a joined election keeps its connection"
+        assert leases.store is used, "a joined election keeps its connection"
         wait_for(member.lease.is_leader, 3, message="never elected")
     finally:
         leases.stop()

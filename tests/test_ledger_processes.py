@@ -23,7 +23,7 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_leader.backends import Backend, create_backend
+from celery_leader.backends import StoreFacets, open_store
 from celery_leader.config import LeaderConfig
 from celery_leader.ledger import RunRecord
 from harness.metrics import scrape
@@ -48,7 +48,7 @@ class Workers:
         self.procs = procs
         self.url = url
         self.redis = redis.Redis.from_url(url, decode_responses=True)
-        self.store: Backend = create_backend(
+        self.store: StoreFacets = open_store(
             LeaderConfig.from_mapping({"leader_url": url, "leader_ttl": TTL})
         )
         self.sender = Celery("sender", broker=url)
@@ -77,7 +77,7 @@ class Workers:
         return [line for line in lines if line["slot"] == slot]
 
     def record(self, slot: str) -> RunRecord | None:
-        text = record(self.store, slot)
+        text = record(self.store.runs, slot)
         return None if text is None else RunRecord.load(text, slot)
 
     def close(self) -> None:
@@ -153,7 +153,7 @@ def test_messages_without_a_slot_run_as_before(workers: Workers) -> None:
     for _ in range(2):
         workers.sender.send_task("tests.apps.ledger_app.work", args=[0])
     wait_for(lambda: workers.redis.llen("runs") == 4, timeout=30)
-    assert slot_records(workers.store) == {}
+    assert slot_records(workers.store.runs) == {}
 
 
 @pytest.mark.slow
@@ -218,7 +218,7 @@ def test_a_leader_killed_between_claim_and_publish(workers: Workers, run: int) -
     """The next leader re-sends the claimed, unsent slot once: it runs exactly once."""
     workers.start("a")
     wait_for(
-        lambda: record(workers.store, "@ledger-workers") is not None,
+        lambda: record(workers.store.runs, "@ledger-workers") is not None,
         timeout=20,
         message="the worker registered in the ledger",
     )
@@ -242,14 +242,14 @@ def test_a_leader_killed_between_claim_and_publish(workers: Workers, run: int) -
     wait_for(
         lambda: all(
             r.status == "finished"
-            for k, v in slot_records(workers.store).items()
+            for k, v in slot_records(workers.store.runs).items()
             if (r := RunRecord.load(v, k)) is not None
         ),
         timeout=30,
         message="every sent slot ended",
     )
     ran = _ran(workers)
-    sent = set(slot_records(workers.store)) | {slot}
+    sent = set(slot_records(workers.store.runs)) | {slot}
     print(
         f"\nLEDGER-CHAOS redis-sigkill due={len(sent)} "
         f"once={sum(ran.get(s) == 1 for s in sent)} lost={sum(s not in ran for s in sent)} "
@@ -281,7 +281,7 @@ def test_by_default_beat_resends_nothing_to_workers_without_the_dedup_step(
     assert all(n == 1 for n in ran.values()), {s: n for s, n in ran.items() if n != 1}
     assert "re-sending slot" not in second.output()
     assert "run ledger on" not in a.output()
-    assert record(workers.store, "@ledger-workers") is None
+    assert record(workers.store.runs, "@ledger-workers") is None
 
 
 def _ran(workers: Workers) -> dict[str, int]:
@@ -306,7 +306,7 @@ def test_overlap_skip_runs_one_slot_of_an_entry_at_a_time(workers: Workers) -> N
     wait_for(
         lambda: all(
             r.status == "finished"
-            for k, v in slot_records(workers.store).items()
+            for k, v in slot_records(workers.store.runs).items()
             if (r := RunRecord.load(v, k)) is not None
         ),
         timeout=30,
@@ -317,7 +317,7 @@ def test_overlap_skip_runs_one_slot_of_an_entry_at_a_time(workers: Workers) -> N
         assert start >= end, f"two runs overlap: {intervals}"
     records = [
         r
-        for k, v in slot_records(workers.store).items()
+        for k, v in slot_records(workers.store.runs).items()
         if (r := RunRecord.load(v, k)) is not None
     ]
     skipped = [r for r in records if r.outcome == "skipped"]
@@ -378,11 +378,11 @@ def test_dramatiq_a_slot_delivered_three_times_runs_once(
         check=False,
     )
     assert sender.returncode == 0, sender.stderr
-    store = create_backend(LeaderConfig.from_mapping({"leader_url": redis_url}))
+    store = open_store(LeaderConfig.from_mapping({"leader_url": redis_url}))
     try:
         wait_for(
             lambda: (
-                (t := record(store, "job@1")) is not None
+                (t := record(store.runs, "job@1")) is not None
                 and (r := RunRecord.load(t, "job@1")) is not None
                 and r.status == "finished"
             ),
@@ -414,9 +414,9 @@ def test_dramatiq_a_scheduler_killed_between_claim_and_publish(
     app = "tests.apps.ledger_dramatiq"
     worker = procs.spawn_python(DRAMATIQ, app, "-p", "1", "-t", "2", env=env, cwd=ROOT)
     worker.wait_for_line(r"Worker process is ready|is ready for action", 60)
-    store = create_backend(LeaderConfig.from_mapping({"leader_url": redis_url}))
+    store = open_store(LeaderConfig.from_mapping({"leader_url": redis_url}))
     try:
-        wait_for(lambda: record(store, "@ledger-workers") is not None, timeout=20)
+        wait_for(lambda: record(store.runs, "@ledger-workers") is not None, timeout=20)
         first = procs.spawn_python(SCHEDULER, app, env={**env, "PAUSE_AT": "3"}, cwd=ROOT)
         slot = first.wait_for_line(r"pausing before publishing slot (\S+)", 60)[1]
         first.signal(signal.SIGKILL)
@@ -425,7 +425,7 @@ def test_dramatiq_a_scheduler_killed_between_claim_and_publish(
         second.wait_for_line(rf"re-sending slot {re.escape(slot)} ", 30)
         wait_for(
             lambda: (
-                (t := record(store, slot)) is not None
+                (t := record(store.runs, slot)) is not None
                 and (r := RunRecord.load(t, slot)) is not None
                 and r.status == "finished"
             ),

@@ -19,7 +19,7 @@ from sentry_sdk import transport as sentry_transport
 from sentry_sdk.envelope import Envelope
 
 from celery_leader import ops
-from celery_leader.backends import Backend, create_backend
+from celery_leader.backends import RunStore, open_store
 from celery_leader.clock import SYSTEM_CLOCK
 from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import ConfigError
@@ -38,25 +38,25 @@ SLOT = "report@2026-01-01T00:00:00.000+00:00"
 
 
 @pytest.fixture
-def backend() -> Backend:
+def store() -> RunStore:
     config = LeaderConfig.from_mapping({"leader_url": f"memory://ledger-{uuid.uuid4().hex}"})
-    return create_backend(config)
+    return open_store(config).runs
 
 
-def guard(backend: Backend, who: str, on_redelivery: str = "rerun") -> RunGuard:
-    target = LedgerTarget(backend, "beat", who, TTL, TTL / 3, 3600, 10)
+def guard(store: RunStore, who: str, on_redelivery: str = "rerun") -> RunGuard:
+    target = LedgerTarget(store, "beat", who, TTL, TTL / 3, 3600, 10)
     return RunGuard(target, on_redelivery)
 
 
-def record(backend: Backend, slot: str = SLOT) -> RunRecord:
-    text = ledger_reads.record(backend, slot)
+def record(store: RunStore, slot: str = SLOT) -> RunRecord:
+    text = ledger_reads.record(store, slot)
     loaded = None if text is None else RunRecord.load(text, slot)
     assert loaded is not None
     return loaded
 
 
-def test_the_first_delivery_runs_and_later_ones_do_not(backend: Backend) -> None:
-    a, b = guard(backend, "a"), guard(backend, "b", on_redelivery="skip")
+def test_the_first_delivery_runs_and_later_ones_do_not(store: RunStore) -> None:
+    a, b = guard(store, "a"), guard(store, "b", on_redelivery="skip")
     assert a.begin(SLOT).run
     running = b.begin(SLOT)
     assert not running.run and running.counter == "ledger_duplicates"
@@ -64,100 +64,100 @@ def test_the_first_delivery_runs_and_later_ones_do_not(backend: Backend) -> None
     a.finish(SLOT, "success")
     done = b.begin(SLOT)
     assert not done.run and "ran already (success on a)" in done.why
-    r = record(backend)
+    r = record(store)
     assert (r.status, r.outcome, r.worker, r.attempt) == ("finished", "success", "a", 1)
 
 
-def test_liveness_is_renewed_while_the_body_runs(backend: Backend) -> None:
+def test_liveness_is_renewed_while_the_body_runs(store: RunStore) -> None:
     # On a wall clock the test moves: each step is half a ttl, and the next waits
     # for the renewal made after it, so the record is alive at every instant the
     # clock shows however late the renewer thread runs on a loaded machine.
     now = [1_767_225_600.0]
-    target = LedgerTarget(backend, "beat", "a", TTL, TTL / 3, 3600, 10, clock=lambda: now[0])
+    target = LedgerTarget(store, "beat", "a", TTL, TTL / 3, 3600, 10, clock=lambda: now[0])
     a = RunGuard(target, "rerun")
     assert a.begin(SLOT).run
-    first_ttl_ends = record(backend).alive_until
+    first_ttl_ends = record(store).alive_until
     while now[0] <= first_ttl_ends:
-        last = record(backend).alive_until
+        last = record(store).alive_until
         now[0] += TTL / 2
-        assert record(backend).alive(now[0])
-        wait_for(lambda: record(backend).alive_until > last, 5, message="not renewed")
-    assert record(backend).alive(now[0]), "renewed past its first ttl"
+        assert record(store).alive(now[0])
+        wait_for(lambda: record(store).alive_until > last, 5, message="not renewed")
+    assert record(store).alive(now[0]), "renewed past its first ttl"
     a.finish(SLOT, "failure")
-    assert record(backend).outcome == "failure"
+    assert record(store).outcome == "failure"
 
 
-def test_a_dead_workers_slot_reruns_once_with_rerun(backend: Backend) -> None:
-    dead = guard(backend, "dead")
+def test_a_dead_workers_slot_reruns_once_with_rerun(store: RunStore) -> None:
+    dead = guard(store, "dead")
     assert dead.begin(SLOT).run
     dead.release(SLOT)  # stops renewing, as a killed worker would
     time.sleep(TTL + 0.05)
-    again = guard(backend, "b").begin(SLOT)
+    again = guard(store, "b").begin(SLOT)
     assert again.run and again.counter == "ledger_reruns"
-    assert (record(backend).worker, record(backend).attempt) == ("b", 2)
-    assert not guard(backend, "c").begin(SLOT).run, "and only once"
+    assert (record(store).worker, record(store).attempt) == ("b", 2)
+    assert not guard(store, "c").begin(SLOT).run, "and only once"
 
 
-def test_a_dead_workers_slot_is_recorded_skipped_with_skip(backend: Backend) -> None:
-    dead = guard(backend, "dead")
+def test_a_dead_workers_slot_is_recorded_skipped_with_skip(store: RunStore) -> None:
+    dead = guard(store, "dead")
     assert dead.begin(SLOT).run
     dead.release(SLOT)
     time.sleep(TTL + 0.05)
-    skipped = guard(backend, "b", on_redelivery="skip").begin(SLOT)
+    skipped = guard(store, "b", on_redelivery="skip").begin(SLOT)
     assert not skipped.run and skipped.counter == "ledger_skips"
-    r = record(backend)
+    r = record(store)
     assert (r.status, r.outcome) == ("finished", "skipped") and "dead died" in (r.reason or "")
 
 
-def test_rerun_waits_out_a_liveness_that_may_belong_to_a_dead_worker(backend: Backend) -> None:
-    dead = guard(backend, "dead")
+def test_rerun_waits_out_a_liveness_that_may_belong_to_a_dead_worker(store: RunStore) -> None:
+    dead = guard(store, "dead")
     assert dead.begin(SLOT).run
     dead.release(SLOT)
     started = time.monotonic()
-    assert guard(backend, "b").begin(SLOT).run, "its liveness lapsed while b waited"
+    assert guard(store, "b").begin(SLOT).run, "its liveness lapsed while b waited"
     assert time.monotonic() - started < TTL + 1
 
 
-def test_a_retry_takes_over_its_started_record(backend: Backend) -> None:
-    a = guard(backend, "a")
+def test_a_retry_takes_over_its_started_record(store: RunStore) -> None:
+    a = guard(store, "a")
     assert a.begin(SLOT).run
     a.release(SLOT)  # the attempt ended in a retry
-    assert guard(backend, "b").begin(SLOT, retry=True).run
-    assert record(backend).attempt == 2
+    assert guard(store, "b").begin(SLOT, retry=True).run
+    assert record(store).attempt == 2
 
 
-def test_beats_sent_mark_is_taken_over_by_the_first_worker(backend: Backend) -> None:
-    assert marks.mark_sent(backend, "beat", SLOT, "beat-1", 3600, 10)
-    assert not marks.mark_sent(backend, "beat", SLOT, "beat-2", 3600, 10), "sent once"
-    assert guard(backend, "a").begin(SLOT).run
-    assert not guard(backend, "b", "skip").begin(SLOT).run
-    assert summarize(backend.run_summaries("beat"), time.time())[0].state == "running"
+def test_beats_sent_mark_is_taken_over_by_the_first_worker(store: RunStore) -> None:
+    assert marks.mark_sent(store, "beat", SLOT, "beat-1", 3600, 10)
+    assert not marks.mark_sent(store, "beat", SLOT, "beat-2", 3600, 10), "sent once"
+    assert guard(store, "a").begin(SLOT).run
+    assert not guard(store, "b", "skip").begin(SLOT).run
+    assert summarize(store.summaries("beat"), time.time())[0].state == "running"
 
 
-def test_overlap_skip_and_wait(backend: Backend) -> None:
-    a, b = guard(backend, "a"), guard(backend, "b")
+def test_overlap_skip_and_wait(store: RunStore) -> None:
+    a, b = guard(store, "a"), guard(store, "b")
     first, second, third = (f"report@2026-01-01T00:0{i}:00.000+00:00" for i in range(3))
     assert a.begin(first, overlap="skip").run
     skipped = b.begin(second, overlap="skip")
     assert not skipped.run and "still running" in skipped.why
-    assert record(backend, second).outcome == "skipped"
+    assert record(store, second).outcome == "skipped"
     waited = b.begin(third, overlap="wait", overlap_wait=0.2)
     assert not waited.run, "the first still runs after the bound"
     a.finish(first, "success")
     fourth = "report@2026-01-01T00:04:00.000+00:00"
     assert b.begin(fourth, overlap="wait", overlap_wait=5).run, "free once the first ended"
-    runs = summarize(backend.run_summaries("beat"), time.time())
+    runs = summarize(store.summaries("beat"), time.time())
     assert [(s.entry, s.last_slot, s.runs, s.skips) for s in runs] == [("report", fourth, 2, 2)]
 
 
-def test_a_dead_workers_run_stops_blocking_once_its_liveness_lapses(backend: Backend) -> None:
-    dead = guard(backend, "dead")
+def test_a_dead_workers_run_stops_blocking_once_its_liveness_lapses(store: RunStore) -> None:
+    dead = guard(store, "dead")
     first, second = (f"report@2026-01-01T00:0{i}:00.000+00:00" for i in range(2))
     assert dead.begin(first, overlap="skip").run
     dead.release(first)
     dead.marks._held.clear()  # a killed worker renews nothing
     time.sleep(TTL + 0.05)
-    assert guard(backend, "b").begin(second, overlap="skip").run
+    assert guard(store, "b").begin(second, overlap="skip").run
 
 
 def test_settings() -> None:
@@ -181,7 +181,7 @@ def test_settings() -> None:
 def test_leader_status_shows_each_entrys_last_slot() -> None:
     url = f"memory://ledger-{uuid.uuid4().hex}"
     config = LeaderConfig.from_mapping({"leader_url": url, "leader_ledger": True})
-    store = create_backend(config)
+    store = open_store(config).runs
     g = guard(store, "w1")
     assert g.begin(SLOT).run
     g.finish(SLOT, "failure")
@@ -210,21 +210,19 @@ class _Sends:
 
 
 def test_a_publish_of_unknown_outcome_is_resent_only_while_workers_deduplicate(
-    backend: Backend,
+    store: RunStore,
 ) -> None:
-    lease = SimpleNamespace(
-        backend=backend, election="beat", instance_id="beat-1", ttl=60, clock=SYSTEM_CLOCK
-    )
+    lease = SimpleNamespace(election="beat", instance_id="beat-1", ttl=60, clock=SYSTEM_CLOCK)
     adapter = _Sends()
-    resender = Resender(lease, adapter, 3600, 10, logging.getLogger("test"))  # type: ignore[arg-type]
+    resender = Resender(lease, store, adapter, 3600, 10, logging.getLogger("test"))  # type: ignore[arg-type]
     due = datetime(2026, 1, 1, tzinfo=timezone.utc)
     # No worker with the dedup step: the slot stays claimed, as with the ledger off.
     resender.unknown(None, SLOT, due)  # type: ignore[arg-type]
     resender.retry(epoch=1)
     assert adapter.sent == []
-    assert ledger_reads.record(backend, SLOT) is None
+    assert ledger_reads.record(store, SLOT) is None
     # A worker registered (its mark lives a few ttl): the next one is re-sent once.
-    marks.touch(backend, "beat", WORKERS, {"worker": "w1"}, 60)
+    marks.touch(store, "beat", WORKERS, {"worker": "w1"}, 60)
     resender.unknown(None, SLOT, due)  # type: ignore[arg-type]
     resender.retry(epoch=1)
     resender.unknown(None, SLOT, due)  # type: ignore[arg-type]
@@ -232,30 +230,28 @@ def test_a_publish_of_unknown_outcome_is_resent_only_while_workers_deduplicate(
     assert adapter.sent == [SLOT]
 
 
-def test_beat_marks_slots_sent_only_while_workers_deduplicate(backend: Backend) -> None:
+def test_beat_marks_slots_sent_only_while_workers_deduplicate(store: RunStore) -> None:
     start = 1000.0
     now = [start]
     clock = SimpleNamespace(monotonic=lambda: now[0])  # moved by hand
-    lease = SimpleNamespace(
-        backend=backend, election="beat", instance_id="beat-1", ttl=TTL, clock=clock
-    )
-    resender = Resender(lease, _Sends(), 3600, 10, logging.getLogger("test"))  # type: ignore[arg-type]
+    lease = SimpleNamespace(election="beat", instance_id="beat-1", ttl=TTL, clock=clock)
+    resender = Resender(lease, store, _Sends(), 3600, 10, logging.getLogger("test"))  # type: ignore[arg-type]
     resender.sent(SLOT)  # nobody would drop a re-sent copy: no mark, no round trip
-    assert ledger_reads.slot_records(backend) == {}
-    marks.touch(backend, "beat", WORKERS, {"worker": "w1"}, 60)
+    assert ledger_reads.slot_records(store) == {}
+    marks.touch(store, "beat", WORKERS, {"worker": "w1"}, 60)
     now[0] = start + TTL / 2
     resender.sent(SLOT)  # the answer is kept one ttl: nobody registered yet
-    assert SLOT not in ledger_reads.slot_records(backend)
+    assert SLOT not in ledger_reads.slot_records(store)
     now[0] = start + TTL
     resender.sent(SLOT)
-    assert record(backend).status == "sent"
+    assert record(store).status == "sent"
 
 
-def test_the_workers_mark_lapses_a_few_ttl_after_the_last_worker(backend: Backend) -> None:
-    marks.touch(backend, "beat", WORKERS, {"worker": "w1"}, TTL)
-    assert ledger_reads.record(backend, WORKERS) is not None
+def test_the_workers_mark_lapses_a_few_ttl_after_the_last_worker(store: RunStore) -> None:
+    marks.touch(store, "beat", WORKERS, {"worker": "w1"}, TTL)
+    assert ledger_reads.record(store, WORKERS) is not None
     time.sleep(TTL + 0.05)
-    assert ledger_reads.record(backend, WORKERS) is None
+    assert ledger_reads.record(store, WORKERS) is None
 
 
 def _worker(conf: dict[str, object]) -> SimpleNamespace:
@@ -276,7 +272,7 @@ def test_the_celery_step_is_on_by_default_where_the_settings_resolve() -> None:
     on = _worker({"leader_url": url})
     celery_ledger._on_worker_init(sender=on)
     assert getattr(type(on.task()), "_celery_leader_ledger", False)
-    store = create_backend(LeaderConfig.from_mapping({"leader_url": url}))
+    store = open_store(LeaderConfig.from_mapping({"leader_url": url})).runs
     wait_for(lambda: ledger_reads.record(store, WORKERS) is not None, timeout=5)
     off = _worker({"leader_url": url, "leader_ledger": False})
     celery_ledger._on_worker_init(sender=off)
@@ -361,8 +357,8 @@ def sentry() -> Any:
     sentry_sdk.get_global_scope().set_client(None)
 
 
-def test_sentry_crons_check_in_per_slot_that_runs(backend: Backend, sentry: _Captured) -> None:
-    a = guard(backend, "a")
+def test_sentry_crons_check_in_per_slot_that_runs(store: RunStore, sentry: _Captured) -> None:
+    a = guard(store, "a")
     a.crons = SentryCrons()
     ok, bad = (f"Nightly Report@2026-01-01T0{i}:00:00.000+00:00" for i in range(2))
     assert a.begin(ok).run
@@ -376,7 +372,7 @@ def test_sentry_crons_check_in_per_slot_that_runs(backend: Backend, sentry: _Cap
     assert first["check_in_id"] == done["check_in_id"]
     assert isinstance(done["duration"], float) and done["duration"] >= 0
     # A slot skipped by the overlap guard runs nothing and checks in nothing.
-    b = guard(backend, "b")
+    b = guard(store, "b")
     b.crons = SentryCrons()
     held = "nightly report@2026-01-01T03:00:00.000+00:00"
     assert a.begin(held, overlap="skip").run

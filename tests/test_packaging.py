@@ -204,10 +204,10 @@ for name in list(sys.modules):
 
 import celery_leader
 from celery_leader import LeaderConfig, Lease, MissingExtra
-from celery_leader.backends import create_backend
+from celery_leader.backends import open_store
 
 config = LeaderConfig.from_mapping({"leader_url": "memory://"})
-lease = Lease.from_config("e", config, create_backend(config))
+lease = Lease.from_config("e", config, open_store(config).lock)
 lease.start()
 lease.stop()
 print("base ok")
@@ -218,7 +218,7 @@ for name in ("LeaderScheduler", "leader_only"):
         print(name, "->", exc)
 for url in ("redis://127.0.0.1:1/0", "postgresql://u@127.0.0.1:1/db", "mysql://u@127.0.0.1:1/db"):
     try:
-        create_backend(LeaderConfig.from_mapping({"leader_url": url}))
+        open_store(LeaderConfig.from_mapping({"leader_url": url}))
     except MissingExtra as exc:
         print(url.split(":")[0], "->", exc)
 """

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from celery_leader.backends import Write, create_backend
+from celery_leader.backends import Fence, Write, open_store
 from celery_leader.config import LeaderConfig
 from celery_leader.schedule.series import utc
 from celery_leader.schedule.state import dump_state
@@ -90,12 +90,12 @@ def test_bad_input_fails_in_one_line_with_exit_code_2(args: list[str], error: st
 
 def test_stored_state_makes_the_policy_send_missed_slots_late(redis_url: str) -> None:
     url = redis_url.rpartition("/")[0] + "/5"
-    backend = create_backend(LeaderConfig.from_env({}, leader_url=url))
-    term = backend.acquire("beat", "previous", 3.0, 0).term
+    backend = open_store(LeaderConfig.from_env({}, leader_url=url))
+    term = backend.lock.acquire("beat", "previous", 3.0, 0).term
     assert term is not None
     last = dump_state(utc(datetime(2026, 3, 29, 0, 0)), 3, term.epoch, "previous")  # 01:00 CET
-    assert all(backend.claim("beat", term, [Write("q15-all", None, last)]))
-    backend.release("beat", term)
+    assert all(backend.records.claim(Fence("beat", term), [Write("q15-all", None, last)]))
+    backend.lock.release("beat", term)
     backend.close()
     window = ["--from", "2026-03-29T01:10Z", "--to", "2026-03-29T01:20Z", "--json"]
     done = dramatiq_plan(*window, "--stored", leader_url=url)

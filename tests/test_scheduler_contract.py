@@ -26,7 +26,7 @@ from celery import Celery
 from celery.beat import Scheduler
 from dramatiq.brokers.stub import StubBroker
 
-from celery_leader.backends import Write, create_backend
+from celery_leader.backends import Fence, Write, open_store
 from celery_leader.celery.beat import LeaderScheduler
 from celery_leader.config import LeaderConfig
 from celery_leader.dramatiq import LeaderMiddleware, every
@@ -116,18 +116,18 @@ class Kind(ABC):
             raise self.failing("injected by the test")
 
     def stored(self) -> dict[str, dict[str, Any]]:
-        backend = create_backend(self.config)
-        return {k: json.loads(v) for k, v in backend.load_state(ELECTION).items()}
+        backend = open_store(self.config)
+        return {k: json.loads(v) for k, v in backend.records.load(ELECTION).items()}
 
     def seed(self, states: dict[str, str]) -> None:
         """Write state as a previous leader would: a fenced claim under its own term."""
-        backend = create_backend(self.config)
-        term = backend.acquire(ELECTION, "previous-leader", self.config.ttl, 0).term
+        backend = open_store(self.config)
+        term = backend.lock.acquire(ELECTION, "previous-leader", self.config.ttl, 0).term
         assert term is not None, "seed before any scheduler leads"
-        stored = backend.load_state(ELECTION)
+        stored = backend.records.load(ELECTION)
         claims = [Write(name, stored.get(name), raw) for name, raw in states.items()]
-        assert all(backend.claim(ELECTION, term, claims))
-        backend.release(ELECTION, term)
+        assert all(backend.records.claim(Fence(ELECTION, term), claims))
+        backend.lock.release(ELECTION, term)
 
 
 class CeleryKind(Kind):

@@ -15,8 +15,8 @@ from types import SimpleNamespace
 import pytest
 
 from celery_leader import Lease
-from celery_leader.backends import Acquired, Renewal, Term
-from celery_leader.backends.memory import _STORES, MemoryBackend
+from celery_leader.backends import Acquired, Renewal, StoreParams, Term
+from celery_leader.backends.memory import _STORES, MemoryLock
 from celery_leader.clock import SAMPLES, StoreClock
 from celery_leader.config import LeaderConfig
 from celery_leader.schedule.protocol import SlotProtocol
@@ -115,13 +115,13 @@ def test_a_store_clock_that_disagrees_beyond_both_bounds_is_a_jump() -> None:
 # -- a lease on a store with a clock ----------------------------------------------
 
 
-class SkewedStore(MemoryBackend):
-    """The memory store, answering with a clock ``skew`` seconds off the test's."""
+class SkewedStore(MemoryLock):
+    """The memory store's lease lock, answering with a clock ``skew`` seconds off the test's."""
 
     clock_resolution = 1e-6
 
     def __init__(self, url: str, clock: ManualClock) -> None:
-        super().__init__(url, "p", 0.1, clock)
+        super().__init__(StoreParams(url, "p", 0.1), clock)
         self.skew = 0.0
 
     def acquire(self, election: str, instance_id: str, ttl: float, min_epoch: int) -> Acquired:

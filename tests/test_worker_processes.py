@@ -26,7 +26,7 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_leader.backends import Backend, create_backend
+from celery_leader.backends import StoreFacets, open_store
 from celery_leader.config import LeaderConfig
 from celery_leader.health import check
 from harness.metrics import scrape
@@ -72,7 +72,7 @@ class Cluster:
         #: The broker: the store's Redis, or RabbitMQ.
         self.broker_url = broker_url or url
         self.redis = redis.Redis.from_url(url, decode_responses=True)
-        self.store: Backend = create_backend(
+        self.store: StoreFacets = open_store(
             LeaderConfig.from_mapping({"leader_url": url, "leader_ttl": TTL})
         )
         self.sender = Celery("sender", broker=self.broker_url)
@@ -162,7 +162,7 @@ class Cluster:
 
     def holder(self, election: str = "worker") -> str | None:
         """Node name (without @host) that the store says leads ``election``."""
-        info = self.store.holder(election)
+        info = self.store.lock.holder(election)
         return None if info is None else info.instance_id.partition("@")[0]
 
     def wait_leader(self, timeout: float = 10) -> str:
@@ -368,10 +368,10 @@ def test_a_killed_leader_node_s_tasks_resume_on_the_next_within_a_second(
 @pytest.mark.slow
 def test_fencing_drops_tasks_of_a_deposed_scheduler(cluster: Cluster) -> None:
     # Two terms of the beat election: the second one's epoch is current.
-    first = cluster.store.acquire("beat", "scheduler", TTL * 10, 0).term
+    first = cluster.store.lock.acquire("beat", "scheduler", TTL * 10, 0).term
     assert first is not None
-    cluster.store.release("beat", first)
-    second = cluster.store.acquire("beat", "scheduler", TTL * 10, first.epoch).term
+    cluster.store.lock.release("beat", first)
+    second = cluster.store.lock.acquire("beat", "scheduler", TTL * 10, first.epoch).term
     assert second is not None
     assert second.epoch > first.epoch
     node = cluster.start("nodeA", FENCE="1")
@@ -485,11 +485,11 @@ def test_fencing_keeps_retries_across_a_graceful_beat_handover(cluster: Cluster)
     for name in ("beat1", "beat2"):
         cluster.start_beat(name, "retry_once_task")
     wait_for(lambda: len(cluster.sent_slots()) >= 3, 30, message="beat sends")
-    before = cluster.store.holder("beat")
+    before = cluster.store.lock.holder("beat")
     assert before is not None
-    cluster.store.request_resign("beat")  # what `celery leader resign` does
+    cluster.store.lock.request_resign("beat")  # what `celery leader resign` does
     wait_for(
-        lambda: (h := cluster.store.holder("beat")) is not None and h.epoch > before.epoch,
+        lambda: (h := cluster.store.lock.holder("beat")) is not None and h.epoch > before.epoch,
         10,
         message="beat handed over",
     )
@@ -533,7 +533,7 @@ def _cpu_seconds(proc: Proc) -> float:
 def test_reject_backs_off_while_nobody_leads(cluster: Cluster) -> None:
     # Someone else holds the election for the whole run: to these nodes,
     # nobody leads.
-    rival = cluster.store.acquire("worker", "rival", 60, 0).term
+    rival = cluster.store.lock.acquire("worker", "rival", 60, 0).term
     assert rival is not None
     cluster.start("nodeA")
     cluster.start("nodeB")
@@ -549,7 +549,7 @@ def test_reject_backs_off_while_nobody_leads(cluster: Cluster) -> None:
     assert deliveries < 50, f"{deliveries} deliveries in 20 s"
     assert cpu / 20 < 0.10, f"{cpu / 20:.1%} of a core"
     assert all(cluster.ran(tag) == [] for tag in tags)
-    cluster.store.release("worker", rival)
+    cluster.store.lock.release("worker", rival)
     cluster.wait_done(tags, {"SUCCESS"}, timeout=20)
     assert all(len(cluster.ran(tag)) == 1 for tag in tags)
 
@@ -636,7 +636,7 @@ def test_messages_prefetched_by_a_demoted_leader_run_on_the_next_one(cluster: Cl
 
     # One prefetched message per pool process (worker_prefetch_multiplier = 1).
     wait_for(lambda: len(received()) >= 2, 10, message="the leader holding two messages")
-    cluster.store.request_resign("worker")
+    cluster.store.lock.request_resign("worker")
     wait_for(lambda: cluster.holder() == other, 10, message="the other node leads")
     wait_for(
         lambda: f"stops consuming {LEADER_QUEUE}" in cluster.nodes[leader].output(),

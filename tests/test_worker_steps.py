@@ -23,7 +23,7 @@ from celery.exceptions import MaxRetriesExceededError
 from celery.worker import state as worker_state
 
 from celery_leader import signals
-from celery_leader.backends import create_backend
+from celery_leader.backends import open_store
 from celery_leader.celery import deadline_table, leadership
 from celery_leader.celery.decorators import CONSUMER_STEPS, WORKER_STEP, leader_only
 from celery_leader.celery.worker import FencedStrategies, LeaderNode, install
@@ -47,7 +47,7 @@ def rival(app: Celery, election: str = "worker", instance_id: str = "rival") -> 
     config = LeaderConfig.from_mapping(
         {"leader_url": app.conf.leader_url, "leader_ttl": 2, "leader_instance_id": instance_id}
     )
-    lease = Lease.from_config(election, config, create_backend(config))
+    lease = Lease.from_config(election, config, open_store(config).lock)
     lease.start()
     wait_for(lease.is_leader, 2, message=f"{instance_id} leads {election!r}")
     return lease

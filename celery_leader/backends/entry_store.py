@@ -55,7 +55,9 @@ class EntryStore(ABC):
         the read makes the reader read again, never miss an edit.
         """
 
-    def changes_since(self, election: str, version: int) -> tuple[int, dict[str, str | None]] | None:
+    def changes_since(
+        self, election: str, version: int
+    ) -> tuple[int, dict[str, str | None]] | None:
         """The entries edited after ``version`` (name -> value, ``None``: removed),
         with the version that brings a reader to, in one round trip.
 

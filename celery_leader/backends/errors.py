@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from ..exceptions import StoreUnavailable
-from .fenced import Write
+from .records import Write
 
 
 def first_line(exc: BaseException) -> str:

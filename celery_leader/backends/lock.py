@@ -100,6 +100,14 @@ class LeaseLock(ABC):
     nothing else campaigns. One instance may serve several elections and threads.
     """
 
+    #: The store's URL, password and all: mask it before showing it. The
+    #: elector names the store in its log lines. Set from ``StoreParams.url``.
+    url: str = ""
+
+    #: Deadline of every store call, in seconds (``StoreParams.timeout``): the
+    #: elector waits this long (and a second) for its thread when it stops.
+    timeout: float = 1.0
+
     #: Extra seconds a new holder waits after winning before it believes it
     #: leads, for stores that cannot cut an old holder off on time by themselves.
     holdoff: float = 0.0
@@ -129,10 +137,13 @@ class LeaseLock(ABC):
 
     @abstractmethod
     def release(self, election: str, term: Term | None) -> None:
-        """Leave ``election``: free it if ``term`` still holds it and wake
-        followers, then drop what the store keeps for this process's campaign
-        in it (waiters, a session). ``term=None``: this process holds nothing
-        there and only leaves. The elector calls it once, when it stops."""
+        """Free ``election`` if ``term`` still holds it, and wake followers.
+
+        ``term=None``: leave ``election``: drop what the store keeps for this
+        process's campaign in it (waiters, a subscription, a session). The
+        elector releases its term at every step-down, and leaves once, when it
+        stops (after releasing any term it held).
+        """
 
     @abstractmethod
     def wait(

@@ -1,8 +1,9 @@
 """``memory://``: an in-process store for tests and single-process use.
 
-Every backend built with the same URL and key prefix in one process shares one
-store, so several :class:`~celery_leader.lease.Lease` objects in a test can
-compete. With a single lease per election it always leads.
+Every store opened with the same URL and key prefix in one process shares one
+in-process store, so several :class:`~celery_leader.lease.Lease` objects in a
+test can compete. With a single lease per election it always leads. Each facet
+is a small class over that shared store; :func:`open_store` bundles them.
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..clock import SYSTEM_CLOCK, Clock
-from .base import Backend
-from .fenced import Edit, RunSummary, Write, apply_edits, apply_writes, run_entry
-from .lock import Acquired, HolderInfo, Renewal, Term
+from . import StoreFacets, StoreParams
+from .entry_store import Edit, EntryStore, apply_edits
+from .lock import Acquired, HolderInfo, LeaseLock, Renewal, Term
+from .records import Fence, FencedRecords, Write, apply_writes
+from .run_store import RunStore, RunSummary, RunWrite, run_entry
 from .runbook import EntryBook
 from .terms import new_term
 
@@ -24,7 +27,7 @@ class _Record:
     token: str
     epoch: int
     instance_id: str
-    expires: float  # on the backend's clock
+    expires: float  # on the store's clock
     since: float  # wall-clock seconds since the epoch
 
 
@@ -35,9 +38,9 @@ class _Store:
     epochs: dict[str, int] = field(default_factory=dict)
     resign: dict[str, str] = field(default_factory=dict)
     state: dict[str, dict[str, str]] = field(default_factory=dict)
-    #: election -> mark key -> (value, expiry on the backend's clock).
+    #: election -> mark key -> (value, expiry on the store's clock).
     runs: dict[str, dict[str, tuple[str, float]]] = field(default_factory=dict)
-    #: election -> entry -> its run records (expiries on the backend's clock).
+    #: election -> entry -> its run records (expiries on the store's clock).
     entry_runs: dict[str, dict[str, EntryBook]] = field(default_factory=dict)
     entries: dict[str, dict[str, str]] = field(default_factory=dict)
     entries_version: dict[str, int] = field(default_factory=dict)
@@ -54,21 +57,28 @@ class _Store:
         return record
 
 
+# One store per URL and key prefix in this process: opening memory:// twice
+# must show the same elections (that is what makes it a store), so the stores
+# outlive every opener.
 _STORES: dict[tuple[str, str], _Store] = {}
 _STORES_LOCK = threading.Lock()
 
 
-class MemoryBackend(Backend):
-    """Process-local store; see the module docstring."""
+class _Memory:
+    """What the facets of one opened memory store share: the store and its clock."""
 
-    def __init__(
-        self, url: str, key_prefix: str, timeout: float, clock: Clock = SYSTEM_CLOCK
-    ) -> None:
-        super().__init__(url, key_prefix, timeout)
-        #: What terms expire on; tests give leases and their store one clock they move.
+    def __init__(self, params: StoreParams, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.url = params.url
+        self.timeout = params.timeout
+        #: What terms and run records expire on; tests give leases and their
+        #: store one clock they move.
         self.clock = clock
         with _STORES_LOCK:
-            self._store = _STORES.setdefault((url, key_prefix), _Store())
+            self._store = _STORES.setdefault((params.url, params.key_prefix), _Store())
+
+
+class MemoryLock(_Memory, LeaseLock):
+    """Terms of the process's memory store."""
 
     def acquire(self, election: str, instance_id: str, ttl: float, min_epoch: int) -> Acquired:
         store = self._store
@@ -98,7 +108,9 @@ class MemoryBackend(Backend):
                 return Renewal.RESIGN, None
             return Renewal.RENEWED, None
 
-    def release(self, election: str, term: Term) -> None:
+    def release(self, election: str, term: Term | None) -> None:
+        if term is None:
+            return  # nothing is kept per campaign
         store = self._store
         with store.cond:
             current = store.live(election, self.clock.monotonic())
@@ -107,27 +119,33 @@ class MemoryBackend(Backend):
                 store.released.set()
                 store.released = threading.Event()
 
-    def wait(self, election: str, timeout: float, cancel: threading.Event) -> None:
+    def wait(
+        self, election: str, timeout: float, cancel: threading.Event, term: Term | None = None
+    ) -> bool:
+        if term is not None:
+            self.clock.wait(timeout, cancel)  # a holder's connection never goes
+            return True
         store = self._store
         deadline = self.clock.monotonic() + timeout
         while not cancel.is_set():
             with store.cond:
                 if store.live(election, self.clock.monotonic()) is None:
-                    return
+                    break
                 released = store.released
             left = deadline - self.clock.monotonic()
             if left <= 0:
-                return
+                break
             self.clock.wait(left, released, cancel)
-
-    def hold(self, election: str, term: Term, timeout: float, cancel: threading.Event) -> bool:
-        self.clock.wait(timeout, cancel)  # the base class's wait, on this backend's clock
         return True
 
-    def holder(self, election: str) -> HolderInfo | None:
-        with self._store.cond:
-            current = self._store.live(election, self.clock.monotonic())
-            return None if current is None else _info(current, self.clock.monotonic())
+    def holders(self, elections: Sequence[str] | None = None) -> dict[str, HolderInfo | None]:
+        store = self._store
+        with store.cond:
+            if elections is None:
+                elections = sorted(set(store.epochs) | set(store.state))
+            now = self.clock.monotonic()
+            found = {e: store.live(e, now) for e in elections}
+            return {e: None if r is None else _info(r, now) for e, r in found.items()}
 
     def request_resign(self, election: str) -> HolderInfo | None:
         with self._store.cond:
@@ -137,59 +155,54 @@ class MemoryBackend(Backend):
             self._store.resign[election] = current.token
             return _info(current, self.clock.monotonic())
 
-    def elections(self) -> list[str]:
-        with self._store.cond:
-            return sorted(set(self._store.epochs) | set(self._store.state))
 
-    def load_state(self, election: str) -> dict[str, str]:
+class MemoryRecords(_Memory, FencedRecords):
+    """Fenced records of the process's memory store."""
+
+    def load(self, election: str) -> dict[str, str]:
         with self._store.cond:
             return dict(self._store.state.get(election, {}))
 
-    def load_state_of(self, election: str, keys: Sequence[str]) -> dict[str, str]:
+    def load_some(self, election: str, keys: Sequence[str]) -> dict[str, str]:
         with self._store.cond:
             state = self._store.state.get(election, {})
             return {k: state[k] for k in keys if k in state}
 
-    def compare_and_set(self, election: str, term: Term, claims: Sequence[Write]) -> list[bool]:
+    def compare_and_set(self, fence: Fence, writes: Sequence[Write]) -> list[bool]:
         store = self._store
         with store.cond:
-            current = store.live(election, self.clock.monotonic())
-            if current is None or current.token != term.token:
-                return [False] * len(claims)
-            return apply_writes(store.state.setdefault(election, {}), claims)
+            current = store.live(fence.election, self.clock.monotonic())
+            if current is None or current.token != fence.term.token:
+                return [False] * len(writes)
+            return apply_writes(store.state.setdefault(fence.election, {}), writes)
 
-    def put_run(
-        self,
-        election: str,
-        key: str,
-        expected: str | None,
-        new: str,
-        ttl: float,
-        *,
-        keep: int = 0,
-        tally: str = "",
-    ) -> tuple[bool, str | None]:
+
+class MemoryRuns(_Memory, RunStore):
+    """Run records of the process's memory store."""
+
+    def put(self, election: str, write: RunWrite) -> tuple[bool, str | None]:
+        w = write
         with self._store.cond:
             now = self.clock.monotonic()
-            entry = run_entry(key)
+            entry = run_entry(w.key)
             if entry is not None:
                 books = self._store.entry_runs.setdefault(election, {})
                 book = books.setdefault(entry, EntryBook())
-                return book.put(key, expected, new, now + ttl, now, keep, tally)
+                return book.put(w.key, w.expected, w.new, now + w.ttl, now, w.keep, w.tally)
             runs = self._store.runs.setdefault(election, {})
-            stored = runs.get(key)
+            stored = runs.get(w.key)
             current = stored[0] if stored is not None and stored[1] > now else None
-            if current != expected:
+            if current != w.expected:
                 return False, current
-            runs[key] = (new, now + ttl)
-            return True, new
+            runs[w.key] = (w.new, now + w.ttl)
+            return True, w.new
 
     def runs_of(self, election: str, entry: str, limit: int) -> list[tuple[str, str]]:
         with self._store.cond:
             book = self._store.entry_runs.get(election, {}).get(entry)
             return [] if book is None else book.newest(self.clock.monotonic(), limit)
 
-    def run_summaries(self, election: str) -> list[RunSummary]:
+    def summaries(self, election: str) -> list[RunSummary]:
         with self._store.cond:
             now = self.clock.monotonic()
             books = self._store.entry_runs.get(election, {})
@@ -197,16 +210,20 @@ class MemoryBackend(Backend):
                 del books[entry]  # every record expired: the entry goes with them
             return [s for e, book in books.items() if (s := book.summary(e, now)) is not None]
 
-    def entries_version(self, election: str) -> int:
+
+class MemoryEntries(_Memory, EntryStore):
+    """Schedule entries of the process's memory store."""
+
+    def version(self, election: str) -> int:
         with self._store.cond:
             return self._store.entries_version.get(election, 0)
 
-    def load_entries(self, election: str) -> tuple[int, dict[str, str]]:
+    def load(self, election: str) -> tuple[int, dict[str, str]]:
         with self._store.cond:
             entries = dict(self._store.entries.get(election, {}))
             return self._store.entries_version.get(election, 0), entries
 
-    def entries_changed_since(
+    def changes_since(
         self, election: str, version: int
     ) -> tuple[int, dict[str, str | None]] | None:
         store = self._store
@@ -218,7 +235,7 @@ class MemoryBackend(Backend):
             edited = store.entries_edited.get(election, {})
             return now, {k: entries.get(k) for k, at in edited.items() if at > version}
 
-    def edit_entries(self, election: str, edits: Sequence[Edit]) -> list[bool]:
+    def edit(self, election: str, edits: Sequence[Edit]) -> list[bool]:
         store = self._store
         with store.cond:
             results = apply_edits(store.entries.setdefault(election, {}), edits)
@@ -228,6 +245,19 @@ class MemoryBackend(Backend):
                 edited = store.entries_edited.setdefault(election, {})
                 edited.update((e.key, version) for e, ok in zip(edits, results, strict=True) if ok)
             return results
+
+
+def open_store(params: StoreParams, clock: Clock = SYSTEM_CLOCK) -> StoreFacets:
+    """The memory store of ``params``' URL and key prefix, its terms and records
+    expiring on ``clock``. Closing it keeps its data: it lives as long as the process."""
+    return StoreFacets(
+        params,
+        MemoryLock(params, clock),
+        MemoryRecords(params, clock),
+        MemoryEntries(params, clock),
+        MemoryRuns(params, clock),
+        close=lambda: None,
+    )
 
 
 def _info(record: _Record, now: float) -> HolderInfo:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .fenced import RUNS_DROPPED, RunSummary
+from .run_store import RUNS_DROPPED, RunSummary
 
 
 @dataclass
@@ -38,7 +38,7 @@ class EntryBook:
         tally: str,
         current: str | None = None,
     ) -> tuple[bool, str | None]:
-        """Compare-and-set ``key`` (see ``FencedState.put_run``); ``current``: the
+        """Compare-and-set ``key`` (see ``RunStore.put``); ``current``: the
         record to compare with when this book holds none (one of an older format)."""
         self.drop_expired(now)
         stored = self.current(key, now)
@@ -79,7 +79,7 @@ class EntryBook:
         return out
 
     def summary(self, entry: str, now: float) -> RunSummary | None:
-        """What :meth:`FencedState.run_summaries` says of this entry (``None``: nothing kept)."""
+        """What :meth:`RunStore.summaries` says of this entry (``None``: nothing kept)."""
         if not any(at > now for _, at, _ in reversed(self.records.values())):
             return None
         counts = {tally: n for tally, n in self.counts.items() if n > 0 and tally}

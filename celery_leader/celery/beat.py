@@ -32,7 +32,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from .. import metrics
-from ..backends import create_backend
+from ..backends import open_store
 from ..config import OVERLAP, validate_grace, validate_missed_slots
 from ..exceptions import ConfigError, missing_extra
 from ..schedule.entries import CODE, STORE, Entry, allowed
@@ -155,7 +155,7 @@ class LeaderSchedulerMixin:
         first = adapter.feed is None
         if adapter.feed is None:
             lease = self.lease
-            adapter.feed = EntryFeed(lease.backend, lease.election, logger)
+            adapter.feed = EntryFeed(self._protocol.runtime.store.entries, lease.election, logger)
         following = self.lease.term is None
         adapter.feed.quiet = following
         if (
@@ -184,14 +184,14 @@ class LeaderSchedulerMixin:
         adapter = self._adapter
         if not store_entries:
             return adapter.jobs()
-        backend = create_backend(self.leader_config)
+        store = open_store(self.leader_config)
         try:
             election = self.leader_config.beat_election
-            adapter.feed = EntryFeed(backend, election, logger, interval=0)
+            adapter.feed = EntryFeed(store.entries, election, logger, interval=0)
             return adapter.jobs()
         finally:
             adapter.feed = None
-            backend.close()
+            store.close()
 
     def set_run_state(self, entry: ScheduleEntry, last_run_at: datetime, count: int) -> None:
         """Set ``last_run_at`` and ``total_run_count`` of ``entry`` (a hook)."""

@@ -279,7 +279,7 @@ def _local_lease(app: Any, election: str) -> Lease:
         config.display_url,
     )
     lease.start()
-    deadline = time.monotonic() + leases.backend.timeout
+    deadline = time.monotonic() + leases.store.timeout
     while not decided.wait(0.01) and time.monotonic() < deadline:
         try:
             holder = lease.holder()

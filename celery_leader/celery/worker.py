@@ -27,7 +27,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .. import http_health, metrics
-from ..backends import Backend
 from ..callbacks import Callbacks
 from ..config import LeaderConfig
 from ..exceptions import StoreUnavailable, missing_extra
@@ -147,11 +146,6 @@ class LeaderNode:
         deadline_table.set_process_table(self.table)
         leadership.forget_views()
 
-    @property
-    def backend(self) -> Backend:
-        """The store connection this node's leases share."""
-        return self._lease_set.backend
-
     def leads(self, election: str) -> bool:
         """True while this node leads ``election`` (main process, no I/O).
 
@@ -267,7 +261,7 @@ class LeaderNode:
 
     def _refresh_beat_epoch(self) -> None:
         try:
-            holder = self.backend.holder(self.config.beat_election)
+            holder = self._lease_set.store.lock.holder(self.config.beat_election)
         except StoreUnavailable as exc:
             logger.debug("celery-leader: could not read the beat epoch: %s", exc)
             return

@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from .. import metrics
-from ..backends import create_backend
+from ..backends import open_store
 from ..config import LeaderConfig
 from ..exceptions import ConfigError
 from ..schedule.entries import CODE, STORE, Entry, allowed
@@ -229,12 +229,12 @@ def leader_jobs(broker: Any, config: LeaderConfig) -> Sequence[Job]:
     paused) and the store entries it honours (``plan --stored`` lists them). Reads
     the store once, on a connection of its own."""
     adapter = _EnqueueAdapter(broker, entries_of(broker, config), config)
-    backend = create_backend(config)
+    store = open_store(config)
     try:
-        adapter.feed = EntryFeed(backend, config.beat_election, logger, interval=0)
+        adapter.feed = EntryFeed(store.entries, config.beat_election, logger, interval=0)
         return adapter.jobs()
     finally:
-        backend.close()
+        store.close()
 
 
 class DramatiqScheduler:
@@ -265,7 +265,7 @@ class DramatiqScheduler:
             ", ".join(f"{e.name} {e.series!r}" for e in self.entries) or "none",
         )
         lease = self.protocol.lease
-        self.adapter.feed = EntryFeed(lease.backend, lease.election, logger)
+        self.adapter.feed = EntryFeed(self.protocol.runtime.store.entries, lease.election, logger)
         # The store entries' jobs are made before joining the election: seconds at
         # 100,000 entries that would otherwise run out a new leader's tick timeout.
         self.adapter.jobs()

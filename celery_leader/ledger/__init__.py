@@ -4,7 +4,7 @@
 around a slot's body (record it started, keep it alive, record how it ended);
 :mod:`.target` is where and how long it writes them.
 The records live in the store's run records
-(:meth:`~celery_leader.backends.FencedState.put_run`), under the beat election.
+(:meth:`~celery_leader.backends.RunStore.put`), under the beat election.
 """
 
 from .guard import Decision, RunGuard

@@ -7,7 +7,7 @@ import json
 import os
 import time
 
-from ..backends import Backend
+from ..backends import RunStore, RunWrite
 from .records import RunRecord
 
 #: An ``expected`` no record ever equals (records and marks are JSON objects): a
@@ -17,31 +17,31 @@ from .records import RunRecord
 _NEVER = "(read only)"
 
 
-def read(backend: Backend, election: str, key: str, retention: float) -> str | None:
+def read(runs: RunStore, election: str, key: str, retention: float) -> str | None:
     """The stored record of ``key`` (``None``: none), without changing it."""
-    return backend.put_run(election, key, _NEVER, "", retention)[1]
+    return runs.put(election, RunWrite(key, _NEVER, "", retention))[1]
 
 
 def mark_sent(
-    backend: Backend, election: str, slot: str, instance_id: str, retention: float, keep: int
+    runs: RunStore, election: str, slot: str, instance_id: str, retention: float, keep: int
 ) -> bool:
     """Record that beat published ``slot``, unless a worker recorded it first
     (``keep``: the runs its entry keeps, ``leader_ledger_keep``)."""
     record = RunRecord.sent_by(slot, instance_id, os.getpid(), time.time())
     text = record.dump()
-    return backend.put_run(election, slot, None, text, retention, keep=keep, tally=record.tally)[0]
+    return runs.put(election, RunWrite(slot, None, text, retention, keep, record.tally))[0]
 
 
 def touch(
-    backend: Backend, election: str, key: str, what: dict[str, object], retention: float
+    runs: RunStore, election: str, key: str, what: dict[str, object], retention: float
 ) -> str:
     """Write the mark ``key`` if it is missing, else renew its expiry; the stored mark.
 
     A mark that exists keeps its content (``@ledger-since`` keeps the first time).
     """
     new = json.dumps(what, sort_keys=True)
-    won, stored = backend.put_run(election, key, None, new, retention)
+    won, stored = runs.put(election, RunWrite(key, None, new, retention))
     if won or stored is None:
         return new
-    backend.put_run(election, key, stored, stored, retention)
+    runs.put(election, RunWrite(key, stored, stored, retention))
     return stored

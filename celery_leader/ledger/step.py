@@ -13,7 +13,7 @@ import threading
 import time
 
 from .. import metrics
-from ..backends import create_backend
+from ..backends import open_store
 from ..config import OVERLAP, LeaderConfig
 from ..exceptions import StoreUnavailable
 from . import marks
@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 def build_guard(config: LeaderConfig) -> RunGuard:
     """A run guard for this process, on the store and beat election of ``config``."""
     target = LedgerTarget(
-        create_backend(config),
+        open_store(config).runs,
         config.beat_election,
         config.instance_id,
         config.ttl,
@@ -87,14 +87,14 @@ def register(config: LeaderConfig, worker: str) -> None:
     The store client is built here, so a store that cannot be built fails the
     caller (at worker start, in one line) instead of the thread.
     """
-    backend = create_backend(config)
+    runs = open_store(config).runs
     what: dict[str, object] = {"worker": worker}
     lifetime = WORKERS_MARK_TTLS * config.ttl
 
     def loop() -> None:
         while True:
             try:
-                marks.touch(backend, config.beat_election, WORKERS, what, lifetime)
+                marks.touch(runs, config.beat_election, WORKERS, what, lifetime)
             except Exception as exc:
                 # A thread that died here would end the registration silently,
                 # and beat would stop re-sending what it cannot confirm.

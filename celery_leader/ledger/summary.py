@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..backends.fenced import RunSummary
+from ..backends import RunSummary
 from .records import FAILURE, FINISHED, SENT, SKIPPED, STARTED, SUCCESS, TALLIES, RunRecord
 
 
@@ -38,7 +38,7 @@ def summarize(summaries: Sequence[RunSummary], now: float) -> list[EntryRuns]:
     """One :class:`EntryRuns` per entry of the store's ``summaries``, by name.
 
     The store keeps them as records are written (see
-    :meth:`~celery_leader.backends.FencedState.run_summaries`), so this reads
+    :meth:`~celery_leader.backends.RunStore.summaries`), so this reads
     nothing per record. An entry whose last record is not one celery-leader
     wrote (or expired before the others) shows its slot alone.
     """
@@ -69,7 +69,7 @@ def summarize(summaries: Sequence[RunSummary], now: float) -> list[EntryRuns]:
 
 
 #: Runs ``leader entries show`` lists beside the summary (read by
-#: :meth:`~celery_leader.backends.FencedState.runs_of`, newest first).
+#: :meth:`~celery_leader.backends.RunStore.runs_of`, newest first).
 RECENT_RUNS = 10
 
 

@@ -11,14 +11,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..backends import Backend
+from ..backends import RunStore, RunWrite
 
 
 @dataclass(frozen=True)
 class LedgerTarget:
     """The store, election and timings of one worker process's ledger writes."""
 
-    backend: Backend
+    runs: RunStore
     election: str
     #: The worker named in the records it writes.
     instance_id: str
@@ -34,7 +34,6 @@ class LedgerTarget:
     def put(
         self, key: str, expected: str | None, text: str, tally: str = ""
     ) -> tuple[bool, str | None]:
-        """Compare-and-set run record ``key`` of the election (see ``put_run``)."""
-        return self.backend.put_run(
-            self.election, key, expected, text, self.retention, keep=self.keep, tally=tally
-        )
+        """Compare-and-set run record ``key`` of the election (see ``RunStore.put``)."""
+        write = RunWrite(key, expected, text, self.retention, self.keep, tally)
+        return self.runs.put(self.election, write)

@@ -3,7 +3,7 @@
 :class:`EntryBook` is the framework-free half of the Python API and of the
 ``entries`` CLI: add, update (optionally only if the version is the one read),
 remove, pause, resume, get, list. Every edit is one compare-and-set of the
-entry's JSON (:meth:`~celery_leader.backends.FencedState.edit_entries`), so two
+entry's JSON (:meth:`~celery_leader.backends.EntryStore.edit`), so two
 editors never silently overwrite each other: the loser re-reads and, unless it
 named the version it read, applies its change again on top.
 
@@ -18,7 +18,7 @@ from collections.abc import Callable, Collection
 from datetime import datetime
 from typing import Any
 
-from ..backends import Edit, FencedState
+from ..backends import Edit, EntryStore
 from .entries import STORE, Entry, EntryError, code_pause, instant_now, new_entry
 
 #: Tries of an edit that lost a compare-and-set to another editor.
@@ -38,12 +38,12 @@ class EntryBook:
 
     def __init__(
         self,
-        backend: FencedState,
+        entries: EntryStore,
         election: str,
         code: Collection[str] = (),
         now: Callable[[], datetime] = instant_now,
     ) -> None:
-        self.backend = backend
+        self.store = entries
         self.election = election
         #: Names of the code entries of the app: they cannot be added or removed here.
         self.code = frozenset(code)
@@ -53,12 +53,12 @@ class EntryBook:
 
     def list(self) -> list[Entry]:
         """Every record, by name: store entries and the kept pauses of code entries."""
-        _, records = self.backend.load_entries(self.election)
+        _, records = self.store.load(self.election)
         return [entry for _, entry in sorted(_read_all(records).items())]
 
     def get(self, name: str) -> Entry | None:
         """The record named ``name``, or ``None``."""
-        _, records = self.backend.load_entries(self.election)
+        _, records = self.store.load(self.election)
         text = records.get(name)
         return None if text is None else Entry.from_json(text)
 
@@ -149,12 +149,12 @@ class EntryBook:
         raise _busy(name)
 
     def _read(self, name: str) -> tuple[Entry | None, str | None]:
-        _, records = self.backend.load_entries(self.election)
+        _, records = self.store.load(self.election)
         text = records.get(name)
         return (None if text is None else Entry.from_json(text)), text
 
     def _edit(self, edit: Edit) -> bool:
-        (ok,) = self.backend.edit_entries(self.election, [edit])
+        (ok,) = self.store.edit(self.election, [edit])
         return ok
 
 

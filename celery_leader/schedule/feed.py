@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 
-from ..backends import FencedState
+from ..backends import EntryStore
 from ..exceptions import StoreUnavailable
 from .entries import Entry, EntryError
 
@@ -29,12 +29,12 @@ class EntryFeed:
 
     def __init__(
         self,
-        backend: FencedState,
+        entries: EntryStore,
         election: str,
         logger: logging.Logger,
         interval: float | None = None,
     ) -> None:
-        self.backend = backend
+        self.store = entries
         self.election = election
         self.logger = logger
         self.interval = POLL_INTERVAL if interval is None else interval
@@ -54,7 +54,7 @@ class EntryFeed:
             return self._entries
         self._asked = now
         try:
-            version = self.backend.entries_version(self.election)
+            version = self.store.version(self.election)
             if version != self._version:
                 self._version = self._read(version)
             self._warned.discard("")
@@ -72,9 +72,9 @@ class EntryFeed:
         """Read what changed since the entries last read; the version now read."""
         changed = None
         if self._version is not None:
-            changed = self.backend.entries_changed_since(self.election, self._version)
+            changed = self.store.changes_since(self.election, self._version)
         if changed is None:
-            version, texts = self.backend.load_entries(self.election)
+            version, texts = self.store.load(self.election)
             self._take(texts)
             return version
         version, edits = changed

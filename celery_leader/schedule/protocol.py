@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime, timezone
 
-from ..backends import Term
+from ..backends import Fence
 from ..callbacks import Observer
 from ..config import LeaderConfig
 from ..exceptions import StoreUnavailable, TermEnded
@@ -169,8 +169,8 @@ class SlotProtocol:
 
     def _tick(self) -> float:
         lease = self.lease
-        term = lease.term
-        if term is None:
+        fence = lease.fence()
+        if fence is None:
             if self._epoch is not None:
                 self.logger.info(
                     "celery-leader: stopped dispatching: no longer leader of %r", lease.election
@@ -180,14 +180,14 @@ class SlotProtocol:
             self._forget_all()
             return self.idle
         now = (self.clock or self.now)()
-        if term.epoch != self._epoch:
-            self._begin(term, now)
-        elif self.adapter.jobs_changed() and not self._apply(self.adapter.jobs(), term):
+        if fence.term.epoch != self._epoch:
+            self._begin(fence, now)
+        elif self.adapter.jobs_changed() and not self._apply(self.adapter.jobs(), fence):
             return self.idle
-        if self._pending and not self._load_some(term, now):
+        if self._pending and not self._load_some(fence, now):
             return self.idle
         self._notice_clock(now)
-        sleep = self._dispatch(term, now)
+        sleep = self._dispatch(fence, now)
         return 0.0 if self._pending else sleep
 
     def _forget_all(self) -> None:
@@ -197,22 +197,23 @@ class SlotProtocol:
             self._polled, self._stored = {}, None
             self._due.clear()
 
-    def _begin(self, term: Term, now: datetime) -> None:
-        """Start loading the state of every job for ``term`` (a new term, or a reload)."""
+    def _begin(self, fence: Fence, now: datetime) -> None:
+        """Start loading the state of every job for ``fence``'s term (a new one, or a reload)."""
         jobs = self.adapter.jobs()
         self.runtime.watchdog.progress()
         self._forget_all()
         self._jobs = {job.name: job for job in jobs}
         self._pending = _load_order(jobs)
         self._announced = False
-        if term.epoch != self._promoted_epoch:  # a new term, not a reload within one
-            self._promoted_epoch = term.epoch
+        if fence.term.epoch != self._promoted_epoch:  # a new term, not a reload within one
+            self._promoted_epoch = fence.term.epoch
             self._promoted_at = now
             self._stuck_logged.clear()
-            lease = self.lease
+            lease, store = self.lease, self.runtime.store
             resender = (
                 Resender(
                     lease,
+                    store.runs,
                     self.adapter,
                     self.config.ledger_retention,
                     self.config.ledger_keep,
@@ -222,12 +223,17 @@ class SlotProtocol:
                 else None
             )
             self._publisher = Publisher(
-                lease, self.adapter, self.config.max_publish_failures, self.logger, resender
+                lease,
+                store.records,
+                self.adapter,
+                self.config.max_publish_failures,
+                self.logger,
+                resender,
             )
             self._recover = resender is not None
-        self._epoch = term.epoch
+        self._epoch = fence.term.epoch
 
-    def _apply(self, jobs: Sequence[Job], term: Term) -> bool:
+    def _apply(self, jobs: Sequence[Job], fence: Fence) -> bool:
         """Take in the jobs as listed now: forget the gone, load the new or re-created,
         re-time the edited. False (state reloaded at the next tick) when a restamp failed.
 
@@ -257,7 +263,7 @@ class SlotProtocol:
             self._pending = _load_order([j for j in jobs if j.name not in self._states])
         if fresh:
             self._stored = None  # read again: another leader may have written it since
-        return self._restamp(stale, term)
+        return self._restamp(stale, fence)
 
     def _drop(self, name: str) -> None:
         self._states.pop(name, None)
@@ -275,13 +281,14 @@ class SlotProtocol:
         # A changed schedule takes effect at once: never wait out the old one.
         self._due.set(job.name, job.series.next_after(counted_after(state.last_run_at, since)))
 
-    def _restamp(self, jobs: Sequence[Job], term: Term) -> bool:
+    def _restamp(self, jobs: Sequence[Job], fence: Fence) -> bool:
         """Store the ``active_since`` of jobs resumed or re-timed since their state was
         written; False (state reloaded at the next tick) when that failed."""
         if not jobs:
             return True
         try:
-            if StateSync(self.lease, self.logger).restamp(jobs, term, self._states):
+            sync = StateSync(self.lease, self.runtime.store.records, self.logger)
+            if sync.restamp(jobs, fence, self._states):
                 for job in jobs:
                     self._settle(job, self._states[job.name])
                 return True
@@ -290,10 +297,10 @@ class SlotProtocol:
         self._epoch = None  # reload the state before dispatching anything
         return False
 
-    def _load_some(self, term: Term, now: datetime) -> bool:
+    def _load_some(self, fence: Fence, now: datetime) -> bool:
         """Load (or anchor) the next chunks of pending jobs, for up to :data:`LOAD_SLICE`
         seconds. False when the state cannot be loaded (retried at the next tick)."""
-        sync = StateSync(self.lease, self.logger)
+        sync = StateSync(self.lease, self.runtime.store.records, self.logger)
         watchdog = self.runtime.watchdog
         stop = time.monotonic() + LOAD_SLICE
         try:
@@ -307,7 +314,7 @@ class SlotProtocol:
                     if stored is None:
                         stored = self._stored = sync.read()
                         watchdog.progress()
-                states = sync.load(chunk, term, now, stored)
+                states = sync.load(chunk, fence, now, stored)
                 self._states.update(states)
                 stale = []
                 for job in chunk:
@@ -317,7 +324,7 @@ class SlotProtocol:
                     if _resumed(job, state):
                         stale.append(job)
                 watchdog.progress()
-                if not self._restamp(stale, term):
+                if not self._restamp(stale, fence):
                     return False
                 if time.monotonic() >= stop:
                     break
@@ -338,14 +345,15 @@ class SlotProtocol:
             self.logger.info(
                 "celery-leader: dispatching as leader of %r (epoch %d)",
                 self.lease.election,
-                term.epoch,
+                fence.term.epoch,
             )
         if not self._pending:
             self._stored = None
             publisher = self._publisher
             if self._recover and publisher is not None and publisher.resender is not None:
                 self._recover = False
-                publisher.resender.recover(list(self._jobs.values()), self._states, term.epoch)
+                jobs = list(self._jobs.values())
+                publisher.resender.recover(jobs, self._states, fence.term.epoch)
         return True
 
     def _notice_clock(self, now: datetime) -> None:
@@ -370,23 +378,23 @@ class SlotProtocol:
 
     # -- due slots ----------------------------------------------------------
 
-    def _dispatch(self, term: Term, now: datetime) -> float:
+    def _dispatch(self, fence: Fence, now: datetime) -> float:
         """Claim and publish what is due, a batch at a time, while the lease and the
         tick's share of the watchdog's time last; returns how long to sleep."""
         publisher = self._publisher
         assert publisher is not None
         if publisher.resender is not None:
-            publisher.resender.retry(term.epoch)
+            publisher.resender.retry(fence.term.epoch)
         started = time.monotonic()
         ends = started + self.config.watchdog_timeout * BURST_SHARE
         # Each job without a series is asked once per tick: once sent, its
         # schedule would name the same slot again until its state is settled.
         polled = iter(list(self._polled))
         while True:
-            batches, sleep = self._due_batches(term, now, polled)
+            batches, sleep = self._due_batches(fence, now, polled)
             if not batches:
                 return max(0.0, sleep)
-            if not self._publish(publisher, batches, term) or len(batches) < BATCH:
+            if not self._publish(publisher, batches, fence) or len(batches) < BATCH:
                 return 0.0
             # The next batch takes about as long as this one: start it only if
             # it ends within the tick's share.
@@ -396,7 +404,7 @@ class SlotProtocol:
             started = done
 
     def _due_batches(
-        self, term: Term, now: datetime, polled: Iterator[str]
+        self, fence: Fence, now: datetime, polled: Iterator[str]
     ) -> tuple[list[Batch], float]:
         """Up to :data:`BATCH` batches, those the index says are due first, then those of
         ``polled`` jobs that are due; and how long until the next one is due."""
@@ -404,7 +412,7 @@ class SlotProtocol:
         for name in self._due.pop_due(now, BATCH):
             job = self._jobs[name]
             state = self._states[name]
-            batch = self._series_batch(job, state, term, now)
+            batch = self._series_batch(job, state, fence, now)
             if batch is None:
                 self._settle(job, state)
             else:
@@ -414,7 +422,7 @@ class SlotProtocol:
         if len(batches) >= BATCH:
             return batches, 0.0
         for name in polled:
-            batch, wait = self._polled_batch(self._jobs[name], self._states[name], term, now)
+            batch, wait = self._polled_batch(self._jobs[name], self._states[name], fence, now)
             sleep = min(sleep, wait)
             if batch is not None:
                 batches.append(batch)
@@ -422,9 +430,9 @@ class SlotProtocol:
                     return batches, 0.0
         return batches, sleep
 
-    def _publish(self, publisher: Publisher, batches: list[Batch], term: Term) -> bool:
+    def _publish(self, publisher: Publisher, batches: list[Batch], fence: Fence) -> bool:
         """Claim and publish ``batches``; whether the next batch may follow in this tick."""
-        in_sync = publisher.run(batches, term, self._states)
+        in_sync = publisher.run(batches, fence, self._states)
         for batch in batches:
             # Its next due time, from what the store now records (sent or handed back).
             self._settle(batch.job, self._states[batch.job.name])
@@ -434,9 +442,11 @@ class SlotProtocol:
             self._epoch = None
             return False
         current = self.lease.term
-        return current is not None and current.epoch == term.epoch
+        return current is not None and current.epoch == fence.term.epoch
 
-    def _series_batch(self, job: Job, state: EntryState, term: Term, now: datetime) -> Batch | None:
+    def _series_batch(
+        self, job: Job, state: EntryState, fence: Fence, now: datetime
+    ) -> Batch | None:
         """The batch of ``job``, which the index says is due; ``None`` if it is not."""
         assert job.series is not None
         since = later(job.active_since, state.active_since)
@@ -448,10 +458,10 @@ class SlotProtocol:
             job.missed_slots,
             job.grace,
         )
-        return None if found is None else self._batch(job, state, term, now, found)
+        return None if found is None else self._batch(job, state, fence, now, found)
 
     def _polled_batch(
-        self, job: Job, state: EntryState, term: Term, now: datetime
+        self, job: Job, state: EntryState, fence: Fence, now: datetime
     ) -> tuple[Batch | None, float]:
         """The batch of a job without a series if it is due, and how long until it should
         be asked again."""
@@ -469,7 +479,7 @@ class SlotProtocol:
         since = later(job.active_since, state.active_since)
         early = since is not None and due < since
         chosen = DueSlots([] if early else [due], 0, due)
-        return self._batch(job, state, term, now, chosen), 0.0
+        return self._batch(job, state, fence, now, chosen), 0.0
 
     def _stuck(self, job: Job, due: datetime, state: EntryState) -> None:
         """Log once per term that ``job``'s schedule names a slot not after its last one."""
@@ -485,7 +495,7 @@ class SlotProtocol:
         )
 
     def _batch(
-        self, job: Job, state: EntryState, term: Term, now: datetime, chosen: DueSlots
+        self, job: Job, state: EntryState, fence: Fence, now: datetime, chosen: DueSlots
     ) -> Batch:
         lease = self.lease
         slots = [slot_name(job.name, due, job.zone) for due in chosen.send]
@@ -493,7 +503,7 @@ class SlotProtocol:
         raw = dump_state(
             chosen.record,
             count,
-            term.epoch,
+            fence.term.epoch,
             lease.instance_id,
             slots[-1] if slots else None,
             job.generation,

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from .. import metrics
-from ..backends import Term
+from ..backends import Fence, FencedRecords
 from ..exceptions import StoreUnavailable
 from ..lease import Lease
 from .jobs import Adapter, Job, Outcome
@@ -51,12 +51,14 @@ class Publisher:
     def __init__(
         self,
         lease: Lease,
+        records: FencedRecords,
         adapter: Adapter,
         max_failures: int,
         logger: logging.Logger,
         resender: Resender | None = None,
     ) -> None:
         self.lease = lease
+        self.records = records
         #: With the run ledger on: marks sent slots, re-sends unknown outcomes.
         self.resender = resender
         self.adapter = adapter
@@ -65,7 +67,7 @@ class Publisher:
         self.failures = 0  # failed publishes in a row
         self._refused: set[str] = set()  # entries whose refused slot was logged
 
-    def run(self, batches: list[Batch], term: Term, states: dict[str, EntryState]) -> bool:
+    def run(self, batches: list[Batch], fence: Fence, states: dict[str, EntryState]) -> bool:
         """Claim and publish ``batches``; returns False when the local state went stale.
 
         ``states`` is updated with what the store now records.
@@ -73,7 +75,7 @@ class Publisher:
         lease = self.lease
         try:
             with lease.observe("claim"):
-                won = lease.backend.claim(lease.election, term, [b.claim.write() for b in batches])
+                won = self.records.claim(fence, [b.claim.write() for b in batches])
         except StoreUnavailable as exc:
             self.logger.warning("celery-leader: claims failed, nothing sent: %s", exc)
             return False
@@ -97,9 +99,9 @@ class Publisher:
             )
             claimed.append(batch)
         with self.adapter.publishing():
-            failure = self._send_all(claimed, term.epoch)
+            failure = self._send_all(claimed, fence.term.epoch)
         if failure is not None:
-            in_sync &= self._failed(claimed, failure, term, states)
+            in_sync &= self._failed(claimed, failure, fence, states)
         return in_sync
 
     def _dropped(self, batch: Batch) -> None:
@@ -194,7 +196,7 @@ class Publisher:
         self,
         batches: list[Batch],
         failure: tuple[str, Outcome],
-        term: Term,
+        fence: Fence,
         states: dict[str, EntryState],
     ) -> bool:
         """Hand back what was claimed and not sent; resign after too many failures in a row.
@@ -225,7 +227,7 @@ class Publisher:
                 slot,
                 outcome.error,
             )
-        in_sync = self._hand_back(batches, term, states)
+        in_sync = self._hand_back(batches, fence, states)
         if self.failures >= self.max_failures:
             self.logger.warning(
                 "celery-leader: %d publishes failed in a row (the last: slot %s): resigning "
@@ -243,9 +245,7 @@ class Publisher:
             self.failures = 0
         return in_sync
 
-    def _hand_back(
-        self, batches: list[Batch], term: Term, states: dict[str, EntryState]
-    ) -> bool:
+    def _hand_back(self, batches: list[Batch], fence: Fence, states: dict[str, EntryState]) -> bool:
         """Undo the claims of slots that were not sent, in one fenced compare-and-set.
 
         The stored state goes back to the last slot sent (or to what it was
@@ -265,7 +265,7 @@ class Publisher:
             raw = dump_state(
                 last_run_at,
                 count,
-                term.epoch,
+                fence.term.epoch,
                 lease.instance_id,
                 batch.sent[-1] if batch.sent else None,
                 batch.after.generation,
@@ -281,7 +281,7 @@ class Publisher:
         reason = "the term ended"
         try:
             with lease.observe("claim"):
-                won = lease.backend.claim(lease.election, term, [b[3].write() for b in backs])
+                won = self.records.claim(fence, [b[3].write() for b in backs])
         except StoreUnavailable as exc:
             reason = str(exc)
         for (batch, unsent, state, _), ok in zip(backs, won, strict=True):

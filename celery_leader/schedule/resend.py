@@ -29,9 +29,9 @@ import json
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
 
 from .. import metrics
+from ..backends import RunStore
 from ..exceptions import StoreUnavailable
 from ..lease import Lease
 from ..ledger import marks
@@ -56,12 +56,14 @@ class Resender:
     def __init__(
         self,
         lease: Lease,
+        runs: RunStore,
         adapter: Adapter,
         retention: float,
         keep: int,
         logger: logging.Logger,
     ) -> None:
         self.lease = lease
+        self.runs = runs
         self.adapter = adapter
         self.retention = retention
         self.keep = keep
@@ -72,10 +74,6 @@ class Resender:
         #: ttl, not per slot.
         self._dedup = False
         self._dedup_until = 0.0
-
-    @property
-    def _backend(self) -> Any:
-        return self.lease.backend
 
     def sent(self, slot: str) -> None:
         """``slot`` is in the broker: mark it sent (a worker may have recorded it first).
@@ -89,7 +87,7 @@ class Resender:
             if not self._workers_registered():
                 return
             marks.mark_sent(
-                self._backend,
+                self.runs,
                 self.lease.election,
                 slot,
                 self.lease.instance_id,
@@ -149,7 +147,7 @@ class Resender:
                     continue
                 if slot != slot_name(job.name, state.last_run_at, job.zone):
                     continue  # the state names a slot of another zone or form: leave it
-                if marks.read(self._backend, self.lease.election, slot, self.retention) is None:
+                if marks.read(self.runs, self.lease.election, slot, self.retention) is None:
                     why = "it was claimed by a leader that may not have sent it"
                     self._resend(job, slot, state.last_run_at, epoch, why)
         except StoreUnavailable as exc:
@@ -157,9 +155,7 @@ class Resender:
 
     def _since(self) -> float:
         now = datetime.now(timezone.utc).timestamp()
-        stored = marks.touch(
-            self._backend, self.lease.election, SINCE, {"since": now}, self.retention
-        )
+        stored = marks.touch(self.runs, self.lease.election, SINCE, {"since": now}, self.retention)
         try:
             return float(json.loads(stored)["since"])
         except (ValueError, KeyError, TypeError):
@@ -167,7 +163,7 @@ class Resender:
 
     def _workers_deduplicate(self) -> bool:
         """Whether a worker with the dedup step keeps the ``@ledger-workers`` mark (one read)."""
-        found = marks.read(self._backend, self.lease.election, WORKERS, self.retention) is not None
+        found = marks.read(self.runs, self.lease.election, WORKERS, self.retention) is not None
         self._dedup, self._dedup_until = found, self.lease.clock.monotonic() + self.lease.ttl
         return found
 
@@ -180,7 +176,7 @@ class Resender:
     def _resend(self, job: Job, slot: str, due: datetime, epoch: int, why: str) -> None:
         try:
             won = marks.mark_sent(
-                self._backend,
+                self.runs,
                 self.lease.election,
                 slot,
                 self.lease.instance_id,

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from .. import http_health, metrics
+from ..backends import StoreFacets
 from ..callbacks import Callbacks, Observer
 from ..config import LeaderConfig
 from ..health import HealthFile, Watchdog
@@ -68,6 +69,11 @@ class SchedulerRuntime:
             self._membership = membership
             lease.start()
         return self._membership.lease
+
+    @property
+    def store(self) -> StoreFacets:
+        """The store the lease campaigns in: the facets the scheduler writes through."""
+        return lease_set(self.config).store
 
     def _lease_cycle(self, lease: Lease) -> None:
         self.write_health()

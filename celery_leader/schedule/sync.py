@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import overload
 
-from ..backends import Term
+from ..backends import Fence, FencedRecords
 from ..exceptions import TermEnded
 from ..lease import Lease
 from .jobs import Job
@@ -62,8 +62,9 @@ class EntryState:
 class StateSync:
     """Loads and anchors the schedule state of one election for its current term."""
 
-    def __init__(self, lease: Lease, logger: logging.Logger) -> None:
+    def __init__(self, lease: Lease, records: FencedRecords, logger: logging.Logger) -> None:
         self.lease = lease
+        self.records = records
         self.logger = logger
 
     @overload
@@ -77,11 +78,11 @@ class StateSync:
         lease = self.lease
         with lease.observe("load_state"):
             if names is None:
-                return lease.backend.load_state(lease.election)
-            return lease.backend.load_state_of(lease.election, names)
+                return self.records.load(lease.election)
+            return self.records.load_some(lease.election, names)
 
     def load(
-        self, jobs: Sequence[Job], term: Term, now: datetime, stored: dict[str, str]
+        self, jobs: Sequence[Job], fence: Fence, now: datetime, stored: dict[str, str]
     ) -> dict[str, EntryState]:
         """The state of ``jobs``: adopted from ``stored`` (what :meth:`read` returned, for
         them at least), or anchored with one claim."""
@@ -93,13 +94,13 @@ class StateSync:
                 anchors.append(job)
             else:
                 states[job.name] = adopted
-        self.anchor(anchors, term, now, states, stored)
+        self.anchor(anchors, fence, now, states, stored)
         return states
 
     def anchor(
         self,
         jobs: Sequence[Job],
-        term: Term,
+        fence: Fence,
         now: datetime,
         states: dict[str, EntryState],
         stored: dict[str, str],
@@ -114,23 +115,25 @@ class StateSync:
             new = dump_state(
                 start,
                 0,
-                term.epoch,
+                fence.term.epoch,
                 lease.instance_id,
                 generation=job.generation,
                 active_since=job.active_since,
             )
             fresh.append((job, Claim(job.name, stored.get(job.name), new), start))
         with lease.observe("claim"):
-            won = lease.backend.claim(lease.election, term, [c.write() for _, c, _ in fresh])
+            won = self.records.claim(fence, [c.write() for _, c, _ in fresh])
         if not any(won):
             # Every claim fails at once only when the term is no longer current.
-            raise TermEnded(f"the term (epoch {term.epoch}) ended while loading the schedule state")
+            raise TermEnded(
+                f"the term (epoch {fence.term.epoch}) ended while loading the schedule state"
+            )
         if not all(won):
             raise TermEnded("another leader wrote the schedule state while this one loaded it")
         for job, claim, start in fresh:
             states[job.name] = EntryState(claim.new, start, 0, job.generation, job.active_since)
 
-    def restamp(self, jobs: Sequence[Job], term: Term, states: dict[str, EntryState]) -> bool:
+    def restamp(self, jobs: Sequence[Job], fence: Fence, states: dict[str, EntryState]) -> bool:
         """Record each job's newer ``active_since`` in the store, in one claim round trip.
 
         Done as soon as a leader sees an entry resumed or re-timed, not with its
@@ -144,7 +147,7 @@ class StateSync:
             new = dump_state(
                 state.last_run_at,
                 state.count,
-                term.epoch,
+                fence.term.epoch,
                 lease.instance_id,
                 generation=state.generation,
                 active_since=job.active_since,
@@ -154,7 +157,7 @@ class StateSync:
             )
             fresh.append((job, Claim(job.name, state.raw, new), after))
         with lease.observe("claim"):
-            won = lease.backend.claim(lease.election, term, [c.write() for _, c, _ in fresh])
+            won = self.records.claim(fence, [c.write() for _, c, _ in fresh])
         for (job, _, after), ok in zip(fresh, won, strict=True):
             if ok:
                 states[job.name] = after

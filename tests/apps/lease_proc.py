@@ -108,15 +108,15 @@ class Recorder:
             self._mm[offset : offset + len(data)] = data
 
 
-def _recording_backend(inner: Any, rec: Recorder, validity: float) -> Any:
-    from celery_leader.backends import Backend, Renewal
+def _recording_lock(inner: Any, rec: Recorder, validity: float) -> Any:
+    from celery_leader.backends import LeaseLock, Renewal
     from celery_leader.exceptions import StoreUnavailable
 
-    class RecordingBackend(Backend):
-        """Delegates to the real backend; records acknowledged terms before the lease sees them."""
+    class RecordingLock(LeaseLock):
+        """Delegates to the real lock; records acknowledged terms before the lease sees them."""
 
         def __init__(self) -> None:
-            super().__init__(inner.url, inner.key_prefix, inner.timeout)
+            self.url, self.timeout = inner.url, inner.timeout
             self.holdoff = inner.holdoff
 
         def _error(self, op: str, exc: Exception) -> None:
@@ -174,6 +174,9 @@ def _recording_backend(inner: Any, rec: Recorder, validity: float) -> Any:
             return result, store_time
 
         def release(self, election: str, term: Any) -> None:
+            if term is None:
+                inner.release(election, None)
+                return
             now = time.monotonic()
             rec.emit("release", epoch=term.epoch, end=now)
             if rec.term.get("epoch") == term.epoch:
@@ -184,67 +187,21 @@ def _recording_backend(inner: Any, rec: Recorder, validity: float) -> Any:
                 self._error("release", exc)
                 raise
 
-        def wait(self, election: str, timeout: float, cancel: threading.Event) -> None:
-            inner.wait(election, timeout, cancel)
-
-        def hold(self, election: str, term: Any, timeout: float, cancel: threading.Event) -> bool:
-            held = bool(inner.hold(election, term, timeout, cancel))
-            if not held:
+        def wait(
+            self, election: str, timeout: float, cancel: threading.Event, term: Any = None
+        ) -> bool:
+            held = bool(inner.wait(election, timeout, cancel, term))
+            if term is not None and not held:
                 rec.emit("disconnected", epoch=term.epoch)
             return held
 
-        def holder(self, election: str) -> Any:
-            return inner.holder(election)
+        def holders(self, elections: Sequence[str] | None = None) -> dict[str, Any]:
+            return dict(inner.holders(elections))
 
         def request_resign(self, election: str) -> Any:
             return inner.request_resign(election)
 
-        def elections(self) -> list[str]:
-            return list(inner.elections())
-
-        def load_state(self, election: str) -> dict[str, str]:
-            return dict(inner.load_state(election))
-
-        def compare_and_set(self, election: str, term: Any, claims: Sequence[Any]) -> list[bool]:
-            return list(inner.compare_and_set(election, term, claims))
-
-        def put_run(
-            self,
-            election: str,
-            key: str,
-            expected: str | None,
-            new: str,
-            ttl: float,
-            *,
-            keep: int = 0,
-            tally: str = "",
-        ) -> tuple[bool, str | None]:
-            won, stored = inner.put_run(election, key, expected, new, ttl, keep=keep, tally=tally)
-            return bool(won), stored
-
-        def runs_of(self, election: str, entry: str, limit: int) -> list[tuple[str, str]]:
-            return list(inner.runs_of(election, entry, limit))
-
-        def run_summaries(self, election: str) -> list[Any]:
-            return list(inner.run_summaries(election))
-
-        def entries_version(self, election: str) -> int:
-            return int(inner.entries_version(election))
-
-        def load_entries(self, election: str) -> tuple[int, dict[str, str]]:
-            version, entries = inner.load_entries(election)
-            return version, dict(entries)
-
-        def edit_entries(self, election: str, edits: Sequence[Any]) -> list[bool]:
-            return list(inner.edit_entries(election, edits))
-
-        def leave(self, election: str) -> None:
-            inner.leave(election)
-
-        def close(self) -> None:
-            inner.close()
-
-    return RecordingBackend()
+    return RecordingLock()
 
 
 def _open_fds() -> int:
@@ -271,7 +228,7 @@ def main(argv: list[str]) -> int:
     import celery_leader.backends.memory
     import celery_leader.backends.redis  # noqa: F401
     from celery_leader import LeaderConfig, Lease
-    from celery_leader.backends import create_backend
+    from celery_leader.backends import open_store
     from celery_leader.callbacks import Callbacks
     from celery_leader.config import DRIFT, MARGIN
 
@@ -295,11 +252,11 @@ def main(argv: list[str]) -> int:
     def on_demoted(lease: Any) -> None:
         rec.emit("demoted", is_leader=lease.is_leader())
 
-    backend = _recording_backend(create_backend(config), rec, validity)
+    lock = _recording_lock(open_store(config).lock, rec, validity)
     lease = Lease.from_config(
         args.election,
         config,
-        backend,
+        lock,
         callbacks=Callbacks(on_started=on_elected, on_stopped=on_demoted),
     )
 
