@@ -219,22 +219,22 @@ class Replicas:
         """Replicas that must acknowledge a write of term ``token`` of ``election``
         on ``conn``, ``online`` being how many the master lists online now.
 
-        With "auto": every replica online and, behind Sentinel, every replica
-        Sentinel could promote; in Cluster, also the replicas the term saw on
-        its master before. A replica whose link drops is no longer online, yet
-        an operator (or the cluster) can still promote it, and a write it never
-        got would be lost: so the replicas a term saw on its master stay needed
-        for the rest of the term, while ``CLUSTER NODES`` still lists them for
-        that master, not flagged failed (``cluster-node-timeout`` after they
-        stop answering). A term on another node starts over (a promoted master
-        without replicas needs none), and so does a new term: the count is kept
-        per term and node.
+        With "auto", the larger of that and, behind Sentinel, how many Sentinel
+        could promote; ``None`` when neither is known. In Cluster, a replica
+        whose link drops is no longer online, yet an operator (or the cluster)
+        can still promote it, and a write it never got would be lost: so the
+        replicas a term saw on its master stay needed for the rest of the term,
+        while ``CLUSTER NODES`` still lists them for that master, not flagged
+        failed (``cluster-node-timeout`` after they stop answering). A term on
+        another node starts over (a promoted master without replicas needs
+        none), and so does a new term: the count is kept per term and node.
         """
         if self.acks is not None:
             return self.acks
-        needed = _most(online, self._promotable(client))
-        if needed is None or conn.node is None:
-            return needed
+        known = [n for n in (online, self._promotable(client)) if n is not None]
+        if not known or conn.node is None:
+            return max(known, default=None)
+        needed = max(known)
         with self._lock:
             seen = self._term_replicas.get(election)
         if seen is not None and seen[:2] == (token, conn.node) and seen[2] > needed:
@@ -284,9 +284,3 @@ class Replicas:
             f"{self.timeout:g} s ({acks.acked} acknowledged), so a fail-over could "
             f"undo it: {done}"
         )
-
-
-def _most(online: int | None, promotable: int | None) -> int | None:
-    """Replicas that must acknowledge: the larger count known; ``None`` if neither is."""
-    known = [n for n in (online, promotable) if n is not None]
-    return max(known) if known else None
