@@ -81,6 +81,9 @@ class Subscription:
         self._pubsub = pubsub
         #: The id a term won through this connection names; ``None``: no presence.
         self.presence = presence
+        #: The store connection's reroute count when this was opened: one opened
+        #: before the last slot-map refresh may be on a dead node.
+        self.reroutes = 0
 
     @classmethod
     def open(
@@ -149,10 +152,6 @@ class Presences:
         #: Whether terms keep a presence: None until the first subscription
         #: has checked that this server counts it where the scripts run.
         self.enabled: bool | None = None
-        #: Per election, the connection's reroute count when its subscription
-        #: was opened: a subscription older than the last slot-map refresh may
-        #: be on a dead node.
-        self._subscribed_at: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def current(self, election: str) -> Subscription | None:
@@ -163,9 +162,8 @@ class Presences:
     def rerouted(self, election: str) -> bool:
         """True when a Cluster call went to a refreshed slot map after ``election``'s
         subscription was opened."""
-        reroutes = self._conn.reroutes
-        with self._lock:
-            return self._subscribed_at.get(election, reroutes) != reroutes
+        current = self.current(election)
+        return current is not None and current.reroutes != self._conn.reroutes
 
     def open(self, election: str, ident: str | None = None) -> Subscription | None:
         """The subscription for ``election``, opened and confirmed first if need be.
@@ -176,12 +174,11 @@ class Presences:
         the server refuses it (ACL channel rules): then followers poll at the
         holder's ttl, and terms keep no presence.
         """
-        if self.rerouted(election):
-            self.drop(election)
         reroutes = self._conn.reroutes
         current = self.current(election)
-        if current is not None:
+        if current is not None and current.reroutes == reroutes:
             return current
+        self.drop(election)
         released = self._conn.key(election, "released")
         presence = None
         if self.enabled is not False:
@@ -201,9 +198,9 @@ class Presences:
             self._check(election, presence[0], subscription)
         if not self.enabled:
             subscription.presence = None
+        subscription.reroutes = reroutes
         with self._lock:
             self._subscriptions[election] = subscription
-            self._subscribed_at[election] = reroutes
         return subscription
 
     def _check(self, election: str, channel: str, subscription: Subscription) -> None:
