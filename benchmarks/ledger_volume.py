@@ -130,7 +130,7 @@ def seed_redis(server: RedisServer, backend: StoreFacets, n: int) -> None:
     index = f"{{{PREFIX}:{ELECTION}}}:run-entries"
     for e, count in enumerate(split(n)):
         name = entry_name(e)
-        records, order, summary = backend._entry_runs_keys(ELECTION, name)  # type: ignore[attr-defined]
+        records, order, summary = backend.runs._entry_keys(ELECTION, name)  # type: ignore[attr-defined]
         counts: dict[str, int] = {}
         batch: list[tuple[str, str, str, float]] = []
         last = ""

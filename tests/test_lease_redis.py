@@ -24,9 +24,9 @@ import pytest
 import redis
 
 from celery_leader import LeaderConfig, Lease
-from celery_leader.backends import Edit, Write, create_backend
-from celery_leader.backends.redis import RedisBackend
-from celery_leader.backends.redis import backend as redis_backend
+from celery_leader.backends import Edit, Fence, StoreParams, Write, open_store
+from celery_leader.backends.redis import entries as redis_entries
+from celery_leader.backends.redis import open_store as open_redis
 from celery_leader.backends.redis.presence import WATCH_INTERVAL
 from celery_leader.exceptions import StoreUnavailable
 from harness.procs import Procs
@@ -135,9 +135,9 @@ def test_graceful_stop_hands_over_within_half_a_second(cluster: LeaseCluster) ->
 @pytest.mark.timing  # within 0.5 s of a renew interval
 def test_resign_hands_over(cluster: LeaseCluster, redis_url: str) -> None:
     leader, follower = start_pair(cluster)
-    backend = RedisBackend(redis_url, cluster.prefix, 1.0)
+    store = open_redis(StoreParams(redis_url, cluster.prefix, 1.0))
     asked = time.monotonic()
-    holder = backend.request_resign(cluster.election)
+    holder = store.lock.request_resign(cluster.election)
     assert holder is not None and holder.instance_id == leader.ident
     term = cluster.wait_term_after(asked, RENEW + 1, other_than=leader)
     print(f"\nHANDOVER redis resign: {(term.start - asked) * 1000:.1f} ms")
@@ -152,8 +152,8 @@ def test_keys_are_json_under_one_hash_tag(redis_url: str) -> None:
         {"leader_url": redis_url, "leader_ttl": TTL, "leader_renew_interval": RENEW,
          "leader_key_prefix": "myapp", "leader_instance_id": "host-1:42"}
     )  # fmt: skip
-    backend = create_backend(cfg)
-    lease = Lease.from_config("beat", cfg, backend)
+    store = open_store(cfg)
+    lease = Lease.from_config("beat", cfg, store.lock)
     lease.start()
     try:
         wait_for(lease.is_leader, 5)
@@ -164,8 +164,8 @@ def test_keys_are_json_under_one_hash_tag(redis_url: str) -> None:
         assert value["holder"] == "host-1:42" and len(value["token"]) >= 16
         assert 0 < client.pttl("{myapp:beat}:lock") <= TTL * 1000
         assert client.ttl("{myapp:beat}:epoch") == -1
-        assert backend.elections() == ["beat"]
-        holder = backend.holder("beat")
+        assert list(store.lock.holders()) == ["beat"]
+        holder = store.lock.holder("beat")
         assert holder is not None and holder.instance_id == "host-1:42"
     finally:
         lease.stop()
@@ -295,7 +295,7 @@ def test_unreachable_at_start_then_leads_once_redis_is_there(caplog) -> None:
         {"leader_url": url, "leader_ttl": TTL, "leader_renew_interval": RENEW}
     )
     caplog.set_level(logging.INFO, logger="celery_leader")
-    lease = Lease.from_config("start-down", cfg, create_backend(cfg))
+    lease = Lease.from_config("start-down", cfg, open_store(cfg).lock)
     server: subprocess.Popen[bytes] | None = None
     lease.start()
     try:
@@ -487,10 +487,10 @@ def test_a_claim_batch_is_one_round_trip_without_script_exists(
     """EVALSHA, pipelined: one socket write per batch, one EVALSHA per 500 claims.
 
     redis-py's pipelined Script objects send SCRIPT EXISTS before every
-    execute; the backend sends EVALSHA itself and falls back to EVAL only when
+    execute; the store sends EVALSHA itself and falls back to EVAL only when
     the server answers NOSCRIPT (after a start or SCRIPT FLUSH).
     """
-    backend = RedisBackend(redis_url, "count", 1.0)
+    store = open_redis(StoreParams(redis_url, "count", 1.0))
     sends: list[int] = []
     real_send = redis.connection.AbstractConnection.send_packed_command
 
@@ -503,12 +503,12 @@ def test_a_claim_batch_is_one_round_trip_without_script_exists(
         sends.clear()
         with monkeypatch.context() as patch:
             patch.setattr(redis.connection.AbstractConnection, "send_packed_command", counted)
-            results = backend.claim("beat", term, claims)
+            results = store.records.claim(Fence("beat", term), claims)
         assert results == [True] * n
         return results
 
     try:
-        term = backend.acquire("beat", "me", TTL, 0).term
+        term = store.lock.acquire("beat", "me", TTL, 0).term
         assert term is not None
         batch(1, "warm")  # the server's script cache is empty: NOSCRIPT, then EVAL
         for n, chunks in ((1, 1), (200, 1), (1200, 3)):
@@ -525,25 +525,25 @@ def test_a_claim_batch_is_one_round_trip_without_script_exists(
         batch(1, "flushed")
         assert redis_server.commandstats().get("eval") == 1, "NOSCRIPT falls back to EVAL once"
     finally:
-        backend.close()
+        store.close()
 
 
 def test_wrong_key_types_are_named(redis_url: str) -> None:
     """A key of the wrong type at the lease or epoch key: the error names it."""
-    backend = RedisBackend(redis_url, "typed", 1.0)
+    store = open_redis(StoreParams(redis_url, "typed", 1.0))
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     try:
         client.hset("{typed:beat}:epoch", "x", "1")
         with pytest.raises(StoreUnavailable, match=r"'\{typed:beat\}:epoch' holds 'hash'"):
-            backend.acquire("beat", "me", TTL, 0)
+            store.lock.acquire("beat", "me", TTL, 0)
         client.delete("{typed:beat}:epoch")
         client.sadd("{typed:beat}:lock", "x")
         with pytest.raises(StoreUnavailable, match=r"'\{typed:beat\}:lock' holds 'set'"):
-            backend.acquire("beat", "me", TTL, 0)
+            store.lock.acquire("beat", "me", TTL, 0)
         with pytest.raises(StoreUnavailable, match=r"'\{typed:beat\}:lock' holds 'set'"):
-            backend.holder("beat")
+            store.lock.holder("beat")
     finally:
-        backend.close()
+        store.close()
         client.close()
 
 
@@ -552,16 +552,16 @@ def test_entries_are_read_in_pages_whole(
 ) -> None:
     """Schedule entries come back whole across many HSCAN pages, none in one
     big call (one HGETALL of a million entries outlasted the socket timeout)."""
-    monkeypatch.setattr(redis_backend, "ENTRIES_PAGE", 100)
-    backend = RedisBackend(redis_url, "paged", 1.0)
+    monkeypatch.setattr(redis_entries, "ENTRIES_PAGE", 100)
+    store = open_redis(StoreParams(redis_url, "paged", 1.0))
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     try:
         # Past the listpack limit (128 fields by default), so HSCAN really pages.
         stored = {f"e{i}": f'{{"n":{i}}}' for i in range(2_500)}
-        assert all(backend.edit_entries("beat", [Edit(k, None, v) for k, v in stored.items()]))
-        version = backend.entries_version("beat")
+        assert all(store.entries.edit("beat", [Edit(k, None, v) for k, v in stored.items()]))
+        version = store.entries.version("beat")
         redis_server.reset_stats()
-        assert backend.load_entries("beat") == (version, stored)
+        assert store.entries.load("beat") == (version, stored)
         stats = redis_server.commandstats()
         assert stats.get("hscan", 0) >= 2_500 // 100, stats
         assert "hgetall" not in stats, stats
@@ -569,9 +569,9 @@ def test_entries_are_read_in_pages_whole(
         client.delete("{paged:beat}:entries")
         client.rpush("{paged:beat}:entries", "not ours")
         with pytest.raises(StoreUnavailable, match=r"'\{paged:beat\}:entries' holds 'list'"):
-            backend.load_entries("beat")
+            store.entries.load("beat")
     finally:
-        backend.close()
+        store.close()
         client.close()
 
 
@@ -580,56 +580,56 @@ def test_an_edit_that_recorded_nothing_makes_older_readers_read_everything(
 ) -> None:
     """An editor of a release that kept no changes (a rolling upgrade) moves the
     version alone: a reader from before it must not be told only the later edits."""
-    backend = RedisBackend(redis_url, "old", 1.0)
+    store = open_redis(StoreParams(redis_url, "old", 1.0))
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     try:
-        assert backend.edit_entries("beat", [Edit("a", None, "a1")]) == [True]
-        version, _ = backend.load_entries("beat")
+        assert store.entries.edit("beat", [Edit("a", None, "a1")]) == [True]
+        version, _ = store.entries.load("beat")
         # The previous release's edit: the entry and the version, no change recorded.
         client.hset("{old:beat}:entries", "b", "b1")
         client.incr("{old:beat}:entries-version")
-        assert backend.entries_changed_since("beat", version) is None
-        assert backend.edit_entries("beat", [Edit("a", "a1", "a2")]) == [True]
-        assert backend.entries_changed_since("beat", version) is None, "b would be missed"
-        assert backend.entries_changed_since("beat", version + 1) == (
+        assert store.entries.changes_since("beat", version) is None
+        assert store.entries.edit("beat", [Edit("a", "a1", "a2")]) == [True]
+        assert store.entries.changes_since("beat", version) is None, "b would be missed"
+        assert store.entries.changes_since("beat", version + 1) == (
             version + 2,
             {"a": "a2"},
         )
     finally:
-        backend.close()
+        store.close()
         client.close()
 
 
 def test_entry_changes_kept_are_bounded_and_an_older_reader_reads_everything(
     redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(redis_backend, "CHANGES_KEPT", 3)
-    backend = RedisBackend(redis_url, "changes", 1.0)
+    monkeypatch.setattr(redis_entries, "CHANGES_KEPT", 3)
+    store = open_redis(StoreParams(redis_url, "changes", 1.0))
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     try:
         versions = []
         for i in range(6):
-            assert backend.edit_entries("beat", [Edit(f"e{i}", None, str(i))]) == [True]
-            versions.append(backend.entries_version("beat"))
+            assert store.entries.edit("beat", [Edit(f"e{i}", None, str(i))]) == [True]
+            versions.append(store.entries.version("beat"))
         # e0..e2 were dropped (the marker '' remembers up to which version): a
         # reader from before them cannot be told, one from after them can.
         assert client.zcard("{changes:beat}:entries-changes") == 4
-        assert backend.entries_changed_since("beat", versions[1]) is None
-        assert backend.entries_changed_since("beat", versions[2]) == (
+        assert store.entries.changes_since("beat", versions[1]) is None
+        assert store.entries.changes_since("beat", versions[2]) == (
             versions[5],
             {"e3": "3", "e4": "4", "e5": "5"},
         )
         # An editor that moves the version without recording the change (a
         # release from before the changes were kept): readers read everything.
         client.incr("{changes:beat}:entries-version")
-        assert backend.entries_changed_since("beat", versions[5]) is None
+        assert store.entries.changes_since("beat", versions[5]) is None
 
         client.delete("{changes:beat}:entries-changes")
         client.set("{changes:beat}:entries-changes", "not ours")
         with pytest.raises(StoreUnavailable, match="entries-changes' holds 'string'"):
-            backend.edit_entries("beat", [Edit("e9", None, "9")])
+            store.entries.edit("beat", [Edit("e9", None, "9")])
         with pytest.raises(StoreUnavailable, match="entries-changes' holds 'string'"):
-            backend.entries_changed_since("beat", 0)
+            store.entries.changes_since("beat", 0)
     finally:
-        backend.close()
+        store.close()
         client.close()

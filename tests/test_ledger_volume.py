@@ -30,13 +30,12 @@ def test_leader_status_runs_no_long_command_over_a_large_ledger(redis_url: str) 
     now = time.time()
 
     def write(worker: int) -> None:
-        backend = open_store(config)
+        store = open_store(config)
         for i in range(worker, RECORDS, 4):
             slot = f"job-{i % ENTRIES}@{i:08d}"
-            backend.runs.put(
-                "beat", RunWrite(slot, None, RunRecord.sent_by(slot, "b", 1, now).dump(), 3600)
-            )
-        backend.close()
+            record = RunRecord.sent_by(slot, "b", 1, now).dump()
+            store.runs.put("beat", RunWrite(slot, None, record, 3600))
+        store.close()
 
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(write, range(4)))

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from celery_leader.backends import Backend, Write, create_backend
+from celery_leader.backends import Fence, StoreFacets, Write, open_store
 from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import StoreUnavailable
 from harness.redis_cluster import Cluster3x3
@@ -33,10 +33,8 @@ def cluster3x3() -> Iterator[Cluster3x3]:
         cluster.close()
 
 
-def _backend(url: str, **settings: Any) -> Backend:
-    return create_backend(
-        LeaderConfig.from_mapping({"leader_url": url, "leader_ttl": TTL, **settings})
-    )
+def _backend(url: str, **settings: Any) -> StoreFacets:
+    return open_store(LeaderConfig.from_mapping({"leader_url": url, "leader_ttl": TTL, **settings}))
 
 
 def _until_it_works(call: Callable[[], Any], since: float, timeout: float) -> float:
@@ -57,12 +55,12 @@ def test_every_operation_reaches_the_promoted_master(cluster3x3: Cluster3x3) -> 
     cluster = cluster3x3
     leader, follower, watcher = (_backend(cluster.url) for _ in range(3))
     try:
-        term = leader.acquire(ELECTION, "leader", TTL, 0).term
+        term = leader.lock.acquire(ELECTION, "leader", TTL, 0).term
         assert term is not None
-        assert leader.claim(ELECTION, term, [Write("tick", None, "1")]) == [True]
-        assert follower.acquire(ELECTION, "follower", TTL, 0).term is None
-        assert watcher.holder(ELECTION) is not None
-        lock = f"{{{leader.key_prefix}:{ELECTION}}}:lock"
+        assert leader.records.claim(Fence(ELECTION, term), [Write("tick", None, "1")]) == [True]
+        assert follower.lock.acquire(ELECTION, "follower", TTL, 0).term is None
+        assert watcher.lock.holder(ELECTION) is not None
+        lock = f"{{{leader.params.key_prefix}:{ELECTION}}}:lock"
         master = cluster.master_of(lock)
         replica = cluster.replica_of(master)
         cluster.wait_synced(master)
@@ -74,15 +72,19 @@ def test_every_operation_reaches_the_promoted_master(cluster3x3: Cluster3x3) -> 
         won: list[Any] = []
         took = {
             "leader claim": _until_it_works(
-                lambda: claimed.extend(leader.claim(ELECTION, term, [Write("tick", "1", "2")])),
+                lambda: claimed.extend(
+                    leader.records.claim(Fence(ELECTION, term), [Write("tick", "1", "2")])
+                ),
                 promoted,
                 8,
             ),
-            "leader renew": _until_it_works(lambda: leader.renew(ELECTION, term, TTL), promoted, 8),
-            "watcher holder": _until_it_works(lambda: watcher.holder(ELECTION), promoted, 8),
+            "leader renew": _until_it_works(
+                lambda: leader.lock.renew(ELECTION, term, TTL), promoted, 8
+            ),
+            "watcher holder": _until_it_works(lambda: watcher.lock.holder(ELECTION), promoted, 8),
             # The leader's presence lived on the dead master: the follower takes over.
             "follower acquire": _until_it_works(
-                lambda: won.append(follower.acquire(ELECTION, "follower", TTL, 0).term),
+                lambda: won.append(follower.lock.acquire(ELECTION, "follower", TTL, 0).term),
                 promoted,
                 8,
             ),
@@ -93,8 +95,8 @@ def test_every_operation_reaches_the_promoted_master(cluster3x3: Cluster3x3) -> 
         assert all(v <= leader.timeout for v in took.values()), took
         assert claimed == [True]
         assert won[0] is not None and won[0].epoch > term.epoch
-        assert watcher.holder(ELECTION).instance_id == "follower"
-        assert follower.load_state(ELECTION) == {"tick": "2"}
+        assert watcher.lock.holder(ELECTION).instance_id == "follower"
+        assert follower.records.load(ELECTION) == {"tick": "2"}
     finally:
         for backend in (leader, follower, watcher):
             backend.close()
@@ -107,23 +109,23 @@ def test_calls_follow_a_slot_moved_to_another_master(cluster3x3: Cluster3x3) -> 
     leader = _backend(cluster.url)
     election = "moved"
     try:
-        term = leader.acquire(election, "leader", 30, 0).term
+        term = leader.lock.acquire(election, "leader", 30, 0).term
         assert term is not None
-        assert leader.claim(election, term, [Write("tick", None, "1")]) == [True]
-        lock = f"{{{leader.key_prefix}:{election}}}:lock"
+        assert leader.records.claim(Fence(election, term), [Write("tick", None, "1")]) == [True]
+        lock = f"{{{leader.params.key_prefix}:{election}}}:lock"
         source = cluster.master_of(lock)
         target = next(
             n for n in cluster.nodes if n.running and n is not source and n.role() == "master"
         )
         cluster.move_slot(lock, target)
         moved = time.monotonic()
-        assert leader.claim(election, term, [Write("tick", "1", "2")]) == [True]
-        assert leader.renew(election, term, 30)[0].name == "RENEWED"
+        assert leader.records.claim(Fence(election, term), [Write("tick", "1", "2")]) == [True]
+        assert leader.lock.renew(election, term, 30)[0].name == "RENEWED"
         took = time.monotonic() - moved
         print(f"\nafter the slot moved: claim and renewal {took:.2f} s")
         assert took <= leader.timeout
         assert cluster.master_of(lock) is target
-        assert leader.load_state(election) == {"tick": "2"}
+        assert leader.records.load(election) == {"tick": "2"}
     finally:
         leader.close()
 
@@ -140,24 +142,24 @@ def test_a_replica_cut_off_during_a_term_is_waited_for_until_the_cluster_fails_i
     election = "cut"
     try:
         # A term that outlives the wait for the cluster to fail the replica.
-        term = leader.acquire(election, "leader", 30, 0).term
+        term = leader.lock.acquire(election, "leader", 30, 0).term
         assert term is not None
-        assert leader.claim(election, term, [Write("tick", None, "1")]) == [True]
-        lock = f"{{{leader.key_prefix}:{election}}}:lock"
+        assert leader.records.claim(Fence(election, term), [Write("tick", None, "1")]) == [True]
+        lock = f"{{{leader.params.key_prefix}:{election}}}:lock"
         master = cluster.master_of(lock)
         replica = cluster.replica_of(master)
         cluster.cut_replica_link(master, replica)
         cut = time.monotonic()
         with pytest.raises(StoreUnavailable, match="not on 1 replica"):
-            leader.claim(election, term, [Write("tick", "1", "2")])
-        assert leader.load_state(election) == {"tick": "1"}, "handed back"
+            leader.records.claim(Fence(election, term), [Write("tick", "1", "2")])
+        assert leader.records.load(election) == {"tick": "1"}, "handed back"
         # Still refused while the cluster lists the replica; stopped, it is flagged
         # failed after cluster-node-timeout, and claims no longer wait for it.
         replica.pause()
         try:
             cluster.wait_failed(replica, timeout=10)
             failed = time.monotonic() - cut
-            assert leader.claim(election, term, [Write("tick", "1", "2")]) == [True]
+            assert leader.records.claim(Fence(election, term), [Write("tick", "1", "2")]) == [True]
             print(f"\nreplica cut off: claims refused until the cluster failed it, {failed:.2f} s")
         finally:
             replica.resume()

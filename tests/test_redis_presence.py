@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from celery_leader.backends.redis import RedisBackend
-from celery_leader.backends.redis.backend import _FALLBACKS
-from celery_leader.backends.redis.presence import WATCH_INTERVAL
+from celery_leader.backends import StoreParams
+from celery_leader.backends.redis import open_store
+from celery_leader.backends.redis.presence import _FALLBACKS, WATCH_INTERVAL
 from harness.procs import Procs
 from harness.proxy import TcpProxy
 from harness.servers import RedisServer
@@ -115,15 +115,15 @@ def refusing_url(request: pytest.FixtureRequest, redis_url: str) -> Iterator[str
 def test_a_server_that_refuses_pubsub_falls_back_to_the_ttl_and_says_so_once(
     refusing_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    a, b, c = (RedisBackend(refusing_url, "presence", 1.0) for _ in range(3))
+    a, b, c = (open_store(StoreParams(refusing_url, "presence", 1.0)) for _ in range(3))
     try:
         with caplog.at_level(logging.INFO, "celery_leader.backends.redis"):
-            first = a.acquire("e", "a", TTL, 0)
+            first = a.lock.acquire("e", "a", TTL, 0)
             assert first.term is not None
             assert "presence" not in json.loads(first.term.token)
             a.close()  # its connections close without a release, as in a crash
             for backend, name in ((b, "b"), (c, "c"), (b, "b")):
-                seen = backend.acquire("e", name, TTL, 0)
+                seen = backend.lock.acquire("e", name, TTL, 0)
                 assert seen.term is None and seen.holder is not None
                 assert seen.holder.instance_id == "a", "nobody takes over before the ttl"
                 assert seen.retry_after > TTL - 1, "followers wait for the ttl, none watches"

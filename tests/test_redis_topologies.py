@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from celery_leader.backends import Write, create_backend
+from celery_leader.backends import RunWrite, Write, open_store
 from celery_leader.config import LeaderConfig
 from celery_leader.election.lease import Lease
 from celery_leader.exceptions import StoreMisconfigured, StoreUnavailable
@@ -75,10 +75,10 @@ class _TlsNode(_Node):
 
 def _run_election(url: str) -> None:
     config = LeaderConfig.from_mapping({"leader_url": url, "leader_ttl": TTL})
-    backends = [create_backend(config) for _ in range(3)]
+    stores = [open_store(config) for _ in range(3)]
     leases = [
-        Lease("topo", b, ttl=TTL, renew_interval=TTL / 3, instance_id=f"i{n}")
-        for n, b in enumerate(backends)
+        Lease("topo", s.lock, ttl=TTL, renew_interval=TTL / 3, instance_id=f"i{n}")
+        for n, s in enumerate(stores)
     ]
     try:
         for lease in leases:
@@ -86,15 +86,14 @@ def _run_election(url: str) -> None:
         first = wait_for(lambda: [x for x in leases if x.is_leader()], 5, message="a leader")
         assert len(first) == 1
         leader = first[0]
+        records = stores[leases.index(leader)].records
         assert leader.epoch is not None
         epoch = leader.epoch
-        term = leader.term
-        assert term is not None
-        results = leader.backend.claim(
-            "topo", term, [Write(f"e{i}", None, "1") for i in range(1200)]
-        )
+        fence = leader.fence()
+        assert fence is not None
+        results = records.claim(fence, [Write(f"e{i}", None, "1") for i in range(1200)])
         assert results == [True] * 1200
-        assert len(leader.backend.load_state("topo")) == 1200
+        assert len(records.load("topo")) == 1200
 
         stopped_at = time.monotonic()
         leader.stop()
@@ -105,24 +104,24 @@ def _run_election(url: str) -> None:
         assert second[0].epoch is not None and second[0].epoch > epoch
         assert took < 0.5, f"graceful hand-over took {took:.3f}s"
         # The old term can no longer claim anything.
-        assert leader.backend.claim("topo", term, [Write("e1", "1", "2")]) == [False]
+        assert records.claim(fence, [Write("e1", "1", "2")]) == [False]
     finally:
         for lease in leases:
             lease.stop()
-        for backend in backends:
-            backend.close()
+        for store in stores:
+            store.close()
 
 
 def _run_records(url: str) -> None:
     """The run ledger's records: one script on the election's node (one hash tag)."""
-    a, b = (create_backend(LeaderConfig.from_mapping({"leader_url": url})) for _ in range(2))
+    a, b = (open_store(LeaderConfig.from_mapping({"leader_url": url})) for _ in range(2))
     try:
         for election in ("beat", "reports"):  # elections on different cluster slots
-            assert a.put_run(election, "job@1", None, "started", 60) == (True, "started")
-            assert b.put_run(election, "job@1", None, "again", 60) == (False, "started")
-            assert b.put_run(election, "job@1", "started", "done", 60) == (True, "done")
-            assert a.runs_of(election, "job", 10) == [("job@1", "done")]
-            assert [s.last for s in a.run_summaries(election)] == ["done"]
+            assert a.runs.put(election, RunWrite("job@1", None, "started", 60)) == (True, "started")
+            assert b.runs.put(election, RunWrite("job@1", None, "again", 60)) == (False, "started")
+            assert b.runs.put(election, RunWrite("job@1", "started", "done", 60)) == (True, "done")
+            assert a.runs.runs_of(election, "job", 10) == [("job@1", "done")]
+            assert [s.last for s in a.runs.summaries(election)] == ["done"]
     finally:
         a.close()
         b.close()
@@ -235,12 +234,12 @@ def test_cluster(procs: Procs, tmp_path: Path) -> None:
 def test_cluster_url_on_a_plain_redis_is_refused_in_one_line(redis_url: str) -> None:
     url = f"{redis_url}?cluster=true"
     config = LeaderConfig.from_mapping({"leader_url": url, "leader_ttl": TTL})
-    backend = create_backend(config)  # connects to nothing yet
+    store = open_store(config)  # connects to nothing yet
     try:
         with pytest.raises(StoreMisconfigured) as info:
-            backend.acquire("topo", "i0", TTL, 0)
+            store.lock.acquire("topo", "i0", TTL, 0)
     finally:
-        backend.close()
+        store.close()
     message = str(info.value)
     assert "\n" not in message and "leader_url" in message and "cluster support disabled" in message
     assert isinstance(info.value, StoreUnavailable), "retried like an outage"
@@ -248,12 +247,12 @@ def test_cluster_url_on_a_plain_redis_is_refused_in_one_line(redis_url: str) -> 
 
 def test_cluster_url_with_nothing_listening_is_an_outage() -> None:
     url = f"redis://127.0.0.1:{free_port()}/0?cluster=true"
-    backend = create_backend(LeaderConfig.from_mapping({"leader_url": url, "leader_ttl": TTL}))
+    store = open_store(LeaderConfig.from_mapping({"leader_url": url, "leader_ttl": TTL}))
     try:
         with pytest.raises(StoreUnavailable) as info:
-            backend.acquire("topo", "i0", TTL, 0)
+            store.lock.acquire("topo", "i0", TTL, 0)
     finally:
-        backend.close()
+        store.close()
     assert not isinstance(info.value, StoreMisconfigured)
     assert "\n" not in str(info.value)
 

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from celery_leader.backends import Backend, Renewal, Write, create_backend
+from celery_leader.backends import Fence, Renewal, StoreFacets, Write, open_store
 from celery_leader.backends.postgres.sql import sync_standbys
 from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import ConfigError, StoreUnavailable
@@ -37,14 +37,14 @@ def replicated() -> Iterator[ReplicatedRedis]:
         store.close()
 
 
-def _backend(url: str, acks: object) -> Backend:
+def _backend(url: str, acks: object) -> StoreFacets:
     config = LeaderConfig.from_mapping(
         {"leader_url": url, "leader_ttl": TTL, "leader_replica_acks": acks}
     )
-    return create_backend(config)
+    return open_store(config)
 
 
-def _promote(store: ReplicatedRedis) -> Backend:
+def _promote(store: ReplicatedRedis) -> StoreFacets:
     """Kill the master, promote the replica; a backend on the new master (auto acks)."""
     assert store.link is not None
     store.master.kill()
@@ -61,31 +61,33 @@ def test_a_promotion_keeps_claims_and_epochs_only_with_replica_acks(
     assert replicated.link is not None
     backend = _backend(replicated.master.url, acks)
     try:
-        first = backend.acquire("e", "a", TTL, 0).term
+        first = backend.lock.acquire("e", "a", TTL, 0).term
         assert first is not None
-        assert backend.claim("e", first, [Write("tick", None, "slot-1")]) == [True]
-        backend.release("e", first)
+        assert backend.records.claim(Fence("e", first), [Write("tick", None, "slot-1")]) == [True]
+        backend.lock.release("e", first)
         replicated.wait_synced()
         replicated.link.hold()  # the replica hears nothing more from the master
         try:
-            second = backend.acquire("e", "b", TTL, 0).term
+            second = backend.lock.acquire("e", "b", TTL, 0).term
         except StoreUnavailable as exc:
             assert acks is None, exc
             assert "replica" in str(exc) and "\n" not in str(exc)
-            assert backend.holder("e") is None, "a refused term is released"
+            assert backend.lock.holder("e") is None, "a refused term is released"
             second = None
         if second is not None:
             assert acks == 0
             assert second.epoch > first.epoch
             # Accepted by the master alone.
-            assert backend.claim("e", second, [Write("tick", "slot-1", "slot-2")]) == [True]
+            assert backend.records.claim(
+                Fence("e", second), [Write("tick", "slot-1", "slot-2")]
+            ) == [True]
         promoted = _promote(replicated)
     finally:
         backend.close()
     try:
-        third = promoted.acquire("e", "c", TTL, 0).term
+        third = promoted.lock.acquire("e", "c", TTL, 0).term
         assert third is not None
-        stored = promoted.load_state("e")
+        stored = promoted.records.load("e")
         if acks == 0:
             # The hazard: the claim is gone, and the lost term's epoch comes again.
             assert second is not None
@@ -105,17 +107,17 @@ def test_an_unacknowledged_claim_is_handed_back_and_raises(
     assert replicated.link is not None
     backend = _backend(replicated.master.url, None)
     try:
-        term = backend.acquire("e", "a", TTL, 0).term
+        term = backend.lock.acquire("e", "a", TTL, 0).term
         assert term is not None
-        assert backend.claim("e", term, [Write("x", None, "1")]) == [True]
+        assert backend.records.claim(Fence("e", term), [Write("x", None, "1")]) == [True]
         replicated.link.hold()
         claims = [Write("x", "1", "2"), Write("y", None, "1"), Write("z", "other", "1")]
         with pytest.raises(StoreUnavailable, match="handed back"):
-            backend.claim("e", term, claims)
-        assert backend.load_state("e") == {"x": "1"}
+            backend.records.claim(Fence("e", term), claims)
+        assert backend.records.load("e") == {"x": "1"}
         replicated.link.release()
-        assert backend.claim("e", term, claims) == [True, True, False]
-        assert backend.load_state("e") == {"x": "2", "y": "1"}
+        assert backend.records.claim(Fence("e", term), claims) == [True, True, False]
+        assert backend.records.load("e") == {"x": "2", "y": "1"}
     finally:
         backend.close()
 
@@ -126,7 +128,7 @@ def test_a_number_of_acks_more_than_the_replicas_refuses_every_claim(
     backend = _backend(replicated.master.url, 2)
     try:
         with pytest.raises(StoreUnavailable, match=r"not on 2 replica\(s\).*\(1 acknowledged\)"):
-            backend.acquire("e", "a", TTL, 0)
+            backend.lock.acquire("e", "a", TTL, 0)
     finally:
         backend.close()
 
@@ -188,18 +190,20 @@ def test_behind_sentinel_auto_waits_for_a_cut_off_replica_sentinel_could_promote
         plain = _backend(store.master.url, None)
         guarded = _backend(store.sentinel_url, None)
         try:
-            terms = {b: b.acquire(e, "a", TTL, 0).term for b, e in ((plain, "p"), (guarded, "s"))}
+            terms = {
+                b: b.lock.acquire(e, "a", TTL, 0).term for b, e in ((plain, "p"), (guarded, "s"))
+            }
             store.wait_synced()
             store.link.hold()
             store.link.cut()  # the replica reconnects to a proxy that forwards nothing
             wait_for(lambda: store.online_replicas() == 0, 10, message="replica still online")
             term = terms[plain]
             assert term is not None
-            assert plain.claim("p", term, [Write("tick", None, "slot-1")]) == [True]
+            assert plain.records.claim(Fence("p", term), [Write("tick", None, "slot-1")]) == [True]
             term = terms[guarded]
             assert term is not None
             with pytest.raises(StoreUnavailable, match="handed back"):
-                guarded.claim("s", term, [Write("tick", None, "slot-1")])
+                guarded.records.claim(Fence("s", term), [Write("tick", None, "slot-1")])
         finally:
             plain.close()
             guarded.close()
@@ -207,8 +211,8 @@ def test_behind_sentinel_auto_waits_for_a_cut_off_replica_sentinel_could_promote
         store.wait_promoted()
         promoted = _backend(store.replica.url, None)
         try:
-            assert promoted.load_state("p") == {}, "the master alone had the claim"
-            assert promoted.load_state("s") == {}
+            assert promoted.records.load("p") == {}, "the master alone had the claim"
+            assert promoted.records.load("s") == {}
         finally:
             promoted.close()
     finally:
@@ -224,19 +228,19 @@ def test_a_postgres_claim_the_synchronous_standby_does_not_confirm_is_handed_bac
         leader = _backend(store.url, None)
         other = _backend(store.url, None)
         try:
-            term = leader.acquire("e", "a", TTL, 0).term
+            term = leader.lock.acquire("e", "a", TTL, 0).term
             assert term is not None
-            assert leader.claim("e", term, [Write("x", None, "1")]) == [True]
+            assert leader.records.claim(Fence("e", term), [Write("x", None, "1")]) == [True]
             store.link.hold()
             claims = [Write("x", "1", "2"), Write("y", None, "1")]
             with pytest.raises(StoreUnavailable, match=r"2 claim.*handed back"):
-                leader.claim("e", term, claims)
-            assert leader.load_state("e") == {"x": "1"}
-            assert leader.renew("e", term, TTL)[0] is Renewal.RENEWED
-            assert other.acquire("e", "b", TTL, 0).term is None
+                leader.records.claim(Fence("e", term), claims)
+            assert leader.records.load("e") == {"x": "1"}
+            assert leader.lock.renew("e", term, TTL)[0] is Renewal.RENEWED
+            assert other.lock.acquire("e", "b", TTL, 0).term is None
             store.link.release()
-            assert leader.claim("e", term, claims) == [True, True]
-            assert leader.load_state("e") == {"x": "2", "y": "1"}
+            assert leader.records.claim(Fence("e", term), claims) == [True, True]
+            assert leader.records.load("e") == {"x": "2", "y": "1"}
         finally:
             leader.close()
             other.close()

@@ -13,12 +13,14 @@ every replica the master reports online (``ROLE``, sent in the same round trip
 as the writes, so it costs nothing on a lone server) and, behind Sentinel,
 every replica Sentinel could promote (:func:`promotable_replicas`): a replica
 cut off from the master is not online, yet Sentinel may still promote it.
+:class:`Replicas` decides, for the acquires and claims of one opened store.
 """
 
 from __future__ import annotations
 
-import inspect
 import math
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -26,6 +28,8 @@ from typing import Any
 
 from redis.cluster import RedisCluster
 from redis.exceptions import NoPermissionError, NoScriptError, RedisError, ResponseError
+
+from ...exceptions import StoreMisconfigured, StoreUnavailable
 
 #: Sentinel promotes no replica whose link to the master has been down for
 #: longer than this many ``down-after-milliseconds`` (``sentinelSelectSlave``).
@@ -50,24 +54,6 @@ class Acks:
         return self.needed is not None and self.acked >= self.needed
 
 
-#: Pool class -> whether its ``get_connection`` requires a command name.
-_WANTS_COMMAND_NAME: dict[type, bool] = {}
-
-
-def _wants_command_name(pool_type: type) -> bool:
-    """Whether ``pool_type.get_connection`` requires a command name (redis-py before 5.3).
-
-    The pool ignores the name; redis-py 5.3 made it optional and warns when given.
-    """
-    wants = _WANTS_COMMAND_NAME.get(pool_type)
-    if wants is None:
-        method = getattr(pool_type, "get_connection")  # noqa: B009 - a type's attribute
-        parameter = inspect.signature(method).parameters.get("command_name")
-        wants = parameter is not None and parameter.default is inspect.Parameter.empty
-        _WANTS_COMMAND_NAME[pool_type] = wants
-    return wants
-
-
 class Pinned:
     """One pooled connection held for several round trips.
 
@@ -87,17 +73,14 @@ class Pinned:
         self._clean = True
 
     def __enter__(self) -> Pinned:
-        if _wants_command_name(type(self._pool)):
-            self._conn = self._pool.get_connection("WAIT")
-        else:
+        try:
             self._conn = self._pool.get_connection()
+        except TypeError:  # redis-py before 5.3 requires a command name, which it ignores
+            self._conn = self._pool.get_connection("WAIT")
         return self
 
     def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         if not self._clean or kind is not None:
             # Replies may be left unread on the socket: it cannot be reused.
@@ -210,3 +193,94 @@ def promotable_replicas(client: Any) -> int | None:
             and r.get("master-link-down-time", 0) <= limit
         )
     return None
+
+
+class Replicas:
+    """How many replicas must acknowledge the acquires and claims of one opened store.
+
+    ``acks`` is ``leader_replica_acks`` (``None``: "auto").
+    """
+
+    def __init__(self, acks: int | None, store_timeout: float) -> None:
+        self.acks = acks
+        self._store_timeout = store_timeout
+        #: How long a write waits for replicas: half the store deadline, so that
+        #: handing back what they did not acknowledge still fits in the other half.
+        self.timeout = store_timeout / 2
+        self._lock = threading.Lock()
+        #: (when, count) of :meth:`_promotable`, asked of the sentinels.
+        self._promotable_cache: tuple[float, int | None] | None = None
+        #: Per election, in Cluster with "auto": (term, node, replicas) of :meth:`needed`.
+        self._term_replicas: dict[str, tuple[str, str, int]] = {}
+
+    def needed(
+        self, client: Any, conn: Pinned, election: str, token: str, online: int | None
+    ) -> int | None:
+        """Replicas that must acknowledge a write of term ``token`` of ``election``
+        on ``conn``, ``online`` being how many the master lists online now.
+
+        With "auto", the larger of that and, behind Sentinel, how many Sentinel
+        could promote; ``None`` when neither is known. In Cluster, a replica
+        whose link drops is no longer online, yet an operator (or the cluster)
+        can still promote it, and a write it never got would be lost: so the
+        replicas a term saw on its master stay needed for the rest of the term,
+        while ``CLUSTER NODES`` still lists them for that master, not flagged
+        failed (``cluster-node-timeout`` after they stop answering). A term on
+        another node starts over (a promoted master without replicas needs
+        none), and so does a new term: the count is kept per term and node.
+        """
+        if self.acks is not None:
+            return self.acks
+        known = [n for n in (online, self._promotable(client)) if n is not None]
+        if not known or conn.node is None:
+            return max(known, default=None)
+        needed = max(known)
+        with self._lock:
+            seen = self._term_replicas.get(election)
+        if seen is not None and seen[:2] == (token, conn.node) and seen[2] > needed:
+            # Only when replicas went missing: one more round trip, to the same node.
+            (nodes,) = conn.send([("CLUSTER", "NODES")])
+            if isinstance(nodes, NoPermissionError):
+                listed = seen[2]  # nobody to ask: the replicas stay needed for the term
+            elif isinstance(nodes, Exception):
+                raise nodes
+            else:
+                listed = listed_replicas(nodes)
+            needed = max(needed, min(seen[2], listed))
+        with self._lock:
+            self._term_replicas[election] = (token, conn.node, needed)
+        return needed
+
+    def _promotable(self, client: Any) -> int | None:
+        """Behind Sentinel, the replicas Sentinel could promote.
+
+        Asked of the sentinels at most once per store deadline: a replica that
+        drops out meanwhile is still waited for (claims fail, safely), one that
+        joins is online, so ``ROLE`` counts it.
+        """
+        now = time.monotonic()
+        with self._lock:
+            cached = self._promotable_cache
+        if cached is not None and now - cached[0] < self._store_timeout:
+            return cached[1]
+        count = promotable_replicas(client)
+        if count is None and cached is not None:
+            count = cached[1]  # no sentinel answered: they cannot promote anyone either
+        with self._lock:
+            self._promotable_cache = (now, count)
+        return count
+
+    def refused(self, acks: Acks, what: str, done: str) -> StoreUnavailable:
+        """The error for ``what`` that too few replicas acknowledged (``done``: what
+        became of it)."""
+        if acks.needed is None:
+            return StoreMisconfigured(
+                f"leader_replica_acks is 'auto', which asks the Redis master how many replicas "
+                f"it has (ROLE), and this user may not run ROLE ({done}): grant it +role, or "
+                "set leader_replica_acks to how many replicas must acknowledge each claim"
+            )
+        return StoreUnavailable(
+            f"{what} not on {acks.needed} replica(s) of the Redis master within "
+            f"{self.timeout:g} s ({acks.acked} acknowledged), so a fail-over could "
+            f"undo it: {done}"
+        )

@@ -1,5 +1,8 @@
 """Connecting to Redis: client options, the URL forms, the lazily built client.
 
+One :class:`Connection` per opened store: every facet of it talks to Redis
+through it, and names its keys with :meth:`Connection.key`.
+
 ``redis://``, ``rediss://``, ``unix://``, ``redis+sentinel://``, and Redis
 Cluster with ``?cluster=true``. Nothing connects before the first call, so a
 Redis that is down at start-up (or a Cluster seed node) is an outage the lease
@@ -11,7 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
@@ -26,6 +29,7 @@ from redis.sentinel import Sentinel
 
 from ..._urls import mask_url
 from ...exceptions import ConfigError, StoreMisconfigured, StoreUnavailable
+from .. import StoreParams
 from ..errors import summarise
 from .scripts import checked, register
 
@@ -84,10 +88,11 @@ def _client(url: str, options: dict[str, Any]) -> Any:
 class Connection:
     """The client of one store URL, its registered scripts, and calls that fail in one line."""
 
-    def __init__(self, url: str, timeout: float) -> None:
-        self.url = url
-        self.timeout = timeout
-        self._options = _options(url, timeout)
+    def __init__(self, params: StoreParams) -> None:
+        self.url = url = params.url
+        self.timeout = params.timeout
+        self.key_prefix = params.key_prefix
+        self._options = _options(url, self.timeout)
         self._cluster_url = _cluster_url(url)
         self._redis: Any = None
         self._scripts: dict[str, Script] = {}
@@ -155,6 +160,26 @@ class Connection:
                 with self._lock:  # the client is built, so nobody holds this one for long
                     self.reroutes += 1
 
+    def key(self, election: str, name: str) -> str:
+        """Key ``name`` of ``election``: every key of an election shares its hash tag,
+        so that every script touches a single Redis Cluster slot."""
+        return f"{{{self.key_prefix}:{election}}}:{name}"
+
+    def keys(self, election: str, *names: str) -> list[str]:
+        """:meth:`key` of each of ``names``, in order."""
+        return [self.key(election, name) for name in names]
+
+    def pipelined(self, queue: Callable[[Any], object], raise_on_error: bool = True) -> list[Any]:
+        """The replies of the plain commands ``queue(pipeline)`` queues, in one round
+        trip (a Cluster pipeline sends them to the node of their keys)."""
+
+        def run(client: Any) -> list[Any]:
+            pipe = client.pipeline(transaction=False)
+            queue(pipe)
+            return list(pipe.execute(raise_on_error=raise_on_error))
+
+        return list(self.call(run))
+
     def script(self, name: str) -> Script:
         """Script ``name``, registered on the client (built first if need be)."""
         self.client()
@@ -169,6 +194,16 @@ class Connection:
         """Close the client's connections, if it was ever built."""
         if self._redis is not None:
             self._redis.close()
+
+
+def has(expected: str | None) -> str:
+    """A script argument saying whether a compare-and-set expects a stored value."""
+    return "0" if expected is None else "1"
+
+
+def seconds(time: list[Any]) -> float:
+    """Redis ``TIME`` (``[seconds, microseconds]``) as seconds since the epoch."""
+    return int(time[0]) + int(time[1]) / 1e6
 
 
 #: Errors after which a Cluster client's slot map may be wrong: the node is gone

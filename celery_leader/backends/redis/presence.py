@@ -23,16 +23,25 @@ In Redis Cluster, ``PUBSUB NUMSUB`` counts only the subscribers of the node
 it runs on. redis-py opens a subscription on the node that serves the hash
 slot of its first channel, so the presence channel goes first: it carries the
 election's hash tag, and the election's scripts run on that same node. Each
-backend checks this once (see ``RedisBackend``): a server that refuses the
+opened store checks this once (:class:`Presences`): a server that refuses the
 commands, or counts elsewhere, makes it fall back to the ttl.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
+import uuid
 from typing import Any
 
 import redis
+
+from ..._urls import mask_url
+from ...exceptions import StoreUnavailable
+from .connection import Connection
+
+logger = logging.getLogger(__name__)
 
 #: How often the one designated successor of an election (see the acquire
 #: script) checks the holder's presence; the other followers wait for the
@@ -54,8 +63,15 @@ import redis
 WATCH_INTERVAL = 0.15
 
 
+#: Store URLs this process has said it falls back to the ttl for. Global
+#: because once per process is enough: a worker and its embedded beat, or many
+#: leases, each open a store of their own.
+_FALLBACKS: set[str] = set()
+_FALLBACKS_LOCK = threading.Lock()
+
+
 class Subscription:
-    """This backend's pub/sub connection for one election.
+    """One store's pub/sub connection for one election.
 
     It listens on the release channel (releases and take-overs are announced
     there) and, when ``presence`` is set, keeps that presence channel alive.
@@ -65,14 +81,13 @@ class Subscription:
         self._pubsub = pubsub
         #: The id a term won through this connection names; ``None``: no presence.
         self.presence = presence
+        #: The store connection's reroute count when this was opened: one opened
+        #: before the last slot-map refresh may be on a dead node.
+        self.reroutes = 0
 
     @classmethod
     def open(
-        cls,
-        client: Any,
-        released: str,
-        presence: tuple[str, str] | None,
-        timeout: float,
+        cls, client: Any, released: str, presence: tuple[str, str] | None, timeout: float
     ) -> Subscription:
         """Subscribe ``client`` to ``released`` and ``presence`` (``(channel, id)``).
 
@@ -125,3 +140,107 @@ def _confirm(pubsub: Any, channel: str, timeout: float) -> None:
         if message is not None and message["type"] == "subscribe" and message["channel"] == channel:
             return
     raise redis.TimeoutError(f"Redis did not confirm the subscription to {channel!r}")
+
+
+class Presences:
+    """One opened store's subscriptions, one per election, and whether terms
+    keep a presence on this server."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._subscriptions: dict[str, Subscription] = {}
+        #: Whether terms keep a presence: None until the first subscription
+        #: has checked that this server counts it where the scripts run.
+        self.enabled: bool | None = None
+        self._lock = threading.Lock()
+
+    def current(self, election: str) -> Subscription | None:
+        """The subscription for ``election``, if one is open."""
+        with self._lock:
+            return self._subscriptions.get(election)
+
+    def rerouted(self, election: str) -> bool:
+        """True when a Cluster call went to a refreshed slot map after ``election``'s
+        subscription was opened."""
+        current = self.current(election)
+        return current is not None and current.reroutes != self._conn.reroutes
+
+    def open(self, election: str, ident: str | None = None) -> Subscription | None:
+        """The subscription for ``election``, opened and confirmed first if need be.
+
+        One opened before the last slot-map refresh is replaced first: a term
+        must not name a presence that no node of the election counts. A new
+        one keeps presence id ``ident`` (a new one when ``None``). ``None`` when
+        the server refuses it (ACL channel rules): then followers poll at the
+        holder's ttl, and terms keep no presence.
+        """
+        reroutes = self._conn.reroutes
+        current = self.current(election)
+        if current is not None and current.reroutes == reroutes:
+            return current
+        self.drop(election)
+        released = self._conn.key(election, "released")
+        presence = None
+        if self.enabled is not False:
+            ident = ident or uuid.uuid4().hex
+            presence = (self._conn.key(election, f"present:{ident}"), ident)
+        subscription: Subscription
+        try:
+            subscription = self._conn.call(
+                Subscription.open, released, presence, self._conn.timeout
+            )
+        except StoreUnavailable as exc:
+            if not isinstance(exc.__cause__, redis.ResponseError):
+                raise
+            self._off(f"SUBSCRIBE was refused ({exc})")
+            return None
+        if presence is not None and self.enabled is None:
+            self._check(election, presence[0], subscription)
+        if not self.enabled:
+            subscription.presence = None
+        subscription.reroutes = reroutes
+        with self._lock:
+            self._subscriptions[election] = subscription
+        return subscription
+
+    def _check(self, election: str, channel: str, subscription: Subscription) -> None:
+        """Presence on, if a script on the election's node counts ``channel``'s subscriber."""
+        try:
+            count = self._conn.run("subscribers", [self._conn.key(election, "lock")], [channel])
+        except StoreUnavailable as exc:
+            if not isinstance(exc.__cause__, redis.ResponseError):
+                subscription.close()
+                raise
+            self._off(f"PUBSUB NUMSUB in a script was refused ({exc})")
+            return
+        if int(count) < 1:
+            self._off("PUBSUB NUMSUB does not count this client's subscription there")
+            return
+        self.enabled = True
+
+    def _off(self, why: str) -> None:
+        with self._lock:
+            self.enabled = False
+        url = self._conn.url
+        with _FALLBACKS_LOCK:
+            said = url in _FALLBACKS
+            _FALLBACKS.add(url)
+        if not said:
+            logger.info(
+                "celery-leader: Redis at %s: %s; a holder that dies is replaced when its "
+                "ttl runs out, not at once",
+                mask_url(url),
+                why,
+            )
+
+    def drop(self, election: str) -> None:
+        """Close ``election``'s subscription, and with it the presence it keeps."""
+        with self._lock:
+            subscription = self._subscriptions.pop(election, None)
+        if subscription is not None:
+            subscription.close()
+
+    def close(self) -> None:
+        """Close every subscription."""
+        for election in list(self._subscriptions):
+            self.drop(election)

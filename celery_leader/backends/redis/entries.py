@@ -1,0 +1,73 @@
+"""Schedule entries on Redis: the hash ``{p:e}:entries``, its version and recent changes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..entry_store import Edit, EntryStore
+from .connection import Connection, has
+from .scripts import wrong_type
+
+#: Entries asked for per HSCAN page when reading schedule entries: at a few
+#: hundred bytes an entry, a page is a few MB and milliseconds of the server's
+#: time, so a million entries take 100 calls, each far inside the store deadline.
+ENTRIES_PAGE = 10_000
+
+#: Entry edits the store remembers by name: a reader that fell further behind
+#: (edits of more entries than this between two of its looks, twice a second)
+#: reads every entry instead. Bounds what a read of the changes returns and the
+#: memory they take on the server (a sorted-set member per name).
+CHANGES_KEPT = 10_000
+
+
+class RedisEntries(EntryStore):
+    """Schedule entries of elections on one Redis."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+
+    def _keys(self, election: str) -> list[str]:
+        return self._conn.keys(election, "entries", "entries-version", "entries-changes")
+
+    def version(self, election: str) -> int:
+        key = self._conn.key(election, "entries-version")
+        return int(self._conn.call(lambda c: c.get(key)) or 0)
+
+    def load(self, election: str) -> tuple[int, dict[str, str]]:
+        # Read by pages, not in one call: one HGETALL of a million entries blocked
+        # the server for seconds and outlasted the socket timeout, so such a
+        # schedule never loaded. The version is read before the first page: an
+        # edit during the scan moves it past the one returned, and the reader
+        # reads again at its next look. HSCAN returns every entry that stays for
+        # the whole scan, so nothing unedited is missed.
+        entries, version, _ = self._keys(election)
+        kind, number = self._conn.pipelined(lambda pipe: (pipe.type(entries), pipe.get(version)))
+        if kind not in ("hash", "none"):
+            raise wrong_type(entries, kind)
+        texts: dict[str, str] = {}
+        cursor = 0
+        while True:
+            cursor, page = self._conn.call(
+                lambda c, at=cursor: c.hscan(entries, at, count=ENTRIES_PAGE)
+            )
+            texts.update(page)
+            if not cursor:
+                return int(number or 0), texts
+
+    def changes_since(
+        self, election: str, version: int
+    ) -> tuple[int, dict[str, str | None]] | None:
+        reply = self._conn.run("entries_since", self._keys(election), [version])
+        if not reply[1]:
+            return None
+        flat = reply[2:]
+        return int(reply[0]), dict(zip(flat[::2], flat[1::2], strict=True))
+
+    def edit(self, election: str, edits: Sequence[Edit]) -> list[bool]:
+        if not edits:
+            return []
+        args: list[Any] = [CHANGES_KEPT]
+        for e in edits:
+            args += (e.key, has(e.expected), e.expected or "", has(e.new), e.new or "")
+        return [bool(r) for r in self._conn.run("edit_entries", self._keys(election), args)]
