@@ -25,7 +25,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from celery_leader.backends import create_backend
+from celery_leader.backends import open_store
 from celery_leader.config import LeaderConfig
 
 HERE = Path(__file__).resolve().parent
@@ -53,7 +53,7 @@ class Demo:
             CELERY_LEADER_TTL=str(args.ttl),
         )
         self.config = LeaderConfig.from_env(self.env)
-        self.backend = create_backend(self.config)
+        self.store = open_store(self.config)
         self.t0 = time.monotonic()
         self.redis: subprocess.Popen[bytes] | None = None
         self.replicas: list[subprocess.Popen[bytes]] = []
@@ -120,7 +120,7 @@ class Demo:
     # -- observing -----------------------------------------------------------
 
     def poll(self) -> None:
-        holder = self.backend.holder(self.config.beat_election)
+        holder = self.store.lock.holder(self.config.beat_election)
         now = None if holder is None else (holder.instance_id, holder.epoch)
         if now != self.leader:
             self.leader = now
@@ -178,7 +178,7 @@ class Demo:
                 proc.wait(15)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
-        self.backend.close()
+        self.store.close()
         if self.redis is not None:
             os.killpg(self.redis.pid, signal.SIGKILL)
             self.redis.wait()

@@ -62,11 +62,11 @@ class Demo:
         sys.path.insert(0, str(HERE))
         from proj.celery import app
 
-        from celery_leader.backends import create_backend
+        from celery_leader.backends import open_store
         from celery_leader.config import LeaderConfig
 
         self.config = LeaderConfig.from_app(app)
-        self.store = create_backend(self.config)
+        self.store = open_store(self.config)
 
     def say(self, text: str) -> None:
         print(f"[{time.monotonic() - self.t0:6.2f}s] {text}", flush=True)
@@ -89,7 +89,7 @@ class Demo:
 
     def poll(self) -> None:
         """Print leadership changes and new runs from the worker's ledger."""
-        info = self.store.holder(self.config.beat_election)
+        info = self.store.lock.holder(self.config.beat_election)
         now = None if info is None else (info.instance_id, info.epoch)
         if now != self.leader:
             if now is None:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from celery_leader.backends import HolderInfo, create_backend
+from celery_leader.backends import HolderInfo, open_store
 from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import StoreUnavailable
 from harness.procs import Proc, Procs
@@ -240,7 +240,7 @@ def test_three_dramatiq_schedulers_through_a_cluster_master_failover(
     config = LeaderConfig.from_env(env={}, leader_url=url, leader_ttl=TTL)
     replicas = Replicas(procs, env, embedded=False)
     replicas.start()
-    backend = create_backend(config)
+    store = open_store(config)
 
     def arrivals() -> list[Arrival]:
         return [Arrival(s.seen, s.slot, s.epoch) for s in dtap.sent()]
@@ -248,7 +248,7 @@ def test_three_dramatiq_schedulers_through_a_cluster_master_failover(
     def leader(newer_than: int) -> tuple[int, Callable[[], None]]:
         def newer() -> HolderInfo | None:
             try:
-                holder = backend.holder(config.beat_election)
+                holder = store.lock.holder(config.beat_election)
             except StoreUnavailable:
                 return None
             return holder if holder is not None and holder.epoch > newer_than else None
@@ -261,5 +261,5 @@ def test_three_dramatiq_schedulers_through_a_cluster_master_failover(
         title = f"dramatiq, {fault}, leader_replica_acks auto"
         outcome = fail_over(title, cluster, fault, arrivals, leader, lambda: dramatiq_steady(dtap))
     finally:
-        backend.close()
+        store.close()
     _check(outcome)
