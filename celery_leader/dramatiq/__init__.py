@@ -15,6 +15,13 @@ See docs/dramatiq.md.
 
 from __future__ import annotations
 
+from ..exceptions import missing_extra
+
+try:  # once for every module of this package: each imports Dramatiq
+    import dramatiq  # noqa: F401
+except ModuleNotFoundError as exc:
+    raise missing_extra(exc, "dramatiq") from None
+
 from .middleware import LeaderActorError, LeaderMiddleware, current_epoch, is_leader
 from .schedules import Schedule, cron, every
 

@@ -1,6 +1,9 @@
-"""Wait-mode queues: consumed only while this process leads, and no message lost or run twice.
+"""Leader-only actors' messages: run only on the process that leads, no message lost or run twice.
 
-Dramatiq's own ``ConsumerThread.pause()`` is not enough for that:
+:class:`LeaderOnly` checks each message of a leader-only actor: on the leader
+it runs under the epoch the check read; on a follower it is skipped (``skip``
+mode) or held (``wait`` mode, the default). Dramatiq's own
+``ConsumerThread.pause()`` is not enough for ``wait``:
 
 * a paused consumer stops only at its next idle poll, so while messages flow it
   keeps taking them;
@@ -17,15 +20,11 @@ So every wait-mode queue's consumer thread gets a :class:`Gate`:
   RabbitMQ when the consumer closes. Held messages stay unacked, so they fill
   the prefetch window and the broker stops delivering.
 * A message handed to a worker thread while leading but started after a
-  demotion is held the same way (:meth:`Gate.hold`, from the middleware).
+  demotion is held the same way (:meth:`Gate.hold`, from :class:`LeaderOnly`).
 * The consumer is paused only once no message it delivered is still in the
   process (handed to a worker and not yet acked or held), so its close returns
   what was held and never what ran. After the close it resumes if this process
   leads again.
-
-And :func:`liveness` tells a :class:`~celery_leader.health.ConsumerLiveness`
-(the same as a Celery worker's) when a consumer thread goes round its loop, so
-a process whose consumers cannot reach the broker hands its elections over.
 """
 
 from __future__ import annotations
@@ -33,11 +32,133 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..health import ConsumerLiveness
+from dramatiq.common import q_name
+from dramatiq.middleware import Middleware, MiddlewareError, SkipMessage
+
+from .. import body_epoch
+from ..pins import role_of
+from ..process import after_fork_in_child
+
+if TYPE_CHECKING:
+    from .middleware import ActorRules
 
 logger = logging.getLogger(__name__)
+
+#: Longest wait for a consumer to pause when a test pins a follower: its idle
+#: timeout plus Dramatiq's restart delay (3 s unless ``dramatiq_restart_delay``).
+PAUSE_TIMEOUT = 10.0
+
+
+class LeaderOnly(Middleware):
+    """Lets a leader-only actor's message through only on the leading process.
+
+    Fails closed: any error here skips the message, because Dramatiq runs the
+    actor when a middleware raises anything but a ``MiddlewareError``. A
+    message let through runs with the epoch the check read: the lease may end
+    before the actor's first line (a resign), and ``current_epoch()`` in the
+    actor still answers the epoch it passed with (:mod:`celery_leader.body_epoch`).
+    """
+
+    def __init__(self, rules: ActorRules, epoch: Callable[[str], int | None], gates: Gates) -> None:
+        self._rules = rules
+        self._epoch = epoch  # of this process's term of an election, else None
+        self._gates = gates
+
+    def before_process_message(self, broker: Any, message: Any) -> None:
+        """Run the message here, or skip it (and hold it, on a wait-mode queue)."""
+        try:
+            rule = self._rules.leader_only.get(message.actor_name)
+            if rule is None or rule.election is None:
+                return
+            try:
+                epoch = self._epoch(rule.election)
+                if epoch is not None:
+                    body_epoch.only(rule.election, epoch)
+                    return
+            except Exception:
+                logger.exception(
+                    "celery-leader: leadership check of %r failed; not running %s",
+                    rule.election,
+                    message.actor_name,
+                )
+            if not self._gates.hold(message):
+                logger.info(
+                    "celery-leader: skipping %s (%s): this process does not lead %r",
+                    message.actor_name,
+                    message.message_id,
+                    rule.election,
+                )
+        except MiddlewareError:
+            raise
+        except BaseException:
+            logger.exception("celery-leader: error in the leader check; skipping the message")
+        raise SkipMessage(f"not the leader of a leader-only actor: {message.actor_name}")
+
+    def after_process_message(
+        self, broker: Any, message: Any, *, result: Any = None, exception: Any = None
+    ) -> None:
+        """The body's epoch ends with it (or with its skip)."""
+        body_epoch.only(None)
+
+    after_skip_message = after_process_message
+
+
+class Gates(Middleware):
+    """The gates of this process's wait-mode queues, opened and closed as leadership changes."""
+
+    def __init__(self, rules: ActorRules, leads: Callable[[str], bool]) -> None:
+        self._rules = rules
+        self._leads = leads  # whether this process leads an election now
+        self._gates: dict[str, Gate] = {}  # wait-mode queue -> its consumer's gate
+        after_fork_in_child(self._forget_parent)
+
+    def after_consumer_thread_boot(self, broker: Any, thread: Any) -> None:
+        """Gate a wait-mode queue's consumer.
+
+        Runs in the consumer thread before it first consumes, so no message gets past.
+        """
+        queue = thread.queue_name
+        rule = self._rules.of_queue(queue)
+        if rule.election is not None and rule.mode == "wait" and queue == q_name(queue):
+            election = rule.election
+            self._gates[queue] = Gate(thread, election, lambda: self._leads(election))
+
+    def hold(self, message: Any) -> bool:
+        """Hold ``message`` if its queue is gated (see :meth:`Gate.hold`); say whether it was."""
+        gate = self._gates.get(message.queue_name)
+        if gate is not None:
+            gate.hold(message)
+        return gate is not None
+
+    def update(self, election: str) -> None:
+        """Leadership of ``election`` changed: open or close the gates of its queues."""
+        for gate in list(self._gates.values()):
+            if gate.election == election:
+                gate.update()
+
+    def update_all(self) -> None:
+        """Open or close every gate to match who leads (a test's pin, else the lease).
+
+        Returns once each consumer a pin made a follower has paused, so that a
+        message the test sends next stays in the queue: a consumer that took it
+        would hold it, and ``StubBroker`` cannot take a held message back.
+        """
+        for gate in list(self._gates.values()):
+            gate.update()
+            pin = role_of(gate.election)
+            if pin is not None and not pin.leads and gate.thread.is_alive():
+                gate.thread.paused_event.wait(PAUSE_TIMEOUT)
+
+    def shut_down(self) -> None:
+        """The process stops: each gated consumer ends its loop rather than pause."""
+        for gate in list(self._gates.values()):
+            gate.shut_down()
+
+    def _forget_parent(self) -> None:
+        # A forked child has none of its parent's consumer threads.
+        self._gates = {}
 
 
 class Gate:
@@ -125,7 +246,7 @@ class Gate:
         try:
             return self._leading()
         except Exception:
-            # Fail closed, as the middleware's own check does.
+            # Fail closed, as LeaderOnly does.
             logger.exception("celery-leader: leadership check of %r failed", self.election)
             return False
 
@@ -192,22 +313,3 @@ class Gate:
             self.thread.queue_name,
             "returning held messages" if leading else f"not leading {self.election!r}",
         )
-
-
-def liveness(thread: Any, grace: float) -> ConsumerLiveness:
-    """The liveness of a consumer thread, told each time it goes round its loop.
-
-    Dramatiq's consumer loop calls ``handle_delayed_messages`` after every
-    message and every idle poll (at most ``worker_timeout`` apart). A consumer
-    whose connection failed sits in Dramatiq's restart delay instead, retrying,
-    and so falls silent.
-    """
-    found = ConsumerLiveness(f"consumer of {thread.queue_name!r}", grace)
-    original = thread.handle_delayed_messages
-
-    def handle_delayed_messages() -> None:
-        found.alive()
-        original()
-
-    thread.handle_delayed_messages = handle_delayed_messages
-    return found

@@ -12,8 +12,7 @@ cycling (the other processes run the same code on the same store), and its
 dies, ``dramatiq`` stops the node, and the port with it.
 
 With ``LeaderMiddleware(scheduler=True)`` the scheduler's fork process serves
-the port (its tick is what a probe must watch), and worker processes leave it
-alone: see :mod:`celery_leader.dramatiq.middleware`.
+the port, and worker processes leave it alone (:mod:`.campaign`).
 """
 
 from __future__ import annotations
@@ -54,16 +53,15 @@ class ElectionProbe:
         if self._health is not None:
             self._health.write(force=False)
 
-    def offer(self, lease: Lease) -> bool:
-        """Serve ``lease``'s record on the port unless another process of this node
-        does; return whether this process serves it.
+    def offer(self, lease: Lease) -> None:
+        """Serve ``lease``'s record on the port unless another process of this node does.
 
         Raises :class:`~celery_leader.exceptions.ConfigError` when the port
         cannot be bound for any other reason (a privileged port, no such address).
         """
         self._health = HealthFile(None, lease)
         if self.port in _taken:
-            return False
+            return
         try:
             serve(self.port, self._health, self.seen)
         except OSError as exc:
@@ -76,11 +74,10 @@ class ElectionProbe:
                 self.port,
                 os.getpid(),
             )
-            return False
+            return
         logger.info(
             "celery-leader: process %d serves leader_health_port %d for %r",
             os.getpid(),
             self.port,
             lease.election,
         )
-        return True

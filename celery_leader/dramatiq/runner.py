@@ -17,18 +17,16 @@ import sys
 import threading
 from collections.abc import Sequence
 from types import FrameType
-from typing import Any, Protocol
+from typing import Any
+
+from dramatiq.cli import import_broker, make_argument_parser
 
 from ..config import LeaderConfig
-from ..exceptions import ConfigError, missing_extra
+from ..exceptions import ConfigError
 from .cli_errors import one_line_errors
+from .middleware import LeaderMiddleware
 from .pika_logs import quiet_connect_errors
 from .scheduler import DramatiqScheduler
-
-try:
-    from dramatiq.cli import import_broker, make_argument_parser
-except ModuleNotFoundError as exc:
-    raise missing_extra(exc, "dramatiq") from None
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +97,12 @@ def load_app(broker_path: str, modules: Sequence[str]) -> tuple[Any, LeaderConfi
     _, broker = import_broker(broker_path)  # type: ignore[no-untyped-call]
     for module in modules:
         importlib.import_module(module)
-    return broker, _leader_middleware(broker).process_config()
+    for middleware in broker.middleware:
+        if isinstance(middleware, LeaderMiddleware):
+            return broker, middleware.process_config()
+    raise ConfigError(
+        "the broker has no LeaderMiddleware: broker.add_middleware(LeaderMiddleware(...))"
+    )
 
 
 def _idle(stop: threading.Event, parent_pid: int | None) -> None:
@@ -107,20 +110,3 @@ def _idle(stop: threading.Event, parent_pid: int | None) -> None:
     while not stop.wait(1.0):
         if parent_pid is not None and os.getppid() != parent_pid:
             return
-
-
-class _SchedulerSettings(Protocol):
-    """What the scheduler needs of ``LeaderMiddleware``. A structural type, so that
-    this module (which the middleware names as its fork) need not import it."""
-
-    def process_config(self) -> LeaderConfig: ...
-
-
-def _leader_middleware(broker: Any) -> _SchedulerSettings:
-    for middleware in broker.middleware:
-        if callable(getattr(middleware, "process_config", None)):
-            found: _SchedulerSettings = middleware
-            return found
-    raise ConfigError(
-        "the broker has no LeaderMiddleware: broker.add_middleware(LeaderMiddleware(...))"
-    )
