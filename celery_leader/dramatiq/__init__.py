@@ -22,7 +22,8 @@ try:  # once for every module of this package: each imports Dramatiq
 except ModuleNotFoundError as exc:
     raise missing_extra(exc, "dramatiq") from None
 
-from .middleware import LeaderActorError, LeaderMiddleware, current_epoch, is_leader
+from .actors import LeaderActorError
+from .middleware import LeaderMiddleware, current_epoch, is_leader
 from .schedules import Schedule, cron, every
 
 __all__ = [

@@ -1,38 +1,58 @@
-"""``LeaderMiddleware``: its settings, the actors' leader options, and its parts.
+"""``LeaderMiddleware``: its settings, and the parts it passes Dramatiq's hooks to.
 
-Every Dramatiq process that builds the broker gets its own middleware instance.
-It passes Dramatiq's hooks to its parts, each a middleware of one concern:
-:class:`ActorRules` (here), ``BrokerReach`` and ``Campaign`` (a worker
-process's part in its elections, :mod:`.campaign`), ``Gates`` and
-``LeaderOnly`` (messages of leader-only actors, :mod:`.gate`) and, with
-``leader_ledger``, ``LedgerStep`` (:mod:`.ledger`). The scheduler campaigns in
-its own election. :func:`is_leader` never joins: in any other process (a web
+Every Dramatiq process that builds the broker gets its own middleware instance,
+whose parts each carry one concern: the actors' rules and messages
+(:mod:`.actors`), a worker process's elections (:class:`Campaign`), whether it
+reaches the broker (:class:`BrokerReach`) and, with ``leader_ledger``, the run
+ledger (:mod:`.ledger`).
+
+Only worker processes that consume a leader-only actor's queue campaign, each
+with its own lease (instance id ``host:pid``); the scheduler campaigns in its
+own election. :func:`is_leader` never joins: in any other process (a web
 server) it answers "not leading".
+Leases are released at the first SIGTERM or SIGHUP, in ``before_worker_shutdown``
+and, because ``atexit`` does not run in Dramatiq's worker processes, by a
+``multiprocessing.util.Finalize`` too: a second SIGTERM (Dramatiq's main process
+relays the one systemd sends to the whole group) skips the shutdown hooks but
+not the finalizers.
+With ``leader_health_port`` set, the first worker process that campaigns serves
+it and the others skip it (:class:`ElectionProbe`); with ``scheduler=True`` the
+scheduler's fork process serves it instead: its tick is what a probe must watch.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+import errno
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable
+from multiprocessing.util import Finalize
 from typing import Any
 
 from dramatiq.common import q_name
-from dramatiq.middleware import Middleware, MiddlewareError
+from dramatiq.middleware import Middleware
+from dramatiq.worker import CONSUMER_RESTART_DELAY_SECS
 
-from .. import body_epoch
-from ..config import LeaderConfig, validate_name
-from ..exceptions import ConfigError
+from .. import body_epoch, metrics
+from ..callbacks import Callbacks
+from ..config import LeaderConfig
+from ..exceptions import ConfigError, LeaderError
+from ..health import ConsumerLiveness, HealthFile
+from ..http_health import LeaderSeen, serve
 from ..lease import Lease
-from ..leases import lease_set
+from ..leases import LeaseSet, Membership, lease_set
 from ..pins import role_of, watch
-from ..process import default_instance_id
-from .campaign import BrokerReach, Campaign
+from ..process import after_fork_in_child, default_instance_id
+from .actors import ActorRules, Gates, LeaderOnly
 from .cli_errors import one_line_errors
-from .gate import Gates, LeaderOnly
 from .ledger import LedgerStep
-from .scheduler import schedules_of
+from .pika_logs import quiet_connect_errors
 from .settings import load_config
+
+logger = logging.getLogger(__name__)
 
 # The middleware of this process, for is_leader() and current_epoch(), which
 # take no broker: module-wide, as Dramatiq's own global broker is.
@@ -92,18 +112,11 @@ class LeaderMiddleware(Middleware):
         rules = ActorRules(self.config.worker_election)
         reach = BrokerReach(rules)
         # The gates ask the campaign who leads; the campaign tells them of each change.
-        self.gates = Gates(rules, lambda election: self.campaign.leads(election))
-        # With scheduler=True, the scheduler's fork process serves the health port.
-        port = None if scheduler else self.config.health_port
-        self.campaign = Campaign(self.process_config, port, rules, self.gates, reach)
+        self.gates = Gates(rules, lambda election: self.campaign.epoch(election) is not None)
+        self.campaign = Campaign(self, rules, self.gates, reach)
+        check = LeaderOnly(rules, self.campaign.epoch, self.gates)
         #: Dramatiq's hooks go to each of these in turn.
-        self.parts: list[Middleware] = [
-            rules,
-            reach,
-            self.gates,
-            self.campaign,
-            LeaderOnly(rules, self.campaign.epoch, self.gates),
-        ]
+        self.parts: list[Middleware] = [rules, reach, self.gates, self.campaign, check]
         if self.config.ledger:
             self.parts.append(LedgerStep(self.config))
         _current = self
@@ -137,109 +150,262 @@ class LeaderMiddleware(Middleware):
     after_skip_message = _to_parts("after_skip_message")
 
 
-#: What a follower does with a leader-only actor's message.
-MODES = ("skip", "wait")
+class Campaign(Middleware):
+    """Joins this worker process's elections at boot, leaves them at shutdown, signal or exit."""
 
+    def __init__(
+        self, settings: LeaderMiddleware, rules: ActorRules, gates: Gates, reach: BrokerReach
+    ) -> None:
+        self._settings = settings
+        self._rules = rules
+        self._gates = gates  # told of every change of leadership
+        self._reach = reach  # a process cut off from the broker must not lead
+        self._booted = False  # a Worker of this process booted
+        self._forget_parent()
+        after_fork_in_child(self._forget_parent)
 
-class LeaderActorError(ConfigError, MiddlewareError):
-    """A leader option of an actor is invalid.
+    def _forget_parent(self) -> None:
+        """Start afresh: also in a process forked from the one that built the middleware
+        (a parent's thread may have held the locks at the fork)."""
+        self._lock = threading.Lock()
+        self._stop_lock = threading.Lock()  # a second stop() waits for the first one
+        self._leases: LeaseSet | None = None  # this process's, once it used the store
+        self._memberships: dict[str, Membership] = {}  # election -> this campaign's share
+        #: stop() ran: never join an election again in this process.
+        self.closed = False
+        self._campaigns: set[str] = set()  # elections this worker process consumes work of
 
-    A ``MiddlewareError``, because Dramatiq logs and ignores any other error a
-    middleware raises while an actor is declared, and the import must fail.
-    """
+    def after_process_boot(self, broker: Any) -> None:
+        """Release at the first SIGTERM or SIGHUP.
 
+        The release runs before Dramatiq's own handler, because Dramatiq's worker
+        process only notices a SIGTERM at its next one-second poll; and when the
+        signal reaches the whole group, Dramatiq's relayed copy often merges with
+        it, so no second signal hurries it along.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            previous = signal.getsignal(sig)
+            if callable(previous):
+                signal.signal(sig, self._releasing(previous))
 
-@dataclass(frozen=True)
-class Rule:
-    """How a queue's actors run: ``election`` ``None`` for ordinary actors."""
+    def _releasing(self, previous: Callable[[int, Any], Any]) -> Callable[[int, Any], Any]:
+        def handler(signum: int, frame: Any) -> Any:
+            # The release talks to the store: not in a signal handler.
+            threading.Thread(target=self.stop, name="celery-leader:release", daemon=True).start()
+            return previous(signum, frame)
 
-    election: str | None
-    mode: str = "wait"
-
-
-ORDINARY = Rule(None)
-
-
-class ActorRules(Middleware):
-    """The rule of each declared actor and queue; a bad one fails its declaration."""
-
-    def __init__(self, worker_election: str) -> None:
-        self.worker_election = worker_election  # what ``leader_only=True`` means
-        #: Leader-only actor name -> its rule.
-        self.leader_only: dict[str, Rule] = {}
-        self._queues: dict[str, tuple[Rule, str]] = {}  # queue -> rule, an actor showing it
-        self._entries: dict[str, str] = {}  # schedule entry name -> its actor
+        return handler
 
     @one_line_errors
-    def before_declare_actor(self, broker: Any, actor: Any) -> None:
-        """Check the actor's leader options; a bad one fails the import."""
-        try:
-            rule = self._rule_of(actor)
-        except ConfigError as exc:
-            raise LeaderActorError(f"actor {actor.actor_name!r}: {exc}") from None
-        queue = actor.queue_name
-        known = self._queues.get(queue)
-        if known is not None and known[0] != rule and known[1] != actor.actor_name:
-            raise LeaderActorError(
-                f"queue {queue!r} mixes actor {actor.actor_name!r} ({_describe(rule)}) with "
-                f"{known[1]!r} ({_describe(known[0])}): put leader-only actors on a queue of "
-                "their own (queue_name=)"
-            )
-        for name in _entry_names(actor):
-            owner = self._entries.setdefault(name, actor.actor_name)
-            if owner != actor.actor_name:
-                raise LeaderActorError(
-                    f"actor {actor.actor_name!r}: a leader_schedule entry of actor {owner!r} "
-                    f"is named {name!r} too: give one of them name="
+    def after_worker_boot(self, broker: Any, worker: Any) -> None:
+        """Campaign in the elections of the leader-only actors this process consumes."""
+        if self._booted:
+            # An earlier Worker of this process stopped (only tests start one
+            # after another): this one may lead again. A process whose first
+            # worker boots after a SIGTERM stays closed.
+            with self._lock:
+                self.closed = False
+        self._booted = True
+        with self._lock:
+            self._campaigns = self._rules.elections(worker.consumers)
+        for election in sorted(self._campaigns):
+            self.lease(election)
+        self._gates.update_all()
+
+    def before_worker_shutdown(self, broker: Any, worker: Any) -> None:
+        """Hand over at once, before in-flight messages finish."""
+        self.stop()
+
+    def epoch(self, election: str) -> int | None:
+        """The epoch this process leads ``election`` under now, else ``None``: a test's pin,
+        else its own lease."""
+        pin = role_of(election)
+        if pin is not None:
+            return pin.epoch
+        membership = self._memberships.get(election)
+        return None if self.closed or membership is None else membership.lease.epoch
+
+    def lease(self, election: str | None = None) -> Lease:
+        """This process's lease of ``election`` (default: the worker election).
+
+        Only for an election this worker process campaigns in (see
+        :meth:`campaigns`); the lease starts on first use.
+        """
+        election = election or self._rules.worker_election
+        with self._lock:
+            if self.closed:
+                raise LeaderError("LeaderMiddleware stopped: this process is shutting down")
+            if election not in self._campaigns:
+                raise LeaderError(f"this process does not campaign in {election!r}")
+            membership = self._memberships.get(election)
+            if membership is None:
+                # With scheduler=True, the scheduler's fork process serves the port.
+                port = None if self._settings.scheduler else self._settings.config.health_port
+                probe = None if port is None else ElectionProbe(port)
+                membership = self._memberships[election] = self._lease_set().join(
+                    election,
+                    callbacks=None if probe is None else probe.callbacks,
+                    on_change=lambda lease: self._gates.update(lease.election),
+                    health_check=lambda: self._reach.problem(election),
+                    on_cycle=None if probe is None else probe.cycle,
+                    observers=(metrics.OBSERVER,),
+                    start=False,
                 )
-        self._queues[queue] = (rule, actor.actor_name)
-        if rule.election is None:
-            self.leader_only.pop(actor.actor_name, None)
-        else:
-            self.leader_only[actor.actor_name] = rule
+                if probe is not None:
+                    # Before the lease starts, so its first cycle finds the record.
+                    probe.offer(membership.lease)
+                membership.lease.start()
+        return membership.lease
 
-    def of_queue(self, queue: str) -> Rule:
-        """The rule of ``queue``'s actors; a delay queue's is its queue's."""
-        return self._queues.get(q_name(queue), (ORDINARY, ""))[0]
+    def campaigns(self, election: str | None = None) -> bool:
+        """Whether this process campaigns in ``election``: a worker consuming its actors."""
+        with self._lock:
+            return (election or self._rules.worker_election) in self._campaigns
 
-    def elections(self, queues: Iterable[str]) -> set[str]:
-        """The elections of the leader-only actors on ``queues`` (or their delay queues)."""
-        return {rule.election for rule in map(self.of_queue, queues) if rule.election is not None}
+    def _lease_set(self) -> LeaseSet:
+        """This process's leases and store connection (call with ``_lock`` held)."""
+        if self._leases is None:
+            self._leases = lease_set(self._settings.process_config())
+            Finalize(self, self.stop, exitpriority=100)
+        return self._leases
 
-    def _rule_of(self, actor: Any) -> Rule:
-        options = actor.options
-        names = _entry_names(actor)
-        if len(set(names)) != len(names):
-            raise ConfigError("two leader_schedule entries share a name: give them name=")
-        only = options.get("leader_only", False)
-        mode = options.get("leader_on_follower")
-        if only is True:
-            election: str | None = self.worker_election
-        elif only is False or only is None:
-            election = None
-        elif isinstance(only, str):
-            election = validate_name("leader_only", only)
-        else:
-            raise ConfigError(f"leader_only must be True, False or an election name (got {only!r})")
-        if mode is None:
-            mode = "wait"
-        elif election is None:
-            raise ConfigError("leader_on_follower needs leader_only=True (or an election name)")
-        if mode not in MODES:
-            raise ConfigError(f"leader_on_follower must be 'skip' or 'wait' (got {mode!r})")
-        return Rule(election, mode) if election else ORDINARY
+    def stop(self) -> None:
+        """Leave every election of this process (demote, release, wake a follower).
 
-
-def _entry_names(actor: Any) -> list[str]:
-    """Names of the schedule entries of ``actor`` (its name, or each schedule's ``name=``)."""
-    schedules = schedules_of(actor.options.get("leader_schedule"))
-    return [s.name or actor.actor_name for s in schedules]
+        Callers racing it (a signal's release thread, the shutdown hook, the
+        finalizer at exit) wait until the first one has released.
+        """
+        with self._stop_lock:
+            with self._lock:
+                self.closed = True
+                leases, self._leases = self._leases, None
+                memberships, self._memberships = list(self._memberships.values()), {}
+            if leases is None:
+                return
+            # Before the demotion below settles them (see Gate.shut_down).
+            self._gates.shut_down()
+            # Leaving the set's last lease closes its store connection.
+            for membership in memberships:
+                membership.leave()
 
 
-def _describe(rule: Rule) -> str:
-    if rule.election is None:
-        return "ordinary"
-    return f"leader_only {rule.election!r}, {rule.mode}"
+class BrokerReach(Middleware):
+    """Whether this process reaches the broker: one cut off from it must not lead.
+
+    The consumer of each leader-only queue's delay queue runs on every
+    process, leader or not, and Dramatiq's consumer loop calls its
+    ``handle_delayed_messages`` after every message and every idle poll (at
+    most ``worker_timeout`` apart). A consumer whose connection failed sits in
+    Dramatiq's restart delay instead, retrying, and so falls silent.
+    """
+
+    def __init__(self, rules: ActorRules) -> None:
+        self._rules = rules
+        self._forget_parent()
+        after_fork_in_child(self._forget_parent)
+
+    def _forget_parent(self) -> None:
+        # Also in a forked child: none of its parent's consumer threads run there.
+        self._lock = threading.Lock()
+        self._liveness: dict[str, list[ConsumerLiveness]] = {}  # election -> its consumers'
+
+    def after_process_boot(self, broker: Any) -> None:
+        """pika's failed connection attempts are said once, by whoever catches the error."""
+        quiet_connect_errors(broker)
+
+    def after_consumer_thread_boot(self, broker: Any, thread: Any) -> None:
+        """Watch the consumer of a leader-only queue's delay queue."""
+        queue = thread.queue_name
+        election = self._rules.of_queue(queue).election
+        if election is None or queue == q_name(queue):
+            return
+        grace = CONSUMER_RESTART_DELAY_SECS + 2 * thread.worker_timeout / 1000
+        found = ConsumerLiveness(f"consumer of {queue!r}", grace)
+        original = thread.handle_delayed_messages
+
+        def handle_delayed_messages() -> None:
+            found.alive()
+            original()
+
+        thread.handle_delayed_messages = handle_delayed_messages
+        with self._lock:
+            self._liveness.setdefault(election, []).append(found)
+
+    def problem(self, election: str) -> str | None:
+        """Why this process must not lead ``election``: its consumers cannot reach the broker."""
+        for consumer in list(self._liveness.get(election, [])):
+            problem = consumer.problem()
+            if problem is not None:
+                return problem
+        return None
+
+
+# Ports another process of this node serves: said once per port, not per
+# election, whichever middleware of this process asks.
+_taken: set[int] = set()
+
+
+class ElectionProbe:
+    """One election's record for ``leader_health_port``: made before its lease starts,
+    offered to the port once the lease exists (:meth:`offer`).
+
+    ``dramatiq`` forks several worker processes per node, each with a lease of
+    its own; they cannot all listen on one port, and sharing it
+    (``SO_REUSEPORT``) would answer each probe from whichever process the
+    kernel picks, so two probes in a row could disagree. So the first worker
+    process that campaigns serves its elections; the others find the port
+    taken, log one DEBUG line and serve nothing. Its ``/healthz`` fails when
+    its lease stops cycling (the others run the same code on the same store),
+    and ``/leader`` names the holder every process of the node sees. When that
+    process dies, ``dramatiq`` stops the node, and the port with it.
+    """
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        #: Who this process last saw lead, for ``/leader``.
+        self.seen = LeaderSeen()
+        #: For the join: ``on_new_leader`` feeds :attr:`seen`.
+        self.callbacks = Callbacks(on_new_leader=self.seen)
+        self._health: HealthFile | None = None
+
+    def cycle(self, lease: Lease) -> None:
+        """After every acquire or renew cycle: refresh the record ``/healthz`` judges.
+
+        A lease thread that stops cycling leaves the record stale: 503.
+        """
+        if self._health is not None:
+            self._health.write(force=False)
+
+    def offer(self, lease: Lease) -> None:
+        """Serve ``lease``'s record on the port unless another process of this node does.
+
+        Raises :class:`~celery_leader.exceptions.ConfigError` when the port
+        cannot be bound for any other reason (a privileged port, no such address).
+        """
+        self._health = HealthFile(None, lease)
+        if self.port in _taken:
+            return
+        try:
+            serve(self.port, self._health, self.seen)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise ConfigError(f"leader_health_port {self.port}: cannot listen: {exc}") from None
+            _taken.add(self.port)
+            logger.debug(
+                "celery-leader: leader_health_port %d is taken (another worker process of "
+                "this node serves it); process %d does not serve it",
+                self.port,
+                os.getpid(),
+            )
+            return
+        logger.info(
+            "celery-leader: process %d serves leader_health_port %d for %r",
+            os.getpid(),
+            self.port,
+            lease.election,
+        )
 
 
 def is_leader(election: str | None = None) -> bool:

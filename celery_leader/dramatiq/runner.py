@@ -97,12 +97,18 @@ def load_app(broker_path: str, modules: Sequence[str]) -> tuple[Any, LeaderConfi
     _, broker = import_broker(broker_path)  # type: ignore[no-untyped-call]
     for module in modules:
         importlib.import_module(module)
-    for middleware in broker.middleware:
-        if isinstance(middleware, LeaderMiddleware):
-            return broker, middleware.process_config()
-    raise ConfigError(
-        "the broker has no LeaderMiddleware: broker.add_middleware(LeaderMiddleware(...))"
-    )
+    config = settings_of(broker)
+    if config is None:
+        raise ConfigError(
+            "the broker has no LeaderMiddleware: broker.add_middleware(LeaderMiddleware(...))"
+        )
+    return broker, config
+
+
+def settings_of(broker: Any) -> LeaderConfig | None:
+    """The settings of ``broker``'s :class:`LeaderMiddleware` in this process, if it has one."""
+    found = [m for m in broker.middleware if isinstance(m, LeaderMiddleware)]
+    return found[0].process_config() if found else None
 
 
 def _idle(stop: threading.Event, parent_pid: int | None) -> None:

@@ -1,9 +1,15 @@
-"""Leader-only actors' messages: run only on the process that leads, no message lost or run twice.
+"""Leader-only actors: their options, checked as each is declared, and their messages.
+
+``leader_only`` (``True``, or an election's name) makes an actor leader-only;
+``leader_on_follower`` says what a follower does with its messages: ``skip``
+them, or ``wait`` (the default) for the leader to run them. A bad option, a
+queue mixing kinds of actors, or two schedule entries of one name fail the
+import (:class:`LeaderActorError`).
 
 :class:`LeaderOnly` checks each message of a leader-only actor: on the leader
-it runs under the epoch the check read; on a follower it is skipped (``skip``
-mode) or held (``wait`` mode, the default). Dramatiq's own
-``ConsumerThread.pause()`` is not enough for ``wait``:
+it runs under the epoch the check read; on a follower it is skipped or, in
+``wait`` mode, held. Dramatiq's own ``ConsumerThread.pause()`` is not enough for
+``wait``:
 
 * a paused consumer stops only at its next idle poll, so while messages flow it
   keeps taking them;
@@ -31,20 +37,127 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
 
 from dramatiq.common import q_name
 from dramatiq.middleware import Middleware, MiddlewareError, SkipMessage
 
 from .. import body_epoch
+from ..config import validate_name
+from ..exceptions import ConfigError
 from ..pins import role_of
 from ..process import after_fork_in_child
-
-if TYPE_CHECKING:
-    from .middleware import ActorRules
+from .cli_errors import one_line_errors
+from .scheduler import schedules_of
 
 logger = logging.getLogger(__name__)
+
+#: What a follower does with a leader-only actor's message.
+MODES = ("skip", "wait")
+
+
+class LeaderActorError(ConfigError, MiddlewareError):
+    """A leader option of an actor is invalid.
+
+    A ``MiddlewareError``, because Dramatiq logs and ignores any other error a
+    middleware raises while an actor is declared, and the import must fail.
+    """
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How a queue's actors run: ``election`` ``None`` for ordinary actors."""
+
+    election: str | None
+    mode: str = "wait"
+
+
+ORDINARY = Rule(None)
+
+
+class ActorRules(Middleware):
+    """The rule of each declared actor and queue; a bad one fails its declaration."""
+
+    def __init__(self, worker_election: str) -> None:
+        self.worker_election = worker_election  # what ``leader_only=True`` means
+        #: Leader-only actor name -> its rule.
+        self.leader_only: dict[str, Rule] = {}
+        self._queues: dict[str, tuple[Rule, str]] = {}  # queue -> rule, an actor showing it
+        self._entries: dict[str, str] = {}  # schedule entry name -> its actor
+
+    @one_line_errors
+    def before_declare_actor(self, broker: Any, actor: Any) -> None:
+        """Check the actor's leader options; a bad one fails the import."""
+        try:
+            rule = self._rule_of(actor)
+        except ConfigError as exc:
+            raise LeaderActorError(f"actor {actor.actor_name!r}: {exc}") from None
+        queue = actor.queue_name
+        known = self._queues.get(queue)
+        if known is not None and known[0] != rule and known[1] != actor.actor_name:
+            raise LeaderActorError(
+                f"queue {queue!r} mixes actor {actor.actor_name!r} ({_describe(rule)}) with "
+                f"{known[1]!r} ({_describe(known[0])}): put leader-only actors on a queue of "
+                "their own (queue_name=)"
+            )
+        for name in _entry_names(actor):
+            owner = self._entries.setdefault(name, actor.actor_name)
+            if owner != actor.actor_name:
+                raise LeaderActorError(
+                    f"actor {actor.actor_name!r}: a leader_schedule entry of actor {owner!r} "
+                    f"is named {name!r} too: give one of them name="
+                )
+        self._queues[queue] = (rule, actor.actor_name)
+        if rule.election is None:
+            self.leader_only.pop(actor.actor_name, None)
+        else:
+            self.leader_only[actor.actor_name] = rule
+
+    def of_queue(self, queue: str) -> Rule:
+        """The rule of ``queue``'s actors; a delay queue's is its queue's."""
+        return self._queues.get(q_name(queue), (ORDINARY, ""))[0]
+
+    def elections(self, queues: Iterable[str]) -> set[str]:
+        """The elections of the leader-only actors on ``queues`` (or their delay queues)."""
+        return {rule.election for rule in map(self.of_queue, queues) if rule.election is not None}
+
+    def _rule_of(self, actor: Any) -> Rule:
+        options = actor.options
+        names = _entry_names(actor)
+        if len(set(names)) != len(names):
+            raise ConfigError("two leader_schedule entries share a name: give them name=")
+        only = options.get("leader_only", False)
+        mode = options.get("leader_on_follower")
+        if only is True:
+            election: str | None = self.worker_election
+        elif only is False or only is None:
+            election = None
+        elif isinstance(only, str):
+            election = validate_name("leader_only", only)
+        else:
+            raise ConfigError(f"leader_only must be True, False or an election name (got {only!r})")
+        if mode is None:
+            mode = "wait"
+        elif election is None:
+            raise ConfigError("leader_on_follower needs leader_only=True (or an election name)")
+        if mode not in MODES:
+            raise ConfigError(f"leader_on_follower must be 'skip' or 'wait' (got {mode!r})")
+        return Rule(election, mode) if election else ORDINARY
+
+
+def _entry_names(actor: Any) -> list[str]:
+    """Names of the schedule entries of ``actor`` (its name, or each schedule's ``name=``)."""
+    schedules = schedules_of(actor.options.get("leader_schedule"))
+    return [s.name or actor.actor_name for s in schedules]
+
+
+def _describe(rule: Rule) -> str:
+    if rule.election is None:
+        return "ordinary"
+    return f"leader_only {rule.election!r}, {rule.mode}"
+
 
 #: Longest wait for a consumer to pause when a test pins a follower: its idle
 #: timeout plus Dramatiq's restart delay (3 s unless ``dramatiq_restart_delay``).
@@ -55,10 +168,9 @@ class LeaderOnly(Middleware):
     """Lets a leader-only actor's message through only on the leading process.
 
     Fails closed: any error here skips the message, because Dramatiq runs the
-    actor when a middleware raises anything but a ``MiddlewareError``. A
-    message let through runs with the epoch the check read: the lease may end
-    before the actor's first line (a resign), and ``current_epoch()`` in the
-    actor still answers the epoch it passed with (:mod:`celery_leader.body_epoch`).
+    actor when a middleware raises anything but a ``MiddlewareError``. The
+    epoch the check read is the body's (:mod:`celery_leader.body_epoch`): the
+    lease may end before its first line (a resign).
     """
 
     def __init__(self, rules: ActorRules, epoch: Callable[[str], int | None], gates: Gates) -> None:
