@@ -3,8 +3,7 @@
 Every Dramatiq process that builds the broker gets its own middleware instance,
 whose parts each carry one concern: the actors' rules and messages
 (:mod:`.actors`), a worker process's elections (:class:`Campaign`), whether it
-reaches the broker (:class:`BrokerReach`) and, with ``leader_ledger``, the run
-ledger (:mod:`.ledger`).
+reaches the broker (:class:`BrokerReach`) and the run ledger (:mod:`.ledger`).
 
 Only worker processes that consume a leader-only actor's queue campaign, each
 with its own lease (instance id ``host:pid``); the scheduler campaigns in its
@@ -50,6 +49,7 @@ from .actors import ActorRules, Gates, LeaderOnly
 from .cli_errors import one_line_errors
 from .ledger import LedgerStep
 from .pika_logs import quiet_connect_errors
+from .runner import embedded_scheduler
 from .settings import load_config
 
 logger = logging.getLogger(__name__)
@@ -129,8 +129,6 @@ class LeaderMiddleware(Middleware):
     @property
     def forks(self) -> list[Callable[[], int]]:
         """With ``scheduler=True``, ``dramatiq`` runs the scheduler in a fork process."""
-        from .runner import embedded_scheduler  # it imports this module
-
         return [embedded_scheduler] if self.scheduler else []
 
     def process_config(self) -> LeaderConfig:
@@ -165,8 +163,7 @@ class Campaign(Middleware):
         after_fork_in_child(self._forget_parent)
 
     def _forget_parent(self) -> None:
-        """Start afresh: also in a process forked from the one that built the middleware
-        (a parent's thread may have held the locks at the fork)."""
+        # Also in a forked child: a parent's thread may have held the locks at the fork.
         self._lock = threading.Lock()
         self._stop_lock = threading.Lock()  # a second stop() waits for the first one
         self._leases: LeaseSet | None = None  # this process's, once it used the store
@@ -351,15 +348,13 @@ class ElectionProbe:
     """One election's record for ``leader_health_port``: made before its lease starts,
     offered to the port once the lease exists (:meth:`offer`).
 
-    ``dramatiq`` forks several worker processes per node, each with a lease of
-    its own; they cannot all listen on one port, and sharing it
+    ``dramatiq`` forks several worker processes per node; sharing one port
     (``SO_REUSEPORT``) would answer each probe from whichever process the
-    kernel picks, so two probes in a row could disagree. So the first worker
-    process that campaigns serves its elections; the others find the port
-    taken, log one DEBUG line and serve nothing. Its ``/healthz`` fails when
-    its lease stops cycling (the others run the same code on the same store),
-    and ``/leader`` names the holder every process of the node sees. When that
-    process dies, ``dramatiq`` stops the node, and the port with it.
+    kernel picks. So the first worker process that campaigns serves its
+    elections, the others find the port taken and serve nothing: its
+    ``/healthz`` fails when its lease stops cycling (the others run the same
+    code on the same store), and ``/leader`` names the holder every process of
+    the node sees. When it dies, ``dramatiq`` stops the node, and the port.
     """
 
     def __init__(self, port: int) -> None:

@@ -24,7 +24,6 @@ from dramatiq.cli import import_broker, make_argument_parser
 from ..config import LeaderConfig
 from ..exceptions import ConfigError
 from .cli_errors import one_line_errors
-from .middleware import LeaderMiddleware
 from .pika_logs import quiet_connect_errors
 from .scheduler import DramatiqScheduler
 
@@ -106,9 +105,17 @@ def load_app(broker_path: str, modules: Sequence[str]) -> tuple[Any, LeaderConfi
 
 
 def settings_of(broker: Any) -> LeaderConfig | None:
-    """The settings of ``broker``'s :class:`LeaderMiddleware` in this process, if it has one."""
-    found = [m for m in broker.middleware if isinstance(m, LeaderMiddleware)]
-    return found[0].process_config() if found else None
+    """The settings of ``broker``'s ``LeaderMiddleware`` in this process, if it has one.
+
+    Found by its ``process_config()``: the middleware names this module as its
+    fork, so this module does not import it.
+    """
+    for middleware in broker.middleware:
+        process_config = getattr(middleware, "process_config", None)
+        if callable(process_config):
+            config: LeaderConfig = process_config()
+            return config
+    return None
 
 
 def _idle(stop: threading.Event, parent_pid: int | None) -> None:
