@@ -241,7 +241,10 @@ class Campaign(Middleware):
                 # With scheduler=True, the scheduler's fork process serves the port.
                 port = None if self._settings.scheduler else self._settings.config.health_port
                 probe = None if port is None else ElectionProbe(port)
-                membership = self._memberships[election] = self._lease_set().join(
+                if self._leases is None:  # this process's leases and store connection
+                    self._leases = lease_set(self._settings.process_config())
+                    Finalize(self, self.stop, exitpriority=100)
+                membership = self._memberships[election] = self._leases.join(
                     election,
                     callbacks=None if probe is None else probe.callbacks,
                     on_change=lambda lease: self._gates.update(lease.election),
@@ -260,13 +263,6 @@ class Campaign(Middleware):
         """Whether this process campaigns in ``election``: a worker consuming its actors."""
         with self._lock:
             return (election or self._rules.worker_election) in self._campaigns
-
-    def _lease_set(self) -> LeaseSet:
-        """This process's leases and store connection (call with ``_lock`` held)."""
-        if self._leases is None:
-            self._leases = lease_set(self._settings.process_config())
-            Finalize(self, self.stop, exitpriority=100)
-        return self._leases
 
     def stop(self) -> None:
         """Leave every election of this process (demote, release, wake a follower).
@@ -366,10 +362,8 @@ class ElectionProbe:
         self._health: HealthFile | None = None
 
     def cycle(self, lease: Lease) -> None:
-        """After every acquire or renew cycle: refresh the record ``/healthz`` judges.
-
-        A lease thread that stops cycling leaves the record stale: 503.
-        """
+        """After every acquire or renew cycle: refresh the record ``/healthz`` judges
+        (a lease thread that stops cycling leaves it stale: 503)."""
         if self._health is not None:
             self._health.write(force=False)
 
