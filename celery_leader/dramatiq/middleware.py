@@ -3,7 +3,8 @@
 Every Dramatiq process that builds the broker gets its own middleware instance,
 whose parts each carry one concern: the actors' rules and messages
 (:mod:`.actors`), a worker process's elections (:class:`Campaign`), whether it
-reaches the broker (:class:`BrokerReach`) and the run ledger (:mod:`.ledger`).
+reaches the broker (:class:`BrokerReach`) and, with ``leader_ledger``, the run
+ledger (:mod:`.ledger`).
 
 Only worker processes that consume a leader-only actor's queue campaign, each
 with its own lease (instance id ``host:pid``); the scheduler campaigns in its
