@@ -10,7 +10,7 @@ of that election answers it for the body's duration, in the body's own context
 answer from the lease as it is now, so a body that asks learns of the loss.
 
 Framework-free: ``@leader_only`` (:mod:`celery_leader.celery.decorators`) and
-Dramatiq's middleware (:mod:`celery_leader.dramatiq.middleware`) set it; both
+Dramatiq's leader-only check (:mod:`celery_leader.dramatiq.actors`) set it; both
 ``current_epoch()`` read it first.
 """
 

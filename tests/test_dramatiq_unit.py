@@ -143,7 +143,7 @@ def broker() -> Iterator[StubBroker]:
     broker.add_middleware(middleware)
     dramatiq.set_broker(broker)
     yield broker
-    middleware.stop()
+    middleware.campaign.stop()
     broker.close()
 
 
@@ -200,7 +200,7 @@ def test_skip_mode_fails_closed_when_the_check_raises(
     worker = dramatiq.Worker(broker, worker_timeout=50)
     worker.start()
     try:
-        lease = leader_of(broker).lease()
+        lease = leader_of(broker).campaign.lease()
         wait_for(lease.is_leader, 5, message="the only process leads")
         guarded.send(1)
         broker.join("guarded")
@@ -249,7 +249,7 @@ def test_a_body_let_through_while_leading_runs_with_that_epoch_after_a_resign(
     worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=1)
     worker.start()
     try:
-        lease = leader_of(broker).lease()
+        lease = leader_of(broker).campaign.lease()
         epoch = wait_for(lambda: lease.epoch, 5, message="the only process leads")
         broker.add_middleware(_ResignAfterTheCheck(lease))
         body.send()
@@ -283,7 +283,7 @@ def test_an_async_actor_runs_with_the_epoch_it_passed_with_after_a_resign(
     worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=1)
     worker.start()
     try:
-        lease = leader_of(broker).lease()
+        lease = leader_of(broker).campaign.lease()
         epoch = wait_for(lambda: lease.epoch, 5, message="the only process leads")
         broker.add_middleware(_ResignAfterTheCheck(lease))
         body.send()
@@ -403,7 +403,7 @@ def test_wait_mode_hands_messages_to_workers_only_while_leading_and_acks_none_it
         first, second = (dramatiq.broker.MessageProxy(report.message()) for _ in range(2))
         thread.handle_message(first)
         assert thread.handed == [first.message_id]
-        middleware.lease().step_down("test", sit_out=10)
+        middleware.campaign.lease().step_down("test", sit_out=10)
         # Delivered after the demotion: held in the consumer thread, never handed over.
         thread.handle_message(second)
         assert thread.handed == [first.message_id]
@@ -417,9 +417,9 @@ def test_wait_mode_hands_messages_to_workers_only_while_leading_and_acks_none_it
         assert thread.paused, "not paused once drained"
         thread.close()
         assert thread.paused
-        middleware.stop()  # on shutdown: never campaigns again
+        middleware.campaign.stop()  # on shutdown: never campaigns again
         with pytest.raises(LeaderError, match="shutting down"):
-            middleware.lease()
+            middleware.campaign.lease()
     finally:
         other.stop()
 
@@ -443,7 +443,7 @@ def test_a_stopping_leader_ends_its_wait_queue_consumer_instead_of_pausing_it(
     middleware.after_consumer_thread_boot(broker, thread)
     middleware.after_worker_boot(broker, _Worker(thread))
     wait_for(lambda: not thread.paused, 5, message="elected and consuming")
-    middleware.stop()
+    middleware.campaign.stop()
     assert thread.stopped and not thread.paused
 
 
@@ -473,9 +473,9 @@ def test_only_a_worker_consuming_a_leader_only_queue_campaigns(broker: StubBroke
     middleware = leader_of(broker)
     # `dramatiq app --queues default`: this worker does not consume "reports".
     middleware.after_worker_boot(broker, _Worker(_ConsumerThread("default")))
-    assert not middleware.campaigns()
+    assert not middleware.campaign.campaigns()
     with pytest.raises(LeaderError, match="does not campaign"):
-        middleware.lease()
+        middleware.campaign.lease()
     assert not is_leader()
     assert celery_leader.leader_of(middleware.process_config()) is None  # nobody holds the role
 

@@ -295,7 +295,7 @@ def make(
     yield build
     for kind, _ in built:
         if isinstance(kind, DramatiqKind):
-            kind.middleware.stop()
+            kind.middleware.campaign.stop()
             kind.broker.close()
 
 

@@ -271,8 +271,8 @@ def test_a_dramatiq_wait_queue_follows_the_lease_again_when_the_pin_ends(
         # No pin: this process's own lease (the only one on its store) leads.
         broker.join("pinned-wait", timeout=10_000)
         worker.join()
-        assert ran == [middleware.lease().epoch]
+        assert ran == [middleware.campaign.lease().epoch]
     finally:
         worker.stop()
-        middleware.stop()
+        middleware.campaign.stop()
         broker.close()

@@ -15,7 +15,15 @@ See docs/dramatiq.md.
 
 from __future__ import annotations
 
-from .middleware import LeaderActorError, LeaderMiddleware, current_epoch, is_leader
+from ..exceptions import missing_extra
+
+try:  # once for every module of this package: each imports Dramatiq
+    import dramatiq  # noqa: F401
+except ModuleNotFoundError as exc:
+    raise missing_extra(exc, "dramatiq") from None
+
+from .actors import LeaderActorError
+from .middleware import LeaderMiddleware, current_epoch, is_leader
 from .schedules import Schedule, cron, every
 
 __all__ = [

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..config import LeaderConfig
 from ..ops_entries import CodeEntry, EntriesApp, ScheduleEntries
-from .runner import load_app
+from .runner import load_app, settings_of
 from .scheduler import entries_of as code_entries
 from .scheduler import entry_message, refused_options
 
@@ -51,16 +51,6 @@ def entries_of(broker: Any, config: LeaderConfig | None = None) -> ScheduleEntri
 
     ``config``: the settings (default: those of the broker's ``LeaderMiddleware``).
     """
-    if config is None:
-        _, config = load_app_settings(broker)
-    return ScheduleEntries(entries_app(broker, config))
-
-
-def load_app_settings(broker: Any) -> tuple[Any, LeaderConfig]:
-    """``broker`` and the settings of its ``LeaderMiddleware``."""
-    for middleware in broker.middleware:
-        process_config = getattr(middleware, "process_config", None)
-        if callable(process_config):
-            config: LeaderConfig = process_config()
-            return broker, config
-    return broker, LeaderConfig.from_env()
+    return ScheduleEntries(
+        entries_app(broker, config or settings_of(broker) or LeaderConfig.from_env())
+    )

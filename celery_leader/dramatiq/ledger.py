@@ -1,6 +1,6 @@
 """Dramatiq workers run each scheduler-sent slot once: the run ledger's middleware step.
 
-:class:`~celery_leader.dramatiq.LeaderMiddleware` calls these hooks when
+A part of :class:`~celery_leader.dramatiq.LeaderMiddleware` when
 ``CELERY_LEADER_LEDGER`` (or ``leader_ledger``) is on: before a message with
 the ``leader_slot`` option runs, its slot is recorded started
 (:meth:`~celery_leader.ledger.RunGuard.begin`); a delivery of a slot that
@@ -12,25 +12,18 @@ take over. Messages without ``leader_slot`` pay one dictionary lookup.
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 from typing import Any
 
+from dramatiq.middleware import Middleware, SkipMessage
+
 from ..config import LeaderConfig
-from ..exceptions import missing_extra
 from ..ledger import RunGuard, crons, step
 from ..ledger.records import SUCCESS
 
-try:
-    from dramatiq.middleware import SkipMessage
-except ModuleNotFoundError as exc:
-    raise missing_extra(exc, "dramatiq") from None
 
-logger = logging.getLogger(__name__)
-
-
-class LedgerStep:
+class LedgerStep(Middleware):
     """The run-ledger hooks of one middleware, for every process it runs in."""
 
     def __init__(self, config: LeaderConfig) -> None:
@@ -41,7 +34,11 @@ class LedgerStep:
         self._registered: set[int] = set()
         self._lock = threading.Lock()
 
-    def before(self, message: Any) -> None:
+    def after_worker_boot(self, broker: Any, worker: Any) -> None:
+        """Keep the ``@ledger-workers`` mark alive from this process."""
+        self._guard()
+
+    def before_process_message(self, broker: Any, message: Any) -> None:
         """Record the message's slot started, or skip a second delivery of it."""
         # A retry's message carries its options over: the flag is this attempt's alone.
         message.options.pop("leader_ledger_runs", None)
@@ -58,7 +55,9 @@ class LedgerStep:
             raise SkipMessage(f"slot {slot} not run: {decision.why}")
         message.options["leader_ledger_runs"] = True
 
-    def after(self, message: Any, exception: BaseException | None) -> None:
+    def after_process_message(
+        self, broker: Any, message: Any, *, result: Any = None, exception: Any = None
+    ) -> None:
         """Record how the slot's actor ended (a failure to be retried is left started)."""
         slot = message.options.get("leader_slot")
         if not message.options.pop("leader_ledger_runs", False) or not isinstance(slot, str):
@@ -71,6 +70,10 @@ class LedgerStep:
         else:
             guard.release(slot)  # Retries enqueued it again: the retry takes it over
 
+    def after_skip_message(self, broker: Any, message: Any) -> None:
+        """Another part skipped a slot this one recorded started: leave it to a retry."""
+        self.after_process_message(broker, message, exception=SkipMessage())
+
     def _guard(self) -> RunGuard:
         pid = os.getpid()
         with self._lock:
@@ -81,7 +84,3 @@ class LedgerStep:
                 self._registered.add(pid)
                 step.register(self.config, self.config.instance_id)
             return guard
-
-    def register(self) -> None:
-        """Keep the ``@ledger-workers`` mark alive from this process (a worker boot)."""
-        self._guard()

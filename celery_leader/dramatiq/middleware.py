@@ -1,82 +1,74 @@
-"""``LeaderMiddleware``: settings, leader-only actors and the embedded scheduler.
+"""``LeaderMiddleware``: its settings, and the parts it passes Dramatiq's hooks to.
 
-Every Dramatiq process that builds the broker gets its own middleware instance.
+Every Dramatiq process that builds the broker gets its own middleware instance,
+whose parts each carry one concern: the actors' rules and messages
+(:mod:`.actors`), a worker process's elections (:class:`Campaign`), whether it
+reaches the broker (:class:`BrokerReach`) and, with ``leader_ledger``, the run
+ledger (:mod:`.ledger`).
+
 Only worker processes that consume a leader-only actor's queue campaign, each
 with its own lease (instance id ``host:pid``); the scheduler campaigns in its
-own election. :func:`is_leader` never joins: in any other process (a web server)
-it answers "not leading".
+own election. :func:`is_leader` never joins: in any other process (a web
+server) it answers "not leading".
 Leases are released at the first SIGTERM or SIGHUP, in ``before_worker_shutdown``
 and, because ``atexit`` does not run in Dramatiq's worker processes, by a
 ``multiprocessing.util.Finalize`` too: a second SIGTERM (Dramatiq's main process
 relays the one systemd sends to the whole group) skips the shutdown hooks but
 not the finalizers.
 With ``leader_health_port`` set, the first worker process that campaigns serves
-it and the others skip it (:mod:`celery_leader.dramatiq.health_port`); with
-``scheduler=True`` the scheduler's fork process serves it instead.
+it and the others skip it (:class:`ElectionProbe`); with ``scheduler=True`` the
+scheduler's fork process serves it instead: its tick is what a probe must watch.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
+import os
 import signal
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from multiprocessing.util import Finalize
 from typing import Any
 
+from dramatiq.common import q_name
+from dramatiq.middleware import Middleware
+from dramatiq.worker import CONSUMER_RESTART_DELAY_SECS
+
 from .. import body_epoch, metrics
-from ..config import LeaderConfig, validate_name
+from ..config import LeaderConfig
+from ..election.events import Callbacks
 from ..election.lease import Lease
 from ..election.lease_set import LeaseSet, Membership, lease_set
-from ..exceptions import ConfigError, LeaderError, missing_extra
-from ..health import ConsumerLiveness
-from ..pins import Role, role_of, watch
+from ..exceptions import ConfigError, LeaderError
+from ..health import ConsumerLiveness, HealthFile
+from ..http_health import LeaderSeen, serve
+from ..pins import role_of, watch
 from ..process import after_fork_in_child, default_instance_id
+from .actors import ActorRules, Gates, LeaderOnly
 from .cli_errors import one_line_errors
-from .gate import Gate, liveness
-from .health_port import ElectionProbe
 from .ledger import LedgerStep
 from .pika_logs import quiet_connect_errors
 from .runner import embedded_scheduler
-from .scheduler import schedules_of
 from .settings import load_config
-
-try:
-    from dramatiq.common import q_name
-    from dramatiq.middleware import Middleware, MiddlewareError, SkipMessage
-    from dramatiq.worker import CONSUMER_RESTART_DELAY_SECS
-except ModuleNotFoundError as exc:
-    raise missing_extra(exc, "dramatiq") from None
 
 logger = logging.getLogger(__name__)
 
-#: What a follower does with a leader-only actor's message.
-MODES = ("skip", "wait")
-
-#: Longest wait for a consumer to pause when a test pins a follower: its idle
-#: timeout plus Dramatiq's restart delay (3 s unless ``dramatiq_restart_delay``).
-PAUSE_TIMEOUT = 10.0
-
-#: The middleware of this process, for :func:`is_leader` and :func:`current_epoch`.
+# The middleware of this process, for is_leader() and current_epoch(), which
+# take no broker: module-wide, as Dramatiq's own global broker is.
 _current: LeaderMiddleware | None = None
 
 
-class LeaderActorError(ConfigError, MiddlewareError):
-    """A leader option of an actor is invalid.
+def _to_parts(hook: str) -> Callable[..., None]:
+    """Dramatiq's ``hook``, passed on to each part in order (one that raises stops it)."""
 
-    A ``MiddlewareError``, because Dramatiq logs and ignores any other error a
-    middleware raises while an actor is declared, and the import must fail.
-    """
+    def to_parts(self: LeaderMiddleware, *args: Any, **kwargs: Any) -> None:
+        for part in self.parts:
+            getattr(part, hook)(*args, **kwargs)
 
-
-@dataclass(frozen=True)
-class Rule:
-    """How a queue's actors run: ``election`` ``None`` for ordinary actors."""
-
-    election: str | None
-    mode: str = "wait"
+    to_parts.__name__ = to_parts.__qualname__ = hook
+    return to_parts
 
 
 class LeaderMiddleware(Middleware):
@@ -118,24 +110,17 @@ class LeaderMiddleware(Middleware):
         self.scheduler = scheduler
         # The default id names the process; recomputed per process (forks).
         self._pid_instance = self.config.instance_id == default_instance_id()
-        self._rules: dict[str, Rule] = {}  # actor name -> rule
-        self._queues: dict[str, tuple[Rule, str]] = {}  # queue -> rule, an actor showing it
-        self._entries: dict[str, str] = {}  # schedule entry name -> its actor
-        self._lock = threading.Lock()
-        self._stop_lock = threading.Lock()  # a second stop() waits for the first one
-        self._booted = False  # a Worker of this process booted
-        self._leases: LeaseSet | None = None  # this process's, once it used the store
-        self._memberships: dict[str, Membership] = {}  # election -> this middleware's share
-        self._closed = False  # stop() ran: never join an election again in this process
-        self._campaigns: set[str] = set()  # elections this worker process consumes work of
-        self._gates: dict[str, Gate] = {}  # wait-mode queue -> its consumer's gate
-        self._liveness: dict[str, list[ConsumerLiveness]] = {}  # election -> its queues' consumers
-        #: Run-ledger hooks (``leader_ledger``); ``None`` with the ledger off.
-        self._ledger = LedgerStep(self.config) if self.config.ledger else None
-        after_fork_in_child(self._forget_parent)
+        rules = ActorRules(self.config.worker_election)
+        reach = BrokerReach(rules)
+        # The gates ask the campaign who leads; the campaign tells them of each change.
+        self.gates = Gates(rules, lambda election: self.campaign.epoch(election) is not None)
+        self.campaign = Campaign(self, rules, self.gates, reach)
+        check = LeaderOnly(rules, self.campaign.epoch, self.gates)
+        #: Dramatiq's hooks go to each of these in turn.
+        self.parts: list[Middleware] = [rules, reach, self.gates, self.campaign, check]
+        if self.config.ledger:
+            self.parts.append(LedgerStep(self.config))
         _current = self
-
-    # -- Dramatiq's middleware interface -------------------------------------
 
     @property
     def actor_options(self) -> set[str]:
@@ -153,43 +138,49 @@ class LeaderMiddleware(Middleware):
             return dataclasses.replace(self.config, instance_id=default_instance_id())
         return self.config
 
-    @one_line_errors
-    def before_declare_actor(self, broker: Any, actor: Any) -> None:
-        """Check the actor's leader options; a bad one fails the import."""
-        try:
-            rule = self._rule_of(actor)
-        except ConfigError as exc:
-            raise LeaderActorError(f"actor {actor.actor_name!r}: {exc}") from None
-        queue = actor.queue_name
-        known = self._queues.get(queue)
-        if known is not None and known[0] != rule and known[1] != actor.actor_name:
-            raise LeaderActorError(
-                f"queue {queue!r} mixes actor {actor.actor_name!r} ({_describe(rule)}) with "
-                f"{known[1]!r} ({_describe(known[0])}): put leader-only actors on a queue of "
-                "their own (queue_name=)"
-            )
-        for name in _entry_names(actor):
-            owner = self._entries.setdefault(name, actor.actor_name)
-            if owner != actor.actor_name:
-                raise LeaderActorError(
-                    f"actor {actor.actor_name!r}: a leader_schedule entry of actor {owner!r} "
-                    f"is named {name!r} too: give one of them name="
-                )
-        self._queues[queue] = (rule, actor.actor_name)
-        if rule.election is None:
-            self._rules.pop(actor.actor_name, None)
-        else:
-            self._rules[actor.actor_name] = rule
+    before_declare_actor = _to_parts("before_declare_actor")
+    after_process_boot = _to_parts("after_process_boot")
+    after_consumer_thread_boot = _to_parts("after_consumer_thread_boot")
+    after_worker_boot = _to_parts("after_worker_boot")
+    before_worker_shutdown = _to_parts("before_worker_shutdown")
+    before_process_message = _to_parts("before_process_message")
+    # Dramatiq calls every middleware's after hooks, whatever another raised.
+    after_process_message = _to_parts("after_process_message")
+    after_skip_message = _to_parts("after_skip_message")
+
+
+class Campaign(Middleware):
+    """Joins this worker process's elections at boot, leaves them at shutdown, signal or exit."""
+
+    def __init__(
+        self, settings: LeaderMiddleware, rules: ActorRules, gates: Gates, reach: BrokerReach
+    ) -> None:
+        self._settings = settings
+        self._rules = rules
+        self._gates = gates  # told of every change of leadership
+        self._reach = reach  # a process cut off from the broker must not lead
+        self._booted = False  # a Worker of this process booted
+        self._forget_parent()
+        after_fork_in_child(self._forget_parent)
+
+    def _forget_parent(self) -> None:
+        # Also in a forked child: a parent's thread may have held the locks at the fork.
+        self._lock = threading.Lock()
+        self._stop_lock = threading.Lock()  # a second stop() waits for the first one
+        self._leases: LeaseSet | None = None  # this process's, once it used the store
+        self._memberships: dict[str, Membership] = {}  # election -> this campaign's share
+        #: stop() ran: never join an election again in this process.
+        self.closed = False
+        self._campaigns: set[str] = set()  # elections this worker process consumes work of
 
     def after_process_boot(self, broker: Any) -> None:
-        """Quiet pika's connection errors; release at the first SIGTERM or SIGHUP.
+        """Release at the first SIGTERM or SIGHUP.
 
         The release runs before Dramatiq's own handler, because Dramatiq's worker
         process only notices a SIGTERM at its next one-second poll; and when the
         signal reaches the whole group, Dramatiq's relayed copy often merges with
         it, so no second signal hurries it along.
         """
-        quiet_connect_errors(broker)
         if threading.current_thread() is not threading.main_thread():
             return
         for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -205,25 +196,6 @@ class LeaderMiddleware(Middleware):
 
         return handler
 
-    def after_consumer_thread_boot(self, broker: Any, thread: Any) -> None:
-        """Gate a wait-mode queue's consumer; watch the delay queue's consumer of a leader-only one.
-
-        Runs in the consumer thread before it first consumes, so no message gets past.
-        """
-        queue = thread.queue_name
-        rule = self._queues.get(q_name(queue), (Rule(None), ""))[0]
-        if rule.election is None:
-            return
-        if queue != q_name(queue):
-            # The delay queue's consumer runs on every process, leader or not:
-            # its silence means this process cannot reach the broker.
-            grace = CONSUMER_RESTART_DELAY_SECS + 2 * thread.worker_timeout / 1000
-            with self._lock:
-                self._liveness.setdefault(rule.election, []).append(liveness(thread, grace))
-        elif rule.mode == "wait":
-            election = rule.election
-            self._gates[queue] = Gate(thread, election, lambda: self.leads(election))
-
     @one_line_errors
     def after_worker_boot(self, broker: Any, worker: Any) -> None:
         """Campaign in the elections of the leader-only actors this process consumes."""
@@ -232,104 +204,26 @@ class LeaderMiddleware(Middleware):
             # after another): this one may lead again. A process whose first
             # worker boots after a SIGTERM stays closed.
             with self._lock:
-                self._closed = False
+                self.closed = False
         self._booted = True
-        consumed = {q_name(queue) for queue in worker.consumers}
         with self._lock:
-            self._campaigns = {
-                rule.election
-                for queue, (rule, _) in self._queues.items()
-                if rule.election is not None and queue in consumed
-            }
+            self._campaigns = self._rules.elections(worker.consumers)
         for election in sorted(self._campaigns):
             self.lease(election)
-        self._apply_all()
-        if self._ledger is not None:
-            self._ledger.register()
+        self._gates.update_all()
 
     def before_worker_shutdown(self, broker: Any, worker: Any) -> None:
         """Hand over at once, before in-flight messages finish."""
         self.stop()
 
-    def before_process_message(self, broker: Any, message: Any) -> None:
-        """The leader-only gate, then (with ``leader_ledger``) the run ledger's record."""
-        self._leader_gate(message)
-        if self._ledger is not None:
-            self._ledger.before(message)
-
-    def after_process_message(
-        self, broker: Any, message: Any, *, result: Any = None, exception: Any = None
-    ) -> None:
-        """Record how a slot's actor ended (with ``leader_ledger``); the body's epoch ends."""
-        # Dramatiq calls every middleware's after hook, whatever another raised.
-        body_epoch.only(None)
-        if self._ledger is not None:
-            self._ledger.after(message, exception)
-
-    def after_skip_message(self, broker: Any, message: Any) -> None:
-        """Another middleware skipped a slot this one recorded started: leave it to a retry."""
-        body_epoch.only(None)
-        if self._ledger is not None:
-            self._ledger.after(message, SkipMessage())
-
-    def _leader_gate(self, message: Any) -> None:
-        """Let a leader-only actor's message through only on the leading process.
-
-        Fails closed: any error here skips the message, because Dramatiq runs
-        the actor when a middleware raises anything but a ``MiddlewareError``.
-        A message let through runs with the epoch the check read: the lease
-        may end before the actor's first line (a resign), and
-        :func:`current_epoch` in the actor still answers the epoch it passed
-        with (:mod:`celery_leader.body_epoch`).
-        """
-        try:
-            rule = self._rules.get(message.actor_name)
-            if rule is None or rule.election is None:
-                return
-            try:
-                epoch = self.epoch(rule.election)
-                if epoch is not None:
-                    body_epoch.only(rule.election, epoch)
-                    return
-            except Exception:
-                logger.exception(
-                    "celery-leader: leadership check of %r failed; not running %s",
-                    rule.election,
-                    message.actor_name,
-                )
-            gate = self._gates.get(message.queue_name)
-            if gate is not None:
-                gate.hold(message)
-            else:
-                logger.info(
-                    "celery-leader: skipping %s (%s): this process does not lead %r",
-                    message.actor_name,
-                    message.message_id,
-                    rule.election,
-                )
-        except MiddlewareError:
-            raise
-        except BaseException:
-            logger.exception("celery-leader: error in the leader check; skipping the message")
-        raise SkipMessage(f"not the leader of a leader-only actor: {message.actor_name}")
-
-    # -- leases -------------------------------------------------------------
-
-    def leads(self, election: str) -> bool:
-        """Whether this process leads ``election`` now: a test's pin, else its own lease."""
-        pin = role_of(election)
-        if pin is not None:
-            return pin.leads
-        membership = self._memberships.get(election)
-        return not self._closed and membership is not None and membership.lease.is_leader()
-
     def epoch(self, election: str) -> int | None:
-        """The epoch this process leads ``election`` under now, else ``None`` (as :meth:`leads`)."""
+        """The epoch this process leads ``election`` under now, else ``None``: a test's pin,
+        else its own lease."""
         pin = role_of(election)
         if pin is not None:
             return pin.epoch
         membership = self._memberships.get(election)
-        return None if self._closed or membership is None else membership.lease.epoch
+        return None if self.closed or membership is None else membership.lease.epoch
 
     def lease(self, election: str | None = None) -> Lease:
         """This process's lease of ``election`` (default: the worker election).
@@ -337,20 +231,25 @@ class LeaderMiddleware(Middleware):
         Only for an election this worker process campaigns in (see
         :meth:`campaigns`); the lease starts on first use.
         """
-        election = election or self.config.worker_election
+        election = election or self._rules.worker_election
         with self._lock:
-            if self._closed:
+            if self.closed:
                 raise LeaderError("LeaderMiddleware stopped: this process is shutting down")
             if election not in self._campaigns:
                 raise LeaderError(f"this process does not campaign in {election!r}")
             membership = self._memberships.get(election)
             if membership is None:
-                probe = self._probe()
-                membership = self._memberships[election] = self._lease_set().join(
+                # With scheduler=True, the scheduler's fork process serves the port.
+                port = None if self._settings.scheduler else self._settings.config.health_port
+                probe = None if port is None else ElectionProbe(port)
+                if self._leases is None:  # this process's leases and store connection
+                    self._leases = lease_set(self._settings.process_config())
+                    Finalize(self, self.stop, exitpriority=100)
+                membership = self._memberships[election] = self._leases.join(
                     election,
                     callbacks=None if probe is None else probe.callbacks,
-                    on_change=self._apply,
-                    health_check=lambda: self._cut_off(election),
+                    on_change=lambda lease: self._gates.update(lease.election),
+                    health_check=lambda: self._reach.problem(election),
                     on_cycle=None if probe is None else probe.cycle,
                     observers=(metrics.OBSERVER,),
                     start=False,
@@ -361,43 +260,10 @@ class LeaderMiddleware(Middleware):
                 membership.lease.start()
         return membership.lease
 
-    def _probe(self) -> ElectionProbe | None:
-        """A record for ``leader_health_port``, if this worker process may serve it.
-
-        With ``scheduler=True`` the scheduler's fork process serves the port:
-        the scheduler's tick is what a probe must watch, and two processes
-        cannot listen on one port.
-        """
-        port = self.config.health_port
-        return None if port is None or self.scheduler else ElectionProbe(port)
-
     def campaigns(self, election: str | None = None) -> bool:
         """Whether this process campaigns in ``election``: a worker consuming its actors."""
         with self._lock:
-            return (election or self.config.worker_election) in self._campaigns
-
-    def _forget_parent(self) -> None:
-        """In a process forked from the one that built the middleware, start afresh
-        (a parent's thread may have held the locks at the fork)."""
-        self._lock, self._stop_lock = threading.Lock(), threading.Lock()
-        self._leases, self._memberships = None, {}
-        self._campaigns, self._gates, self._liveness = set(), {}, {}
-        self._closed = False
-
-    def _lease_set(self) -> LeaseSet:
-        """This process's leases and store connection (call with ``_lock`` held)."""
-        if self._leases is None:
-            self._leases = lease_set(self.process_config())
-            Finalize(self, self.stop, exitpriority=100)
-        return self._leases
-
-    def _cut_off(self, election: str) -> str | None:
-        """Why this process must not lead ``election``: its consumers cannot reach the broker."""
-        for consumer in list(self._liveness.get(election, [])):
-            problem = consumer.problem()
-            if problem is not None:
-                return problem
-        return None
+            return (election or self._rules.worker_election) in self._campaigns
 
     def stop(self) -> None:
         """Leave every election of this process (demote, release, wake a follower).
@@ -407,60 +273,129 @@ class LeaderMiddleware(Middleware):
         """
         with self._stop_lock:
             with self._lock:
-                self._closed = True
+                self.closed = True
                 leases, self._leases = self._leases, None
                 memberships, self._memberships = list(self._memberships.values()), {}
             if leases is None:
                 return
-            # Before the demotion below settles them: a stopping process's gated
-            # consumers end their loops rather than pause (see Gate.shut_down).
-            for gate in list(self._gates.values()):
-                gate.shut_down()
+            # Before the demotion below settles them (see Gate.shut_down).
+            self._gates.shut_down()
             # Leaving the set's last lease closes its store connection.
             for membership in memberships:
                 membership.leave()
 
-    def _apply(self, lease: Lease) -> None:
-        """Leadership of ``lease`` changed: open or close the gates of its wait-mode queues."""
-        for gate in list(self._gates.values()):
-            if gate.election == lease.election:
-                gate.update()
 
-    def _apply_all(self) -> None:
-        """Open or close every gate to match who leads (a test's pin, else the lease).
+class BrokerReach(Middleware):
+    """Whether this process reaches the broker: one cut off from it must not lead.
 
-        Returns once each consumer a pin made a follower has paused, so that a
-        message the test sends next stays in the queue: a consumer that took it
-        would hold it, and ``StubBroker`` cannot take a held message back.
+    The consumer of each leader-only queue's delay queue runs on every
+    process, leader or not, and Dramatiq's consumer loop calls its
+    ``handle_delayed_messages`` after every message and every idle poll (at
+    most ``worker_timeout`` apart). A consumer whose connection failed sits in
+    Dramatiq's restart delay instead, retrying, and so falls silent.
+    """
+
+    def __init__(self, rules: ActorRules) -> None:
+        self._rules = rules
+        self._forget_parent()
+        after_fork_in_child(self._forget_parent)
+
+    def _forget_parent(self) -> None:
+        # Also in a forked child: none of its parent's consumer threads run there.
+        self._lock = threading.Lock()
+        self._liveness: dict[str, list[ConsumerLiveness]] = {}  # election -> its consumers'
+
+    def after_process_boot(self, broker: Any) -> None:
+        """pika's failed connection attempts are said once, by whoever catches the error."""
+        quiet_connect_errors(broker)
+
+    def after_consumer_thread_boot(self, broker: Any, thread: Any) -> None:
+        """Watch the consumer of a leader-only queue's delay queue."""
+        queue = thread.queue_name
+        election = self._rules.of_queue(queue).election
+        if election is None or queue == q_name(queue):
+            return
+        grace = CONSUMER_RESTART_DELAY_SECS + 2 * thread.worker_timeout / 1000
+        found = ConsumerLiveness(f"consumer of {queue!r}", grace)
+        original = thread.handle_delayed_messages
+
+        def handle_delayed_messages() -> None:
+            found.alive()
+            original()
+
+        thread.handle_delayed_messages = handle_delayed_messages
+        with self._lock:
+            self._liveness.setdefault(election, []).append(found)
+
+    def problem(self, election: str) -> str | None:
+        """Why this process must not lead ``election``: its consumers cannot reach the broker."""
+        for consumer in list(self._liveness.get(election, [])):
+            problem = consumer.problem()
+            if problem is not None:
+                return problem
+        return None
+
+
+# Ports another process of this node serves: said once per port, not per
+# election, whichever middleware of this process asks.
+_taken: set[int] = set()
+
+
+class ElectionProbe:
+    """One election's record for ``leader_health_port``: made before its lease starts,
+    offered to the port once the lease exists (:meth:`offer`).
+
+    ``dramatiq`` forks several worker processes per node; sharing one port
+    (``SO_REUSEPORT``) would answer each probe from whichever process the
+    kernel picks. So the first worker process that campaigns serves its
+    elections, the others find the port taken and serve nothing: its
+    ``/healthz`` fails when its lease stops cycling (the others run the same
+    code on the same store), and ``/leader`` names the holder every process of
+    the node sees. When it dies, ``dramatiq`` stops the node, and the port.
+    """
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        #: Who this process last saw lead, for ``/leader``.
+        self.seen = LeaderSeen()
+        #: For the join: ``on_new_leader`` feeds :attr:`seen`.
+        self.callbacks = Callbacks(on_new_leader=self.seen)
+        self._health: HealthFile | None = None
+
+    def cycle(self, lease: Lease) -> None:
+        """After every acquire or renew cycle: refresh the record ``/healthz`` judges
+        (a lease thread that stops cycling leaves it stale: 503)."""
+        if self._health is not None:
+            self._health.write(force=False)
+
+    def offer(self, lease: Lease) -> None:
+        """Serve ``lease``'s record on the port unless another process of this node does.
+
+        Raises :class:`~celery_leader.exceptions.ConfigError` when the port
+        cannot be bound for any other reason (a privileged port, no such address).
         """
-        for gate in list(self._gates.values()):
-            gate.update()
-            pin = role_of(gate.election)
-            if pin is not None and not pin.leads and gate.thread.is_alive():
-                gate.thread.paused_event.wait(PAUSE_TIMEOUT)
-
-    def _rule_of(self, actor: Any) -> Rule:
-        options = actor.options
-        names = _entry_names(actor)
-        if len(set(names)) != len(names):
-            raise ConfigError("two leader_schedule entries share a name: give them name=")
-        only = options.get("leader_only", False)
-        mode = options.get("leader_on_follower")
-        if only is True:
-            election: str | None = self.config.worker_election
-        elif only is False or only is None:
-            election = None
-        elif isinstance(only, str):
-            election = validate_name("leader_only", only)
-        else:
-            raise ConfigError(f"leader_only must be True, False or an election name (got {only!r})")
-        if mode is None:
-            mode = "wait"
-        elif election is None:
-            raise ConfigError("leader_on_follower needs leader_only=True (or an election name)")
-        if mode not in MODES:
-            raise ConfigError(f"leader_on_follower must be 'skip' or 'wait' (got {mode!r})")
-        return Rule(election, mode) if election else Rule(None)
+        self._health = HealthFile(None, lease)
+        if self.port in _taken:
+            return
+        try:
+            serve(self.port, self._health, self.seen)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise ConfigError(f"leader_health_port {self.port}: cannot listen: {exc}") from None
+            _taken.add(self.port)
+            logger.debug(
+                "celery-leader: leader_health_port %d is taken (another worker process of "
+                "this node serves it); process %d does not serve it",
+                self.port,
+                os.getpid(),
+            )
+            return
+        logger.info(
+            "celery-leader: process %d serves leader_health_port %d for %r",
+            os.getpid(),
+            self.port,
+            lease.election,
+        )
 
 
 def is_leader(election: str | None = None) -> bool:
@@ -472,7 +407,8 @@ def is_leader(election: str | None = None) -> bool:
     ``False``. A test's pin (:mod:`celery_leader.pins`) answers first. To ask
     who leads from any process: :func:`celery_leader.leader_of`.
     """
-    pin = _pin(election)
+    election = election or _middleware().config.worker_election
+    pin = role_of(election)
     if pin is not None:
         return pin.leads
     lease = _held(election)
@@ -487,32 +423,26 @@ def current_epoch(election: str | None = None) -> int | None:
     through with, for the whole body, even once the lease has ended
     (:func:`is_leader` tells that).
     """
-    passed = body_epoch.of(election or _middleware().config.worker_election)
+    election = election or _middleware().config.worker_election
+    passed = body_epoch.of(election)
     if passed is not None:
         return passed
-    pin = _pin(election)
+    pin = role_of(election)
     if pin is not None:
         return pin.epoch
     lease = _held(election)
     return None if lease is None else lease.epoch
 
 
-def _pin(election: str | None) -> Role | None:
-    """A test's pin of ``election`` (:mod:`celery_leader.pins`), if any."""
-    return role_of(election or _middleware().config.worker_election)
-
-
-def _held(election: str | None) -> Lease | None:
+def _held(election: str) -> Lease | None:
     """The lease of ``election`` a part of this process joined, if any (no join, no I/O)."""
-    middleware = _middleware()
-    config = middleware.process_config()
-    return lease_set(config).lease_of(election or config.worker_election)
+    return lease_set(_middleware().process_config()).lease_of(election)
 
 
 def _on_pins_changed() -> None:
     # A stopped middleware's worker is gone (or stopping): nothing to pause.
-    if _current is not None and not _current._closed:
-        _current._apply_all()
+    if _current is not None and not _current.campaign.closed:
+        _current.gates.update_all()
 
 
 watch(_on_pins_changed)
@@ -522,15 +452,3 @@ def _middleware() -> LeaderMiddleware:
     if _current is None:
         raise ConfigError("no LeaderMiddleware in this process: add one to the broker")
     return _current
-
-
-def _entry_names(actor: Any) -> list[str]:
-    """Names of the schedule entries of ``actor`` (its name, or each schedule's ``name=``)."""
-    schedules = schedules_of(actor.options.get("leader_schedule"))
-    return [s.name or actor.actor_name for s in schedules]
-
-
-def _describe(rule: Rule) -> str:
-    if rule.election is None:
-        return "ordinary"
-    return f"leader_only {rule.election!r}, {rule.mode}"

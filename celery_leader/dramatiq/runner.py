@@ -17,18 +17,15 @@ import sys
 import threading
 from collections.abc import Sequence
 from types import FrameType
-from typing import Any, Protocol
+from typing import Any
+
+from dramatiq.cli import import_broker, make_argument_parser
 
 from ..config import LeaderConfig
-from ..exceptions import ConfigError, missing_extra
+from ..exceptions import ConfigError
 from .cli_errors import one_line_errors
 from .pika_logs import quiet_connect_errors
 from .scheduler import DramatiqScheduler
-
-try:
-    from dramatiq.cli import import_broker, make_argument_parser
-except ModuleNotFoundError as exc:
-    raise missing_extra(exc, "dramatiq") from None
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +96,26 @@ def load_app(broker_path: str, modules: Sequence[str]) -> tuple[Any, LeaderConfi
     _, broker = import_broker(broker_path)  # type: ignore[no-untyped-call]
     for module in modules:
         importlib.import_module(module)
-    return broker, _leader_middleware(broker).process_config()
+    config = settings_of(broker)
+    if config is None:
+        raise ConfigError(
+            "the broker has no LeaderMiddleware: broker.add_middleware(LeaderMiddleware(...))"
+        )
+    return broker, config
+
+
+def settings_of(broker: Any) -> LeaderConfig | None:
+    """The settings of ``broker``'s ``LeaderMiddleware`` in this process, if it has one.
+
+    Found by its ``process_config()``: the middleware names this module as its
+    fork, so this module does not import it.
+    """
+    for middleware in broker.middleware:
+        process_config = getattr(middleware, "process_config", None)
+        if callable(process_config):
+            config: LeaderConfig = process_config()
+            return config
+    return None
 
 
 def _idle(stop: threading.Event, parent_pid: int | None) -> None:
@@ -107,20 +123,3 @@ def _idle(stop: threading.Event, parent_pid: int | None) -> None:
     while not stop.wait(1.0):
         if parent_pid is not None and os.getppid() != parent_pid:
             return
-
-
-class _SchedulerSettings(Protocol):
-    """What the scheduler needs of ``LeaderMiddleware``. A structural type, so that
-    this module (which the middleware names as its fork) need not import it."""
-
-    def process_config(self) -> LeaderConfig: ...
-
-
-def _leader_middleware(broker: Any) -> _SchedulerSettings:
-    for middleware in broker.middleware:
-        if callable(getattr(middleware, "process_config", None)):
-            found: _SchedulerSettings = middleware
-            return found
-    raise ConfigError(
-        "the broker has no LeaderMiddleware: broker.add_middleware(LeaderMiddleware(...))"
-    )
