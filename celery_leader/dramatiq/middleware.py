@@ -61,11 +61,15 @@ _current: LeaderMiddleware | None = None
 
 
 def _to_parts(hook: str) -> Callable[..., None]:
-    """Dramatiq's ``hook``, passed on to each part in order (one that raises stops it)."""
+    """Dramatiq's ``hook``, passed on in order to each part that has it (one that
+    raises stops it). A part may lack a hook: the parts inherit Dramatiq's no-op
+    hooks, and the oldest Dramatiq supported (1.15) has no ``after_consumer_thread_boot``."""
 
     def to_parts(self: LeaderMiddleware, *args: Any, **kwargs: Any) -> None:
         for part in self.parts:
-            getattr(part, hook)(*args, **kwargs)
+            method = getattr(part, hook, None)
+            if method is not None:
+                method(*args, **kwargs)
 
     to_parts.__name__ = to_parts.__qualname__ = hook
     return to_parts
