@@ -229,6 +229,27 @@ class _ResignAfterTheCheck(dramatiq.Middleware):
         self.lease.step_down("leader resign", sit_out=60)
 
 
+def _through_a_resign(broker: StubBroker, body: Any, then: Any = None) -> int:
+    """Send ``body`` (an actor of queue "leader") once while this process leads, with
+    the lease resigning after the check let it in, on one worker thread (so that
+    ``then``, an actor of queue "ordinary" sent next, runs where the body ran);
+    return the epoch the check passed with."""
+    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=1)
+    worker.start()
+    try:
+        lease = leader_of(broker).campaign.lease()
+        epoch: int = wait_for(lambda: lease.epoch, 5, message="the only process leads")
+        broker.add_middleware(_ResignAfterTheCheck(lease))
+        for actor, queue in ((body, "leader"), (then, "ordinary")):
+            if actor is not None:
+                actor.send()
+                broker.join(queue)
+                worker.join()
+    finally:
+        worker.stop()
+    return epoch
+
+
 @pytest.mark.parametrize("mode", ["wait", "skip"])
 def test_a_body_let_through_while_leading_runs_with_that_epoch_after_a_resign(
     broker: StubBroker, mode: str
@@ -245,21 +266,7 @@ def test_a_body_let_through_while_leading_runs_with_that_epoch_after_a_resign(
     def next_message() -> None:
         after.append(current_epoch())
 
-    # One worker thread: the next message runs where the body ran.
-    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=1)
-    worker.start()
-    try:
-        lease = leader_of(broker).campaign.lease()
-        epoch = wait_for(lambda: lease.epoch, 5, message="the only process leads")
-        broker.add_middleware(_ResignAfterTheCheck(lease))
-        body.send()
-        broker.join("leader")
-        worker.join()
-        next_message.send()
-        broker.join("ordinary")
-        worker.join()
-    finally:
-        worker.stop()
+    epoch = _through_a_resign(broker, body, then=next_message)
     # It runs with the epoch it passed with; is_leader() tells the truth about now.
     assert seen == [(epoch, False)]
     assert after == [None], "the body's epoch outlived the body in its worker thread"
@@ -280,17 +287,7 @@ def test_an_async_actor_runs_with_the_epoch_it_passed_with_after_a_resign(
     async def body() -> None:
         seen.append((current_epoch(), is_leader()))
 
-    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=1)
-    worker.start()
-    try:
-        lease = leader_of(broker).campaign.lease()
-        epoch = wait_for(lambda: lease.epoch, 5, message="the only process leads")
-        broker.add_middleware(_ResignAfterTheCheck(lease))
-        body.send()
-        broker.join("leader")
-        worker.join()
-    finally:
-        worker.stop()
+    epoch = _through_a_resign(broker, body)
     assert seen == [(epoch, False)]
 
 
