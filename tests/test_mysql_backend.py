@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from celery_leader.backends import Edit, Fence, Renewal, StoreFacets, StoreParams, Write
+from celery_leader.backends import Fence, Renewal, StoreFacets, StoreParams, Write
 from celery_leader.backends.mysql import lock_name, open_store
 from celery_leader.backends.mysql.params import connection_params
 from celery_leader.election.timing import DRIFT, MARGIN
@@ -21,6 +21,7 @@ from harness.procs import Procs
 from harness.proxy import TcpProxy
 from harness.servers import MariaDbServer
 from harness.waiting import wait_for
+from tests.entry_upgrades import read_by_change_after_the_upgrade
 
 pytestmark = pytest.mark.mariadb
 
@@ -91,10 +92,7 @@ PREVIOUS_REPLACE_ENTRY = [
 def test_entries_of_the_previous_release_are_read_by_change_after_the_first_edit(
     mariadb_server: MariaDbServer, stores: Callable[..., StoreFacets]
 ) -> None:
-    """Its tables gain the record of edits on first use; what it did not record
-    (edits before the upgrade, or by one of its editors still running) makes a
-    reader from before it read everything."""
-    names = {"prefix": PREFIX, "election": ELECTION}
+    """See :mod:`tests.entry_upgrades`."""
     with mariadb_server.root_connection() as conn, conn.cursor() as cur:
         for statement in PREVIOUS_ENTRIES_TABLES:
             cur.execute(statement)
@@ -103,25 +101,14 @@ def test_entries_of_the_previous_release_are_read_by_change_after_the_first_edit
         cur.execute("INSERT INTO leader.celery_leader_entries_version VALUES (%s, %s, 3)",
                     (PREFIX, ELECTION))  # fmt: skip
         conn.commit()
-    reader, editor = stores(), stores()
-    assert reader.entries.load(ELECTION) == (3, {"x": "x1"})
-    assert reader.entries.changes_since(ELECTION, 3) == (3, {})
-    assert reader.entries.changes_since(ELECTION, 2) is None
 
-    assert editor.entries.edit(ELECTION, [Edit("y", None, "y1")]) == [True]
-    assert reader.entries.changes_since(ELECTION, 3) == (4, {"y": "y1"})
-    assert reader.entries.changes_since(ELECTION, 2) is None, "edit 3 was not recorded"
+    def edit_by_previous() -> None:
+        with mariadb_server.root_connection() as conn, conn.cursor() as cur:
+            for statement in PREVIOUS_REPLACE_ENTRY:
+                cur.execute(statement, {"prefix": PREFIX, "election": ELECTION})
+            conn.commit()
 
-    with mariadb_server.root_connection() as conn, conn.cursor() as cur:
-        for statement in PREVIOUS_REPLACE_ENTRY:
-            cur.execute(statement, names)
-        conn.commit()
-    assert reader.entries.version(ELECTION) == 5
-    assert reader.entries.changes_since(ELECTION, 4) is None, "edit 5 was not recorded"
-    assert editor.entries.edit(ELECTION, [Edit("y", "y1", None)]) == [True]
-    assert reader.entries.changes_since(ELECTION, 4) is None
-    assert reader.entries.changes_since(ELECTION, 5) == (6, {"y": None})
-    assert reader.entries.load(ELECTION) == (6, {"x": "x2"})
+    read_by_change_after_the_upgrade(stores(), stores(), ELECTION, edit_by_previous)
 
 
 @pytest.mark.timing  # the loss seen within 0.5 s

@@ -23,7 +23,7 @@ import psycopg
 import pytest
 
 from celery_leader import Lease
-from celery_leader.backends import Edit, Fence, Renewal, StoreFacets, StoreParams, Write
+from celery_leader.backends import Fence, Renewal, StoreFacets, StoreParams, Write
 from celery_leader.backends.postgres import advisory_key, open_store
 from celery_leader.election.events import Callbacks
 from celery_leader.election.timing import DRIFT, MARGIN, store_timeout
@@ -33,6 +33,7 @@ from harness.procs import signal as send_signal
 from harness.proxy import TcpProxy
 from harness.servers import PostgresServer
 from harness.waiting import wait_for
+from tests.entry_upgrades import read_by_change_after_the_upgrade
 
 pytestmark = pytest.mark.postgres
 
@@ -90,10 +91,7 @@ SELECT count(*) FROM e
 def test_entries_of_the_previous_release_are_read_by_change_after_the_first_edit(
     postgres_url: str, stores: Callable[..., StoreFacets]
 ) -> None:
-    """Its tables gain the record of edits on first use; what it did not record
-    (edits before the upgrade, or by one of its editors still running) makes a
-    reader from before it read everything."""
-    names = {"prefix": PREFIX, "election": ELECTION}
+    """See :mod:`tests.entry_upgrades`."""
     with psycopg.connect(postgres_url, autocommit=True) as conn:
         conn.execute(PREVIOUS_ENTRIES_TABLES)
         conn.execute(
@@ -102,24 +100,14 @@ def test_entries_of_the_previous_release_are_read_by_change_after_the_first_edit
         conn.execute(
             "INSERT INTO celery_leader_entries_version VALUES (%s, %s, 3)", (PREFIX, ELECTION)
         )
-    reader, editor = stores(), stores()
-    assert reader.entries.load(ELECTION) == (3, {"x": "x1"})
-    assert reader.entries.changes_since(ELECTION, 3) == (3, {})
-    assert reader.entries.changes_since(ELECTION, 2) is None
 
-    assert editor.entries.edit(ELECTION, [Edit("y", None, "y1")]) == [True]
-    assert reader.entries.changes_since(ELECTION, 3) == (4, {"y": "y1"})
-    assert reader.entries.changes_since(ELECTION, 2) is None, "edit 3 was not recorded"
+    def edit_by_previous() -> None:
+        params = {"prefix": PREFIX, "election": ELECTION, "name": "x"}
+        params |= {"expected": "x1", "new": "x2"}
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            assert conn.execute(PREVIOUS_REPLACE_ENTRY, params).fetchall() == [(1,)]
 
-    with psycopg.connect(postgres_url, autocommit=True) as conn:
-        params = {**names, "name": "x", "expected": "x1", "new": "x2"}
-        assert conn.execute(PREVIOUS_REPLACE_ENTRY, params).fetchall() == [(1,)]
-    assert reader.entries.version(ELECTION) == 5
-    assert reader.entries.changes_since(ELECTION, 4) is None, "edit 5 was not recorded"
-    assert editor.entries.edit(ELECTION, [Edit("y", "y1", None)]) == [True]
-    assert reader.entries.changes_since(ELECTION, 4) is None
-    assert reader.entries.changes_since(ELECTION, 5) == (6, {"y": None})
-    assert reader.entries.load(ELECTION) == (6, {"x": "x2"})
+    read_by_change_after_the_upgrade(stores(), stores(), ELECTION, edit_by_previous)
 
 
 # -- the protocol ---------------------------------------------------------------
