@@ -20,12 +20,12 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from ..config import OVERLAP, validate_grace, validate_missed_slots
 from ..exceptions import ConfigError, missing_extra
 from ..schedule.catalog import EntryCatalog, kept_pause
 from ..schedule.entries import Entry
 from ..schedule.jobs import Adapter, Job, Outcome
 from ..schedule.series import CronSeries, Every, Series, utc
+from ..settings.config import OVERLAP, validate_grace, validate_missed_slots
 from .publishing import BeatPublisher
 
 try:

@@ -19,8 +19,8 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
-from .. import metrics
 from ..exceptions import missing_extra
+from ..probes import metrics
 from ..schedule.feed import POLL_INTERVAL
 from ..schedule.jobs import Job
 from ..schedule.protocol import SlotProtocol

@@ -2,7 +2,7 @@
 
 Registered through the ``celery.commands`` entry point, so it is a
 subcommand of Celery's own click CLI and gets ``-A`` and the app's settings.
-What each command does lives in :mod:`celery_leader.ops`, shared with
+What each command does lives in :mod:`celery_leader.cli.commands`, shared with
 ``python -m celery_leader``.
 """
 
@@ -11,11 +11,11 @@ from __future__ import annotations
 import logging
 from typing import NoReturn
 
-from .. import ops
-from ..config import SETTINGS, LeaderConfig
+from ..cli import commands as ops
 from ..exceptions import ConfigError, missing_extra
 from ..run.spec import RESTART
 from ..schedule import plan as planning
+from ..settings.config import SETTINGS, LeaderConfig
 from . import ledger as _ledger  # noqa: F401  # connects the run ledger's worker step
 from . import startup
 from .beat import LeaderScheduler

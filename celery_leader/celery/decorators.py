@@ -28,10 +28,10 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
-from .. import body_epoch
-from ..config import namespace_of, spelled, validate_name
+from ..election import body_epoch
 from ..exceptions import ConfigError, missing_extra
-from ..startup import check_store
+from ..settings.config import namespace_of, spelled, validate_name
+from ..settings.startup import check_store
 from . import leadership, routing
 from .routing import ON_FOLLOWER, LeaderOnly, OnFollower, spec_of
 
@@ -191,7 +191,7 @@ def _run(election: str, epoch: int, fn: Any, args: Any, kwargs: Any) -> Any:
     """Run a body that passed its check of ``election`` under ``epoch``.
 
     The term can end before the body's first line (a resign); ``current_epoch()``
-    in the body still answers ``epoch`` (:mod:`celery_leader.body_epoch`).
+    in the body still answers ``epoch`` (:mod:`celery_leader.election.body_epoch`).
     """
     token = body_epoch.enter(election, epoch)
     try:

@@ -2,7 +2,7 @@
 
 A check of leadership comes from one of three places, in the order tried:
 
-1. a test's pin (:mod:`celery_leader.pins`: ``as_leader()``, ``as_follower()``),
+1. a test's pin (:mod:`celery_leader.election.pins`: ``as_leader()``, ``as_follower()``),
    which holds for the whole process;
 2. the worker's deadline table (:mod:`celery_leader.celery.deadline_table`), which
    the worker's main process fills for every election it joined when it
@@ -30,13 +30,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import body_epoch, metrics
-from ..config import LeaderConfig, validate_name
+from ..election import body_epoch
 from ..election.lease import Lease
 from ..election.lease_set import Membership, lease_set
+from ..election.pins import on_reset, role_of, watch
 from ..exceptions import NotLeader, StoreUnavailable, missing_extra
-from ..pins import on_reset, role_of, watch
-from ..process import after_fork_in_child
+from ..probes import metrics
+from ..settings.config import LeaderConfig, validate_name
+from ..settings.process import after_fork_in_child
 from . import deadline_table
 from .signals import SIGNALS
 
@@ -226,7 +227,7 @@ def _resolve(app: Any, key: str | None, *, join: bool) -> View:
         election = config.worker_election if key is None else key
         pin = role_of(election)
         if pin is not None:
-            # A test pinned the role (celery_leader.pins): no table, no lease.
+            # A test pinned the role (celery_leader.election.pins): no table, no lease.
             found = View(election, lambda: pin.leads, lambda: pin.epoch)
             _views[app, key] = found
             return found

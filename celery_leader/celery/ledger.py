@@ -27,10 +27,10 @@ import os
 import sys
 from typing import Any
 
-from .. import metrics
 from ..exceptions import ConfigError, MissingExtra, missing_extra
 from ..ledger import RunGuard, crons, step
 from ..ledger.records import SKIPPED, SUCCESS
+from ..probes import metrics
 from . import leadership
 
 try:

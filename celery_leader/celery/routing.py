@@ -32,8 +32,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..config import DEFAULT_KEY_PREFIX, validate_name
 from ..exceptions import ConfigError, missing_extra
+from ..settings.config import DEFAULT_KEY_PREFIX, validate_name
 
 try:
     from celery._state import _get_active_apps, connect_on_app_finalize, get_current_app

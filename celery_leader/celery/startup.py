@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import LeaderConfig, namespace_of, spelled
 from ..exceptions import ConfigError, missing_extra
-from ..startup import check_store
+from ..settings.config import LeaderConfig, namespace_of, spelled
+from ..settings.startup import check_store
 
 try:
     import click

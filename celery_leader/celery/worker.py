@@ -26,15 +26,16 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .. import http_health, metrics
-from ..config import LeaderConfig
 from ..election.events import Callbacks
 from ..election.lease import Lease
 from ..election.lease_set import lease_set
+from ..election.pins import role_of
 from ..exceptions import StoreUnavailable, missing_extra
-from ..health import ConsumerLiveness, HealthFile
-from ..pins import role_of
-from ..process import default_instance_id
+from ..probes import http as http_health
+from ..probes import metrics
+from ..probes.health import ConsumerLiveness, HealthFile
+from ..settings.config import LeaderConfig
+from ..settings.process import default_instance_id
 from . import deadline_table, decorators, leadership, routing
 from .routing import spec_of
 from .signals import SIGNALS
@@ -149,7 +150,7 @@ class LeaderNode:
     def leads(self, election: str) -> bool:
         """True while this node leads ``election`` (main process, no I/O).
 
-        A test's pin (:mod:`celery_leader.pins`) wins, so that an in-process
+        A test's pin (:mod:`celery_leader.election.pins`) wins, so that an in-process
         worker consumes the leader queue exactly while the test says it leads.
         """
         pin = role_of(election)
