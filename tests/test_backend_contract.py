@@ -32,6 +32,8 @@ from celery_leader.backends import (
     EntryStore,
     Fence,
     FencedRecords,
+    Journal,
+    JournalWrite,
     LeaseLock,
     Renewal,
     RunStore,
@@ -912,4 +914,76 @@ class TestRunStore:
             lambda: down.runs.put(ELECTION, RunWrite("job@1", None, "x", 60)),
             lambda: down.runs.runs_of(ELECTION, "job", 10),
             lambda: down.runs.summaries(ELECTION),
+        )
+
+
+def _k(n: int) -> str:
+    return f"{n:012d}"
+
+
+class TestJournal:
+    """The journal facet (:class:`~celery_leader.backends.Journal`): capped ordered logs
+    any process writes, read newest first in pages."""
+
+    def test_every_store_has_a_journal(self, store: Store) -> None:
+        assert isinstance(store.open().journal, Journal)
+
+    def test_records_are_read_greatest_key_first_in_pages_and_another_process_sees_them(
+        self, store: Store
+    ) -> None:
+        a, b = store.open(), store.open()
+        assert a.journal.read(ELECTION, "terms", 10) == []
+        terms = [JournalWrite("terms", _k(n), f"term {n}", 100) for n in (3, 1, 2)]
+        a.journal.write(ELECTION, terms)
+        assert b.journal.read(ELECTION, "terms", 10) == [
+            (_k(3), "term 3"), (_k(2), "term 2"), (_k(1), "term 1")
+        ]  # fmt: skip
+        assert b.journal.read(ELECTION, "terms", 2) == [(_k(3), "term 3"), (_k(2), "term 2")]
+        assert b.journal.read(ELECTION, "terms", 2, before=_k(2)) == [(_k(1), "term 1")]
+        assert b.journal.read(ELECTION, "audit", 10) == [], "logs are apart"
+        assert b.journal.read("other", "terms", 10) == [], "elections are apart"
+        assert a.records.load(ELECTION) == {} and a.entries.load(ELECTION) == (0, {})
+
+    def test_rewriting_a_key_replaces_its_record(self, store: Store) -> None:
+        a = store.open()
+        a.journal.write(ELECTION, [JournalWrite("terms", _k(7), '{"started": 1}', 10)])
+        a.journal.write(ELECTION, [JournalWrite("terms", _k(7), '{"started": 1, "ended": 2}', 10)])
+        assert a.journal.read(ELECTION, "terms", 10) == [(_k(7), '{"started": 1, "ended": 2}')]
+
+    def test_a_log_keeps_its_greatest_keys_and_one_write_drops_all_that_fall_out(
+        self, store: Store
+    ) -> None:
+        a = store.open()
+        a.journal.write(ELECTION, [JournalWrite("audit", _k(n), str(n), 1000) for n in range(40)])
+        a.journal.write(ELECTION, [JournalWrite("audit", _k(40), "40", 5)])
+        kept = [(_k(n), str(n)) for n in range(40, 35, -1)]
+        assert a.journal.read(ELECTION, "audit", 100) == kept
+        a.journal.write(ELECTION, [JournalWrite("audit", _k(1), "old", 5)])
+        assert [k for k, _ in a.journal.read(ELECTION, "audit", 100)] == [
+            _k(n) for n in range(40, 35, -1)
+        ], "a key older than the kept ones falls out at once"
+
+    def test_one_call_writes_several_logs(self, store: Store) -> None:
+        a = store.open()
+        a.journal.write(
+            ELECTION,
+            [
+                JournalWrite("audit", _k(1), "paused", 10),
+                JournalWrite("audit/job", _k(1), "paused", 3),
+            ],
+        )
+        assert a.journal.read(ELECTION, "audit", 10) == a.journal.read(ELECTION, "audit/job", 10)
+
+    def test_records_and_log_names_keep_any_text(self, store: Store) -> None:
+        a = store.open()
+        text = '{"why": "caf\u00e9 \u2615 \\" \' %s ; -- \n"}'
+        log = "audit/entry with spaces:and:colons/\u00e9"
+        a.journal.write(ELECTION, [JournalWrite(log, _k(1), text, 10)])
+        assert a.journal.read(ELECTION, log, 10) == [(_k(1), text)]
+
+    def test_a_store_that_is_down_raises_store_unavailable_only(self, store: Store) -> None:
+        down = _down(store)
+        _only_store_unavailable(
+            lambda: down.journal.write(ELECTION, [JournalWrite("terms", _k(1), "x", 10)]),
+            lambda: down.journal.read(ELECTION, "terms", 10),
         )

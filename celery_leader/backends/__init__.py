@@ -6,7 +6,8 @@ A store implements small interfaces, one per record kind (its *facets*):
 * :class:`FencedRecords` (:mod:`.records`): records only the current term may
   change, written under a :class:`Fence` the caller holds;
 * :class:`EntryStore` (:mod:`.entry_store`): schedule entries, versioned;
-* :class:`RunStore` (:mod:`.run_store`): run records, per entry.
+* :class:`RunStore` (:mod:`.run_store`): run records, per entry;
+* :class:`Journal` (:mod:`.journal`): capped ordered logs (term history, audit trail).
 
 A store module exports one function, ``open_store(StoreParams) -> StoreFacets``:
 the facets it implements, on one connection. :data:`STORES` (in
@@ -24,6 +25,7 @@ from typing import Any, Protocol
 
 from ..exceptions import missing_extra
 from .entry_store import Edit, EntryStore
+from .journal import Journal, JournalWrite
 from .lock import Acquired, HolderInfo, LeaseLock, Renewal, Term
 from .records import Fence, FencedRecords, Write
 from .registry import STORES, Store, store_for
@@ -83,6 +85,7 @@ class StoreFacets:
     records: FencedRecords
     entries: EntryStore
     runs: RunStore
+    journal: Journal
     #: Releases every connection and resource of the store.
     close: Callable[[], None]
 
@@ -105,6 +108,8 @@ __all__ = [
     "Fence",
     "FencedRecords",
     "HolderInfo",
+    "Journal",
+    "JournalWrite",
     "LeaseLock",
     "Renewal",
     "RunStore",

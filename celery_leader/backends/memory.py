@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from ..clock import SYSTEM_CLOCK, Clock
 from . import StoreFacets, StoreParams
 from .entry_store import Edit, EntryStore, apply_edits
+from .journal import Journal, JournalWrite
 from .lock import Acquired, HolderInfo, LeaseLock, Renewal, Term
 from .records import Fence, FencedRecords, Write, apply_writes
 from .run_store import RunStore, RunSummary, RunWrite, run_entry
@@ -46,6 +47,8 @@ class _Store:
     entries_version: dict[str, int] = field(default_factory=dict)
     #: election -> entry name -> the entries version of its last edit.
     entries_edited: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: election -> log -> key -> record (the journal).
+    journal: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)
     #: Set at the next release (then replaced): what waiting followers wake on.
     released: threading.Event = field(default_factory=threading.Event)
 
@@ -247,6 +250,27 @@ class MemoryEntries(_Memory, EntryStore):
             return results
 
 
+class MemoryJournal(_Memory, Journal):
+    """The journal of the process's memory store."""
+
+    def write(self, election: str, writes: Sequence[JournalWrite]) -> None:
+        with self._store.cond:
+            logs = self._store.journal.setdefault(election, {})
+            for w in writes:
+                log = logs.setdefault(w.log, {})
+                log[w.key] = w.data
+                for key in sorted(log)[: max(0, len(log) - w.keep)]:
+                    del log[key]
+
+    def read(
+        self, election: str, log: str, limit: int, before: str | None = None
+    ) -> list[tuple[str, str]]:
+        with self._store.cond:
+            records = self._store.journal.get(election, {}).get(log, {})
+            keys = sorted((k for k in records if before is None or k < before), reverse=True)
+            return [(k, records[k]) for k in keys[:limit]]
+
+
 def open_store(params: StoreParams, clock: Clock = SYSTEM_CLOCK) -> StoreFacets:
     """The memory store of ``params``' URL and key prefix, its terms and records
     expiring on ``clock``. Closing it keeps its data: it lives as long as the process."""
@@ -256,6 +280,7 @@ def open_store(params: StoreParams, clock: Clock = SYSTEM_CLOCK) -> StoreFacets:
         MemoryRecords(params, clock),
         MemoryEntries(params, clock),
         MemoryRuns(params, clock),
+        MemoryJournal(params, clock),
         close=lambda: None,
     )
 
