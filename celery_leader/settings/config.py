@@ -32,11 +32,20 @@ from .table import validate_grace as validate_grace
 from .table import validate_missed_slots as validate_missed_slots
 from .table import validate_name as validate_name
 from .table import warn_unknown as warn_unknown
-from .views import ElectionSettings, LedgerSettings, ProbeSettings, SchedulerSettings, View
+from .views import (
+    ConsoleSettings,
+    ElectionSettings,
+    LedgerSettings,
+    ProbeSettings,
+    SchedulerSettings,
+    View,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
-class LeaderConfig(ProbeSettings, LedgerSettings, SchedulerSettings, ElectionSettings):
+class LeaderConfig(
+    ConsoleSettings, ProbeSettings, LedgerSettings, SchedulerSettings, ElectionSettings
+):
     """The validated ``leader_*`` settings of one app: every consumer's view in one.
 
     Each field is the setting ``leader_<field>``, but ``deployment``; what each
@@ -89,6 +98,7 @@ class LeaderConfig(ProbeSettings, LedgerSettings, SchedulerSettings, ElectionSet
     scheduler = View(SchedulerSettings)
     run_ledger = View(LedgerSettings)
     probes = View(ProbeSettings)
+    console = View(ConsoleSettings)
 
     @classmethod
     def from_app(cls, app: Any) -> LeaderConfig:
