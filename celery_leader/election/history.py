@@ -129,7 +129,12 @@ class TermHistory(Events):
         )
 
     def _submit(self, job: Callable[[], Any], then: Callable[[], Any] | None = None) -> None:
-        self._queue.put(lambda: (self._run(job), then and then()))
+        def task() -> None:
+            self._run(job)
+            if then is not None:
+                then()
+
+        self._queue.put(task)
         with self._starting:
             if self._thread is None or not self._thread.is_alive():
                 # Daemon: a process that exits mid-write leaves its term to the next
