@@ -359,6 +359,8 @@ class Elector:
                     exc,
                     self.ttl,
                 )
+            if announced:
+                self._tell("on_released", term.epoch, kind)
         with self._lock:
             # stop() may step down while the thread wins a term: the thread keeps
             # that one and, seeing _stopping, hands it straight back.

@@ -90,6 +90,10 @@ class Events:
     def on_new_leader(self, lease: LeaseArg, holder: HolderInfo) -> None:
         """A holder not seen before: in a store's answer, or this instance's own term."""
 
+    def on_released(self, lease: LeaseArg, epoch: int, how: str) -> None:
+        """The announced term ``epoch`` was given back to the store (or the attempt
+        failed) after ``on_stopped``; ``how`` is why it ended (``last_demotion``)."""
+
     def on_answer(self, lease: LeaseArg, sent: float, store_time: float | None) -> None:
         """An acquire or renewal sent at ``sent`` (monotonic) was answered at the
         store's ``store_time`` (``None`` for a store without a clock)."""

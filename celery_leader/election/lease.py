@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ..backends import HolderInfo, LeaseLock
+from ..backends import HolderInfo, Journal, LeaseLock
 from ..backends.urls import mask_url
 from ..clock import SYSTEM_CLOCK, Clock, StoreClock
 from ..exceptions import StoreUnavailable
@@ -14,6 +14,7 @@ from ..settings.config import LeaderConfig, validate_name
 from .elector import Elector
 from .events import NO_CALLBACKS, Callbacks, Events, LeaseArg, Observer
 from .foreign import ForeignWatch
+from .history import TermHistory
 from .members import Member, Members
 from .skew import SkewWatch
 
@@ -29,6 +30,7 @@ class Lease(Elector):
     of a store with a clock of its own are samples of :attr:`store_clock`; a
     local clock more than ``max_clock_skew`` off it is logged, and with
     ``clock_source="local"`` the lease gives up its terms until it is back.
+    With a ``journal``, its terms are written to the term history.
     """
 
     def __init__(
@@ -47,6 +49,7 @@ class Lease(Elector):
         clock: Clock = SYSTEM_CLOCK,
         max_clock_skew: float | None = None,
         clock_source: str = "store",
+        journal: Journal | None = None,
     ) -> None:
         validate_name("election", election)
         #: Who hears of its terms.
@@ -62,7 +65,10 @@ class Lease(Elector):
         resolution = lock.clock_resolution
         self._skew = SkewWatch(self.store_clock, url, resolution, max_clock_skew, clock_source)
         self._outage = StoreOutage(url)
-        listeners = (self._outage, self._skew, ForeignWatch(url), self.members)
+        listeners: tuple[Events, ...] = (self._outage, self._skew, ForeignWatch(url), self.members)
+        if journal is not None:
+            history = TermHistory(journal, lock.timeout, self.store_clock.time)
+            listeners = (*listeners, history)
         # A lease for members that come and go (a lease set's) asks them every
         # HEALTH_POLL: a member may bring a health check whenever it joins.
         polls = health_check is not None or not self.members

@@ -88,7 +88,7 @@ class LeaseSet:
             shared = lease is not None
             if lease is None:
                 lease = self._leases[election] = Lease.from_config(
-                    election, self.config, self.store.lock
+                    election, self.config, self.store.lock, journal=self.store.journal
                 )
             lease.members.add(member)
         membership = Membership(self, lease, member)
