@@ -1,0 +1,89 @@
+"""The console's actions: pause, resume, bulk pause and run now, through the same
+Python API as ``leader entries`` (:class:`~celery_leader.cli.entries.ScheduleEntries`),
+so the page, the CLI and the API change an entry alike. Each change is kept in
+the audit trail with who made it and why.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..backends import Journal
+from ..cli.entries import EntriesApp, ScheduleEntries
+from ..schedule.audit import AuditRecord, record_change
+
+#: Audit records kept per log by the console's own writes.
+# The seam: once ScheduleEntries records its changes itself (taking who= and
+# why=, with the trail's retention setting), these writes go and the API's stay.
+AUDIT_KEEP = 1000
+#: The most entries one bulk pause names.
+MAX_BULK = 500
+#: The longest reason kept.
+MAX_REASON = 500
+
+
+class ActionError(Exception):
+    """An action refused: ``str(self)`` is the line the page shows."""
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who asks for a change, as the audit trail names them."""
+
+    who: str
+    why: str | None = None
+
+
+def reason(text: str | None) -> str:
+    """A pause's reason, required: one line, at most :data:`MAX_REASON` characters."""
+    why = " ".join((text or "").split())
+    if not why:
+        raise ActionError("a pause needs a reason")
+    return why[:MAX_REASON]
+
+
+class Actions:
+    """The actions on the entries of ``app``; their audit records go to ``journal``
+    (the console's store)."""
+
+    def __init__(self, app: EntriesApp, journal: Journal) -> None:
+        self.app = app
+        self.journal = journal
+
+    def pause(self, names: Sequence[str], actor: Actor) -> list[str]:
+        """Pause each of ``names`` (store or code entries); returns those paused."""
+        if not names:
+            raise ActionError("no entry named")
+        if len(names) > MAX_BULK:
+            raise ActionError(f"a bulk pause names at most {MAX_BULK} entries")
+        done = []
+        with ScheduleEntries(self.app) as entries:
+            for name in names:
+                entries.pause(name)
+                self._audit(name, "pause", actor)
+                done.append(name)
+        return done
+
+    def resume(self, name: str, actor: Actor) -> None:
+        """Resume ``name``: it is sent again from now."""
+        with ScheduleEntries(self.app) as entries:
+            entries.resume(name)
+        self._audit(name, "resume", actor)
+
+    def run_now(self, name: str, actor: Actor) -> str:
+        """Send one run of store entry ``name`` now; returns its ``leader_slot``. A
+        code entry is refused: the page pauses and resumes code entries, nothing more."""
+        if name in self.app.code:
+            raise ActionError(f"{name} is a code entry: the console only pauses and resumes it")
+        with ScheduleEntries(self.app) as entries:
+            slot = entries.run_now(name)
+        self._audit(name, "run", actor, {"slot": slot})
+        return slot
+
+    def _audit(
+        self, name: str, action: str, actor: Actor, details: dict[str, str] | None = None
+    ) -> None:
+        record = AuditRecord(time.time(), actor.who, action, name, actor.why, details or {})
+        record_change(self.journal, self.app.config.beat_election, record, AUDIT_KEEP)

@@ -1,0 +1,381 @@
+"""What each view shows, as JSON-ready data: the page renders it, its JSON twin is it.
+
+Each function reads the store through one :class:`Reads` (a request's reads,
+each done at most once) and returns plain data: strings, numbers, lists and
+dicts, times as ISO 8601.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Mapping
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from ..backends import StoreFacets
+from ..cli.entries import EntriesApp
+from ..clock import StoreClock
+from ..election.history import TermRecord, term_history
+from ..ledger.marks import read as read_run
+from ..ledger.records import RunRecord
+from ..ledger.summary import EntryRuns, summarize
+from ..schedule import plan as planning
+from ..schedule.audit import audit_trail
+from ..schedule.catalog import policy
+from ..schedule.jobs import Job
+from ..settings.config import LeaderConfig
+from .listing import PAGE as PAGE
+from .listing import EntryIndex, page_of
+from .problems import FILTERS, STATES, slot_due, state_of
+
+#: Runs an entry's page lists, unless the request asks for fewer or more.
+RUNS = 50
+#: The most runs an entry's page reads.
+MAX_RUNS = 1000
+#: Terms the timeline lists per election.
+TERMS = 20
+#: Audit records an entry's page lists.
+AUDIT = 20
+#: The most slots of a hand-over's gap the timeline looks up in the ledger
+#: (one round trip each).
+GAP_LOOKUPS = 50
+#: The longest gap whose slots the timeline lists (a day's outage is a story
+#: for the problems page, not a list of thousands of slots).
+GAP_WINDOW = timedelta(hours=1)
+#: The plan's default window, from now.
+PLAN_WINDOW = timedelta(hours=1)
+#: Slots of a plan listed on the page (the JSON has them all).
+PLAN_SHOWN = 1000
+#: The busiest seconds a plan marks.
+BUSIEST = 5
+
+
+def iso(seconds: float | None) -> str | None:
+    """Unix seconds as ISO 8601 UTC to the millisecond; ``None`` stays."""
+    if seconds is None:
+        return None
+    return datetime.fromtimestamp(seconds, timezone.utc).isoformat(timespec="milliseconds")
+
+
+class Reads:
+    """One request's reads of the store, each done at most once."""
+
+    def __init__(self, app: EntriesApp, store: StoreFacets) -> None:
+        self.app = app
+        self.store = store
+        self.config: LeaderConfig = app.config
+        self.election = app.config.beat_election
+        self._index: EntryIndex | None = None
+        self._runs: dict[str, EntryRuns] | None = None
+
+    def index(self) -> EntryIndex:
+        """Every entry, from one read of the store's entries."""
+        if self._index is None:
+            _, records = self.store.entries.load(self.election)
+            self._index = EntryIndex(self.app, records)
+        return self._index
+
+    def runs(self) -> dict[str, EntryRuns]:
+        """Each entry's last run and counts (the ledger's summaries: one read)."""
+        if self._runs is None:
+            summaries = self.store.runs.summaries(self.election) if self.config.ledger else []
+            self._runs = {r.entry: r for r in summarize(summaries, time.time())}
+        return self._runs
+
+
+# -- cluster --------------------------------------------------------------------------
+
+
+def cluster(reads: Reads) -> dict[str, Any]:
+    """Per election: holder, epoch, since when, ttl left; and this host's clock
+    against the store's."""
+    config = reads.config
+    lock = reads.store.lock
+    holders = lock.holders(None)
+    configured = {config.beat_election, config.worker_election}
+    if missing := [name for name in configured if name not in holders]:
+        holders.update(lock.holders(missing))
+    rows = []
+    for name in sorted(holders):
+        info = holders[name]
+        rows.append(
+            {
+                "election": name,
+                "holder": None if info is None else info.instance_id,
+                "epoch": None if info is None else info.epoch,
+                "since": None if info is None else iso(info.since),
+                "ttl_remaining": None if info is None else info.ttl_remaining,
+                "deployment": None if info is None else info.deployment,
+            }
+        )
+    measured = StoreClock()
+    sent = measured.monotonic()
+    now = lock.store_time(config.beat_election)
+    if now is not None and lock.clock_resolution is not None:
+        measured.sample(now, sent, measured.monotonic(), lock.clock_resolution)
+    return {
+        "store": config.display_url,
+        "elections": rows,
+        "clock_offset": measured.offset,
+        "clock_error": measured.error,
+    }
+
+
+# -- entries --------------------------------------------------------------------------
+
+
+def entries(
+    reads: Reads, query: str = "", selected: str = "", page: int = 1, per: int = PAGE
+) -> dict[str, Any]:
+    """A page of the entries whose name or task holds ``query``, of the filter
+    ``selected`` (``failing``, ``late``, ``paused``; empty: all)."""
+    index = reads.index()
+    names = index.search(query)
+    if selected == "paused":
+        names = index.paused(names)
+    elif selected in FILTERS:
+        wanted = FILTERS[selected]
+        runs = reads.runs()
+        chosen = []
+        for name in names:
+            if name not in runs:
+                continue  # no run recorded: never failing, late or missed
+            entry = index.get(name)
+            if entry is not None and (
+                state_of(entry.enabled, entry.series, runs[name], entry.limits, time.time())
+                in wanted
+            ):
+                chosen.append(name)
+        names = chosen
+    listing = page_of(index, names, page, per)
+    return {
+        "query": query,
+        "filter": selected if selected in FILTERS else "",
+        "filters": sorted(FILTERS),
+        **listing.to_json(),
+    }
+
+
+# -- one entry ------------------------------------------------------------------------
+
+
+def entry(
+    reads: Reads, name: str, limit: int = RUNS, show_args: bool = False
+) -> dict[str, Any] | None:
+    """Entry ``name``: its definition (arguments only when asked), its runs from the
+    ledger with p50/p95 duration, and its audit trail; ``None`` when there is none."""
+    found = reads.index().get(name)
+    if found is None:
+        return None
+    now = datetime.now(timezone.utc)
+    shown = found.row(now)
+    definition: dict[str, Any] = {}
+    if found.stored is not None and found.source == "store":
+        definition = {
+            k: v
+            for k, v in found.stored.__dict__.items()
+            if k not in ("name", "args", "kwargs", "task") and v not in (None, {}, [])
+        }
+        definition = {k: str(v) if isinstance(v, datetime) else v for k, v in definition.items()}
+    shown["definition"] = definition
+    shown["arguments"] = (
+        {"args": list(found.args or ()), "kwargs": dict(found.kwargs or {})} if show_args else None
+    )
+    limit = max(1, min(limit, MAX_RUNS))
+    records = reads.store.runs.runs_of(reads.election, name, limit) if reads.config.ledger else []
+    runs = [run_row(key, text) for key, text in records]
+    durations = sorted(r["duration"] for r in runs if r["duration"] is not None)
+    runs_of = reads.runs().get(name) if reads.config.ledger else None
+    shown["state"] = state_of(found.enabled, found.series, runs_of, found.limits, time.time())
+    shown["runs"] = runs
+    shown["p50"] = _quantile(durations, 0.5)
+    shown["p95"] = _quantile(durations, 0.95)
+    shown["audit"] = [
+        {
+            "at": iso(record.at),
+            "who": record.who,
+            "action": record.action,
+            "why": record.why,
+            "details": record.details,
+        }
+        for _, record in audit_trail(reads.store.journal, reads.election, AUDIT, entry=name)
+    ]
+    return shown
+
+
+def run_row(key: str, text: str) -> dict[str, Any]:
+    """One run record as the entry's history lists it: due, lag (started or sent
+    after due), started, finished, duration, outcome, worker, attempt."""
+    due = slot_due(key)
+    record = RunRecord.load(text, key)
+    if record is None:
+        return {"slot": key, "due": None if due is None else due.isoformat(), "state": "unknown",
+                "started": None, "finished": None, "duration": None, "lag": None,
+                "worker": None, "attempt": None}  # fmt: skip
+    finished = record.finished
+    return {
+        "slot": key,
+        "due": None if due is None else due.isoformat(),
+        "state": record.state,
+        "started": iso(record.started),
+        "finished": iso(finished),
+        "duration": None if finished is None else round(finished - record.started, 3),
+        "lag": None if due is None else round(record.started - due.timestamp(), 3),
+        "worker": record.worker,
+        "attempt": record.attempt,
+    }
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    """The ``q`` quantile of sorted ``values`` (nearest rank); ``None`` for none."""
+    if not values:
+        return None
+    return values[min(len(values) - 1, max(0, round(q * len(values) + 0.5) - 1))]
+
+
+# -- timeline -------------------------------------------------------------------------
+
+
+def timeline(reads: Reads, election: str | None = None, limit: int = TERMS) -> dict[str, Any]:
+    """The last terms of ``election`` (default: the beat election), newest first: holder,
+    start, end, how it ended, and the gap before it with the slots due in that gap
+    and what became of each (beat election only)."""
+    name = election or reads.election
+    terms = term_history(reads.store.journal, name, max(1, min(limit, 200)) + 1)
+    rows: list[dict[str, Any]] = []
+    lookups = GAP_LOOKUPS
+    older: list[TermRecord | None] = [*terms[1:], None]
+    for term, before in zip(terms, older, strict=True):
+        if len(rows) == limit:
+            break
+        row: dict[str, Any] = {
+            "epoch": term.epoch,
+            "holder": term.holder,
+            "started": iso(term.started),
+            "ended": iso(term.ended),
+            "how": term.how or "leading",
+            "gap": None,
+            "gap_slots": [],
+        }
+        # A lost term's end is unknown: its gap is counted from its start.
+        gap_from = None if before is None else (before.ended or before.started)
+        if gap_from is not None:
+            row["gap"] = round(term.started - gap_from, 3)
+            if name == reads.election and lookups > 0:
+                row["gap_slots"] = _gap_slots(reads, gap_from, term.started, term.holder, lookups)
+                lookups -= len(row["gap_slots"])
+        rows.append(row)
+    return {"election": name, "terms": rows}
+
+
+def _gap_slots(
+    reads: Reads, start: float, end: float, holder: str, lookups: int
+) -> list[dict[str, Any]]:
+    """The slots due in ``(start, end]`` and what the ledger says of each."""
+    begin = datetime.fromtimestamp(start, timezone.utc)
+    until = min(datetime.fromtimestamp(end, timezone.utc), begin + GAP_WINDOW)
+    if until <= begin:
+        return []
+    try:
+        result = planning.plan(jobs(reads), begin, until)
+    except planning.PlanError:
+        return []
+    out = []
+    for slot in result.slots[:lookups]:
+        text = (
+            read_run(reads.store.runs, reads.election, slot.slot, reads.config.ledger_retention)
+            if reads.config.ledger
+            else None
+        )
+        record = None if text is None else RunRecord.load(text, slot.slot)
+        if record is None:
+            fate = "not sent: dropped by the missed-slot policy, or not recorded"
+        elif record.attempt > 1:
+            fate = "re-sent by the ledger"
+        elif record.started > end:
+            fate = "sent late, by the next leader"
+        else:
+            fate = "sent"
+        out.append(
+            {"entry": slot.entry, "slot": slot.slot, "due": slot.due.isoformat(), "fate": fate}
+        )
+    return out
+
+
+def jobs(reads: Reads) -> list[Job]:
+    """Every enabled entry as a job of the plan (anchored where the plan starts, so
+    the missed-slot policy does not apply)."""
+    index = reads.index()
+    out = []
+    for name in index.names:
+        found = index.get(name)
+        if found is None or not found.enabled:
+            continue
+        stored = found.stored if found.source == "store" else None
+        missed, grace = policy(
+            reads.config,
+            None if stored is None else stored.missed_slots,
+            None if stored is None else stored.missed_slots_grace,
+        )
+        out.append(Job(name, found.series, missed, grace, index.zone))
+    return out
+
+
+# -- problems -------------------------------------------------------------------------
+
+
+def problems(reads: Reads) -> dict[str, Any]:
+    """Each entry's state (see :mod:`.problems`): the count of each, and every entry
+    not on time, worst first."""
+    index = reads.index()
+    runs = reads.runs()
+    now = time.time()
+    states: dict[str, str] = {}
+    known = [n for n in runs if n in index.records or n in index.app.code]
+    for name in {*index.paused(index.names), *known}:
+        found = index.get(name)
+        if found is not None:
+            states[name] = state_of(found.enabled, found.series, runs.get(name), found.limits, now)
+    counts = Counter(states.values())
+    counts["on time"] = len(index.names) - sum(counts[s] for s in STATES if s != "on time")
+    rank = {state: i for i, state in enumerate(STATES)}
+    rows = [
+        {"name": name, "state": state, "last_slot": runs[name].last_slot if name in runs else None}
+        for name, state in sorted(states.items(), key=lambda item: (rank[item[1]], item[0]))
+        if state != "on time"
+    ]
+    return {"counts": {state: counts[state] for state in STATES}, "entries": rows}
+
+
+def metrics(data: Mapping[str, Any]) -> str:
+    """The problem states as Prometheus gauges (text exposition format)."""
+    lines = [
+        "# HELP celery_leader_entries Schedule entries by state (the console's problems).",
+        "# TYPE celery_leader_entries gauge",
+    ]
+    for state, count in data["counts"].items():
+        lines.append(f'celery_leader_entries{{state="{state}"}} {count}')
+    return "\n".join(lines) + "\n"
+
+
+# -- plan -----------------------------------------------------------------------------
+
+
+def plan(reads: Reads, start: str = "now", end: str = "", tz: str = "") -> dict[str, Any]:
+    """The slots due between ``start`` and ``end`` (default: the next hour) across all
+    entries, as ``leader plan`` lists them, with the busiest seconds marked."""
+    zone = planning.parse_zone(tz) if tz else timezone.utc
+    now = datetime.now(timezone.utc)
+    begin = planning.parse_moment(start or "now", zone, now)
+    until = planning.parse_moment(end, zone, now) if end else begin + PLAN_WINDOW
+    result = planning.plan(jobs(reads), begin, until)
+    data = planning.to_json(result, zone)
+    per_second = Counter(s.due.replace(microsecond=0) for s in result.slots)
+    busiest = [(at.isoformat(), n) for at, n in per_second.most_common(BUSIEST) if n > 1]
+    marked = {at for at, _ in busiest}
+    for slot in data["slots"]:
+        slot["busy"] = slot["due"][:19] + "+00:00" in marked
+    data["busiest"] = [{"second": at, "slots": n} for at, n in busiest]
+    data["total"] = len(data["slots"])
+    return data
