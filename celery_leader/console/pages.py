@@ -16,7 +16,7 @@ from typing import Any
 from ..backends import StoreFacets
 from ..cli.entries import EntriesApp
 from ..clock import StoreClock
-from ..election.history import TermRecord, term_history
+from ..election.history import TERMS_KEPT, term_history
 from ..ledger.marks import read as read_run
 from ..ledger.records import RunRecord
 from ..ledger.summary import EntryRuns, summarize
@@ -242,13 +242,12 @@ def timeline(reads: Reads, election: str | None = None, limit: int = TERMS) -> d
     start, end, how it ended, and the gap before it with the slots due in that gap
     and what became of each (beat election only)."""
     name = election or reads.election
-    terms = term_history(reads.store.journal, name, max(1, min(limit, 200)) + 1)
+    limit = max(1, min(limit, TERMS_KEPT))
+    terms = term_history(reads.store.journal, name, limit + 1)
     rows: list[dict[str, Any]] = []
     lookups = GAP_LOOKUPS
-    older: list[TermRecord | None] = [*terms[1:], None]
-    for term, before in zip(terms, older, strict=True):
-        if len(rows) == limit:
-            break
+    for number, term in enumerate(terms[:limit]):
+        before = terms[number + 1] if number + 1 < len(terms) else None
         row: dict[str, Any] = {
             "epoch": term.epoch,
             "holder": term.holder,
