@@ -39,12 +39,16 @@ def store_url(redis_server: RedisServer, redis_url: str) -> str:
 
 
 def _env(store_url: str, **more: str) -> dict[str, str]:
+    """The test app's settings: beat sends ``tick`` every second, through the exchange
+    that the worker's queue is bound to, and the worker runs it."""
     return {
         "PYTHONPATH": str(ROOT),
         "BROKER_URL": store_url,
         "LEADER_URL": store_url,
         "LEADER_TTL": "3",
         "BEAT_EVERY": "1",
+        "RUNS_URL": store_url,
+        "VIA_EXCHANGE": "1",
         **more,
     }
 
@@ -71,6 +75,12 @@ def test_celery_console_serves_every_view_and_its_json_twin(
     added = _celery(store_url, "leader", "entries", "add", "report", "--task", "beat_app.noop",
                     "--every", "3600", "--kwargs", '{"customer": "acme-secret"}')  # fmt: skip
     assert added.returncode == 0, added.stderr
+    worker = procs.spawn_python(
+        CELERY_MAIN, *APP, "worker", "-P", "solo", "-n", "w1@%h", "-l", "INFO",
+        "--without-gossip", "--without-mingle", "--without-heartbeat",
+        env=_env(store_url), cwd=ROOT,
+    )  # fmt: skip
+    worker.wait_for_line(r"ready\.", 60)
     beat = procs.spawn_python(CELERY_MAIN, *APP, "beat", "-S", "leader", "-l", "info",
                               env=_env(store_url, INSTANCE_ID="beat-1"), cwd=ROOT)  # fmt: skip
     console = procs.spawn_python(
@@ -109,9 +119,13 @@ def test_celery_console_serves_every_view_and_its_json_twin(
 
     def ran() -> bool:
         runs = web.get(url + "api/entries/tick", timeout=10).json()["runs"]
-        return len(runs) >= 2
+        return len([r for r in runs if r["state"] == "success"]) >= 2
 
-    wait_for(ran, 30, message="the tick entry's sent slots never showed in its history")
+    wait_for(ran, 30, message="the tick entry's runs never showed in its history")
+    tick = web.get(url + "api/entries/tick", timeout=10).json()
+    run = next(r for r in tick["runs"] if r["state"] == "success")
+    assert run["worker"] and run["attempt"] == 1 and run["duration"] is not None
+    assert run["due"] is not None and run["lag"] is not None and tick["p50"] is not None
     terms = web.get(url + "api/timeline", timeout=10).json()["terms"]
     assert terms and terms[0]["holder"] == "beat-1" and terms[0]["how"] == "leading"
 
