@@ -24,6 +24,7 @@ PYTHON_MAIN = "import sys; from celery_leader.__main__ import main; sys.exit(mai
 APP = ["-A", "tests.apps.beat_app"]
 TOKEN = "console-t0ken"
 PASSWORD = "st0re-pw"
+CSP = "default-src 'self'; frame-ancestors 'none'"
 #: The pages and their JSON twins, each at a stable URL.
 VIEWS = ["", "entries", "entries/report", "entries/tick", "timeline", "problems", "plan"]
 TWINS = ["cluster", "entries", "entries/report", "entries/tick", "timeline", "problems", "plan"]
@@ -103,7 +104,7 @@ def test_celery_console_serves_every_view_and_its_json_twin(
     for view, twin in zip(VIEWS, TWINS, strict=True):
         page = web.get(url + view, timeout=10)
         assert page.status_code == 200, (view, page.text)
-        assert page.headers["Content-Security-Policy"] == "default-src 'self'; frame-ancestors 'none'"
+        assert page.headers["Content-Security-Policy"] == CSP
         assert page.headers["Cache-Control"] == "no-store"
         assert PASSWORD not in page.text and "acme-secret" not in page.text
         data = web.get(url + "api/" + twin, timeout=10)
