@@ -201,6 +201,9 @@ def entry(
         }
         for _, record in audit_trail(reads.store.journal, reads.election, AUDIT, entry=name)
     ]
+    # Who paused it, when and why: the trail's newest pause, while it is paused.
+    pauses = [change for change in shown["audit"] if change["action"] == "pause"]
+    shown["paused"] = pauses[0] if pauses and not found.enabled else None
     return shown
 
 
