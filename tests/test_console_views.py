@@ -13,9 +13,9 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from celery_leader.backends import JournalWrite, RunWrite, StoreFacets, open_store
-from celery_leader.cli.entries import CodeEntry, EntriesApp
+from celery_leader.cli.entries import CodeEntry, EntriesApp, ScheduleEntries
 from celery_leader.console import pages
-from celery_leader.console.listing import EntryIndex, page_of
+from celery_leader.console.listing import EntryCache, EntryIndex, page_of
 from celery_leader.console.problems import Limits, state_of
 from celery_leader.console.times import AFTER_CHANGE, MOVED, REPEATED, in_words, next_fires
 from celery_leader.election.history import TERMS, TERMS_KEPT, TermRecord, term_key
@@ -213,4 +213,18 @@ def test_the_timeline_shows_the_gap_of_a_hand_over_and_its_slots() -> None:
         "not sent: dropped by the missed-slot policy, or not recorded",
         "sent late, by the next leader",
     ]
+    store.close()
+
+
+def test_the_entries_are_read_again_only_when_their_version_moved() -> None:
+    app = _app()
+    store = open_store(app.config)
+    cache = EntryCache(app)
+    first = cache.index(store.entries, "beat")
+    assert cache.index(store.entries, "beat") is first
+    with ScheduleEntries(app) as entries:
+        entries.add("report", "proj.tick", every=60)
+    again = cache.index(store.entries, "beat")
+    assert again is not first and again.names == ["report", "tick"]
+    assert cache.index(store.entries, "beat") is again
     store.close()

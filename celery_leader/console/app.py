@@ -22,6 +22,7 @@ from ..schedule.plan import PlanError
 from . import pages, security
 from .actions import MAX_BULK, ActionError, Actions, Actor, reason
 from .http import BodyTooLarge, Request, Response, StartResponse, first
+from .listing import EntryCache
 from .render import Renderer, static
 
 logger = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ class Console:
         self.write = bool(app.config.console_write and self.token)
         self.store: StoreFacets = open_store(app.config)
         self.actions = Actions(app, self.store.journal)
+        self.entries = EntryCache(app)
         self.renderer = Renderer()
 
     def close(self) -> None:
@@ -108,7 +110,7 @@ class Console:
                 return self._error(request, 404, "no such file")
             return Response(200, file[0], file[1])
         if parts == ["metrics"]:
-            data = pages.problems(pages.Reads(self.app, self.store))
+            data = pages.problems(pages.Reads(self.app, self.store, self.entries))
             return Response(200, pages.metrics(data).encode(), "text/plain; version=0.0.4")
         as_json = parts[:1] == ["api"]
         if as_json:
@@ -125,7 +127,7 @@ class Console:
         return self._page(request, template, data)
 
     def _view(self, request: Request, parts: list[str]) -> tuple[str, dict[str, Any]] | None:
-        reads = pages.Reads(self.app, self.store)
+        reads = pages.Reads(self.app, self.store, self.entries)
         if parts in ([], ["cluster"]):
             return "cluster.html", pages.cluster(reads)
         if parts == ["entries"]:

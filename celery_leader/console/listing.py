@@ -1,20 +1,24 @@
 """The code entries and the store entries of the beat election, as the console lists
 them: searched, filtered and paged on the server, to 100,000 entries.
 
-The store's entries are read once per request (one
-:meth:`~celery_leader.backends.EntryStore.load`) and parsed only where needed:
-a page parses its own rows, and a search or the ``paused`` filter first looks
-for its words in the stored JSON, then parses only the entries that have them.
+The store's entries are read at most once per request (one
+:meth:`~celery_leader.backends.EntryStore.load`), and not at all while the
+store's entries version has not moved since the last read (:class:`EntryCache`).
+They are parsed only where needed, and each at most once per version: a page
+parses its own rows, and a search or the ``paused`` filter first looks for its
+words in the stored JSON, then parses only the entries that have them.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone, tzinfo
 from typing import Any
 
+from ..backends import EntryStore
 from ..cli.entries import CodeEntry, EntriesApp
 from ..schedule.entries import CODE, Entry, EntryError
 from ..schedule.series import Series
@@ -162,6 +166,29 @@ class EntryIndex:
             if entry is not None and not entry.enabled:
                 out.append(name)
         return out
+
+
+class EntryCache:
+    """The entries of the last read, kept while the store's entries version stays:
+    a request then costs one cheap read (the version) rather than every entry."""
+
+    def __init__(self, app: EntriesApp) -> None:
+        self.app = app
+        self._held: tuple[int, EntryIndex] | None = None
+        self._lock = threading.Lock()  # one reload at a time, whatever the requests
+
+    def index(self, entries: EntryStore, election: str) -> EntryIndex:
+        """The entries of ``election`` now: the kept ones if the version has not moved."""
+        held = self._held
+        if held is not None and entries.version(election) == held[0]:
+            return held[1]
+        with self._lock:
+            if self._held is not held and self._held is not None:
+                return self._held[1]  # another request read them meanwhile
+            version, records = entries.load(election)
+            index = EntryIndex(self.app, records)
+            self._held = (version, index)
+            return index
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from ..schedule.catalog import policy
 from ..schedule.jobs import Job
 from ..settings.config import LeaderConfig
 from .listing import PAGE as PAGE
-from .listing import EntryIndex, page_of
+from .listing import EntryCache, EntryIndex, page_of
 from .problems import FILTERS, STATES, slot_due, state_of
 
 #: Runs an entry's page lists, unless the request asks for fewer or more.
@@ -61,19 +61,21 @@ def iso(seconds: float | None) -> str | None:
 class Reads:
     """One request's reads of the store, each done at most once."""
 
-    def __init__(self, app: EntriesApp, store: StoreFacets) -> None:
+    def __init__(
+        self, app: EntriesApp, store: StoreFacets, cache: EntryCache | None = None
+    ) -> None:
         self.app = app
         self.store = store
+        self.cache = EntryCache(app) if cache is None else cache
         self.config: LeaderConfig = app.config
         self.election = app.config.beat_election
         self._index: EntryIndex | None = None
         self._runs: dict[str, EntryRuns] | None = None
 
     def index(self) -> EntryIndex:
-        """Every entry, from one read of the store's entries."""
+        """Every entry: the cache's, or from one read of the store's entries."""
         if self._index is None:
-            _, records = self.store.entries.load(self.election)
-            self._index = EntryIndex(self.app, records)
+            self._index = self.cache.index(self.store.entries, self.election)
         return self._index
 
     def runs(self) -> dict[str, EntryRuns]:
