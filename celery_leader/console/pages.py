@@ -174,12 +174,11 @@ def entry(
     shown = found.row(now)
     definition: dict[str, Any] = {}
     if found.stored is not None and found.source == "store":
-        definition = {
-            k: v
-            for k, v in found.stored.__dict__.items()
-            if k not in ("name", "args", "kwargs", "task") and v not in (None, {}, [])
-        }
-        definition = {k: str(v) if isinstance(v, datetime) else v for k, v in definition.items()}
+        # What the row does not show already; the arguments only when asked.
+        for key in _DEFINITION:
+            value = getattr(found.stored, key)
+            if value not in (None, {}, []):
+                definition[key] = value.isoformat() if isinstance(value, datetime) else value
     shown["definition"] = definition
     shown["arguments"] = (
         {"args": list(found.args or ()), "kwargs": dict(found.kwargs or {})} if show_args else None
@@ -207,6 +206,19 @@ def entry(
     pauses = [change for change in shown["audit"] if change["action"] == "pause"]
     shown["paused"] = pauses[0] if pauses and not found.enabled else None
     return shown
+
+
+#: The fields of a store entry its page lists besides its row's.
+_DEFINITION = (
+    "options",
+    "start_at",
+    "end_at",
+    "missed_slots",
+    "missed_slots_grace",
+    "version",
+    "generation",
+    "active_since",
+)
 
 
 def run_row(key: str, text: str) -> dict[str, Any]:
