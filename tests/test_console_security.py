@@ -47,7 +47,12 @@ def _app(**settings: Any) -> tuple[EntriesApp, Sent]:
         {"leader_url": "memory://", "leader_key_prefix": prefix, **settings}
     )
     sent = Sent()
-    code = {"tick": CodeEntry("proj.tick", "every 10s", Every(timedelta(seconds=10)))}
+    every = Every(timedelta(seconds=10))
+    code = {
+        "tick": CodeEntry("proj.tick", "every 10s", every),
+        # beat_schedule's keys are free text.
+        "add <b>every</b> 10 s/x": CodeEntry("proj.tick", "every 10s", every),
+    }
     return EntriesApp(config, code, {"proj.tick", "proj.report"}, sent), sent
 
 
@@ -367,3 +372,19 @@ def test_start_up_refuses_an_open_address_or_writing_without_a_token() -> None:
 def test_the_token_is_never_in_the_settings_repr() -> None:
     app, _ = _app(leader_console_token=TOKEN)
     assert TOKEN not in repr(app.config) and TOKEN not in repr(app.config.console)
+
+
+def test_a_code_entry_with_a_free_text_name_is_shown_escaped(
+    writer: tuple[Console, Sent],
+) -> None:
+    console, _ = writer
+    name = "add <b>every</b> 10 s/x"
+    listed = call(console, "GET", "/entries").text
+    assert "add &lt;b&gt;every&lt;/b&gt; 10 s/x" in listed and name not in listed
+    assert 'href="/entries/add%20%3Cb%3Eevery%3C/b%3E%2010%20s/x"' in listed
+    page = call(console, "GET", "/entries/" + name)
+    assert page.status == 200
+    # The store keeps names of letters, digits and _ . : - only: refused in one line.
+    refused = _post(console, "/entries/" + name + "/pause", {"reason": "noisy"})
+    assert refused.status == 400 and "&lt;b&gt;" in refused.text
+    assert '"enabled": true' in call(console, "GET", "/api/entries/" + name).text

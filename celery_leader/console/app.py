@@ -139,9 +139,11 @@ class Console:
                 request.number("per_page", pages.PAGE),
             )
             return "entries.html", data
-        if len(parts) == 2 and parts[0] == "entries":
+        if len(parts) >= 2 and parts[0] == "entries":
+            # A code entry's name may hold a "/" (beat_schedule's keys are free text).
+            name = "/".join(parts[1:])
             shown = request.arg("show") == "args"
-            one = pages.entry(reads, parts[1], request.number("runs", pages.RUNS), shown)
+            one = pages.entry(reads, name, request.number("runs", pages.RUNS), shown)
             return None if one is None else ("entry.html", one)
         if parts == ["timeline"]:
             election = request.arg("election") or None
@@ -172,8 +174,8 @@ class Console:
         try:
             if parts == ["entries", "pause"]:
                 return self._bulk_pause(request, form, who)
-            if len(parts) == 3 and parts[0] == "entries":
-                return self._act(parts[1], parts[2], form, who)
+            if len(parts) >= 3 and parts[0] == "entries":
+                return self._act("/".join(parts[1:-1]), parts[-1], form, who)
         except (ActionError, ConfigError) as exc:
             return self._error(request, 400, str(exc).splitlines()[0])
         return self._error(request, 404, "no such action")
