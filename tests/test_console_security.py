@@ -7,6 +7,8 @@ from __future__ import annotations
 import base64
 import io
 import re
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -388,3 +390,33 @@ def test_a_code_entry_with_a_free_text_name_is_shown_escaped(
     refused = _post(console, "/entries/" + name + "/pause", {"reason": "noisy"})
     assert refused.status == 400 and "&lt;b&gt;" in refused.text
     assert '"enabled": true' in call(console, "GET", "/api/entries/" + name).text
+
+
+_WITHOUT_JINJA2 = """
+import importlib.abc, sys
+
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "jinja2":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, Block())
+import celery_leader.celery.cli  # every celery command loads it: no Jinja2 needed
+from celery_leader import MissingExtra
+try:
+    import celery_leader.console
+except MissingExtra as exc:
+    print(exc)
+"""
+
+
+def test_without_its_extra_the_console_fails_in_one_line_naming_it() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_JINJA2], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "celery-leader needs 'jinja2' for this, and it is not installed: "
+        "pip install 'celery-leader[console]'"
+    ]
