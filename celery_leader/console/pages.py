@@ -308,7 +308,7 @@ def _gap_slots(
         if record is None:
             fate = "not sent: dropped by the missed-slot policy, or not recorded"
         elif record.attempt > 1:
-            fate = "re-sent by the ledger"
+            fate = "run again: its worker died mid-run"
         elif record.started > end:
             fate = "sent late, by the next leader"
         else:
