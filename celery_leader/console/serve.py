@@ -18,8 +18,9 @@ from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
+from ..settings.config import LOOPBACK_NAMES
 from .app import Console
-from .security import check_start
+from .security import check_start, is_loopback
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +72,13 @@ def serve(
     if config.console_token and not console.write:
         mode += ", token required"
     logger.info("celery-leader console at %s (%s; store %s)", url, mode, config.display_url)
+    if not is_loopback(bind) and set(config.console_allowed_hosts) <= set(LOOPBACK_NAMES):
+        logger.warning(
+            "celery-leader console: it listens on %s but answers only to the names in "
+            "leader_console_allowed_hosts (%s): add the name it is reached by",
+            bind,
+            ", ".join(config.console_allowed_hosts),
+        )
     stop = threading.Event()
 
     def shut(signum: int, frame: object) -> None:

@@ -21,6 +21,7 @@ from ..exceptions import ConfigError
 from .table import DEFAULT_KEY_PREFIX as DEFAULT_KEY_PREFIX
 from .table import DEFAULT_LEDGER_RETENTION as DEFAULT_LEDGER_RETENTION
 from .table import DEFAULT_TTL as DEFAULT_TTL
+from .table import LOOPBACK_NAMES as LOOPBACK_NAMES
 from .table import MISSED_SLOTS as MISSED_SLOTS
 from .table import OVERLAP as OVERLAP
 from .table import SETTINGS as SETTINGS
