@@ -563,6 +563,8 @@ def test_journal_logs_of_any_name_are_two_keys_of_the_election(redis_url: str) -
         assert client.zrange(keys, 0, -1, withscores=True) == kept
         assert client.hgetall(records) == {"002": "r2", "003": "r3", "004": "r4"}
         assert list(store.lock.holders()) == [], "no election is made of a log name"
+        store.journal.write("beat", [JournalWrite("terms", "foreign", "a key like any", 3)])
+        assert store.journal.read("beat", "terms", 3) == [("foreign", "a key like any")]
         client.set("{jr:beat}:journal-keys:terms", "x")
         named = r"'\{jr:beat\}:journal-keys:terms' holds 'string'.*sorted set"
         with pytest.raises(StoreUnavailable, match=named):

@@ -43,4 +43,4 @@ class RedisJournal(Journal):
             return []
         below = "+" if before is None else f"({before}"
         flat = self._conn.run("journal_read", self._keys(election, log), [limit, below])
-        return [(str(flat[i]), str(flat[i + 1])) for i in range(0, len(flat), 2)]
+        return [(str(flat[i]), str(flat[i + 1])) for i in range(1, len(flat), 2)]

@@ -450,9 +450,10 @@ return 1
 
 # KEYS: as in _JOURNAL_PROLOGUE, one log. ARGV: limit, the greatest key to read
 # as ZREVRANGEBYLEX takes it ('+' for all, '(' .. key for those below it).
-# Returns {key, record, ...}, greatest key first.
+# Returns {1, key, record, ...}, greatest key first (the 1 first: a key may be
+# any text, 'foreign' too).
 JOURNAL_READ = _JOURNAL_PROLOGUE + """
-local out = {}
+local out = {1}
 for _, key in ipairs(redis.call('ZREVRANGEBYLEX', KEYS[2], ARGV[2], '-', 'LIMIT', 0, ARGV[1])) do
   local record = redis.call('HGET', KEYS[1], key)
   if record then
