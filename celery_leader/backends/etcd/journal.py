@@ -26,29 +26,48 @@ class EtcdJournal(Journal):
         return self.etcd.key(election, f"journal/{quote(log, safe='')}/")
 
     def write(self, election: str, writes: Sequence[JournalWrite]) -> None:
-        """Put every record, and read how many keys each log has now and its least
-        ones, in one transaction (etcd refuses to write a key twice in one: the
-        last write of a key is the one made); then drop, in one more, the keys
-        of the logs that went over their cap."""
-        if not writes:
-            return
-        last = {(w.log, w.key): w for w in writes}
-        keep = {w.log: w.keep for w in writes}
-        new = Counter(log for log, _ in last)
+        """Apply ``writes`` as they would be one by one, in rounds of a run of each log.
+
+        A log that keeps its ``keep`` greatest keys after each write keeps the
+        same ones after several writes of one ``keep``, whatever their order: so
+        a log's writes go in runs of one ``keep``, and a call of one ``keep`` a
+        log (the term history's, the audit trail's) is one round.
+        """
+        runs: dict[str, list[list[JournalWrite]]] = {}
+        for w in writes:
+            of_log = runs.setdefault(w.log, [])
+            if not of_log or of_log[-1][0].keep != w.keep:
+                of_log.append([])
+            of_log[-1].append(w)
+        with self.etcd.deadline():
+            for at in range(max((len(r) for r in runs.values()), default=0)):
+                self._round(election, [r[at] for r in runs.values() if at < len(r)])
+
+    def _round(self, election: str, runs: list[list[JournalWrite]]) -> None:
+        """Put the records of ``runs`` (one per log, of one ``keep`` each), and read
+        how many keys each log has now and its least ones, in one transaction
+        (etcd refuses to write a key twice in one: the last write of a key is
+        the one made); then drop, in one more, the keys of the logs that went
+        over their cap."""
+        last = {(w.log, w.key): w for run in runs for w in run}
         puts = [
             wire.put(self._prefix(election, w.log) + wire.encode(w.key), wire.encode(w.data))
             for w in last.values()
         ]
-        # The least keys, as many as this call adds: those a full log drops.
-        peeks = [self._range(election, log, keys_only=True, limit=new[log]) for log in keep]
-        with self.etcd.deadline():
-            found = self._transactions(puts + peeks)[len(puts) :]
-            drops = []
-            for log, reply in zip(keep, found, strict=True):
-                drop = self._cutoff(election, log, keep[log], reply.get("response_range", {}))
-                if drop is not None:
-                    drops.append(wire.delete_range(self._prefix(election, log), drop))
-            self._transactions(drops)
+        # The least keys, as many as the run adds: those a full log drops.
+        added = Counter(log for log, _ in last)
+        peeks = [
+            self._range(election, run[0].log, keys_only=True, limit=added[run[0].log])
+            for run in runs
+        ]
+        found = self._transactions(puts + peeks)[len(puts) :]
+        drops = []
+        for run, reply in zip(runs, found, strict=True):
+            log = run[0].log
+            drop = self._cutoff(election, log, run[0].keep, reply.get("response_range", {}))
+            if drop is not None:
+                drops.append(wire.delete_range(self._prefix(election, log), drop))
+        self._transactions(drops)
 
     def read(
         self, election: str, log: str, limit: int, before: str | None = None
