@@ -50,7 +50,7 @@ of them).
 from __future__ import annotations
 
 from .. import StoreFacets, StoreParams
-from .facets import MySqlEntries, MySqlLock, MySqlRecords, MySqlRuns
+from .facets import MySqlEntries, MySqlJournal, MySqlLock, MySqlRecords, MySqlRuns
 from .session import Connector
 from .sql import lock_name
 
@@ -61,4 +61,6 @@ def open_store(params: StoreParams) -> StoreFacets:
     """The MySQL / MariaDB store of ``params``; it does not connect until first used."""
     db = Connector(params)
     lock, records = MySqlLock(db), MySqlRecords(db, params.replica_acks)
-    return StoreFacets(params, lock, records, MySqlEntries(db), MySqlRuns(db), db.close)
+    return StoreFacets(
+        params, lock, records, MySqlEntries(db), MySqlRuns(db), MySqlJournal(db), db.close
+    )
