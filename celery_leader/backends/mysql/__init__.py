@@ -43,8 +43,8 @@ The package: :mod:`.sql` and :mod:`.entries` (the statements and the lock
 name), :mod:`.session` (dedicated sessions, the store deadline, a follower's
 queued wait; its :class:`~.session.Connector` is the connection object the
 facets share), :mod:`.params` (``leader_url`` -> PyMySQL parameters) and
-:mod:`.facets` (the lease lock, fenced records, entries and run records on top
-of them).
+:mod:`.facets` (the lease lock, fenced records, entries, run records and the
+journal on top of them).
 """
 
 from __future__ import annotations
