@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from typing import Any, Generic
 
 from .entry_store import Edit, EntryStore
-from .journal import Journal, JournalWrite
+from .journal import Journal
 from .run_store import RUNS_DROPPED, RunStore, RunSummary, RunWrite, run_entry
 from .session_lock import Rows, S, SessionStore
 
@@ -191,25 +191,6 @@ class SqlRuns(RunStore):
     def _summarise(self, rows: Rows, params: dict[str, Any]) -> list[RunSummary]:
         """The summaries of one page of :attr:`_SUMMARIES` rows (the entries
         with a record kept)."""
-
-
-def journal_rounds(writes: Sequence[JournalWrite]) -> list[list[JournalWrite]]:
-    """``writes`` cut, in order, into rounds in which each log has one ``keep``.
-
-    Applying a round's writes at once, then trimming each of its logs once to
-    its ``keep``, leaves what applying them one by one does: the greatest keys
-    of the greatest keys, with more keys added, are the greatest of them all.
-    Callers seldom change a log's ``keep`` within a call: one round is the rule.
-    """
-    rounds: list[list[JournalWrite]] = []
-    keeps: dict[str, int] = {}
-    for w in writes:
-        if not rounds or keeps.get(w.log, w.keep) != w.keep:
-            rounds.append([])
-            keeps = {}
-        keeps[w.log] = w.keep
-        rounds[-1].append(w)
-    return rounds
 
 
 class SqlJournal(Journal):

@@ -8,12 +8,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...exceptions import StoreMisconfigured, StoreUnavailable
-from ..journal import JournalWrite
+from ..journal import JournalWrite, journal_rounds
 from ..lock import HolderInfo, Term
 from ..records import Fence, FencedRecords, Write
 from ..run_store import RunSummary, RunWrite
 from ..session_lock import Rows, SessionGone, SessionLock
-from ..sql_facets import LOAD_STATE, SqlEntries, SqlJournal, SqlRuns, journal_rounds
+from ..sql_facets import LOAD_STATE, SqlEntries, SqlJournal, SqlRuns
 from ..terms import since_of
 from ..waiting import LockWaiter
 from .entries import (

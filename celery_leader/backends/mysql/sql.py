@@ -414,7 +414,7 @@ WHERE prefix = %(prefix)s AND election = %(election)s AND (entry, run_key) IN %(
 """
 
 # Journal writes, in one transaction and one round trip: per round (see
-# :func:`~..sql_facets.journal_rounds`: each log has one ``keep``) one INSERT of
+# :func:`~..journal.journal_rounds`: each log has one ``keep``) one INSERT of
 # its records (a key written twice keeps the last), then per log of the round
 # its ``keep``-th greatest key (a backward scan of the primary key, ``keep``
 # rows at most) and a delete of the keys below it (a range of the primary key,

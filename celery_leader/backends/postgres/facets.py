@@ -9,12 +9,12 @@ from typing import Any
 
 from ...exceptions import StoreMisconfigured, StoreUnavailable
 from ..errors import hand_back
-from ..journal import JournalWrite
+from ..journal import JournalWrite, journal_rounds
 from ..lock import HolderInfo, Term
 from ..records import Fence, FencedRecords, Write, write_rounds
 from ..run_store import RunSummary, RunWrite
 from ..session_lock import Rows, SessionGone, SessionLock
-from ..sql_facets import LOAD_STATE, SqlEntries, SqlJournal, SqlRuns, journal_rounds
+from ..sql_facets import LOAD_STATE, SqlEntries, SqlJournal, SqlRuns
 from ..terms import since_of
 from ..waiting import LockWaiter
 from .entries import CREATE_ENTRY, DELETE_ENTRY, ENTRIES_SINCE, REPLACE_ENTRY, VERSION_ROW

@@ -534,7 +534,7 @@ ORDER BY e.entry LIMIT %(page)s
 """  # noqa: S608
 
 
-# A round of journal writes (see :func:`~..sql_facets.journal_rounds`: each log
+# A round of journal writes (see :func:`~..journal.journal_rounds`: each log
 # has one ``keep``), in one statement. Its parts see the table as it was, so
 # ``floor`` takes each log's ``keep``-th greatest key among its kept ones (a
 # backward scan of the primary key, ``keep`` rows at most) and the ones
