@@ -203,6 +203,8 @@ class SqlJournal(Journal):
     def read(
         self, election: str, log: str, limit: int, before: str | None = None
     ) -> list[tuple[str, str]]:
+        if limit <= 0:
+            return []  # nothing to ask (and a negative LIMIT is an error)
         params: dict[str, Any] = {**self._db.names(election), "log": log, "limit": limit}
         query = JOURNAL_PAGE
         if before is not None:
