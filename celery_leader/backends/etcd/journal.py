@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
 
-from ..journal import Journal, JournalWrite
+from ..journal import Journal, JournalWrite, journal_rounds
 from . import wire
 from .client import Cluster
 
@@ -26,22 +26,14 @@ class EtcdJournal(Journal):
         return self.etcd.key(election, f"journal/{quote(log, safe='')}/")
 
     def write(self, election: str, writes: Sequence[JournalWrite]) -> None:
-        """Apply ``writes`` as they would be one by one, in rounds of a run of each log.
-
-        A log that keeps its ``keep`` greatest keys after each write keeps the
-        same ones after several writes of one ``keep``, whatever their order: so
-        a log's writes go in runs of one ``keep``, and a call of one ``keep`` a
-        log (the term history's, the audit trail's) is one round.
-        """
-        runs: dict[str, list[list[JournalWrite]]] = {}
-        for w in writes:
-            of_log = runs.setdefault(w.log, [])
-            if not of_log or of_log[-1][0].keep != w.keep:
-                of_log.append([])
-            of_log[-1].append(w)
+        """Apply ``writes`` as they would be one by one: a round per
+        :func:`journal_rounds` (one for the term history's and the audit trail's calls)."""
         with self.etcd.deadline():
-            for at in range(max((len(r) for r in runs.values()), default=0)):
-                self._round(election, [r[at] for r in runs.values() if at < len(r)])
+            for batch in journal_rounds(writes):
+                runs: dict[str, list[JournalWrite]] = {}
+                for w in batch:
+                    runs.setdefault(w.log, []).append(w)
+                self._round(election, list(runs.values()))
 
     def _round(self, election: str, runs: list[list[JournalWrite]]) -> None:
         """Put the records of ``runs`` (one per log, of one ``keep`` each), and read
