@@ -1,11 +1,5 @@
-"""What ``leader status``, ``resign``, ``check``, ``plan`` and ``run`` do, without Celery.
-
-One implementation for both command lines: ``celery -A proj leader ...``
-(:mod:`celery_leader.celery.cli`, click, settings from the app) and ``python -m
-celery_leader ...`` (:mod:`celery_leader.__main__`, argparse, settings from
-``CELERY_LEADER_*`` environment variables). Each function prints through
-``echo`` and returns the exit code, or raises :class:`OpsError` with the one
-line to print on stderr and the code to exit with.
+"""What ``leader status``, ``resign``, ``check``, ``plan`` and ``run`` do, for both command
+lines. Each prints through ``echo`` and returns the exit code, or raises :class:`OpsError`.
 """
 
 from __future__ import annotations
@@ -16,7 +10,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timezone, tzinfo
 from typing import Any
 
-from ..backends import HolderInfo, LeaseLock, open_store
+from ..backends import HolderInfo, LeaseLock, StoreFacets, open_store
 from ..clock import StoreClock
 from ..election.lease_set import lease_set
 from ..exceptions import ConfigError, MissingExtra, StoreUnavailable
@@ -52,6 +46,16 @@ def _unreachable(config: LeaderConfig, exc: Exception) -> OpsError:
     return OpsError(f"store {config.display_url} unreachable: {exc}", EXIT_UNKNOWN)
 
 
+def _open(config: LeaderConfig, elections: Sequence[str]) -> StoreFacets:
+    """``config``'s store, once every name in ``elections`` is valid."""
+    try:
+        for name in elections:
+            validate_name("election", name)
+        return open_store(config)
+    except ConfigError as exc:
+        raise OpsError(str(exc), EXIT_UNKNOWN) from exc
+
+
 def _row(election: str, info: HolderInfo | None) -> dict[str, Any]:
     return {
         "election": election,
@@ -62,11 +66,11 @@ def _row(election: str, info: HolderInfo | None) -> dict[str, Any]:
     }
 
 
-def _since(seconds: float | None) -> str:
-    """A term's start for the status table: UTC to the second, ``-`` when unknown."""
-    if seconds is None:
+def _utc(at: float | None, suffix: str = "") -> str:
+    """A time for a table: UTC to the second, ``-`` when unknown."""
+    if at is None:
         return "-"
-    return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+    return datetime.fromtimestamp(at, timezone.utc).strftime("%Y-%m-%d %H:%M:%S") + suffix
 
 
 def status(
@@ -79,12 +83,7 @@ def status(
     With ``elections``: just those, and 0 only when every one has a leader.
     Otherwise 3 (nobody leads); 2 when the store cannot be asked.
     """
-    try:
-        for name in elections:
-            validate_name("election", name)
-        store = open_store(config)
-    except ConfigError as exc:
-        raise OpsError(str(exc), EXIT_UNKNOWN) from exc
+    store = _open(config, elections)
     try:
         holders = store.lock.holders(list(elections) or None)
         configured = {config.beat_election, config.worker_election}
@@ -106,11 +105,8 @@ def status(
     code = EXIT_LEADER if (all(led) if elections else any(led)) else EXIT_NO_LEADER
     if as_json:
         ledger = {} if runs is None else {"entries": [r.to_json() for r in runs]}
-        echo(
-            json.dumps(
-                {"store": config.display_url, "elections": rows, **clock, **ledger}, indent=2
-            )
-        )
+        shown = {"store": config.display_url, "elections": rows, **clock, **ledger}
+        echo(json.dumps(shown, indent=2))
         return code
     width = max([len(row["election"]) for row in rows] + [19])
     holder_width = max([len(row["holder"] or "") for row in rows] + [31])
@@ -127,7 +123,7 @@ def status(
         epoch = "-" if row["epoch"] is None else str(row["epoch"])
         echo(
             f"{row['election']:<{width}} {row['holder'] or '(nobody)':<{holder_width}} "
-            f"{epoch:>13} {left:>9}  {_since(row['since'])}"
+            f"{epoch:>13} {left:>9}  {_utc(row['since'], 'Z')}"
         )
     offset = clock["clock_offset"]
     if offset is not None:
@@ -153,16 +149,12 @@ def _echo_runs(runs: list[EntryRuns], echo: Echo) -> None:
         f"{'RUNS':>5} {'FAILED':>6} {'SKIPPED':>7}"
     )
     for r in runs:
-        started = "-" if r.started is None else _utc(r.started)
+        started = _utc(r.started)
         duration = "-" if r.duration is None else f"{r.duration:.1f}s"
         echo(
             f"{r.last_slot:<{width}} {r.state:<9} {r.outcome or '-':<8} {started:<19} "
             f"{duration:>9} {r.runs:>5} {r.failures:>6} {r.skips:>7}"
         )
-
-
-def _utc(at: float) -> str:
-    return datetime.fromtimestamp(at, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _clock(config: LeaderConfig, lock: LeaseLock, election: str) -> dict[str, Any]:
@@ -190,17 +182,10 @@ def _clock(config: LeaderConfig, lock: LeaseLock, election: str) -> dict[str, An
 
 
 def resign(config: LeaderConfig, echo: Echo, election: str | None, wait: bool = True) -> int:
-    """Ask the holder of ``election`` (default: the beat election) to hand over.
-
-    With ``wait``, also wait for the next holder (up to ``2 x renew interval +
-    ttl``) and print it.
-    """
+    """Ask the holder of ``election`` (default: the beat election) to hand over; with
+    ``wait``, also wait for the next holder (up to ``2 x renew interval + ttl``)."""
     name = election or config.beat_election
-    try:
-        validate_name("election", name)
-        store = open_store(config)
-    except ConfigError as exc:
-        raise OpsError(str(exc), EXIT_UNKNOWN) from exc
+    store = _open(config, [name])
     try:
         info = store.lock.request_resign(name)
         if info is None:
@@ -246,9 +231,7 @@ def plan(
 ) -> int:
     """Print the slots ``jobs`` would send between ``window``'s two times; return 0.
 
-    See :mod:`celery_leader.schedule.plan` for what is simulated. Bad input
-    raises :class:`OpsError` with code 2, and so does an unreachable store
-    (``stored``).
+    Bad input, and an unreachable store (``stored``), raise :class:`OpsError` with code 2.
     """
     try:
         now = datetime.now(timezone.utc)
@@ -290,8 +273,7 @@ def run(
     """Run ``command`` while this process leads ``election``; return the exit status.
 
     Bad arguments, and a store whose client is not installed, raise
-    :class:`OpsError` with code 2 before anything campaigns. See
-    :mod:`celery_leader.run`.
+    :class:`OpsError` with code 2 before anything campaigns.
     """
     try:
         spec = run_spec(config, election, command, grace, restart)
