@@ -1,12 +1,5 @@
-"""Leader election for plain Python: code that must run in one process of many.
-
-:class:`Leadership` joins an election through this process's lease set (the
-same leases beat, workers and Dramatiq use) and tells its user what happens:
-``on_started(epoch)`` when this process starts leading, ``on_stopped()`` when it
-stops, ``on_new_leader(holder)`` whenever any process (this one included) is
-seen taking over. It is a context manager; :func:`leader_loop` turns a function
-into a loop that runs only while leading. See docs/python-api.md.
-"""
+"""Leader election for plain Python: code that must run in one process of many (see
+docs/python-api.md)."""
 
 from __future__ import annotations
 
@@ -58,8 +51,6 @@ class Leadership:
         self._since: float | None = None
         self._holder: HolderInfo | None = None  # the last leader the lease told of
 
-    # -- lifecycle ----------------------------------------------------------
-
     def start(self) -> Leadership:
         """Join the election (campaign in the background); return ``self``. Idempotent."""
         if self._membership is None:
@@ -92,19 +83,13 @@ class Leadership:
     ) -> None:
         self.stop()
 
-    # -- what callers ask ---------------------------------------------------
-
     def is_leader(self) -> bool:
         """True while this process holds a valid term (checked against the clock)."""
         return self._lease is not None and self._lease.is_leader()
 
     @property
     def epoch(self) -> int | None:
-        """The fencing token of this process's term while it leads, else ``None``.
-
-        It grows with every term: pass it with what the leader writes, so that a
-        store remembering the highest epoch seen can refuse an older leader.
-        """
+        """The fencing token of this process's term while it leads, else ``None``."""
         return None if self._lease is None else self._lease.epoch
 
     @property
@@ -127,8 +112,6 @@ class Leadership:
                     return False
                 self._changed.wait(left)
         return True
-
-    # -- the lease's callbacks ----------------------------------------------
 
     @property
     def _lease(self) -> Lease | None:
@@ -170,9 +153,7 @@ class Leadership:
 class LeaderLoop:
     """A function called every ``interval`` seconds with the epoch, only while leading.
 
-    Calling the loop blocks: it campaigns, runs the function while this process
-    leads, waits quietly while it follows, and returns once ``stop`` is set
-    (leaving the election, so another process takes over at once).
+    Calling the loop blocks until ``stop`` is set, then leaves the election.
     """
 
     def __init__(
