@@ -5,6 +5,7 @@ commands without Celery, with settings from ``CELERY_LEADER_*`` environment vari
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import inspect
 import logging
@@ -179,10 +180,7 @@ def _plan(args: argparse.Namespace, echo: ops.Echo) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; return its exit code."""
     args = _parser().parse_args(argv)
-
-    def echo(line: str) -> None:
-        print(line, flush=True)
-
+    echo = functools.partial(print, flush=True)
     if args.command == "check":
         path = args.path or os.environ.get(env_name("leader_health_file"))
         return ops.check(path, echo, args.max_age)

@@ -40,10 +40,9 @@ class Watchdog:
         """The loop starts a tick now."""
         self._deadline = time.monotonic() + self.timeout
 
-    def progress(self) -> None:
-        """A long tick made progress (a chunk of a new term's state is loaded): a tick
-        that keeps making progress is not hung, and one stuck in a single step still is."""
-        self._deadline = time.monotonic() + self.timeout
+    #: A long tick made progress (a chunk of a new term's state is loaded): a tick that
+    #: keeps making progress is not hung, and one stuck in a single step still is.
+    progress = tick_started
 
     def tick_finished(self, sleep: float) -> None:
         """The loop finished a tick and will start the next within ``sleep`` seconds."""
@@ -108,10 +107,8 @@ class ConsumerLiveness:
 class HealthFile:
     """Writes ``path`` atomically with the health of ``lease`` (and of ``watchdog``'s loop).
 
-    Safe to call from the lease thread and the loop at once. A write that fails
-    (a full disk) is not an error of the caller: the file then goes stale and
-    the probe reports that. With ``path=None`` nothing is written to disk; the
-    record of the last write is :attr:`latest` either way.
+    Thread-safe. A write that fails (a full disk) leaves the file to go stale, which
+    the probe reports. With ``path=None`` the record is only kept as :attr:`latest`.
     """
 
     def __init__(

@@ -57,11 +57,10 @@ BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 
 class _Metrics:
     def __init__(self) -> None:
-        try:
-            import prometheus_client as prom
-            from prometheus_client.core import GaugeMetricFamily
-        except ModuleNotFoundError as exc:
-            raise missing_extra(exc, "metrics") from None
+        require()
+        import prometheus_client as prom
+        from prometheus_client.core import GaugeMetricFamily
+
         self.prom = prom
         self.gauge_family = GaugeMetricFamily
         self.leases: list[Lease] = []

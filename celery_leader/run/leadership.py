@@ -7,7 +7,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from types import TracebackType
 from typing import Any
 
 from ..backends import HolderInfo
@@ -75,12 +74,7 @@ class Leadership:
     def __enter__(self) -> Leadership:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     def is_leader(self) -> bool:
@@ -195,7 +189,4 @@ def leader_loop(
         cleanup(stop_event)  # blocks; runs cleanup(epoch) every 5 s while leading
     """
 
-    def decorate(func: Callable[[int], Any]) -> LeaderLoop:
-        return LeaderLoop(func, election, interval, config)
-
-    return decorate
+    return lambda func: LeaderLoop(func, election, interval, config)
