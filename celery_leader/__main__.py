@@ -161,11 +161,8 @@ def _entries(args: argparse.Namespace, echo: ops.Echo) -> int:
 def _run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    config = LeaderConfig.from_env(
-        leader_url=args.url,
-        leader_ttl=args.ttl,
-        names={"leader_url": "--url", "leader_ttl": "--ttl"},
-    )
+    names = {"leader_url": "--url", "leader_ttl": "--ttl"}
+    config = LeaderConfig.from_env(leader_url=args.url, leader_ttl=args.ttl, names=names)
     return ops.run(config, args.election, command, args.grace, args.restart)
 
 

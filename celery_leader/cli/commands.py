@@ -4,6 +4,7 @@ lines. Each prints through ``echo`` and returns the exit code, or raises :class:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -92,11 +93,8 @@ def status(
             holders.update(store.lock.holders(missing))
         rows = [_row(name, holders[name]) for name in names]
         clock = _clock(config, store.lock, names[0])
-        runs = (
-            summarize(store.runs.summaries(config.beat_election), time.time())
-            if config.ledger
-            else None
-        )
+        summaries = store.runs.summaries(config.beat_election) if config.ledger else None
+        runs = None if summaries is None else summarize(summaries, time.time())
     except (StoreUnavailable, ConfigError) as exc:
         raise _unreachable(config, exc) from exc
     finally:
@@ -110,21 +108,17 @@ def status(
         return code
     width = max([len(row["election"]) for row in rows] + [19])
     holder_width = max([len(row["holder"] or "") for row in rows] + [31])
+    line = f"{{:<{width}}} {{:<{holder_width}}} {{:>13}} {{:>9}}  {{}}".format
     echo(f"store: {config.display_url}")
-    echo(
-        f"{'ELECTION':<{width}} {'HOLDER':<{holder_width}} {'EPOCH':>13} {'TTL LEFT':>9}"
-        "  SINCE (UTC)"
-    )
+    echo(line("ELECTION", "HOLDER", "EPOCH", "TTL LEFT", "SINCE (UTC)"))
     for row in rows:
         ttl = row["ttl_remaining"]
         left = "-" if ttl is None else f"{ttl:.1f}s"
         if row["holder"] is not None and ttl is None:
             left = "held"  # a store that frees the lock only when the holder ends
         epoch = "-" if row["epoch"] is None else str(row["epoch"])
-        echo(
-            f"{row['election']:<{width}} {row['holder'] or '(nobody)':<{holder_width}} "
-            f"{epoch:>13} {left:>9}  {_utc(row['since'], 'Z')}"
-        )
+        holder, since = row["holder"] or "(nobody)", _utc(row["since"], "Z")
+        echo(line(row["election"], holder, epoch, left, since))
     offset = clock["clock_offset"]
     if offset is not None:
         echo(
@@ -144,17 +138,12 @@ def _echo_runs(runs: list[EntryRuns], echo: Echo) -> None:
     if not runs:
         return
     width = max([len(r.last_slot) for r in runs] + [9])
-    echo(
-        f"{'LAST SLOT':<{width}} {'STATE':<9} {'OUTCOME':<8} {'STARTED':<19} {'DURATION':>9} "
-        f"{'RUNS':>5} {'FAILED':>6} {'SKIPPED':>7}"
-    )
+    line = f"{{:<{width}}} {{:<9}} {{:<8}} {{:<19}} {{:>9}} {{:>5}} {{:>6}} {{:>7}}".format
+    echo(line("LAST SLOT", "STATE", "OUTCOME", "STARTED", "DURATION", "RUNS", "FAILED", "SKIPPED"))
     for r in runs:
-        started = _utc(r.started)
         duration = "-" if r.duration is None else f"{r.duration:.1f}s"
-        echo(
-            f"{r.last_slot:<{width}} {r.state:<9} {r.outcome or '-':<8} {started:<19} "
-            f"{duration:>9} {r.runs:>5} {r.failures:>6} {r.skips:>7}"
-        )
+        outcome, started = r.outcome or "-", _utc(r.started)
+        echo(line(r.last_slot, r.state, outcome, started, duration, r.runs, r.failures, r.skips))
 
 
 def _clock(config: LeaderConfig, lock: LeaseLock, election: str) -> dict[str, Any]:
@@ -168,16 +157,12 @@ def _clock(config: LeaderConfig, lock: LeaseLock, election: str) -> dict[str, An
         measured.sample(now, sent, measured.monotonic(), lock.clock_resolution)
     offset, error = measured.offset, measured.error
     problem = None
-    if (
-        offset is not None
-        and error is not None
-        and config.clock == "local"
-        and abs(offset) - error > config.max_clock_skew
-    ):
-        problem = (
-            f"its clock is {-offset:+.1f} s off the store's, more than leader_max_clock_skew "
-            f'({config.max_clock_skew:g} s), and leader_clock is "local"'
-        )
+    if config.clock == "local" and offset is not None and error is not None:
+        if abs(offset) - error > config.max_clock_skew:
+            problem = (
+                f"its clock is {-offset:+.1f} s off the store's, more than leader_max_clock_skew "
+                f'({config.max_clock_skew:g} s), and leader_clock is "local"'
+            )
     return {"clock_offset": offset, "clock_error": error, "clock_problem": problem}
 
 
@@ -256,11 +241,8 @@ def plan(
 
 def _beat_state(config: LeaderConfig) -> dict[str, str]:
     """The beat election's stored state, in one round trip on a connection of its own."""
-    store = open_store(config)
-    try:
+    with contextlib.closing(open_store(config)) as store:
         return store.records.load(config.beat_election)
-    finally:
-        store.close()
 
 
 def run(

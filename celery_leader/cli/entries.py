@@ -424,14 +424,9 @@ _COMMANDS: dict[str, Callable[..., int]] = {
 
 
 class ScheduleEntries:
-    """The Python API of the entries kept in the store (the CLI's commands, typed).
-
-    Built by ``entries_of`` (:mod:`celery_leader.celery.entries` or
-    :mod:`celery_leader.dramatiq.entries`); close it, or use it as a context
-    manager. Bad input raises :class:`~celery_leader.schedule.entries.EntryError`
-    (a ``ConfigError``), and a version that moved
-    :class:`~celery_leader.schedule.book.EntryConflict`.
-    """
+    """The Python API of the entries kept in the store (the CLI's commands, typed); built by
+    ``entries_of``, closed by :meth:`close` or as a context manager. Bad input raises
+    ``EntryError`` (a ``ConfigError``), a version that moved ``EntryConflict``."""
 
     def __init__(self, app: EntriesApp) -> None:
         self.app = app
