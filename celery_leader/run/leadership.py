@@ -57,7 +57,7 @@ class Leadership:
                 self.election,
                 callbacks=Callbacks(
                     on_started=self._started,
-                    on_stopped=self._stopped,
+                    on_stopped=self._demoted,
                     on_new_leader=self._new_leader,
                 ),
             )
@@ -125,15 +125,12 @@ class Leadership:
             self._started_epoch, self._since = epoch, lease.clock.time()
             self._changed.notify_all()
 
-    def _stopped(self, lease: Lease) -> None:
-        self._demoted()
-
     def _new_leader(self, lease: Lease, holder: HolderInfo) -> None:
         self._holder = holder
         if self._on_new_leader is not None:
             self._on_new_leader(holder)
 
-    def _demoted(self) -> None:
+    def _demoted(self, lease: Lease | None = None) -> None:
         with self._changed:
             was_leading, self._started_epoch = self._started_epoch is not None, None
             self._changed.notify_all()
