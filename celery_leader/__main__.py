@@ -43,11 +43,8 @@ def _parser() -> argparse.ArgumentParser:
     resign.add_argument("--no-wait", action="store_true", help="do not wait for the next holder")
     check = commands.add_parser("check", help="liveness probe: read the health file, exit 0 or 1")
     check.add_argument("--max-age", type=float, help="fail when the file is older (seconds)")
-    check.add_argument(
-        "--file",
-        dest="path",
-        help=f"health file (default: ${env_name('leader_health_file')})",
-    )
+    default = env_name("leader_health_file")
+    check.add_argument("--file", dest="path", help=f"health file (default: ${default})")
     plan = commands.add_parser(
         "plan",
         help="list the slots a Dramatiq app's scheduler would send in a window",
@@ -74,12 +71,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--url", help=f"store URL (default: ${env_name('leader_url')})")
     run.add_argument("--ttl", type=float, help=f"lease ttl, s (default: ${env_name('leader_ttl')})")
     run.add_argument("--grace", type=float, help="seconds from SIGTERM to SIGKILL (bounded by ttl)")
-    run.add_argument(
-        "--restart",
-        choices=RESTART,
-        default="never",
-        help="when CMD exits on its own: start it again, or resign and exit (default: never)",
-    )
+    restart = "when CMD exits on its own: start it again, or resign and exit (default: never)"
+    run.add_argument("--restart", choices=RESTART, default="never", help=restart)
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS ...]")
     _entries_parser(commands)
     return parser

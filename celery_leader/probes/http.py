@@ -61,8 +61,9 @@ def healthz(records: list[Served]) -> tuple[bool, str]:
     """Every record judged as ``leader check`` judges a file: healthy only if all are."""
     if not records:
         return False, "UNHEALTHY: this process takes part in no election"
+    # Before the first write (a process still starting) judge a fresh snapshot.
     results = [
-        judge(_record(health), f"the health record of {health.lease.election!r}")
+        judge(health.latest or health.snapshot(), f"the health record of {health.lease.election!r}")
         for health, _ in records
     ]
     return all(ok for ok, _ in results), "\n".join(line for _, line in results)
@@ -84,12 +85,6 @@ def leader(health: HealthFile, seen: LeaderSeen) -> dict[str, Any]:
         "clock_error": lease.store_clock.error,
         "clock_problem": lease.clock_problem,
     }
-
-
-def _record(health: HealthFile) -> dict[str, Any]:
-    # Before the first write (a process still starting) judge a fresh snapshot.
-    latest = health.latest
-    return health.snapshot() if latest is None else latest
 
 
 def _handler(records: list[Served]) -> type[BaseHTTPRequestHandler]:
