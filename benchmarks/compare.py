@@ -111,10 +111,13 @@ class Side:
 
 def prepare(label: str, rev: str, cache: Path) -> Side:
     """A worktree of ``rev`` under ``cache`` with its own ``.venv``, made or reused."""
-    sha = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "--verify", f"{rev}^{{commit}}"],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
+    found = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--verify", "-q", f"{rev}^{{commit}}"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if found.returncode != 0:
+        raise SystemExit(f"{rev}: no such commit in {ROOT}")
+    sha = found.stdout.strip()
     root = cache / sha
     if not (root / ".git").exists():
         log(f"{label}: git worktree of {sha[:10]} at {root}")

@@ -584,9 +584,10 @@ two side by side:
 
 Each commit gets a git worktree of its own, `/tmp/celery-leader-compare/<sha>`
 (`--cache DIR`), with a `.venv` made by that commit's `scripts/setup.sh`; the
-next run reuses both. Every benchmark runs with the commit's own code and its
-own copy of the benchmark script, in rounds of before then after, so that
-drift in the machine's speed hits both alike. The rows:
+next run reuses both (`git worktree remove --force DIR` drops one). Every
+benchmark runs with the commit's own code and its own copy of the benchmark
+script, in rounds of before then after, so that drift in the machine's speed
+hits both alike. The rows:
 
 * **hand-over**: graceful stop and SIGKILL of the publishing `celery beat`, per
   store (the fail-over benchmark above, those two faults only, one each a
