@@ -974,6 +974,27 @@ class TestJournal:
         )
         assert a.journal.read(ELECTION, "audit", 10) == a.journal.read(ELECTION, "audit/job", 10)
 
+    def test_a_call_ends_as_its_writes_one_by_one_would(self, store: Store) -> None:
+        """Stores that apply a call's writes at once still honour their order: a key
+        written twice keeps its last record, and a log's ``keep`` may change."""
+        a = store.open()
+        a.journal.write(ELECTION, [JournalWrite("terms", _k(n), str(n), 10) for n in range(1, 6)])
+        a.journal.write(
+            ELECTION,
+            [
+                JournalWrite("terms", _k(9), "first", 10),
+                JournalWrite("terms", _k(9), "second", 10),
+                JournalWrite("terms", _k(0), "zero", 3),  # leaves 4, 5, 9
+                JournalWrite("terms", _k(8), "eight", 3),  # leaves 5, 8, 9
+                JournalWrite("terms", _k(6), "six", 10),
+                JournalWrite("audit", _k(1), "other log", 1),
+            ],
+        )
+        assert a.journal.read(ELECTION, "terms", 10) == [
+            (_k(9), "second"), (_k(8), "eight"), (_k(6), "six"), (_k(5), "5")
+        ]  # fmt: skip
+        assert a.journal.read(ELECTION, "audit", 10) == [(_k(1), "other log")]
+
     def test_records_and_log_names_keep_any_text(self, store: Store) -> None:
         a = store.open()
         text = '{"why": "caf\u00e9 \u2615 \\" \' %s ; -- \n"}'

@@ -1,4 +1,5 @@
-"""What is particular to the etcd store: URLs, members failing, quorum, TLS and users.
+"""What is particular to the etcd store: URLs, members failing, quorum, TLS, users and
+the journal's transactions.
 
 The protocol itself runs in tests/test_backend_contract.py; replicas through faults in
 tests/test_etcd_chaos.py and tests/test_dramatiq_chaos.py.
@@ -8,13 +9,13 @@ from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from celery_leader.backends import Fence, Renewal, StoreFacets, Write, open_store
-from celery_leader.backends.etcd import EtcdLock
+from celery_leader.backends import Fence, JournalWrite, Renewal, StoreFacets, Write, open_store
+from celery_leader.backends.etcd import EtcdJournal, EtcdLock, wire
 from celery_leader.backends.etcd.params import EtcdParams, etcd_params
 from celery_leader.exceptions import ConfigError, StoreMisconfigured, StoreUnavailable
 from celery_leader.settings.config import LeaderConfig
@@ -83,6 +84,45 @@ def test_epochs_stay_above_those_of_a_cluster_that_was_rebuilt(etcd_url: str) ->
         a.lock.release("beat", second)
     finally:
         a.close()
+
+
+def test_journal_writes_are_one_round_trip_and_one_more_to_drop(
+    etcd_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A record is a key under its percent-encoded log; a write is one transaction
+    while its log is under its cap, one more when keys fall out; a call of more
+    writes than a transaction holds, one key among them twice, ends as in memory."""
+    made = store(etcd_url)
+    journal = made.journal
+    assert isinstance(journal, EtcdJournal)
+    calls: list[int] = []
+    real = journal.etcd.call
+    monkeypatch.setattr(journal.etcd, "call", lambda fn: calls.append(1) or real(fn))
+
+    def round_trips(do: Callable[[], object]) -> int:
+        calls.clear()
+        do()
+        return len(calls)
+
+    log = "audit/a b"
+    try:
+        one = [JournalWrite(log, "000", "first", 3)]
+        assert round_trips(lambda: journal.write("jbeat", one)) == 1
+        prefix = b"celery_leader/jbeat/journal/audit%2Fa%20b/"
+        listed = journal.etcd.kv_range(prefix, wire.prefix_end(prefix), keys_only=True)
+        assert [wire.unb64(kv["key"]) for kv in listed["kvs"]] == [prefix + b"000"]
+        more = [JournalWrite(log, f"{n:03d}", str(n), 3) for n in range(1, 4)]
+        assert round_trips(lambda: journal.write("jbeat", more)) == 2, "a write and a drop"
+        assert journal.read("jbeat", log, 10) == [("003", "3"), ("002", "2"), ("001", "1")]
+        many = [JournalWrite("audit", f"{n:03d}", str(n), 70) for n in range(100)]
+        many.append(JournalWrite("audit", "099", "last", 70))
+        journal.write("jbeat", many)
+        kept = journal.read("jbeat", "audit", 100)
+        assert [k for k, _ in kept] == [f"{n:03d}" for n in range(99, 29, -1)]
+        assert kept[0] == ("099", "last"), "the last write of a key is the one kept"
+        assert round_trips(lambda: journal.read("jbeat", "audit", 10, before="050")) == 1
+    finally:
+        made.close()
 
 
 @pytest.mark.timing  # within one 0.5 s store deadline

@@ -17,7 +17,14 @@ from pathlib import Path
 import pytest
 
 from celery_leader import Lease
-from celery_leader.backends import Edit, LeaseLock, Renewal, StoreFacets, StoreParams
+from celery_leader.backends import (
+    Edit,
+    JournalWrite,
+    LeaseLock,
+    Renewal,
+    StoreFacets,
+    StoreParams,
+)
 from celery_leader.backends.file import open_store
 from celery_leader.election.events import Callbacks
 from celery_leader.exceptions import StoreUnavailable
@@ -337,3 +344,23 @@ def test_an_entries_file_the_changes_file_does_not_reach_is_read_whole(tmp_path:
     assert backend.edit("beat", [Edit("a", "a1", None)]) == [True]
     assert backend.changes_since("beat", version) is None, "b would be missed"
     assert backend.changes_since("beat", version + 1) == (version + 2, {"a": None})
+
+
+def test_journal_logs_of_any_name_are_files_of_their_own(tmp_path: Path) -> None:
+    """A log's file is named by the percent-encoded log (dots too, so none ends like
+    an epoch file and makes an election), or by its hash when that would not fit a
+    file name; a file that is not a log's reads as empty and the next write replaces it."""
+    journal = opened(tmp_path, 1.0, "p").journal
+    long = "audit/" + "\u00e9" * 200
+    for log in ("audit/x.epoch", long, "terms"):
+        journal.write("beat", [JournalWrite(log, "1", log, 10)])
+        assert journal.read("beat", log, 10) == [("1", log)]
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert "p.beat.journal.audit%2Fx%2Eepoch" in names and "p.beat.journal.terms" in names
+    assert [n for n in names if n.startswith("p.beat.journal.=")], "the long one, by its hash"
+    assert all(len(n.encode()) < 255 - 40 for n in names), "room for a temporary file's tail"
+    assert opened(tmp_path, 1.0, "p").lock.holders() == {}, "no election is made of a log name"
+    (tmp_path / "p.beat.journal.terms").write_text('{"log": "other", "records": {"2": "x"}}')
+    assert journal.read("beat", "terms", 10) == []
+    journal.write("beat", [JournalWrite("terms", "3", "z", 10)])
+    assert journal.read("beat", "terms", 10) == [("3", "z")]

@@ -24,7 +24,7 @@ import pytest
 import redis
 
 from celery_leader import LeaderConfig, Lease
-from celery_leader.backends import Edit, Fence, StoreParams, Write, open_store
+from celery_leader.backends import Edit, Fence, JournalWrite, StoreParams, Write, open_store
 from celery_leader.backends.redis import entries as redis_entries
 from celery_leader.backends.redis import open_store as open_redis
 from celery_leader.backends.redis.presence import WATCH_INTERVAL
@@ -542,6 +542,45 @@ def test_wrong_key_types_are_named(redis_url: str) -> None:
             store.lock.acquire("beat", "me", TTL, 0)
         with pytest.raises(StoreUnavailable, match=r"'\{typed:beat\}:lock' holds 'set'"):
             store.lock.holder("beat")
+    finally:
+        store.close()
+        client.close()
+
+
+def test_journal_logs_of_any_name_are_two_keys_of_the_election(
+    redis_url: str, redis_server: RedisServer
+) -> None:
+    """A log is a hash and a sorted set scored 0, named by the percent-encoded log:
+    a name with braces and colons stays under the election's hash tag and is never
+    taken for an election; a key of the wrong type there is named. A write of
+    several logs, dropping what falls out, is one script call; so is a page."""
+    store = open_redis(StoreParams(redis_url, "jr", 1.0))
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    log = "audit/a job}:epoch"
+    try:
+        store.journal.write("beat", [JournalWrite(log, f"{n:03d}", f"r{n}", 3) for n in range(4)])
+        store.journal.read("beat", log, 1)  # the server has both scripts cached from here
+        redis_server.reset_stats()
+        store.journal.write("beat", [JournalWrite(each, "004", "r4", 3) for each in (log, "audit")])
+        assert redis_server.commandstats().get("evalsha") == 1
+        redis_server.reset_stats()
+        assert store.journal.read("beat", log, 2, before="004") == [("003", "r3"), ("002", "r2")]
+        assert redis_server.commandstats().get("evalsha") == 1
+        name = "audit/a%20job%7D%3Aepoch"
+        records, keys = f"{{jr:beat}}:journal:{name}", f"{{jr:beat}}:journal-keys:{name}"
+        assert sorted(client.keys(f"{{jr:beat}}:*{name}")) == [keys, records]
+        kept = [("002", 0.0), ("003", 0.0), ("004", 0.0)]
+        assert client.zrange(keys, 0, -1, withscores=True) == kept
+        assert client.hgetall(records) == {"002": "r2", "003": "r3", "004": "r4"}
+        assert list(store.lock.holders()) == [], "no election is made of a log name"
+        store.journal.write("beat", [JournalWrite("terms", "foreign", "a key like any", 3)])
+        assert store.journal.read("beat", "terms", 3) == [("foreign", "a key like any")]
+        client.set("{jr:beat}:journal-keys:terms", "x")
+        named = r"'\{jr:beat\}:journal-keys:terms' holds 'string'.*sorted set"
+        with pytest.raises(StoreUnavailable, match=named):
+            store.journal.read("beat", "terms", 10)
+        with pytest.raises(StoreUnavailable, match="journal-keys:terms"):
+            store.journal.write("beat", [JournalWrite("terms", "1", "x", 10)])
     finally:
         store.close()
         client.close()

@@ -12,11 +12,16 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from celery_leader.backends import Fence, Renewal, StoreFacets, StoreParams, Write
+from celery_leader.backends import Fence, JournalWrite, Renewal, StoreFacets, StoreParams, Write
 from celery_leader.backends.mysql import lock_name, open_store
 from celery_leader.backends.mysql.params import connection_params
+from celery_leader.backends.mysql.sql import JOURNAL_DROP, JOURNAL_FLOOR
+from celery_leader.backends.sql_facets import JOURNAL_PAGE, JOURNAL_PAGE_BEFORE
+from celery_leader.election.history import term_history
+from celery_leader.election.lease_set import lease_set
 from celery_leader.election.timing import DRIFT, MARGIN
 from celery_leader.exceptions import ConfigError, StoreMisconfigured, StoreUnavailable
+from celery_leader.settings.config import LeaderConfig
 from harness.procs import Procs
 from harness.proxy import TcpProxy
 from harness.servers import MariaDbServer
@@ -110,6 +115,72 @@ def test_entries_of_the_previous_release_are_read_by_change_after_the_first_edit
 
     read_by_change_after_the_upgrade(stores(), stores(), ELECTION, edit_by_previous)
 
+
+def test_the_journal_joins_the_tables_of_the_previous_release(
+    mariadb_server: MariaDbServer, stores: Callable[..., StoreFacets]
+) -> None:
+    assert stores().entries.load(ELECTION) == (0, {})  # every table made
+    with mariadb_server.root_connection() as conn, conn.cursor() as cur:
+        cur.execute("DROP TABLE leader.celery_leader_journal")  # as the previous release left them
+    store = stores()
+    store.journal.write(ELECTION, [JournalWrite("terms", "7", "x", 5)])
+    assert store.journal.read(ELECTION, "terms", 5) == [("7", "x")]
+
+
+def test_an_entry_trail_of_any_190_character_name_fits_the_primary_key(
+    stores: Callable[..., StoreFacets],
+) -> None:
+    """utf8mb4 takes 4 bytes a character and a key 3072 at most: the journal's
+    columns are sized so that ``audit/`` and the longest entry name fit."""
+    log = "audit/" + "\u00e9\u2615\U0001f600" * 63 + "x"
+    key = f"{2**62:020d}-{'f' * 8}"
+    store = stores(prefix="p" * 190)
+    store.journal.write("e" * 190, [JournalWrite(log, key, "x", 5)])
+    assert store.journal.read("e" * 190, log, 5) == [(key, "x")]
+
+
+def test_the_journal_reads_and_trims_by_the_primary_key(
+    mariadb_server: MariaDbServer, stores: Callable[..., StoreFacets]
+) -> None:
+    """A page of a log and a write's trim cost their rows, not the table's."""
+    store = stores()
+    for n in range(40):
+        rows = [JournalWrite(f"audit/job{n}", f"{k:020d}", "x" * 200, 100) for k in range(100)]
+        store.journal.write(ELECTION, rows)
+    params = {"prefix": PREFIX, "election": ELECTION, "log": "audit/job7", "limit": 20}
+    params |= {"before": f"{50:020d}", "log0": "audit/job7", "skip0": 99}
+    trim = [JOURNAL_FLOOR.format(i=0), JOURNAL_DROP.format(i=0)]
+    with mariadb_server.root_connection() as conn, conn.cursor() as cur:
+        cur.execute("USE leader")
+        cur.execute("ANALYZE TABLE celery_leader_journal")
+        cur.execute("SET @celery_leader_floor = %(before)s", params)
+        for query in [JOURNAL_PAGE, JOURNAL_PAGE_BEFORE, *trim]:
+            cur.execute("EXPLAIN " + query, params)
+            plans = cur.fetchall()
+            assert [(p[2], p[3], p[5]) for p in plans] in (
+                [("celery_leader_journal", "ref", "PRIMARY")],
+                [("celery_leader_journal", "range", "PRIMARY")],
+            ), plans
+            assert all("filesort" not in str(p[-1]) for p in plans), plans
+
+
+def test_a_lease_records_its_terms_in_the_journal(
+    mariadb_url: str, stores: Callable[..., StoreFacets]
+) -> None:
+    """The term history end to end: a real lease writes its term when elected and
+    completes it when it stops."""
+    config = LeaderConfig.from_mapping(
+        {"leader_url": mariadb_url, "leader_key_prefix": PREFIX, "leader_instance_id": "a"}
+    )
+    leases = lease_set(config)
+    try:
+        lease = leases.join(ELECTION).lease
+        wait_for(lease.is_leader, 5, message="never elected")
+        epoch = lease.epoch
+    finally:
+        leases.stop()
+    (term,) = term_history(stores().journal, ELECTION, 10)
+    assert (term.epoch, term.holder, term.how) == (epoch, "a", "stopping")
 
 @pytest.mark.timing  # the loss seen within 0.5 s
 def test_a_session_killed_by_the_server_loses_everything(

@@ -23,11 +23,16 @@ import psycopg
 import pytest
 
 from celery_leader import Lease
-from celery_leader.backends import Fence, Renewal, StoreFacets, StoreParams, Write
+from celery_leader.backends import Fence, JournalWrite, Renewal, StoreFacets, StoreParams, Write
 from celery_leader.backends.postgres import advisory_key, open_store
+from celery_leader.backends.postgres.sql import PUT_JOURNAL
+from celery_leader.backends.sql_facets import JOURNAL_PAGE, JOURNAL_PAGE_BEFORE
 from celery_leader.election.events import Callbacks
+from celery_leader.election.history import term_history
+from celery_leader.election.lease_set import lease_set
 from celery_leader.election.timing import DRIFT, MARGIN, store_timeout
 from celery_leader.exceptions import ConfigError, StoreMisconfigured, StoreUnavailable
+from celery_leader.settings.config import LeaderConfig
 from harness.procs import Proc, Procs
 from harness.procs import signal as send_signal
 from harness.proxy import TcpProxy
@@ -109,6 +114,56 @@ def test_entries_of_the_previous_release_are_read_by_change_after_the_first_edit
 
     read_by_change_after_the_upgrade(stores(), stores(), ELECTION, edit_by_previous)
 
+
+def test_the_journal_joins_the_tables_of_the_previous_release(
+    postgres_url: str, stores: Callable[..., StoreFacets]
+) -> None:
+    assert stores().entries.load(ELECTION) == (0, {})  # every table made
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute("DROP TABLE celery_leader_journal")  # as the previous release left them
+    store = stores()
+    store.journal.write(ELECTION, [JournalWrite("terms", "7", "x", 5)])
+    assert store.journal.read(ELECTION, "terms", 5) == [("7", "x")]
+
+
+def test_the_journal_reads_and_trims_by_the_primary_key(
+    postgres_url: str, stores: Callable[..., StoreFacets]
+) -> None:
+    """A page of a log and a write's trim cost their rows, not the table's."""
+    store = stores()
+    for n in range(40):
+        rows = [JournalWrite(f"audit/job{n}", f"{k:020d}", "x" * 200, 100) for k in range(100)]
+        store.journal.write(ELECTION, rows)
+    params = {"prefix": PREFIX, "election": ELECTION, "log": "audit/job7", "limit": 20}
+    write = {"logs": ["audit/job7"], "keys": [f"{100:020d}"], "data": ["y"], "keeps": [100]}
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute("ANALYZE celery_leader_journal")
+        for query, more in [
+            (JOURNAL_PAGE, {}),
+            (JOURNAL_PAGE_BEFORE, {"before": f"{50:020d}"}),
+            (PUT_JOURNAL, write),
+        ]:
+            plan = "\n".join(row[0] for row in conn.execute("EXPLAIN " + query, params | more))
+            assert "celery_leader_journal_pkey" in plan and "Seq Scan" not in plan, plan
+
+
+def test_a_lease_records_its_terms_in_the_journal(
+    postgres_url: str, stores: Callable[..., StoreFacets]
+) -> None:
+    """The term history end to end: a real lease writes its term when elected and
+    completes it when it stops."""
+    config = LeaderConfig.from_mapping(
+        {"leader_url": postgres_url, "leader_key_prefix": PREFIX, "leader_instance_id": "a"}
+    )
+    leases = lease_set(config)
+    try:
+        lease = leases.join(ELECTION).lease
+        wait_for(lease.is_leader, 5, message="never elected")
+        epoch = lease.epoch
+    finally:
+        leases.stop()
+    (term,) = term_history(stores().journal, ELECTION, 10)
+    assert (term.epoch, term.holder, term.how) == (epoch, "a", "stopping")
 
 # -- the protocol ---------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from celery_leader.backends import RunWrite, Write, open_store
+from celery_leader.backends import JournalWrite, RunWrite, Write, open_store
 from celery_leader.election.lease import Lease
 from celery_leader.exceptions import StoreMisconfigured, StoreUnavailable
 from celery_leader.settings.config import LeaderConfig
@@ -113,7 +113,8 @@ def _run_election(url: str) -> None:
 
 
 def _run_records(url: str) -> None:
-    """The run ledger's records: one script on the election's node (one hash tag)."""
+    """The run ledger's records and the journal: one script on the election's node
+    (one hash tag, whatever the entry or log name holds)."""
     a, b = (open_store(LeaderConfig.from_mapping({"leader_url": url})) for _ in range(2))
     try:
         for election in ("beat", "reports"):  # elections on different cluster slots
@@ -122,6 +123,10 @@ def _run_records(url: str) -> None:
             assert b.runs.put(election, RunWrite("job@1", "started", "done", 60)) == (True, "done")
             assert a.runs.runs_of(election, "job", 10) == [("job@1", "done")]
             assert [s.last for s in a.runs.summaries(election)] == ["done"]
+            log = "audit/a job: {x} \u00e9"
+            a.journal.write(election, [JournalWrite(n, "1", "paused", 10) for n in ("audit", log)])
+            assert b.journal.read(election, log, 10) == b.journal.read(election, "audit", 10)
+            assert b.journal.read(election, log, 10) == [("1", "paused")]
     finally:
         a.close()
         b.close()

@@ -3,8 +3,9 @@
 Election ``e`` under key prefix ``p`` keeps its files in ``dir`` as
 ``p.e.<kind>`` (``docs/stores/file.md`` lists them). The leader holds
 ``flock(LOCK_EX)`` of ``p.e.lock`` and alone writes the term (``p.e.holder``,
-``p.e.epoch``) and the schedule state (``p.e.state``). Entries and run records
-need no term: any process writes them, in turns under a ``flock`` of their own.
+``p.e.epoch``) and the schedule state (``p.e.state``). Entries, run records and
+the journal need no term: any process writes them, in turns under a ``flock``
+of their own.
 Every file is replaced atomically (write, then rename), so readers need no lock.
 
 The kernel drops a flock when its holder's process dies, and a follower
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import fcntl
 import glob
+import hashlib
 import json
 import os
 import re
@@ -36,6 +38,7 @@ from urllib.parse import quote, unquote, urlsplit
 from ..exceptions import ConfigError, StoreUnavailable
 from . import StoreFacets, StoreParams
 from .entry_store import Edit, EntryStore, apply_edits
+from .journal import Journal, JournalWrite
 from .lock import Acquired, HolderInfo, LeaseLock, Renewal, Term
 from .records import Fence, FencedRecords, Write, apply_writes
 from .run_store import RunStore, RunSummary, RunWrite, run_entry
@@ -48,6 +51,11 @@ from .waiting import LockWaiter, wait_sliced
 #: twice a second) reads every entry. Bounds the file every reader parses after
 #: an edit to a few hundred KB.
 CHANGES_KEPT = 1_000
+
+#: The longest percent-encoded log name a journal file is named by; a longer
+#: one is named by its hash, so that every name fits the 255 bytes a file
+#: name may take, with the key prefix, the election and a temporary file's tail.
+JOURNAL_NAME_MAX = 100
 
 #: How ``p.e.entries`` starts (``json.dumps`` keeps the keys in the order
 #: written, by this release and the previous ones): the version is read from
@@ -66,7 +74,13 @@ def open_store(params: StoreParams) -> StoreFacets:
     files = _Files(directory, params.key_prefix)
     lock = FileLock(files, params)
     return StoreFacets(
-        params, lock, FileRecords(files), FileEntries(files), FileRuns(files), lock.close
+        params,
+        lock,
+        FileRecords(files),
+        FileEntries(files),
+        FileRuns(files),
+        FileJournal(files),
+        lock.close,
     )
 
 
@@ -456,6 +470,52 @@ class FileRuns(_Facet, RunStore):
             for key, item in data.items()
             if isinstance(item, list) and len(item) == 2 and float(item[1]) > now
         }
+
+
+class FileJournal(_Facet, Journal):
+    """Journal logs, one file each (``p.e.journal.<log>``), written by any process
+    in turns under a ``flock`` of ``p.e.journal-lock``."""
+
+    def write(self, election: str, writes: Sequence[JournalWrite]) -> None:
+        if not writes:
+            return
+        with self._files.turn(election, "journal-lock"):
+            logs: dict[str, dict[str, str]] = {}
+            for w in writes:
+                if w.log not in logs:
+                    logs[w.log] = self._records(election, w.log)
+                records = logs[w.log]
+                records[w.key] = w.data
+                for key in sorted(records)[: max(0, len(records) - w.keep)]:
+                    del records[key]
+            for log, records in logs.items():
+                text = json.dumps({"log": log, "records": records})
+                _write(self._log_path(election, log), text)
+
+    def read(
+        self, election: str, log: str, limit: int, before: str | None = None
+    ) -> list[tuple[str, str]]:
+        records = self._records(election, log)
+        keys = sorted((k for k in records if before is None or k < before), reverse=True)
+        return [(k, records[k]) for k in keys[: max(0, limit)]]
+
+    def _records(self, election: str, log: str) -> dict[str, str]:
+        """The records of ``log``: none when its file is missing or not ours (the
+        journal is for people to read, never to decide on)."""
+        data = _read_json(self._log_path(election, log))
+        records = data.get("records") if isinstance(data, dict) else None
+        if not isinstance(records, dict) or data.get("log") != log:
+            return {}
+        return {str(k): str(v) for k, v in records.items()}
+
+    def _log_path(self, election: str, log: str) -> Path:
+        """The file of ``log``: its name percent-encoded, dots too (so that no
+        name ends like another kind of file, ``.epoch``), or its SHA-256 after
+        ``=`` (which percent-encoding never leaves) when that is too long."""
+        name = quote(log, safe="").replace(".", "%2E")
+        if len(name) > JOURNAL_NAME_MAX:
+            name = "=" + hashlib.sha256(log.encode()).hexdigest()
+        return self._files.path(election, f"journal.{name}")
 
 
 @contextmanager

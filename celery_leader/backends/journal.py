@@ -27,6 +27,27 @@ class JournalWrite:
     keep: int
 
 
+def journal_rounds(writes: Sequence[JournalWrite]) -> list[list[JournalWrite]]:
+    """``writes`` cut, in order, into rounds in which each log has one ``keep``.
+
+    For stores that apply a batch at once (a SQL statement, a transaction).
+    Putting a round's records (a key's last one), then trimming each of its
+    logs once to its ``keep``, leaves what applying them one by one does: the
+    greatest keys of the greatest keys, with more keys added, are the greatest
+    of them all. Callers seldom change a log's ``keep`` within a call: one
+    round is the rule.
+    """
+    rounds: list[list[JournalWrite]] = []
+    keeps: dict[str, int] = {}
+    for w in writes:
+        if not rounds or keeps.get(w.log, w.keep) != w.keep:
+            rounds.append([])
+            keeps = {}
+        keeps[w.log] = w.keep
+        rounds[-1].append(w)
+    return rounds
+
+
 class Journal(ABC):
     """Capped ordered logs per election."""
 

@@ -12,6 +12,11 @@ the version and the pages read the same in both.
 
 Run records are written and read on the store's kept session; each store
 writes them in its own SQL, and both read summaries page by page.
+
+The journal is one table, ``celery_leader_journal``, a row per record, keyed by
+election, log and key; each store writes it in its own SQL (upserts, and a
+trim of each log written), and both read a page of a log by a backward range
+scan of the primary key.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from collections.abc import Sequence
 from typing import Any, Generic
 
 from .entry_store import Edit, EntryStore
+from .journal import Journal
 from .run_store import RUNS_DROPPED, RunStore, RunSummary, RunWrite, run_entry
 from .session_lock import Rows, S, SessionStore
 
@@ -56,6 +62,19 @@ ORDER BY name LIMIT %(page)s
 """  # noqa: S608
 
 LOAD_ENTRY = f"SELECT value FROM celery_leader_entries WHERE {ELECTION} AND name = %(name)s"  # noqa: S608
+
+# A page of a log, greatest key first: a backward range scan of the primary key.
+# Keys compare byte for byte (PostgreSQL: the column's "C" collation; MySQL:
+# utf8mb4_bin), as the journal's callers sort them.
+_LOG = f"{ELECTION} AND log = %(log)s"
+JOURNAL_PAGE = f"""
+SELECT log_key, data FROM celery_leader_journal WHERE {_LOG}
+ORDER BY log_key DESC LIMIT %(limit)s
+"""  # noqa: S608
+JOURNAL_PAGE_BEFORE = f"""
+SELECT log_key, data FROM celery_leader_journal WHERE {_LOG} AND log_key < %(before)s
+ORDER BY log_key DESC LIMIT %(limit)s
+"""  # noqa: S608
 
 # The fenced records of an election.
 LOAD_STATE = f"SELECT entry, value FROM celery_leader_state WHERE {ELECTION}"  # noqa: S608
@@ -172,3 +191,22 @@ class SqlRuns(RunStore):
     def _summarise(self, rows: Rows, params: dict[str, Any]) -> list[RunSummary]:
         """The summaries of one page of :attr:`_SUMMARIES` rows (the entries
         with a record kept)."""
+
+
+class SqlJournal(Journal):
+    """The journal facet of a SQL store, on its kept session: a store writes
+    its way (:meth:`write`), and reads a page of a log as the other does."""
+
+    def __init__(self, db: SessionStore[Any]) -> None:
+        self._db = db
+
+    def read(
+        self, election: str, log: str, limit: int, before: str | None = None
+    ) -> list[tuple[str, str]]:
+        if limit <= 0:
+            return []  # nothing to ask (and a negative LIMIT is an error)
+        params: dict[str, Any] = {**self._db.names(election), "log": log, "limit": limit}
+        query = JOURNAL_PAGE
+        if before is not None:
+            query, params["before"] = JOURNAL_PAGE_BEFORE, before
+        return [(str(key), str(data)) for key, data in self._db.kept(query, params)]

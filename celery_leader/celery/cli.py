@@ -1,10 +1,5 @@
-"""``celery -A proj leader status|resign|check|plan|run|entries|console``: see and steer.
-
-Registered through the ``celery.commands`` entry point, so it is a
-subcommand of Celery's own click CLI and gets ``-A`` and the app's settings.
-What each command does lives in :mod:`celery_leader.cli.commands`, shared with
-``python -m celery_leader``.
-"""
+"""``celery -A proj leader status|resign|check|plan|run|entries|console``: see and steer
+the elections (what each command does lives in :mod:`celery_leader.cli.commands`)."""
 
 from __future__ import annotations
 

@@ -121,9 +121,8 @@ class LeaderConfig(
     ) -> LeaderConfig:
         """Read ``CELERY_LEADER_*`` environment variables, for processes without Celery.
 
-        ``overrides`` (``leader_ttl=...``, keyed like the settings) win over the
-        environment; ``None`` means "not given". Errors name the variable, or for an
-        override its name in ``names`` (``"ttl="`` for a middleware argument).
+        ``overrides`` (``leader_ttl=...``; ``None``: not given) win over the environment;
+        an error names the variable, or the override as ``names`` spells it (``"ttl="``).
         """
         environ = os.environ if environ is None else environ
         warn_unknown(environ, "CELERY_")

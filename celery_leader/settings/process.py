@@ -1,9 +1,4 @@
-"""This process: its default instance id, and what a forked child must forget.
-
-One place for both, so that every part of the package (config, the Celery worker
-step, the Dramatiq middleware) names a process the same way and starts afresh in
-a forked child the same way.
-"""
+"""This process: its default instance id, and what a forked child must forget."""
 
 from __future__ import annotations
 
@@ -15,23 +10,14 @@ from typing import Any
 
 
 def default_instance_id(node: str | None = None) -> str:
-    """``<node>:<pid>``: the instance id when none is configured.
-
-    ``node`` is what operators know the process by (a Celery worker's
-    ``name@host``); the host name when not given. The pid tells apart two
-    processes of one node.
-    """
+    """``<node>:<pid>``: the instance id when none is configured (``node``: a Celery worker's
+    ``name@host``, else the host name)."""
     return f"{node or socket.gethostname()}:{os.getpid()}"
 
 
 def after_fork_in_child(forget: Callable[[], Any]) -> None:
-    """Run ``forget`` in a forked child before it runs anything else.
-
-    For state that belongs to the parent's threads (leases, their locks and
-    deadlines): those threads do not exist in the child, and the child must not
-    believe in, or wait on, what they held. A bound method is held weakly, so an
-    object that is gone is not kept alive for this.
-    """
+    """Run ``forget`` in a forked child before it runs anything else: the parent's
+    threads (leases) do not exist there. A bound method is held weakly."""
     if hasattr(forget, "__self__"):
         method = weakref.WeakMethod(forget)
 

@@ -1,10 +1,5 @@
-"""Start-up check of the store: one that cannot be built fails as the process starts.
-
-A process reads its settings and builds its store (without contacting it) as
-it starts, so that a store it cannot build (a directory it cannot create,
-``django://`` on a database that is not PostgreSQL) fails there, in one line,
-rather than on the first renewal in a loop that logs it with a traceback.
-"""
+"""Start-up check of the store: one that cannot be built fails as the process starts, in one
+line, rather than on the first renewal in a loop that logs it with a traceback."""
 
 from __future__ import annotations
 
@@ -14,11 +9,8 @@ from .config import LeaderConfig
 
 
 def check_store(config: LeaderConfig, url_setting: str = "leader_url") -> None:
-    """Build ``config``'s store and close it again: a URL it cannot serve raises here.
-
-    The store's message names ``leader_url``; it is given as ``url_setting``,
-    the name the user wrote (``CELERY_LEADER_URL``, ``url=``).
-    """
+    """Build ``config``'s store and close it again: a URL it cannot serve raises here,
+    naming the setting as ``url_setting`` (``CELERY_LEADER_URL``, ``url=``)."""
     try:
         store = open_store(config)
     except ConfigError as exc:

@@ -22,6 +22,8 @@ Keys of election ``e`` under key prefix ``p``:
 * ``p/e/resign``       - the term an operator asked to hand over, on the
   holder's lease, so it ends with that term.
 * ``p/e/state/<entry>`` - shared schedule state, one key per entry (JSON).
+* ``p/e/journal/<log>/<key>`` - a record of a journal log (the log's name
+  percent-encoded), written by any process (no term); see :mod:`.journal`.
 
 Claims are transactions that compare the term key's create revision (so they
 fail once the term is over) and, per entry, the stored value (compare-and-set).
@@ -31,18 +33,19 @@ the holder's remaining ttl. A member that cannot reach a majority answers
 nothing: its clients' calls fail (``StoreUnavailable``) and, with no renewal,
 nobody leads through it. Every read is linearizable (etcd's default): a quorum
 read, never a member's possibly stale copy. The facets (:mod:`.lock`,
-:mod:`.records`) share one :class:`.client.Cluster`.
+:mod:`.records`, :mod:`.journal`) share one :class:`.client.Cluster`.
 """
 
 from __future__ import annotations
 
 from .. import StoreFacets, StoreParams
 from .client import Cluster
+from .journal import EtcdJournal
 from .lock import EtcdLock
 from .params import etcd_params
 from .records import EtcdEntries, EtcdRecords, EtcdRuns
 
-__all__ = ["EtcdEntries", "EtcdLock", "EtcdRecords", "EtcdRuns", "open_store"]
+__all__ = ["EtcdEntries", "EtcdJournal", "EtcdLock", "EtcdRecords", "EtcdRuns", "open_store"]
 
 
 def open_store(params: StoreParams) -> StoreFacets:
@@ -50,4 +53,12 @@ def open_store(params: StoreParams) -> StoreFacets:
     (``replica_acks`` does not apply: etcd answers once a majority holds a write)."""
     etcd = Cluster(etcd_params(params.url), params.timeout, params.key_prefix)
     lock, records = EtcdLock(etcd, params.url), EtcdRecords(etcd)
-    return StoreFacets(params, lock, records, EtcdEntries(etcd), EtcdRuns(etcd), etcd.close)
+    return StoreFacets(
+        params,
+        lock,
+        records,
+        EtcdEntries(etcd),
+        EtcdRuns(etcd),
+        EtcdJournal(etcd),
+        etcd.close,
+    )

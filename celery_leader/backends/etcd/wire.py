@@ -72,6 +72,11 @@ def delete(key: bytes) -> Op:
     return {"request_delete_range": {"key": b64(key)}}
 
 
+def delete_range(start: bytes, end: bytes) -> Op:
+    """Delete every key of ``[start, end)``."""
+    return {"request_delete_range": {"key": b64(start), "range_end": b64(end)}}
+
+
 def created_at(key: bytes, revision: int) -> Op:
     """Compare: ``key`` was created at ``revision`` (0: it does not exist)."""
     at = str(revision)

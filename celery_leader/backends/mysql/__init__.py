@@ -43,14 +43,14 @@ The package: :mod:`.sql` and :mod:`.entries` (the statements and the lock
 name), :mod:`.session` (dedicated sessions, the store deadline, a follower's
 queued wait; its :class:`~.session.Connector` is the connection object the
 facets share), :mod:`.params` (``leader_url`` -> PyMySQL parameters) and
-:mod:`.facets` (the lease lock, fenced records, entries and run records on top
-of them).
+:mod:`.facets` (the lease lock, fenced records, entries, run records and the
+journal on top of them).
 """
 
 from __future__ import annotations
 
 from .. import StoreFacets, StoreParams
-from .facets import MySqlEntries, MySqlLock, MySqlRecords, MySqlRuns
+from .facets import MySqlEntries, MySqlJournal, MySqlLock, MySqlRecords, MySqlRuns
 from .session import Connector
 from .sql import lock_name
 
@@ -61,4 +61,6 @@ def open_store(params: StoreParams) -> StoreFacets:
     """The MySQL / MariaDB store of ``params``; it does not connect until first used."""
     db = Connector(params)
     lock, records = MySqlLock(db), MySqlRecords(db, params.replica_acks)
-    return StoreFacets(params, lock, records, MySqlEntries(db), MySqlRuns(db), db.close)
+    return StoreFacets(
+        params, lock, records, MySqlEntries(db), MySqlRuns(db), MySqlJournal(db), db.close
+    )

@@ -8,11 +8,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...exceptions import StoreMisconfigured, StoreUnavailable
+from ..journal import JournalWrite, journal_rounds
 from ..lock import HolderInfo, Term
 from ..records import Fence, FencedRecords, Write
 from ..run_store import RunSummary, RunWrite
 from ..session_lock import Rows, SessionGone, SessionLock
-from ..sql_facets import LOAD_STATE, SqlEntries, SqlRuns
+from ..sql_facets import LOAD_STATE, SqlEntries, SqlJournal, SqlRuns
 from ..terms import since_of
 from ..waiting import LockWaiter
 from .entries import (
@@ -30,7 +31,9 @@ from .sql import (
     CLOCK,
     GET_RUN,
     HOLDER,
+    JOURNAL_ROW,
     PUT_ENTRY_RUN,
+    PUT_JOURNAL,
     PUT_RUN_NEW,
     PUT_RUN_REPLACE,
     RELEASE,
@@ -41,6 +44,7 @@ from .sql import (
     RUNS_OF,
     START_TERM,
     SWEEP_RUNS,
+    TRIM_JOURNAL,
     TRY_LOCK,
     lock_name,
 )
@@ -261,6 +265,31 @@ class MySqlRuns(SqlRuns):
                 tallies = {str(t): int(n) for t, n in json.loads(_text(counts)).items()}
                 out.append(RunSummary(at[0], at[1], records.get(at), tallies))
         return out
+
+
+class MySqlJournal(SqlJournal):
+    """The journal in ``celery_leader_journal``: every write of a call in one
+    transaction, one round trip (see :data:`~.sql.PUT_JOURNAL`)."""
+
+    def write(self, election: str, writes: Sequence[JournalWrite]) -> None:
+        if not writes:
+            return
+        params: dict[str, Any] = self._db.names(election)
+        statements = ["START TRANSACTION"]
+        i = 0
+        for batch in journal_rounds(writes):
+            rows, last = [], {}
+            for w in batch:
+                params.update({f"log{i}": w.log, f"key{i}": w.key, f"data{i}": w.data})
+                params[f"skip{i}"] = w.keep - 1
+                rows.append(JOURNAL_ROW.format(i=i))
+                last[w.log] = i
+                i += 1
+            statements.append(PUT_JOURNAL.format(rows=", ".join(rows)))
+            statements.extend(TRIM_JOURNAL.format(i=n) for n in last.values())
+        statements.append("COMMIT")
+        # A failed statement closes the kept session: the transaction goes with it.
+        self._db.kept(";\n".join(s.strip() for s in statements), params)
 
 
 def _text(value: object) -> str:

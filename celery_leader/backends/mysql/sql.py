@@ -47,17 +47,20 @@ def whole_seconds(seconds: float) -> int:
 SCHEMA_LOCK = "celery_leader#schema"
 
 SCHEMA_EXISTS = """
-SELECT COUNT(*) = 8 FROM information_schema.tables
+SELECT COUNT(*) = 9 FROM information_schema.tables
 WHERE table_schema = DATABASE() AND table_name IN (
     'celery_leader_lease', 'celery_leader_state', 'celery_leader_runs',
     'celery_leader_entries', 'celery_leader_entries_version',
-    'celery_leader_run_records', 'celery_leader_run_entries', 'celery_leader_run_counts'
+    'celery_leader_run_records', 'celery_leader_run_entries', 'celery_leader_run_counts',
+    'celery_leader_journal'
 )
 """
 
 # utf8mb4_bin: values and names compare byte for byte. The default collations
 # ignore case and trailing spaces, which would let a compare-and-set match a
-# state it did not read.
+# state it did not read. A primary key holds 3072 bytes, 4 a character: the
+# journal's log (an entry's is "audit/" and its name) and key fit beside the
+# prefix and the election.
 CREATE_SCHEMA = f"""
 DO GET_LOCK('{SCHEMA_LOCK}', 10);
 CREATE TABLE IF NOT EXISTS celery_leader_lease (
@@ -127,6 +130,14 @@ CREATE TABLE IF NOT EXISTS celery_leader_entries_version (
     election VARCHAR(190) NOT NULL,
     version  BIGINT       NOT NULL,
     PRIMARY KEY (prefix, election)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+CREATE TABLE IF NOT EXISTS celery_leader_journal (
+    prefix   VARCHAR(190) NOT NULL,
+    election VARCHAR(190) NOT NULL,
+    log      VARCHAR(255) NOT NULL,
+    log_key  VARCHAR(128) NOT NULL,
+    data     MEDIUMTEXT   NOT NULL,
+    PRIMARY KEY (prefix, election, log, log_key)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
 DO RELEASE_LOCK('{SCHEMA_LOCK}')
 """
@@ -401,3 +412,25 @@ RUN_RECORDS = """
 SELECT entry, run_key, value FROM celery_leader_run_records
 WHERE prefix = %(prefix)s AND election = %(election)s AND (entry, run_key) IN %(keys)s
 """
+
+# Journal writes, in one transaction and one round trip: per round (see
+# :func:`~..journal.journal_rounds`: each log has one ``keep``) one INSERT of
+# its records (a key written twice keeps the last), then per log of the round
+# its ``keep``-th greatest key (a backward scan of the primary key, ``keep``
+# rows at most) and a delete of the keys below it (a range of the primary key,
+# as many rows as fall out). The floor goes through a variable: MySQL refuses
+# a DELETE whose subquery reads its own table.
+JOURNAL_ROW = "(%(prefix)s, %(election)s, %(log{i})s, %(key{i})s, %(data{i})s)"
+PUT_JOURNAL = """
+INSERT INTO celery_leader_journal (prefix, election, log, log_key, data) VALUES {rows}
+ON DUPLICATE KEY UPDATE data = VALUES(data)
+"""
+_LOG_I = "prefix = %(prefix)s AND election = %(election)s AND log = %(log{i})s"
+JOURNAL_FLOOR = f"""
+SELECT log_key FROM celery_leader_journal WHERE {_LOG_I}
+ORDER BY log_key DESC LIMIT 1 OFFSET %(skip{{i}})s
+"""  # noqa: S608
+JOURNAL_DROP = f"""
+DELETE FROM celery_leader_journal WHERE {_LOG_I} AND log_key < @celery_leader_floor
+"""  # noqa: S608
+TRIM_JOURNAL = f"SET @celery_leader_floor = ({JOURNAL_FLOOR.strip()});\n{JOURNAL_DROP.strip()}"

@@ -45,14 +45,14 @@ The package: :mod:`.sql` and :mod:`.entries` (the statements and the lock
 key), :mod:`.session` (dedicated sessions, the store deadline, a follower's
 queued wait; its :class:`~.session.Connector` is the connection object the
 facets share), :mod:`.params` (``leader_url`` -> libpq parameters) and
-:mod:`.facets` (the lease lock, fenced records, entries and run records on top
-of them).
+:mod:`.facets` (the lease lock, fenced records, entries, run records and the
+journal on top of them).
 """
 
 from __future__ import annotations
 
 from .. import StoreFacets, StoreParams
-from .facets import PostgresEntries, PostgresLock, PostgresRecords, PostgresRuns
+from .facets import PostgresEntries, PostgresJournal, PostgresLock, PostgresRecords, PostgresRuns
 from .session import Connector
 from .sql import MIN_SERVER_VERSION, advisory_key
 
@@ -63,4 +63,12 @@ def open_store(params: StoreParams) -> StoreFacets:
     """The PostgreSQL store of ``params``; it does not connect until first used."""
     db = Connector(params)
     lock, records = PostgresLock(db), PostgresRecords(db, params.replica_acks)
-    return StoreFacets(params, lock, records, PostgresEntries(db), PostgresRuns(db), db.close)
+    return StoreFacets(
+        params,
+        lock,
+        records,
+        PostgresEntries(db),
+        PostgresRuns(db),
+        PostgresJournal(db),
+        db.close,
+    )

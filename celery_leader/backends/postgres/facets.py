@@ -9,11 +9,12 @@ from typing import Any
 
 from ...exceptions import StoreMisconfigured, StoreUnavailable
 from ..errors import hand_back
+from ..journal import JournalWrite, journal_rounds
 from ..lock import HolderInfo, Term
 from ..records import Fence, FencedRecords, Write, write_rounds
 from ..run_store import RunSummary, RunWrite
 from ..session_lock import Rows, SessionGone, SessionLock
-from ..sql_facets import LOAD_STATE, SqlEntries, SqlRuns
+from ..sql_facets import LOAD_STATE, SqlEntries, SqlJournal, SqlRuns
 from ..terms import since_of
 from ..waiting import LockWaiter
 from .entries import CREATE_ENTRY, DELETE_ENTRY, ENTRIES_SINCE, REPLACE_ENTRY, VERSION_ROW
@@ -27,6 +28,7 @@ from .sql import (
     PUT_ENTRY_RUN_MIGRATE,
     PUT_ENTRY_RUN_NEW,
     PUT_ENTRY_RUN_REPLACE,
+    PUT_JOURNAL,
     PUT_RUN_NEW,
     PUT_RUN_REPLACE,
     RELEASE,
@@ -313,3 +315,34 @@ class PostgresRuns(SqlRuns):
             for entry, counts, key, value in rows
             if key is not None
         ]
+
+
+class PostgresJournal(SqlJournal):
+    """The journal in ``celery_leader_journal``: a statement per round of writes
+    (one, unless a call changes a log's ``keep``; then one transaction)."""
+
+    _db: Connector
+
+    def write(self, election: str, writes: Sequence[JournalWrite]) -> None:
+        rounds = journal_rounds(writes)
+        names = self._db.names(election)
+
+        def run(session: Session) -> None:
+            # A failed statement closes the kept session: the transaction goes with it.
+            several = len(rounds) > 1
+            if several:
+                self._db.execute(session, "BEGIN")
+            for batch in rounds:
+                params = {
+                    **names,
+                    "logs": [w.log for w in batch],
+                    "keys": [w.key for w in batch],
+                    "data": [w.data for w in batch],
+                    "keeps": [w.keep for w in batch],
+                }
+                self._db.execute(session, PUT_JOURNAL, params)
+            if several:
+                self._db.execute(session, "COMMIT")
+
+        if rounds:
+            self._db.on_kept(run)

@@ -41,6 +41,7 @@ SCHEMA_EXISTS = (
     " AND to_regclass('celery_leader_entries') IS NOT NULL"
     " AND to_regclass('celery_leader_run_records_order') IS NOT NULL"
     " AND to_regclass('celery_leader_run_entries') IS NOT NULL"
+    " AND to_regclass('celery_leader_journal') IS NOT NULL"
 )
 
 # Sent as one simple-protocol query: one round trip, one implicit transaction,
@@ -111,6 +112,14 @@ CREATE TABLE IF NOT EXISTS celery_leader_entries_version (
     election text   NOT NULL,
     version  bigint NOT NULL,
     PRIMARY KEY (prefix, election)
+);
+CREATE TABLE IF NOT EXISTS celery_leader_journal (
+    prefix   text NOT NULL,
+    election text NOT NULL,
+    log      text NOT NULL,
+    log_key  text COLLATE "C" NOT NULL,
+    data     text NOT NULL,
+    PRIMARY KEY (prefix, election, log, log_key)
 )
 """
 
@@ -523,6 +532,46 @@ WHERE e.prefix = %(prefix)s AND e.election = %(election)s AND e.entry > %(after)
   AND e.until > {_AT}
 ORDER BY e.entry LIMIT %(page)s
 """  # noqa: S608
+
+
+# A round of journal writes (see :func:`~..journal.journal_rounds`: each log
+# has one ``keep``), in one statement. Its parts see the table as it was, so
+# ``floor`` takes each log's ``keep``-th greatest key among its kept ones (a
+# backward scan of the primary key, ``keep`` rows at most) and the ones
+# written; ``put`` writes what reaches the floor (the last record of a key
+# written twice), and the delete drops the log's keys below it: a range of the
+# primary key, as many rows as fall out. Keys compare byte for byte ("C").
+PUT_JOURNAL = """
+WITH w AS (
+    SELECT DISTINCT ON (log, log_key) log, log_key COLLATE "C" AS log_key, data, keep
+    FROM unnest(%(logs)s::text[], %(keys)s::text[], %(data)s::text[], %(keeps)s::int[])
+        WITH ORDINALITY AS w (log, log_key, data, keep, n)
+    ORDER BY log, log_key, n DESC
+),
+floor AS (
+    SELECT l.log, (
+        SELECT a.log_key FROM (
+            (SELECT j.log_key FROM celery_leader_journal AS j
+             WHERE j.prefix = %(prefix)s AND j.election = %(election)s AND j.log = l.log
+             ORDER BY j.log_key DESC LIMIT l.keep)
+            UNION SELECT w.log_key FROM w WHERE w.log = l.log
+        ) AS a
+        ORDER BY a.log_key DESC OFFSET l.keep - 1 LIMIT 1
+    ) AS log_key
+    FROM (SELECT DISTINCT log, keep FROM w) AS l
+),
+put AS (
+    INSERT INTO celery_leader_journal AS j (prefix, election, log, log_key, data)
+    SELECT %(prefix)s, %(election)s, w.log, w.log_key, w.data
+    FROM w JOIN floor AS f ON f.log = w.log
+    WHERE f.log_key IS NULL OR w.log_key >= f.log_key
+    ORDER BY w.log, w.log_key
+    ON CONFLICT (prefix, election, log, log_key) DO UPDATE SET data = EXCLUDED.data
+)
+DELETE FROM celery_leader_journal AS j USING floor AS f
+WHERE j.prefix = %(prefix)s AND j.election = %(election)s AND j.log = f.log
+  AND j.log_key < f.log_key
+"""
 
 
 def ms(seconds: float) -> str:

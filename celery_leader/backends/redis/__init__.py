@@ -26,6 +26,11 @@ script touches a single Redis Cluster slot:
 * ``{p:e}:entries-version`` - counter moved by every applied entry edit
 * ``{p:e}:entries-changes`` - sorted set: each recently edited entry name -> the
   version of its edit, so a reader pays for an edit what it touched
+* ``{p:e}:journal:<log>`` - hash of a journal log's records, key -> record; the
+  log's name percent-encoded (``/`` kept); written by any process (no term)
+* ``{p:e}:journal-keys:<log>`` - sorted set of the same keys, all scored 0, so
+  that they sort by their bytes: reads are ``ZREVRANGEBYLEX`` pages, and a
+  write drops the least keys over the log's cap
 
 Releases and take-overs are announced on the channel ``{p:e}:released`` so
 that followers act at once instead of waiting out the ttl. A holder whose
@@ -34,7 +39,7 @@ ttl: see :mod:`.presence`.
 
 Every operation is one Lua script (:mod:`.scripts`); the client and the URL
 forms are :mod:`.connection`'s. The facets (:mod:`.lock`, :mod:`.records`,
-:mod:`.entries`, :mod:`.runs`) share one :class:`~.connection.Connection`.
+:mod:`.entries`, :mod:`.runs`, :mod:`.journal`) share one :class:`~.connection.Connection`.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from .. import StoreFacets, StoreParams
 from .acks import Replicas
 from .connection import Connection
 from .entries import RedisEntries
+from .journal import RedisJournal
 from .lock import RedisLock
 from .presence import Presences
 from .records import RedisRecords
@@ -65,6 +71,7 @@ def open_store(params: StoreParams) -> StoreFacets:
         records=RedisRecords(conn, replicas),
         entries=RedisEntries(conn),
         runs=RedisRuns(conn),
+        journal=RedisJournal(conn),
         close=close,
     )
 

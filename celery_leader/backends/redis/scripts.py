@@ -416,6 +416,54 @@ end
 return out
 """
 
+# The start of both journal scripts. KEYS: per log, its records (hash, key ->
+# record) then its keys (sorted set, every score 0: ordered by the key's bytes).
+_JOURNAL_PROLOGUE = """
+for i = 1, #KEYS do
+  local want = 'hash'
+  if i % 2 == 0 then want = 'zset' end
+  local kind = redis.call('TYPE', KEYS[i]).ok
+  if kind ~= want and kind ~= 'none' then return {'foreign', KEYS[i], kind} end
+end
+"""
+
+# KEYS: as in _JOURNAL_PROLOGUE. ARGV: per write, the number of its log in KEYS
+# (1: the first pair), key, record, keep. Each write leaves its log its keep
+# greatest keys, dropping all that fall out: one, unless keep was lowered.
+# No term: any process writes the journal.
+JOURNAL_WRITE = _JOURNAL_PROLOGUE + """
+for i = 1, #ARGV, 4 do
+  local at = 2 * tonumber(ARGV[i])
+  local records, keys = KEYS[at - 1], KEYS[at]
+  redis.call('HSET', records, ARGV[i + 1], ARGV[i + 2])
+  redis.call('ZADD', keys, 0, ARGV[i + 1])
+  local excess = redis.call('ZCARD', keys) - tonumber(ARGV[i + 3])
+  if excess > 0 then
+    for _, key in ipairs(redis.call('ZRANGE', keys, 0, excess - 1)) do
+      redis.call('HDEL', records, key)
+    end
+    redis.call('ZREMRANGEBYRANK', keys, 0, excess - 1)
+  end
+end
+return 1
+"""
+
+# KEYS: as in _JOURNAL_PROLOGUE, one log. ARGV: limit, the greatest key to read
+# as ZREVRANGEBYLEX takes it ('+' for all, '(' .. key for those below it).
+# Returns {1, key, record, ...}, greatest key first (the 1 first: a key may be
+# any text, 'foreign' too).
+JOURNAL_READ = _JOURNAL_PROLOGUE + """
+local out = {1}
+for _, key in ipairs(redis.call('ZREVRANGEBYLEX', KEYS[2], ARGV[2], '-', 'LIMIT', 0, ARGV[1])) do
+  local record = redis.call('HGET', KEYS[1], key)
+  if record then
+    out[#out + 1] = key
+    out[#out + 1] = record
+  end
+end
+return out
+"""
+
 # KEYS: lock (only so that Cluster runs it on the election's node). The server's TIME.
 TIME = """
 return redis.call('TIME')
@@ -437,6 +485,8 @@ SOURCES = {
     "runs_of": RUNS_OF,
     "edit_entries": EDIT_ENTRIES,
     "entries_since": ENTRIES_SINCE,
+    "journal_write": JOURNAL_WRITE,
+    "journal_read": JOURNAL_READ,
 }
 
 #: What each key is meant to hold, for errors about a key of the wrong type.
@@ -448,6 +498,8 @@ _EXPECTED = {
     "run-entries": "the run ledger's entries (a sorted set)",
     "entries": "schedule entries (a hash)",
     "entries-changes": "the schedule entries' recent edits (a sorted set)",
+    "journal": "a journal log's records (a hash)",
+    "journal-keys": "a journal log's keys (a sorted set)",
 }
 
 
@@ -465,5 +517,7 @@ def checked(reply: Any) -> Any:
 
 def wrong_type(key: str, found: str) -> Exception:
     """The error for ``key`` holding a value of Redis type ``found``, not ours."""
-    expected = _EXPECTED.get(key.rsplit(":", 1)[-1], "a celery-leader value")
+    # After the hash tag: the key's name, and what a per-entry or per-log key's starts with.
+    name = key.rsplit("}:", 1)[-1]
+    expected = _EXPECTED.get(name) or _EXPECTED.get(name.split(":", 1)[0], "a celery-leader value")
     return foreign(f"Redis key {key!r}", found, expected)
