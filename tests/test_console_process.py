@@ -9,6 +9,8 @@ import re
 import signal
 import subprocess
 import sys
+import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -178,3 +180,41 @@ def test_dramatiq_console_serves_its_entries(procs: Procs, store_url: str) -> No
     console.signal(signal.SIGTERM)
     assert console.wait(15) == 0
     assert PASSWORD not in console.output()
+
+
+def test_a_hand_over_shows_on_the_timeline_with_its_gap_and_slots(
+    procs: Procs, store_url: str
+) -> None:
+    """The leader is SIGKILLed: the next one records its term as lost, and the timeline
+    shows the gap between the two terms with the slots due in it."""
+    beats = {
+        name: procs.spawn_python(CELERY_MAIN, *APP, "beat", "-S", "leader", "-l", "info",
+                                 env=_env(store_url, INSTANCE_ID=name), cwd=ROOT)  # fmt: skip
+        for name in ("beat-1", "beat-2")
+    }
+    console = procs.spawn_python(CELERY_MAIN, *APP, "leader", "console", "--port", "0",
+                                 env=_env(store_url), cwd=ROOT)  # fmt: skip
+    url = _console_url(console)
+
+    def terms() -> list[dict[str, object]]:
+        found: list[dict[str, object]] = requests.get(url + "api/timeline", timeout=10).json()[
+            "terms"
+        ]
+        return found
+
+    wait_for(lambda: len(terms()) == 1, 30, message="no leader's term was recorded")
+    first = terms()[0]
+    since = datetime.fromisoformat(str(first["started"])).timestamp()
+    # Longer than a ttl in office, so that the gap's bound is the ttl, not the term.
+    wait_for(lambda: time.time() > since + 4, 10, message="the clock stood still")
+    beats[str(first["holder"])].signal(signal.SIGKILL)
+    wait_for(lambda: len(terms()) == 2 and terms()[1]["how"] == "lost", 30,
+             message=lambda: f"no hand-over on the timeline: {terms()}")  # fmt: skip
+    newest, lost = terms()
+    assert lost["epoch"] == first["epoch"] and lost["ended"] is None
+    assert newest["holder"] != first["holder"] and newest["how"] == "leading"
+    assert (newest["gap"], newest["gap_exact"]) == (3.0, False)
+    slots = newest["gap_slots"]
+    assert isinstance(slots, list) and [slot["entry"] for slot in slots] == ["tick"] * 3
+    page = requests.get(url + "timeline", timeout=10).text
+    assert "lost" in page and str(newest["holder"]) in page

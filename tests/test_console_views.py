@@ -228,3 +228,19 @@ def test_the_entries_are_read_again_only_when_their_version_moved() -> None:
     assert again is not first and again.names == ["report", "tick"]
     assert cache.index(store.entries, "beat") is again
     store.close()
+
+
+def test_the_gap_after_a_lost_term_is_bounded_by_the_ttl() -> None:
+    """A holder that crashed never wrote its end: it renewed within a ttl of the next
+    term's start, so the gap is at most that."""
+    app = _app(leader_ttl=3)
+    store = open_store(app.config)
+    t0 = float(int(time.time()) - 100)
+    terms = [TermRecord(7, "beat-1", t0, None, "lost"), TermRecord(8, "beat-2", t0 + 50)]
+    store.journal.write(
+        "beat", [JournalWrite(TERMS, term_key(t.epoch), t.dump(), TERMS_KEPT) for t in terms]
+    )
+    newest = pages.timeline(pages.Reads(app, store))["terms"][0]
+    assert (newest["gap"], newest["gap_exact"]) == (3.0, False)
+    assert len(newest["gap_slots"]) == 3  # tick, every second
+    store.close()

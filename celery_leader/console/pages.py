@@ -272,22 +272,27 @@ def timeline(reads: Reads, election: str | None = None, limit: int = TERMS) -> d
             "ended": iso(term.ended),
             "how": term.how or "leading",
             "gap": None,
+            "gap_exact": True,
             "gap_slots": [],
         }
-        # A lost term's end is unknown: its gap is counted from its start.
-        gap_from = None if before is None else (before.ended or before.started)
+        gap_from = None
+        if before is not None and before.ended is not None:
+            gap_from = before.ended
+        elif before is not None:
+            # A lost term's end is unknown; its holder renewed within a ttl of the
+            # next term's start, or that term would have started sooner: at most that.
+            gap_from = max(before.started, term.started - reads.config.ttl)
+            row["gap_exact"] = False
         if gap_from is not None:
             row["gap"] = round(term.started - gap_from, 3)
             if name == reads.election and lookups > 0:
-                row["gap_slots"] = _gap_slots(reads, gap_from, term.started, term.holder, lookups)
+                row["gap_slots"] = _gap_slots(reads, gap_from, term.started, lookups)
                 lookups -= len(row["gap_slots"])
         rows.append(row)
     return {"election": name, "terms": rows}
 
 
-def _gap_slots(
-    reads: Reads, start: float, end: float, holder: str, lookups: int
-) -> list[dict[str, Any]]:
+def _gap_slots(reads: Reads, start: float, end: float, lookups: int) -> list[dict[str, Any]]:
     """The slots due in ``(start, end]`` and what the ledger says of each."""
     begin = datetime.fromtimestamp(start, timezone.utc)
     until = min(datetime.fromtimestamp(end, timezone.utc), begin + GAP_WINDOW)
@@ -312,7 +317,7 @@ def _gap_slots(
         elif record.started > end:
             fate = "sent late, by the next leader"
         else:
-            fate = "sent"
+            fate = "sent before the hand-over"
         out.append(
             {"entry": slot.entry, "slot": slot.slot, "due": slot.due.isoformat(), "fate": fate}
         )
