@@ -187,9 +187,9 @@ def test_a_hand_over_shows_on_the_timeline_with_its_gap_and_slots(
 ) -> None:
     """The leader is SIGKILLed: the next one records its term as lost, and the timeline
     shows the gap between the two terms with the slots due in it."""
+    beat = [*APP, "beat", "-S", "leader", "-l", "info"]
     beats = {
-        name: procs.spawn_python(CELERY_MAIN, *APP, "beat", "-S", "leader", "-l", "info",
-                                 env=_env(store_url, INSTANCE_ID=name), cwd=ROOT)  # fmt: skip
+        name: procs.spawn_python(CELERY_MAIN, *beat, env=_env(store_url, INSTANCE_ID=name))
         for name in ("beat-1", "beat-2")
     }
     console = procs.spawn_python(CELERY_MAIN, *APP, "leader", "console", "--port", "0",
