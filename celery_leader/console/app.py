@@ -78,7 +78,7 @@ class Console:
             *security.HEADERS,
         ]
         start_response(response.status_line, headers)
-        return [response.body]
+        return [b"" if request.method == "HEAD" else response.body]
 
     # -- the rules -----------------------------------------------------------------
 
