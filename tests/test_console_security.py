@@ -322,6 +322,9 @@ def test_a_bulk_pause_asks_for_a_confirmation(writer: tuple[Console, Sent]) -> N
     assert done.status == 303
     listed = call(console, "GET", "/api/entries?filter=paused").text
     assert '"total": 2' in listed
+    assert listed.count('"why": "incident 42"') == 2, "each paused row says why"
+    page = call(console, "GET", "/entries?filter=paused").text
+    assert page.count("by console:token@127.0.0.1 at ") == 2
 
 
 def test_a_large_body_is_refused_unread(writer: tuple[Console, Sent]) -> None:

@@ -37,6 +37,9 @@ MAX_RUNS = 1000
 TERMS = 20
 #: Audit records an entry's page lists.
 AUDIT = 20
+#: The election's newest changes the entries list looks through for who paused its
+#: paused rows (older pauses show without their reason).
+RECENT_CHANGES = 1000
 #: The most slots of a hand-over's gap the timeline looks up in the ledger
 #: (one round trip each).
 GAP_LOOKUPS = 50
@@ -151,12 +154,27 @@ def entries(
                 chosen.append(name)
         names = chosen
     listing = page_of(index, names, page, per)
+    _pauses(reads, [row for row in listing.rows if not row["enabled"]])
     return {
         "query": query,
         "filter": selected if selected in FILTERS else "",
         "filters": sorted(FILTERS),
         **listing.to_json(),
     }
+
+
+def _pauses(reads: Reads, rows: list[dict[str, Any]]) -> None:
+    """Who paused each of ``rows``, when and why: the newest pause of each in the
+    election's audit trail (one read of its newest records, not one per row)."""
+    for row in rows:
+        row["paused"] = None
+    if not rows:
+        return
+    wanted = {row["name"]: row for row in rows}
+    for _, record in audit_trail(reads.store.journal, reads.election, RECENT_CHANGES):
+        paused = wanted.get(record.entry)
+        if paused is not None and paused["paused"] is None and record.action == "pause":
+            paused["paused"] = {"who": record.who, "at": iso(record.at), "why": record.why}
 
 
 # -- one entry ------------------------------------------------------------------------
