@@ -244,3 +244,22 @@ def test_the_gap_after_a_lost_term_is_bounded_by_the_ttl() -> None:
     assert (newest["gap"], newest["gap_exact"]) == (3.0, False)
     assert len(newest["gap_slots"]) == 3  # tick, every second
     store.close()
+
+
+def test_the_plan_lists_a_window_and_marks_its_busiest_seconds() -> None:
+    app = _app()
+    store = open_store(app.config)
+    with ScheduleEntries(app) as entries:
+        entries.add("minutely", "proj.tick", every=60)
+        entries.add("off", "proj.tick", every=60, enabled=False)
+    data = pages.plan(
+        pages.Reads(app, store), "2027-01-01T00:00:00Z", "2027-01-01T00:03:00Z", "Europe/Berlin"
+    )
+    assert data["total"] == 180 + 3 and {s["entry"] for s in data["slots"]} == {"tick", "minutely"}
+    assert [b["slots"] for b in data["busiest"]] == [2, 2, 2]
+    busy = [s["due"] for s in data["slots"] if s["busy"]]
+    assert len(busy) == 6 and busy[0] == "2027-01-01T00:01:00.000+00:00"
+    assert data["slots"][0]["local"].endswith("+01:00")
+    with pytest.raises(ValueError, match="unknown time zone"):
+        pages.plan(pages.Reads(app, store), tz="Mars/Olympus")
+    store.close()
