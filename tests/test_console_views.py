@@ -14,9 +14,10 @@ import pytest
 
 from celery_leader.backends import JournalWrite, RunWrite, StoreFacets, open_store
 from celery_leader.cli.entries import CodeEntry, EntriesApp, ScheduleEntries
-from celery_leader.console import pages
+from celery_leader.console import pages, plan, timeline
 from celery_leader.console.listing import EntryCache, EntryIndex, page_of
 from celery_leader.console.problems import Limits, state_of
+from celery_leader.console.reads import Reads
 from celery_leader.console.times import AFTER_CHANGE, MOVED, REPEATED, in_words, next_fires
 from celery_leader.election.history import TERMS, TERMS_KEPT, TermRecord, term_key
 from celery_leader.ledger.marks import mark_sent
@@ -171,14 +172,14 @@ def test_problems_and_the_failing_filter_read_the_ledger() -> None:
     store = open_store(app.config)
     now = datetime.now(UTC).replace(microsecond=0)
     _finished(store, "tick", now - timedelta(seconds=3), "failure")
-    data = pages.problems(pages.Reads(app, store))
+    data = pages.problems(Reads(app, store))
     assert data["counts"]["failed"] == 1 and data["entries"][0]["name"] == "tick"
-    failing = pages.entries(pages.Reads(app, store), selected="failing")
+    failing = pages.entries(Reads(app, store), selected="failing")
     assert [row["name"] for row in failing["entries"]] == ["tick"]
     assert pages.metrics(data).count('celery_leader_entries{state="failed"} 1') == 1
     _finished(store, "tick", now - timedelta(seconds=2), "success")
     _finished(store, "tick", now - timedelta(seconds=1), "success")
-    one = pages.entry(pages.Reads(app, store), "tick")
+    one = pages.entry(Reads(app, store), "tick")
     assert one is not None and one["state"] == "on time"
     assert [run["state"] for run in one["runs"]] == ["success", "success", "failure"]
     assert one["p50"] == 0.5 and one["p95"] == 0.5
@@ -202,7 +203,7 @@ def test_the_timeline_shows_the_gap_of_a_hand_over_and_its_slots() -> None:
     )
     late = datetime.fromtimestamp(t0 + 12, UTC)
     mark_sent(store.runs, "beat", slot_name("tick", late), "beat-2", 3600, 100)
-    data = pages.timeline(pages.Reads(app, store))
+    data = timeline.timeline(Reads(app, store))
     newest, oldest = data["terms"]
     assert (newest["holder"], newest["how"], newest["gap"]) == ("beat-2", "leading", 4.3)
     assert (oldest["holder"], oldest["how"], oldest["gap"]) == ("beat-1", "expired", None)
@@ -240,7 +241,7 @@ def test_the_gap_after_a_lost_term_is_bounded_by_the_ttl() -> None:
     store.journal.write(
         "beat", [JournalWrite(TERMS, term_key(t.epoch), t.dump(), TERMS_KEPT) for t in terms]
     )
-    newest = pages.timeline(pages.Reads(app, store))["terms"][0]
+    newest = timeline.timeline(Reads(app, store))["terms"][0]
     assert (newest["gap"], newest["gap_exact"]) == (3.0, False)
     assert len(newest["gap_slots"]) == 3  # tick, every second
     store.close()
@@ -252,8 +253,8 @@ def test_the_plan_lists_a_window_and_marks_its_busiest_seconds() -> None:
     with ScheduleEntries(app) as entries:
         entries.add("minutely", "proj.tick", every=60)
         entries.add("off", "proj.tick", every=60, enabled=False)
-    data = pages.plan(
-        pages.Reads(app, store), "2027-01-01T00:00:00Z", "2027-01-01T00:03:00Z", "Europe/Berlin"
+    data = plan.plan(
+        Reads(app, store), "2027-01-01T00:00:00Z", "2027-01-01T00:03:00Z", "Europe/Berlin"
     )
     assert data["total"] == 180 + 3 and {s["entry"] for s in data["slots"]} == {"tick", "minutely"}
     assert [b["slots"] for b in data["busiest"]] == [2, 2, 2]
@@ -261,5 +262,5 @@ def test_the_plan_lists_a_window_and_marks_its_busiest_seconds() -> None:
     assert len(busy) == 6 and busy[0] == "2027-01-01T00:01:00.000+00:00"
     assert data["slots"][0]["local"].endswith("+01:00")
     with pytest.raises(ValueError, match="unknown time zone"):
-        pages.plan(pages.Reads(app, store), tz="Mars/Olympus")
+        plan.plan(Reads(app, store), tz="Mars/Olympus")
     store.close()

@@ -19,10 +19,11 @@ from ..backends.urls import mask_url
 from ..cli.entries import EntriesApp
 from ..exceptions import ConfigError, StoreUnavailable
 from ..schedule.plan import PlanError
-from . import pages, security
+from . import pages, plan, security, timeline
 from .actions import MAX_BULK, ActionError, Actions, Actor, reason
 from .http import BodyTooLarge, Request, Response, StartResponse, first
-from .listing import EntryCache
+from .listing import PAGE, EntryCache
+from .reads import Reads
 from .render import Renderer, static
 
 logger = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ class Console:
                 return self._error(request, 404, "no such file")
             return Response(200, file[0], file[1])
         if parts == ["metrics"]:
-            data = pages.problems(pages.Reads(self.app, self.store, self.entries))
+            data = pages.problems(Reads(self.app, self.store, self.entries))
             return Response(200, pages.metrics(data).encode(), "text/plain; version=0.0.4")
         as_json = parts[:1] == ["api"]
         if as_json:
@@ -127,7 +128,7 @@ class Console:
         return self._page(request, template, data)
 
     def _view(self, request: Request, parts: list[str]) -> tuple[str, dict[str, Any]] | None:
-        reads = pages.Reads(self.app, self.store, self.entries)
+        reads = Reads(self.app, self.store, self.entries)
         if parts in ([], ["cluster"]):
             return "cluster.html", pages.cluster(reads)
         if parts == ["entries"]:
@@ -136,7 +137,7 @@ class Console:
                 request.arg("q"),
                 request.arg("filter"),
                 request.number("page", 1),
-                request.number("per_page", pages.PAGE),
+                request.number("per_page", PAGE),
             )
             return "entries.html", data
         if len(parts) >= 2 and parts[0] == "entries":
@@ -147,11 +148,13 @@ class Console:
             return None if one is None else ("entry.html", one)
         if parts == ["timeline"]:
             election = request.arg("election") or None
-            return "timeline.html", pages.timeline(reads, election, request.number("terms", 20))
+            return "timeline.html", timeline.timeline(
+                reads, election, request.number("terms", timeline.TERMS)
+            )
         if parts == ["problems"]:
             return "problems.html", pages.problems(reads)
         if parts == ["plan"]:
-            data = pages.plan(reads, request.arg("from"), request.arg("to"), request.arg("tz"))
+            data = plan.plan(reads, request.arg("from"), request.arg("to"), request.arg("tz"))
             return "plan.html", data
         return None
 

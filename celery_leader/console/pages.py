@@ -1,8 +1,8 @@
-"""What each view shows, as JSON-ready data: the page renders it, its JSON twin is it.
+"""What the cluster, entries, entry and problems views show, as JSON-ready data: the page
+renders it, its JSON twin is it.
 
-Each function reads the store through one :class:`Reads` (a request's reads,
-each done at most once) and returns plain data: strings, numbers, lists and
-dicts, times as ISO 8601.
+Each function reads the store through one :class:`~.reads.Reads` and returns
+plain data: strings, numbers, lists and dicts, times as ISO 8601.
 """
 
 from __future__ import annotations
@@ -10,83 +10,25 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Mapping
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any
 
-from ..backends import StoreFacets
-from ..cli.entries import EntriesApp
 from ..clock import StoreClock
-from ..election.history import TERMS_KEPT, term_history
-from ..ledger.marks import read as read_run
 from ..ledger.records import RunRecord
-from ..ledger.summary import EntryRuns, summarize
-from ..schedule import plan as planning
 from ..schedule.audit import audit_trail
-from ..schedule.catalog import policy
-from ..schedule.jobs import Job
-from ..settings.config import LeaderConfig
-from .listing import PAGE as PAGE
-from .listing import EntryCache, EntryIndex, page_of
+from .listing import PAGE, page_of
 from .problems import FILTERS, STATES, slot_due, state_of
+from .reads import Reads, iso
 
 #: Runs an entry's page lists, unless the request asks for fewer or more.
 RUNS = 50
 #: The most runs an entry's page reads.
 MAX_RUNS = 1000
-#: Terms the timeline lists per election.
-TERMS = 20
 #: Audit records an entry's page lists.
 AUDIT = 20
 #: The election's newest changes the entries list looks through for who paused its
 #: paused rows (older pauses show without their reason).
 RECENT_CHANGES = 1000
-#: The most slots of a hand-over's gap the timeline looks up in the ledger
-#: (one round trip each).
-GAP_LOOKUPS = 50
-#: The longest gap whose slots the timeline lists (a day's outage is a story
-#: for the problems page, not a list of thousands of slots).
-GAP_WINDOW = timedelta(hours=1)
-#: The plan's default window, from now.
-PLAN_WINDOW = timedelta(hours=1)
-#: Slots of a plan listed on the page (the JSON has them all).
-PLAN_SHOWN = 1000
-#: The busiest seconds a plan marks.
-BUSIEST = 5
-
-
-def iso(seconds: float | None) -> str | None:
-    """Unix seconds as ISO 8601 UTC to the millisecond; ``None`` stays."""
-    if seconds is None:
-        return None
-    return datetime.fromtimestamp(seconds, timezone.utc).isoformat(timespec="milliseconds")
-
-
-class Reads:
-    """One request's reads of the store, each done at most once."""
-
-    def __init__(
-        self, app: EntriesApp, store: StoreFacets, cache: EntryCache | None = None
-    ) -> None:
-        self.app = app
-        self.store = store
-        self.cache = EntryCache(app) if cache is None else cache
-        self.config: LeaderConfig = app.config
-        self.election = app.config.beat_election
-        self._index: EntryIndex | None = None
-        self._runs: dict[str, EntryRuns] | None = None
-
-    def index(self) -> EntryIndex:
-        """Every entry: the cache's, or from one read of the store's entries."""
-        if self._index is None:
-            self._index = self.cache.index(self.store.entries, self.election)
-        return self._index
-
-    def runs(self) -> dict[str, EntryRuns]:
-        """Each entry's last run and counts (the ledger's summaries: one read)."""
-        if self._runs is None:
-            summaries = self.store.runs.summaries(self.election) if self.config.ledger else []
-            self._runs = {r.entry: r for r in summarize(summaries, time.time())}
-        return self._runs
 
 
 # -- cluster --------------------------------------------------------------------------
@@ -269,98 +211,6 @@ def _quantile(values: list[float], q: float) -> float | None:
     return values[min(len(values) - 1, max(0, round(q * len(values) + 0.5) - 1))]
 
 
-# -- timeline -------------------------------------------------------------------------
-
-
-def timeline(reads: Reads, election: str | None = None, limit: int = TERMS) -> dict[str, Any]:
-    """The last terms of ``election`` (default: the beat election), newest first: holder,
-    start, end, how it ended, and the gap before it with the slots due in that gap
-    and what became of each (beat election only)."""
-    name = election or reads.election
-    limit = max(1, min(limit, TERMS_KEPT))
-    terms = term_history(reads.store.journal, name, limit + 1)
-    rows: list[dict[str, Any]] = []
-    lookups = GAP_LOOKUPS
-    for number, term in enumerate(terms[:limit]):
-        before = terms[number + 1] if number + 1 < len(terms) else None
-        row: dict[str, Any] = {
-            "epoch": term.epoch,
-            "holder": term.holder,
-            "started": iso(term.started),
-            "ended": iso(term.ended),
-            "how": term.how or "leading",
-            "gap": None,
-            "gap_exact": True,
-            "gap_slots": [],
-        }
-        gap_from = None
-        if before is not None and before.ended is not None:
-            gap_from = before.ended
-        elif before is not None:
-            # A lost term's end is unknown; its holder renewed within a ttl of the
-            # next term's start, or that term would have started sooner: at most that.
-            gap_from = max(before.started, term.started - reads.config.ttl)
-            row["gap_exact"] = False
-        if gap_from is not None:
-            row["gap"] = round(term.started - gap_from, 3)
-            if name == reads.election and lookups > 0:
-                row["gap_slots"] = _gap_slots(reads, gap_from, term.started, lookups)
-                lookups -= len(row["gap_slots"])
-        rows.append(row)
-    return {"election": name, "terms": rows}
-
-
-def _gap_slots(reads: Reads, start: float, end: float, lookups: int) -> list[dict[str, Any]]:
-    """The slots due in ``(start, end]`` and what the ledger says of each."""
-    begin = datetime.fromtimestamp(start, timezone.utc)
-    until = min(datetime.fromtimestamp(end, timezone.utc), begin + GAP_WINDOW)
-    if until <= begin:
-        return []
-    try:
-        result = planning.plan(jobs(reads), begin, until)
-    except planning.PlanError:
-        return []
-    out = []
-    for slot in result.slots[:lookups]:
-        text = (
-            read_run(reads.store.runs, reads.election, slot.slot, reads.config.ledger_retention)
-            if reads.config.ledger
-            else None
-        )
-        record = None if text is None else RunRecord.load(text, slot.slot)
-        if record is None:
-            fate = "not sent: dropped by the missed-slot policy, or not recorded"
-        elif record.attempt > 1:
-            fate = "run again: its worker died mid-run"
-        elif record.started > end:
-            fate = "sent late, by the next leader"
-        else:
-            fate = "sent before the hand-over"
-        out.append(
-            {"entry": slot.entry, "slot": slot.slot, "due": slot.due.isoformat(), "fate": fate}
-        )
-    return out
-
-
-def jobs(reads: Reads) -> list[Job]:
-    """Every enabled entry as a job of the plan (anchored where the plan starts, so
-    the missed-slot policy does not apply)."""
-    index = reads.index()
-    out = []
-    for name in index.names:
-        found = index.get(name)
-        if found is None or not found.enabled:
-            continue
-        stored = found.stored if found.source == "store" else None
-        missed, grace = policy(
-            reads.config,
-            None if stored is None else stored.missed_slots,
-            None if stored is None else stored.missed_slots_grace,
-        )
-        out.append(Job(name, found.series, missed, grace, index.zone))
-    return out
-
-
 # -- problems -------------------------------------------------------------------------
 
 
@@ -396,25 +246,3 @@ def metrics(data: Mapping[str, Any]) -> str:
     for state, count in data["counts"].items():
         lines.append(f'celery_leader_entries{{state="{state}"}} {count}')
     return "\n".join(lines) + "\n"
-
-
-# -- plan -----------------------------------------------------------------------------
-
-
-def plan(reads: Reads, start: str = "now", end: str = "", tz: str = "") -> dict[str, Any]:
-    """The slots due between ``start`` and ``end`` (default: the next hour) across all
-    entries, as ``leader plan`` lists them, with the busiest seconds marked."""
-    zone = planning.parse_zone(tz) if tz else timezone.utc
-    now = datetime.now(timezone.utc)
-    begin = planning.parse_moment(start or "now", zone, now)
-    until = planning.parse_moment(end, zone, now) if end else begin + PLAN_WINDOW
-    result = planning.plan(jobs(reads), begin, until)
-    data = planning.to_json(result, zone)
-    per_second = Counter(s.due.replace(microsecond=0) for s in result.slots)
-    busiest = [(at.isoformat(), n) for at, n in per_second.most_common(BUSIEST) if n > 1]
-    marked = {at for at, _ in busiest}
-    for slot in data["slots"]:
-        slot["busy"] = slot["due"][:19] + "+00:00" in marked
-    data["busiest"] = [{"second": at, "slots": n} for at, n in busiest]
-    data["total"] = len(data["slots"])
-    return data
