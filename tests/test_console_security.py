@@ -423,3 +423,12 @@ def test_without_its_extra_the_console_fails_in_one_line_naming_it() -> None:
         "celery-leader needs 'jinja2' for this, and it is not installed: "
         "pip install 'celery-leader[console]'"
     ]
+
+
+def test_the_footer_links_keep_what_the_page_shows(reader: tuple[Console, Sent]) -> None:
+    console, _ = reader
+    page = call(console, "GET", "/entries?q=rep&filter=paused", token=None).text
+    assert 'href="/api/entries?q=rep&amp;filter=paused"' in page
+    assert 'href="?q=rep&amp;filter=paused&amp;refresh=10"' in page
+    refreshing = call(console, "GET", "/entries?q=rep&refresh=10", token=None).text
+    assert 'data-refresh="10"' in refreshing and 'href="?q=rep">stop refreshing' in refreshing

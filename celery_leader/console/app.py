@@ -239,6 +239,8 @@ class Console:
             csrf=csrf,
             csrf_field=security.CSRF_FIELD,
             refresh=min(max(refresh, REFRESH[0]), REFRESH[1]) if refresh else 0,
+            query=request.query(refresh=None),
+            refreshing=request.query(refresh="10"),
             store=self.config.display_url,
         )
         return Response(status, body, headers=headers)

@@ -6,7 +6,7 @@ import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlencode
 
 from .security import MAX_BODY, cookies
 
@@ -66,6 +66,16 @@ class Request:
         """A query parameter (the first of a repeated one)."""
         values = parse_qs(str(self.environ.get("QUERY_STRING", ""))).get(name)
         return values[0] if values else default
+
+    def query(self, **changes: str | None) -> str:
+        """The query string with ``changes`` (``None`` drops a parameter), for links
+        that keep what the page shows."""
+        params = parse_qs(str(self.environ.get("QUERY_STRING", "")))
+        for name, value in changes.items():
+            params.pop(name, None)
+            if value is not None:
+                params[name] = [value]
+        return urlencode(params, doseq=True)
 
     def number(self, name: str, default: int) -> int:
         """A whole-number query parameter; ``default`` when absent or not a number."""
