@@ -432,3 +432,11 @@ def test_the_footer_links_keep_what_the_page_shows(reader: tuple[Console, Sent])
     assert 'href="?q=rep&amp;filter=paused&amp;refresh=10"' in page
     refreshing = call(console, "GET", "/entries?q=rep&refresh=10", token=None).text
     assert 'data-refresh="10"' in refreshing and 'href="?q=rep">stop refreshing' in refreshing
+
+
+def test_a_form_of_too_many_fields_is_refused(writer: tuple[Console, Sent]) -> None:
+    console, _ = writer
+    cookie, token = _csrf(console)
+    body = f"csrf={token}&reason=x&".encode() + b"&".join(b"name=a" for _ in range(2000))
+    headers = {"Cookie": f"{CSRF_COOKIE}={cookie}", "Origin": "http://" + HOST}
+    assert call(console, "POST", "/entries/pause", headers=headers, body=body).status == 413

@@ -30,8 +30,13 @@ _REASONS = {
 }
 
 
+#: The most fields a form may have: a bulk pause of its most entries, and a few more.
+MAX_FIELDS = 1000
+
+
 class BodyTooLarge(Exception):
-    """The request's body is over :data:`~.security.MAX_BODY`."""
+    """The request's body is over :data:`~.security.MAX_BODY`, or has more than
+    :data:`MAX_FIELDS` fields."""
 
 
 @dataclass
@@ -97,7 +102,10 @@ class Request:
         if length > MAX_BODY:
             raise BodyTooLarge
         body = self.environ["wsgi.input"].read(length) if length > 0 else b""
-        return parse_qs(body.decode("utf-8", "replace"), max_num_fields=1000)
+        try:
+            return parse_qs(body.decode("utf-8", "replace"), max_num_fields=MAX_FIELDS)
+        except ValueError:  # more fields than any form of the console has
+            raise BodyTooLarge from None
 
 
 def first(form: Mapping[str, list[str]], name: str) -> str:
