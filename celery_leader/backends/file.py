@@ -212,12 +212,8 @@ class FileLock(_Facet, LeaseLock):
         finally:
             _close(held[0])
 
-    def wait(
-        self, election: str, timeout: float, cancel: threading.Event, term: Term | None = None
-    ) -> bool:
-        if term is not None:
-            cancel.wait(timeout)  # a flock lasts as long as its process: no connection to lose
-            return True
+    def _wait_free(self, election: str, timeout: float, cancel: threading.Event) -> None:
+        # A holder just waits: a flock lasts as long as its process, no connection to lose.
         with self._files.mutex:
             waiter = self._files.waiters.get(election)
         if waiter is None:
@@ -225,12 +221,11 @@ class FileLock(_Facet, LeaseLock):
             try:
                 fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
             except OSError:
-                return True  # the next acquire meets the same error and reports it
+                return  # the next acquire meets the same error and reports it
             waiter = LockWaiter(fd, _flock, _close, name=f"celery-leader-flock:{lock_path.name}")
             with self._files.mutex:
                 self._files.waiters[election] = waiter
         wait_sliced(waiter.done.wait, timeout, cancel)
-        return True
 
     def holders(self, elections: Sequence[str] | None = None) -> dict[str, HolderInfo | None]:
         if elections is None:

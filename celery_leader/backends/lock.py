@@ -95,9 +95,9 @@ class Renewal(enum.Enum):
 class LeaseLock(ABC):
     """Terms, holders and presence of elections: the store facet the elector needs.
 
-    Six methods a store writes (acquire, renew, release, wait, holders,
-    request_resign) and one it may (store_time). Strictly for the elector;
-    nothing else campaigns. One instance may serve several elections and threads.
+    Five methods a store writes (acquire, renew, release, holders,
+    request_resign) and two it may (a follower's wait, store_time). Strictly
+    for the elector. One instance may serve several elections and threads.
     """
 
     #: The store's URL, password and all: mask it before showing it. The
@@ -145,7 +145,6 @@ class LeaseLock(ABC):
         stops (after releasing any term it held).
         """
 
-    @abstractmethod
     def wait(
         self, election: str, timeout: float, cancel: threading.Event, term: Term | None = None
     ) -> bool:
@@ -158,6 +157,15 @@ class LeaseLock(ABC):
         believing it leads. Stores that cannot tell just wait. Returns True
         otherwise.
         """
+        if term is None:
+            self._wait_free(election, timeout, cancel)
+        else:
+            cancel.wait(timeout)
+        return True
+
+    def _wait_free(self, election: str, timeout: float, cancel: threading.Event) -> None:
+        """A follower's :meth:`wait`; a store that is never woken sooner just waits."""
+        cancel.wait(timeout)
 
     @abstractmethod
     def holders(self, elections: Sequence[str] | None = None) -> dict[str, HolderInfo | None]:

@@ -15,6 +15,7 @@ ended.
 from __future__ import annotations
 
 import threading
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -106,6 +107,11 @@ class SessionStore(ABC, Generic[S]):
         the rows of its last statement. The client's errors become
         :class:`StoreUnavailable` in one line (:class:`SessionGone` when the
         session ended with them)."""
+
+    @abstractmethod
+    def check_session(self, session: S, server_id: int) -> None:
+        """Refuse a proxy or pooler that ran a statement of ``session`` in another
+        server session than ``server_id`` (the lock would not be ours)."""
 
     def ensure_schema(self, session: S) -> None:
         """Create the tables on first use (a role without CREATE can use an admin's)."""
@@ -258,18 +264,20 @@ class SessionStore(ABC, Generic[S]):
 
 
 class SessionLock(LeaseLock, Generic[S]):
-    """The lease-lock facet of a SQL store (see the module).
-
-    A store supplies the statements: :meth:`_try_lock`, :meth:`_queue` and
-    :meth:`_start_term` for :meth:`acquire`, :meth:`_renew_in` for
-    :meth:`renew`, :meth:`_holder` for :meth:`holders`, and two that take
-    :meth:`_lock_params` alone.
-    """
+    """The lease-lock facet of a SQL store (see the module); a store supplies
+    its statements, :meth:`_renew_in`, :meth:`_holder` and the abstract rest."""
 
     #: Frees the election's lock held by the session it runs on.
     _RELEASE: str
     #: Marks the holder's term for resignation; returns its instance, epoch and token.
     _REQUEST_RESIGN: str
+    #: Each answers one row, the session's server id first (see :meth:`_row`): takes the
+    #: lock if free (then whether it did, the lease table's instance, epoch and token,
+    #: the clock); writes a new term (then its epoch, token and the clock).
+    _TRY_LOCK: str
+    _START_TERM: str
+    #: The store's clock, alone.
+    _CLOCK: str
 
     def __init__(self, db: SessionStore[S]) -> None:
         self._db = db
@@ -320,18 +328,12 @@ class SessionLock(LeaseLock, Generic[S]):
             return Renewal.LOST, now
         return Renewal.RESIGN if resign else Renewal.RENEWED, now
 
-    def wait(
-        self, election: str, timeout: float, cancel: threading.Event, term: Term | None = None
-    ) -> bool:
-        if term is not None:
-            # A session that ended shows at the next renewal, one statement later.
-            cancel.wait(timeout)
-            return True
+    def _wait_free(self, election: str, timeout: float, cancel: threading.Event) -> None:
+        # A holder just waits: a session that ended shows at the next renewal.
         waiter = self._db.waiter(election)
         # Without a queued waiter there is nothing to be woken by but cancel.
         event = waiter.done if waiter is not None else cancel
         wait_sliced(event.wait, timeout, cancel)
-        return True
 
     def release(self, election: str, term: Term | None) -> None:
         if term is None:
@@ -371,22 +373,51 @@ class SessionLock(LeaseLock, Generic[S]):
     def _lock_params(self, election: str) -> dict[str, Any]:
         """The parameters that name ``election`` and its lock in the statements."""
 
-    @abstractmethod
+    def _row(self, session: S, query: str, params: Mapping[str, Any]) -> tuple[Any, ...]:
+        """The one row ``query`` answers, less its first column: the server's id of
+        the session, which :meth:`SessionStore.check_session` checks."""
+        ((server_id, *row),) = self._db.execute(session, query, params)
+        self._db.check_session(session, server_id)
+        return tuple(row)
+
     def _try_lock(self, session: S, election: str) -> tuple[bool, HolderInfo | None, float | None]:
         """Take the election's lock in ``session`` if it is free: whether it did,
         the holder the lease table names (None: no term written yet), and the
         store's clock when it answered."""
+        got, holder_id, epoch, token, now = self._row(
+            session, self._TRY_LOCK, self._lock_params(election)
+        )
+        holder = (
+            None if holder_id is None else HolderInfo(holder_id, epoch, None, since=since_of(token))
+        )
+        return bool(got), holder, self._clock(now)
 
-    @abstractmethod
-    def _queue(self, session: S, election: str, ttl: float) -> LockWaiter[S]:
-        """Queue ``session`` for the election's lock (a thread of its own)."""
-
-    @abstractmethod
     def _start_term(
         self, session: S, election: str, instance_id: str, min_epoch: int
     ) -> tuple[Term, float | None]:
         """Write a new term, above ``min_epoch``, as ``session`` (which holds the
         lock); with the store's clock as in :meth:`_try_lock`."""
+        params = {
+            **self._lock_params(election),
+            "floor": min_epoch,
+            "nonce": uuid.uuid4().hex,
+            "instance": instance_id,
+        }
+        epoch, token, now = self._row(session, self._START_TERM, params)
+        return Term(str(token), int(epoch), since_of(str(token))), self._clock(now)
+
+    def store_time(self, election: str) -> float | None:
+        with self._db.admin() as session:
+            ((now,),) = self._db.execute(session, self._CLOCK)
+        return self._clock(now)
+
+    @abstractmethod
+    def _clock(self, now: Any) -> float:
+        """The store's clock as its statements answer it, in seconds since the epoch."""
+
+    @abstractmethod
+    def _queue(self, session: S, election: str, ttl: float) -> LockWaiter[S]:
+        """Queue ``session`` for the election's lock (a thread of its own)."""
 
     @abstractmethod
     def _renew_in(

@@ -158,14 +158,8 @@ class EtcdLock(LeaseLock):
                     self._unreleased.add(ours.lease)
                 raise
 
-    def wait(
-        self, election: str, timeout: float, cancel: threading.Event, term: Term | None = None
-    ) -> bool:
-        if term is not None:
-            # A holder's term is its lease, which only runs out: nothing shows
-            # its connection gone sooner.
-            cancel.wait(timeout)
-            return True
+    def _wait_free(self, election: str, timeout: float, cancel: threading.Event) -> None:
+        # A holder just waits: its term is its lease, which only runs out.
         with self._lock:
             after = self._seen.get(election)
         watch = self.etcd.watch_delete(self.etcd.key(election, "term"), after)
@@ -173,7 +167,6 @@ class EtcdLock(LeaseLock):
             wait_sliced(watch.done.wait, timeout, cancel)
         finally:
             watch.close()
-        return True
 
     def store_time(self, election: str) -> float | None:
         with self.etcd.deadline():

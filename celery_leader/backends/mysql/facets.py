@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -64,6 +63,7 @@ class MySqlLock(SessionLock[Session]):
     holdoff = 0.0
 
     _RELEASE, _REQUEST_RESIGN = RELEASE, REQUEST_RESIGN
+    _TRY_LOCK, _START_TERM, _CLOCK = TRY_LOCK, START_TERM, CLOCK
 
     _db: Connector
 
@@ -71,41 +71,14 @@ class MySqlLock(SessionLock[Session]):
         name = lock_name(self._db.database, self._db.prefix, election)
         return {**self._db.names(election), "lock": name}
 
-    def _try_lock(
-        self, session: Session, election: str
-    ) -> tuple[bool, HolderInfo | None, float | None]:
-        rows = self._db.execute(session, TRY_LOCK, self._lock_params(election))
-        ((conn_id, got, holder_id, holder_epoch, token, now_us),) = rows
-        self._db.check_conn_id(session, conn_id)
-        holder = (
-            None
-            if holder_id is None
-            else HolderInfo(holder_id, holder_epoch, None, since=since_of(token))
-        )
-        return got == 1, holder, _seconds(now_us)
-
     def _queue(self, session: Session, election: str, ttl: float) -> LockWaiter[Session]:
         return queue_for_lock(self._db, session, self._lock_params(election)["lock"], ttl)
-
-    def _start_term(
-        self, session: Session, election: str, instance_id: str, min_epoch: int
-    ) -> tuple[Term, float | None]:
-        params = {
-            **self._lock_params(election),
-            "floor": min_epoch,
-            "nonce": uuid.uuid4().hex,
-            "instance": instance_id,
-        }
-        ((conn_id, epoch, token, now_us),) = self._db.execute(session, START_TERM, params)
-        self._db.check_conn_id(session, conn_id)
-        return Term(str(token), int(epoch), since_of(str(token))), _seconds(now_us)
 
     def _renew_in(
         self, session: Session, election: str, term: Term, ttl: float
     ) -> tuple[bool, bool, float | None]:
         params = {**self._lock_params(election), "token": term.token}
-        ((conn_id, held, resign, now_us),) = self._db.execute(session, RENEW, params)
-        self._db.check_conn_id(session, conn_id)
+        held, resign, now_us = self._row(session, RENEW, params)
         return held == 1, bool(resign), _seconds(now_us)
 
     def _holder(self, session: Session, election: str) -> HolderInfo | None:
@@ -120,10 +93,8 @@ class MySqlLock(SessionLock[Session]):
             return HolderInfo("?", epoch or 0, None)
         return HolderInfo(instance_id, epoch, None, since=since_of(token))
 
-    def store_time(self, election: str) -> float | None:
-        with self._db.admin() as session:
-            ((now_us,),) = self._db.execute(session, CLOCK)
-        return _seconds(now_us)
+    def _clock(self, now: Any) -> float:
+        return _seconds(now)
 
 
 class MySqlRecords(FencedRecords):

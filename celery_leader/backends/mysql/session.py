@@ -190,9 +190,9 @@ class Connector(SessionStore[Session]):
                     raise SessionGone(message) from exc
                 raise StoreUnavailable(message) from exc
 
-    def check_conn_id(self, session: Session, conn_id: int) -> None:
+    def check_session(self, session: Session, server_id: int) -> None:
         """Refuse a proxy that runs our statements on more than one server connection."""
-        if conn_id != session.conn_id:
+        if server_id != session.conn_id:
             raise StoreMisconfigured(
                 f"leader_url {self.target}: statements on one connection ran on two server "
                 "connections; a proxy that multiplexes connections (ProxySQL?) is in the way. "

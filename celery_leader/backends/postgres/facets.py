@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -60,6 +59,7 @@ class PostgresLock(SessionLock[Session]):
     holdoff = 0.0
 
     _RELEASE, _REQUEST_RESIGN = RELEASE, REQUEST_RESIGN
+    _TRY_LOCK, _START_TERM, _CLOCK = TRY_LOCK, START_TERM, CLOCK
 
     _db: Connector
 
@@ -67,45 +67,14 @@ class PostgresLock(SessionLock[Session]):
         key = advisory_key(self._db.prefix, election)
         return {**self._db.names(election), "key": key, **lock_ids(key)}
 
-    def _try_lock(
-        self, session: Session, election: str
-    ) -> tuple[bool, HolderInfo | None, float | None]:
-        ((pid, got, holder_id, holder_epoch, token, now),) = self._db.execute(
-            session, TRY_LOCK, self._lock_params(election)
-        )
-        self._db.check_pid(session, pid)
-        holder = (
-            None
-            if holder_id is None
-            else HolderInfo(holder_id, holder_epoch, None, since=since_of(token))
-        )
-        return bool(got), holder, now
-
     def _queue(self, session: Session, election: str, ttl: float) -> LockWaiter[Session]:
         return queue_for_lock(self._db, session, self._lock_params(election)["key"], ttl)
-
-    def _start_term(
-        self, session: Session, election: str, instance_id: str, min_epoch: int
-    ) -> tuple[Term, float | None]:
-        ((pid, epoch, token, now),) = self._db.execute(
-            session,
-            START_TERM,
-            {
-                **self._db.names(election),
-                "floor": min_epoch,
-                "nonce": uuid.uuid4().hex,
-                "instance": instance_id,
-            },
-        )
-        self._db.check_pid(session, pid)
-        return Term(token, epoch, since_of(token)), now
 
     def _renew_in(
         self, session: Session, election: str, term: Term, ttl: float
     ) -> tuple[bool, bool, float | None]:
         params = {**self._lock_params(election), "idle_ms": ms(ttl), "token": term.token}
-        ((pid, _, held, resign, now),) = self._db.execute(session, RENEW, params)
-        self._db.check_pid(session, pid)
+        _, held, resign, now = self._row(session, RENEW, params)
         return bool(held), bool(resign), now
 
     def _holder(self, session: Session, election: str) -> HolderInfo | None:
@@ -119,9 +88,7 @@ class PostgresLock(SessionLock[Session]):
             return HolderInfo("?", epoch or 0, None)
         return HolderInfo(instance_id, epoch, None, since=since_of(token))
 
-    def store_time(self, election: str) -> float | None:
-        with self._db.admin() as session:
-            ((now,),) = self._db.execute(session, CLOCK)
+    def _clock(self, now: Any) -> float:
         return float(now)
 
 

@@ -191,9 +191,9 @@ class Connector(SessionStore[Session]):
             finally:
                 watchdog.stop()
 
-    def check_pid(self, session: Session, pid: int) -> None:
+    def check_session(self, session: Session, server_id: int) -> None:
         """Refuse a pooler that runs our statements in more than one server session."""
-        if pid != session.pid:
+        if server_id != session.pid:
             raise StoreMisconfigured(
                 f"leader_url {self.target}: statements on one connection ran in two server "
                 "sessions; a connection pooler in transaction or statement mode (PgBouncer "
