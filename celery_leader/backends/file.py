@@ -1,20 +1,9 @@
 """``file:///dir``: ``fcntl.flock`` leases for instances on one host.
 
-Election ``e`` under key prefix ``p`` keeps its files in ``dir`` as
-``p.e.<kind>`` (``docs/stores/file.md`` lists them). The leader holds
-``flock(LOCK_EX)`` of ``p.e.lock`` and alone writes the term (``p.e.holder``,
-``p.e.epoch``) and the schedule state (``p.e.state``). Entries and run records
-need no term: any process writes them, in turns under a ``flock`` of their own.
-Every file is replaced atomically (write, then rename), so readers need no lock.
-
-The kernel drops a flock when its holder's process dies, and a follower
-blocked in ``flock`` wakes up holding it: a crash hands over at once, with no
-ttl to wait out. A paused (SIGSTOP) holder keeps the lock: the file store is
-safe, but only as live as its holder process.
-
-Every ``OSError`` becomes :class:`~celery_leader.exceptions.StoreUnavailable`
-naming the file. A holder or epoch file celery-leader cannot read is foreign
-(see :mod:`celery_leader.backends.terms`).
+Election ``e`` under prefix ``p`` keeps its files in ``dir`` as ``p.e.<kind>``
+(docs/stores/file.md). The leader holds ``flock`` of ``p.e.lock``; a follower
+blocked in ``flock`` gets it the moment the holder's process dies. Every file is
+replaced atomically (write, then rename), so readers need no lock.
 """
 
 from __future__ import annotations

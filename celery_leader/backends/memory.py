@@ -1,9 +1,7 @@
 """``memory://``: an in-process store for tests and single-process use.
 
 Every store opened with the same URL and key prefix in one process shares one
-in-process store, so several :class:`~celery_leader.lease.Lease` objects in a
-test can compete. With a single lease per election it always leads. Each facet
-is a small class over that shared store; :func:`open_store` bundles them.
+in-process store, so several leases in a test can compete.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """The one table of stores: schemes, store modules and the extras they need.
 
-A leaf module (it imports nothing of the package), so that
-:mod:`celery_leader.config` can validate URLs against it while
-:mod:`celery_leader.backends` opens stores from a validated config.
+A leaf module (it imports nothing of the package), so the settings can validate
+URLs against it.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """What the SQL stores share: terms held as locks of database sessions.
 
-PostgreSQL (advisory locks) and MySQL / MariaDB (named locks) both hold a term
-as a lock owned by one dedicated session, and queue a follower's session for it
-with a :class:`~.waiting.LockWaiter`. A store's connector is a
-:class:`SessionStore`: the one connection object its facets share. It opens
-sessions and runs statements (the store's part), and tracks which session holds
-which election's term, which waiter is queued, and the session that entries and
-run records share. :class:`SessionLock` is the lease-lock facet on it: acquire,
-renew, wait and release in the order of the store's statements, which each
-store supplies. :class:`SessionGone` is how both stores' sessions say they have
-ended.
+A store's connector is a :class:`SessionStore`, the one connection object its
+facets share: it runs statements and tracks which session holds which election's
+term, which waiter is queued and the kept session. :class:`SessionLock` is the
+lease-lock facet on it.
 """
 
 from __future__ import annotations

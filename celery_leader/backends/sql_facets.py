@@ -1,26 +1,20 @@
 """The entries and run-records facets the SQL stores share, and their common SQL.
 
-Schedule entries: every applied edit moves the election's entries version and
-records the edited name in ``celery_leader_entries_edits`` with the version of
-its edit, so a reader is told what changed since its version instead of reading
-every entry. The record keeps the latest :data:`CHANGES_KEPT` names;
-``changes_from`` (on the version row) is the oldest version a reader may ask
-from. A version row whose ``recorded`` is not its ``version`` was moved by an
-edit that recorded nothing (a previous release): readers from before it read
-everything. Each store writes the edits and reads the changes in its own SQL;
-the version and the pages read the same in both.
-
-Run records are written and read on the store's kept session; each store
-writes them in its own SQL, and both read summaries page by page.
+Every applied entry edit moves the election's entries version and records the
+edited name in ``celery_leader_entries_edits``, so a reader is told what changed
+since its version (the latest :data:`CHANGES_KEPT` names; older readers read all).
 """
 
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Sequence
-from typing import Any, Generic
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
 
+from . import StoreFacets, StoreParams
 from .entry_store import Edit, EntryStore
+from .lock import LeaseLock
+from .records import FencedRecords
 from .run_store import RUNS_DROPPED, RunStore, RunSummary, RunWrite, run_entry
 from .session_lock import Rows, S, SessionStore
 
@@ -59,6 +53,21 @@ LOAD_ENTRY = f"SELECT value FROM celery_leader_entries WHERE {ELECTION} AND name
 
 # The fenced records of an election.
 LOAD_STATE = f"SELECT entry, value FROM celery_leader_state WHERE {ELECTION}"  # noqa: S608
+
+D = TypeVar("D", bound=SessionStore[Any])
+
+
+def sql_store(
+    params: StoreParams,
+    db: D,
+    lock: Callable[[D], LeaseLock],
+    records: Callable[[D, int | None], FencedRecords],
+    entries: Callable[[D], EntryStore],
+    runs: Callable[[D], RunStore],
+) -> StoreFacets:
+    """A SQL store's facets on its connector ``db``; it does not connect until first used."""
+    fenced = records(db, params.replica_acks)
+    return StoreFacets(params, lock(db), fenced, entries(db), runs(db), db.close)
 
 
 class SqlEntries(EntryStore, Generic[S]):

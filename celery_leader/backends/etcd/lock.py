@@ -277,9 +277,7 @@ class EtcdLock(LeaseLock):
 def _lease_call(client: Etcd3Client, path: str, lease: int) -> int:
     """The TTL left on ``lease`` after a keep-alive or time-to-live call; <= 0 when gone.
 
-    The gateway reports errors of the streaming keep-alive as a body with
-    ``error`` and status 200: they are raised here like any other.
-    """
+    The gateway reports errors of the streaming keep-alive with status 200: raised here."""
     reply = client.post(client.get_url(path), json={"ID": str(lease)})
     error = reply.get("error")
     if error is not None:

@@ -46,12 +46,8 @@ class EtcdRecords(FencedRecords):
     def compare_and_set(self, fence: Fence, writes: Sequence[Write]) -> list[bool]:
         """Apply ``writes`` in transactions fenced by the term key's create revision.
 
-        Each write is a nested transaction (compare its record, then put), so
-        one write failing does not stop the others. etcd compares every nested
-        transaction before applying any, and refuses to write a key twice in
-        one transaction, so the n-th write of a key goes in round n; a round is
-        one transaction of up to :data:`~.wire.MAX_TXN_OPS` writes.
-        """
+        Each write is a nested transaction, so one failing does not stop the others;
+        etcd refuses to write a key twice in one transaction, hence rounds."""
         results = [False] * len(writes)
         ours = Ours.of(fence.term)
         if ours is None:
@@ -108,13 +104,8 @@ class EtcdEntries(EntryStore):
     def changes_since(
         self, election: str, version: int
     ) -> tuple[int, dict[str, str | None]] | None:
-        """The entries' events after ``version``, replayed from etcd's history by a watch.
-
-        Every edit is one transaction that writes one entry key and the version
-        key, so the event at the version read first is the last one to take.
-        ``None`` when etcd compacted that history, or it holds more edits than
-        :data:`CHANGES_KEPT`.
-        """
+        """The entries' events after ``version``, replayed from etcd's history by a watch;
+        ``None`` when compacted, or more than :data:`CHANGES_KEPT` edits."""
         with self.etcd.deadline():
             now = self.version(election)
             if now == version:
@@ -151,11 +142,8 @@ class EtcdEntries(EntryStore):
         return None if edits is None else (now, edits)
 
     def edit(self, election: str, edits: Sequence[Edit]) -> list[bool]:
-        """One transaction per edit: compare the entry, write it and the version key.
-
-        The version is the version key's modification revision, so it moves with
-        every applied edit and with nothing else.
-        """
+        """One transaction per edit: compare the entry, write it and the version key
+        (the version is that key's modification revision)."""
         version = wire.put(self.etcd.key(election, "entries-version"), b"")
         results = []
         for edit in edits:

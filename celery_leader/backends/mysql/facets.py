@@ -123,15 +123,10 @@ class MySqlRecords(FencedRecords):
         return {str(entry): str(value) for entry, value in rows}
 
     def compare_and_set(self, fence: Fence, writes: Sequence[Write]) -> list[bool]:
-        """Apply ``writes`` in order on the lock-holding session, in one
-        transaction and one round trip; one result each.
+        """Apply ``writes`` in order on the lock-holding session, in one transaction
+        and one round trip, each only while ``IS_USED_LOCK`` names this session.
 
-        Every statement writes only while ``IS_USED_LOCK`` says this very
-        session holds the lock. A write naming a key again sees the writes
-        before it. The results count only once ``COMMIT`` answered: every
-        write fails when the term is over or its session ends first (a slot is
-        then skipped, never sent twice).
-        """
+        Results count only once ``COMMIT`` answered: a slot is skipped, never sent twice."""
         election = fence.election
         session = self._db.holding(election, fence.term)
         if session is None or not writes:

@@ -1,11 +1,8 @@
 """The SQL of the MySQL / MariaDB store, and the ``GET_LOCK`` name of an election.
 
-Every value travels as a parameter (PyMySQL quotes it on the client); the few
-statements that splice in another constant are built from constants only
-(hence their S608 waivers). Only statements both MySQL (>= 8.0) and MariaDB
-(>= 10.4) run are used: no ``RETURNING`` (MariaDB only), no
-``INSERT ... AS new`` (MySQL only); the epoch comes back through
-``LAST_INSERT_ID(expr)``, which both have.
+Values travel as parameters (the S608 waivers splice in constants only). Only
+statements both MySQL >= 8.0 and MariaDB >= 10.4 run: no ``RETURNING``, no
+``INSERT ... AS new``; the epoch comes back through ``LAST_INSERT_ID(expr)``.
 """
 
 from __future__ import annotations
@@ -24,12 +21,8 @@ HASHED = "celery_leader#"
 def lock_name(database: str, key_prefix: str, election: str) -> str:
     """The ``GET_LOCK`` name of ``election``: ``"<prefix>:<election>@<database>"``.
 
-    Named locks are server-wide, not per database, so the database is part of
-    the name: two databases on one server keep their elections apart, as
-    their tables are apart. Names over 64 characters become
-    ``"celery_leader#"`` + the first 50 hex digits of their SHA-256; the
-    readable name stays in the lease table (``prefix``, ``election``) next to it.
-    """
+    Named locks are server-wide, hence the database. Names over 64 characters become
+    ``"celery_leader#"`` + the first 50 hex digits of their SHA-256."""
     name = f"{key_prefix}:{election}@{database}"
     if len(name) <= MAX_LOCK_NAME:
         return name
@@ -149,16 +142,10 @@ SHOW GLOBAL VARIABLES WHERE Variable_name IN
 
 
 def statement_deadline(version: str, seconds: float | None) -> tuple[str, dict[str, float]]:
-    """The statement that has the server cancel this session's statements after
-    ``seconds`` (``None``: never), on the server whose ``VERSION()`` is ``version``,
-    and its parameters.
-
-    The one statement MariaDB and MySQL spell differently: MariaDB's
-    ``max_statement_time`` (seconds, every statement); MySQL's
-    ``max_execution_time`` (milliseconds, read-only ``SELECT`` only).
-    MariaDB's ``VERSION()`` always says ``MariaDB``; MySQL's never does (Percona
-    Server and Aurora MySQL report a MySQL version).
-    """
+    """The statement (and its parameters) that has the server cancel this session's
+    statements after ``seconds`` (``None``: never), by the server's ``VERSION()``:
+    MariaDB's ``max_statement_time`` (seconds, every statement, its ``VERSION()`` says
+    ``MariaDB``), MySQL's ``max_execution_time`` (milliseconds, ``SELECT`` only)."""
     # 0 is "no limit" for both.
     if "mariadb" in version.lower():
         limit = 0.0 if seconds is None else round(seconds, 3)

@@ -107,24 +107,14 @@ class PostgresRecords(FencedRecords):
             return dict(self._db.execute(session, LOAD_STATE, self._db.names(election)))
 
     def compare_and_set(self, fence: Fence, writes: Sequence[Write]) -> list[bool]:
-        """Apply ``writes`` on the lock-holding session (one round trip).
+        """Apply ``writes`` on the lock-holding session (one round trip a repetition of a key).
 
-        The statement checks ``pg_locks`` for the lock first, so nothing is
-        written unless this very session holds it. When the session has ended,
-        every write fails, even if the server applied it before the
-        connection broke: a slot is then skipped, never published twice.
-        Writes naming the same entry again are applied in order, in one more
-        round trip per repetition.
-
-        The commit waits for the synchronous standbys (see ``SETUP``); the
-        statement first checks that the server's ``synchronous_standby_names``
-        makes it wait for as many as ``replica_acks`` asks, and claims
-        nothing otherwise (:class:`StoreMisconfigured`). A statement still
-        running after half the store deadline is cancelled: cancelled in that
-        wait, its commit stands on the primary alone, so the writes are handed
-        back and :class:`StoreUnavailable` is raised; the session, and the
-        term in it, carry on.
-        """
+        The statement checks ``pg_locks`` first, so only this session's lock writes; when
+        the session has ended every write fails (a slot is skipped, never sent twice).
+        Claims nothing when ``synchronous_standby_names`` waits for fewer standbys than
+        ``replica_acks`` asks (:class:`StoreMisconfigured`). A commit still waiting for
+        them at half the deadline is cancelled: it stands on the primary alone, so the
+        writes are handed back and :class:`StoreUnavailable` is raised."""
         election = fence.election
         results = [False] * len(writes)
         session = self._db.holding(election, fence.term)
@@ -172,11 +162,8 @@ class PostgresRecords(FencedRecords):
         return results
 
     def _canceller(self, session: Session) -> Canceller | None:
-        """Cancels the claim statement at half the store deadline, when commits
-        wait for synchronous standbys (as the last claim found; unknown at first).
-
-        Not armed otherwise: a timer thread per claim costs a lone server 0.3 ms.
-        """
+        """Cancels the claim at half the store deadline when commits wait for synchronous
+        standbys (as the last claim found); not armed otherwise (a timer costs 0.3 ms)."""
         if self._sync_standbys == 0:
             return None
         return Canceller(session, self._ack_timeout, self._db.timeout)

@@ -1,7 +1,6 @@
 """The SQL of the PostgreSQL store, and the advisory-lock key of an election.
 
-Every value travels as a parameter; the few queries that splice in another
-constant are built from constants only (hence their S608 waivers).
+Values travel as parameters (the S608 waivers splice in constants only).
 """
 
 from __future__ import annotations
@@ -191,13 +190,9 @@ RELEASE = "SELECT pg_advisory_unlock(%(key)s::bigint)"
 
 
 def sync_standbys(names: str) -> str:
-    """SQL: how many standbys each commit waits for, by ``names`` (SQL text of
-    a ``synchronous_standby_names`` value).
-
-    "FIRST n (...)", "ANY n (...)" and "n (...)" wait for n, a plain list (or
-    "*") for one, an empty one for none. Our sessions' synchronous_commit
-    always waits for them (see SETUP).
-    """
+    """SQL: how many standbys each commit waits for, by ``names`` (SQL text of a
+    ``synchronous_standby_names`` value): "FIRST n (...)", "ANY n (...)" and "n (...)"
+    wait for n, a plain list (or "*") for one, an empty one for none."""
     return rf"""
 CASE WHEN btrim({names}) = '' THEN 0
      ELSE coalesce((regexp_match({names}, '^\s*(?:(?:first|any)\s+)?(\d+)\s*\(', 'i'))[1]::int,

@@ -1,19 +1,9 @@
 """Redis writes that a fail-over cannot roll back: ``WAIT`` on the connection that wrote.
 
-A Redis master answers a write before any replica has it, and a replica that
-Sentinel (or Cluster) promotes lacks whatever was not copied yet: a claim the
-old master accepted is gone, and the next leader sends its slot again.
-``WAIT n timeout`` blocks until ``n`` replicas hold every write *of the
-connection it is sent on*, so writes and their ``WAIT`` must share one
-connection. redis-py hands a pipeline's connection back to the pool after each
-round trip, hence :class:`Pinned`, which holds one for several.
-
-How many replicas must acknowledge: ``leader_replica_acks``, or with ``"auto"``
-every replica the master reports online (``ROLE``, sent in the same round trip
-as the writes, so it costs nothing on a lone server) and, behind Sentinel,
-every replica Sentinel could promote (:func:`promotable_replicas`): a replica
-cut off from the master is not online, yet Sentinel may still promote it.
-:class:`Replicas` decides, for the acquires and claims of one opened store.
+``WAIT`` counts only the writes of the connection it is sent on, and redis-py hands
+a pipeline's connection back after each round trip, hence :class:`Pinned`.
+:class:`Replicas` decides how many replicas must acknowledge (``auto``: every one
+online, and behind Sentinel every one it could promote).
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
 """Connecting to Redis: client options, the URL forms, the lazily built client.
 
-One :class:`Connection` per opened store: every facet of it talks to Redis
-through it, and names its keys with :meth:`Connection.key`.
-
-``redis://``, ``rediss://``, ``unix://``, ``redis+sentinel://``, and Redis
-Cluster with ``?cluster=true``. Nothing connects before the first call, so a
-Redis that is down at start-up (or a Cluster seed node) is an outage the lease
-retries, not a crash. In Cluster, a call that meets a dead node or a moved
-slot is tried again on a refreshed slot map within the store deadline.
+One :class:`Connection` per opened store, shared by its facets. Nothing connects
+before the first call, so a Redis down at start-up is an outage, not a crash.
 """
 
 from __future__ import annotations

@@ -1,8 +1,4 @@
 """The Redis lease lock: terms in ``{p:e}:lock``, presence, replica-acknowledged epochs.
-
-A term won is on the master's replicas before it counts (:mod:`.acks`), so a
-fail-over cannot hand out its epoch twice; a holder whose connection closed is
-taken over at once (:mod:`.presence`).
 """
 
 from __future__ import annotations

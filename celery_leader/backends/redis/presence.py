@@ -1,30 +1,15 @@
 """Presence on Redis: a subscription that ends when its holder's connection does.
 
-Redis cannot tell a dead holder from a slow one by its key, which lives out
-its ttl either way. But a process that dies closes its TCP connections, and
-Redis drops their subscriptions the moment it sees them close. So every
-candidate keeps, per election, one pub/sub connection subscribed to the
-release channel and to a presence channel of its own,
-``{p:e}:present:<id>`` (``id`` random per connection), and the term it wins
-names that id. A follower's acquire script counts the channel's subscribers
-(``PUBSUB NUMSUB``): none means the holder's connection is gone, and the
-script takes the term over with a new epoch, in the same atomic step that
-checked the lock still names that term. The subscription is confirmed before
-the acquire that names it is sent, so a term never names a presence that is
-not there yet.
+Every candidate keeps, per election, one pub/sub connection subscribed to the
+release channel and to ``{p:e}:present:<id>``, and the term it wins names that
+id. A follower's acquire script takes the term over when ``PUBSUB NUMSUB`` counts
+no subscriber: the holder's connection is gone. A paused or partitioned holder
+keeps its connection, so the ttl bound applies as before.
 
-A paused (``SIGSTOP``) or partitioned holder keeps its connection open from
-Redis's side, so it keeps its presence and the ttl bound applies as before.
-A holder whose connection Redis closed while it lives (a reset, a proxy, an
-operator's ``CLIENT KILL``) sees the same socket close: it stops believing at
-once (:meth:`Subscription.idle` raises) and hands over.
-
-In Redis Cluster, ``PUBSUB NUMSUB`` counts only the subscribers of the node
-it runs on. redis-py opens a subscription on the node that serves the hash
-slot of its first channel, so the presence channel goes first: it carries the
-election's hash tag, and the election's scripts run on that same node. Each
-opened store checks this once (:class:`Presences`): a server that refuses the
-commands, or counts elsewhere, makes it fall back to the ttl.
+In Redis Cluster, ``PUBSUB NUMSUB`` counts only the node it runs on, and redis-py
+subscribes on the node of the first channel: so the presence channel (with the
+election's hash tag) goes first. :class:`Presences` checks this once per store
+and falls back to the ttl when it does not hold.
 """
 
 from __future__ import annotations

@@ -1,7 +1,4 @@
 """The Redis fenced records: the hash ``{p:e}:state``, claimed under the term in ``{p:e}:lock``.
-
-A claim is on the master's replicas before it counts (:mod:`.acks`): a
-fail-over cannot undo a claimed slot.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """The Redis store's Lua scripts, registered with redis-py's ``register_script``.
 
-Every operation is one script. redis-py sends it with ``EVALSHA`` and, when
-the server answers ``NOSCRIPT`` (its script cache is empty after a start or a
-flush), loads it and tries once more. Scripts touch only the keys they are
-given, check the types of the keys they read and report a key of the wrong
-type by name (``{"foreign", key, what}``) instead of failing with ``WRONGTYPE``.
+Scripts touch only the keys they are given, and report a key of the wrong type by
+name (``{"foreign", key, what}``) instead of failing with ``WRONGTYPE``.
 """
 
 from __future__ import annotations
