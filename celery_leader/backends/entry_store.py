@@ -1,5 +1,4 @@
-"""The entries facet: schedule entries any process may edit without a term, versioned.
-"""
+"""The entries facet: schedule entries any process may edit without a term, versioned."""
 
 from __future__ import annotations
 

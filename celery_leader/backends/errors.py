@@ -1,5 +1,4 @@
-"""What every store says when a call fails (one wording for all), and how it hands back writes.
-"""
+"""What every store says when a call fails (one wording for all), and how it hands back writes."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The lease-lock facet: terms, holders and presence of an election (values are JSON).
-"""
+"""The lease-lock facet: terms, holders and presence of an election (values are JSON)."""
 
 from __future__ import annotations
 

@@ -36,11 +36,8 @@ ORDER BY 1
 
 
 class SessionGone(StoreUnavailable):
-    """The session is over (closed by the server, the network or our deadline).
-
-    Whatever it held is released, or will be as soon as the server notices,
-    so a term that lived in it is lost for good.
-    """
+    """The session is over: whatever it held is released (or will be), so a term
+    that lived in it is lost for good."""
 
 
 class Closable(Protocol):
@@ -65,11 +62,8 @@ class Hold(Generic[S]):
 
 
 class SessionStore(ABC, Generic[S]):
-    """A SQL store's connection object, shared by its facets (see the module).
-
-    A store supplies :meth:`connect` and :meth:`execute`, and its schema's
-    statements (:attr:`schema`).
-    """
+    """A SQL store's connection object, shared by its facets: a store supplies
+    :meth:`connect`, :meth:`execute` and its :attr:`schema`."""
 
     #: (check, create) statements, in order: ``create`` runs when ``check``
     #: answers false (a fresh database, or tables of a previous release).
@@ -97,10 +91,8 @@ class SessionStore(ABC, Generic[S]):
 
     @abstractmethod
     def execute(self, session: S, query: str, params: Mapping[str, Any] | None = None) -> Rows:
-        """Run ``query`` on ``session`` under the store deadline, in one round trip:
-        the rows of its last statement. The client's errors become
-        :class:`StoreUnavailable` in one line (:class:`SessionGone` when the
-        session ended with them)."""
+        """Run ``query`` on ``session`` under the store deadline, in one round trip: the
+        rows of its last statement (errors: :class:`StoreUnavailable`, or SessionGone)."""
 
     @abstractmethod
     def check_session(self, session: S, server_id: int) -> None:
@@ -139,10 +131,7 @@ class SessionStore(ABC, Generic[S]):
             session.close()
 
     def on_kept(self, run: Callable[[S], T]) -> T:
-        """``run`` the kept session, opening it first when needed.
-
-        A failed call closes it, so the next one starts on a fresh connection.
-        """
+        """``run`` the kept session, opened when needed; a failed call closes it."""
         with self._kept_lock:
             if self._kept is None:
                 session = self.connect(None)

@@ -29,11 +29,8 @@ from .scripts import checked, register
 
 
 def _options(url: str, timeout: float) -> dict[str, Any]:
-    """Client options for ``url`` whose every call gives up after ``timeout``.
-
-    redis-py's own retries are off: the lease decides when to retry, and a
-    silently retried renewal would only eat into the lease's validity.
-    """
+    """Client options for ``url`` whose every call gives up after ``timeout``;
+    redis-py's retries are off (a silently retried renewal eats into the lease)."""
     options: dict[str, Any] = {
         "socket_timeout": timeout,
         "socket_connect_timeout": timeout,
@@ -139,11 +136,7 @@ class Connection:
 
     def call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """``fn(client, ...)``; every redis-py error becomes StoreUnavailable in one line.
-
-        In Redis Cluster, a call that found its node gone or no longer serving
-        the slot is tried again on a refreshed slot map until the store
-        deadline (see :func:`_rerouted`).
-        """
+        In Cluster, tried again on a refreshed slot map (:func:`_rerouted`)."""
         deadline = time.monotonic() + self.timeout
         while True:
             try:
@@ -221,20 +214,12 @@ _REROUTE_PAUSE = 0.05
 
 
 def _rerouted(client: Any, exc: BaseException, deadline: float) -> bool:
-    """True when a call that failed with ``exc`` may be tried again: the client is
-    a Cluster client, ``exc`` says the slot map may be wrong, and the map was
-    refreshed before ``deadline``.
+    """True when a call that failed with ``exc`` may be tried again: a Cluster client,
+    ``exc`` says the slot map may be wrong, and the map was refreshed before ``deadline``.
 
-    redis-py refreshes the map itself (``NodesManager.initialize``) when a
-    command it routes meets a dead node, but not for a connection taken out of
-    a node's pool (:class:`.acks.Pinned`, which every acquire and claim
-    uses so that ``WAIT`` counts their writes) nor for its pub/sub connections:
-    without this, those kept going to the dead master until some other call
-    happened to refresh the map. Retrying a write whose reply was lost is what
-    the lease would do next anyway: acquires and renewals are fenced by the
-    term, and a claim that already went through no longer matches, so it is
-    skipped, never sent twice.
-    """
+    redis-py refreshes the map itself, but not for a connection taken out of a node's
+    pool (:class:`.acks.Pinned`) nor for pub/sub. A retried write is fenced by the
+    term or no longer matches, so it is never applied twice."""
     if not isinstance(client, RedisCluster) or not isinstance(exc, _REROUTE):
         return False
     if isinstance(exc, redis.AuthenticationError):

@@ -1,5 +1,4 @@
-"""The Redis lease lock: terms in ``{p:e}:lock``, presence, replica-acknowledged epochs.
-"""
+"""The Redis lease lock: terms in ``{p:e}:lock``, presence, replica-acknowledged epochs."""
 
 from __future__ import annotations
 
@@ -57,12 +56,9 @@ class RedisLock(LeaseLock):
         return Acquired(None, _holder(value, pttl, lock), retry, seconds(now))
 
     def _acquire_durably(self, election: str, keys: list[str], args: list[Any]) -> list[Any]:
-        """The acquire script's reply; a term it hands out is on the replicas before it counts.
-
-        Otherwise a promoted replica would still have the previous epoch, and
-        the next term would get the same one again. A term the replicas did not
-        acknowledge in time is released and the call fails: nobody leads on it.
-        """
+        """The acquire script's reply; a term it hands out is on the replicas before it
+        counts (or a promoted replica would hand out its epoch again). One they did not
+        acknowledge in time is released, and the call fails."""
         script, source = self._conn.script("acquire"), SOURCES["acquire"]
         replicas = self._replicas
 

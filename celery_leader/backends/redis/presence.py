@@ -56,11 +56,8 @@ _FALLBACKS_LOCK = threading.Lock()
 
 
 class Subscription:
-    """One store's pub/sub connection for one election.
-
-    It listens on the release channel (releases and take-overs are announced
-    there) and, when ``presence`` is set, keeps that presence channel alive.
-    """
+    """One store's pub/sub connection for one election: the release channel, and the
+    presence channel when ``presence`` is set."""
 
     def __init__(self, pubsub: Any, presence: str | None) -> None:
         self._pubsub = pubsub
@@ -74,11 +71,8 @@ class Subscription:
     def open(
         cls, client: Any, released: str, presence: tuple[str, str] | None, timeout: float
     ) -> Subscription:
-        """Subscribe ``client`` to ``released`` and ``presence`` (``(channel, id)``).
-
-        Returns once Redis confirmed both, so that a term sent afterwards on
-        another connection never names a presence Redis has not seen yet.
-        """
+        """Subscribe ``client`` to ``released`` and ``presence`` (``(channel, id)``);
+        returns once Redis confirmed both, so no term names a presence not there yet."""
         # The presence channel first: it decides the node of a Cluster subscription.
         channels = [released] if presence is None else [presence[0], released]
         pubsub = client.pubsub()
@@ -91,21 +85,14 @@ class Subscription:
         return cls(pubsub, None if presence is None else presence[1])
 
     def message(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` for an announcement; True when one came.
-
-        Reading the socket sends nothing to Redis. Raises a redis-py error when
-        the connection is gone, which ends this subscription and its presence.
-        """
+        """Wait up to ``timeout`` for an announcement; True when one came. Raises a
+        redis-py error when the connection is gone."""
         message = self._pubsub.get_message(timeout=timeout)
         return message is not None and message["type"] == "message"
 
     def idle(self, timeout: float) -> bool:
-        """Keep the presence for up to ``timeout``; always False (never "ready").
-
-        An announcement while we hold the term is of no use (it is either our
-        own or one we learn from at the next renewal); a closed connection
-        raises, which is what the holder waits for.
-        """
+        """Keep the presence for up to ``timeout``; always False. A closed connection
+        raises, which is what the holder waits for."""
         self.message(timeout)
         return False
 
@@ -151,14 +138,9 @@ class Presences:
         return current is not None and current.reroutes != self._conn.reroutes
 
     def open(self, election: str, ident: str | None = None) -> Subscription | None:
-        """The subscription for ``election``, opened and confirmed first if need be.
-
-        One opened before the last slot-map refresh is replaced first: a term
-        must not name a presence that no node of the election counts. A new
-        one keeps presence id ``ident`` (a new one when ``None``). ``None`` when
-        the server refuses it (ACL channel rules): then followers poll at the
-        holder's ttl, and terms keep no presence.
-        """
+        """The subscription for ``election``, opened and confirmed first if need be
+        (again after a slot-map refresh), with presence id ``ident`` (new when ``None``).
+        ``None`` when the server refuses it: followers then poll at the holder's ttl."""
         reroutes = self._conn.reroutes
         current = self.current(election)
         if current is not None and current.reroutes == reroutes:

@@ -1,5 +1,4 @@
-"""The Redis fenced records: the hash ``{p:e}:state``, claimed under the term in ``{p:e}:lock``.
-"""
+"""The Redis fenced records: the hash ``{p:e}:state``, claimed under the term in ``{p:e}:lock``."""
 
 from __future__ import annotations
 
@@ -72,11 +71,8 @@ class RedisRecords(FencedRecords):
         return results
 
     def _unclaim(self, keys: list[str], token: str, writes: list[Write]) -> None:
-        """Put back the records that ``writes`` replaced, where they are still what is stored.
-
-        On the master only: if a promotion undoes the claims anyway, the
-        replica still has what they replaced.
-        """
+        """Put back the records that ``writes`` replaced, where they are still what is
+        stored (on the master: a promoted replica has what they replaced anyway)."""
         calls = [
             [token] + [a for w in chunk for a in (w.key, w.new, has(w.expected), w.expected or "")]
             for chunk in _chunks(writes)
