@@ -32,15 +32,12 @@ from .runbook import EntryBook
 from .terms import holder_info, new_term, parse_epoch, unreadable_state
 from .waiting import LockWaiter, wait_sliced
 
-#: Edited entries the changes file keeps, values included: a reader that fell
-#: further behind (edits of more entries than this between two of its looks,
-#: twice a second) reads every entry. Bounds the file every reader parses after
-#: an edit to a few hundred KB.
+#: Edited entries the changes file keeps, values included (a reader further behind
+#: reads every entry): bounds the file every reader parses to a few hundred KB.
 CHANGES_KEPT = 1_000
 
-#: How ``p.e.entries`` starts (``json.dumps`` keeps the keys in the order
-#: written, by this release and the previous ones): the version is read from
-#: the first bytes, not from the whole file, at every look.
+#: How ``p.e.entries`` starts (``json.dumps`` keeps the keys in order): the version
+#: is read from the first bytes at every look.
 _HEAD = re.compile(rb'\{"version": (\d+), ')
 
 
@@ -157,10 +154,8 @@ class FileLock(_Facet, LeaseLock):
             # The lock file was replaced while we waited: this lock guards nothing.
             return Acquired(None, None, 0.0)
         if _believes_elsewhere(_read_json(path(election, "holder")), inode):
-            # The last holder locked a lock file that has since been deleted
-            # and may still believe it leads: it finds out at its next
-            # renewal and releases (removing its holder file). Until then,
-            # taking this new lock would make two leaders.
+            # The last holder locked a lock file since deleted and may still believe it
+            # leads until its next renewal: taking this new lock would make two leaders.
             return Acquired(None, self._holder_file(election), self.timeout)
         epoch_path = path(election, "epoch")
         text = _read_text(epoch_path)
@@ -319,9 +314,8 @@ class FileEntries(_Facet, EntryStore):
     def changes_since(
         self, election: str, version: int
     ) -> tuple[int, dict[str, str | None]] | None:
-        # The version first: the changes file is written after the entries, so
-        # one behind it is being written (or was not, by a previous release or
-        # an editor that died in between): read everything then.
+        # The version first: the changes file is written after the entries, so one
+        # behind it is being written (or never was): read everything then.
         now = self.version(election)
         if now == version:
             return now, {}

@@ -33,8 +33,7 @@ class HolderInfo:
     #: The holder's broker (``LeaderConfig.deployment``); ``None`` when it did not say.
     deployment: str | None = None
     #: When the term began, in seconds since the epoch on the store's clock (the
-    #: local wall clock of the winner for the file and memory stores); ``None``
-    #: when unknown, as for a term written by celery-leader 0.4.0.
+    #: winner's for file and memory); ``None`` when unknown (celery-leader 0.4.0).
     since: float | None = None
 
     def __post_init__(self) -> None:
@@ -93,9 +92,8 @@ class LeaseLock(ABC):
     #: leads, for stores that cannot cut an old holder off on time by themselves.
     holdoff: float = 0.0
 
-    #: How coarsely the store reports its clock with acquire and renew answers,
-    #: in seconds; ``None`` for a store with no clock of its own (its users
-    #: share this host's clock, or the store is one process's memory).
+    #: How coarsely the store reports its clock with acquire and renew answers, in
+    #: seconds; ``None`` for a store with no clock of its own.
     clock_resolution: float | None = None
 
     @abstractmethod

@@ -55,9 +55,8 @@ class _Store:
         return record
 
 
-# One store per URL and key prefix in this process: opening memory:// twice
-# must show the same elections (that is what makes it a store), so the stores
-# outlive every opener.
+# One store per URL and key prefix in this process, outliving every opener:
+# opening memory:// twice must show the same elections.
 _STORES: dict[tuple[str, str], _Store] = {}
 _STORES_LOCK = threading.Lock()
 

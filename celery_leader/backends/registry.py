@@ -29,9 +29,8 @@ class Store:
         return self.shown or f"{self.schemes[0]}://"
 
 
-#: ``django://ALIAS`` is listed with PostgreSQL, where it began, so that scheme
-#: lists show it there; the settings resolve it by the alias's ``ENGINE``
-#: (:mod:`celery_leader.contrib.django_db`) before a store is opened.
+#: ``django://ALIAS`` is listed with PostgreSQL, where it began; the settings
+#: resolve it by the alias's ``ENGINE`` before a store is opened.
 STORES: tuple[Store, ...] = (
     Store("redis", ("redis", "rediss", "unix", "redis+sentinel"), ".redis", "redis"),
     Store("postgres", ("postgresql", "postgres", "django"), ".postgres", "postgres"),

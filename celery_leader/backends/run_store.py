@@ -9,9 +9,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-#: Expired or excess run records one :meth:`RunStore.put` removes at most: a
-#: write never pays for more than a bounded clean-up, and an entry written once
-#: a second still sheds its expired records far faster than it gains them.
+#: Expired or excess run records one :meth:`RunStore.put` removes at most: a write
+#: never pays for more than a bounded clean-up.
 RUNS_DROPPED = 100
 
 

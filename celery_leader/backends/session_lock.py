@@ -330,9 +330,7 @@ class SessionLock(LeaseLock, Generic[S]):
             # follower has the lock before this returns.
             self._db.execute(session, self._RELEASE, self._lock_params(election))
         except SessionGone:
-            # Nothing left to release: the server freed the lock with the
-            # session, or frees it when it notices (at the latest after the
-            # session's idle timeout, one ttl).
+            # Nothing left to release: the server frees the lock with the session.
             pass
         finally:
             session.close()

@@ -18,14 +18,12 @@ from .records import FencedRecords
 from .run_store import RUNS_DROPPED, RunStore, RunSummary, RunWrite, run_entry
 from .session_lock import Rows, S, SessionStore
 
-#: Entries read per statement when reading them all: a few MB, milliseconds of
-#: the server's time, so a million entries never make one statement that
+#: Entries read per statement when reading them all: a few MB, so no statement
 #: outlasts the store deadline.
 ENTRIES_PAGE = 10_000
 
-#: Edited names kept in the record of edits (as on Redis): a reader that fell
-#: further behind reads every entry. Dropped in steps of :data:`DROP_EVERY`
-#: versions, so an edit seldom pays for the drop.
+#: Edited names kept in the record of edits (a reader further behind reads every
+#: entry), dropped every :data:`DROP_EVERY` versions so an edit seldom pays for it.
 CHANGES_KEPT = 10_000
 DROP_EVERY = 100
 
@@ -37,9 +35,7 @@ ELECTION = "prefix = %(prefix)s AND election = %(election)s"
 
 ENTRIES_VERSION = f"SELECT version FROM celery_leader_entries_version WHERE {ELECTION}"  # noqa: S608
 
-# Pages in name order (keyset: the primary key's range). The version is read
-# before the first page: an edit during the pages moves it past the one
-# returned, and the reader asks again at its next look.
+# Pages in name order (keyset); the version is read before the first page.
 ENTRIES_FIRST_PAGE = f"""
 SELECT name, value FROM celery_leader_entries WHERE {ELECTION}
 ORDER BY name LIMIT %(page)s

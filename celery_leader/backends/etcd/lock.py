@@ -50,12 +50,9 @@ class EtcdLock(LeaseLock):
     #: The gateway's HTTP ``Date`` header: whole seconds.
     clock_resolution = 1.0
 
-    #: No hold-off. The lease trusts a term until ``t_sent + ttl * 0.99 - 0.005``.
-    #: etcd's leader frees an etcd lease no earlier than its TTL (the ttl,
-    #: rounded up to whole seconds) after it *received* the grant or keep-alive,
-    #: which was sent after ``t_sent``; a change of Raft leader only extends
-    #: every lease (the new leader restarts their TTLs). So the old holder's
-    #: belief ends first while the clocks' rates differ by less than 1 %.
+    #: No hold-off: etcd frees a lease no earlier than its TTL (the ttl rounded up)
+    #: after it received the grant or keep-alive, sent after ``t_sent``; a new Raft
+    #: leader only extends leases. The old holder's belief (``t_sent + ttl * 0.99``) ends first.
     holdoff = 0.0
 
     def __init__(self, etcd: Cluster, url: str) -> None:
@@ -151,9 +148,8 @@ class EtcdLock(LeaseLock):
             try:
                 self._revoke(ours.lease)
             except StoreUnavailable:
-                # Quorum lost, say: when it is back, the new Raft leader gives the
-                # lease a full TTL again. Revoke it at the next call that gets
-                # through instead of leaving the role empty that long.
+                # Quorum lost, say: the new Raft leader would give the lease a full TTL
+                # again, so revoke it at the next call that gets through.
                 with self._lock:
                     self._unreleased.add(ours.lease)
                 raise

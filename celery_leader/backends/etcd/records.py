@@ -83,9 +83,8 @@ class EtcdEntries(EntryStore):
         return _version(reply)
 
     def load(self, election: str) -> tuple[int, dict[str, str]]:
-        # By bounded ranges: one range of a million entries outlasted the store
-        # deadline. The version comes with the first page: an edit during the
-        # pages moves it past the one returned, and the reader asks again.
+        # By bounded ranges (one range of a million entries outlasted the deadline);
+        # the version comes with the first page, so an edit meanwhile is read next time.
         prefix = self.etcd.key(election, "entries/")
         end = wire.prefix_end(prefix)
         page = {"key": wire.b64(prefix), "range_end": wire.b64(end), "limit": ENTRIES_PAGE}
@@ -191,9 +190,8 @@ class EtcdRuns(RunStore):
         #: The connection every facet of this store shares.
         self.etcd = etcd
         self._lock = threading.Lock()
-        #: The etcd lease run records are written with, by their ttl: (lease,
-        #: when to stop using it). One lease serves many records, so a write
-        #: is one round trip, not a grant and a put.
+        #: The lease run records are written with, by ttl: (lease, when to stop using
+        #: it). One lease serves many records: a write is one round trip.
         self._leases: dict[float, tuple[int, float]] = {}
 
     def put(self, election: str, write: RunWrite) -> tuple[bool, str | None]:

@@ -51,15 +51,10 @@ class MySqlLock(SessionLock[Session]):
     #: ``UTC_TIMESTAMP(6)`` in the acquire and renew statements: microseconds.
     clock_resolution = 1e-6
 
-    #: No hold-off. The lease trusts a term until ``t_sent + ttl * 0.99 - 0.005``
-    #: (``t_sent``: when it sent the acquire or renew). The server answers that
-    #: statement at or after ``t_sent`` and only then starts counting
-    #: ``wait_timeout`` (the ttl rounded *up* to whole seconds) for the next
-    #: one. So the session, and with it the lock, ends no earlier than
-    #: ``t_sent + ttl`` by the server's clock, which is ``>= t_sent + ttl * 0.99``
-    #: by ours while the clocks' rates differ by less than 1 %. The old
-    #: holder's belief ends first. The price of the rounding: a paused or cut
-    #: off holder is replaced after ``ceil(ttl)`` rather than ``ttl``.
+    #: No hold-off: the server starts counting ``wait_timeout`` (the ttl rounded up)
+    #: once it answered a statement sent at ``t_sent``, so the lock ends no earlier than
+    #: ``t_sent + ttl``, after the old holder's belief (``t_sent + ttl * 0.99``) while
+    #: clock rates differ by < 1 %. The price: a paused holder is replaced after ``ceil(ttl)``.
     holdoff = 0.0
 
     _RELEASE, _REQUEST_RESIGN = RELEASE, REQUEST_RESIGN
@@ -155,9 +150,8 @@ class MySqlRecords(FencedRecords):
             self._db.drop_session(election, session)
             return [False] * len(writes)
         except StoreUnavailable:
-            # A statement failed (a row lock not granted in time ...): the
-            # transaction is still open on the session. End it before anything
-            # else runs there; if even that fails, the session is unusable.
+            # A statement failed: the transaction is still open on the session. End it
+            # first; if even that fails, the session is unusable.
             try:
                 self._db.execute(session, "ROLLBACK")
             except StoreUnavailable:

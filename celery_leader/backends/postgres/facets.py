@@ -48,14 +48,10 @@ class PostgresLock(SessionLock[Session]):
     #: ``clock_timestamp()`` in the acquire and renew statements: microseconds.
     clock_resolution = 1e-6
 
-    #: No hold-off. The lease trusts a term until ``t_sent + ttl * 0.99 - 0.005``
-    #: (``t_sent``: when it sent the acquire or renew). The server receives that
-    #: statement at or after ``t_sent``, finishes it later still, and only then
-    #: starts counting ``idle_session_timeout`` (ttl, rounded up to whole ms).
-    #: So the session, and with it the lock, ends no earlier than
-    #: ``t_sent + ttl`` by the server's clock, which is ``>= t_sent + ttl * 0.99``
-    #: by ours while the clocks' rates differ by less than 1 %; the 5 ms margin
-    #: covers timer rounding. The old holder's belief ends first.
+    #: No hold-off: the server starts counting ``idle_session_timeout`` (ttl, rounded
+    #: up to ms) after it finished a statement sent at ``t_sent``, so the lock ends no
+    #: earlier than ``t_sent + ttl``, after the old holder's belief
+    #: (``t_sent + ttl * 0.99 - 0.005``) while clock rates differ by < 1 %.
     holdoff = 0.0
 
     _RELEASE, _REQUEST_RESIGN = RELEASE, REQUEST_RESIGN

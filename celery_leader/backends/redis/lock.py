@@ -117,11 +117,8 @@ class RedisLock(LeaseLock):
             self._presences.drop(election)
             if term is not None:
                 return False
-            # Its node may be gone (a Cluster or Sentinel fail-over): ask again
-            # as soon as the designated successor would, rather than at the
-            # holder's ttl, so that this follower subscribes on the new node
-            # and can take over a holder that dies there. A store that is down
-            # fails that acquire, and the lease then backs off.
+            # Its node may be gone (a fail-over): ask again as soon as the designated
+            # successor would, so this follower subscribes on the new node.
             cancel.wait(max(0.0, min(WATCH_INTERVAL, deadline - time.monotonic())))
         return True
 

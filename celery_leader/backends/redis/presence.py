@@ -48,9 +48,7 @@ logger = logging.getLogger(__name__)
 WATCH_INTERVAL = 0.15
 
 
-#: Store URLs this process has said it falls back to the ttl for. Global
-#: because once per process is enough: a worker and its embedded beat, or many
-#: leases, each open a store of their own.
+#: Store URLs this process has said it falls back to the ttl for (once a process).
 _FALLBACKS: set[str] = set()
 _FALLBACKS_LOCK = threading.Lock()
 
