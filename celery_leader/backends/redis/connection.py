@@ -199,17 +199,12 @@ _REROUTE = (redis.ConnectionError, MovedError, ClusterDownError, TryAgainError)
 #: Between two tries on a refreshed slot map: until the cluster has promoted a
 #: replica, the map still names the dead master, and refusals come back at once.
 #:
-#: A Cluster master and the leader die together. The followers' subscriptions
-#: close with the master; each asks again presence.WATCH_INTERVAL later, and
-#: that call keeps trying on refreshed maps until the store deadline, so a
-#: promotion within the deadline costs, from the promotion:
-#:   at most this pause, one CLUSTER SLOTS, the subscription and the acquire
-#:   on the new master (the old term names a presence nobody keeps there) ~ 0.06 s
-#: + beat's look at its lease (0.1 s) and up to one schedule period.
-#: A later promotion adds up to renew_interval (ttl / 3): the lease's wait
-#: after a call that failed.
-#: Measured (3 beats, ttl 3 s, an entry every 0.2 s, TAKEOVER 0.02-0.06 s after
-#: the kill): first dispatch 0.1-0.4 s after the kill.
+#: A Cluster master and the leader die together: the followers ask again
+#: presence.WATCH_INTERVAL later, on refreshed maps until the store deadline, so a
+#: promotion within it costs this pause, one CLUSTER SLOTS, the subscription and the
+#: acquire (~0.06 s) + beat's look (0.1 s) and up to one schedule period; a later one
+#: adds up to renew_interval. Measured (3 beats, ttl 3 s, an entry every 0.2 s):
+#: first dispatch 0.1-0.4 s after the kill.
 _REROUTE_PAUSE = 0.05
 
 

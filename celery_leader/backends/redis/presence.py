@@ -28,23 +28,15 @@ from .connection import Connection
 
 logger = logging.getLogger(__name__)
 
-#: How often the one designated successor of an election (see the acquire
-#: script) checks the holder's presence; the other followers wait for the
-#: holder's ttl, or a release or take-over announcement, as before.
+#: How often the one designated successor of an election checks the holder's
+#: presence (the other followers wait for the ttl or an announcement).
 #:
-#: Fail-over after a holder's process dies, on Redis:
-#:   this interval (when the check happens to fall)      <= 0.15 s
-#: + one acquire round trip                               ~ 0.001 s on a LAN
-#: and then the user of the lease notices: beat looks at its lease every 0.1 s
-#: (``FOLLOWER_INTERVAL``), so a beat publishes again within about 0.25 s of the
-#: crash, plus up to one schedule period if the slot was not due yet: under
-#: half a second with an entry every 0.1 s. (At 0.2 s the worst of 10 kills on
-#: a busy 2-core machine came to 0.48 s.)
-#:
-#: Cost: one round trip per interval per election, 6.7 a second whatever the
-#: ttl. With 10 instances per election that is 0.67 round trips per instance
-#: per second on top of the renewals and the other followers' waits (0.28 at
-#: ttl 3 s): 200 holders in 20 elections stay under 1 (``benchmarks/store_load.py``).
+#: Fail-over after a holder dies: this interval (<= 0.15 s) + one acquire round trip
+#: (~1 ms), then beat's look at its lease (every 0.1 s), so a beat publishes again
+#: within about 0.25 s, plus up to one schedule period. (At 0.2 s the worst of 10
+#: kills on a busy 2-core machine came to 0.48 s.) Cost: 6.7 round trips a second
+#: per election whatever the ttl: 200 holders in 20 elections stay under 1 per
+#: instance per second (``benchmarks/store_load.py``).
 WATCH_INTERVAL = 0.15
 
 
