@@ -95,6 +95,10 @@ class SessionStore(ABC, Generic[S]):
         rows of its last statement (errors: :class:`StoreUnavailable`, or SessionGone)."""
 
     @abstractmethod
+    def queue(self, session: S, params: Mapping[str, Any], ttl: float) -> LockWaiter[S]:
+        """Queue ``session`` for the lock ``params`` name, in a thread of its own."""
+
+    @abstractmethod
     def check_session(self, session: S, server_id: int) -> None:
         """Refuse a proxy or pooler that ran a statement of ``session`` in another
         server session than ``server_id`` (the lock would not be ours)."""
@@ -250,6 +254,9 @@ class SessionLock(LeaseLock, Generic[S]):
     """The lease-lock facet of a SQL store (see the module); a store supplies
     its statements, :meth:`_renew_in`, :meth:`_holder` and the abstract rest."""
 
+    #: Both stores' clocks in the acquire and renew answers: microseconds.
+    clock_resolution = 1e-6
+
     #: Frees the election's lock held by the session it runs on.
     _RELEASE: str
     #: Marks the holder's term for resignation; returns its instance, epoch and token.
@@ -396,9 +403,8 @@ class SessionLock(LeaseLock, Generic[S]):
     def _clock(self, now: Any) -> float:
         """The store's clock as its statements answer it, in seconds since the epoch."""
 
-    @abstractmethod
     def _queue(self, session: S, election: str, ttl: float) -> LockWaiter[S]:
-        """Queue ``session`` for the election's lock (a thread of its own)."""
+        return self._db.queue(session, self._lock_params(election), ttl)
 
     @abstractmethod
     def _renew_in(

@@ -13,7 +13,6 @@ from ..run_store import RunSummary, RunWrite
 from ..session_lock import Rows, SessionGone, SessionLock
 from ..sql_facets import LOAD_STATE, SqlEntries, SqlRuns
 from ..terms import since_of
-from ..waiting import LockWaiter
 from .entries import (
     CREATE_ENTRY,
     DELETE_ENTRY,
@@ -22,7 +21,7 @@ from .entries import (
     ENTRIES_SINCE,
     REPLACE_ENTRY,
 )
-from .session import Connector, Session, queue_for_lock
+from .session import Connector, Session
 from .sql import (
     CLAIM_NEW,
     CLAIM_UPDATE,
@@ -48,9 +47,6 @@ from .sql import (
 class MySqlLock(SessionLock[Session]):
     """Terms held as named locks on MySQL (>= 8.0) or MariaDB (>= 10.4)."""
 
-    #: ``UTC_TIMESTAMP(6)`` in the acquire and renew statements: microseconds.
-    clock_resolution = 1e-6
-
     #: No hold-off: the server starts counting ``wait_timeout`` (the ttl rounded up)
     #: once it answered a statement sent at ``t_sent``, so the lock ends no earlier than
     #: ``t_sent + ttl``, after the old holder's belief (``t_sent + ttl * 0.99``) while
@@ -65,9 +61,6 @@ class MySqlLock(SessionLock[Session]):
     def _lock_params(self, election: str) -> dict[str, Any]:
         name = lock_name(self._db.database, self._db.prefix, election)
         return {**self._db.names(election), "lock": name}
-
-    def _queue(self, session: Session, election: str, ttl: float) -> LockWaiter[Session]:
-        return queue_for_lock(self._db, session, self._lock_params(election)["lock"], ttl)
 
     def _renew_in(
         self, session: Session, election: str, term: Term, ttl: float

@@ -202,35 +202,33 @@ class Connector(SessionStore[Session]):
             "(a primary with asynchronous or semi-synchronous replicas)"
         )
 
+    def queue(self, session: Session, params: Mapping[str, Any], ttl: float) -> LockWaiter[Session]:
+        """Queue ``session`` for the named lock ``params`` name, in a thread of its own.
+
+        One ``GET_LOCK`` a ttl (slices of half the deadline made a fleet's followers send
+        most of the server's statements); each answer must come within the slice and the
+        deadline. A follower that leaves cuts its connection (:meth:`Session.cut`)."""
+        lock = params["lock"]
+        slice_s = round(ttl, 3)
+
+        def wait(session: Session, cancelled: threading.Event) -> bool:
+            try:
+                self.deadline(session, wait=slice_s)
+                while not cancelled.is_set():
+                    result = self.execute(session, WAIT_LOCK, {"lock": lock, "slice_s": slice_s})
+                    if result[0][0] == 1:
+                        self.deadline(session)  # it holds the lock now: a renewal's deadline
+                        return True
+            except StoreUnavailable as exc:
+                # The follower's next acquire connects afresh and reports errors itself.
+                logger.debug("celery-leader: lock waiter stopped: %s", exc)
+            return False
+
+        return LockWaiter(
+            session, wait, Session.close, name="celery-leader-mysql-waiter", interrupt=Session.cut
+        )
+
 
 def _code(exc: BaseException) -> int | None:
     args = exc.args
     return args[0] if args and isinstance(args[0], int) else None
-
-
-def queue_for_lock(
-    connector: Connector, session: Session, lock: str, ttl: float
-) -> LockWaiter[Session]:
-    """Queue ``session`` for the named lock ``lock`` in a thread of its own.
-
-    One ``GET_LOCK`` a ttl (slices of half the deadline made a fleet's followers send
-    most of the server's statements); each answer must come within the slice and the
-    deadline. A follower that leaves cuts its connection (:meth:`Session.cut`)."""
-    slice_s = round(ttl, 3)
-
-    def wait(session: Session, cancelled: threading.Event) -> bool:
-        try:
-            connector.deadline(session, wait=slice_s)
-            while not cancelled.is_set():
-                result = connector.execute(session, WAIT_LOCK, {"lock": lock, "slice_s": slice_s})
-                if result[0][0] == 1:
-                    connector.deadline(session)  # it holds the lock now: a renewal's deadline
-                    return True
-        except StoreUnavailable as exc:
-            # The follower's next acquire connects afresh and reports errors itself.
-            logger.debug("celery-leader: lock waiter stopped: %s", exc)
-        return False
-
-    return LockWaiter(
-        session, wait, Session.close, name="celery-leader-mysql-waiter", interrupt=Session.cut
-    )

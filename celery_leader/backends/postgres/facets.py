@@ -14,9 +14,8 @@ from ..run_store import RunSummary, RunWrite
 from ..session_lock import Rows, SessionGone, SessionLock
 from ..sql_facets import LOAD_STATE, SqlEntries, SqlRuns
 from ..terms import since_of
-from ..waiting import LockWaiter
 from .entries import CREATE_ENTRY, DELETE_ENTRY, ENTRIES_SINCE, REPLACE_ENTRY, VERSION_ROW
-from .session import Canceller, Connector, Session, queue_for_lock
+from .session import Canceller, Connector, Session
 from .sql import (
     CLAIM,
     CLOCK,
@@ -45,9 +44,6 @@ from .sql import (
 class PostgresLock(SessionLock[Session]):
     """Terms held as session advisory locks on PostgreSQL >= 14."""
 
-    #: ``clock_timestamp()`` in the acquire and renew statements: microseconds.
-    clock_resolution = 1e-6
-
     #: No hold-off: the server starts counting ``idle_session_timeout`` (ttl, rounded
     #: up to ms) after it finished a statement sent at ``t_sent``, so the lock ends no
     #: earlier than ``t_sent + ttl``, after the old holder's belief
@@ -62,9 +58,6 @@ class PostgresLock(SessionLock[Session]):
     def _lock_params(self, election: str) -> dict[str, Any]:
         key = advisory_key(self._db.prefix, election)
         return {**self._db.names(election), "key": key, **lock_ids(key)}
-
-    def _queue(self, session: Session, election: str, ttl: float) -> LockWaiter[Session]:
-        return queue_for_lock(self._db, session, self._lock_params(election)["key"], ttl)
 
     def _renew_in(
         self, session: Session, election: str, term: Term, ttl: float

@@ -206,35 +206,33 @@ class Connector(SessionStore[Session]):
                 "PostgreSQL 14 or later"
             )
 
+    def queue(self, session: Session, params: Mapping[str, Any], ttl: float) -> LockWaiter[Session]:
+        """Queue ``session`` for the advisory lock ``params`` name, in a thread of its own."""
+        key = params["key"]
 
-def queue_for_lock(
-    connector: Connector, session: Session, key: int, ttl: float
-) -> LockWaiter[Session]:
-    """Queue ``session`` for the advisory lock ``key`` in a thread of its own."""
+        def wait(session: Session, cancelled: threading.Event) -> bool:
+            try:
+                with session.lock:
+                    conn = session.conn
+                    conn.execute(WAIT_SETUP, {"slice_ms": ms(ttl), "check_ms": CLIENT_CHECK_MS})
+                    while not cancelled.is_set():
+                        try:
+                            conn.execute(WAIT_LOCK, {"key": key})
+                        except errors.LockNotAvailable:
+                            continue  # end of a slice: queue again with a fresh snapshot
+                        conn.execute(WAIT_DONE, {"statement_ms": self.statement_ms})
+                        return True
+            except psycopg.Error as exc:
+                # The follower's next acquire connects afresh and reports errors itself.
+                logger.debug("celery-leader: lock waiter stopped: %s", exc)
+            return False
 
-    def wait(session: Session, cancelled: threading.Event) -> bool:
-        try:
-            with session.lock:
-                conn = session.conn
-                conn.execute(WAIT_SETUP, {"slice_ms": ms(ttl), "check_ms": CLIENT_CHECK_MS})
-                while not cancelled.is_set():
-                    try:
-                        conn.execute(WAIT_LOCK, {"key": key})
-                    except errors.LockNotAvailable:
-                        continue  # end of a slice: queue again with a fresh snapshot
-                    conn.execute(WAIT_DONE, {"statement_ms": connector.statement_ms})
-                    return True
-        except psycopg.Error as exc:
-            # The follower's next acquire connects afresh and reports errors itself.
-            logger.debug("celery-leader: lock waiter stopped: %s", exc)
-        return False
+        def interrupt(session: Session) -> None:
+            try:
+                session.conn.cancel_safe(timeout=self.timeout)
+            except psycopg.Error:
+                pass  # unreachable server: keepalives end the wait
 
-    def interrupt(session: Session) -> None:
-        try:
-            session.conn.cancel_safe(timeout=connector.timeout)
-        except psycopg.Error:
-            pass  # unreachable server: keepalives end the wait
-
-    return LockWaiter(
-        session, wait, Session.close, name="celery-leader-pg-waiter", interrupt=interrupt
-    )
+        return LockWaiter(
+            session, wait, Session.close, name="celery-leader-pg-waiter", interrupt=interrupt
+        )
