@@ -102,8 +102,7 @@ __all__ = [
 
 
 def open_store(config: StoreSettings) -> StoreFacets:
-    """Open the store that ``config.url`` selects (not contacted yet); a missing
-    client fails in one line naming its extra."""
+    """Open the store ``config.url`` selects (not yet contacted); no client: names its extra."""
     store = config.store
     try:
         module = importlib.import_module(store.module, __name__)

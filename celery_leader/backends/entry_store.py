@@ -9,8 +9,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Edit:
-    """An unfenced compare-and-set of one schedule entry: ``expected`` (``None``: no
-    such entry) becomes ``new`` (``None``: removed)."""
+    """An unfenced compare-and-set of an entry: ``expected`` -> ``new`` (``None``: none)."""
 
     key: str
     expected: str | None
@@ -40,8 +39,7 @@ class EntryStore(ABC):
 
     @abstractmethod
     def load(self, election: str) -> tuple[int, dict[str, str]]:
-        """The entries version (read no later than the entries) and the entries of
-        ``election`` (name -> value), as written."""
+        """The entries version (read first) and the entries of ``election``, as written."""
 
     def changes_since(
         self, election: str, version: int
@@ -53,5 +51,4 @@ class EntryStore(ABC):
 
     @abstractmethod
     def edit(self, election: str, edits: Sequence[Edit]) -> list[bool]:
-        """Apply ``edits`` (no term needed); one result each. The version moves
-        when any of them applied."""
+        """Apply ``edits`` (no term needed), one result each; any applied moves the version."""

@@ -22,8 +22,7 @@ def summarise(exc: BaseException) -> str:
 def hand_back(
     writes: Sequence[Write], won: Sequence[bool], undo: Callable[[list[Write]], None]
 ) -> str:
-    """Undo the ``writes`` that ``won`` after the replicas did not confirm them
-    (``undo`` puts back what they replaced); how that went, for the error."""
+    """Undo the ``writes`` that ``won`` but were not confirmed; how that went."""
     back = [w for w, ok in zip(writes, won, strict=True) if ok]
     if not back:
         return "nothing claimed"

@@ -58,8 +58,7 @@ def open_store(params: StoreParams) -> StoreFacets:
 
 @dataclass(frozen=True, eq=False)
 class _Files:
-    """One directory and key prefix, shared by the facets: where each file of an
-    election is, and the flocks this process holds there (what fences its claims)."""
+    """One directory and key prefix: each election's files, and the flocks held there."""
 
     directory: Path
     prefix: str
@@ -88,8 +87,7 @@ class _Files:
 
     @contextmanager
     def turn(self, election: str, kind: str) -> Iterator[None]:
-        """Hold a ``flock`` of file ``kind`` of ``election``, blocking: writers that
-        need no term (editors, workers) take turns on it."""
+        """Hold a ``flock`` of file ``kind`` of ``election``: term-less writers take turns."""
         path = self.path(election, kind)
         with _io(path):
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)

@@ -104,8 +104,7 @@ class LeaseLock(ABC):
 
     @abstractmethod
     def renew(self, election: str, term: Term, ttl: float) -> tuple[Renewal, float | None]:
-        """Extend ``term`` by ``ttl`` seconds if it is still current; with the
-        store's clock when it answered (``None`` for a store without one)."""
+        """Extend ``term`` by ``ttl`` if still current; with the store's clock (or ``None``)."""
 
     @abstractmethod
     def release(self, election: str, term: Term | None) -> None:
@@ -142,8 +141,7 @@ class LeaseLock(ABC):
         """Ask the current holder to hand over at its next renewal; return it."""
 
     def store_time(self, election: str) -> float | None:
-        """The store's clock now, where ``election`` lives (seconds since the
-        epoch); ``None`` for a store without a clock of its own."""
+        """The store's clock now (seconds since the epoch); ``None`` without a clock."""
         return None
 
     def holder(self, election: str) -> HolderInfo | None:

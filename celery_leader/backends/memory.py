@@ -245,8 +245,7 @@ class MemoryEntries(_Memory, EntryStore):
 
 
 def open_store(params: StoreParams, clock: Clock = SYSTEM_CLOCK) -> StoreFacets:
-    """The memory store of ``params``' URL and key prefix, its terms and records
-    expiring on ``clock``. Closing it keeps its data: it lives as long as the process."""
+    """The memory store of ``params``, expiring on ``clock``; it outlives being closed."""
     return StoreFacets(
         params,
         MemoryLock(params, clock),

@@ -39,8 +39,7 @@ class Write:
 
 
 def apply_writes(state: dict[str, str], writes: Sequence[Write]) -> list[bool]:
-    """Compare-and-set ``writes`` on ``state`` in place, in order; one result each
-    (for stores that checked their lock already: memory, file)."""
+    """Compare-and-set ``writes`` on ``state`` in place, in order (memory, file)."""
     results = []
     for w in writes:
         ok = state.get(w.key) == w.expected
@@ -72,8 +71,7 @@ class FencedRecords(ABC):
         """The records of ``election``: key -> value, as written."""
 
     def load_some(self, election: str, keys: Sequence[str]) -> dict[str, str] | None:
-        """The records of ``keys`` alone (those that exist), in one round trip;
-        ``None``: this store reads only all records at once (:meth:`load`)."""
+        """The records of ``keys`` that exist; ``None``: this store only has :meth:`load`."""
         return None
 
     def claim(self, fence: Fence, writes: Sequence[Write]) -> list[bool]:

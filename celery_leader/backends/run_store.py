@@ -15,8 +15,7 @@ RUNS_DROPPED = 100
 
 
 def run_entry(key: str) -> str | None:
-    """The entry of run record ``key`` (``"<entry>@<order>"``); ``None`` for a mark
-    (a key starting with ``@``) or a key without ``@``."""
+    """The entry of run record ``key`` (``<entry>@<order>``); ``None`` for a mark."""
     if key.startswith("@"):
         return None
     entry, at, _ = key.rpartition("@")
@@ -60,10 +59,8 @@ class RunStore(ABC):
 
     @abstractmethod
     def runs_of(self, election: str, entry: str, limit: int) -> list[tuple[str, str]]:
-        """The unexpired records of ``entry``, at most ``limit`` of them, most
-        recently created first: (key, record) pairs, read in bounded pages."""
+        """The unexpired records of ``entry`` (at most ``limit``), newest created first."""
 
     @abstractmethod
     def summaries(self, election: str) -> list[RunSummary]:
-        """One :class:`RunSummary` per entry with unexpired records, read in
-        bounded pages: the cost grows with the entries, not their records."""
+        """One :class:`RunSummary` per entry with unexpired records, in bounded pages."""

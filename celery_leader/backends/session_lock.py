@@ -36,8 +36,7 @@ ORDER BY 1
 
 
 class SessionGone(StoreUnavailable):
-    """The session is over: whatever it held is released (or will be), so a term
-    that lived in it is lost for good."""
+    """The session is over, and any term that lived in it lost for good."""
 
 
 class Closable(Protocol):
@@ -62,8 +61,7 @@ class Hold(Generic[S]):
 
 
 class SessionStore(ABC, Generic[S]):
-    """A SQL store's connection object, shared by its facets: a store supplies
-    :meth:`connect`, :meth:`execute` and its :attr:`schema`."""
+    """A SQL store's connection object: a store supplies connect, execute and schema."""
 
     #: (check, create) statements, in order: ``create`` runs when ``check``
     #: answers false (a fresh database, or tables of a previous release).
@@ -100,8 +98,7 @@ class SessionStore(ABC, Generic[S]):
 
     @abstractmethod
     def check_session(self, session: S, server_id: int) -> None:
-        """Refuse a proxy or pooler that ran a statement of ``session`` in another
-        server session than ``server_id`` (the lock would not be ours)."""
+        """Refuse a proxy or pooler that ran ``session``'s statement in another session."""
 
     def ensure_schema(self, session: S) -> None:
         """Create the tables on first use (a role without CREATE can use an admin's)."""
@@ -362,8 +359,7 @@ class SessionLock(LeaseLock, Generic[S]):
         """The parameters that name ``election`` and its lock in the statements."""
 
     def _row(self, session: S, query: str, params: Mapping[str, Any]) -> tuple[Any, ...]:
-        """The one row ``query`` answers, less its first column: the server's id of
-        the session, which :meth:`SessionStore.check_session` checks."""
+        """The one row ``query`` answers, less the server's id of the session (checked)."""
         ((server_id, *row),) = self._db.execute(session, query, params)
         self._db.check_session(session, server_id)
         return tuple(row)
@@ -383,8 +379,7 @@ class SessionLock(LeaseLock, Generic[S]):
     def _start_term(
         self, session: S, election: str, instance_id: str, min_epoch: int
     ) -> tuple[Term, float | None]:
-        """Write a new term, above ``min_epoch``, as ``session`` (which holds the
-        lock); with the store's clock as in :meth:`_try_lock`."""
+        """Write a new term above ``min_epoch`` as ``session``; with the store's clock."""
         params = {
             **self._lock_params(election),
             "floor": min_epoch,

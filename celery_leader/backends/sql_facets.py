@@ -175,5 +175,4 @@ class SqlRuns(RunStore):
 
     @abstractmethod
     def _summarise(self, rows: Rows, params: dict[str, Any]) -> list[RunSummary]:
-        """The summaries of one page of :attr:`_SUMMARIES` rows (the entries
-        with a record kept)."""
+        """The summaries of one page of :attr:`_SUMMARIES` rows."""

@@ -21,8 +21,7 @@ logger = logging.getLogger(__name__)
 
 
 def new_term(epoch: int, instance_id: str, since: float, **extra: object) -> Term:
-    """A fresh term of ``instance_id`` with ``epoch`` that began at ``since``, for
-    stores that build it client-side."""
+    """A fresh term of ``instance_id`` with ``epoch``, begun at ``since`` (built here)."""
     token = {
         "token": uuid.uuid4().hex,
         "epoch": epoch,
@@ -66,8 +65,7 @@ def holder_info(value: str, where: str, ttl_remaining: float | None) -> HolderIn
 
 
 def since_of(data: object) -> float | None:
-    """The ``since`` of a stored term (its JSON text, or that text parsed);
-    ``None`` when it has none (a term of celery-leader 0.4.0) or is unreadable."""
+    """The ``since`` of a stored term (JSON text or parsed); ``None``: none or unreadable."""
     if isinstance(data, str):
         try:
             data = json.loads(data)

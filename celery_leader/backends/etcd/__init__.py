@@ -15,8 +15,7 @@ from .records import EtcdEntries, EtcdRecords, EtcdRuns
 
 
 def open_store(params: StoreParams) -> StoreFacets:
-    """The etcd store's facets, on one connection to the cluster ``params.url`` names
-    (``replica_acks`` does not apply: etcd answers once a majority holds a write)."""
+    """The etcd store's facets on one connection (a write is on a majority: no replica_acks)."""
     etcd = Cluster(etcd_params(params.url), params.timeout, params.key_prefix)
     lock, records = EtcdLock(etcd, params.url), EtcdRecords(etcd)
     return StoreFacets(params, lock, records, EtcdEntries(etcd), EtcdRuns(etcd), etcd.close)

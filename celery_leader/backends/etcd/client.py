@@ -125,8 +125,7 @@ class _Member:
 
 
 class Cluster:
-    """The members of one etcd cluster, called with one deadline per operation, and
-    where this store's keys live in it."""
+    """An etcd cluster's members, one deadline per operation, and where our keys live."""
 
     def __init__(self, params: EtcdParams, timeout: float, key_prefix: str) -> None:
         self.timeout = timeout

@@ -141,8 +141,7 @@ class EtcdEntries(EntryStore):
         return None if edits is None else (now, edits)
 
     def edit(self, election: str, edits: Sequence[Edit]) -> list[bool]:
-        """One transaction per edit: compare the entry, write it and the version key
-        (the version is that key's modification revision)."""
+        """One transaction per edit: compare the entry, write it and the version key."""
         version = wire.put(self.etcd.key(election, "entries-version"), b"")
         results = []
         for edit in edits:
@@ -160,8 +159,7 @@ def _version(reply: dict[str, Any]) -> int:
 
 
 class RunKeys:
-    """The keys of one entry's run records (the entry name percent-encoded, so
-    that one entry's prefix never covers another's)."""
+    """An entry's run-record keys (the name percent-encoded: no prefix covers another)."""
 
     def __init__(self, etcd: Cluster, election: str, entry: str) -> None:
         self.entry = entry

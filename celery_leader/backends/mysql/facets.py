@@ -86,8 +86,7 @@ class MySqlLock(SessionLock[Session]):
 
 
 class MySqlRecords(FencedRecords):
-    """The fenced records, in ``celery_leader_state``, written only by the
-    session that holds the election's named lock."""
+    """The fenced records, written only by the session holding the named lock."""
 
     def __init__(self, db: Connector, replica_acks: int | None) -> None:
         self._db = db
@@ -180,8 +179,7 @@ class MySqlEntries(SqlEntries[Session]):
 
 
 class MySqlRuns(SqlRuns):
-    """Run records: marks in ``celery_leader_runs``, an entry's records in
-    ``celery_leader_run_records`` with its counts in ``celery_leader_run_counts``."""
+    """Run records: marks in ``celery_leader_runs``, an entry's in ``..._run_records``."""
 
     _RUNS_OF, _SUMMARIES = RUNS_OF, RUN_SUMMARIES
 

@@ -159,8 +159,7 @@ class PostgresRecords(FencedRecords):
 
     @property
     def _ack_timeout(self) -> float:
-        """How long a claim's commit waits for the synchronous standbys: half the
-        store deadline, so that handing it back still fits in the other half."""
+        """A claim's wait for the standbys: half the deadline (handing back takes the rest)."""
         return self._db.timeout / 2
 
     def _not_confirmed(
@@ -221,8 +220,7 @@ class PostgresEntries(SqlEntries[Session]):
 
 
 class PostgresRuns(SqlRuns):
-    """Run records: marks in ``celery_leader_runs``, an entry's records in
-    ``celery_leader_run_records`` with a row of counts per entry."""
+    """Run records: marks in ``celery_leader_runs``, an entry's in ``..._run_records``."""
 
     _RUNS_OF, _SUMMARIES = RUNS_OF, RUN_SUMMARIES
 

@@ -18,8 +18,7 @@ CLIENT_CHECK_MS = "1000"
 
 
 def advisory_key(key_prefix: str, election: str) -> int:
-    """The advisory-lock key of ``election``: SHA-256 of ``"<prefix>:<election>"``,
-    first 8 bytes, big-endian, signed (PostgreSQL's ``bigint``)."""
+    """The advisory-lock key of ``election``: SHA-256 of ``prefix:election``, 8 bytes, signed."""
     digest = hashlib.sha256(f"{key_prefix}:{election}".encode()).digest()
     return int.from_bytes(digest[:8], "big", signed=True)
 

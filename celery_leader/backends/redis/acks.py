@@ -28,8 +28,7 @@ PROMOTABLE_LINK_DOWN = 10
 
 @dataclass(frozen=True)
 class Acks:
-    """How many replicas had to acknowledge a write (``None``: nobody would say, so
-    nothing counts as acknowledged), and how many did."""
+    """How many replicas had to acknowledge a write (``None``: unknown), and how many did."""
 
     needed: int | None
     acked: int
@@ -235,8 +234,7 @@ class Replicas:
         return count
 
     def refused(self, acks: Acks, what: str, done: str) -> StoreUnavailable:
-        """The error for ``what`` that too few replicas acknowledged (``done``: what
-        became of it)."""
+        """The error for ``what`` too few replicas acknowledged (``done``: what became of it)."""
         if acks.needed is None:
             return StoreMisconfigured(
                 f"leader_replica_acks is 'auto', which asks the Redis master how many replicas "

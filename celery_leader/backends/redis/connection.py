@@ -148,8 +148,7 @@ class Connection:
                     self.reroutes += 1
 
     def key(self, election: str, name: str) -> str:
-        """Key ``name`` of ``election``: every key of an election shares its hash tag,
-        so that every script touches a single Redis Cluster slot."""
+        """Key ``name`` of ``election``, with the election's hash tag (one Cluster slot)."""
         return f"{{{self.key_prefix}:{election}}}:{name}"
 
     def keys(self, election: str, *names: str) -> list[str]:
@@ -157,8 +156,7 @@ class Connection:
         return [self.key(election, name) for name in names]
 
     def pipelined(self, queue: Callable[[Any], object], raise_on_error: bool = True) -> list[Any]:
-        """The replies of the plain commands ``queue(pipeline)`` queues, in one round
-        trip (a Cluster pipeline sends them to the node of their keys)."""
+        """The replies of the commands ``queue(pipeline)`` queues, in one round trip."""
 
         def run(client: Any) -> list[Any]:
             pipe = client.pipeline(transaction=False)

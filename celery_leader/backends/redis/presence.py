@@ -75,14 +75,12 @@ class Subscription:
         return cls(pubsub, None if presence is None else presence[1])
 
     def message(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` for an announcement; True when one came. Raises a
-        redis-py error when the connection is gone."""
+        """Wait up to ``timeout`` for an announcement; raises when the connection is gone."""
         message = self._pubsub.get_message(timeout=timeout)
         return message is not None and message["type"] == "message"
 
     def idle(self, timeout: float) -> bool:
-        """Keep the presence for up to ``timeout``; always False. A closed connection
-        raises, which is what the holder waits for."""
+        """Keep the presence for up to ``timeout``; raises when the connection closes."""
         self.message(timeout)
         return False
 
@@ -105,8 +103,7 @@ def _confirm(pubsub: Any, channel: str, timeout: float) -> None:
 
 
 class Presences:
-    """One opened store's subscriptions, one per election, and whether terms
-    keep a presence on this server."""
+    """One opened store's subscriptions, and whether terms keep a presence there."""
 
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
@@ -122,8 +119,7 @@ class Presences:
             return self._subscriptions.get(election)
 
     def rerouted(self, election: str) -> bool:
-        """True when a Cluster call went to a refreshed slot map after ``election``'s
-        subscription was opened."""
+        """Whether the slot map was refreshed since ``election``'s subscription opened."""
         current = self.current(election)
         return current is not None and current.reroutes != self._conn.reroutes
 

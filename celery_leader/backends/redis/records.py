@@ -71,8 +71,7 @@ class RedisRecords(FencedRecords):
         return results
 
     def _unclaim(self, keys: list[str], token: str, writes: list[Write]) -> None:
-        """Put back the records that ``writes`` replaced, where they are still what is
-        stored (on the master: a promoted replica has what they replaced anyway)."""
+        """Put back what ``writes`` replaced, where still stored (on the master)."""
         calls = [
             [token] + [a for w in chunk for a in (w.key, w.new, has(w.expected), w.expected or "")]
             for chunk in _chunks(writes)
