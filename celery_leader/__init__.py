@@ -12,11 +12,11 @@ import importlib
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
-from .config import LeaderConfig
 from .election.lease import Lease
 from .election.lease_set import leader_of
 from .exceptions import ConfigError, LeaderError, MissingExtra, NotLeader, StoreUnavailable
-from .singleton import LeaderLoop, Leadership, leader_loop
+from .run.leadership import LeaderLoop, Leadership, leader_loop
+from .settings.config import LeaderConfig
 
 if TYPE_CHECKING:
     from .celery.beat import LeaderScheduler, LeaderSchedulerMixin

@@ -3,7 +3,7 @@ commands without Celery.
 
 Settings come from ``CELERY_LEADER_*`` environment variables
 (:meth:`LeaderConfig.from_env`); the output and exit codes are those of
-``celery -A proj leader ...`` (both run :mod:`celery_leader.ops`). ``plan``
+``celery -A proj leader ...`` (both run :mod:`celery_leader.cli.commands`). ``plan``
 lists the slots of a Dramatiq app, with the settings of its ``LeaderMiddleware``;
 ``run`` runs a command on one replica only (:mod:`celery_leader.run`).
 """
@@ -19,11 +19,12 @@ from collections.abc import Sequence
 from datetime import timezone
 from typing import Any
 
-from . import ops, ops_entries
-from .config import LeaderConfig, env_name
+from .cli import commands as ops
+from .cli import entries as ops_entries
 from .exceptions import ConfigError, MissingExtra
 from .run.spec import RESTART
 from .schedule import plan as planning
+from .settings.config import LeaderConfig, env_name
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -44,11 +44,11 @@ from typing import Any
 from dramatiq.common import q_name
 from dramatiq.middleware import Middleware, MiddlewareError, SkipMessage
 
-from .. import body_epoch
-from ..config import validate_name
+from ..election import body_epoch
+from ..election.pins import role_of
 from ..exceptions import ConfigError
-from ..pins import role_of
-from ..process import after_fork_in_child
+from ..settings.config import validate_name
+from ..settings.process import after_fork_in_child
 from .cli_errors import one_line_errors
 from .scheduler import schedules_of
 
@@ -169,7 +169,7 @@ class LeaderOnly(Middleware):
 
     Fails closed: any error here skips the message, because Dramatiq runs the
     actor when a middleware raises anything but a ``MiddlewareError``. The
-    epoch the check read is the body's (:mod:`celery_leader.body_epoch`): the
+    epoch the check read is the body's (:mod:`celery_leader.election.body_epoch`): the
     lease may end before its first line (a resign).
     """
 

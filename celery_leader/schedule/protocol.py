@@ -24,9 +24,9 @@ from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timezone
 
 from ..backends import Fence, StoreFacets
-from ..config import LeaderConfig
 from ..election.events import Observer
 from ..election.lease import Lease
+from ..settings.config import LeaderConfig
 from .jobs import Adapter, Job
 from .policy import DueSlots, counted_after, due_slots, later
 from .publisher import Batch, Publisher

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._urls import scheme_of
+from ..backends.urls import scheme_of
 
 __all__ = ["BeatReplicas", "beat_replicas"]
 

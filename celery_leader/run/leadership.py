@@ -17,11 +17,11 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from .backends import HolderInfo
-from .config import LeaderConfig
-from .election.events import Callbacks
-from .election.lease import Lease
-from .election.lease_set import Membership, lease_set
+from ..backends import HolderInfo
+from ..election.events import Callbacks
+from ..election.lease import Lease
+from ..election.lease_set import Membership, lease_set
+from ..settings.config import LeaderConfig
 
 __all__ = ["LeaderLoop", "Leadership", "leader_loop"]
 

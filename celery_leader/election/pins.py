@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from .config import validate_name
+from ..settings.config import validate_name
 
 __all__ = ["Role", "as_follower", "as_leader", "on_reset", "reset", "role_of", "watch"]
 

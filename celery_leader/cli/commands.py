@@ -16,17 +16,17 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timezone, tzinfo
 from typing import Any
 
-from . import health
-from .backends import HolderInfo, LeaseLock, open_store
-from .clock import StoreClock
-from .config import LeaderConfig, validate_name
-from .election.lease_set import lease_set
-from .exceptions import ConfigError, MissingExtra, StoreUnavailable
-from .ledger.summary import EntryRuns, summarize
-from .run.runner import Runner
-from .run.spec import run_spec
-from .schedule import plan as planning
-from .schedule.jobs import Job
+from ..backends import HolderInfo, LeaseLock, open_store
+from ..clock import StoreClock
+from ..election.lease_set import lease_set
+from ..exceptions import ConfigError, MissingExtra, StoreUnavailable
+from ..ledger.summary import EntryRuns, summarize
+from ..probes import health
+from ..run.runner import Runner
+from ..run.spec import run_spec
+from ..schedule import plan as planning
+from ..schedule.jobs import Job
+from ..settings.config import LeaderConfig, validate_name
 
 #: Exit codes of ``status`` (documented in docs/cli.md): someone leads ...
 EXIT_LEADER = 0

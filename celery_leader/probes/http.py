@@ -1,7 +1,7 @@
 """``leader_health_port``: ``GET /healthz`` and ``GET /leader`` over HTTP, standard library only.
 
 ``/healthz`` judges the same record a health file holds, by the same rule as
-``leader check`` (:func:`celery_leader.health.judge`): 200 with the ``OK: ...``
+``leader check`` (:func:`celery_leader.probes.health.judge`): 200 with the ``OK: ...``
 line while healthy (a follower is healthy), 503 with the ``UNHEALTHY: ...`` line
 when the record went stale (the process stopped updating it) or the
 scheduler's tick is overdue. ``/leader`` answers JSON: the election, the last
@@ -21,8 +21,8 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from .backends import HolderInfo
-from .election.lease import Lease
+from ..backends import HolderInfo
+from ..election.lease import Lease
 from .health import HealthFile, judge
 
 

@@ -15,7 +15,7 @@ Three small pieces, usable by beat and by a worker's main process alike:
   finished tick and lease cycle (role, epoch, last tick, store reachable), and
   :func:`check`, which reads it for ``celery leader check`` and
   ``python -m celery_leader check``. Without a path it keeps the same record in
-  memory only, for the HTTP endpoint (:mod:`celery_leader.http_health`), which
+  memory only, for the HTTP endpoint (:mod:`celery_leader.probes.http`), which
   judges it by the same rule (:func:`judge`).
 
 A worker uses them like this, joining with ``on_cycle`` (the health file is
@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .election.lease import Lease
+from ..election.lease import Lease
 
 #: A tick rewrites the file at most this often unless something else changed
 #: (a follower ticks ten times a second). The deadline written is then up to

@@ -18,14 +18,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from .backends import FencedRecords, StoreFacets, open_store
-from .config import LeaderConfig
-from .exceptions import ConfigError, StoreUnavailable
-from .ledger.summary import RECENT_RUNS, recent_run, summarize
-from .schedule.book import EntryBook
-from .schedule.entries import CODE, Entry, EntryError, allowed, instant_now
-from .schedule.series import Series, utc
-from .schedule.state import parse_state, slot_name
+from ..backends import FencedRecords, StoreFacets, open_store
+from ..exceptions import ConfigError, StoreUnavailable
+from ..ledger.summary import RECENT_RUNS, recent_run, summarize
+from ..schedule.book import EntryBook
+from ..schedule.entries import CODE, Entry, EntryError, allowed, instant_now
+from ..schedule.series import Series, utc
+from ..schedule.state import parse_state, slot_name
+from ..settings.config import LeaderConfig
 
 Echo = Callable[[str], None]
 

@@ -8,9 +8,9 @@ rather than on the first renewal in a loop that logs it with a traceback.
 
 from __future__ import annotations
 
-from .backends import open_store
+from ..backends import open_store
+from ..exceptions import ConfigError
 from .config import LeaderConfig
-from .exceptions import ConfigError
 
 
 def check_store(config: LeaderConfig, url_setting: str = "leader_url") -> None:

@@ -3,7 +3,7 @@
 Beat serves them when ``leader_metrics_port`` is set; any other process (a
 worker's main process) can too::
 
-    from celery_leader import metrics
+    from celery_leader.probes import metrics
     metrics.serve(9808)      # idempotent; starts the HTTP endpoint once per process
     metrics.track(lease)     # gauges for this lease
 
@@ -26,9 +26,9 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from .election.events import Observer
-from .election.lease import Lease
-from .exceptions import missing_extra
+from ..election.events import Observer
+from ..election.lease import Lease
+from ..exceptions import missing_extra
 from .shared_counters import SharedCounters
 
 #: Counters that :func:`count` accepts, and their help text.
