@@ -361,8 +361,7 @@ class FileEntries(_Facet, EntryStore):
 
 
 class FileRuns(_Facet, RunStore):
-    """Run records per entry (``p.e.run.<entry>``, ``p.e.runsum.<entry>``) and the
-    ledger's marks (``p.e.runs``), written by any process in turns."""
+    """Run records (``p.e.run.<entry>``, ``p.e.runsum.<entry>``) and marks (``p.e.runs``)."""
 
     def put(self, election: str, write: RunWrite) -> tuple[bool, str | None]:
         key, expected, new, ttl = write.key, write.expected, write.new, write.ttl

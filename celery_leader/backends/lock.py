@@ -108,8 +108,7 @@ class LeaseLock(ABC):
 
     @abstractmethod
     def release(self, election: str, term: Term | None) -> None:
-        """Free ``election`` if ``term`` still holds it, and wake followers;
-        ``term=None``: leave it (drop this process's waiters, subscription, session)."""
+        """Free ``election`` if ``term`` still holds it; ``term=None``: leave the election."""
 
     def wait(
         self, election: str, timeout: float, cancel: threading.Event, term: Term | None = None
@@ -133,8 +132,7 @@ class LeaseLock(ABC):
 
     @abstractmethod
     def holders(self, elections: Sequence[str] | None = None) -> dict[str, HolderInfo | None]:
-        """The current holder of each of ``elections`` (``None``: nobody holds it);
-        ``elections=None``: every election under this key prefix the store knows."""
+        """The holder of each of ``elections`` (``None``: nobody); ``elections=None``: all known."""
 
     @abstractmethod
     def request_resign(self, election: str) -> HolderInfo | None:

@@ -50,8 +50,7 @@ def apply_writes(state: dict[str, str], writes: Sequence[Write]) -> list[bool]:
 
 
 def write_rounds(writes: Sequence[Write]) -> list[list[int]]:
-    """Write indexes in rounds: the n-th write of every key goes in round n (for
-    stores whose batch may name each key only once: PostgreSQL, etcd)."""
+    """Write indexes in rounds: the n-th write of every key goes in round n."""
     rounds: list[list[int]] = []
     seen: dict[str, int] = {}
     for i, w in enumerate(writes):

@@ -39,8 +39,7 @@ class RunWrite:
 
 @dataclass(frozen=True)
 class RunSummary:
-    """What a store keeps of one entry's run records: its greatest key kept, that
-    record (``None``: expired) and how many kept records carry each tally."""
+    """One entry's greatest key kept, its record (``None``: expired) and tally counts."""
 
     entry: str
     last_key: str

@@ -248,8 +248,7 @@ class SessionStore(ABC, Generic[S]):
 
 
 class SessionLock(LeaseLock, Generic[S]):
-    """The lease-lock facet of a SQL store (see the module); a store supplies
-    its statements, :meth:`_renew_in`, :meth:`_holder` and the abstract rest."""
+    """The lease-lock facet of a SQL store; a store supplies its statements."""
 
     #: Both stores' clocks in the acquire and renew answers: microseconds.
     clock_resolution = 1e-6

@@ -67,8 +67,7 @@ def sql_store(
 
 
 class SqlEntries(EntryStore, Generic[S]):
-    """The entries facet of a SQL store: the version and the pages of every
-    entry read alike; a store adds :meth:`changes_since` and :meth:`_apply`."""
+    """The entries facet of a SQL store; a store adds :meth:`changes_since` and :meth:`_apply`."""
 
     # A store's single-entry compare-and-sets, chosen by :meth:`edit`.
     _CREATE: str

@@ -82,8 +82,7 @@ class PostgresLock(SessionLock[Session]):
 
 
 class PostgresRecords(FencedRecords):
-    """The fenced records, claimed on the lock-holding session; commits wait
-    for the synchronous standbys that ``replica_acks`` asks for."""
+    """The fenced records, claimed on the lock-holding session."""
 
     def __init__(self, db: Connector, replica_acks: int | None) -> None:
         self._db = db

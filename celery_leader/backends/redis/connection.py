@@ -135,8 +135,7 @@ class Connection:
         return RedisCluster.from_url(url, **self._options)
 
     def call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        """``fn(client, ...)``; every redis-py error becomes StoreUnavailable in one line.
-        In Cluster, tried again on a refreshed slot map (:func:`_rerouted`)."""
+        """``fn(client, ...)``, errors as StoreUnavailable; Cluster retries: :func:`_rerouted`."""
         deadline = time.monotonic() + self.timeout
         while True:
             try:

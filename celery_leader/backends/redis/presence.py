@@ -46,8 +46,7 @@ _FALLBACKS_LOCK = threading.Lock()
 
 
 class Subscription:
-    """One store's pub/sub connection for one election: the release channel, and the
-    presence channel when ``presence`` is set."""
+    """One store's pub/sub connection for one election (release and presence channels)."""
 
     def __init__(self, pubsub: Any, presence: str | None) -> None:
         self._pubsub = pubsub
