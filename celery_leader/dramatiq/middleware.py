@@ -1,23 +1,8 @@
 """``LeaderMiddleware``: its settings, and the parts it passes Dramatiq's hooks to.
 
-Every Dramatiq process that builds the broker gets its own middleware instance,
-whose parts each carry one concern: the actors' rules and messages
-(:mod:`.actors`), a worker process's elections (:class:`Campaign`), whether it
-reaches the broker (:class:`BrokerReach`) and, with ``leader_ledger``, the run
-ledger (:mod:`.ledger`).
-
-Only worker processes that consume a leader-only actor's queue campaign, each
-with its own lease (instance id ``host:pid``); the scheduler campaigns in its
-own election. :func:`is_leader` never joins: in any other process (a web
-server) it answers "not leading".
 Leases are released at the first SIGTERM or SIGHUP, in ``before_worker_shutdown``
-and, because ``atexit`` does not run in Dramatiq's worker processes, by a
-``multiprocessing.util.Finalize`` too: a second SIGTERM (Dramatiq's main process
-relays the one systemd sends to the whole group) skips the shutdown hooks but
-not the finalizers.
-With ``leader_health_port`` set, the first worker process that campaigns serves
-it and the others skip it (:class:`ElectionProbe`); with ``scheduler=True`` the
-scheduler's fork process serves it instead: its tick is what a probe must watch.
+and by a ``multiprocessing.util.Finalize``: ``atexit`` does not run in Dramatiq's
+worker processes, and a second SIGTERM skips the shutdown hooks but not finalizers.
 """
 
 from __future__ import annotations
@@ -78,10 +63,8 @@ def _to_parts(hook: str) -> Callable[..., None]:
 class LeaderMiddleware(Middleware):
     """Leader election for Dramatiq: ``leader_schedule``, ``leader_only``, ``leader_on_follower``.
 
-    Arguments not given are read from ``CELERY_LEADER_*`` (Django settings
-    under django_dramatiq, else the environment). ``scheduler=True`` runs the
-    scheduler in a fork process of ``dramatiq``; without it, run
-    ``python -m celery_leader.dramatiq MODULE`` beside the workers.
+    Arguments not given are read from ``CELERY_LEADER_*``. ``scheduler=True`` runs the
+    scheduler in a fork process of ``dramatiq``.
     """
 
     @one_line_errors
@@ -178,13 +161,9 @@ class Campaign(Middleware):
         self._campaigns: set[str] = set()  # elections this worker process consumes work of
 
     def after_process_boot(self, broker: Any) -> None:
-        """Release at the first SIGTERM or SIGHUP.
-
-        The release runs before Dramatiq's own handler, because Dramatiq's worker
-        process only notices a SIGTERM at its next one-second poll; and when the
-        signal reaches the whole group, Dramatiq's relayed copy often merges with
-        it, so no second signal hurries it along.
-        """
+        """Release at the first SIGTERM or SIGHUP, before Dramatiq's handler: its worker
+        process notices a SIGTERM only at its next one-second poll, and a relayed copy of a
+        group-wide signal often merges with it."""
         if threading.current_thread() is not threading.main_thread():
             return
         for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -230,11 +209,8 @@ class Campaign(Middleware):
         return None if self.closed or membership is None else membership.lease.epoch
 
     def lease(self, election: str | None = None) -> Lease:
-        """This process's lease of ``election`` (default: the worker election).
-
-        Only for an election this worker process campaigns in (see
-        :meth:`campaigns`); the lease starts on first use.
-        """
+        """This process's lease of ``election`` (default: the worker election), started on
+        first use; only for an election this process campaigns in."""
         election = election or self._rules.worker_election
         with self._lock:
             if self.closed:
@@ -270,11 +246,7 @@ class Campaign(Middleware):
             return (election or self._rules.worker_election) in self._campaigns
 
     def stop(self) -> None:
-        """Leave every election of this process (demote, release, wake a follower).
-
-        Callers racing it (a signal's release thread, the shutdown hook, the
-        finalizer at exit) wait until the first one has released.
-        """
+        """Leave every election of this process; racing callers wait for the first release."""
         with self._stop_lock:
             with self._lock:
                 self.closed = True
@@ -292,11 +264,8 @@ class Campaign(Middleware):
 class BrokerReach(Middleware):
     """Whether this process reaches the broker: one cut off from it must not lead.
 
-    The consumer of each leader-only queue's delay queue runs on every
-    process, leader or not, and Dramatiq's consumer loop calls its
-    ``handle_delayed_messages`` after every message and every idle poll (at
-    most ``worker_timeout`` apart). A consumer whose connection failed sits in
-    Dramatiq's restart delay instead, retrying, and so falls silent.
+    Dramatiq calls a delay queue consumer's ``handle_delayed_messages`` after every message
+    and idle poll; one whose connection failed sits in the restart delay, silent.
     """
 
     def __init__(self, rules: ActorRules) -> None:
@@ -333,11 +302,8 @@ class BrokerReach(Middleware):
 
     def problem(self, election: str) -> str | None:
         """Why this process must not lead ``election``: its consumers cannot reach the broker."""
-        for consumer in list(self._liveness.get(election, [])):
-            problem = consumer.problem()
-            if problem is not None:
-                return problem
-        return None
+        consumers = list(self._liveness.get(election, []))
+        return next(filter(None, (consumer.problem() for consumer in consumers)), None)
 
 
 # Ports another process of this node serves: said once per port, not per
@@ -346,16 +312,10 @@ _taken: set[int] = set()
 
 
 class ElectionProbe:
-    """One election's record for ``leader_health_port``: made before its lease starts,
-    offered to the port once the lease exists (:meth:`offer`).
+    """One election's record for ``leader_health_port``, offered once its lease exists.
 
-    ``dramatiq`` forks several worker processes per node; sharing one port
-    (``SO_REUSEPORT``) would answer each probe from whichever process the
-    kernel picks. So the first worker process that campaigns serves its
-    elections, the others find the port taken and serve nothing: its
-    ``/healthz`` fails when its lease stops cycling (the others run the same
-    code on the same store), and ``/leader`` names the holder every process of
-    the node sees. When it dies, ``dramatiq`` stops the node, and the port.
+    Worker processes do not share the port (``SO_REUSEPORT`` would answer each probe
+    from whichever the kernel picks): the first that campaigns serves it, the others skip.
     """
 
     def __init__(self, port: int) -> None:
@@ -373,11 +333,8 @@ class ElectionProbe:
             self._health.write(force=False)
 
     def offer(self, lease: Lease) -> None:
-        """Serve ``lease``'s record on the port unless another process of this node does.
-
-        Raises :class:`~celery_leader.exceptions.ConfigError` when the port
-        cannot be bound for any other reason (a privileged port, no such address).
-        """
+        """Serve ``lease``'s record on the port unless another process of this node does;
+        :class:`~celery_leader.exceptions.ConfigError` when it cannot bind for another reason."""
         self._health = HealthFile(None, lease)
         if self.port in _taken:
             return
@@ -405,11 +362,7 @@ class ElectionProbe:
 def is_leader(election: str | None = None) -> bool:
     """Whether this process leads ``election`` now (default: the worker election).
 
-    It never joins an election and never talks to the store: it answers from a
-    lease this process already takes part in (a worker process's, for the
-    actors it consumes, or the scheduler's in its process), otherwise
-    ``False``. A test's pin (:mod:`celery_leader.pins`) answers first. To ask
-    who leads from any process: :func:`celery_leader.leader_of`.
+    Never joins nor talks to the store: a test's pin answers, else a lease this process holds.
     """
     election = election or _middleware().config.worker_election
     pin = role_of(election)
@@ -422,10 +375,7 @@ def is_leader(election: str | None = None) -> bool:
 def current_epoch(election: str | None = None) -> int | None:
     """The fencing token of this process's current term of ``election``, else ``None``.
 
-    Answered like :func:`is_leader`: never joins, ``None`` without a lease of this process.
-    In a ``leader_only`` actor of ``election``, the epoch its message was let
-    through with, for the whole body, even once the lease has ended
-    (:func:`is_leader` tells that).
+    In a ``leader_only`` actor, the epoch its message was let through with, for the whole body.
     """
     election = election or _middleware().config.worker_election
     passed = body_epoch.of(election)
