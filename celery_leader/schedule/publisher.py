@@ -1,13 +1,9 @@
 """Claim a batch of due slots, publish what was claimed, account for what failed.
 
-* One fenced claim round trip covers every due entry of a tick. Only a claimed
-  slot is published, so a paused or cut-off ex-leader publishes nothing.
-* A publish that failed before anything reached the broker is *handed back*:
-  a fenced compare-and-set of the entry's state back to the last slot sent, so
-  the next leader (or this one at its next tick) sends it. A publish whose
-  outcome is unknown stays claimed: it is never sent twice.
-* After ``leader_max_publish_failures`` failed publishes in a row the leader
-  resigns for one ttl, so that a replica that reaches the broker takes over.
+Only a claimed slot is published, so a cut-off ex-leader publishes nothing. A
+publish that failed before reaching the broker is *handed back* (the state set back
+to the last slot sent, so a leader sends it); one of unknown outcome stays claimed,
+never sent twice. After ``leader_max_publish_failures`` in a row the leader resigns.
 """
 
 from __future__ import annotations
@@ -68,10 +64,8 @@ class Publisher:
         self._refused: set[str] = set()  # entries whose refused slot was logged
 
     def run(self, batches: list[Batch], fence: Fence, states: dict[str, EntryState]) -> bool:
-        """Claim and publish ``batches``; returns False when the local state went stale.
-
-        ``states`` is updated with what the store now records.
-        """
+        """Claim and publish ``batches``, updating ``states`` with what the store now records;
+        False when the local state went stale."""
         lease = self.lease
         try:
             with lease.observe("claim"):
@@ -105,11 +99,8 @@ class Publisher:
         return in_sync
 
     def _dropped(self, batch: Batch) -> None:
-        """Report the missed slots a won claim recorded as not sent.
-
-        Only after the claim: a claim that is lost records nothing, and the leader
-        that next wins one drops (and reports) the same slots again.
-        """
+        """Report the missed slots a won claim recorded as not sent (a lost claim records
+        nothing: the next leader drops and reports them)."""
         job = batch.job
         self.logger.info(
             "celery-leader: not sending %d missed slot(s) of %r, the last due %s "
@@ -138,11 +129,8 @@ class Publisher:
         )
 
     def _send_all(self, batches: list[Batch], epoch: int) -> tuple[str, Outcome] | None:
-        """Publish every claimed slot; stop at the first failure: ``(slot, outcome)``.
-
-        The adapter may buffer publishes; they are flushed every :data:`PIPELINE`
-        slots, before a failure is dealt with and at the end.
-        """
+        """Publish every claimed slot (flushed every :data:`PIPELINE` slots, before a failure
+        is dealt with and at the end); stop at the first failure: ``(slot, outcome)``."""
         pending: list[tuple[Batch, str, datetime]] = []  # buffered, not yet flushed
         for batch in batches:
             for slot, due in zip(batch.slots, batch.dues, strict=True):
@@ -168,12 +156,9 @@ class Publisher:
     def _flush(
         self, pending: list[tuple[Batch, str, datetime]], keep: Batch | None = None
     ) -> tuple[str, Outcome] | None:
-        """Deliver the buffered ``pending`` slots (emptied); the failure, if any.
-
-        Slots definitely not delivered leave their batches' ``sent`` (they are
-        the tail of it) and are handed back, except those of ``keep``, whose
-        later slot stays claimed: a batch hands back only the end of its slots.
-        """
+        """Deliver the buffered ``pending`` slots (emptied); the failure, if any. Slots
+        definitely not delivered leave their batches' ``sent`` and are handed back, except
+        those of ``keep``, whose later slot stays claimed."""
         if not pending:
             return None
         outcome = self.adapter.flush()
@@ -200,9 +185,7 @@ class Publisher:
         states: dict[str, EntryState],
     ) -> bool:
         """Hand back what was claimed and not sent; resign after too many failures in a row.
-
-        Returns False when the local state no longer matches the store.
-        """
+        False when the local state no longer matches the store."""
         lease = self.lease
         slot, outcome = failure
         self.failures += 1
@@ -246,12 +229,9 @@ class Publisher:
         return in_sync
 
     def _hand_back(self, batches: list[Batch], fence: Fence, states: dict[str, EntryState]) -> bool:
-        """Undo the claims of slots that were not sent, in one fenced compare-and-set.
-
-        The stored state goes back to the last slot sent (or to what it was
-        before the claim), so that the next leader, or this one at its next
-        tick, sends the rest. Returns False when that failed.
-        """
+        """Undo the claims of unsent slots in one fenced compare-and-set: the stored state goes
+        back to the last slot sent, so the next leader (or this one) sends the rest. False when
+        that failed."""
         lease = self.lease
         backs: list[tuple[Batch, list[str], EntryState, Claim]] = []
         for batch in batches:
