@@ -149,6 +149,7 @@ class Resender:
         return self._workers_deduplicate()
 
     def _resend(self, job: Job, slot: str, due: datetime, epoch: int, why: str) -> None:
+        try:
             won = self._mark_sent(slot)
         except StoreUnavailable as exc:
             self.logger.warning("celery-leader: slot %s not re-sent: %s", slot, exc)
