@@ -122,12 +122,8 @@ class Elector:
             self._tell("on_store_call", operation, self.clock.monotonic() - started, error)
 
     def step_down(self, reason: str, *, kind: str = "stepped_down", sit_out: float = 0.0) -> None:
-        """Stop believing at once; release the term and sit out ``sit_out`` seconds.
-
-        For the process that uses the lease (beat resigns after failed publishes)
-        and for listeners. The release happens in the thread, within one renew
-        interval; nothing is dispatched meanwhile, because the belief ends here.
-        """
+        """Stop believing at once; release the term and sit out ``sit_out`` seconds. The
+        release happens in the thread, within one renew interval; the belief ends here."""
         with self._lock:
             if self._state is State.LEADING:
                 self._step_down_request = (reason, kind, sit_out)
@@ -141,12 +137,8 @@ class Elector:
             self._thread.start()
 
     def stop(self, timeout: float | None = None) -> None:
-        """Leave the election: demote first, then release, then wake followers.
-
-        ``is_leader()`` turns false before anything else happens; releasing the
-        term wakes a follower, which takes over without waiting for the ttl.
-        Idempotent.
-        """
+        """Leave the election: demote first, then release (waking a follower, which takes
+        over without waiting for the ttl). Idempotent."""
         self._stopping.set()
         with self._lock:  # after this, the thread cannot extend the belief again
             self._valid_until = 0.0

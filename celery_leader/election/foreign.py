@@ -11,12 +11,9 @@ logger = logging.getLogger(__name__)
 
 
 class ForeignWatch(Events):
-    """Says so, once per term, when the holder belongs to another deployment.
-
-    Two deployments (brokers, vhosts) whose processes share a store and key
-    prefix share every election: one of them leads nothing, and nothing else
-    would tell. Holders that store no deployment (older versions) are not judged.
-    """
+    """Says so, once per term, when the holder belongs to another deployment: deployments
+    sharing a store and key prefix share every election, and one of them leads nothing.
+    Holders that store no deployment (older versions) are not judged."""
 
     def __init__(self, url: str) -> None:
         self._url = url  # masked

@@ -23,11 +23,8 @@ logger = logging.getLogger(__name__)
 class Lease(Elector):
     """Membership of one instance in one election.
 
-    ``callbacks``, ``observers``, ``health_check`` and ``on_cycle`` are its first
-    member (:class:`~.members.Member`; a lease set's joins add more). ``clock``
-    is the time it runs on (the system's unless a test gives another). Answers
-    of a store with a clock of its own are samples of :attr:`store_clock`; a
-    local clock more than ``max_clock_skew`` off it is logged, and with
+    ``callbacks``, ``observers``, ``health_check`` and ``on_cycle`` are its first member.
+    A local clock more than ``max_clock_skew`` off :attr:`store_clock` is logged; with
     ``clock_source="local"`` the lease gives up its terms until it is back.
     """
 

@@ -11,13 +11,9 @@ logger = logging.getLogger(__name__)
 
 
 class SkewWatch(Events):
-    """Samples the store's clock from every answered acquire and renewal.
-
-    A jump of the store's clock (a fail-over to a server whose clock differs) is
-    logged, and so is this host's wall clock crossing ``max_skew`` seconds off
-    it, once per crossing. With ``source="local"`` (schedules run on this host's
-    clock) the lease gives up any term it wins or renews while it is that far off.
-    """
+    """Samples the store's clock from every answered acquire and renewal; logs a jump of it,
+    and this host's clock crossing ``max_skew`` off it (once per crossing). With
+    ``source="local"`` the lease gives up any term it wins or renews while that far off."""
 
     def __init__(
         self,
