@@ -1,14 +1,9 @@
 """A worker's side of the run ledger: record a slot started, keep it alive, record its end.
 
-Before a beat-sent message runs, :meth:`RunGuard.begin` creates the slot's
-record with a set-if-absent write: one store round trip. The first delivery
-wins it and runs; any later delivery finds the record and is not run. While
-the body runs, one thread per process renews the liveness of every running
-slot (``alive_until``, one ttl ahead, every renew interval), so a record whose
-liveness has passed belongs to a worker that died mid-run: by
-``leader_on_redelivery`` a later delivery runs it again (``rerun``) or records
-it skipped (``skip``). :meth:`RunGuard.finish` records the outcome: one more
-round trip.
+The first delivery wins the set-if-absent of the slot's record and runs; later ones do
+not. One thread per process renews the liveness of every running slot, so a record
+whose liveness has passed belongs to a dead worker: ``leader_on_redelivery`` says
+whether a later delivery reruns it or records it skipped.
 """
 
 from __future__ import annotations
@@ -67,13 +62,10 @@ class RunGuard:
     ) -> Decision:
         """Record ``slot`` started here, unless a delivery of it started or ended already.
 
-        ``retry``: this delivery is a retry the task asked for (its earlier
-        attempt stopped with a retry), so a started record is taken over.
-        ``overlap``: ``"skip"`` or ``"wait"`` (up to ``overlap_wait`` seconds)
-        while another slot of the same entry runs (:mod:`.overlap`); a slot
-        skipped for it is recorded finished, ``skipped``.
-        Raises :class:`StoreUnavailable` when the store cannot say: the caller
-        then runs the body (a lost store must not lose the slot).
+        ``retry``: a retry the task asked for, which takes a started record over.
+        ``overlap``: ``"skip"`` or ``"wait"`` while another slot of the entry runs (a slot
+        skipped for it is recorded ``skipped``). Raises :class:`StoreUnavailable` when the
+        store cannot say: the caller then runs the body (a lost store must not lose the slot).
         """
         decision = self._decide(slot, retry, overlap, overlap_wait)
         if decision.run and self.crons is not None:

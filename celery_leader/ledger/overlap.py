@@ -1,12 +1,9 @@
 """The overlap guard: one running slot per schedule entry, across every worker.
 
-An entry with ``overlap`` = ``"skip"`` or ``"wait"`` keeps a mark in the run
-ledger, ``@entry/<name>``: the slot running now, its worker and liveness. A
-slot takes the mark with a compare-and-set when it is free: never taken, its
-slot finished, or its liveness lapsed (the worker died mid-run, so a dead
-worker's run stops blocking one ttl after its last renewal). Otherwise
-``skip`` gives up at once and ``wait`` looks again every renew interval, up
-to ``leader_overlap_wait`` seconds.
+The entry's mark ``@entry/<name>`` names the slot running now; a slot takes it with a
+compare-and-set when it is free (never taken, its slot finished, or its liveness
+lapsed: a dead worker blocks one ttl at most). ``skip`` gives up at once, ``wait``
+looks again every renew interval up to ``leader_overlap_wait``.
 """
 
 from __future__ import annotations

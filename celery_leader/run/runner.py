@@ -1,14 +1,8 @@
 """``leader run``: campaign, and run a command only while leading.
 
-The runner joins an election through this process's lease set and, while it
-leads, keeps one guard (:mod:`celery_leader.run.guard`) alive, which runs the
-command with ``LEADER_EPOCH`` and ``LEADER_ELECTION`` set. The runner sends the
-guard every new lease deadline; the guard stops the command's process group on
-its own when that deadline comes close (:mod:`celery_leader.run.timing`), and
-at once when the runner dies.
-
-A demotion stops the command inside the lease's demotion callback, before the
-lease releases its term, so the term is free only after the command is gone.
+While leading, one guard (:mod:`celery_leader.run.guard`) runs the command and is sent
+every new lease deadline. A demotion stops the command inside the demotion callback,
+before the lease releases its term, so the term is free only after the command is gone.
 """
 
 from __future__ import annotations
@@ -140,10 +134,8 @@ class Runner:
         self._rest_until = 0.0
 
     def run(self) -> int:
-        """Until a stop signal or the command's final exit; return the exit status.
-
-        Raises :class:`ConfigError` before campaigning when the health port is taken.
-        """
+        """Until a stop signal or the command's final exit; the exit status. Raises
+        :class:`ConfigError` before campaigning when the health port is taken."""
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._on_signal)
         seen = http_health.LeaderSeen()
