@@ -165,18 +165,11 @@ class LeaderOnly(Middleware):
                     body_epoch.only(rule.election, epoch)
                     return
             except Exception:
-                logger.exception(
-                    "celery-leader: leadership check of %r failed; not running %s",
-                    rule.election,
-                    message.actor_name,
-                )
+                msg = "celery-leader: leadership check of %r failed; not running %s"
+                logger.exception(msg, rule.election, message.actor_name)
             if not self._gates.hold(message):
-                logger.info(
-                    "celery-leader: skipping %s (%s): this process does not lead %r",
-                    message.actor_name,
-                    message.message_id,
-                    rule.election,
-                )
+                msg = "celery-leader: skipping %s (%s): this process does not lead %r"
+                logger.info(msg, message.actor_name, message.message_id, rule.election)
         except MiddlewareError:
             raise
         except BaseException:
@@ -280,11 +273,8 @@ class Gate:
                 self._stopping = False
                 self.thread.resume()
         if resumed:
-            logger.info(
-                "celery-leader: consuming queue %r (leader of %r)",
-                self.thread.queue_name,
-                self.election,
-            )
+            msg = "celery-leader: consuming queue %r (leader of %r)"
+            logger.info(msg, self.thread.queue_name, self.election)
         self._settle()
 
     def shut_down(self) -> None:
@@ -313,8 +303,6 @@ class Gate:
             self._dirty = True
         # Redis takes it back now; RabbitMQ's requeue does nothing, its close does.
         self.thread.requeue_messages([message])
-
-    # -- the consumer thread's methods --------------------------------------
 
     def _leads(self) -> bool:
         try:

@@ -344,19 +344,14 @@ class ElectionProbe:
             if exc.errno != errno.EADDRINUSE:
                 raise ConfigError(f"leader_health_port {self.port}: cannot listen: {exc}") from None
             _taken.add(self.port)
-            logger.debug(
+            msg = (
                 "celery-leader: leader_health_port %d is taken (another worker process of "
-                "this node serves it); process %d does not serve it",
-                self.port,
-                os.getpid(),
+                "this node serves it); process %d does not serve it"
             )
+            logger.debug(msg, self.port, os.getpid())
             return
-        logger.info(
-            "celery-leader: process %d serves leader_health_port %d for %r",
-            os.getpid(),
-            self.port,
-            lease.election,
-        )
+        msg = "celery-leader: process %d serves leader_health_port %d for %r"
+        logger.info(msg, os.getpid(), self.port, lease.election)
 
 
 def is_leader(election: str | None = None) -> bool:

@@ -147,8 +147,6 @@ class Elector:
         self._step_down("stopping", graceful=True)
         self.store_lock.release(self.election, None)
 
-    # -- the thread ---------------------------------------------------------
-
     def _run(self) -> None:
         while not self._stopping.is_set():
             try:
@@ -345,12 +343,8 @@ class Elector:
                 with self.observe("release"):
                     self.store_lock.release(self.election, term)
             except StoreUnavailable as exc:
-                logger.warning(
-                    "celery-leader: could not release %r (%s); it expires within %g s",
-                    self.election,
-                    exc,
-                    self.ttl,
-                )
+                msg = "celery-leader: could not release %r (%s); it expires within %g s"
+                logger.warning(msg, self.election, exc, self.ttl)
         with self._lock:
             # stop() may step down while the thread wins a term: the thread keeps
             # that one and, seeing _stopping, hands it straight back.

@@ -122,11 +122,9 @@ class StoreOutage(Events):
             self.error = None
         elif isinstance(error, StoreUnavailable):
             if str(error) != self.error:
-                logger.warning(
+                msg = (
                     "celery-leader: store %s unreachable or refusing for %r: %s "
-                    "(retrying; nobody can lead through it until it answers)",
-                    self._url,
-                    lease.election,
-                    error,
+                    "(retrying; nobody can lead through it until it answers)"
                 )
+                logger.warning(msg, self._url, lease.election, error)
             self.error = str(error)

@@ -62,14 +62,11 @@ class SkewWatch(Events):
                 if self._source == "store"
                 else 'schedules on this host\'s clock (leader_clock "local")'
             )
-            logger.warning(
+            msg = (
                 "celery-leader: the clock of store %s jumped %+.1f s (a fail-over to a server "
-                "whose clock differs?): %r %s",
-                self._url,
-                clock.last_jump,
-                lease.election,
-                follows,
+                "whose clock differs?): %r %s"
             )
+            logger.warning(msg, self._url, clock.last_jump, lease.election, follows)
         offset, error = clock.offset, clock.error
         if self._max_skew is None or offset is None or error is None:
             return
@@ -93,8 +90,5 @@ class SkewWatch(Events):
                 ),
             )
         else:
-            logger.info(
-                "celery-leader: this host's clock is back within %g s of the store's (%+.1f s)",
-                self._max_skew,
-                -offset,
-            )
+            msg = "celery-leader: this host's clock is back within %g s of the store's (%+.1f s)"
+            logger.info(msg, self._max_skew, -offset)

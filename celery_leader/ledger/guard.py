@@ -55,8 +55,6 @@ class RunGuard:
         #: Sentry Crons check-ins of the slots that run here (``leader_sentry_crons``).
         self.crons: SentryCrons | None = None
 
-    # -- around a body --------------------------------------------------------
-
     def begin(
         self, slot: str, retry: bool = False, overlap: str = "allow", overlap_wait: float = 0.0
     ) -> Decision:
@@ -131,12 +129,8 @@ class RunGuard:
             if self.on_redelivery == "rerun":
                 won, stored = self._put(slot, stored, mine)
                 if won:
-                    logger.info(
-                        "celery-leader: slot %s runs again (attempt %d): %s died running it",
-                        slot,
-                        mine.attempt,
-                        record.worker,
-                    )
+                    msg = "celery-leader: slot %s runs again (attempt %d): %s died running it"
+                    logger.info(msg, slot, mine.attempt, record.worker)
                     return replace(self._running_now(slot, mine), counter="ledger_reruns")
                 continue
             skipped = record.ended(now, SKIPPED, f"{record.worker} died mid-run")
@@ -166,20 +160,16 @@ class RunGuard:
                 logger.warning("celery-leader: slot %s: its end was not recorded: %s", slot, exc)
                 return
         if not won:
-            logger.warning(
+            msg = (
                 "celery-leader: slot %s ended here (%s), but its record had changed (its "
-                "liveness lapsed and another delivery took it over): %s",
-                slot,
-                outcome,
-                now,
+                "liveness lapsed and another delivery took it over): %s"
             )
+            logger.warning(msg, slot, outcome, now)
 
     def release(self, slot: str) -> None:
         """Stop renewing ``slot`` and leave its record started (a retry takes it over)."""
         self.marks.release(slot)
         self._stop(slot)
-
-    # -- the records ----------------------------------------------------------
 
     def _running_now(self, slot: str, record: RunRecord) -> Decision:
         with self._lock:
@@ -204,8 +194,6 @@ class RunGuard:
 
     def _put(self, slot: str, expected: str | None, record: RunRecord) -> tuple[bool, str | None]:
         return self.target.put(slot, expected, record.dump(), record.tally)
-
-    # -- liveness -------------------------------------------------------------
 
     def _start_renewer(self) -> None:
         # A forked pool child inherits the object but not the thread.

@@ -51,16 +51,8 @@ class _Child:
     def __init__(self, spec: RunSpec, epoch: int, deadline: float, on_exit: threading.Event):
         ours, theirs = socket.socketpair()
         env = {**os.environ, "LEADER_EPOCH": str(epoch), "LEADER_ELECTION": spec.election}
-        argv = [
-            sys.executable,
-            str(Path(guard_module.__file__)),
-            str(theirs.fileno()),
-            repr(deadline),
-            repr(spec.grace),
-            repr(KILL_SLACK),
-            "--",
-            *spec.command,
-        ]
+        guard = [sys.executable, str(Path(guard_module.__file__)), str(theirs.fileno())]
+        argv = [*guard, repr(deadline), repr(spec.grace), repr(KILL_SLACK), "--", *spec.command]
         try:
             # A session of its own: signals meant for the runner's group (a
             # terminal's Ctrl-C, a SIGSTOP of the group) do not reach the guard.
@@ -195,25 +187,16 @@ class Runner:
                 self._child = None
                 child.close()
             if child.fenced:
-                logger.warning(
-                    "celery-leader run: stopped %s: no renewal of %r confirmed in time",
-                    shlex.join(self.spec.command),
-                    self.spec.election,
-                )
+                msg = "celery-leader run: stopped %s: no renewal of %r confirmed in time"
+                logger.warning(msg, shlex.join(self.spec.command), self.spec.election)
                 continue  # the lease decides whether it still leads
             if self._restarts(code):
-                logger.warning(
-                    "celery-leader run: the command exited with %d; restarting in %g s",
-                    code,
-                    RESTART_DELAY,
-                )
+                msg = "celery-leader run: the command exited with %d; restarting in %g s"
+                logger.warning(msg, code, RESTART_DELAY)
                 self._rest_until = time.monotonic() + RESTART_DELAY
                 continue
-            logger.info(
-                "celery-leader run: the command exited with %d; leaving %r",
-                code,
-                self.spec.election,
-            )
+            msg = "celery-leader run: the command exited with %d; leaving %r"
+            logger.info(msg, code, self.spec.election)
             return code
         return 0
 

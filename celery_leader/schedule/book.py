@@ -42,8 +42,6 @@ class EntryBook:
         self.code = frozenset(code)
         self._now = now
 
-    # -- reads --------------------------------------------------------------
-
     def list(self) -> list[Entry]:
         """Every record, by name: store entries and the kept pauses of code entries."""
         _, records = self.store.load(self.election)
@@ -54,8 +52,6 @@ class EntryBook:
         _, records = self.store.load(self.election)
         text = records.get(name)
         return None if text is None else Entry.from_json(text)
-
-    # -- edits --------------------------------------------------------------
 
     def add(self, replace: bool = False, **fields: Any) -> Entry:
         """Add a store entry; refused when the name is a code entry's, or exists and not
@@ -112,8 +108,6 @@ class EntryBook:
     def resume(self, name: str) -> Entry:
         """Send ``name`` again, from now: nothing for the time it was paused."""
         return self._set_enabled(name, True)
-
-    # -- helpers --------------------------------------------------------------
 
     def _set_enabled(self, name: str, enabled: bool) -> Entry:
         if name in self.code:

@@ -66,8 +66,6 @@ class Entry:
     #: Since when it has been enabled with its current schedule (aware UTC).
     active_since: datetime | None = None
 
-    # -- what it says -------------------------------------------------------
-
     @property
     def schedule_text(self) -> str:
         """The schedule in the CLI's words: ``every 30s``, ``cron "0 * * * *" UTC``, ``at ...``."""
@@ -93,8 +91,6 @@ class Entry:
         if self.start_at is None and self.end_at is None:
             return base
         return Bounded(base, self.start_at, self.end_at)
-
-    # -- JSON ---------------------------------------------------------------
 
     def to_json(self) -> str:
         """The stored form: JSON, keys sorted, instants in ISO 8601 UTC."""
@@ -309,9 +305,6 @@ def _zone(tz: str, name: str = "") -> ZoneInfo:
         raise EntryError(
             f"{where}unknown time zone {tz!r} (an IANA name, like Europe/Paris)"
         ) from None
-
-
-# -- series ------------------------------------------------------------------
 
 
 class Once(Series):

@@ -155,13 +155,11 @@ class Dispatcher:
             # said once per term. Looked at again in a second, not in a busy loop.
             if job.name not in self.held.stuck:
                 self.held.stuck.add(job.name)
-                self.logger.warning(
+                msg = (
                     "celery-leader: entry %r is due at %s, which is not after its last slot "
-                    "(%s): not sent again; the entry waits for its next slot",
-                    job.name,
-                    due.isoformat(),
-                    state.last_run_at.isoformat(),
+                    "(%s): not sent again; the entry waits for its next slot"
                 )
+                self.logger.warning(msg, job.name, due.isoformat(), state.last_run_at.isoformat())
             return None, min(1.0, self.max_sleep)
         # A slot due before the job became active is recorded, never sent.
         since = later(job.active_since, state.active_since)
@@ -248,8 +246,6 @@ class SlotProtocol:
     def close(self) -> None:
         """Hand over first (demote, release, wake a follower), then close the store."""
         self.runtime.close()
-
-    # -- term transitions ---------------------------------------------------
 
     def _tick(self) -> float:
         lease = self.lease

@@ -120,13 +120,11 @@ class Publisher:
         if name in self._refused:
             return
         self._refused.add(name)
-        self.logger.error(
+        msg = (
             "celery-leader: refused slot(s) %s of %r: not after its last slot (%s); the "
-            "schedule's due times went backwards, and nothing is sent twice",
-            ", ".join(batch.slots),
-            name,
-            batch.before.last_run_at.isoformat(),
+            "schedule's due times went backwards, and nothing is sent twice"
         )
+        self.logger.error(msg, ", ".join(batch.slots), name, batch.before.last_run_at.isoformat())
 
     def _send_all(self, batches: list[Batch], epoch: int) -> tuple[str, Outcome] | None:
         """Publish every claimed slot (flushed every :data:`PIPELINE` slots, before a failure
@@ -191,35 +189,27 @@ class Publisher:
         self.failures += 1
         metrics.count("publish_failures", lease.election)
         if outcome.definitely_unsent:
-            self.logger.warning(
-                "celery-leader: could not send slot %s: nothing reached the broker (%s)",
-                slot,
-                outcome.error,
-            )
+            msg = "celery-leader: could not send slot %s: nothing reached the broker (%s)"
+            self.logger.warning(msg, slot, outcome.error)
         elif self.resender is not None:
-            self.logger.warning(
+            msg = (
                 "celery-leader: could not send slot %s and the broker may have it (%s): "
-                "it is re-sent once if workers deduplicate (run ledger)",
-                slot,
-                outcome.error,
+                "it is re-sent once if workers deduplicate (run ledger)"
             )
+            self.logger.warning(msg, slot, outcome.error)
         else:
-            self.logger.error(
+            msg = (
                 "celery-leader: could not send slot %s and the broker may have it (%s): "
-                "it stays claimed and is not sent again",
-                slot,
-                outcome.error,
+                "it stays claimed and is not sent again"
             )
+            self.logger.error(msg, slot, outcome.error)
         in_sync = self._hand_back(batches, fence, states)
         if self.failures >= self.max_failures:
-            self.logger.warning(
+            msg = (
                 "celery-leader: %d publishes failed in a row (the last: slot %s): resigning "
-                "the lead of %r for %g s so that a replica that reaches the broker takes over",
-                self.failures,
-                slot,
-                lease.election,
-                lease.ttl,
+                "the lead of %r for %g s so that a replica that reaches the broker takes over"
             )
+            self.logger.warning(msg, self.failures, slot, lease.election, lease.ttl)
             lease.step_down(
                 f"{self.failures} publishes failed in a row",
                 kind="publish_failures",
@@ -274,11 +264,10 @@ class Publisher:
                 )
                 metrics.count("slots_handed_back", lease.election, len(unsent))
             else:
-                self.logger.error(
+                msg = (
                     "celery-leader: slot(s) %s lost: claimed, not sent, and handing them back "
-                    "failed (%s)",
-                    ", ".join(unsent),
-                    reason,
+                    "failed (%s)"
                 )
+                self.logger.error(msg, ", ".join(unsent), reason)
                 metrics.count("slots_lost", lease.election, len(unsent))
         return all(won)

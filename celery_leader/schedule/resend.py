@@ -160,11 +160,8 @@ class Resender:
         metrics.count("ledger_resends", self.lease.election)
         outcome = self.adapter.send(job, slot, due, epoch)
         if outcome.error is not None:
-            self.logger.error(
-                "celery-leader: re-sending slot %s failed (%s); it is not re-sent again",
-                slot,
-                outcome.error,
-            )
+            msg = "celery-leader: re-sending slot %s failed (%s); it is not re-sent again"
+            self.logger.error(msg, slot, outcome.error)
 
 
 def _names(pending: list[Pending]) -> str:

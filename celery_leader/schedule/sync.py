@@ -157,21 +157,18 @@ class StateSync:
             return None
         state = parse_state(raw)
         if state is None:
-            self.logger.error(
+            msg = (
                 "celery-leader: unreadable schedule state of %r: %.100r (replaced by an anchor "
-                "at now)",
-                job.name,
-                raw,
+                "at now)"
             )
+            self.logger.error(msg, job.name, raw)
             return None
         if state.generation is not None and state.generation != job.generation:
-            self.logger.info(
+            msg = (
                 "celery-leader: entry %r was re-created (generation %s, stored state of %s): "
-                "it starts anew from now",
-                job.name,
-                job.generation,
-                state.generation,
+                "it starts anew from now"
             )
+            self.logger.info(msg, job.name, job.generation, state.generation)
             return None
         ahead = state.last_run_at - now
         if ahead > REPAIR_AFTER:
