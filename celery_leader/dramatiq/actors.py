@@ -142,11 +142,8 @@ PAUSE_TIMEOUT = 10.0
 
 
 class LeaderOnly(Middleware):
-    """Lets a leader-only actor's message through only on the leading process.
-
-    Fails closed: Dramatiq runs the actor when a middleware raises anything but a
-    ``MiddlewareError``. The epoch read is the body's (:mod:`celery_leader.body_epoch`).
-    """
+    """Lets a leader-only actor's message through only on the leading process; fails closed
+    (Dramatiq runs the actor when a middleware raises anything but a ``MiddlewareError``)."""
 
     def __init__(self, rules: ActorRules, epoch: Callable[[str], int | None], gates: Gates) -> None:
         self._rules = rules

@@ -61,11 +61,8 @@ def _to_parts(hook: str) -> Callable[..., None]:
 
 
 class LeaderMiddleware(Middleware):
-    """Leader election for Dramatiq: ``leader_schedule``, ``leader_only``, ``leader_on_follower``.
-
-    Arguments not given are read from ``CELERY_LEADER_*``. ``scheduler=True`` runs the
-    scheduler in a fork process of ``dramatiq``.
-    """
+    """Leader election for Dramatiq: ``leader_schedule``, ``leader_only``, ``leader_on_follower``;
+    arguments not given are read from ``CELERY_LEADER_*``."""
 
     @one_line_errors
     def __init__(
@@ -262,11 +259,9 @@ class Campaign(Middleware):
 
 
 class BrokerReach(Middleware):
-    """Whether this process reaches the broker: one cut off from it must not lead.
-
-    Dramatiq calls a delay queue consumer's ``handle_delayed_messages`` after every message
-    and idle poll; one whose connection failed sits in the restart delay, silent.
-    """
+    """Whether this process reaches the broker (one cut off must not lead): a delay queue
+    consumer calls ``handle_delayed_messages`` after every message and idle poll, unless its
+    connection failed and it sits in the restart delay."""
 
     def __init__(self, rules: ActorRules) -> None:
         self._rules = rules
@@ -312,11 +307,9 @@ _taken: set[int] = set()
 
 
 class ElectionProbe:
-    """One election's record for ``leader_health_port``, offered once its lease exists.
-
-    Worker processes do not share the port (``SO_REUSEPORT`` would answer each probe
-    from whichever the kernel picks): the first that campaigns serves it, the others skip.
-    """
+    """One election's record for ``leader_health_port``, offered once its lease exists: the
+    first worker process that campaigns serves the port, the others skip (``SO_REUSEPORT``
+    would answer each probe from whichever process the kernel picks)."""
 
     def __init__(self, port: int) -> None:
         self.port = port

@@ -49,9 +49,7 @@ class EntryBook:
 
     def get(self, name: str) -> Entry | None:
         """The record named ``name``, or ``None``."""
-        _, records = self.store.load(self.election)
-        text = records.get(name)
-        return None if text is None else Entry.from_json(text)
+        return self._read(name)[0]
 
     def add(self, replace: bool = False, **fields: Any) -> Entry:
         """Add a store entry; refused when the name is a code entry's, or exists and not

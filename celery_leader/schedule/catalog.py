@@ -110,16 +110,8 @@ class EntryCatalog:
                 continue
             if known is None or known[0] != entry:
                 missed, grace = policy(config, entry.missed_slots, entry.missed_slots_grace)
-                job = Job(
-                    name,
-                    entry.series(),
-                    missed,
-                    grace,
-                    zone,
-                    payload(entry),
-                    generation=entry.generation,
-                    active_since=entry.active_since,
-                )
+                parts = (missed, grace, zone, payload(entry), entry.generation, entry.active_since)
+                job = Job(name, entry.series(), *parts)
                 known = (entry, job)
             stored[name] = known
             jobs.append(known[1])

@@ -60,11 +60,8 @@ class Resender:
         self._dedup_until = 0.0
 
     def sent(self, slot: str) -> None:
-        """``slot`` is in the broker: mark it sent (a worker may have recorded it first).
-
-        Only while dedup workers are registered: without them nothing is re-sent, and
-        a slot sent unmarked just before they registered is at worst re-sent once.
-        """
+        """``slot`` is in the broker: mark it sent, only while dedup workers are registered (one
+        sent unmarked just before they registered is at worst re-sent once)."""
         try:
             if self._workers_registered():
                 self._mark_sent(slot)

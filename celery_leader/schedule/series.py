@@ -60,12 +60,9 @@ class Series(ABC):
         return 60.0
 
     def walk(self, after: datetime, until: datetime, keep: int) -> tuple[list[datetime], int]:
-        """Due instants in ``(after, until]``: the newest ``keep`` of them and how many there are.
-
-        Walks back from ``until`` over a growing window until it holds ``keep``
-        slots or reaches ``after``, so an entry years behind is not walked slot by
-        slot; the count is then a lower bound. :class:`Every` counts exactly.
-        """
+        """Due instants in ``(after, until]``: the newest ``keep`` of them and how many there are
+        (walked back from ``until`` over a growing window, so the count may be a lower bound;
+        :class:`Every` counts exactly)."""
         window = timedelta(hours=1)
         while True:
             begin = max(after, until - window)

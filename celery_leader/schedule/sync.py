@@ -229,10 +229,8 @@ def _resumed(job: Job, state: EntryState) -> bool:
 
 
 class HeldJobs:
-    """The jobs as last listed, their loaded state, and when each is next due (a
-    :class:`~celery_leader.schedule.due.DueIndex` for jobs with a series, asked at
-    every tick for the others). Methods that touch the store return False when the
-    state must be loaded again before anything more is dispatched."""
+    """The jobs as last listed, their loaded state, and when each is next due. Methods that
+    touch the store return False when the state must be loaded again before dispatching."""
 
     def __init__(self, runtime: SchedulerRuntime, adapter: Adapter, logger: logging.Logger) -> None:
         self.runtime = runtime

@@ -87,36 +87,23 @@ def beat_replicas(
         folder = workdir / "broker"
         folder.mkdir(exist_ok=True)
         overrides["broker_url"] = "filesystem://"
-        overrides["broker_transport_options"] = {
-            "data_folder_in": str(folder),
-            "data_folder_out": str(folder),
-        }
+        transport = {"data_folder_in": str(folder), "data_folder_out": str(folder)}
+        overrides["broker_transport_options"] = transport
     else:
         overrides["broker_url"] = broker_url
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    module = [sys.executable, "-m", "celery_leader.testing.beat_replica"]
     replicas = BeatReplicas(workdir, {})
     try:
         for n in range(1, count + 1):
             name = f"beat-{n}"
             replica_settings = {**overrides, **(settings or {}), "leader_instance_id": name}
+            argv = [*module, "--ledger", str(workdir / f"{name}.jsonl")]
+            argv += ["--settings", json.dumps(replica_settings)]
+            argv += ["--schedule", str(workdir / f"{name}.schedule"), app]
             with open(workdir / f"{name}.log", "wb") as log:
                 replicas.procs[name] = subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "celery_leader.testing.beat_replica",
-                        "--ledger",
-                        str(workdir / f"{name}.jsonl"),
-                        "--settings",
-                        json.dumps(replica_settings),
-                        "--schedule",
-                        str(workdir / f"{name}.schedule"),
-                        app,
-                    ],
-                    cwd=workdir,
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
+                    argv, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT
                 )
         _wait_started(replicas)
         yield replicas
