@@ -21,15 +21,9 @@ logger = logging.getLogger(__name__)
 
 def build_guard(config: LeaderConfig) -> RunGuard:
     """A run guard for this process, on the store and beat election of ``config``."""
-    target = LedgerTarget(
-        open_store(config).runs,
-        config.beat_election,
-        config.instance_id,
-        config.ttl,
-        config.renew_interval,
-        config.ledger_retention,
-        config.ledger_keep,
-    )
+    keeping = (config.ttl, config.renew_interval, config.ledger_retention, config.ledger_keep)
+    runs, election = open_store(config).runs, config.beat_election
+    target = LedgerTarget(runs, election, config.instance_id, *keeping)
     guard = RunGuard(target, config.on_redelivery)
     if config.sentry_crons:
         guard.crons = SentryCrons()

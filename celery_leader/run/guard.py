@@ -69,7 +69,7 @@ class Guard:
             timeout = min(max(fence_at - time.monotonic(), 0.0), _POLL)
             readable, _, _ = select.select([self.chan.fileno(), self.pidfd], [], [], timeout)
             if self.chan.fileno() in readable and not self._read():
-                self._kill_group()  # the runner is gone
+                self._signal_group(signal.SIGKILL)  # the runner is gone
                 break
             if self.child.poll() is not None:
                 break
@@ -78,7 +78,7 @@ class Guard:
                 self._stop(signal.SIGTERM)
         # Whatever the child left in its group dies with it: nothing of a term
         # may run on after the term.
-        self._kill_group()
+        self._signal_group(signal.SIGKILL)
         code = int(self.child.wait())
         return 128 - code if code < 0 else code
 
@@ -109,9 +109,6 @@ class Guard:
             if left <= 0:
                 break
             select.select([self.pidfd], [], [], left)
-        self._kill_group()
-
-    def _kill_group(self) -> None:
         self._signal_group(signal.SIGKILL)
 
     def _signal_group(self, sig: signal.Signals) -> None:
