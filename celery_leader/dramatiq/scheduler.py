@@ -154,13 +154,9 @@ class DramatiqScheduler:
     def __init__(self, broker: Any, config: LeaderConfig) -> None:
         self.config = config
         self.adapter = _EnqueueAdapter(broker, config)
+        observers = (metrics.OBSERVER,)
         self.protocol = SlotProtocol(
-            config,
-            self.adapter,
-            logger,
-            idle=INTERVAL,
-            max_sleep=INTERVAL,
-            observers=(metrics.OBSERVER,),
+            config, self.adapter, logger, idle=INTERVAL, max_sleep=INTERVAL, observers=observers
         )
 
     def run(self, stop: threading.Event, parent_pid: int | None = None) -> None:

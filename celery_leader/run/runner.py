@@ -131,13 +131,8 @@ class Runner:
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._on_signal)
         seen = http_health.LeaderSeen()
-        membership = lease_set(self.config).join(
-            self.spec.election,
-            callbacks=Callbacks(
-                on_started=self._on_started, on_stopped=self._on_stopped, on_new_leader=seen
-            ),
-            start=False,
-        )
+        told = Callbacks(on_started=self._on_started, on_stopped=self._on_stopped, on_new_leader=seen)
+        membership = lease_set(self.config).join(self.spec.election, callbacks=told, start=False)
         lease = membership.lease
         health = None
         if self.config.health_port is not None:

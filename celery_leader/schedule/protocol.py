@@ -60,13 +60,8 @@ class Dispatcher:
         self.promoted_at = promoted_at
         self.max_sleep = max_sleep
         self.tick_timeout = config.watchdog_timeout
-        resender = (
-            Resender(
-                lease, store.runs, adapter, config.ledger_retention, config.ledger_keep, logger
-            )
-            if config.ledger
-            else None
-        )
+        keeping = (config.ledger_retention, config.ledger_keep, logger)
+        resender = Resender(lease, store.runs, adapter, *keeping) if config.ledger else None
         self.publisher = Publisher(
             lease, store.records, adapter, config.max_publish_failures, logger, resender
         )

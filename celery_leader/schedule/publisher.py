@@ -223,6 +223,7 @@ class Publisher:
         back to the last slot sent, so the next leader (or this one) sends the rest. False when
         that failed."""
         lease = self.lease
+        by = (fence.term.epoch, lease.instance_id)
         backs: list[tuple[Batch, list[str], EntryState, Claim]] = []
         for batch in batches:
             unsent = batch.slots[len(batch.sent) :]
@@ -232,18 +233,10 @@ class Publisher:
             if batch.sent:
                 last_run_at = batch.dues[len(batch.sent) - 1]
             count = batch.before.count + len(batch.sent)
-            raw = dump_state(
-                last_run_at,
-                count,
-                fence.term.epoch,
-                lease.instance_id,
-                batch.sent[-1] if batch.sent else None,
-                batch.after.generation,
-                batch.after.active_since,
-            )
+            kept = (batch.after.generation, batch.after.active_since)
+            raw = dump_state(last_run_at, count, *by, batch.sent[-1] if batch.sent else None, *kept)
             claim = Claim(batch.job.name, batch.after.raw, raw)
-            after = batch.after
-            state = EntryState(raw, last_run_at, count, after.generation, after.active_since)
+            state = EntryState(raw, last_run_at, count, *kept)
             backs.append((batch, unsent, state, claim))
         if not backs:
             return True

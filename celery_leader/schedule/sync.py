@@ -100,17 +100,11 @@ class StateSync:
         if not jobs:
             return
         lease = self.lease
+        by = (fence.term.epoch, lease.instance_id)
         fresh = []
         for job in jobs:
             start = job.series.anchor(now) if job.series is not None else now
-            new = dump_state(
-                start,
-                0,
-                fence.term.epoch,
-                lease.instance_id,
-                generation=job.generation,
-                active_since=job.active_since,
-            )
+            new = dump_state(start, 0, *by, None, job.generation, job.active_since)
             fresh.append((job, Claim(job.name, stored.get(job.name), new), start))
         with lease.observe("claim"):
             won = self.records.claim(fence, [c.write() for _, c, _ in fresh])
@@ -129,20 +123,12 @@ class StateSync:
         once: a successor promoted before its next slot must not count the pause as missed.
         False when the stored state moved meanwhile (reload it)."""
         lease = self.lease
+        by = (fence.term.epoch, lease.instance_id)
         fresh = []
         for job in jobs:
-            state = states[job.name]
-            new = dump_state(
-                state.last_run_at,
-                state.count,
-                fence.term.epoch,
-                lease.instance_id,
-                generation=state.generation,
-                active_since=job.active_since,
-            )
-            after = EntryState(
-                new, state.last_run_at, state.count, state.generation, job.active_since
-            )
+            state, since = states[job.name], job.active_since
+            new = dump_state(state.last_run_at, state.count, *by, None, state.generation, since)
+            after = EntryState(new, state.last_run_at, state.count, state.generation, since)
             fresh.append((job, Claim(job.name, state.raw, new), after))
         with lease.observe("claim"):
             won = self.records.claim(fence, [c.write() for _, c, _ in fresh])
