@@ -131,7 +131,7 @@ class Runner:
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._on_signal)
         seen = http_health.LeaderSeen()
-        told = Callbacks(on_started=self._on_started, on_stopped=self._on_stopped, on_new_leader=seen)
+        told = Callbacks(self._on_started, self._on_stopped, on_new_leader=seen)
         membership = lease_set(self.config).join(self.spec.election, callbacks=told, start=False)
         lease = membership.lease
         health = None
