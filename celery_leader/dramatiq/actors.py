@@ -289,13 +289,9 @@ class Gate:
         self._give_back(message)
 
     def _give_back(self, message: Any) -> None:
-        logger.info(
-            "celery-leader: returning %s (%s) to queue %r: this process does not lead %r",
-            message.actor_name,
-            message.message_id,
-            self.thread.queue_name,
-            self.election,
-        )
+        msg = "celery-leader: returning %s (%s) to queue %r: this process does not lead %r"
+        where = (self.thread.queue_name, self.election)
+        logger.info(msg, message.actor_name, message.message_id, *where)
         with self._lock:
             self._dirty = True
         # Redis takes it back now; RabbitMQ's requeue does nothing, its close does.

@@ -78,17 +78,9 @@ class LeaderMiddleware(Middleware):
         scheduler: bool = False,
     ) -> None:
         global _current
-        self.config = load_config(
-            {
-                "url": url,
-                "ttl": ttl,
-                "renew_interval": renew_interval,
-                "key_prefix": key_prefix,
-                "instance_id": instance_id,
-                "beat_election": beat_election,
-                "worker_election": worker_election,
-            }
-        )
+        given = dict(url=url, ttl=ttl, renew_interval=renew_interval, key_prefix=key_prefix)
+        given.update(instance_id=instance_id, beat_election=beat_election)
+        self.config = load_config({**given, "worker_election": worker_election})
         if not isinstance(scheduler, bool):
             raise ConfigError(f"scheduler= must be True or False (got {scheduler!r})")
         self.scheduler = scheduler

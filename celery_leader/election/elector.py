@@ -294,14 +294,9 @@ class Elector:
 
     def _announce(self, term: Term | None) -> None:
         assert term is not None
-        logger.info(
-            "celery-leader: %s elected leader of %r (epoch %d, ttl %g s, store %s)",
-            self.instance_id,
-            self.election,
-            term.epoch,
-            self.ttl,
-            mask_url(self.store_lock.url),
-        )
+        msg = "celery-leader: %s elected leader of %r (epoch %d, ttl %g s, store %s)"
+        store = mask_url(self.store_lock.url)
+        logger.info(msg, self.instance_id, self.election, term.epoch, self.ttl, store)
         if not self._tell("on_started"):
             self._step_down("on_started failed", kind="error", sit_out=self.renew_interval)
             return

@@ -28,15 +28,10 @@ class ForeignWatch(Events):
         ):
             return
         self._epoch = holder.epoch
-        logger.warning(
+        msg = (
             "celery-leader: %s cannot lead %r: it is held by %s (epoch %d) of another "
             "deployment (broker %s; this one uses %s) that shares the store %s and key "
-            "prefix. Give each deployment its own leader_key_prefix (or election names).",
-            lease.instance_id,
-            lease.election,
-            holder.instance_id,
-            holder.epoch,
-            holder.deployment,
-            lease.deployment,
-            self._url,
+            "prefix. Give each deployment its own leader_key_prefix (or election names)."
         )
+        ours, theirs = (lease.instance_id, lease.election), (holder.instance_id, holder.epoch)
+        logger.warning(msg, *ours, *theirs, holder.deployment, lease.deployment, self._url)

@@ -76,19 +76,16 @@ class SkewWatch(Events):
             return
         self._skewed = skewed
         if skewed:
-            logger.warning(
+            msg = (
                 "celery-leader: this host's clock is %+.1f s off the clock of store %s "
-                "(within %.3f s), more than leader_max_clock_skew (%g s)%s",
-                -offset,
-                self._url,
-                error,
-                self._max_skew,
-                (
-                    ': leader_clock is "local", so it does not lead until its clock is fixed'
-                    if self._source == "local"
-                    else '; schedules run on the store\'s clock (leader_clock "store")'
-                ),
+                "(within %.3f s), more than leader_max_clock_skew (%g s)%s"
             )
+            then = (
+                ': leader_clock is "local", so it does not lead until its clock is fixed'
+                if self._source == "local"
+                else '; schedules run on the store\'s clock (leader_clock "store")'
+            )
+            logger.warning(msg, -offset, self._url, error, self._max_skew, then)
         else:
             msg = "celery-leader: this host's clock is back within %g s of the store's (%+.1f s)"
             logger.info(msg, self._max_skew, -offset)

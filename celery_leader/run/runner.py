@@ -146,13 +146,9 @@ class Runner:
                     f"leader_health_port {self.config.health_port}: cannot listen: {exc}"
                 ) from exc
         lease.start()  # the endpoint answers from the start of the campaign
-        logger.info(
-            "celery-leader run: %s campaigns for %r on %s to run %s",
-            self.config.instance_id,
-            self.spec.election,
-            self.config.display_url,
-            shlex.join(self.spec.command),
-        )
+        msg = "celery-leader run: %s campaigns for %r on %s to run %s"
+        where = (self.spec.election, self.config.display_url, shlex.join(self.spec.command))
+        logger.info(msg, self.config.instance_id, *where)
         try:
             code = self._loop(lease, health)
         finally:
@@ -207,14 +203,9 @@ class Runner:
         if epoch is None or deadline - now <= self.spec.grace + KILL_SLACK:
             return
         self._child = _Child(self.spec, epoch, deadline, self._wake)
-        logger.info(
-            "celery-leader run: %s leads %r (epoch %d): started %s (guard pid %d)",
-            self.config.instance_id,
-            self.spec.election,
-            epoch,
-            shlex.join(self.spec.command),
-            self._child.proc.pid,
-        )
+        msg = "celery-leader run: %s leads %r (epoch %d): started %s (guard pid %d)"
+        command, pid = shlex.join(self.spec.command), self._child.proc.pid
+        logger.info(msg, self.config.instance_id, self.spec.election, epoch, command, pid)
 
     def _on_started(self, lease: Lease) -> None:
         self._wake.set()  # the main loop starts the command

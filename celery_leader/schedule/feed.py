@@ -13,9 +13,8 @@ from ..backends import EntryStore
 from ..exceptions import StoreUnavailable
 from .entries import Entry, EntryError
 
-#: How often the leader asks whether the entries changed: the bound on how long
-#: an edit goes unnoticed, and one cheap store call (a Redis GET, a one-row
-#: SELECT) per interval. Schedulers wake at least this often to ask.
+#: How often the leader asks whether the entries changed (one cheap store call): the
+#: bound on how long an edit goes unnoticed. Schedulers wake at least this often.
 POLL_INTERVAL = 0.5
 
 

@@ -32,10 +32,8 @@ from .sync import MAX_CLOCK_SKEW, EntryState, HeldJobs
 #: burst within one batch.
 BATCH = 1000
 
-#: Share of ``leader_tick_timeout`` a tick may spend publishing batch after
-#: batch of a burst before it ends (and the next tick starts at once): entries
-#: that fall due meanwhile wait for the next tick, and a tick must stay clear
-#: of the watchdog, which hands the lease over after a whole timeout.
+#: Share of ``leader_tick_timeout`` a tick may spend publishing batch after batch of a
+#: burst: it must stay clear of the watchdog, which hands over after a whole timeout.
 BURST_SHARE = 1 / 2
 
 
@@ -306,13 +304,12 @@ class SlotProtocol:
         latest time seen, or every tick behind would repeat the warning."""
         previous = self._last_now
         if previous is not None and now < previous - MAX_CLOCK_SKEW:
-            self.logger.warning(
+            msg = (
                 "celery-leader: the %s clock went back %.1f s (from %s to %s): slots already "
                 "sent are not sent again; each entry resumes when the clock passes its last "
-                "slot",
-                "store's" if self._on_store_clock() else "wall",
-                (previous - now).total_seconds(),
-                previous.isoformat(),
-                now.isoformat(),
+                "slot"
             )
+            clock = "store's" if self._on_store_clock() else "wall"
+            back = ((previous - now).total_seconds(), previous.isoformat(), now.isoformat())
+            self.logger.warning(msg, clock, *back)
         self._last_now = now

@@ -102,15 +102,13 @@ class Publisher:
         """Report the missed slots a won claim recorded as not sent (a lost claim records
         nothing: the next leader drops and reports them)."""
         job = batch.job
-        self.logger.info(
+        msg = (
             "celery-leader: not sending %d missed slot(s) of %r, the last due %s "
-            "(leader_missed_slots %s%s)",
-            batch.dropped,
-            job.name,
-            slot_name(job.name, batch.after.last_run_at, job.zone).partition("@")[2],
-            job.missed_slots,
-            "" if job.grace is None else f", grace {job.grace:g} s",
+            "(leader_missed_slots %s%s)"
         )
+        due = slot_name(job.name, batch.after.last_run_at, job.zone).partition("@")[2]
+        grace = "" if job.grace is None else f", grace {job.grace:g} s"
+        self.logger.info(msg, batch.dropped, job.name, due, job.missed_slots, grace)
         metrics.count("missed_slots_dropped", self.lease.election, batch.dropped)
 
     def _refuse(self, batch: Batch) -> None:

@@ -17,10 +17,8 @@ _DAY = timedelta(days=1)
 #: More than any clock change of any zone moves wall time.
 _SLACK = timedelta(hours=3)
 
-#: Days a crontab is searched ahead for its next slot. Four years and a day
-#: covers every valid combination (February 29th on a given weekday recurs
-#: within 28 years, but Celery's fields AND day-of-month with day-of-week, and
-#: such an entry is rare enough that "no slot in four years" is a fair answer).
+#: Days a crontab is searched ahead for its next slot: four years and a day (a Feb 29th
+#: on a given weekday may take 28 years; "no slot in four years" is a fair answer).
 _CRON_HORIZON_DAYS = 4 * 366 + 1
 
 
@@ -153,9 +151,8 @@ class CronSeries(Series):
             raise ValueError("a crontab needs at least one value in every field")
         #: Every hour of the day: runs on elapsed time across clock changes.
         self.every_hour = len(self.hours) == 24
-        #: The last question and its answer. Entries of one expression share this
-        #: series, and a new term settles thousands of them at one instant (or at
-        #: the slot they all last ran): a third of its time went to asking again.
+        #: The last question and its answer: a new term settles thousands of entries of
+        #: one expression at one instant, and a third of its time went to asking again.
         self._last: tuple[datetime, datetime | None] | None = None
 
     def _day_matches(self, day: date) -> bool:

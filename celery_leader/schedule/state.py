@@ -24,13 +24,11 @@ class RunState:
 
     last_run_at: datetime  # aware UTC
     total_run_count: int
-    #: The lifetime of the entry's definition this state belongs to (see
-    #: :attr:`~celery_leader.schedule.jobs.Job.generation`); ``None`` in states
-    #: written before generations existed, or for entries without one.
+    #: The lifetime of the entry's definition this state belongs to (``Job.generation``);
+    #: ``None`` in states written before generations existed, or for entries without one.
     generation: str | None = None
-    #: The latest ``active_since`` a leader saw of the entry (see
-    #: :attr:`~celery_leader.schedule.jobs.Job.active_since`), kept so that a
-    #: successor that never saw the resume or re-timing honours it too.
+    #: The latest ``active_since`` a leader saw of the entry, so that a successor that
+    #: never saw the resume or re-timing honours it too.
     active_since: datetime | None = None
 
 

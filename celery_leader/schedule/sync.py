@@ -32,9 +32,8 @@ from .state import Claim, dump_state, parse_state
 #: Clock skew that goes unmentioned: replicas' clocks disagree by milliseconds.
 MAX_CLOCK_SKEW = timedelta(seconds=1)
 
-#: Stored state further ahead than this is repaired rather than waited for. It
-#: is longer than any clock change (an hour, two in some zones' history) and any
-#: skew NTP leaves, and shorter than a day, the typical wrong-date mistake.
+#: Stored state further ahead than this is repaired rather than waited for: longer than
+#: any clock change or NTP skew, shorter than a day (the typical wrong-date mistake).
 REPAIR_AFTER = timedelta(hours=6)
 
 
@@ -158,25 +157,21 @@ class StateSync:
             return None
         ahead = state.last_run_at - now
         if ahead > REPAIR_AFTER:
-            self.logger.warning(
+            msg = (
                 "celery-leader: entry %r has a stored last_run_at in the future (%s, now %s, "
-                "%s ahead; more than clock skew explains): starting it anew from now",
-                job.name,
-                state.last_run_at.isoformat(),
-                now.isoformat(),
-                _span(ahead),
+                "%s ahead; more than clock skew explains): starting it anew from now"
             )
+            last = state.last_run_at.isoformat()
+            self.logger.warning(msg, job.name, last, now.isoformat(), _span(ahead))
             return None
         if ahead > MAX_CLOCK_SKEW:
-            self.logger.warning(
+            msg = (
                 "celery-leader: entry %r last sent a slot due %s, %s ahead of this replica's "
                 "clock (now %s): it waits until this clock passes that (a replica's clock "
-                "runs ahead, or this one's behind)",
-                job.name,
-                state.last_run_at.isoformat(),
-                _span(ahead),
-                now.isoformat(),
+                "runs ahead, or this one's behind)"
             )
+            last = state.last_run_at.isoformat()
+            self.logger.warning(msg, job.name, last, _span(ahead), now.isoformat())
         # The job's generation, also for a state written before generations: it is
         # the same entry, and the next claim records the generation.
         return EntryState(
