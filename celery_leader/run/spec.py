@@ -20,10 +20,8 @@ class RunSpec:
 
     election: str
     command: tuple[str, ...]
-    #: Seconds between the stop signal and SIGKILL.
-    grace: float
-    #: One of :data:`RESTART`.
-    restart: str
+    grace: float  # seconds between the stop signal and SIGKILL
+    restart: str  # one of RESTART
 
 
 def run_spec(
