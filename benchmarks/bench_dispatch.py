@@ -42,7 +42,7 @@ from celery.beat import PersistentScheduler, Scheduler
 
 from celery_leader import LeaderScheduler
 from celery_leader.backends import Fence, Write, open_store
-from celery_leader.config import LeaderConfig
+from celery_leader.settings.config import LeaderConfig
 from harness.servers import RedisServer
 from harness.waiting import wait_for
 

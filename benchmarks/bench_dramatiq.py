@@ -32,7 +32,7 @@ from itertools import pairwise
 from pathlib import Path
 
 from celery_leader.backends import open_store
-from celery_leader.config import LeaderConfig
+from celery_leader.settings.config import LeaderConfig
 from harness.dramatiq_tap import DramatiqTap
 from harness.groups import VENV_BIN, kill_all, pgrp_of, start_child
 from harness.procs import Proc

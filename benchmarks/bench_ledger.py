@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from kombu import Connection
 
 from celery_leader.backends import open_store
-from celery_leader.config import LeaderConfig
 from celery_leader.ledger import LedgerTarget, RunGuard
+from celery_leader.settings.config import LeaderConfig
 from harness.servers import PostgresServer, RedisServer
 
 BODY = {"task": "proj.tasks.report", "args": [], "kwargs": {}, "id": str(uuid.uuid4())}

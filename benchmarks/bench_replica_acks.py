@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 
 from celery_leader.backends import Fence, Write, open_store
-from celery_leader.config import LeaderConfig
+from celery_leader.settings.config import LeaderConfig
 from harness.pg_standby import PrimaryAndStandby
 from harness.servers import PostgresServer, RedisServer
 from harness.waiting import wait_for

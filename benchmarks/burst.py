@@ -42,8 +42,8 @@ from celery import Celery
 
 from celery_leader import LeaderScheduler
 from celery_leader.backends import Fence, Write, open_store
-from celery_leader.config import LeaderConfig
 from celery_leader.schedule.state import dump_state
+from celery_leader.settings.config import LeaderConfig
 from harness.servers import PostgresServer, RedisServer
 from harness.waiting import wait_for
 

@@ -34,9 +34,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery_leader.backends import Edit, StoreFacets, open_store
-from celery_leader.config import LeaderConfig
 from celery_leader.schedule.entries import instant_now, new_entry
 from celery_leader.schedule.feed import EntryFeed
+from celery_leader.settings.config import LeaderConfig
 from harness.etcd import EtcdCluster
 from harness.servers import MariaDbServer, PostgresServer, RedisServer
 

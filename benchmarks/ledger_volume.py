@@ -54,12 +54,12 @@ import pymysql
 import redis
 import requests
 
-from celery_leader import ops
 from celery_leader.backends import RunWrite, StoreFacets, open_store
 from celery_leader.backends.etcd.records import RunKeys
 from celery_leader.backends.mysql.params import connection_params
-from celery_leader.config import DEFAULT_LEDGER_RETENTION, LeaderConfig
+from celery_leader.cli import commands as ops
 from celery_leader.ledger.records import FAILURE, STARTED, SUCCESS, RunRecord
+from celery_leader.settings.config import DEFAULT_LEDGER_RETENTION, LeaderConfig
 from harness.etcd import EtcdCluster
 from harness.servers import MariaDbServer, PostgresServer, RedisServer
 

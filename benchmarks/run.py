@@ -571,6 +571,47 @@ code entries and redbeat.
   carries on (epochs keep growing); redbeat's schedule was in that Redis, so
   its new leader has nothing to send until a beat restarts.
 
+## Comparing two commits
+
+`benchmarks/compare.py` runs the benchmarks that a change could slow down on two
+commits, in one run on one machine, and prints one Markdown table with the
+two side by side:
+
+```bash
+.venv/bin/python benchmarks/compare.py 0cc6647 int          # ~35 min on an idle machine
+.venv/bin/python benchmarks/compare.py 0cc6647 int --quick  # ~6 min: a smoke test only
+```
+
+Each commit gets a git worktree of its own, `/tmp/celery-leader-compare/<sha>`
+(`--cache DIR`), with a `.venv` made by that commit's `scripts/setup.sh`; the
+next run reuses both (`git worktree remove --force DIR` drops one). Every
+benchmark runs with the commit's own code and its own copy of the benchmark
+script, in rounds of before then after, so that drift in the machine's speed
+hits both alike. The rows:
+
+* **hand-over**: graceful stop and SIGKILL of the publishing `celery beat`, per
+  store (the fail-over benchmark above, those two faults only, one each a
+  round; 5 rounds);
+* **store round trips per holder per second**, and the time until all 20
+  elections are led again after a SIGKILL of every holder (the store-load
+  benchmark; 2 rounds);
+* **10,000 entries due at once**: LeaderScheduler's rate over a bare
+  `send_task` loop's (`benchmarks/bench_dispatch.py --rounds 1`, 5 rounds back
+  to back);
+* **idle leader beat with 100,000 code entries**: its CPU seconds per second
+  and RSS (`python -m benchmarks.scale --n 100000 --only leader`; 2 rounds),
+  and the median idle tick at 100,000 entries on the memory store
+  (`benchmarks/tick_cost.py`; 3 rounds);
+* **`@leader_only`**: ns per call, in-process and in a forked child, and its
+  overhead as a share of one Redis GET (`benchmarks/bench_leader_only.py`; 3
+  rounds).
+
+A cell is the median over the rounds, with the lowest and highest in brackets;
+the last column is after over before. `--only failover,dispatch` and `--stores
+redis,file` pick measurements and stores; `--rounds N` gives every measurement
+N rounds. A benchmark that fails on one commit gets a row saying why, and the
+command exits with 1.
+
 {scale_results}
 {ledger_results}
 ## Latest results

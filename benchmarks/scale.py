@@ -82,8 +82,8 @@ from celery import Celery
 
 from benchmarks import burst
 from celery_leader.backends import Edit, open_store
-from celery_leader.config import LeaderConfig
 from celery_leader.schedule.entries import Entry, instant_now, new_entry
+from celery_leader.settings.config import LeaderConfig
 from harness.groups import VENV_BIN, group_cpu_seconds, kill_all, start_child
 from harness.procs import Proc
 from harness.servers import PostgresServer, RedisServer

@@ -33,9 +33,9 @@ from pathlib import Path
 import psycopg
 
 from celery_leader.backends import open_store
-from celery_leader.config import LeaderConfig
 from celery_leader.election.events import Callbacks
 from celery_leader.election.lease import Lease
+from celery_leader.settings.config import LeaderConfig
 from harness.etcd import EtcdCluster
 from harness.groups import group_cpu_seconds, start_child
 from harness.servers import MariaDbServer, PostgresServer, RedisServer

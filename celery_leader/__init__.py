@@ -1,9 +1,7 @@
 """celery-leader: leader election for Celery beat and workers (and Dramatiq).
 
-The base install needs neither Celery nor a store client. The Celery parts
-(``LeaderScheduler``, ``leader_only``, ...) are imported on first use, so that
-``import celery_leader`` works for Dramatiq users; without Celery, using one of
-them fails in one line that names ``celery-leader[celery]``.
+The Celery parts are imported on first use, so that ``import celery_leader`` works
+without Celery (using one of them then fails in one line naming the extra).
 """
 
 from __future__ import annotations
@@ -12,11 +10,11 @@ import importlib
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
-from .config import LeaderConfig
 from .election.lease import Lease
 from .election.lease_set import leader_of
 from .exceptions import ConfigError, LeaderError, MissingExtra, NotLeader, StoreUnavailable
-from .singleton import LeaderLoop, Leadership, leader_loop
+from .run.leadership import LeaderLoop, Leadership, leader_loop
+from .settings.config import LeaderConfig
 
 if TYPE_CHECKING:
     from .celery.beat import LeaderScheduler, LeaderSchedulerMixin

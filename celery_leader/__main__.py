@@ -1,17 +1,13 @@
 """``python -m celery_leader status|resign|check|plan|run|entries``: the ``leader``
-commands without Celery.
-
-Settings come from ``CELERY_LEADER_*`` environment variables
-(:meth:`LeaderConfig.from_env`); the output and exit codes are those of
-``celery -A proj leader ...`` (both run :mod:`celery_leader.ops`). ``plan``
-lists the slots of a Dramatiq app, with the settings of its ``LeaderMiddleware``;
-``run`` runs a command on one replica only (:mod:`celery_leader.run`).
+commands without Celery, with settings from ``CELERY_LEADER_*`` environment variables.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
+import inspect
 import logging
 import os
 import sys
@@ -19,11 +15,12 @@ from collections.abc import Sequence
 from datetime import timezone
 from typing import Any
 
-from . import ops, ops_entries
-from .config import LeaderConfig, env_name
+from .cli import commands as ops
+from .cli import entries as ops_entries
 from .exceptions import ConfigError, MissingExtra
 from .run.spec import RESTART
 from .schedule import plan as planning
+from .settings.config import LeaderConfig, env_name
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -46,11 +43,8 @@ def _parser() -> argparse.ArgumentParser:
     resign.add_argument("--no-wait", action="store_true", help="do not wait for the next holder")
     check = commands.add_parser("check", help="liveness probe: read the health file, exit 0 or 1")
     check.add_argument("--max-age", type=float, help="fail when the file is older (seconds)")
-    check.add_argument(
-        "--file",
-        dest="path",
-        help=f"health file (default: ${env_name('leader_health_file')})",
-    )
+    default = env_name("leader_health_file")
+    check.add_argument("--file", dest="path", help=f"health file (default: ${default})")
     plan = commands.add_parser(
         "plan",
         help="list the slots a Dramatiq app's scheduler would send in a window",
@@ -77,12 +71,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--url", help=f"store URL (default: ${env_name('leader_url')})")
     run.add_argument("--ttl", type=float, help=f"lease ttl, s (default: ${env_name('leader_ttl')})")
     run.add_argument("--grace", type=float, help="seconds from SIGTERM to SIGKILL (bounded by ttl)")
-    run.add_argument(
-        "--restart",
-        choices=RESTART,
-        default="never",
-        help="when CMD exits on its own: start it again, or resign and exit (default: never)",
-    )
+    restart = "when CMD exits on its own: start it again, or resign and exit (default: never)"
+    run.add_argument("--restart", choices=RESTART, default="never", help=restart)
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS ...]")
     _entries_parser(commands)
     return parser
@@ -119,10 +109,10 @@ def _entries_parser(commands: Any) -> None:
         ("export", "print the store entries as JSON lines"),
     ):
         listing = sub.add_parser(name, help=text)
-        listing.add_argument("--json", action="store_true", help="print JSON")
+        listing.add_argument("--json", dest="as_json", action="store_true", help="print JSON")
     show = sub.add_parser("show", help="show entry NAME")
     show.add_argument("name", metavar="NAME")
-    show.add_argument("--json", action="store_true", help="print JSON")
+    show.add_argument("--json", dest="as_json", action="store_true", help="print JSON")
     for name, text in (
         ("rm", "remove store entry NAME"),
         ("pause", "stop sending NAME until resumed"),
@@ -143,53 +133,29 @@ def _entries(args: argparse.Namespace, echo: ops.Echo) -> int:
     dramatiq_entries = importlib.import_module("celery_leader.dramatiq.entries")
     sys.path[:0] = [*args.path, os.getcwd()]
     app = dramatiq_entries.load(args.app)
-    command = args.entries_command
-    given: dict[str, Any] = {}
+    command, given = args.entries_command, vars(args)
     if command == "add":
-        fields = ops_entries.add_fields(
-            args.name,
-            args.task,
-            args.every,
-            args.cron,
-            args.tz,
-            args.at,
-            args.args,
-            args.kwargs,
-            args.queue,
-            args.paused,
-            args.missed_slots,
-        )
+        names = inspect.signature(ops_entries.add_fields).parameters
+        fields = ops_entries.add_fields(**{name: given[name] for name in names})
         given = {"fields": fields, "replace": args.replace, "strict": args.strict}
-    elif command in ("ls", "export"):
-        given = {"as_json": args.json}
-    elif command == "show":
-        given = {"name": args.name, "as_json": args.json}
+    elif command == "import" and args.from_redbeat is not None:
+        command = "from-redbeat"
+        given = {k: given[k] for k in ("prefix", "dry_run", "replace")}
+        given["url"] = args.from_redbeat
     elif command == "import":
-        if args.from_redbeat is not None:
-            command = "from-redbeat"
-            given = {
-                "url": args.from_redbeat,
-                "prefix": args.prefix,
-                "dry_run": args.dry_run,
-                "replace": args.replace,
-            }
-        elif args.file is None:
+        if args.file is None:
             raise ConfigError("give FILE (JSON lines) or --from-redbeat URL")
-        else:
-            given = {"lines": list(args.file), "replace": args.replace}
+        given = {"lines": list(args.file), "replace": args.replace}
     else:
-        given = {"name": args.name}
+        given = {k: v for k, v in given.items() if k in ("name", "as_json")}
     return ops_entries.run_command(app, echo, command, **given)
 
 
 def _run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    config = LeaderConfig.from_env(
-        leader_url=args.url,
-        leader_ttl=args.ttl,
-        names={"leader_url": "--url", "leader_ttl": "--ttl"},
-    )
+    names = {"leader_url": "--url", "leader_ttl": "--ttl"}
+    config = LeaderConfig.from_env(leader_url=args.url, leader_ttl=args.ttl, names=names)
     return ops.run(config, args.election, command, args.grace, args.restart)
 
 
@@ -204,10 +170,7 @@ def _plan(args: argparse.Namespace, echo: ops.Echo) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; return its exit code."""
     args = _parser().parse_args(argv)
-
-    def echo(line: str) -> None:
-        print(line, flush=True)
-
+    echo = functools.partial(print, flush=True)
     if args.command == "check":
         path = args.path or os.environ.get(env_name("leader_health_file"))
         return ops.check(path, echo, args.max_age)

@@ -1,8 +1,5 @@
-"""The time an elector runs on: a monotonic clock, a wall clock, and waits on both.
-
-The lease never reads ``time`` itself; it is given a :class:`Clock`, so tests
-can run it on a clock they move by hand instead of sleeping in real time.
-"""
+"""The time an elector runs on (a :class:`Clock`, which tests move by hand), and the
+store's clock as this process measures it."""
 
 from __future__ import annotations
 
@@ -77,16 +74,9 @@ JUMP_SLACK = 0.5
 class StoreClock:
     """The store's clock, read through this process's monotonic clock.
 
-    Every acquire and renewal of a store that has a clock of its own brings the
-    store's time back (:meth:`sample`). NTP-style, the store read it somewhere
-    inside the round trip, so its time at the midpoint is known within half the
-    round trip (plus the resolution of what the store reports). The offset is
-    kept against the *monotonic* clock, so a step of this host's wall clock
-    does not move the store's time; :attr:`offset` compares it with the wall
-    clock instead, for the skew warning and the metric.
-
-    :meth:`time` is the store's wall time once sampled, before that the local
-    one; :meth:`monotonic` and :meth:`wait` are the local clock's.
+    NTP-style: the store read its time inside the round trip, so at the midpoint it
+    is known within half the round trip (plus the store's resolution). Kept against
+    the *monotonic* clock, so a step of this host's wall clock does not move it.
     """
 
     def __init__(self, local: Clock = SYSTEM_CLOCK) -> None:

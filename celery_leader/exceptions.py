@@ -24,36 +24,20 @@ def missing_extra(exc: ModuleNotFoundError, extra: str) -> MissingExtra:
 
 
 class StoreUnavailable(LeaderError):
-    """The lease store could not be reached or did not answer in time.
-
-    The lease treats this as "nobody can prove they lead": a leader keeps
-    believing only until its validity deadline runs out.
-    """
+    """The lease store could not be reached or did not answer in time: a leader keeps
+    believing only until its validity deadline runs out."""
 
 
 class StoreMisconfigured(StoreUnavailable, ConfigError):
-    """The store answers, but cannot serve ``leader_url`` as configured.
-
-    Only the store can tell: a PostgreSQL older than 14, a pooler in
-    transaction mode, ``?cluster=true`` on a Redis without cluster support.
-    It is a :class:`StoreUnavailable`, so the lease retries it like an outage
-    (nobody leads meanwhile, and a fix on the store side needs no restart),
-    and a :class:`ConfigError`, whose one line names ``leader_url`` and what
-    to change.
-    """
+    """The store answers, but cannot serve ``leader_url`` as configured (a PostgreSQL older
+    than 14, a pooler in transaction mode, ...): retried like an outage, as a fix on the
+    store side needs no restart, and a :class:`ConfigError` naming what to change."""
 
 
 class NotLeader(LeaderError):
-    """Raised by ``ensure_leader()``: this process does not lead the election (any more).
-
-    A long task body that calls it between steps stops before a side effect
-    that another leader may be making at the same time.
-    """
+    """Raised by ``ensure_leader()``: this process does not lead the election (any more)."""
 
 
 class TermEnded(LeaderError):
-    """This instance's term ended while it used it: a claim batch failed as a whole.
-
-    Not store trouble: another instance leads now (or is about to), and this one
-    stops dispatching until the lease says otherwise.
-    """
+    """This instance's term ended while it used it: a claim batch failed as a whole
+    (not store trouble: another instance leads now, or is about to)."""

@@ -26,7 +26,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from celery_leader.backends import open_store
-from celery_leader.config import LeaderConfig
+from celery_leader.settings.config import LeaderConfig
 
 HERE = Path(__file__).resolve().parent
 

@@ -63,7 +63,7 @@ class Demo:
         from proj.celery import app
 
         from celery_leader.backends import open_store
-        from celery_leader.config import LeaderConfig
+        from celery_leader.settings.config import LeaderConfig
 
         self.config = LeaderConfig.from_app(app)
         self.store = open_store(self.config)

@@ -22,7 +22,7 @@ from typing import Any
 import redis
 
 from celery_leader.backends import HolderInfo, open_store
-from celery_leader.config import LeaderConfig
+from celery_leader.settings.config import LeaderConfig
 from harness.fakeclock import FakeClock
 from harness.procs import Proc, Procs
 from harness.procs import start as start_process

@@ -13,9 +13,9 @@ from datetime import datetime
 
 import pytest
 
-from celery_leader.config import LeaderConfig
 from celery_leader.schedule import protocol
 from celery_leader.schedule.jobs import Adapter
+from celery_leader.settings.config import LeaderConfig
 from harness.waiting import wait_for
 
 

@@ -42,9 +42,9 @@ from celery_leader.backends import (
     Write,
     open_store,
 )
-from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import StoreUnavailable
 from celery_leader.ledger import RunRecord, marks
+from celery_leader.settings.config import LeaderConfig
 from harness.servers import free_port
 from harness.waiting import wait_for
 

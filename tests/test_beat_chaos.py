@@ -43,8 +43,8 @@ import pytest
 import redis
 
 from celery_leader.backends import Fence, HolderInfo, Write, open_store
-from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import StoreUnavailable
+from celery_leader.settings.config import LeaderConfig
 from harness.procs import Proc, Procs
 from harness.procs import signal as send_signal
 from harness.proxy import TcpProxy

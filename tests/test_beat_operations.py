@@ -31,10 +31,10 @@ import pytest
 import redis
 
 from celery_leader.backends import open_store
-from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import ConfigError
-from celery_leader.health import check
 from celery_leader.ledger.records import WORKERS
+from celery_leader.probes.health import check
+from celery_leader.settings.config import LeaderConfig
 from harness.metrics import scrape
 from harness.procs import Proc, Procs
 from harness.procs import signal as send_signal

@@ -34,11 +34,11 @@ from celery_leader.backends.memory import MemoryEntries, MemoryRecords
 from celery_leader.celery import adapter as beat_adapter
 from celery_leader.celery import beat
 from celery_leader.celery.beat import FOLLOWER_INTERVAL, LeaderScheduler
-from celery_leader.config import LeaderConfig
 from celery_leader.election.lease import Lease
 from celery_leader.schedule import protocol
 from celery_leader.schedule.feed import POLL_INTERVAL, EntryFeed
 from celery_leader.schedule.series import Every
+from celery_leader.settings.config import LeaderConfig
 from harness.servers import RedisServer
 from harness.waiting import wait_for
 
@@ -813,7 +813,7 @@ def test_a_large_schedule_is_built_without_the_collector_and_then_left_out_of_it
 def test_health_file_follows_the_role_and_the_watchdog(
     app: Celery, make_scheduler: Callable[..., LeaderScheduler], tmp_path: Any, rival: Lease
 ) -> None:
-    from celery_leader.health import check
+    from celery_leader.probes.health import check
 
     path = tmp_path / "health.json"
     app.conf.beat_schedule = {"e": every(0.2)}

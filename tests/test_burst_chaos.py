@@ -26,10 +26,10 @@ import pytest
 import redis
 
 from celery_leader.backends import Fence, Write, open_store
-from celery_leader.config import LeaderConfig
 from celery_leader.schedule.protocol import BATCH
 from celery_leader.schedule.publisher import PIPELINE
 from celery_leader.schedule.state import dump_state, slot_name
+from celery_leader.settings.config import LeaderConfig
 from harness.procs import Procs
 from harness.servers import RedisServer
 from harness.waiting import wait_for

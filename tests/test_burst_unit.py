@@ -19,11 +19,11 @@ from celery import Celery
 from kombu.exceptions import EncodeError
 
 from celery_leader.celery.publishing import BeatPublisher
-from celery_leader.config import LeaderConfig
 from celery_leader.schedule import protocol
 from celery_leader.schedule.jobs import Adapter, Job, Outcome
 from celery_leader.schedule.publisher import PIPELINE
 from celery_leader.schedule.series import Every
+from celery_leader.settings.config import LeaderConfig
 from harness.waiting import wait_for
 
 PERIOD = timedelta(seconds=10)

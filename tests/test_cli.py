@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from celery_leader.backends import StoreFacets, open_store
-from celery_leader.config import LeaderConfig
 from celery_leader.election.lease import Lease
+from celery_leader.settings.config import LeaderConfig
 from harness.servers import RedisServer
 from harness.waiting import wait_for
 

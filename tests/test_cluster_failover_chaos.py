@@ -31,8 +31,8 @@ from pathlib import Path
 import pytest
 
 from celery_leader.backends import HolderInfo, open_store
-from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import StoreUnavailable
+from celery_leader.settings.config import LeaderConfig
 from harness.procs import Proc, Procs
 from harness.procs import signal as send_signal
 from harness.redis_cluster import Cluster3x3

@@ -14,12 +14,12 @@ import pytest
 from celery import Celery
 
 from celery_leader import ConfigError, LeaderConfig, Lease
-from celery_leader._urls import mask_url
 from celery_leader.backends import STORES, StoreParams, open_store
 from celery_leader.backends.memory import MemoryLock
-from celery_leader.config import DEFAULT_KEY_PREFIX, DEFAULT_TTL
+from celery_leader.backends.urls import mask_url
 from celery_leader.dramatiq.settings import load_config
 from celery_leader.election.timing import DRIFT, MARGIN
+from celery_leader.settings.config import DEFAULT_KEY_PREFIX, DEFAULT_TTL
 from celery_leader.settings.table import SETTINGS, TABLE, Setting
 from celery_leader.settings.views import (
     ElectionSettings,

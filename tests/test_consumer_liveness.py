@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from celery_leader import health
-from celery_leader.health import ConsumerLiveness
+from celery_leader.probes import health
+from celery_leader.probes.health import ConsumerLiveness
 
 
 class Now:

@@ -24,10 +24,10 @@ from celery_leader import (
 )
 from celery_leader.backends import open_store
 from celery_leader.celery import leadership
-from celery_leader.config import LeaderConfig
 from celery_leader.election.lease import Lease
 from celery_leader.election.lease_set import lease_set
 from celery_leader.exceptions import ConfigError, NotLeader
+from celery_leader.settings.config import LeaderConfig
 from harness.waiting import wait_for
 
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 
 from celery_leader.backends import open_store
-from celery_leader.config import LeaderConfig
 from celery_leader.contrib.django_db import DjangoDatabase, django_database
 from celery_leader.exceptions import ConfigError
+from celery_leader.settings.config import LeaderConfig
 
 DATABASES = {
     "default": {

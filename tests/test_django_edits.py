@@ -21,7 +21,7 @@ import pytest
 import redis
 
 from celery_leader.backends import open_store
-from celery_leader.config import LeaderConfig
+from celery_leader.settings.config import LeaderConfig
 from harness.procs import Proc, Procs
 from harness.waiting import wait_for
 

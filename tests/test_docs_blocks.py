@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import ast
 import importlib
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,3 +51,57 @@ def test_the_block_parses_and_its_imports_exist(block: str) -> None:
 def test_there_are_blocks_to_check() -> None:
     assert len(BLOCKS) >= 20
     assert Path(ROOT / "README.md").exists()
+
+
+#: Dotted names in the docs' prose that are not Python paths: Celery queue names.
+NOT_PATHS = {"celery_leader.leader.worker"}
+
+
+def _resolve(dotted: str) -> object:
+    """The object ``dotted`` names: the longest importable module, then attributes."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            found: object = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for attribute in parts[cut:]:
+            found = getattr(found, attribute)
+        return found
+    raise ModuleNotFoundError(dotted)
+
+
+def test_every_path_the_docs_name_in_prose_resolves() -> None:
+    """``celery_leader.x.y`` in the prose of any page names a module or a name that exists.
+
+    Code blocks are checked above; this catches the paths the text tells users
+    to type or import (``celery_leader.leader_queue(...)``, ``celery_leader.election.pins``).
+    """
+    paths = set()
+    for page in PAGES:
+        for span in re.findall(r"`([^`\n]+)`", (ROOT / page).read_text()):
+            paths.update(re.findall(r"\bcelery_leader(?:\.\w+)+", span))
+    assert len(paths) >= 20
+    django = {dotted for dotted in paths if ".django" in dotted}
+    for dotted in sorted(paths - NOT_PATHS - django):
+        _resolve(dotted)
+    # Django's modules need configured settings: the example project's, in a process of their own.
+    program = (
+        "import django, sys; django.setup(); from tests.test_docs_blocks import _resolve; "
+        "[_resolve(d) for d in sys.argv[1:]]"
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "proj.settings"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "example_project"), str(ROOT)])
+    subprocess.run([sys.executable, "-c", program, *sorted(django)], env=env, check=True)
+
+
+def test_every_name_of_the_plain_python_api_page_exists() -> None:
+    """The members ``docs/python-api.md`` lists in its tables are ``Leadership``'s."""
+    from celery_leader import Leadership
+
+    text = (ROOT / "docs" / "python-api.md").read_text()
+    members = re.findall(r"^\| `(\w+)(?:\(|`)", text, re.MULTILINE)
+    assert {"is_leader", "epoch", "wait_until_leading"} <= set(members)
+    callbacks = {"on_started", "on_stopped", "on_new_leader"}
+    missing = [m for m in members if m not in callbacks and not hasattr(Leadership, m)]
+    assert not missing

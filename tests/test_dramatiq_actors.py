@@ -23,7 +23,7 @@ import redis
 from dramatiq.brokers.redis import RedisBroker
 
 from celery_leader.backends import open_store
-from celery_leader.config import LeaderConfig
+from celery_leader.settings.config import LeaderConfig
 from harness.procs import Proc, Procs
 from harness.servers import RedisServer
 from harness.waiting import wait_for

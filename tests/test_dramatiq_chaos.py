@@ -36,9 +36,9 @@ import pytest
 import redis
 
 from celery_leader.backends import Fence, Write, open_store
-from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import StoreUnavailable
 from celery_leader.schedule.state import dump_state
+from celery_leader.settings.config import LeaderConfig
 from harness.dramatiq_tap import DramatiqTap
 from harness.etcd import EtcdCluster
 from harness.groups import group_cpu_seconds, pgrp_of

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from celery_leader.backends import HolderInfo, open_store
-from celery_leader.config import LeaderConfig
+from celery_leader.settings.config import LeaderConfig
 from harness.procs import Proc, Procs
 from harness.servers import RedisServer, free_port
 from harness.waiting import wait_for

@@ -27,7 +27,7 @@ from dramatiq.brokers.rabbitmq import RabbitmqBroker
 from dramatiq.brokers.redis import RedisBroker
 
 from celery_leader.backends import open_store
-from celery_leader.config import LeaderConfig
+from celery_leader.settings.config import LeaderConfig
 from harness.groups import pgrp_of
 from harness.procs import Proc, Procs
 from harness.proxy import TcpProxy

@@ -27,7 +27,7 @@ from celery_leader.dramatiq import LeaderMiddleware, cron, current_epoch, every,
 from celery_leader.dramatiq.runner import standalone
 from celery_leader.dramatiq.scheduler import DramatiqScheduler
 from celery_leader.backends import open_store
-from celery_leader.config import LeaderConfig
+from celery_leader.settings.config import LeaderConfig
 try:
     celery_leader.LeaderScheduler
 except ImportError as exc:

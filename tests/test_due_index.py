@@ -10,11 +10,11 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from celery_leader.backends import Fence, Write, open_store
-from celery_leader.config import LeaderConfig
 from celery_leader.schedule import protocol, sync
 from celery_leader.schedule.due import DueIndex
 from celery_leader.schedule.jobs import Adapter, Job, Outcome
 from celery_leader.schedule.series import Every
+from celery_leader.settings.config import LeaderConfig
 from tests import slot_protocols
 from tests.slot_protocols import leading
 

@@ -15,12 +15,12 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from celery_leader.backends import Fence, Write, open_store
-from celery_leader.config import LeaderConfig
 from celery_leader.dramatiq import cron, every
 from celery_leader.schedule import protocol
 from celery_leader.schedule.jobs import Adapter, Job, Outcome
 from celery_leader.schedule.series import CronSeries, Every
 from celery_leader.schedule.state import dump_state, parse_state
+from celery_leader.settings.config import LeaderConfig
 from tests import slot_protocols
 from tests.slot_protocols import leading
 

@@ -37,7 +37,7 @@ from celery import Celery
 from celery.schedules import schedule
 from redbeat import RedBeatSchedulerEntry
 
-from celery_leader.config import LeaderConfig
+from celery_leader.settings.config import LeaderConfig
 from harness.fleet import parse_slot
 from harness.procs import Procs
 from harness.procs import signal as send_signal

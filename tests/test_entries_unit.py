@@ -26,18 +26,17 @@ from redbeat import RedBeatSchedulerEntry
 from celery_leader.backends import Edit, EntryStore, RunWrite, open_store
 from celery_leader.beat import LeaderScheduler
 from celery_leader.celery.entries import entries_of as celery_entries_of
-from celery_leader.config import LeaderConfig
-from celery_leader.dramatiq import LeaderMiddleware
-from celery_leader.dramatiq.entries import entries_of as dramatiq_entries_of
-from celery_leader.dramatiq.scheduler import DramatiqScheduler
-from celery_leader.ledger.records import RunRecord
-from celery_leader.ops_entries import (
+from celery_leader.cli.entries import (
     EntriesApp,
     add_fields,
     redbeat_entries,
     run_command,
     run_slot,
 )
+from celery_leader.dramatiq import LeaderMiddleware
+from celery_leader.dramatiq.entries import entries_of as dramatiq_entries_of
+from celery_leader.dramatiq.scheduler import DramatiqScheduler
+from celery_leader.ledger.records import RunRecord
 from celery_leader.schedule import feed as feed_module
 from celery_leader.schedule import protocol
 from celery_leader.schedule.book import EntryBook, EntryConflict, EntryNotFound
@@ -51,6 +50,7 @@ from celery_leader.schedule.entries import (
 )
 from celery_leader.schedule.feed import EntryFeed
 from celery_leader.schedule.jobs import Outcome
+from celery_leader.settings.config import LeaderConfig
 from harness.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[1]

@@ -16,8 +16,8 @@ import pytest
 from celery_leader.backends import Fence, Renewal, StoreFacets, Write, open_store
 from celery_leader.backends.etcd import EtcdLock
 from celery_leader.backends.etcd.params import EtcdParams, etcd_params
-from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import ConfigError, StoreMisconfigured, StoreUnavailable
+from celery_leader.settings.config import LeaderConfig
 from harness.etcd import EtcdCluster
 
 TTL = 3.0

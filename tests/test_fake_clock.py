@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from celery_leader import ops
-from celery_leader.config import LeaderConfig
+from celery_leader.cli import commands as ops
+from celery_leader.settings.config import LeaderConfig
 from harness.fakeclock import FakeClock
 from harness.fleet import OWN_CLOCK, Fleet, Sent, duplicates, minutes
 from harness.procs import Procs

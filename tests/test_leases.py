@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from celery_leader.backends import open_store
-from celery_leader.config import LeaderConfig
 from celery_leader.election.events import Callbacks, Observer
 from celery_leader.election.lease_set import leader_of, lease_set
+from celery_leader.settings.config import LeaderConfig
 from harness.waiting import wait_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -153,7 +153,7 @@ def test_a_forked_child_starts_with_none_of_its_parents_leases() -> None:
 def test_a_process_that_exits_normally_hands_over_at_once(redis_url: str) -> None:
     # ttl 30 s: without the release at exit, the election would stay held that long.
     code = (
-        "from celery_leader.config import LeaderConfig\n"
+        "from celery_leader.settings.config import LeaderConfig\n"
         "from celery_leader.election.lease_set import lease_set\n"
         f"config = LeaderConfig.from_mapping({{'leader_url': {redis_url!r}, 'leader_ttl': 30,"
         " 'leader_instance_id': 'exiting'})\n"

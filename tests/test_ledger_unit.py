@@ -18,18 +18,18 @@ from celery import Celery
 from sentry_sdk import transport as sentry_transport
 from sentry_sdk.envelope import Envelope
 
-from celery_leader import ops
 from celery_leader.backends import RunStore, open_store
+from celery_leader.cli import commands as ops
 from celery_leader.clock import SYSTEM_CLOCK
-from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import ConfigError
 from celery_leader.ledger import LedgerTarget, RunGuard, RunRecord, marks
 from celery_leader.ledger.crons import SentryCrons, monitor_slug
 from celery_leader.ledger.records import WORKERS
 from celery_leader.ledger.summary import summarize
+from celery_leader.probes.shared_counters import ENV_VAR, SharedCounters
 from celery_leader.schedule.jobs import Outcome
 from celery_leader.schedule.resend import Resender
-from celery_leader.shared_counters import ENV_VAR, SharedCounters
+from celery_leader.settings.config import LeaderConfig
 from harness.waiting import wait_for
 from tests import ledger_reads
 

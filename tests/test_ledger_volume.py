@@ -12,10 +12,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import redis
 
-from celery_leader import ops
 from celery_leader.backends import RunWrite, open_store
-from celery_leader.config import LeaderConfig
+from celery_leader.cli import commands as ops
 from celery_leader.ledger import RunRecord
+from celery_leader.settings.config import LeaderConfig
 
 RECORDS = 40_000
 ENTRIES = 20

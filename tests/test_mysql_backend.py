@@ -331,7 +331,7 @@ def test_django_alias_selects_the_store_by_engine(mariadb_url: str, procs: Procs
         }})
         django.setup()
         from celery_leader.backends import open_store
-        from celery_leader.config import LeaderConfig
+        from celery_leader.settings.config import LeaderConfig
 
         for alias in ("default", "pg"):
             config = LeaderConfig.from_mapping({{"leader_url": f"django://{{alias}}"}})

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from celery_leader.backends import Fence, Write, open_store
-from celery_leader.config import LeaderConfig
 from celery_leader.schedule.series import utc
 from celery_leader.schedule.state import dump_state
+from celery_leader.settings.config import LeaderConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 CELERY = Path(sys.executable).with_name("celery")

@@ -317,7 +317,7 @@ def test_django_alias(postgres_url: str, procs: Procs) -> None:
         }})
         django.setup()
         from celery_leader.backends import open_store
-        from celery_leader.config import LeaderConfig
+        from celery_leader.settings.config import LeaderConfig
         from celery_leader.exceptions import ConfigError
 
         def config(url):

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from celery_leader.backends import Fence, StoreFacets, Write, open_store
-from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import StoreUnavailable
+from celery_leader.settings.config import LeaderConfig
 from harness.redis_cluster import Cluster3x3
 
 TTL = 3.0

@@ -22,9 +22,9 @@ import pytest
 import redis
 
 from celery_leader.backends import RunWrite, Write, open_store
-from celery_leader.config import LeaderConfig
 from celery_leader.election.lease import Lease
 from celery_leader.exceptions import StoreMisconfigured, StoreUnavailable
+from celery_leader.settings.config import LeaderConfig
 from harness.procs import Procs
 from harness.servers import RedisServer, free_port
 from harness.waiting import wait_for

@@ -18,8 +18,8 @@ import pytest
 
 from celery_leader.backends import Fence, Renewal, StoreFacets, Write, open_store
 from celery_leader.backends.postgres.sql import sync_standbys
-from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import ConfigError, StoreUnavailable
+from celery_leader.settings.config import LeaderConfig
 from harness.pg_standby import PrimaryAndStandby
 from harness.redis_replicas import ReplicatedRedis
 from harness.waiting import wait_for

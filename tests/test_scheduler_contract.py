@@ -28,15 +28,15 @@ from dramatiq.brokers.stub import StubBroker
 
 from celery_leader.backends import Fence, Write, open_store
 from celery_leader.celery.beat import LeaderScheduler
-from celery_leader.config import LeaderConfig
 from celery_leader.dramatiq import LeaderMiddleware, every
 from celery_leader.dramatiq.scheduler import INTERVAL, DramatiqScheduler
 from celery_leader.election.lease import Lease
-from celery_leader.health import check
+from celery_leader.probes.health import check
 from celery_leader.schedule import protocol
 from celery_leader.schedule.feed import POLL_INTERVAL
 from celery_leader.schedule.jobs import Job
 from celery_leader.schedule.state import dump_state
+from celery_leader.settings.config import LeaderConfig
 from harness.waiting import wait_for
 
 ELECTION = "beat"

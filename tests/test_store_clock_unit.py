@@ -18,8 +18,8 @@ from celery_leader import Lease
 from celery_leader.backends import Acquired, Renewal, StoreParams, Term
 from celery_leader.backends.memory import _STORES, MemoryLock
 from celery_leader.clock import SAMPLES, StoreClock
-from celery_leader.config import LeaderConfig
 from celery_leader.schedule.protocol import SlotProtocol
+from celery_leader.settings.config import LeaderConfig
 from harness.manual_clock import ManualClock
 
 TTL = 0.5

@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 
 from celery_leader.backends import Fence, Write, open_store
-from celery_leader.config import LeaderConfig
 from celery_leader.exceptions import StoreMisconfigured
+from celery_leader.settings.config import LeaderConfig
 from harness.pg_standby import PrimaryAndStandby
 from harness.procs import Procs
 from harness.procs import signal as send_signal

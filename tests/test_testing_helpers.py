@@ -32,7 +32,7 @@ from celery_leader.celery import leadership
 from celery_leader.dramatiq import LeaderMiddleware
 from celery_leader.dramatiq import current_epoch as dramatiq_epoch
 from celery_leader.election.lease import Lease
-from celery_leader.pins import as_follower, as_leader, reset
+from celery_leader.election.pins import as_follower, as_leader, reset
 from celery_leader.testing import beat_replicas
 from harness.venvs import clean_venv
 from harness.waiting import wait_for

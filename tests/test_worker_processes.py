@@ -27,8 +27,8 @@ import redis
 from celery import Celery
 
 from celery_leader.backends import StoreFacets, open_store
-from celery_leader.config import LeaderConfig
-from celery_leader.health import check
+from celery_leader.probes.health import check
+from celery_leader.settings.config import LeaderConfig
 from harness.metrics import scrape
 from harness.procs import Proc, Procs
 from harness.procs import signal as signal_proc

@@ -27,8 +27,8 @@ from celery_leader.backends import open_store
 from celery_leader.celery import deadline_table, leadership
 from celery_leader.celery.decorators import CONSUMER_STEPS, WORKER_STEP, leader_only
 from celery_leader.celery.worker import FencedStrategies, LeaderNode, install
-from celery_leader.config import LeaderConfig
 from celery_leader.election.lease import Lease
+from celery_leader.settings.config import LeaderConfig
 from harness.waiting import wait_for
 
 

@@ -1,7 +1,7 @@
 """The one table of stores: schemes, store modules and the extras they need.
 
 A leaf module (it imports nothing of the package), so that
-:mod:`celery_leader.config` can validate URLs against it while
+:mod:`celery_leader.settings.config` can validate URLs against it while
 :mod:`celery_leader.backends` opens stores from a validated config.
 """
 

@@ -21,11 +21,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
-from .._urls import mask_url
 from ..exceptions import StoreUnavailable
 from . import StoreParams
 from .lock import Acquired, HolderInfo, LeaseLock, Renewal, Term
 from .terms import since_of
+from .urls import mask_url
 from .waiting import LockWaiter, wait_sliced
 
 #: The rows of one statement.

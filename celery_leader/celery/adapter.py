@@ -1,12 +1,6 @@
-"""Celery beat's entries and publish, as the slot protocol sees them.
-
-Each ``ScheduleEntry`` becomes a :class:`~celery_leader.schedule.jobs.Job`: an
-interval entry runs on a grid of its period since the Unix epoch, a crontab on
-:class:`~celery_leader.schedule.series.CronSeries` (cron's rules at clock
-changes; ``leader_crontab_dst = "celery"`` keeps Celery's own arithmetic),
-anything else (solar, custom schedules) on Celery's ``is_due``. A slot is sent
-through ``Scheduler.apply_entry`` (code that hooks it, such as sentry-sdk's
-Crons, sees every slot) with the ``leader_epoch`` and ``leader_slot`` headers.
+"""Celery beat's entries and publish, as the slot protocol sees them: each
+``ScheduleEntry`` becomes a :class:`~celery_leader.schedule.jobs.Job`, sent through
+``Scheduler.apply_entry`` with the ``leader_epoch`` and ``leader_slot`` headers.
 """
 
 from __future__ import annotations
@@ -20,12 +14,12 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from ..config import OVERLAP, validate_grace, validate_missed_slots
 from ..exceptions import ConfigError, missing_extra
 from ..schedule.catalog import EntryCatalog, kept_pause
 from ..schedule.entries import Entry
 from ..schedule.jobs import Adapter, Job, Outcome
 from ..schedule.series import CronSeries, Every, Series, utc
+from ..settings.config import OVERLAP, validate_grace, validate_missed_slots
 from .publishing import BeatPublisher
 
 try:
@@ -47,12 +41,8 @@ _ENTRY_OPTIONS = frozenset(ENTRY_OPTIONS)
 
 @contextmanager
 def collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off (if it was on) while beat's schedule is built.
-
-    The build makes millions of objects (300,000 entries) that live as long as the
-    process, and the collector scanned them again and again while they were made:
-    half the build's time. Garbage made meanwhile is collected once it is back on.
-    """
+    """Python's cyclic garbage collector off (if it was on) while beat's schedule is built:
+    scanning its millions of long-lived objects as they are made was half the build's time."""
     was_on = gc.isenabled()
     gc.disable()
     try:
@@ -64,14 +54,8 @@ def collector_paused() -> Iterator[None]:
 
 def keep_out_of_collections(size: int) -> None:
     """Collect what is garbage now, then leave everything alive out of later collections,
-    when a schedule of ``size`` entries is large (``FREEZE_AT``) and the collector is on.
-
-    Done once a large schedule is built: its definition lives as long as the
-    process, and each full collection scanned all of it again (0.3 s at 300,000
-    entries, in the leader's first ticks). Frozen objects are still freed when
-    nothing refers to them; only a reference cycle among them would stay. A
-    process that turned the collector off keeps its objects as they are.
-    """
+    when a schedule of ``size`` entries is large (``FREEZE_AT``) and the collector is on:
+    each full collection scanned it all again (0.3 s at 300,000 entries)."""
     if gc.isenabled() and size >= FREEZE_AT:
         gc.collect()
         gc.freeze()
@@ -81,7 +65,6 @@ class BeatAdapter(Adapter):
     """Celery's entries and publish, as the slot protocol sees them."""
 
     def __init__(self, scheduler: Any, logger: logging.Logger) -> None:
-        #: The :class:`~celery_leader.celery.beat.LeaderSchedulerMixin` whose entries these are.
         self.scheduler = scheduler
         config = scheduler.leader_config
         self.logger = logger
@@ -155,10 +138,8 @@ class BeatAdapter(Adapter):
         zone = scheduler.app.timezone
         records_before, entries_before = self.catalog.listed, self._entries
         records = self.catalog.read()
-        # Read once per pass: ``schedule`` may be a property that asks a
-        # database whether the schedule changed (django-celery-beat's does, and
-        # reconnects first unless CONN_MAX_AGE keeps its connection), which is
-        # far too slow to pay for every entry on every tick.
+        # Read once per pass: ``schedule`` may be a property that asks a database
+        # whether the schedule changed (django-celery-beat's), far too slow per entry.
         entries: dict[str, ScheduleEntry] = scheduler.schedule
         self._entries = entries
         self._count = len(entries)
@@ -216,8 +197,7 @@ class BeatAdapter(Adapter):
         series: SeriesMemo,
     ) -> Job | None:
         """The job of beat's ``entry``, or None while it may not run; reused from ``made``
-        when its schedule and options are the ones it was made of, else made with the
-        pass's shared ``series``. Kept in ``_made``."""
+        when its schedule and options are the ones it was made of. Kept in ``_made``."""
         enabled, since = kept_pause(records, entry.name)
         if not self.scheduler.entry_enabled(entry) or not enabled:
             return None
@@ -350,12 +330,8 @@ class BeatAdapter(Adapter):
 
 
 class SeriesMemo:
-    """The series of one listing pass, made once per distinct schedule.
-
-    Most entries of a large schedule share a few schedules: one object (a crontab
-    made once for many entries) or equal ones (Celery makes a ``schedule`` per
-    entry given seconds). A crontab's series costs microseconds and a kilobyte.
-    """
+    """The series of one listing pass, made once per distinct schedule (most entries of
+    a large schedule share a few, by identity or by value)."""
 
     def __init__(self, crontab_dst: str) -> None:
         self.crontab_dst = crontab_dst
@@ -380,11 +356,7 @@ class SeriesMemo:
 
 
 def _series_key(sched: Any) -> tuple[Any, ...] | None:
-    """All that :func:`series_of` reads of ``sched``, by value (``None``: not shared).
-
-    Celery makes a new ``schedule`` for every entry given a number of seconds,
-    and a schedule written as a crontab per entry is as common as one shared.
-    """
+    """All that :func:`series_of` reads of ``sched``, by value (``None``: not shared)."""
     if type(sched) is schedule:
         return ("every", sched.run_every, sched.relative)
     if isinstance(sched, crontab):
@@ -401,10 +373,8 @@ def _series_key(sched: Any) -> tuple[Any, ...] | None:
 
 
 def series_of(sched: Any, crontab_dst: str = "cron") -> Series | None:
-    """The due instants of a Celery schedule, or ``None`` when only its ``is_due`` can tell.
-
-    Interval subclasses that override ``is_due`` keep their own rule.
-    """
+    """The due instants of a Celery schedule, or ``None`` when only its ``is_due`` can tell
+    (interval subclasses that override ``is_due`` keep their own rule)."""
     if isinstance(sched, crontab):
         # Subclasses included: django-celery-beat's TzAwareCrontab overrides
         # is_due only to read last_run_at in its own zone, which ``sched.tz`` is.

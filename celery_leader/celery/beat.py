@@ -1,13 +1,5 @@
-"""Celery beat on every replica, one dispatcher, no schedule slot sent twice.
-
-:class:`LeaderSchedulerMixin` gates any Celery scheduler on the beat election and
-hands its dispatching to the slot protocol (:mod:`celery_leader.schedule`) through
-:class:`~celery_leader.celery.adapter.BeatAdapter`. This module holds the scheduler's
-side: when the schedule is set up, the hooks subclasses override, the banner, and
-stop signals held back between a batch's claim and its publish.
-
-A follower's ``tick()`` returns a short sleep and never runs Celery's own tick.
-"""
+"""Celery beat on every replica, one dispatcher, no schedule slot sent twice: the
+scheduler's side of the slot protocol (set-up, hooks, banner, stop signals)."""
 
 from __future__ import annotations
 
@@ -19,8 +11,8 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
-from .. import metrics
 from ..exceptions import missing_extra
+from ..probes import metrics
 from ..schedule.feed import POLL_INTERVAL
 from ..schedule.jobs import Job
 from ..schedule.protocol import SlotProtocol
@@ -43,19 +35,14 @@ FOLLOWER_INTERVAL = 0.1
 
 #: Seconds of each follower tick (FOLLOWER_INTERVAL apart) spent making code
 #: entries' jobs ahead of a promotion, until all are made: at most a fifth of a
-#: core, so that replicas started together leave the CPU to the one elected,
-#: which makes its jobs at once. Three replicas of 300,000 entries each made
-#: them at start-up, side by side on two cores, before the first could send.
-#: A promotion before the follower made them all makes the rest (under 1 s at
-#: 300,000 entries).
+#: core, so that replicas started together leave the CPU to the one elected.
 WARM_SLICE = 0.02
 
 
 class LeaderSchedulerMixin:
     """Put first in the bases of a Celery scheduler to gate it on a lease.
 
-    ``class MyScheduler(LeaderSchedulerMixin, SomeScheduler): ...``. The
-    lease is created on the first ``tick()``, not in ``__init__``: beat builds
+    The lease is created on the first ``tick()``, not in ``__init__``: beat builds
     its scheduler once more just to print the banner.
     """
 
@@ -85,11 +72,8 @@ class LeaderSchedulerMixin:
             keep_out_of_collections(len(self.schedule))
 
     def setup_schedule(self) -> None:
-        """Deferred until this instance first leads.
-
-        Some schedulers write shared state while setting up (django-celery-beat
-        saves ``beat_schedule`` into its tables); only a leader may do that.
-        """
+        """Deferred until this instance first leads: some schedulers write shared state
+        while setting up (django-celery-beat saves ``beat_schedule``)."""
 
     def set_up_as_leader(self) -> None:
         """Run the scheduler's own ``setup_schedule`` once, when this instance first leads."""
@@ -103,17 +87,9 @@ class LeaderSchedulerMixin:
         return self._protocol.lease
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
-        """One scheduler pass; only a current leader dispatches.
-
-        A leader wakes at least every ``POLL_INTERVAL`` to see edits of the
-        entries kept in the store, however far its next slot is; so does a
-        follower set up at start-up, to keep their jobs made.
-
-        Stop signals that arrive during the pass are delivered after it (a
-        second one at once): Celery's handler closes the scheduler right where
-        the main thread is, and a store call it interrupts may hold the lock
-        that closing the store waits for.
-        """
+        """One scheduler pass; only a current leader dispatches. Wakes at least every
+        ``POLL_INTERVAL`` to see edits of the store's entries; stop signals are held
+        back until the pass ends (see ``_STOP_SIGNALS``)."""
         adapter = self._adapter
         with _stop_signals_deferred():
             lease = self.lease
@@ -129,12 +105,8 @@ class LeaderSchedulerMixin:
             return min(self._protocol.tick(), POLL_INTERVAL)
 
     def leader_jobs(self, store_entries: bool = False) -> Sequence[Job]:
-        """The schedule's entries as the slot protocol sees them (``leader plan`` lists them).
-
-        Sets the schedule up as a leader does, so call it on a scheduler that never
-        ticks. ``store_entries``: also the entries kept in the store (read once, on
-        a connection of its own); otherwise nothing contacts the store.
-        """
+        """The schedule's entries as the slot protocol sees them (``leader plan`` lists them),
+        on a scheduler that never ticks; ``store_entries``: also the store's entries."""
         adapter = self._adapter
         return adapter.catalog.read_once(adapter.jobs) if store_entries else adapter.jobs()
 
@@ -159,10 +131,9 @@ class LeaderSchedulerMixin:
         return None
 
     def mark_edits(self, jobs: list[Job], edited: set[str] | None = None) -> list[Job]:
-        """``jobs`` with their ``generation`` and ``active_since`` (a hook: the schedule's
-        entries as edited at runtime, such as django-celery-beat's rows). Code entries
-        have neither. ``edited``: ``jobs`` are only those entries (of these names) listed
-        again, the others are as last marked; ``None``: ``jobs`` are all of them."""
+        """``jobs`` with their ``generation`` and ``active_since`` (a hook: entries edited at
+        runtime, such as django-celery-beat's rows). ``edited``: ``jobs`` are only those
+        entries listed again; ``None``: ``jobs`` are all of them."""
         return jobs
 
     def stopped_leading(self) -> None:
@@ -181,12 +152,8 @@ class LeaderSchedulerMixin:
     def apply_async(
         self, entry: ScheduleEntry, producer: Any = None, advance: bool = True, **kwargs: Any
     ) -> Any:
-        """Celery's, except that the failure of a slot's publish is kept as its outcome.
-
-        Celery's ``apply_entry`` logs and swallows errors; the leader needs them
-        to hand back the slot or to resign. A slot's ``producer`` (the one the
-        leader passes to ``apply_entry``) carries the record of its publish.
-        """
+        """Celery's, except that the failure of a slot's publish is kept as its outcome
+        (``apply_entry`` logs and swallows it; the leader needs it)."""
         try:
             return super().apply_async(entry, producer, advance, **kwargs)  # type: ignore[misc]
         except Exception as exc:
@@ -194,13 +161,8 @@ class LeaderSchedulerMixin:
                 raise
             return None
 
-    # -- lifecycle ----------------------------------------------------------
-
     def close(self) -> None:
-        """Hand over first (demote, release, wake a follower), then close the scheduler.
-
-        Safe to call twice: beat does on SIGTERM.
-        """
+        """Hand over first, then close the scheduler. Safe to call twice (beat does)."""
         self._protocol.close()
         super().close()  # type: ignore[misc]
 
@@ -223,32 +185,18 @@ class LeaderSchedulerMixin:
 
 
 class LeaderScheduler(LeaderSchedulerMixin, Scheduler):  # type: ignore[misc]
-    """Celery's in-memory scheduler, gated on the beat election.
-
-    Schedule state lives in the lease store, so unlike ``PersistentScheduler``
-    no local shelve file is written (replicas on one host would fight over
-    it) and a new leader continues where the old one stopped.
-    """
+    """Celery's in-memory scheduler, gated on the beat election (its state lives in the
+    lease store: no shelve file, and a new leader continues where the old one stopped)."""
 
     def setup_schedule(self) -> None:
-        """Build beat's entries at start-up, on every replica, not at the first promotion.
-
-        Celery's in-memory scheduler writes nothing shared while setting up, and
-        building its entries takes seconds for a large schedule: paid by a
-        promotion, that would be hand-over time.
-        """
+        """Build beat's entries at start-up, on every replica: it writes nothing shared,
+        and at a promotion the build would be hand-over time."""
         self.set_up_as_leader()
 
     def merge_inplace(self, b: dict[str, Any]) -> None:
-        """Celery's, with one clock reading for every new entry's ``last_run_at`` and one
-        copy of each entry's fields.
-
-        Celery reads the clock (with zone arithmetic) per entry and copies each
-        entry's fields into a new dict: seconds at 300,000 entries. The time is a
-        placeholder: a leader replaces it with the stored state before the entry
-        is due. As in Celery, entries not in ``b`` are removed, and an entry
-        already there is updated in place.
-        """
+        """Celery's, with one clock reading for every new entry's ``last_run_at`` (a
+        placeholder for the stored state) and one copy of each entry's fields: Celery's
+        took seconds at 300,000 entries."""
         app, schedule = self.app, self.schedule
         now = app.now()
         for key in schedule.keys() - b.keys():
@@ -276,12 +224,8 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP)
 
 @contextmanager
 def _stop_signals_deferred() -> Iterator[None]:
-    """Record the stop signals that arrive in this block and deliver them after it.
-
-    Python runs signal handlers in the main thread only, so only the main
-    thread swaps them (a mask would not do: the kernel hands a process signal
-    to any thread that does not block it).
-    """
+    """Record the stop signals that arrive in this block and deliver them after it
+    (Python runs signal handlers in the main thread only: only it swaps them)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

@@ -1,21 +1,16 @@
-"""``celery -A proj leader status|resign|check|plan|run``: see and steer the elections.
-
-Registered through the ``celery.commands`` entry point, so it is a
-subcommand of Celery's own click CLI and gets ``-A`` and the app's settings.
-What each command does lives in :mod:`celery_leader.ops`, shared with
-``python -m celery_leader``.
-"""
+"""``celery -A proj leader status|resign|check|plan|run``: see and steer the elections
+(what each command does lives in :mod:`celery_leader.cli.commands`)."""
 
 from __future__ import annotations
 
 import logging
 from typing import NoReturn
 
-from .. import ops
-from ..config import SETTINGS, LeaderConfig
+from ..cli import commands as ops
 from ..exceptions import ConfigError, missing_extra
 from ..run.spec import RESTART
 from ..schedule import plan as planning
+from ..settings.config import SETTINGS, LeaderConfig
 from . import ledger as _ledger  # noqa: F401  # connects the run ledger's worker step
 from . import startup
 from .beat import LeaderScheduler

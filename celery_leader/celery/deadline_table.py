@@ -1,18 +1,9 @@
 """The deadline table: how a worker's pool processes learn who leads.
 
-The worker's main process runs the leases; its pool processes run the tasks.
-The main process writes, per election, the ``time.monotonic()`` deadline
-of its belief and the epoch of its term into a small memory-mapped file. Pool
-processes read it with no system call and no round trip. ``CLOCK_MONOTONIC``
-is one clock for the whole machine on Linux (and macOS), so a deadline written
-by one process means the same instant in another.
-
-A forked child inherits the mapping; a spawned child (``worker_pool_start_method
-= "spawn"``) opens the file named by :data:`ENV_VAR`, which the main process
-sets before its pool starts. Only the owner and its direct children trust the
-table (the header names the owner's pid): anything further down the process
-tree answers from its own leases (a ``@leader_only`` plain function joins on its
-own).
+The main process writes, per election, the ``time.monotonic()`` deadline of its
+belief and its term's epoch into a memory-mapped file (``CLOCK_MONOTONIC`` is one
+clock for the whole machine). Forked children inherit the mapping; spawned ones
+open the file :data:`ENV_VAR` names. Only the owner and its direct children trust it.
 
 Layout (the header little-endian, the slots in native byte order)::
 
@@ -22,21 +13,11 @@ Layout (the header little-endian, the slots in native byte order)::
     16  u32    length of the JSON header that follows
     20  u32    reserved
     24  JSON   {"store": ..., "names": [...]}, padded with zeros to a multiple of 64
-
-``store`` identifies the lease store (a hash of its URL and key prefix), so
-that an app with another store in the same process never reads this table.
     ..  slots  32 bytes each: i64 seq, f64 valid_until, i64 epoch, 8 bytes pad
 
-Slots are read and written as aligned 8-byte words through memoryviews (one
-machine load or store each; the ``struct`` module copies integers byte by
-byte). ``is_leader()`` reads ``valid_until`` alone: a single aligned
-word cannot be torn, on x86-64 or arm64, so the check needs no lock. The pair
-(valid_until, epoch) is kept consistent by a seqlock: the writer makes ``seq``
-odd, writes both, then makes it even again, and :meth:`DeadlineTable.read`
-retries while ``seq`` is odd or changed under it (giving up with "not
-leading" if a writer stopped half-way, say by SIGSTOP). ``@leader_only``'s
-check reads the pair, and waits for a write in progress while ``valid_until``
-lies ahead (:meth:`DeadlineTable.epoch_reader`).
+Slots are read and written as aligned 8-byte words (one machine load or store,
+never torn), so ``is_leader()`` reads ``valid_until`` without a lock; the pair
+(valid_until, epoch) is kept consistent by a seqlock on ``seq``.
 """
 
 from __future__ import annotations
@@ -84,11 +65,7 @@ def _table_dir() -> Path:
 
 
 class DeadlineTable:
-    """A mapped deadline table; see the module docstring.
-
-    Build one with :meth:`create` (the writing process) or :meth:`open`
-    (a reader). Readers use :meth:`checker` on the hot path.
-    """
+    """A mapped deadline table: :meth:`create` (the writer) or :meth:`open` (a reader)."""
 
     def __init__(
         self, path: Path, buf: mmap.mmap, owner_pid: int, store: str, names: list[str]
@@ -105,16 +82,10 @@ class DeadlineTable:
         self._write_lock = threading.Lock()
         self._lock_fd: int | None = None
 
-    # -- owner --------------------------------------------------------------
-
     @classmethod
     def create(cls, store: str, names: list[str]) -> DeadlineTable:
-        """Create, map and lock a table for ``names`` (every slot "not leading").
-
-        The file is written under a temporary name and renamed into place while
-        this process holds an exclusive ``flock`` on it, so that
-        :func:`sweep_stale` never removes a live table.
-        """
+        """Create, map and lock a table for ``names`` (every slot "not leading"); renamed
+        into place under an exclusive ``flock``, so :func:`sweep_stale` spares it."""
         directory = _table_dir()
         sweep_stale(directory)
         encoded = _encode_header(store, names)
@@ -151,17 +122,12 @@ class DeadlineTable:
             ints[word] = seq + 2
 
     def remove(self) -> None:
-        """Unlink the file and drop the lock (owner only).
-
-        Processes that mapped it keep their mapping; no new one can open it.
-        """
+        """Unlink the file and drop the lock (owner only); mappings stay."""
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
-
-    # -- readers ------------------------------------------------------------
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> DeadlineTable:
@@ -205,11 +171,8 @@ class DeadlineTable:
     def epoch_reader(self, index: int) -> Callable[[], int | None]:
         """A function: the epoch in slot ``index`` while its deadline lies ahead, else None.
 
-        ``@leader_only``'s check. A write in progress (its writer descheduled
-        half-way, or, in the writing process, holding no GIL) is waited for
-        while the deadline word says "leading", as :meth:`checker` would:
-        answering "not leading" meanwhile would turn a leader's task away. A
-        writer stopped for good lets that deadline pass.
+        A write in progress is waited for while the deadline word says "leading":
+        answering "not leading" meanwhile would turn a leader's task away.
         """
         read = self.read
         floats = self._floats
@@ -229,10 +192,7 @@ class DeadlineTable:
         return epoch
 
     def checker(self, index: int) -> Callable[[], bool]:
-        """A function telling whether the deadline in slot ``index`` lies ahead.
-
-        ``@leader_only``'s hot path: one clock read and one aligned word.
-        """
+        """A function telling whether the deadline in slot ``index`` lies ahead."""
         floats = self._floats
         word = self._word(index) + 1
         monotonic = time.monotonic
@@ -256,11 +216,7 @@ def _slots_offset(header_len: int) -> int:
 
 
 def sweep_stale(directory: Path) -> None:
-    """Remove tables whose owner is gone (killed before it could clean up).
-
-    A live owner holds an exclusive ``flock`` on its table, so a lock we can
-    take proves the owner died; the kernel dropped its lock with it.
-    """
+    """Remove tables whose owner is gone: a live owner holds an exclusive ``flock``."""
     for path in directory.glob(f"{_PREFIX}*{_SUFFIX}"):
         try:
             fd = os.open(path, os.O_RDONLY)
@@ -282,12 +238,7 @@ _current: DeadlineTable | None = None
 
 
 def set_process_table(table: DeadlineTable | None) -> None:
-    """Serve ``table`` to this process and the pool processes it starts, or stop serving.
-
-    Called by the worker's main process before its pool starts (forked
-    children inherit the mapping, spawned ones open the file named by
-    :data:`ENV_VAR`), and with ``None`` once the pool has stopped.
-    """
+    """Serve ``table`` to this process and the pool processes it starts, or stop serving."""
     global _current
     _current = table
     if table is None:
@@ -298,13 +249,8 @@ def set_process_table(table: DeadlineTable | None) -> None:
 
 
 def process_table() -> DeadlineTable | None:
-    """The table this process may trust, if any.
-
-    The table :func:`set_process_table` gave (inherited as is by forked
-    children), else the file that :data:`ENV_VAR` names (spawned children).
-    ``None`` when neither exists or this process is not the owner or one of
-    its direct children.
-    """
+    """The table this process may trust, if any: the one :func:`set_process_table` gave,
+    else the file that :data:`ENV_VAR` names (spawned children)."""
     global _current
     table = _current
     if table is None:

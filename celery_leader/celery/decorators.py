@@ -1,20 +1,7 @@
 """``@leader_only``: run a task body (or any function) only on the leader.
 
-Contract::
-
-    @app.task
-    @leader_only                                  # election = leader_worker_election
-    def refresh_prices(): ...
-
-    @app.task
-    @leader_only(election="reports", on_follower="skip")
-    def build_report(day): ...
-
-Leadership comes from :mod:`celery_leader.celery.leadership`; where ``wait``-mode
-tasks are sent, from :mod:`celery_leader.celery.routing`. Importing this module
-connects a ``worker_init`` receiver that adds the worker bootsteps
-(:mod:`celery_leader.celery.worker`, named by path) to a starting worker whose app
-has a decorated task, and checks the worker's settings first.
+Importing this module connects a ``worker_init`` receiver that adds the worker
+bootsteps to a starting worker whose app has a decorated task.
 """
 
 from __future__ import annotations
@@ -28,10 +15,10 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
-from .. import body_epoch
-from ..config import namespace_of, spelled, validate_name
+from ..election import body_epoch
 from ..exceptions import ConfigError, missing_extra
-from ..startup import check_store
+from ..settings.config import namespace_of, spelled, validate_name
+from ..settings.startup import check_store
 from . import leadership, routing
 from .routing import ON_FOLLOWER, LeaderOnly, OnFollower, spec_of
 
@@ -91,34 +78,11 @@ def leader_only(
 ) -> Any:
     """Run the decorated function only while this process leads ``election``.
 
-    Put it *below* ``@app.task``. What a task does on a node that does not lead:
-
-    * ``on_follower="wait"`` (default): nothing is lost and nothing runs on a
-      follower. The task is sent to the election's leader queue
-      (:func:`celery_leader.leader_queue`), which only the leading node
-      consumes; a message that reaches a follower anyway (sent by name
-      elsewhere, or prefetched when the node was demoted) is forwarded there
-      as a retry with no countdown, and runs on the next leader.
-    * ``"skip"``: log at INFO and raise :class:`celery.exceptions.Ignore`
-      (the task is dropped). For broadcast/fan-out, where every node gets its
-      own copy and only the leader's should act.
-    * ``"retry"``: retry with exponential backoff and jitter, so that the
-      leader can take the task. The first delay is ``retry_backoff`` seconds,
-      doubling up to ``retry_backoff_max`` (default: the election's ttl, by
-      which a crashed leader has been replaced). ``max_retries=None`` (default)
-      retries without limit; with a number, the task fails with
-      :class:`celery.exceptions.MaxRetriesExceededError` when it runs out.
-    * ``"reject"``: hold the message up to :data:`REJECT_HOLD` (running it if
-      this node is elected meanwhile), then raise ``Reject(requeue=True)`` so
-      the broker redelivers it; the task needs ``acks_late=True`` (the worker
-      warns at startup when it lacks it).
-
-    Called outside a worker (a plain function, a task called directly or
-    eagerly), a follower's call returns ``None`` without running the body.
-
-    ``election`` defaults to the ``leader_worker_election`` setting. Bad
-    arguments, a class, or a decorator order with ``@leader_only`` above
-    ``@app.task`` raise at import time.
+    Put it *below* ``@app.task``. On a follower, ``on_follower`` says what a task does:
+    ``"wait"`` (sent to the election's leader queue), ``"skip"`` (``Ignore``),
+    ``"retry"`` (backoff with jitter, capped by the ttl) or ``"reject"`` (requeue
+    after :data:`REJECT_HOLD`; needs ``acks_late``). Outside a worker a follower's
+    call returns ``None``. ``election`` defaults to ``leader_worker_election``.
     """
     if election is not None:
         validate_name("election", election)
@@ -188,11 +152,8 @@ def _decorate(spec: LeaderOnly, fn: Any) -> Any:
 
 
 def _run(election: str, epoch: int, fn: Any, args: Any, kwargs: Any) -> Any:
-    """Run a body that passed its check of ``election`` under ``epoch``.
-
-    The term can end before the body's first line (a resign); ``current_epoch()``
-    in the body still answers ``epoch`` (:mod:`celery_leader.body_epoch`).
-    """
+    """Run a body that passed its check of ``election`` under ``epoch`` (``current_epoch()``
+    in the body answers it, even once the term has ended)."""
     token = body_epoch.enter(election, epoch)
     try:
         return fn(*args, **kwargs)
@@ -222,9 +183,6 @@ def _check_target(fn: object) -> None:
 def _name_of(task: Any) -> str:
     # A lazy proxy's attributes would evaluate it; its repr does not.
     return str(task.name) if issubclass(type(task), Task) else repr(task)
-
-
-# -- the follower path -------------------------------------------------------
 
 
 def _follower(spec: LeaderOnly, app: Any, fn: Any, args: Any, kwargs: Any) -> Any:
@@ -309,18 +267,12 @@ def _retry(task: Any, max_retries: int | None, **options: Any) -> Any:
             task.override_max_retries = saved
 
 
-# -- the worker --------------------------------------------------------------
-
-
 def _on_worker_init(sender: Any = None, **_: Any) -> None:
     """Prepare a starting worker: add the bootsteps if needed, check the settings.
 
-    ``worker_init`` is sent after the worker imported the task modules and
-    selected its queues, and before it builds its bootstep blueprint from
-    ``app.steps``: steps added here are built, and an error here stops the
-    worker before anything started. A bad setting ends the process with one
-    line and exit status 1, not a traceback through Celery's bootsteps.
-    Workers of other apps in the same process are left alone.
+    ``worker_init`` comes after the task modules are imported and before the
+    blueprint is built from ``app.steps``. A bad setting ends the process with
+    one line and exit status 1, not a traceback through Celery's bootsteps.
     """
     if sender is None:
         return

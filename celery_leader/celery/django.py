@@ -1,22 +1,8 @@
-"""django-celery-beat, gated on the beat election.
-
-Set ``CELERY_BEAT_SCHEDULER = "celery_leader.contrib.django:LeaderDatabaseScheduler"``
-(or pass ``-S celery_leader.contrib.django:LeaderDatabaseScheduler``). It is a
-subclass of django-celery-beat's ``DatabaseScheduler``, so its admin still
-treats the schedule as database-managed.
+"""django-celery-beat, gated on the beat election (``LeaderDatabaseScheduler``).
 
 The lease store's run state is the truth of what was sent: django-celery-beat
-writes ``last_run_at`` to its rows lazily (every few minutes), so after a
-fail-over they are behind; a leader copies the stored state onto the rows, for
-the admin to show, and never the other way round.
-
-Rows are edited at runtime, and an edit means what it means for every entry
-(:class:`~celery_leader.schedule.jobs.Job`): a row's generation is its primary
-key, so a row deleted and re-created under its name starts fresh; a row that
-appears (created, re-enabled, past its ``start_time``) or whose schedule changed
-is active since the leader saw that, so it sends nothing from before. A row's
-``headers`` may carry its own ``leader_missed_slots`` and
-``leader_missed_slots_grace``.
+writes ``last_run_at`` to its rows lazily, so a leader copies the stored state
+onto the rows, never the other way round. A row's generation is its primary key.
 """
 
 from __future__ import annotations
@@ -49,11 +35,9 @@ except ModuleNotFoundError as exc:
 logger = logging.getLogger(__name__)
 
 #: How long before the previous change mark a changed row's ``date_changed`` may
-#: lie and still be read again. Both are stamped by the editors' clocks, not this
-#: replica's: an editor whose clock runs behind the one that stamped the mark, or
-#: whose transaction commits long after its ``save()`` stamped the row, writes a
-#: ``date_changed`` older than the mark it moves. Rows edited within the margin
-#: are read again at each change, which costs little.
+#: lie and still be read again: an editor whose clock runs behind, or whose
+#: transaction commits long after its ``save()``, writes a ``date_changed`` older
+#: than the mark it moves.
 EDIT_MARGIN = timedelta(seconds=60)
 
 #: Rows changed at once above this share of the schedule are read with the rest:
@@ -68,12 +52,8 @@ _ScheduleKey = tuple[str, Any]
 
 
 class LeaderModelEntry(ModelEntry):  # type: ignore[misc]
-    """django-celery-beat's entry of a row, whose ``headers`` may hold its missed-slot policy.
-
-    ``{"leader_missed_slots": "all", "leader_missed_slots_grace": 600}`` in a row's
-    headers become the entry's options of those names (as in ``beat_schedule``),
-    so they are not sent as message headers.
-    """
+    """django-celery-beat's entry of a row, whose ``headers`` may hold its missed-slot
+    policy: taken out as entry options (as in ``beat_schedule``), never sent."""
 
     def __init__(self, model: Any, app: Any = None) -> None:
         super().__init__(model, app=app)
@@ -87,11 +67,8 @@ class LeaderModelEntry(ModelEntry):  # type: ignore[misc]
     def from_entry(cls, name: str, app: Any = None, **entry: Any) -> LeaderModelEntry:
         """The row of code entry ``name`` (``beat_schedule``), written only when it differs.
 
-        django-celery-beat's own ``from_entry`` saves the row and its schedule row
-        even when nothing changed: each save tells every beat that the schedule
-        changed, and a newly elected leader then reads all the tables again
-        before its first slot (twice: once per entry written). Comparing first
-        costs a few reads and writes nothing on a restart or a promotion.
+        django-celery-beat's own saves even when nothing changed, and each save
+        makes a newly elected leader read all the tables again before its first slot.
         """
         row = cls._same_row(name, entry)
         if row is not None:
@@ -100,11 +77,8 @@ class LeaderModelEntry(ModelEntry):  # type: ignore[misc]
 
     @classmethod
     def _same_row(cls, name: str, entry: dict[str, Any]) -> Any:
-        """The saved row of ``name`` when it already holds ``entry``, else None.
-
-        The fields are django-celery-beat's ``_unpack_fields``, built without its
-        ``to_model_schedule``, which saves the schedule row.
-        """
+        """The saved row of ``name`` when it already holds ``entry``, else None (the
+        fields of ``_unpack_fields``, without ``to_model_schedule``, which saves)."""
         entry = dict(entry)
         schedule = schedules.maybe_schedule(entry.pop("schedule", None))
         linked: dict[str, Any] = {field: None for _, _, field in cls.model_schedules}
@@ -143,10 +117,8 @@ class LeaderModelEntry(ModelEntry):  # type: ignore[misc]
     def save(self) -> None:
         """Write the row's ``last_run_at`` and ``total_run_count``, and nothing else.
 
-        django-celery-beat's own save reads the row and saves all of it: an edit
-        committed in between is undone (a disabled row enabled again) or a deleted
-        row comes back (Django inserts when its update matched nothing). One
-        ``UPDATE`` of two columns does neither, and leaves ``date_changed`` alone.
+        django-celery-beat's own save of the whole row undoes an edit committed in
+        between, or brings a deleted row back; this leaves ``date_changed`` alone too.
         """
         model = self.model
         type(model)._default_manager.filter(pk=model.pk).update(
@@ -197,14 +169,8 @@ class LeaderDatabaseScheduler(LeaderSchedulerMixin, DatabaseScheduler):  # type:
         return super().tick(*args, **kwargs)
 
     def _warm_up(self) -> None:
-        """Read the schedule tables once, as a follower may: without writing.
-
-        The first read of a process is slow (Django opens its connection and
-        builds its queries, django-celery-beat builds every entry): measured
-        at most of a second on a busy machine, which a promotion would add to
-        the hand-over. Writing stays a leader's: ``setup_schedule`` (which
-        saves ``beat_schedule`` into the tables) still waits for the lease.
-        """
+        """Read the schedule tables once, without writing: the first read of a process
+        is slow, which a promotion would add to the hand-over."""
         try:
             # The change mark first: an edit saved during or after the read moves it.
             mark = self.Changes.last_change()
@@ -223,14 +189,8 @@ class LeaderDatabaseScheduler(LeaderSchedulerMixin, DatabaseScheduler):  # type:
 
     @property  # the mixin declares it an attribute, as Celery's base scheduler has it
     def schedule(self) -> dict[str, Any]:  # type: ignore[override]
-        """django-celery-beat's schedule, read whole once, then only where it changed.
-
-        django-celery-beat reads and builds every row whenever
-        ``PeriodicTasks.last_update`` moves, and every 5 minutes: seconds at
-        100,000 rows, for one edit. This reads the rows whose ``date_changed`` is
-        after the previous mark and the ones that entered or left the schedule
-        (see :meth:`_reload`), and replaces only their entries, in place.
-        """
+        """django-celery-beat's schedule, read whole once, then only where it changed
+        (django-celery-beat reads every row at each edit: seconds at 100,000 rows)."""
         if self._initial_read or self._schedule is None:
             return self._read_all()
         previous = self._last_timestamp
@@ -268,14 +228,9 @@ class LeaderDatabaseScheduler(LeaderSchedulerMixin, DatabaseScheduler):  # type:
         """Replace the entries of the rows changed since the change mark ``mark`` (None:
         the mark did not move), and of the rows that entered or left the schedule.
 
-        Costs (one edit at 100,000 rows on PostgreSQL: 0.15 s of CPU, where reading
-        every row took 22 s): one query of the keys of the rows in the schedule (a
-        column of integers, no row built), which finds rows deleted, enabled or
-        disabled by a bulk ``update()`` (the admin's actions leave ``date_changed``
-        alone), and rows entering or leaving django-celery-beat's windows (crontabs
-        two hours ahead, clocked rows five minutes ahead); one of the keys of rows
-        changed since the mark (a scan of one column); the schedule tables, usually
-        a handful of rows; and building the changed rows' entries.
+        The keys of the rows in the schedule find rows a bulk ``update()`` enabled,
+        disabled or deleted (the admin's actions leave ``date_changed`` alone), and
+        rows entering or leaving django-celery-beat's windows.
         """
         self.sync()  # our run state written first, as django-celery-beat does
         self._last_full_sync = datetime.now()
@@ -387,14 +342,11 @@ class LeaderDatabaseScheduler(LeaderSchedulerMixin, DatabaseScheduler):  # type:
     def mark_edits(self, jobs: list[Job], edited: set[str] | None = None) -> list[Job]:
         """Each row's job with its generation (the row's key) and ``active_since``.
 
-        A row is compared with what this replica saw at its previous look, by its
-        schedule's value, not by ``date_changed``: django-celery-beat's own saves
-        of ``last_run_at`` bump that. A row that appeared or changed since is
-        active since its ``date_changed`` (the edit's save), kept between the
-        previous look and now: the editor's clock may be off, and the edit
-        happened in between. What a replica sees at its first look as leader it
-        takes as it is (``active_since`` unset): the lease store keeps the
-        ``active_since`` its predecessor recorded.
+        Rows are compared by schedule value, not ``date_changed`` (saves of
+        ``last_run_at`` bump that). A row that appeared or changed is active since
+        its ``date_changed``, kept between the previous look and now (the editor's
+        clock may be off). The first look as leader sets no ``active_since``: the
+        store keeps the predecessor's.
         """
         previous, looked_at = self._rows, self._looked_at
         # Not read at the first look, which needs no time: the clock may be the

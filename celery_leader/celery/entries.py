@@ -1,15 +1,15 @@
 """``celery -A proj leader entries ...`` and :func:`entries_of`: Celery's side of the
-schedule entries kept in the store (the commands are :mod:`celery_leader.ops_entries`)."""
+schedule entries kept in the store (the commands are :mod:`celery_leader.cli.entries`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
-from .. import ops_entries
-from ..config import LeaderConfig
+from ..cli import entries as ops_entries
+from ..cli.entries import CodeEntry, EntriesApp, EntriesError, ScheduleEntries
 from ..exceptions import ConfigError, missing_extra
-from ..ops_entries import CodeEntry, EntriesApp, EntriesError, ScheduleEntries
+from ..settings.config import LeaderConfig
 from .adapter import series_of
 
 try:

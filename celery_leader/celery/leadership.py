@@ -1,24 +1,10 @@
 """Who leads, as seen from this process: the registry behind ``is_leader()``.
 
-A check of leadership comes from one of three places, in the order tried:
-
-1. a test's pin (:mod:`celery_leader.pins`: ``as_leader()``, ``as_follower()``),
-   which holds for the whole process;
-2. the worker's deadline table (:mod:`celery_leader.celery.deadline_table`), which
-   the worker's main process fills for every election it joined when it
-   started: a pool process reads one float from shared memory, no round trip;
-3. otherwise a lease of this process: ``@leader_only`` on a plain function (in
-   a web process, a script, or for an election first named after the worker
-   started) joins the election on first use, with the settings of the Celery
-   app. :func:`is_leader`, :func:`current_epoch` and :func:`ensure_leader`
-   never join: they answer from a lease some part of this process joined (the
-   worker's node, a scheduler, such a function), else "not leading".
-
-Each (app, election) pair resolves once to a :class:`View` and is cached; the
-worker calls :func:`forget_views` when it serves a new table, and so does a
-change of the pins. A lease another part of this process joined is looked up
-on every call instead (it may leave, and a later one replace it), and so is
-"no lease": the process may join later.
+A check is answered, in this order, by a test's pin (:mod:`celery_leader.election.pins`),
+the worker's deadline table (:mod:`celery_leader.celery.deadline_table`), else a
+lease of this process (``@leader_only`` on a plain function joins on first use;
+:func:`is_leader` never joins). Each (app, election) resolves once to a cached
+:class:`View`, except a lease another part of this process joined, and "no lease".
 """
 
 from __future__ import annotations
@@ -30,13 +16,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import body_epoch, metrics
-from ..config import LeaderConfig, validate_name
+from ..election import body_epoch
 from ..election.lease import Lease
 from ..election.lease_set import Membership, lease_set
+from ..election.pins import on_reset, role_of, watch
 from ..exceptions import NotLeader, StoreUnavailable, missing_extra
-from ..pins import on_reset, role_of, watch
-from ..process import after_fork_in_child
+from ..probes import metrics
+from ..settings.config import LeaderConfig, validate_name
+from ..settings.process import after_fork_in_child
 from . import deadline_table
 from .signals import SIGNALS
 
@@ -45,21 +32,6 @@ try:
     from celery._state import get_current_app
 except ModuleNotFoundError as exc:
     raise missing_extra(exc, "celery") from None
-
-__all__ = [
-    "View",
-    "cached_view",
-    "config_of",
-    "current_epoch",
-    "ensure_leader",
-    "forget_views",
-    "is_leader",
-    "name_election",
-    "named_elections",
-    "reset",
-    "stop_local_leases",
-    "view",
-]
 
 logger = logging.getLogger(__name__)
 
@@ -125,12 +97,8 @@ def view(app: Any, election: str | None) -> View:
 def is_leader(election: str | None = None, *, app: Any = None) -> bool:
     """True while this process (or its worker) leads ``election``.
 
-    It never joins an election and never talks to the store: it answers from a
-    lease this process already takes part in (in a worker's pool process, the
-    deadline the worker wrote; else a lease of this process: the worker's, a
-    scheduler's, or one a ``@leader_only`` plain function joined), otherwise
-    ``False``. A test's pin answers first. To ask who leads from any process:
-    :func:`celery_leader.leader_of`. ``election`` defaults to
+    Never joins an election nor talks to the store: it answers from a lease this
+    process already takes part in, else ``False``. ``election`` defaults to
     ``leader_worker_election`` and ``app`` to the current Celery app.
     """
     return _view_for(election, app).leads()
@@ -139,12 +107,8 @@ def is_leader(election: str | None = None, *, app: Any = None) -> bool:
 def current_epoch(election: str | None = None, *, app: Any = None) -> int | None:
     """The fencing token of this process's term of ``election``; ``None`` when not leading.
 
-    Answered like :func:`is_leader`: never joins, ``None`` without a lease of
-    this process. Epochs only grow: pass it with a write to a store that remembers the
-    highest one it has seen, and a deposed leader's late write is refused.
-    In a ``@leader_only`` body of ``election``, the epoch its check let it through
-    with, for the whole body, even once the term has ended (:func:`ensure_leader`
-    tells that).
+    Answered like :func:`is_leader`. In a ``@leader_only`` body of ``election``, the
+    epoch its check let it through with, even once the term has ended.
     """
     found = _view_for(election, app)
     passed = body_epoch.of(found.election)
@@ -152,11 +116,8 @@ def current_epoch(election: str | None = None, *, app: Any = None) -> int | None
 
 
 def ensure_leader(election: str | None = None, *, app: Any = None) -> None:
-    """Raise :class:`~celery_leader.exceptions.NotLeader` unless this process leads ``election``.
-
-    As cheap as :func:`is_leader` (a clock read and a memory read): call it
-    between the steps of a long task body, before each side effect.
-    """
+    """Raise :class:`~celery_leader.exceptions.NotLeader` unless this process leads ``election``
+    (as cheap as :func:`is_leader`: call it before each side effect of a long body)."""
     app = get_current_app() if app is None else app
     if not _view_for(election, app).leads():
         name = config_of(app).worker_election if election is None else election
@@ -188,11 +149,8 @@ def stop_local_leases() -> None:
 
 
 def reset() -> None:
-    """Forget everything this process learnt: leases it joined, stores, settings, views.
-
-    Between tests, so that the next one reads its app's settings afresh (a new
-    ``leader_url``) and joins no election of the previous one.
-    """
+    """Forget everything this process learnt: leases it joined, stores, settings, views
+    (between tests)."""
     stop_local_leases()  # leaving a set's last election closes its store connection
     with _lock:
         _configs.clear()
@@ -226,7 +184,7 @@ def _resolve(app: Any, key: str | None, *, join: bool) -> View:
         election = config.worker_election if key is None else key
         pin = role_of(election)
         if pin is not None:
-            # A test pinned the role (celery_leader.pins): no table, no lease.
+            # A test pinned the role (celery_leader.election.pins): no table, no lease.
             found = View(election, lambda: pin.leads, lambda: pin.epoch)
             _views[app, key] = found
             return found
@@ -253,11 +211,8 @@ def _resolve(app: Any, key: str | None, *, join: bool) -> View:
 
 
 def _local_lease(app: Any, election: str) -> Lease:
-    """Join ``election`` from this process, once, and wait for the first outcome.
-
-    Waiting (at most one store timeout) means the first call already knows
-    whether it leads, instead of always answering "no".
-    """
+    """Join ``election`` from this process, once, and wait (at most one store timeout)
+    for the first outcome, so that the first call already knows whether it leads."""
     config = config_of(app)
     found = _joined.get((config, election))
     if found is not None:
@@ -305,11 +260,8 @@ on_reset(reset)
 
 
 def _open_table(**_: Any) -> None:
-    """Map the worker's table as a pool process starts.
-
-    Then a spawned process keeps its mapping even if the worker removes the
-    file while shutting down.
-    """
+    """Map the worker's table as a pool process starts (a spawned one then keeps it
+    even if the worker removes the file while shutting down)."""
     deadline_table.process_table()
     forget_views()
 

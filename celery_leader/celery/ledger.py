@@ -1,22 +1,10 @@
 """Celery workers run each beat-sent slot once: the run ledger's worker step.
 
-With ``leader_ledger`` on (the default), a starting worker (``worker_init``, in the main
-process, before the pool starts) wraps every task's ``before_start`` hook: the
-hook runs in the process that runs the body, right before it. A message
-carrying ``leader_slot`` records its slot started there
-(:meth:`~celery_leader.ledger.RunGuard.begin`, one store round trip); a
-delivery of a slot that started or finished already raises
-:class:`~celery.exceptions.Ignore`, so Celery acknowledges it and never runs
-the body. ``task_postrun`` records the outcome (one more round trip).
-Messages without ``leader_slot`` pay one dictionary lookup; with the setting
-off nothing is wrapped. Left unset, the step is on wherever the app's
-celery-leader settings resolve (a worker of an app that cannot use
-celery-leader starts as before), and such a worker keeps the
-``@ledger-workers`` mark alive: beat re-sends a slot only while one does.
-
-The ``celery`` command loads this module through celery-leader's
-``celery.commands`` entry point, so every worker of an installed
-celery-leader gets the step without wiring.
+With ``leader_ledger`` on (the default, where the app's settings resolve), a
+starting worker wraps every task's ``before_start``: a message carrying
+``leader_slot`` records its slot started, and a delivery of a slot that started
+or finished already raises ``Ignore``; ``task_postrun`` records the outcome.
+Loaded by the ``celery`` command through the ``celery.commands`` entry point.
 """
 
 from __future__ import annotations
@@ -27,10 +15,10 @@ import os
 import sys
 from typing import Any
 
-from .. import metrics
 from ..exceptions import ConfigError, MissingExtra, missing_extra
 from ..ledger import RunGuard, crons, step
 from ..ledger.records import SKIPPED, SUCCESS
+from ..probes import metrics
 from . import leadership
 
 try:
@@ -198,12 +186,8 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
 
 
 def _serve_metrics(port: int, hostname: str) -> None:
-    """Serve this worker's metrics from its main process, with what its pool counts.
-
-    The run ledger counts in the pool processes, where bodies run; they add
-    to a file this process reads at each scrape (before the pool starts, so
-    every pool process finds it).
-    """
+    """Serve this worker's metrics from its main process, with what its pool counts
+    (into a file this process reads at each scrape)."""
     try:
         metrics.serve(port)
         metrics.share_with_pool()

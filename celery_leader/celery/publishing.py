@@ -1,36 +1,12 @@
 """Beat's publishes: confirmed by the broker, and classified when they fail.
 
-A leader hands a claimed slot back only when it *knows* the broker does not
-have it; a slot whose fate is unknown stays claimed (sending it again could
-run it twice). Without publisher confirms an AMQP ``basic.publish`` "succeeds"
-once its bytes are in the local socket buffer: a link that stalls or resets
-loses every slot written into it and nothing is reported, so nothing is
-handed back and no failure counts toward stepping down.
-
-:class:`BeatPublisher` is the scheduler's own connection and producer. On
-RabbitMQ (py-amqp) each publish waits for the broker's confirm, at most
-``confirm_timeout`` seconds, and records what happened:
-
-* the message was not written completely (the socket failed mid-write, the
-  connection was dead before, a declare or routing failed): definitely not
-  sent. kombu's publish retry may reconnect and write it once more, which is
-  safe for the same reason;
-* the broker answered ``basic.nack`` or closed the channel over it (no such
-  exchange): definitely not sent, the broker said so;
-* the message was written and no answer came (timeout, connection lost while
-  waiting): outcome unknown, raised as :class:`PublishOutcomeUnknown`, which
-  kombu does not retry.
-
-A connection that saw a failure is dropped without the AMQP close handshake
-(which would wait on a stalled link) and reopened for the next publish.
-Other transports publish as before; their errors are classified by
-:func:`known_unsent`.
-
-Inside :meth:`BeatPublisher.pipelined` (one claimed batch of slots), publishes
-to a transport that pipelines them (kombu's ``Producer.batch``: Redis, when no
-retry could replay a pipeline) are buffered, and :meth:`BeatPublisher.flush`
-sends them in one round trip. A failed flush is classified like a failed
-publish, for all the messages it carried.
+A leader hands a claimed slot back only when it *knows* the broker does not have
+it: sending a slot of unknown fate again could run it twice. On RabbitMQ
+(py-amqp) each publish waits for the broker's confirm: a message not written
+completely, or nacked, is definitely not sent; one written and unanswered is
+:class:`PublishOutcomeUnknown`. Other transports' errors are classified by
+:func:`known_unsent`. A connection that saw a failure is dropped without the
+close handshake (which would wait on a stalled link) and reopened.
 """
 
 from __future__ import annotations
@@ -53,8 +29,6 @@ except ModuleNotFoundError as exc:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BeatPublisher", "PublishOutcomeUnknown", "keep_failure", "known_unsent"]
-
 #: Tries to open the broker connection before a slot counts as not sent. One
 #: retry rides out a broker that closed an idle connection; more would hold a
 #: claimed slot back from the next leader while this one cannot reach the broker.
@@ -70,13 +44,8 @@ class PublishOutcomeUnknown(Exception):
 
 
 def known_unsent(error: BaseException) -> bool:
-    """Whether ``error`` happened before any message could reach the broker.
-
-    True for a connection that was refused or a host that did not resolve (no
-    connection, no bytes), a message that could not be serialized and a queue
-    that Celery could not route to; anything else (a timeout, a reset
-    mid-command) may have delivered it.
-    """
+    """Whether ``error`` happened before any message could reach the broker (no
+    connection, a message not serializable, a queue not routable)."""
     return caused_by(error, (*NOT_CONNECTED, EncodeError, QueueNotFound))
 
 
@@ -99,10 +68,8 @@ def keep_failure(producer: Any, error: BaseException) -> bool:
 
 
 class _Confirming:
-    """Mixin for a kombu producer: its py-amqp channels confirm and report every publish.
-
-    A mixin, not a producer class, so that a scheduler's own ``Producer`` keeps working.
-    """
+    """Mixin for a kombu producer (a scheduler's own ``Producer`` keeps working): its
+    py-amqp channels confirm and report every publish."""
 
     channel: Any
     _record: _Record
@@ -169,13 +136,8 @@ def _confirmed(channel: Any, record: _Record, default_timeout: float) -> Any:
 
 
 def _raise_if_closed(channel: Any) -> None:
-    """Read what the broker sent since the last publish, if anything, before writing.
-
-    A link that was reset or closed while idle shows up here (end of file, a
-    connection.close) and raises a connection error before anything is
-    written, so kombu reconnects and the slot goes out on the new connection
-    instead of into a dead socket.
-    """
+    """Read what the broker sent since the last publish, if anything, before writing: a
+    link closed while idle raises here, before the slot goes into a dead socket."""
     connection = channel.connection
     sock = getattr(getattr(connection, "transport", None), "sock", None)
     if sock is None:
@@ -245,11 +207,8 @@ class BeatPublisher:
 
     @contextmanager
     def pipelined(self) -> Iterator[None]:
-        """Buffer the publishes of this block where the transport pipelines them.
-
-        What was not flushed when the block ends is dropped: the slot protocol
-        flushes before it leaves it, except after a failure.
-        """
+        """Buffer the publishes of this block where the transport pipelines them (what
+        is not flushed by its end is dropped)."""
         self._pipelining = True
         try:
             yield
@@ -280,11 +239,9 @@ class BeatPublisher:
     def definitely_unsent(self, error: BaseException) -> bool:
         """Classify the failure of the publish that follows :meth:`producer`.
 
-        Drops the connection: after a failure it may be in any state (a late
-        confirm would answer the next publish). Not while a pipeline is open:
-        buffering a publish writes nothing, so this failure did not touch what
-        was buffered before it, which :meth:`flush` still sends (a flush that
-        fails closes the pipeline first).
+        Drops the connection (a late confirm would answer the next publish), except
+        while a pipeline is open: buffering writes nothing, and :meth:`flush` still
+        sends what was buffered before.
         """
         state, confirms = self._record.state, self._confirms
         if self._batch is None:

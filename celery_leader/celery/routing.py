@@ -1,28 +1,10 @@
 """Leader queues: where ``@leader_only(on_follower="wait")`` tasks are sent.
 
-Each election has a queue, ``<leader_key_prefix>.leader.<election>``
-(:func:`leader_queue`), that only the worker node leading the election
-consumes: the node adds the consumer when it is elected and cancels it when it
-is demoted (:mod:`celery_leader.celery.worker`). Messages wait there while nobody
-leads, and the next leader runs them.
-
-The queue is declared as the app declares its own: a leader queue listed in
-``task_queues`` is used as listed, any other is made as Celery makes a missing
-queue (``task_create_missing_queue_type``, so quorum when that says so, and
-``task_create_missing_queue_exchange_type``), also with
-``task_create_missing_queues = False``: it is this library's queue, not a
-typo. :func:`declare` puts it in ``app.amqp.queues``, where senders, the
-consumer and Celery's native delayed delivery (which binds every queue there)
-all find the same declaration.
-
-Senders route there by themselves: :func:`route` is a Celery router that
-:func:`route_leader_tasks` puts first in an app's ``task_routes``. That
-happens for every app when it is finalized (``celery beat`` and ``celery
-worker`` always finalize it) and for the apps that exist when a task module
-decorates a function, so ``delay()``, ``apply_async()`` and beat need nothing
-more. ``send_task()`` by name from a process that does not have the task
-must pass ``queue=leader_queue(...)``; without it, the message is forwarded to
-the leader queue by the first worker that receives it (one extra delivery).
+Each election has a queue, ``<leader_key_prefix>.leader.<election>``, that only
+the worker node leading the election consumes, while it leads. It is declared
+as the app declares its own, in ``app.amqp.queues``. :func:`route`, first in
+every app's ``task_routes``, sends the tasks there; ``send_task()`` by name
+needs ``queue=leader_queue(...)`` (else a worker forwards it: one extra delivery).
 """
 
 from __future__ import annotations
@@ -32,29 +14,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..config import DEFAULT_KEY_PREFIX, validate_name
 from ..exceptions import ConfigError, missing_extra
+from ..settings.config import DEFAULT_KEY_PREFIX, validate_name
 
 try:
     from celery._state import _get_active_apps, connect_on_app_finalize, get_current_app
     from kombu.common import Broadcast
 except ModuleNotFoundError as exc:
     raise missing_extra(exc, "celery") from None
-
-__all__ = [
-    "LeaderOnly",
-    "OnFollower",
-    "check_consumed_queues",
-    "consume_only_while_leading",
-    "declare",
-    "declare_on_broker",
-    "leader_queue",
-    "leader_queues",
-    "route",
-    "route_existing_apps",
-    "route_leader_tasks",
-    "spec_of",
-]
 
 logger = logging.getLogger(__name__)
 
@@ -65,11 +32,8 @@ ON_FOLLOWER: tuple[OnFollower, ...] = ("wait", "skip", "retry", "reject")
 
 @dataclass(frozen=True, eq=False)
 class LeaderOnly:
-    """How one decorated function behaves; kept as ``fn.__leader_only__``.
-
-    Compared by identity: the follower path uses it to tell "I am the body of
-    the task being executed" from "I am a plain function that task called".
-    """
+    """How one decorated function behaves; kept as ``fn.__leader_only__``. Compared by
+    identity: the body of the running task, or a plain function that task called."""
 
     election: str | None
     on_follower: OnFollower
@@ -85,12 +49,8 @@ def spec_of(task: Any) -> LeaderOnly | None:
 
 
 def leader_queue(election: str | None = None, *, app: Any = None) -> str:
-    """Name of the queue that only the leader of ``election`` consumes.
-
-    ``<leader_key_prefix>.leader.<election>``; ``election`` defaults to
-    ``leader_worker_election`` and ``app`` to the current app. Only these two
-    settings are read, so a sender needs no store settings.
-    """
+    """Name of the queue that only the leader of ``election`` consumes (default:
+    ``leader_worker_election``); a sender needs no store settings."""
     app = get_current_app() if app is None else app
     conf = app.conf
     prefix = conf.get("leader_key_prefix")
@@ -104,11 +64,7 @@ def leader_queue(election: str | None = None, *, app: Any = None) -> str:
 def route(
     name: str, args: Any, kwargs: Any, options: Mapping[str, Any], task: Any = None, **_: Any
 ) -> dict[str, str] | None:
-    """Celery router: a ``wait``-mode ``@leader_only`` task goes to its leader queue.
-
-    Other tasks are left to the routers after this one. A ``queue`` passed to
-    ``apply_async()`` still wins, as for any Celery router.
-    """
+    """Celery router: a ``wait``-mode ``@leader_only`` task goes to its leader queue."""
     spec = spec_of(task)
     if spec is None or spec.on_follower != "wait":
         return None
@@ -133,11 +89,8 @@ def declare(app: Any, name: str) -> Any:
 
 
 def route_leader_tasks(app: Any) -> None:
-    """Put :func:`route` first in ``app``'s ``task_routes``. Idempotent.
-
-    An app that is not configured yet gets it once it is, so that reading its
-    settings here does not freeze them before ``config_from_object()``.
-    """
+    """Put :func:`route` first in ``app``'s ``task_routes``. Idempotent. An app not
+    configured yet gets it once it is (reading its settings would freeze them)."""
     if not app.configured:
         app.on_after_configure.connect(_on_configured, weak=False, dispatch_uid=_UID)
         return
@@ -177,14 +130,8 @@ def leader_queues(app: Any, default_election: str) -> dict[str, str]:
 
 
 def check_consumed_queues(app: Any, queues: Mapping[str, str], consumed: Iterable[str]) -> None:
-    """Refuse a worker told to consume a leader queue from the start, or routing to one.
-
-    ``consumed`` is what ``-Q`` named. A leader queue is consumed only by the
-    node leading its election, and only while it leads; ordinary tasks sent
-    there would wait for the leader. (Listed in ``task_queues`` without ``-Q``
-    is fine: it declares the queue, and :func:`consume_only_while_leading`
-    takes it out of what the worker consumes from the start.)
-    """
+    """Refuse a worker told (``consumed``: by ``-Q``) to consume a leader queue from the
+    start, or whose default queue is one."""
     by_queue = {queue: election for election, queue in queues.items()}
     for queue in consumed:
         if queue in by_queue:
@@ -205,11 +152,8 @@ def check_consumed_queues(app: Any, queues: Mapping[str, str], consumed: Iterabl
 def declare_on_broker(app: Any, names: Iterable[str]) -> None:
     """Declare leader queues (and their exchanges) on an AMQP broker now, once.
 
-    Done as the worker starts, before its consumer: Celery's native delayed
-    delivery then binds every known queue's exchange, and fails (CRITICAL,
-    for all queues) on an exchange nobody declared yet, which a leader queue's
-    is until some node leads. Durable, so later starts find them. A broker
-    that cannot be reached now is left to the consumer's own retries.
+    Celery's native delayed delivery binds every known queue's exchange as the
+    consumer starts, and fails for all queues on one nobody declared yet.
     """
     names = list(names)
     if not names:
@@ -228,17 +172,8 @@ def declare_on_broker(app: Any, names: Iterable[str]) -> None:
 
 def consume_only_while_leading(app: Any, queues: Iterable[str]) -> None:
     """Declare the leader queues; fix the worker's consumed queues to what it consumes
-    now, minus the leader queues.
-
-    Declared in the worker before its consumer starts, so that the consumer,
-    Celery's quorum-queue detection (no global QoS) and native delayed
-    delivery (which binds every declared queue) see them.
-
-    Without ``-Q`` a worker consumes every queue in ``task_queues`` (a leader
-    queue listed there among them) and every queue the app adds later (sending
-    a wait-mode task declares its leader queue): naming today's queues keeps
-    a restarting consumer from picking up a leader queue.
-    """
+    now, minus the leader queues (without ``-Q`` a restarting consumer would pick up
+    every queue the app added since, leader queues among them)."""
     leader = set(queues)
     for queue in leader:
         if isinstance(declare(app, queue), Broadcast):

@@ -1,14 +1,8 @@
 """Celery signals sent when an instance gains or loses leadership.
 
 Both are sent with ``sender`` = the election name and the keyword arguments
-``lease`` (the :class:`~celery_leader.lease.Lease`), ``epoch`` (fencing token of
-the term that starts or ends) and ``instance_id``. Receivers run in the thread
-that noticed the change (the lease's own thread, or the one calling ``stop()``),
-so they must return quickly. Celery logs and swallows a receiver's exception.
-
-The lease knows nothing of Celery (Dramatiq users have none): the Celery parts
-that join an election (beat, the worker bootstep, ``is_leader()`` and
-``@leader_only`` outside a worker) pass :data:`SIGNALS` among its observers.
+``lease``, ``epoch`` and ``instance_id``, in the thread that noticed the change:
+receivers must return quickly.
 """
 
 from __future__ import annotations

@@ -1,19 +1,13 @@
-"""Bad settings under Celery's command line: one ``Error: ...`` line, exit status 2.
-
-Under Celery's command line (a click command is running) a settings error
-becomes a ``click.ClickException``: click prints it as one line on stderr and
-exits with :data:`EXIT_SETTINGS`. Celery gives a scheduler no other clean way
-out: ``beat`` logs any other exception with its traceback, and a
-``SystemExit`` raised from a scheduler ends beat with status 0.
-"""
+"""Bad settings under Celery's command line: one ``Error: ...`` line, exit status 2
+(beat logs any other exception with its traceback; a ``SystemExit`` ends it with 0)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..config import LeaderConfig, namespace_of, spelled
 from ..exceptions import ConfigError, missing_extra
-from ..startup import check_store
+from ..settings.config import LeaderConfig, namespace_of, spelled
+from ..settings.startup import check_store
 
 try:
     import click

@@ -1,21 +1,7 @@
-"""Worker bootsteps: run the elections in the main process, share them with the pool.
+"""Worker bootsteps: the elections run in the main process, shared with the pool.
 
-:class:`LeaderStep` (worker blueprint) joins ``leader_worker_election`` and
-every election named by a ``@leader_only`` function, and writes each
-lease's validity deadline into the deadline table that pool processes read
-(:mod:`celery_leader.celery.deadline_table`). :class:`LeaderQueueStep` (consumer
-blueprint) consumes the leader queue of each election with ``wait``-mode
-tasks while, and only while, the node leads it (:mod:`celery_leader.celery.routing`).
-:class:`FenceStep` (consumer blueprint) drops task messages whose
-``leader_epoch`` header is older than the beat election's current epoch, when
-``leader_fence_tasks`` is on.
-
-Nothing needs wiring by hand: importing :mod:`celery_leader.celery.decorators`
-connects a ``worker_init`` receiver that adds these steps (by path) to a
-starting worker's app when one of its tasks is decorated with
-``@leader_only``. :func:`install` is there for workers that want the steps
-anyway (say, to call :func:`celery_leader.is_leader` or decorated plain
-functions from undecorated tasks).
+Importing :mod:`celery_leader.celery.decorators` adds them to a starting worker
+whose app has a ``@leader_only`` task; :func:`install` adds them anyway.
 """
 
 from __future__ import annotations
@@ -26,15 +12,16 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .. import http_health, metrics
-from ..config import LeaderConfig
 from ..election.events import Callbacks
 from ..election.lease import Lease
 from ..election.lease_set import lease_set
+from ..election.pins import role_of
 from ..exceptions import StoreUnavailable, missing_extra
-from ..health import ConsumerLiveness, HealthFile
-from ..pins import role_of
-from ..process import default_instance_id
+from ..probes import http as http_health
+from ..probes import metrics
+from ..probes.health import ConsumerLiveness, HealthFile
+from ..settings.config import LeaderConfig
+from ..settings.process import default_instance_id
 from . import deadline_table, decorators, leadership, routing
 from .routing import spec_of
 from .signals import SIGNALS
@@ -43,15 +30,6 @@ try:
     from celery import bootsteps, signals
 except ModuleNotFoundError as exc:
     raise missing_extra(exc, "celery") from None
-
-__all__ = [
-    "FenceStep",
-    "FencedStrategies",
-    "LeaderNode",
-    "LeaderQueueStep",
-    "LeaderStep",
-    "install",
-]
 
 logger = logging.getLogger(__name__)
 
@@ -67,14 +45,8 @@ QUEUE_SYNC_INTERVAL = 0.1
 
 
 def install_worker_steps(app: Any) -> None:
-    """Add the celery-leader bootsteps (election, leader queues, fencing) to ``app``'s
-    workers. Idempotent.
-
-    ``@leader_only`` on a task does this by itself; call it for workers that only
-    use ``is_leader()`` or decorated plain functions. Must run before the worker
-    builds its blueprint: at import time of the app module, or from a
-    ``worker_init`` receiver.
-    """
+    """Add the celery-leader bootsteps to ``app``'s workers (before the worker builds
+    its blueprint). Idempotent; ``@leader_only`` on a task does it by itself."""
     decorators.add_steps(app)
 
 
@@ -83,11 +55,8 @@ install = install_worker_steps
 
 
 class LeaderNode:
-    """The leases of one worker node and their deadline table.
-
-    Built in the worker's main process before the pool starts, so that the
-    table exists when pool processes fork or spawn.
-    """
+    """The leases of one worker node and their deadline table (built before the pool
+    starts, so that the table exists when pool processes fork or spawn)."""
 
     def __init__(
         self,
@@ -98,8 +67,7 @@ class LeaderNode:
         self.config = config
         #: Election -> leader queue, for the elections with ``wait``-mode tasks.
         self.queues = dict(queues or {})
-        #: The consumer's broker connection, told by :class:`LeaderQueueStep`. A
-        #: node whose consumer is cut off for a ttl cannot consume a leader queue:
+        #: A node whose consumer is cut off for a ttl cannot consume a leader queue:
         #: it steps down and stays out until the consumer is back.
         self.consumer = ConsumerLiveness("the worker's broker consumer", config.ttl)
         self._lease_set = lease_set(config)
@@ -135,9 +103,8 @@ class LeaderNode:
         self._by_election = {lease.election: lease for lease in self.leases}
         if config.metrics_port is not None:
             metrics.require()  # a missing [metrics] extra fails as the worker starts
-        #: The worker election's health, for ``leader check`` (liveness probes);
-        #: rewritten by the deadline loop, so a stuck loop shows as a stale file.
-        #: The same record serves the HTTP endpoint (``leader_health_port``).
+        #: The worker election's health (``leader check``, the HTTP endpoint); rewritten
+        #: by the deadline loop, so a stuck loop shows as a stale file.
         self.health = (
             None
             if config.health_file is None and config.health_port is None
@@ -147,11 +114,7 @@ class LeaderNode:
         leadership.forget_views()
 
     def leads(self, election: str) -> bool:
-        """True while this node leads ``election`` (main process, no I/O).
-
-        A test's pin (:mod:`celery_leader.pins`) wins, so that an in-process
-        worker consumes the leader queue exactly while the test says it leads.
-        """
+        """True while this node leads ``election`` (no I/O); a test's pin wins."""
         pin = role_of(election)
         if pin is not None:
             return pin.leads
@@ -174,18 +137,13 @@ class LeaderNode:
     def request_leave(self) -> None:
         """Ask the deadline thread to leave every election now.
 
-        Only sets an event, so it is safe in a signal handler: Celery runs
-        ``worker_shutting_down`` receivers there, up to a second before its
-        event loop notices the shutdown and stops the bootsteps.
+        Only sets an event: Celery runs ``worker_shutting_down`` receivers in a
+        signal handler, up to a second before it stops the bootsteps.
         """
         self._leave_now.set()
 
     def leave(self) -> None:
-        """Leave every election: demote, then release. Idempotent, any thread.
-
-        Each release lets another node take over at once. Pool processes keep
-        their mapping, now saying "not leading", while they drain.
-        """
+        """Leave every election: demote, then release. Idempotent, any thread."""
         with self._leave_lock:
             if self._left:
                 return
@@ -214,10 +172,8 @@ class LeaderNode:
     def uninstall(self) -> None:
         """Stop serving this node's table to calls in this process.
 
-        Done once the pool has stopped: until then, tasks still draining in
-        the main process (threads pool) must read "not leading" here rather
-        than join an election on their own. A worker started later in the
-        same process (tests) installs its own table.
+        Done once the pool has stopped: until then, tasks still draining in the
+        main process (threads pool) must read "not leading" here rather than join.
         """
         if deadline_table.process_table() is self.table:
             deadline_table.set_process_table(None)
@@ -273,11 +229,8 @@ class LeaderNode:
 class LeaderStep(bootsteps.StartStopStep):  # type: ignore[misc]  # celery is untyped
     """Worker bootstep: joins the node's elections in the main process.
 
-    It starts after the pool (whose processes only read the table, created
-    earlier when the blueprint is applied) and so stops *before* it: on a warm
-    shutdown the node releases its terms first and another node takes over
-    while this one drains its running tasks. A cold shutdown releases too:
-    waiting out the ttl would help nobody.
+    It starts after the pool and so stops *before* it: on a warm shutdown the
+    node releases its terms first and another takes over while this one drains.
     """
 
     label = "celery-leader"
@@ -326,12 +279,8 @@ class LeaderStep(bootsteps.StartStopStep):  # type: ignore[misc]  # celery is un
 class LeaderQueueStep(bootsteps.StartStopStep):  # type: ignore[misc]  # celery is untyped
     """Consumer bootstep: consume each leader queue while, and only while, the node leads.
 
-    Every :data:`QUEUE_SYNC_INTERVAL` (a timer of the consumer's event loop,
-    so in the consumer's thread) it adds the consumer of a leader queue whose
-    election the node now leads, and cancels the one of an election it no
-    longer leads. Messages this node had prefetched from a leader queue when
-    it was demoted are not run here: the task body sees "not leading" and
-    forwards them back to the leader queue.
+    Messages prefetched from a leader queue before a demotion are not run here:
+    the task body sees "not leading" and forwards them back to the leader queue.
     """
 
     label = "celery-leader queues"
@@ -351,11 +300,8 @@ class LeaderQueueStep(bootsteps.StartStopStep):  # type: ignore[misc]  # celery 
         self._timer = c.timer.call_repeatedly(QUEUE_SYNC_INTERVAL, self._sync, (c,))
 
     def stop(self, c: Any) -> None:
-        """Stop the timer (the consumer cancels every queue itself).
-
-        Also what the consumer calls when it lost its broker connection, before
-        it reconnects and starts this step again.
-        """
+        """Stop the timer (the consumer cancels every queue itself); also on a lost
+        broker connection, before the consumer reconnects and starts this again."""
         if self.node is not None:
             self.node.consumer.disconnected()
         if self._timer is not None:
@@ -398,18 +344,11 @@ class LeaderQueueStep(bootsteps.StartStopStep):  # type: ignore[misc]  # celery 
 
 
 class FenceStep(bootsteps.Step):  # type: ignore[misc]  # celery is untyped
-    """Consumer bootstep: drops task messages sent under an older beat epoch.
+    """Consumer bootstep (``leader_fence_tasks``): drops task messages sent under an older
+    beat epoch, through the strategy table so that strategies rebuilt later are fenced too.
 
-    Active with ``leader_fence_tasks = True``. It wraps every task's strategy
-    (the consumer's first handler of a message) through the consumer's
-    strategy table, so that strategies rebuilt later (reconnects, reloads) are
-    wrapped too. A dropped message is acknowledged and logged at WARNING; the
-    task never runs.
-
-    Only a slot's first delivery is judged. A retry (``retries`` > 0 in its
-    headers) or a redelivered message (requeued by a reject, restored by the
-    broker) comes from a delivery that was admitted: the slot was claimed by
-    a scheduler that led then, and dropping it now would lose the slot.
+    Only a slot's first delivery is judged: a retry or a redelivered message comes
+    from a delivery that was admitted, and dropping it now would lose the slot.
     """
 
     label = "celery-leader fence"

@@ -1,12 +1,5 @@
 """``django://ALIAS``: the store, and its connection parameters, that Django's
-``DATABASES[ALIAS]`` names.
-
-The Django integration's part of store selection. The settings read it for a
-``django://`` ``leader_url``: the alias's ``ENGINE`` selects the store
-(PostgreSQL, or MySQL and MariaDB), and its entry becomes that store's client
-parameters, which the store is handed; no store reads Django's settings. It
-imports neither Celery nor Dramatiq, so Celery projects and django_dramatiq
-use it alike.
+``DATABASES[ALIAS]`` names (no store reads Django's settings).
 """
 
 from __future__ import annotations
@@ -52,14 +45,7 @@ class DjangoDatabase:
 
 def django_database(url: str) -> DjangoDatabase:
     """The store and connection parameters ``settings.DATABASES[alias]`` gives
-    ``url`` (``django://alias``, ``default`` when it names none).
-
-    ``django.db.backends.mysql`` selects the MySQL store; any other engine the
-    PostgreSQL store, which needs PostgreSQL's (or PostGIS's). Raises
-    :class:`~celery_leader.exceptions.ConfigError` in one line when Django is
-    not installed, its settings are not configured, the alias is not there or
-    its engine is neither.
-    """
+    ``url`` (``django://alias``, ``default`` when it names none); else ConfigError."""
     parts = urlsplit(url)
     alias = parts.netloc or parts.path.strip("/") or "default"
     databases = _databases(url)
@@ -107,13 +93,8 @@ def _databases(url: str) -> Mapping[str, Mapping[str, Any]]:
 
 
 def _pymysql_params(url: str, alias: str, database: Mapping[str, Any]) -> dict[str, Any]:
-    """PyMySQL parameters of a ``django.db.backends.mysql`` entry.
-
-    Django's MySQL backend (mysqlclient) takes TLS as ``OPTIONS["ssl"]`` =
-    ``{"ca": ..., "cert": ..., "key": ...}``; ``unix_socket`` and
-    ``read_default_file`` are read too. The other OPTIONS (``init_command``,
-    ``charset``, ``isolation_level`` ...) shape Django's own connections only.
-    """
+    """PyMySQL parameters of a ``django.db.backends.mysql`` entry (of its OPTIONS, only
+    ``ssl``, ``unix_socket`` and ``read_default_file`` concern the store)."""
     options = database.get("OPTIONS") or {}
     params: dict[str, Any] = {}
     for setting, _, key in _SETTINGS:

@@ -24,11 +24,11 @@ from typing import Any
 from dramatiq.common import q_name
 from dramatiq.middleware import Middleware, MiddlewareError, SkipMessage
 
-from .. import body_epoch
-from ..config import validate_name
+from ..election import body_epoch
+from ..election.pins import role_of
 from ..exceptions import ConfigError
-from ..pins import role_of
-from ..process import after_fork_in_child
+from ..settings.config import validate_name
+from ..settings.process import after_fork_in_child
 from .cli_errors import one_line_errors
 from .scheduler import schedules_of
 

@@ -1,14 +1,14 @@
 """Dramatiq's side of the schedule entries kept in the store: ``python -m celery_leader
 entries --app MODULE ...`` and :func:`entries_of` (the commands are
-:mod:`celery_leader.ops_entries`)."""
+:mod:`celery_leader.cli.entries`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..config import LeaderConfig
-from ..ops_entries import CodeEntry, EntriesApp, ScheduleEntries
+from ..cli.entries import CodeEntry, EntriesApp, ScheduleEntries
+from ..settings.config import LeaderConfig
 from .runner import load_app, settings_of
 from .scheduler import entries_of as code_entries
 from .scheduler import entry_message, refused_options

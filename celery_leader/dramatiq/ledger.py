@@ -13,9 +13,9 @@ from typing import Any
 
 from dramatiq.middleware import Middleware, SkipMessage
 
-from ..config import LeaderConfig
 from ..ledger import RunGuard, crons, step
 from ..ledger.records import SUCCESS
+from ..settings.config import LeaderConfig
 
 
 class LedgerStep(Middleware):

@@ -21,16 +21,17 @@ from dramatiq.common import q_name
 from dramatiq.middleware import Middleware
 from dramatiq.worker import CONSUMER_RESTART_DELAY_SECS
 
-from .. import body_epoch, metrics
-from ..config import LeaderConfig
+from ..election import body_epoch
 from ..election.events import Callbacks
 from ..election.lease import Lease
 from ..election.lease_set import LeaseSet, Membership, lease_set
+from ..election.pins import role_of, watch
 from ..exceptions import ConfigError, LeaderError
-from ..health import ConsumerLiveness, HealthFile
-from ..http_health import LeaderSeen, serve
-from ..pins import role_of, watch
-from ..process import after_fork_in_child, default_instance_id
+from ..probes import metrics
+from ..probes.health import ConsumerLiveness, HealthFile
+from ..probes.http import LeaderSeen, serve
+from ..settings.config import LeaderConfig
+from ..settings.process import after_fork_in_child, default_instance_id
 from .actors import ActorRules, Gates, LeaderOnly
 from .cli_errors import one_line_errors
 from .ledger import LedgerStep

@@ -7,9 +7,9 @@ import os
 import sys
 from collections.abc import Sequence
 
-from ..config import LeaderConfig
 from ..exceptions import ConfigError
 from ..schedule.jobs import Job
+from ..settings.config import LeaderConfig
 from .runner import load_app
 from .scheduler import entries_of, leader_jobs
 

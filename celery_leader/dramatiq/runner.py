@@ -16,8 +16,8 @@ from typing import Any
 
 from dramatiq.cli import import_broker, make_argument_parser
 
-from ..config import LeaderConfig
 from ..exceptions import ConfigError
+from ..settings.config import LeaderConfig
 from .cli_errors import one_line_errors
 from .pika_logs import quiet_connect_errors
 from .scheduler import DramatiqScheduler

@@ -14,13 +14,13 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from .. import metrics
-from ..config import LeaderConfig
 from ..exceptions import ConfigError
+from ..probes import metrics
 from ..schedule.catalog import EntryCatalog, kept_pause, policy
 from ..schedule.entries import Entry
 from ..schedule.jobs import NOT_CONNECTED, Adapter, Job, Outcome, caused_by
 from ..schedule.protocol import SlotProtocol
+from ..settings.config import LeaderConfig
 from .schedules import Schedule
 
 logger = logging.getLogger(__name__)

@@ -10,9 +10,9 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from ..config import validate_grace, validate_missed_slots, validate_name
 from ..exceptions import ConfigError, missing_extra
 from ..schedule.series import Every, Series
+from ..settings.config import validate_grace, validate_missed_slots, validate_name
 
 try:
     from cronsim import CronSim, CronSimError

@@ -1,4 +1,4 @@
-"""``LeaderMiddleware`` arguments -> a validated :class:`~celery_leader.config.LeaderConfig`;
+"""``LeaderMiddleware`` arguments -> a validated :class:`~celery_leader.LeaderConfig`;
 one not given is read from ``CELERY_LEADER_*`` (Django settings when configured: django_dramatiq
 builds middleware without arguments; else the environment)."""
 
@@ -9,9 +9,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..backends.registry import store_hints
-from ..config import SETTINGS, LeaderConfig, env_name, warn_unknown
 from ..exceptions import ConfigError
-from ..startup import check_store
+from ..settings.config import SETTINGS, LeaderConfig, env_name, warn_unknown
+from ..settings.startup import check_store
 
 
 def load_config(arguments: Mapping[str, Any]) -> LeaderConfig:

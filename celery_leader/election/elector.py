@@ -13,9 +13,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from .._urls import mask_url
 from ..backends import Fence, HolderInfo, LeaseLock, Renewal, Term
 from ..backends.lock import stored_holder
+from ..backends.urls import mask_url
 from ..clock import Clock
 from ..exceptions import StoreUnavailable
 from .events import Events

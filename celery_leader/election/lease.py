@@ -6,11 +6,11 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .._urls import mask_url
 from ..backends import HolderInfo, LeaseLock
+from ..backends.urls import mask_url
 from ..clock import SYSTEM_CLOCK, Clock, StoreClock
-from ..config import LeaderConfig, validate_name
 from ..exceptions import StoreUnavailable
+from ..settings.config import LeaderConfig, validate_name
 from .elector import Elector
 from .events import NO_CALLBACKS, Callbacks, Events, LeaseArg, Observer
 from .foreign import ForeignWatch

@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from ..backends import HolderInfo, StoreFacets, open_store
-from ..config import LeaderConfig
-from ..process import after_fork_in_child
+from ..settings.config import LeaderConfig
+from ..settings.process import after_fork_in_child
 from .events import Callbacks, Observer
 from .lease import Lease
 from .members import Member

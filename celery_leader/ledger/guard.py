@@ -14,8 +14,8 @@ import threading
 import time
 from dataclasses import dataclass, replace
 
-from .. import metrics
 from ..exceptions import StoreUnavailable
+from ..probes import metrics
 from .crons import SentryCrons
 from .overlap import EntryMarks
 from .records import FAILURE, FINISHED, SENT, SKIPPED, STARTED, SUCCESS, RunRecord

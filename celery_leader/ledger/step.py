@@ -6,10 +6,10 @@ import logging
 import threading
 import time
 
-from .. import metrics
 from ..backends import open_store
-from ..config import OVERLAP, LeaderConfig
 from ..exceptions import StoreUnavailable
+from ..probes import metrics
+from ..settings.config import OVERLAP, LeaderConfig
 from . import marks
 from .crons import SentryCrons
 from .guard import Decision, RunGuard

@@ -19,13 +19,13 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from .. import http_health
-from ..config import LeaderConfig
 from ..election.events import Callbacks
 from ..election.lease import Lease
 from ..election.lease_set import lease_set
 from ..exceptions import ConfigError
-from ..health import HealthFile
+from ..probes import http as http_health
+from ..probes.health import HealthFile
+from ..settings.config import LeaderConfig
 from . import guard as guard_module
 from .spec import RunSpec
 from .timing import KILL_SLACK

@@ -6,8 +6,8 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..config import LeaderConfig, validate_name
 from ..exceptions import ConfigError
+from ..settings.config import LeaderConfig, validate_name
 from .timing import DEFAULT_GRACE, KILL_SLACK, max_grace
 
 #: ``--restart`` values: what happens when the command exits on its own.

@@ -7,7 +7,7 @@ from collections.abc import Callable, Container, Mapping, Sequence
 from datetime import datetime, timezone, tzinfo
 
 from ..backends import EntryStore, open_store
-from ..config import LeaderConfig
+from ..settings.config import LeaderConfig
 from .entries import CODE, STORE, Entry, allowed
 from .feed import EntryFeed
 from .jobs import Adapter, Job

@@ -18,8 +18,8 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from ..config import MISSED_SLOTS, validate_grace
 from ..exceptions import ConfigError
+from ..settings.config import MISSED_SLOTS, validate_grace
 from .series import CronSeries, Every, Series, utc
 
 #: The longest JSON an entry may have in the store (args and kwargs included).

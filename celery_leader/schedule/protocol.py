@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timezone
 
 from ..backends import Fence, StoreFacets
-from ..config import LeaderConfig
 from ..election.events import Observer
 from ..election.lease import Lease
+from ..settings.config import LeaderConfig
 from .entries import instant_now as utcnow  # tests set protocol.utcnow
 from .jobs import Adapter, Job
 from .policy import DueSlots, counted_after, due_slots, later

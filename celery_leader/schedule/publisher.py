@@ -12,10 +12,10 @@ import logging
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from .. import metrics
 from ..backends import Fence, FencedRecords
 from ..election.lease import Lease
 from ..exceptions import StoreUnavailable
+from ..probes import metrics
 from .jobs import Adapter, Job, Outcome
 from .resend import Resender
 from .state import Claim, dump_state, slot_name

@@ -15,12 +15,12 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from .. import metrics
 from ..backends import RunStore
 from ..election.lease import Lease
 from ..exceptions import StoreUnavailable
 from ..ledger import marks
 from ..ledger.records import SINCE, WORKERS
+from ..probes import metrics
 from .jobs import Adapter, Job
 from .state import slot_name
 from .sync import EntryState

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .. import http_health, metrics
 from ..backends import StoreFacets
-from ..config import LeaderConfig
 from ..election.events import Callbacks, Observer
 from ..election.lease import Lease
 from ..election.lease_set import Membership, lease_set
-from ..health import HealthFile, Watchdog
+from ..probes import http as http_health
+from ..probes import metrics
+from ..probes.health import HealthFile, Watchdog
+from ..settings.config import LeaderConfig
 
 
 class SchedulerRuntime:

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from .._urls import mask_url, scheme_of
 from ..backends.registry import STORES, store_for, store_hints
+from ..backends.urls import mask_url, scheme_of
 from ..exceptions import ConfigError
-from ..process import default_instance_id
+from .process import default_instance_id
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from ..pins import as_follower, as_leader, reset
+from ..election.pins import as_follower, as_leader, reset
 from .replicas import BeatReplicas, beat_replicas
 
 __all__ = ["BeatReplicas", "as_follower", "as_leader", "beat_replicas"]

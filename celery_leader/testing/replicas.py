@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._urls import scheme_of
+from ..backends.urls import scheme_of
 
 #: How long replicas get to start beat (importing Celery and the app), and to
 #: exit after SIGTERM: generous, because test machines run many tests at once.

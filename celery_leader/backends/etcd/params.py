@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from ..._urls import mask_url
 from ...exceptions import ConfigError
+from ..urls import mask_url
 
 DEFAULT_PORT = 2379
 

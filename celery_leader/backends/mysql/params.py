@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from ..._urls import mask_url
 from ...exceptions import ConfigError
+from ..urls import mask_url
 
 #: URL query parameters, as PyMySQL names them: TLS, and a local socket.
 _STRING_QUERY = ("ssl_ca", "ssl_cert", "ssl_key", "ssl_key_password", "unix_socket")

@@ -9,8 +9,8 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from ..._urls import mask_url
 from ...exceptions import ConfigError
+from ..urls import mask_url
 from .sql import ms
 
 

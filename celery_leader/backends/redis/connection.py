@@ -27,10 +27,10 @@ from redis.exceptions import ClusterDownError, MovedError, RedisClusterException
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
-from ..._urls import mask_url
 from ...exceptions import ConfigError, StoreMisconfigured, StoreUnavailable
 from .. import StoreParams
 from ..errors import summarise
+from ..urls import mask_url
 from .scripts import checked, register
 
 

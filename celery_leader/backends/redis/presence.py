@@ -37,8 +37,8 @@ from typing import Any
 
 import redis
 
-from ..._urls import mask_url
 from ...exceptions import StoreUnavailable
+from ..urls import mask_url
 from .connection import Connection
 
 logger = logging.getLogger(__name__)

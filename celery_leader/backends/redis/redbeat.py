@@ -12,8 +12,8 @@ from typing import Any
 
 import redis
 
-from ..._urls import mask_url
 from ...exceptions import StoreUnavailable
+from ..urls import mask_url
 
 
 def read_redbeat(url: str, prefix: str, timeout: float) -> tuple[set[str], list[tuple[str, str]]]:

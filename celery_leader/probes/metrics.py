@@ -1,22 +1,8 @@
 """Prometheus metrics of the elections in this process (the ``[metrics]`` extra).
 
-Beat serves them when ``leader_metrics_port`` is set; any other process (a
-worker's main process) can too::
-
-    from celery_leader import metrics
-    metrics.serve(9808)      # idempotent; starts the HTTP endpoint once per process
-    metrics.track(lease)     # gauges for this lease
-
-Elections, demotions, store round trips and errors are counted for the leases
-that observe :data:`OBSERVER` (given when they join). Until :func:`serve` runs,
-:data:`OBSERVER`, :func:`count` and :func:`track` do nothing, so code can use
-them unconditionally without ``prometheus_client`` installed. The
-metric names are listed in docs/operations.md.
-
-A worker's pool processes count too (the run ledger counts where bodies run):
-the main process calls :func:`share_with_pool` before its pool starts, and
-:func:`count` and :func:`adjust` in any other process of that worker add to
-the shared file (:mod:`.shared_counters`) that the main process serves.
+Until :func:`serve` runs, :data:`OBSERVER`, :func:`count` and :func:`track` do
+nothing, so code can use them without ``prometheus_client`` installed. A worker's
+pool processes count into a shared file (:func:`share_with_pool`) its main process serves.
 """
 
 from __future__ import annotations
@@ -26,9 +12,9 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from .election.events import Observer
-from .election.lease import Lease
-from .exceptions import missing_extra
+from ..election.events import Observer
+from ..election.lease import Lease
+from ..exceptions import missing_extra
 from .shared_counters import SharedCounters
 
 #: Counters that :func:`count` accepts, and their help text.
@@ -54,17 +40,27 @@ GAUGES = {
     "ledger_running": "Slot bodies running on this worker now (run ledger).",
 }
 
+#: Gauges read from the tracked leases at scrape time, and their help text.
+_LEASE_GAUGES = (
+    ("is_leader", "1 while this instance leads the election."),
+    ("epoch", "Epoch (fencing token) of this instance's current or last term."),
+    (
+        "clock_offset_seconds",
+        "The store's clock minus this host's, as the lease measured it "
+        "(absent for stores without a clock and before the first sample).",
+    ),
+)
+
 #: Round-trip buckets, seconds: a store call on a LAN takes about a millisecond.
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
 class _Metrics:
     def __init__(self) -> None:
-        try:
-            import prometheus_client as prom
-            from prometheus_client.core import GaugeMetricFamily
-        except ModuleNotFoundError as exc:
-            raise missing_extra(exc, "metrics") from None
+        require()
+        import prometheus_client as prom
+        from prometheus_client.core import GaugeMetricFamily
+
         self.prom = prom
         self.gauge_family = GaugeMetricFamily
         self.leases: list[Lease] = []
@@ -101,21 +97,9 @@ class _Metrics:
 
     def collect(self) -> Iterator[Any]:
         """Gauges, read from the tracked leases at scrape time (no store call)."""
-        leading = self.gauge_family(
-            "celery_leader_is_leader",
-            "1 while this instance leads the election.",
-            labels=["election"],
-        )
-        epoch = self.gauge_family(
-            "celery_leader_epoch",
-            "Epoch (fencing token) of this instance's current or last term.",
-            labels=["election"],
-        )
-        offset = self.gauge_family(
-            "celery_leader_clock_offset_seconds",
-            "The store's clock minus this host's, as the lease measured it "
-            "(absent for stores without a clock and before the first sample).",
-            labels=["election"],
+        leading, epoch, offset = (
+            self.gauge_family(f"celery_leader_{name}", text, labels=["election"])
+            for name, text in _LEASE_GAUGES
         )
         for lease in list(self.leases):
             leading.add_metric([lease.election], 1.0 if lease.is_leader() else 0.0)
@@ -195,11 +179,8 @@ def require() -> None:
 
 
 def serve(port: int, addr: str = "0.0.0.0") -> None:  # noqa: S104 - probes come from outside
-    """Create the metrics and serve them over HTTP on ``port`` (once per process and port).
-
-    Raises :class:`~celery_leader.exceptions.MissingExtra` without
-    ``prometheus_client``, and :class:`OSError` when the port is taken.
-    """
+    """Create the metrics and serve them over HTTP on ``port`` (once per process and port);
+    :class:`~celery_leader.exceptions.MissingExtra` or :class:`OSError` (port taken)."""
     global _metrics, _metrics_pid
     with _lock:
         if _metrics is None:
@@ -250,11 +231,8 @@ def share_with_pool() -> None:
 
 
 def count(name: str, election: str, amount: int = 1) -> None:
-    """Add ``amount`` to counter ``name`` (a key of :data:`COUNTERS`).
-
-    No-op before ``serve``, unless this is a pool process of a worker that
-    shares its metrics (:func:`share_with_pool`).
-    """
+    """Add ``amount`` to counter ``name`` (a key of :data:`COUNTERS`); no-op before ``serve``,
+    unless this is a pool process of a worker that shares its metrics."""
     if not amount:
         return
     if _metrics is not None and _metrics_pid == os.getpid():

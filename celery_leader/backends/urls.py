@@ -11,12 +11,8 @@ _USERINFO = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:@/]*):(?P<p
 
 
 def mask_url(url: str) -> str:
-    """Return ``url`` with its password replaced by ``***``.
-
-    Works on comma-separated host lists (Sentinel) and on URLs that
-    :func:`urllib.parse.urlsplit` cannot parse, because it only rewrites the
-    ``user:password@`` part.
-    """
+    """Return ``url`` with its password replaced by ``***``; only the ``user:password@``
+    part is rewritten, so host lists (Sentinel) and unparsable URLs work too."""
     return _USERINFO.sub(lambda m: f"{m['scheme']}{m['user']}:***@" if m["pw"] else m[0], url)
 
 

@@ -1,12 +1,9 @@
 """Counters that a worker's pool processes add to and its main process serves.
 
-A Prometheus counter lives in the memory of the process that counts, but a
-worker's metrics endpoint is served by its main process, while the run ledger
-counts in the pool processes that run the bodies. So the main process creates
-a small file before its pool starts and names it in :data:`ENV_VAR`; a pool
-process (forked or spawned) adds to it, and the main process reads it when it
-is scraped. An addition takes the file's ``flock`` for a few microseconds:
-run-ledger events are a few per beat-sent message, never per task.
+The run ledger counts in the pool processes, but the main process serves the
+metrics: it creates a small file named in :data:`ENV_VAR` before its pool starts.
+An addition takes the file's ``flock`` for a few microseconds: run-ledger events
+are a few per beat-sent message, never per task.
 
 Layout: :data:`SLOTS` slots of 64 bytes: a NUL-padded UTF-8 key
 (``"<name>\\0<label>"``, at most 55 bytes) and a native ``int64`` count.

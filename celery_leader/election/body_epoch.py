@@ -1,17 +1,8 @@
 """The epoch a leader-only body passed its check with: what ``current_epoch()`` says inside it.
 
-A body starts after its leadership check said "leading". The lease can end in
-between (a resign, a step-down, a missed renewal) before the body's first line
-reads ``current_epoch()``, which would then answer ``None``: the body would run
-under no epoch at all, although it was let through under one. So the check
-reads the epoch itself, and the body runs with that epoch: ``current_epoch()``
-of that election answers it for the body's duration, in the body's own context
-(its thread, or its greenlet); ``is_leader()`` and ``ensure_leader()`` still
-answer from the lease as it is now, so a body that asks learns of the loss.
-
-Framework-free: ``@leader_only`` (:mod:`celery_leader.celery.decorators`) and
-Dramatiq's leader-only check (:mod:`celery_leader.dramatiq.actors`) set it; both
-``current_epoch()`` read it first.
+The lease can end between the check and the body's first line, and the body must
+not then run under no epoch at all: it keeps the one it was let through under
+(``is_leader()`` and ``ensure_leader()`` still answer from the lease as it is now).
 """
 
 from __future__ import annotations
@@ -42,8 +33,7 @@ leave = _bodies.reset
 def only(election: str | None, epoch: int | None = None) -> None:
     """This context runs one body of ``election`` under ``epoch`` from now on; ``None``: none.
 
-    For a worker thread that runs one message after another (Dramatiq's): each
-    message replaces what the previous one left, so nothing outlives its body.
+    For a worker thread that runs one message after another (Dramatiq's).
     """
     _set(None if election is None or epoch is None else (election, epoch, None))
 

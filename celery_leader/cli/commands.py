@@ -1,32 +1,27 @@
-"""What ``leader status``, ``resign``, ``check``, ``plan`` and ``run`` do, without Celery.
-
-One implementation for both command lines: ``celery -A proj leader ...``
-(:mod:`celery_leader.celery.cli`, click, settings from the app) and ``python -m
-celery_leader ...`` (:mod:`celery_leader.__main__`, argparse, settings from
-``CELERY_LEADER_*`` environment variables). Each function prints through
-``echo`` and returns the exit code, or raises :class:`OpsError` with the one
-line to print on stderr and the code to exit with.
+"""What ``leader status``, ``resign``, ``check``, ``plan`` and ``run`` do, for both command
+lines. Each prints through ``echo`` and returns the exit code, or raises :class:`OpsError`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone, tzinfo
 from typing import Any
 
-from . import health
-from .backends import HolderInfo, LeaseLock, open_store
-from .clock import StoreClock
-from .config import LeaderConfig, validate_name
-from .election.lease_set import lease_set
-from .exceptions import ConfigError, MissingExtra, StoreUnavailable
-from .ledger.summary import EntryRuns, summarize
-from .run.runner import Runner
-from .run.spec import run_spec
-from .schedule import plan as planning
-from .schedule.jobs import Job
+from ..backends import HolderInfo, LeaseLock, StoreFacets, open_store
+from ..clock import StoreClock
+from ..election.lease_set import lease_set
+from ..exceptions import ConfigError, MissingExtra, StoreUnavailable
+from ..ledger.summary import EntryRuns, summarize
+from ..probes import health
+from ..run.runner import Runner
+from ..run.spec import run_spec
+from ..schedule import plan as planning
+from ..schedule.jobs import Job
+from ..settings.config import LeaderConfig, validate_name
 
 #: Exit codes of ``status`` (documented in docs/cli.md): someone leads ...
 EXIT_LEADER = 0
@@ -52,6 +47,16 @@ def _unreachable(config: LeaderConfig, exc: Exception) -> OpsError:
     return OpsError(f"store {config.display_url} unreachable: {exc}", EXIT_UNKNOWN)
 
 
+def _open(config: LeaderConfig, elections: Sequence[str]) -> StoreFacets:
+    """``config``'s store, once every name in ``elections`` is valid."""
+    try:
+        for name in elections:
+            validate_name("election", name)
+        return open_store(config)
+    except ConfigError as exc:
+        raise OpsError(str(exc), EXIT_UNKNOWN) from exc
+
+
 def _row(election: str, info: HolderInfo | None) -> dict[str, Any]:
     return {
         "election": election,
@@ -62,11 +67,11 @@ def _row(election: str, info: HolderInfo | None) -> dict[str, Any]:
     }
 
 
-def _since(seconds: float | None) -> str:
-    """A term's start for the status table: UTC to the second, ``-`` when unknown."""
-    if seconds is None:
+def _utc(at: float | None, suffix: str = "") -> str:
+    """A time for a table: UTC to the second, ``-`` when unknown."""
+    if at is None:
         return "-"
-    return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+    return datetime.fromtimestamp(at, timezone.utc).strftime("%Y-%m-%d %H:%M:%S") + suffix
 
 
 def status(
@@ -79,12 +84,7 @@ def status(
     With ``elections``: just those, and 0 only when every one has a leader.
     Otherwise 3 (nobody leads); 2 when the store cannot be asked.
     """
-    try:
-        for name in elections:
-            validate_name("election", name)
-        store = open_store(config)
-    except ConfigError as exc:
-        raise OpsError(str(exc), EXIT_UNKNOWN) from exc
+    store = _open(config, elections)
     try:
         holders = store.lock.holders(list(elections) or None)
         configured = {config.beat_election, config.worker_election}
@@ -93,11 +93,8 @@ def status(
             holders.update(store.lock.holders(missing))
         rows = [_row(name, holders[name]) for name in names]
         clock = _clock(config, store.lock, names[0])
-        runs = (
-            summarize(store.runs.summaries(config.beat_election), time.time())
-            if config.ledger
-            else None
-        )
+        summaries = store.runs.summaries(config.beat_election) if config.ledger else None
+        runs = None if summaries is None else summarize(summaries, time.time())
     except (StoreUnavailable, ConfigError) as exc:
         raise _unreachable(config, exc) from exc
     finally:
@@ -106,29 +103,22 @@ def status(
     code = EXIT_LEADER if (all(led) if elections else any(led)) else EXIT_NO_LEADER
     if as_json:
         ledger = {} if runs is None else {"entries": [r.to_json() for r in runs]}
-        echo(
-            json.dumps(
-                {"store": config.display_url, "elections": rows, **clock, **ledger}, indent=2
-            )
-        )
+        shown = {"store": config.display_url, "elections": rows, **clock, **ledger}
+        echo(json.dumps(shown, indent=2))
         return code
     width = max([len(row["election"]) for row in rows] + [19])
     holder_width = max([len(row["holder"] or "") for row in rows] + [31])
+    line = f"{{:<{width}}} {{:<{holder_width}}} {{:>13}} {{:>9}}  {{}}".format
     echo(f"store: {config.display_url}")
-    echo(
-        f"{'ELECTION':<{width}} {'HOLDER':<{holder_width}} {'EPOCH':>13} {'TTL LEFT':>9}"
-        "  SINCE (UTC)"
-    )
+    echo(line("ELECTION", "HOLDER", "EPOCH", "TTL LEFT", "SINCE (UTC)"))
     for row in rows:
         ttl = row["ttl_remaining"]
         left = "-" if ttl is None else f"{ttl:.1f}s"
         if row["holder"] is not None and ttl is None:
             left = "held"  # a store that frees the lock only when the holder ends
         epoch = "-" if row["epoch"] is None else str(row["epoch"])
-        echo(
-            f"{row['election']:<{width}} {row['holder'] or '(nobody)':<{holder_width}} "
-            f"{epoch:>13} {left:>9}  {_since(row['since'])}"
-        )
+        holder, since = row["holder"] or "(nobody)", _utc(row["since"], "Z")
+        echo(line(row["election"], holder, epoch, left, since))
     offset = clock["clock_offset"]
     if offset is not None:
         echo(
@@ -148,21 +138,12 @@ def _echo_runs(runs: list[EntryRuns], echo: Echo) -> None:
     if not runs:
         return
     width = max([len(r.last_slot) for r in runs] + [9])
-    echo(
-        f"{'LAST SLOT':<{width}} {'STATE':<9} {'OUTCOME':<8} {'STARTED':<19} {'DURATION':>9} "
-        f"{'RUNS':>5} {'FAILED':>6} {'SKIPPED':>7}"
-    )
+    line = f"{{:<{width}}} {{:<9}} {{:<8}} {{:<19}} {{:>9}} {{:>5}} {{:>6}} {{:>7}}".format
+    echo(line("LAST SLOT", "STATE", "OUTCOME", "STARTED", "DURATION", "RUNS", "FAILED", "SKIPPED"))
     for r in runs:
-        started = "-" if r.started is None else _utc(r.started)
         duration = "-" if r.duration is None else f"{r.duration:.1f}s"
-        echo(
-            f"{r.last_slot:<{width}} {r.state:<9} {r.outcome or '-':<8} {started:<19} "
-            f"{duration:>9} {r.runs:>5} {r.failures:>6} {r.skips:>7}"
-        )
-
-
-def _utc(at: float) -> str:
-    return datetime.fromtimestamp(at, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+        outcome, started = r.outcome or "-", _utc(r.started)
+        echo(line(r.last_slot, r.state, outcome, started, duration, r.runs, r.failures, r.skips))
 
 
 def _clock(config: LeaderConfig, lock: LeaseLock, election: str) -> dict[str, Any]:
@@ -176,31 +157,20 @@ def _clock(config: LeaderConfig, lock: LeaseLock, election: str) -> dict[str, An
         measured.sample(now, sent, measured.monotonic(), lock.clock_resolution)
     offset, error = measured.offset, measured.error
     problem = None
-    if (
-        offset is not None
-        and error is not None
-        and config.clock == "local"
-        and abs(offset) - error > config.max_clock_skew
-    ):
-        problem = (
-            f"its clock is {-offset:+.1f} s off the store's, more than leader_max_clock_skew "
-            f'({config.max_clock_skew:g} s), and leader_clock is "local"'
-        )
+    if config.clock == "local" and offset is not None and error is not None:
+        if abs(offset) - error > config.max_clock_skew:
+            problem = (
+                f"its clock is {-offset:+.1f} s off the store's, more than leader_max_clock_skew "
+                f'({config.max_clock_skew:g} s), and leader_clock is "local"'
+            )
     return {"clock_offset": offset, "clock_error": error, "clock_problem": problem}
 
 
 def resign(config: LeaderConfig, echo: Echo, election: str | None, wait: bool = True) -> int:
-    """Ask the holder of ``election`` (default: the beat election) to hand over.
-
-    With ``wait``, also wait for the next holder (up to ``2 x renew interval +
-    ttl``) and print it.
-    """
+    """Ask the holder of ``election`` (default: the beat election) to hand over; with
+    ``wait``, also wait for the next holder (up to ``2 x renew interval + ttl``)."""
     name = election or config.beat_election
-    try:
-        validate_name("election", name)
-        store = open_store(config)
-    except ConfigError as exc:
-        raise OpsError(str(exc), EXIT_UNKNOWN) from exc
+    store = _open(config, [name])
     try:
         info = store.lock.request_resign(name)
         if info is None:
@@ -246,9 +216,7 @@ def plan(
 ) -> int:
     """Print the slots ``jobs`` would send between ``window``'s two times; return 0.
 
-    See :mod:`celery_leader.schedule.plan` for what is simulated. Bad input
-    raises :class:`OpsError` with code 2, and so does an unreachable store
-    (``stored``).
+    Bad input, and an unreachable store (``stored``), raise :class:`OpsError` with code 2.
     """
     try:
         now = datetime.now(timezone.utc)
@@ -273,11 +241,8 @@ def plan(
 
 def _beat_state(config: LeaderConfig) -> dict[str, str]:
     """The beat election's stored state, in one round trip on a connection of its own."""
-    store = open_store(config)
-    try:
+    with contextlib.closing(open_store(config)) as store:
         return store.records.load(config.beat_election)
-    finally:
-        store.close()
 
 
 def run(
@@ -290,8 +255,7 @@ def run(
     """Run ``command`` while this process leads ``election``; return the exit status.
 
     Bad arguments, and a store whose client is not installed, raise
-    :class:`OpsError` with code 2 before anything campaigns. See
-    :mod:`celery_leader.run`.
+    :class:`OpsError` with code 2 before anything campaigns.
     """
     try:
         spec = run_spec(config, election, command, grace, restart)

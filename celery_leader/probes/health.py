@@ -1,33 +1,12 @@
-"""Health of a process that takes part in an election: for liveness probes.
-
-Three small pieces, usable by beat and by a worker's main process alike:
-
-* :class:`Watchdog`: a deadline by which the scheduler must finish its next
-  tick. Pass :meth:`Watchdog.overdue` as the lease's ``health_check``: a
-  leader whose loop hangs (a blocking ``is_due``, a stuck publish) then stops
-  renewing and hands over, instead of holding the role while dispatching
-  nothing.
-* :class:`ConsumerLiveness`: whether a worker's broker consumer reached the
-  broker lately, on Celery and on Dramatiq. Pass :meth:`ConsumerLiveness.problem`
-  as the lease's ``health_check``: a leader whose consumer is cut off hands
-  over to a worker that can run what waits on the broker.
-* :class:`HealthFile`: a small JSON file rewritten atomically after every
-  finished tick and lease cycle (role, epoch, last tick, store reachable), and
-  :func:`check`, which reads it for ``celery leader check`` and
-  ``python -m celery_leader check``. Without a path it keeps the same record in
-  memory only, for the HTTP endpoint (:mod:`celery_leader.http_health`), which
-  judges it by the same rule (:func:`judge`).
-
-A worker uses them like this, joining with ``on_cycle`` (the health file is
-built before the lease starts, so the first cycle finds it)::
-
-    membership = lease_set(config).join(election, on_cycle=lambda _: health.write(), start=False)
-    health = HealthFile(path, membership.lease)   # no watchdog: a worker has no tick
-    membership.lease.start()
+"""Health of a process that takes part in an election, for liveness probes: a tick
+:class:`Watchdog` and a :class:`ConsumerLiveness` (each a lease's ``health_check``: a
+leader whose loop hangs, or whose consumer is cut off, hands over), and the
+:class:`HealthFile` that ``leader check`` (:func:`check`) and ``/healthz`` judge.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -36,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .election.lease import Lease
+from ..election.lease import Lease
 
 #: A tick rewrites the file at most this often unless something else changed
 #: (a follower ticks ten times a second). The deadline written is then up to
@@ -61,13 +40,9 @@ class Watchdog:
         """The loop starts a tick now."""
         self._deadline = time.monotonic() + self.timeout
 
-    def progress(self) -> None:
-        """A long tick made progress (a chunk of a new term's state is loaded).
-
-        The deadline moves to ``timeout`` from now: a tick that keeps making
-        progress is not hung, and one stuck in a single step still is.
-        """
-        self._deadline = time.monotonic() + self.timeout
+    #: A long tick made progress (a chunk of a new term's state is loaded): a tick that
+    #: keeps making progress is not hung, and one stuck in a single step still is.
+    progress = tick_started
 
     def tick_finished(self, sleep: float) -> None:
         """The loop finished a tick and will start the next within ``sleep`` seconds."""
@@ -92,11 +67,9 @@ class Watchdog:
 class ConsumerLiveness:
     """Whether a broker consumer reached its broker within ``grace`` seconds.
 
-    The framework tells it either by events (:meth:`connected`,
-    :meth:`disconnected`: Celery's consumer steps start and stop) or by
-    heartbeats (:meth:`alive`: Dramatiq's consumer loop goes round). It starts
-    cut off: a consumer that never reaches the broker must not let its process
-    lead. Shorter outages (a reconnect) keep the lead.
+    Told by events (Celery's consumer steps) or heartbeats (Dramatiq's consumer
+    loop). It starts cut off: a consumer that never reaches the broker must not
+    let its process lead. Shorter outages (a reconnect) keep the lead.
     """
 
     def __init__(self, name: str, grace: float) -> None:
@@ -134,10 +107,8 @@ class ConsumerLiveness:
 class HealthFile:
     """Writes ``path`` atomically with the health of ``lease`` (and of ``watchdog``'s loop).
 
-    Safe to call from the lease thread and the loop at once. A write that fails
-    (a full disk) is not an error of the caller: the file then goes stale and
-    the probe reports that. With ``path=None`` nothing is written to disk; the
-    record of the last write is :attr:`latest` either way.
+    Thread-safe. A write that fails (a full disk) leaves the file to go stale, which
+    the probe reports. With ``path=None`` the record is only kept as :attr:`latest`.
     """
 
     def __init__(
@@ -201,10 +172,8 @@ class HealthFile:
             self.latest = data
             if self.path is None:
                 return
-            try:
+            with contextlib.suppress(OSError):
                 _atomic_write(self.path, json.dumps(data))
-            except OSError:
-                pass
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -215,10 +184,8 @@ def _atomic_write(path: Path, text: str) -> None:
             f.write(text)
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
 
 
@@ -236,10 +203,9 @@ def check(path: str | os.PathLike[str], max_age: float | None = None) -> tuple[b
 def judge(data: Any, source: str, max_age: float | None = None) -> tuple[bool, str]:
     """Judge a health record (``source`` names it in the line): ``(healthy, one line)``.
 
-    Unhealthy when the record is unreadable, older than ``max_age`` seconds
-    (default: the ``stale_after`` its writer promised), or when the loop's tick
-    is overdue. A store outage alone is healthy: restarting the process would
-    not bring the store back (the line says so).
+    Unhealthy when unreadable, older than ``max_age`` (default: its ``stale_after``)
+    or with the tick overdue. A store outage alone is healthy: restarting the
+    process would not bring the store back.
     """
     try:
         updated = float(data["updated"])

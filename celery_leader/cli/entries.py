@@ -1,10 +1,8 @@
 """``leader entries add|ls|show|rm|pause|resume|run|import|export``, for both frameworks.
 
-The Celery CLI (:mod:`celery_leader.celery.cli`) and ``python -m celery_leader
-entries --app MODULE`` parse their arguments and call these functions with an
-:class:`EntriesApp`: what the framework knows (its code entries, its task or
-actor names, how to send one message). Exit codes: 0 done, 2 bad input, an
-unreachable store or a refused edit (one line on stderr, nothing stored).
+Both command lines parse their arguments and call :func:`run_command` with an
+:class:`EntriesApp`. Exit codes: 0 done, 2 bad input, an unreachable store or a
+refused edit (one line on stderr, nothing stored).
 """
 
 from __future__ import annotations
@@ -18,14 +16,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from .backends import FencedRecords, StoreFacets, open_store
-from .config import LeaderConfig
-from .exceptions import ConfigError, StoreUnavailable
-from .ledger.summary import RECENT_RUNS, recent_run, summarize
-from .schedule.book import EntryBook
-from .schedule.entries import CODE, Entry, EntryError, allowed, instant_now
-from .schedule.series import Series, utc
-from .schedule.state import parse_state, slot_name
+from ..backends import StoreFacets, open_store
+from ..exceptions import ConfigError, StoreUnavailable
+from ..ledger.summary import RECENT_RUNS, recent_run, summarize
+from ..schedule.book import EntryBook
+from ..schedule.entries import CODE, Entry, EntryError, allowed, instant_now
+from ..schedule.series import Series, utc
+from ..schedule.state import parse_state, slot_name
+from ..settings.config import LeaderConfig
 
 Echo = Callable[[str], None]
 
@@ -73,6 +71,16 @@ class EntriesError(Exception):
     """One line for stderr; exit code 2."""
 
 
+@dataclass(frozen=True)
+class _Session:
+    """One command's app, store and output."""
+
+    app: EntriesApp
+    store: StoreFacets
+    book: EntryBook
+    echo: Echo
+
+
 def _store(app: EntriesApp) -> tuple[StoreFacets, EntryBook]:
     store = open_store(app.config)
     return store, EntryBook(store.entries, app.config.beat_election, set(app.code))
@@ -82,16 +90,13 @@ def run_command(app: EntriesApp, echo: Echo, command: str, **args: Any) -> int:
     """Run one entries command; bad input and store errors become :class:`EntriesError`."""
     store, book = _store(app)
     try:
-        return int(_COMMANDS[command](app, store, book, echo, **args))
+        return int(_COMMANDS[command](_Session(app, store, book, echo), **args))
     except (ConfigError, ValueError) as exc:
         raise EntriesError(str(exc).splitlines()[0]) from None
     except StoreUnavailable as exc:
         raise EntriesError(f"store {app.config.display_url} unreachable: {exc}") from None
     finally:
         store.close()
-
-
-# -- parsing the add arguments ----------------------------------------------------
 
 
 def add_fields(
@@ -125,10 +130,8 @@ def add_fields(
         fields["cron"], fields["tz"] = cron, tz or "UTC"
     if at is not None:
         fields["at"] = at
-    fields["args"] = _json("--args", args, list, "a JSON array") if args is not None else []
-    fields["kwargs"] = (
-        _json("--kwargs", kwargs, dict, "a JSON object") if kwargs is not None else {}
-    )
+    fields["args"] = _json("--args", args, list, "a JSON array")
+    fields["kwargs"] = _json("--kwargs", kwargs, dict, "a JSON object")
     if queue is not None:
         fields["options"] = {"queue": queue}
     if missed_slots is not None:
@@ -136,7 +139,10 @@ def add_fields(
     return fields
 
 
-def _json(option: str, text: str, kind: type, what: str) -> Any:
+def _json(option: str, text: str | None, kind: type, what: str) -> Any:
+    """``text`` read as JSON of ``kind`` (an empty one when not given)."""
+    if text is None:
+        return kind()
     try:
         value = json.loads(text)
     except ValueError as exc:
@@ -149,21 +155,13 @@ def _json(option: str, text: str, kind: type, what: str) -> Any:
 # -- the commands -------------------------------------------------------------------
 
 
-def _add(
-    app: EntriesApp,
-    store: StoreFacets,
-    book: EntryBook,
-    echo: Echo,
-    fields: dict[str, Any],
-    replace: bool = False,
-    strict: bool = False,
-) -> int:
+def _add(s: _Session, fields: dict[str, Any], replace: bool = False, strict: bool = False) -> int:
     task = fields["task"]
-    if task not in app.tasks:
+    if task not in s.app.tasks:
         if strict:
             raise EntryError(f"this app knows no task {task!r} (--strict)")
         print(f"Warning: this app knows no task {task!r}; adding it anyway", file=sys.stderr)
-    if not allowed(task, app.config.entries_allow):
+    if not allowed(task, s.app.config.entries_allow):
         print(
             f"Warning: task {task!r} is outside leader_entries_allow: the leader will not send it",
             file=sys.stderr,
@@ -172,37 +170,27 @@ def _add(
         at = Entry.from_json(json.dumps({"name": "x", "task": "x", "at": fields["at"]})).at
         if at is not None and at <= instant_now():
             raise EntryError(f"--at {fields['at']} is in the past")
-    check_options(app, fields)
-    entry = book.add(replace=replace, **fields)
-    echo(f"{entry.name}: {entry.schedule_text} -> {entry.task} (version {entry.version})")
+    check_options(s.app, fields)
+    entry = s.book.add(replace=replace, **fields)
+    s.echo(f"{entry.name}: {entry.schedule_text} -> {entry.task} (version {entry.version})")
     return 0
 
 
-def _rows(app: EntriesApp, book: EntryBook, records: FencedRecords) -> list[dict[str, Any]]:
+def _rows(s: _Session) -> list[dict[str, Any]]:
     """One row per entry, code entries first."""
-    stored = {e.name: e for e in book.list()}
-    state = records.load(app.config.beat_election)
+    stored = {e.name: e for e in s.book.list()}
+    state = s.store.records.load(s.app.config.beat_election)
     now = instant_now()
     rows = []
-    for name, code in sorted(app.code.items()):
+    for name, code in sorted(s.app.code.items()):
         kept = stored.get(name)
         enabled = kept.enabled if kept is not None and kept.kind == CODE else True
         rows.append(_row(name, "code", code.task, code.schedule, enabled, code.series, state, now))
     for name, entry in sorted(stored.items()):
-        if entry.kind == CODE:
-            continue
-        row = _row(
-            name,
-            "store",
-            entry.task,
-            entry.schedule_text,
-            entry.enabled,
-            entry.series(),
-            state,
-            now,
-        )
-        row["version"] = entry.version
-        rows.append(row)
+        if entry.kind != CODE:
+            text, series = entry.schedule_text, entry.series()
+            row = _row(name, "store", entry.task, text, entry.enabled, series, state, now)
+            rows.append({**row, "version": entry.version})
     return rows
 
 
@@ -232,12 +220,10 @@ def _row(
     }
 
 
-def _ls(
-    app: EntriesApp, store: StoreFacets, book: EntryBook, echo: Echo, as_json: bool = False
-) -> int:
-    rows = _rows(app, book, store.records)
+def _ls(s: _Session, as_json: bool = False) -> int:
+    rows = _rows(s)
     if as_json:
-        echo(json.dumps(rows, indent=2))
+        s.echo(json.dumps(rows, indent=2))
         return 0
     header = ("NAME", "SOURCE", "SCHEDULE", "ENABLED", "NEXT DUE", "LAST SLOT SENT")
     table = [header] + [
@@ -253,79 +239,60 @@ def _ls(
     ]
     widths = [max(len(str(row[i])) for row in table) for i in range(len(header))]
     for row in table:
-        echo("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+        s.echo("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
     return 0
 
 
-def _show(
-    app: EntriesApp,
-    store: StoreFacets,
-    book: EntryBook,
-    echo: Echo,
-    name: str,
-    as_json: bool = False,
-) -> int:
-    rows = {r["name"]: r for r in _rows(app, book, store.records)}
+def _show(s: _Session, name: str, as_json: bool = False) -> int:
+    rows = {r["name"]: r for r in _rows(s)}
     if name not in rows:
         raise EntryError(f"no entry {name} (neither in the code nor in the store)")
-    entry = book.get(name)
+    entry = s.book.get(name)
     shown = dict(rows[name])
     if entry is not None and entry.kind != CODE:
         shown["entry"] = json.loads(entry.to_json())
-    if app.config.ledger:
-        election = app.config.beat_election
-        summaries = [s for s in store.runs.summaries(election) if s.entry == name]
+    if s.app.config.ledger:
+        election = s.app.config.beat_election
+        summaries = [r for r in s.store.runs.summaries(election) if r.entry == name]
         runs = summarize(summaries, time.time())
         # null: the ledger has no run of it within its retention.
         shown["runs"] = runs[0].to_json() if runs else None
-        recent = store.runs.runs_of(election, name, RECENT_RUNS)
+        recent = s.store.runs.runs_of(election, name, RECENT_RUNS)
         shown["recent_runs"] = [recent_run(key, text) for key, text in sorted(recent, reverse=True)]
     if as_json:
-        echo(json.dumps(shown, indent=2))
+        s.echo(json.dumps(shown, indent=2))
     else:
         for key, value in shown.items():
-            echo(f"{key}: {json.dumps(value) if isinstance(value, dict | list) else value}")
+            s.echo(f"{key}: {json.dumps(value) if isinstance(value, dict | list) else value}")
     return 0
 
 
-def _rm(app: EntriesApp, store: StoreFacets, book: EntryBook, echo: Echo, name: str) -> int:
-    book.remove(name)
-    echo(f"{name}: removed")
-    return 0
+def _edit(verb: str, done: str) -> Callable[..., int]:
+    """``rm`` (``remove``), ``pause`` or ``resume`` entry ``name``, then say it is ``done``."""
+
+    def command(s: _Session, name: str) -> int:
+        if verb != "remove" and name not in s.app.code and s.book.get(name) is None:
+            raise EntryError(f"no entry {name} (neither in the code nor in the store)")
+        getattr(s.book, verb)(name)
+        s.echo(f"{name}: {done}")
+        return 0
+
+    return command
 
 
-def _pause(app: EntriesApp, store: StoreFacets, book: EntryBook, echo: Echo, name: str) -> int:
-    _known(app, book, name)
-    book.pause(name)
-    echo(f"{name}: paused")
-    return 0
-
-
-def _resume(app: EntriesApp, store: StoreFacets, book: EntryBook, echo: Echo, name: str) -> int:
-    _known(app, book, name)
-    book.resume(name)
-    echo(f"{name}: resumed")
-    return 0
-
-
-def _known(app: EntriesApp, book: EntryBook, name: str) -> None:
-    if name not in app.code and book.get(name) is None:
-        raise EntryError(f"no entry {name} (neither in the code nor in the store)")
-
-
-def _run(app: EntriesApp, store: StoreFacets, book: EntryBook, echo: Echo, name: str) -> int:
+def _run(s: _Session, name: str) -> int:
     slot = run_slot(name, instant_now())
-    code = app.code.get(name)
+    code = s.app.code.get(name)
     if code is not None:
-        app.send(code.task, code.args, code.kwargs, code.options, slot)
+        s.app.send(code.task, code.args, code.kwargs, code.options, slot)
     else:
-        entry = book.get(name)
+        entry = s.book.get(name)
         if entry is None or entry.kind == CODE:
             raise EntryError(f"no entry {name} (neither in the code nor in the store)")
-        if not allowed(entry.task, app.config.entries_allow):
+        if not allowed(entry.task, s.app.config.entries_allow):
             raise EntryError(f"task {entry.task} is outside leader_entries_allow")
-        app.send(entry.task, entry.args, entry.kwargs, entry.options, slot)
-    echo(f"{name}: sent, leader_slot {slot}")
+        s.app.send(entry.task, entry.args, entry.kwargs, entry.options, slot)
+    s.echo(f"{name}: sent, leader_slot {slot}")
     return 0
 
 
@@ -334,26 +301,17 @@ def run_slot(name: str, now: datetime) -> str:
     return f"{name}@run:{utc(now).isoformat(timespec='milliseconds')}"
 
 
-def _export(
-    app: EntriesApp, store: StoreFacets, book: EntryBook, echo: Echo, as_json: bool = False
-) -> int:
-    entries = [json.loads(e.to_json()) for e in book.list() if e.kind != CODE]
+def _export(s: _Session, as_json: bool = False) -> int:
+    entries = [json.loads(e.to_json()) for e in s.book.list() if e.kind != CODE]
     if as_json:
-        echo(json.dumps(entries, indent=2))
+        s.echo(json.dumps(entries, indent=2))
     else:
         for entry in entries:
-            echo(json.dumps(entry, sort_keys=True))
+            s.echo(json.dumps(entry, sort_keys=True))
     return 0
 
 
-def _import(
-    app: EntriesApp,
-    store: StoreFacets,
-    book: EntryBook,
-    echo: Echo,
-    lines: Iterable[str],
-    replace: bool = False,
-) -> int:
+def _import(s: _Session, lines: Iterable[str], replace: bool = False) -> int:
     """Entries from JSON lines (what ``export`` prints); all are checked before any is stored."""
     entries = []
     for number, line in enumerate(lines, 1):
@@ -373,48 +331,39 @@ def _import(
         except EntryError as exc:
             raise EntryError(f"line {number}: {exc}") from None
         entries.append(fields)
-    return _add_all(app, book, echo, entries, replace)
+    return _add_all(s, entries, replace)
 
 
-def _add_all(
-    app: EntriesApp, book: EntryBook, echo: Echo, entries: list[dict[str, Any]], replace: bool
-) -> int:
+def _add_all(s: _Session, entries: list[dict[str, Any]], replace: bool) -> int:
     for fields in entries:
-        check_options(app, fields)
+        check_options(s.app, fields)
     names = [e["name"] for e in entries]
     if len(set(names)) != len(names):
         raise EntryError("two entries have the same name")
-    existing = {e.name for e in book.list()}
+    existing = {e.name for e in s.book.list()}
     clash = sorted((set(names) & existing) if not replace else set())
-    clash += sorted(set(names) & book.code)
+    clash += sorted(set(names) & s.book.code)
     if clash:
         raise EntryError(f"entries exist already: {', '.join(clash)} (use --replace)")
     for fields in entries:
-        entry = book.add(replace=replace, **fields)
-        echo(f"{entry.name}: {entry.schedule_text} -> {entry.task}")
-    echo(f"{len(entries)} entries imported")
+        entry = s.book.add(replace=replace, **fields)
+        s.echo(f"{entry.name}: {entry.schedule_text} -> {entry.task}")
+    s.echo(f"{len(entries)} entries imported")
     return 0
 
 
 def _from_redbeat(
-    app: EntriesApp,
-    store: StoreFacets,
-    book: EntryBook,
-    echo: Echo,
-    url: str,
-    prefix: str = "redbeat",
-    dry_run: bool = False,
-    replace: bool = False,
+    s: _Session, url: str, prefix: str = "redbeat", dry_run: bool = False, replace: bool = False
 ) -> int:
-    entries = redbeat_entries(url, prefix, app.zone)
+    entries = redbeat_entries(url, prefix, s.app.zone)
+    if not dry_run:
+        return _add_all(s, entries, replace)
     for fields in entries:
-        check_options(app, fields)
-    if dry_run:
-        for fields in entries:
-            echo(json.dumps(fields, sort_keys=True))
-        echo(f"{len(entries)} entries would be imported (--dry-run: nothing stored)")
-        return 0
-    return _add_all(app, book, echo, entries, replace)
+        check_options(s.app, fields)
+    for fields in entries:
+        s.echo(json.dumps(fields, sort_keys=True))
+    s.echo(f"{len(entries)} entries would be imported (--dry-run: nothing stored)")
+    return 0
 
 
 def redbeat_entries(url: str, prefix: str, zone: str) -> list[dict[str, Any]]:
@@ -464,9 +413,9 @@ _COMMANDS: dict[str, Callable[..., int]] = {
     "add": _add,
     "ls": _ls,
     "show": _show,
-    "rm": _rm,
-    "pause": _pause,
-    "resume": _resume,
+    "rm": _edit("remove", "removed"),
+    "pause": _edit("pause", "paused"),
+    "resume": _edit("resume", "resumed"),
     "run": _run,
     "export": _export,
     "import": _import,
@@ -475,14 +424,9 @@ _COMMANDS: dict[str, Callable[..., int]] = {
 
 
 class ScheduleEntries:
-    """The Python API of the entries kept in the store (the CLI's commands, typed).
-
-    Built by :func:`celery_leader.celery.entries.entries_of` (Celery) or
-    :func:`celery_leader.dramatiq.entries.entries_of` (Dramatiq); close it, or
-    use it as a context manager, to close its store connection. Bad input raises
-    :class:`~celery_leader.schedule.entries.EntryError` (a ``ConfigError``), and a
-    version that moved :class:`~celery_leader.schedule.book.EntryConflict`.
-    """
+    """The Python API of the entries kept in the store (the CLI's commands, typed); built by
+    ``entries_of``, closed by :meth:`close` or as a context manager. Bad input raises
+    ``EntryError`` (a ``ConfigError``), a version that moved ``EntryConflict``."""
 
     def __init__(self, app: EntriesApp) -> None:
         self.app = app
@@ -515,7 +459,7 @@ class ScheduleEntries:
     def run_now(self, name: str) -> str:
         """Send one run of ``name`` now, outside its grid; returns its ``leader_slot``."""
         lines: list[str] = []
-        _run(self.app, self._store, self.book, lines.append, name)
+        _run(_Session(self.app, self._store, self.book, lines.append), name)
         return lines[0].rsplit(" ", 1)[-1]
 
     def get(self, name: str) -> Entry | None:

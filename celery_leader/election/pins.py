@@ -1,18 +1,8 @@
 """Leadership pinned by a test: :func:`as_leader` and :func:`as_follower`.
 
-A test asks "what does my code do on the node that leads, and on one that does
-not?" without a real election: inside ``with as_leader():`` every check this
-process makes (``is_leader()``, ``current_epoch()``, ``ensure_leader()``,
-``@leader_only``, Dramatiq's ``leader_only`` actors, a worker consuming its
-leader queue) answers "leading"; inside ``with as_follower():`` it answers "not
-leading". Outside both, the real lease decides.
-
-Framework-free: :mod:`celery_leader.celery.leadership` and
-:mod:`celery_leader.dramatiq.middleware` ask :func:`role_of` before their
-lease, and re-read it when :func:`watch` tells them that the pins changed. A pin
-holds for the whole process (every thread), not across processes: use it with
-eager tasks, an in-process worker (solo or threads pool) or Dramatiq's
-``StubBroker`` and ``Worker``.
+Inside a pin every leadership check of this process (every thread, not other
+processes) answers "leading" or "not leading"; outside, the real lease decides.
+Both frameworks ask :func:`role_of` before their lease.
 """
 
 from __future__ import annotations
@@ -23,7 +13,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from .config import validate_name
+from ..settings.config import validate_name
 
 __all__ = ["Role", "as_follower", "as_leader", "on_reset", "reset", "role_of", "watch"]
 
@@ -83,13 +73,8 @@ def as_leader(election: str | None = None, *, epoch: int | None = None) -> Itera
 
 @contextmanager
 def as_follower(election: str | None = None) -> Iterator[None]:
-    """Within the block, this process does not lead ``election`` (default: any election).
-
-    Another node is assumed to lead: ``is_leader()`` is false,
-    ``current_epoch()`` is ``None``, ``ensure_leader()`` raises ``NotLeader``
-    and ``@leader_only`` bodies do what ``on_follower`` says. Works as a
-    decorator too.
-    """
+    """Within the block, this process does not lead ``election`` (default: any election);
+    another node is assumed to lead. Works as a decorator too."""
     with _pinned(Role(_checked(election), None)):
         yield
 
@@ -124,11 +109,8 @@ def on_reset(callback: Callable[[], None]) -> None:
 
 
 def reset() -> None:
-    """Between tests: end every pin, and let each framework forget what it learnt.
-
-    Celery's side then reads its app's settings afresh (a new ``leader_url``)
-    and leaves the elections this process joined during the test.
-    """
+    """Between tests: end every pin, and let each framework forget what it learnt (Celery's
+    side then reads its settings afresh and leaves the elections joined in the test)."""
     global _pins
     with _lock:
         _pins = ()

@@ -1,12 +1,5 @@
-"""Leader election for plain Python: code that must run in one process of many.
-
-:class:`Leadership` joins an election through this process's lease set (the
-same leases beat, workers and Dramatiq use) and tells its user what happens:
-``on_started(epoch)`` when this process starts leading, ``on_stopped()`` when it
-stops, ``on_new_leader(holder)`` whenever any process (this one included) is
-seen taking over. It is a context manager; :func:`leader_loop` turns a function
-into a loop that runs only while leading. See docs/python-api.md.
-"""
+"""Leader election for plain Python: code that must run in one process of many (see
+docs/python-api.md)."""
 
 from __future__ import annotations
 
@@ -14,14 +7,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from types import TracebackType
 from typing import Any
 
-from .backends import HolderInfo
-from .config import LeaderConfig
-from .election.events import Callbacks
-from .election.lease import Lease
-from .election.lease_set import Membership, lease_set
+from ..backends import HolderInfo
+from ..election.events import Callbacks
+from ..election.lease import Lease
+from ..election.lease_set import Membership, lease_set
+from ..settings.config import LeaderConfig
 
 __all__ = ["LeaderLoop", "Leadership", "leader_loop"]
 
@@ -58,8 +50,6 @@ class Leadership:
         self._since: float | None = None
         self._holder: HolderInfo | None = None  # the last leader the lease told of
 
-    # -- lifecycle ----------------------------------------------------------
-
     def start(self) -> Leadership:
         """Join the election (campaign in the background); return ``self``. Idempotent."""
         if self._membership is None:
@@ -67,7 +57,7 @@ class Leadership:
                 self.election,
                 callbacks=Callbacks(
                     on_started=self._started,
-                    on_stopped=self._stopped,
+                    on_stopped=self._demoted,
                     on_new_leader=self._new_leader,
                 ),
             )
@@ -84,15 +74,8 @@ class Leadership:
     def __enter__(self) -> Leadership:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
-
-    # -- what callers ask ---------------------------------------------------
 
     def is_leader(self) -> bool:
         """True while this process holds a valid term (checked against the clock)."""
@@ -100,11 +83,7 @@ class Leadership:
 
     @property
     def epoch(self) -> int | None:
-        """The fencing token of this process's term while it leads, else ``None``.
-
-        It grows with every term: pass it with what the leader writes, so that a
-        store remembering the highest epoch seen can refuse an older leader.
-        """
+        """The fencing token of this process's term while it leads, else ``None``."""
         return None if self._lease is None else self._lease.epoch
 
     @property
@@ -128,8 +107,6 @@ class Leadership:
                 self._changed.wait(left)
         return True
 
-    # -- the lease's callbacks ----------------------------------------------
-
     @property
     def _lease(self) -> Lease | None:
         membership = self._membership
@@ -148,15 +125,12 @@ class Leadership:
             self._started_epoch, self._since = epoch, lease.clock.time()
             self._changed.notify_all()
 
-    def _stopped(self, lease: Lease) -> None:
-        self._demoted()
-
     def _new_leader(self, lease: Lease, holder: HolderInfo) -> None:
         self._holder = holder
         if self._on_new_leader is not None:
             self._on_new_leader(holder)
 
-    def _demoted(self) -> None:
+    def _demoted(self, lease: Lease | None = None) -> None:
         with self._changed:
             was_leading, self._started_epoch = self._started_epoch is not None, None
             self._changed.notify_all()
@@ -170,9 +144,7 @@ class Leadership:
 class LeaderLoop:
     """A function called every ``interval`` seconds with the epoch, only while leading.
 
-    Calling the loop blocks: it campaigns, runs the function while this process
-    leads, waits quietly while it follows, and returns once ``stop`` is set
-    (leaving the election, so another process takes over at once).
+    Calling the loop blocks until ``stop`` is set, then leaves the election.
     """
 
     def __init__(
@@ -214,7 +186,4 @@ def leader_loop(
         cleanup(stop_event)  # blocks; runs cleanup(epoch) every 5 s while leading
     """
 
-    def decorate(func: Callable[[int], Any]) -> LeaderLoop:
-        return LeaderLoop(func, election, interval, config)
-
-    return decorate
+    return lambda func: LeaderLoop(func, election, interval, config)

@@ -1,17 +1,8 @@
 """``leader_health_port``: ``GET /healthz`` and ``GET /leader`` over HTTP, standard library only.
 
-``/healthz`` judges the same record a health file holds, by the same rule as
-``leader check`` (:func:`celery_leader.health.judge`): 200 with the ``OK: ...``
-line while healthy (a follower is healthy), 503 with the ``UNHEALTHY: ...`` line
-when the record went stale (the process stopped updating it) or the
-scheduler's tick is overdue. ``/leader`` answers JSON: the election, the last
-holder this process saw, its epoch, and since when it leads (when its term
-began, as the store recorded it; when this process first saw it, for a term
-that does not say).
-
-One server per port and process, in a daemon thread; several elections of one
-process (beat inside a worker) share it: ``/healthz`` then passes only when
-every record does, and ``/leader`` lists them.
+``/healthz`` judges the health record as ``leader check`` judges the file (200 or 503,
+with its line); ``/leader`` answers JSON. One server per port and process: several
+elections of one process (beat inside a worker) share it.
 """
 
 from __future__ import annotations
@@ -21,18 +12,17 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from .backends import HolderInfo
-from .election.lease import Lease
+from ..backends import HolderInfo
+from ..election.lease import Lease
 from .health import HealthFile, judge
 
 
 class LeaderSeen:
-    """The last leader a lease told of, and when it was first seen: what ``/leader`` says.
+    """The last leader a lease told of, and since when: what ``/leader`` says.
 
-    Give it to the join as ``Callbacks(on_new_leader=...)``; the lease calls it
-    once per term, followers included. "Since" is the term's start as the store
-    recorded it, or, for a term that does not say (written by celery-leader
-    0.4.0), when this process first saw it.
+    Give it to the join as ``Callbacks(on_new_leader=...)``. "Since" is the term's
+    start as the store recorded it, or, for a term that does not say (written by
+    celery-leader 0.4.0), when this process first saw it.
     """
 
     def __init__(self) -> None:
@@ -51,11 +41,8 @@ _servers: dict[int, tuple[ThreadingHTTPServer, list[Served]]] = {}
 
 
 def serve(port: int, health: HealthFile, seen: LeaderSeen, addr: str = "0.0.0.0") -> None:  # noqa: S104 - probes come from outside
-    """Serve ``health`` and ``seen`` on ``port`` (the server starts on the first
-    call for that port).
-
-    Raises :class:`OSError` when the port is taken.
-    """
+    """Serve ``health`` and ``seen`` on ``port`` (the server starts on the first call for
+    that port); :class:`OSError` when the port is taken."""
     with _lock:
         found = _servers.get(port)
         if found is None:
@@ -74,8 +61,9 @@ def healthz(records: list[Served]) -> tuple[bool, str]:
     """Every record judged as ``leader check`` judges a file: healthy only if all are."""
     if not records:
         return False, "UNHEALTHY: this process takes part in no election"
+    # Before the first write (a process still starting) judge a fresh snapshot.
     results = [
-        judge(_record(health), f"the health record of {health.lease.election!r}")
+        judge(health.latest or health.snapshot(), f"the health record of {health.lease.election!r}")
         for health, _ in records
     ]
     return all(ok for ok, _ in results), "\n".join(line for _, line in results)
@@ -97,12 +85,6 @@ def leader(health: HealthFile, seen: LeaderSeen) -> dict[str, Any]:
         "clock_error": lease.store_clock.error,
         "clock_problem": lease.clock_problem,
     }
-
-
-def _record(health: HealthFile) -> dict[str, Any]:
-    # Before the first write (a process still starting) judge a fresh snapshot.
-    latest = health.latest
-    return health.snapshot() if latest is None else latest
 
 
 def _handler(records: list[Served]) -> type[BaseHTTPRequestHandler]:

@@ -11,28 +11,28 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ._urls import mask_url, scheme_of
-from .backends.registry import Store, store_for, store_hints
-from .contrib.django_db import django_database
-from .election.timing import MAX_TTL, check_timing, check_ttl, store_timeout
-from .exceptions import ConfigError
+from ..backends.registry import Store, store_for, store_hints
+from ..backends.urls import mask_url, scheme_of
+from ..contrib.django_db import django_database
+from ..election.timing import MAX_TTL, check_timing, check_ttl, store_timeout
+from ..exceptions import ConfigError
 
 # A name imported "as" itself is for other modules, which import it from here.
-from .settings.table import DEFAULT_KEY_PREFIX as DEFAULT_KEY_PREFIX
-from .settings.table import DEFAULT_LEDGER_RETENTION as DEFAULT_LEDGER_RETENTION
-from .settings.table import DEFAULT_TTL as DEFAULT_TTL
-from .settings.table import MISSED_SLOTS as MISSED_SLOTS
-from .settings.table import OVERLAP as OVERLAP
-from .settings.table import SETTINGS as SETTINGS
-from .settings.table import TABLE, deployment_of
-from .settings.table import env_name as env_name
-from .settings.table import namespace_of as namespace_of
-from .settings.table import spelled as spelled
-from .settings.table import validate_grace as validate_grace
-from .settings.table import validate_missed_slots as validate_missed_slots
-from .settings.table import validate_name as validate_name
-from .settings.table import warn_unknown as warn_unknown
-from .settings.views import ElectionSettings, LedgerSettings, ProbeSettings, SchedulerSettings, View
+from .table import DEFAULT_KEY_PREFIX as DEFAULT_KEY_PREFIX
+from .table import DEFAULT_LEDGER_RETENTION as DEFAULT_LEDGER_RETENTION
+from .table import DEFAULT_TTL as DEFAULT_TTL
+from .table import MISSED_SLOTS as MISSED_SLOTS
+from .table import OVERLAP as OVERLAP
+from .table import SETTINGS as SETTINGS
+from .table import TABLE, deployment_of
+from .table import env_name as env_name
+from .table import namespace_of as namespace_of
+from .table import spelled as spelled
+from .table import validate_grace as validate_grace
+from .table import validate_missed_slots as validate_missed_slots
+from .table import validate_name as validate_name
+from .table import warn_unknown as warn_unknown
+from .views import ElectionSettings, LedgerSettings, ProbeSettings, SchedulerSettings, View
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,9 +110,8 @@ class LeaderConfig(ProbeSettings, LedgerSettings, SchedulerSettings, ElectionSet
     ) -> LeaderConfig:
         """Read ``CELERY_LEADER_*`` environment variables, for processes without Celery.
 
-        ``overrides`` (``leader_ttl=...``, keyed like the settings) win over the
-        environment; ``None`` means "not given". Errors name the variable, or for an
-        override its name in ``names`` (``"ttl="`` for a middleware argument).
+        ``overrides`` (``leader_ttl=...``; ``None``: not given) win over the environment;
+        an error names the variable, or the override as ``names`` spells it (``"ttl="``).
         """
         environ = os.environ if environ is None else environ
         warn_unknown(environ, "CELERY_")

@@ -1,0 +1,1 @@
+"""The command line: ``celery leader ...`` and ``python -m celery_leader ...``."""

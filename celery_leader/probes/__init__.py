@@ -1,0 +1,1 @@
+"""What operators and orchestrators read: health, the HTTP probe, metrics."""
