@@ -294,6 +294,25 @@ def test_the_dramatiq_scheduler_lists_an_entry_again_when_its_pause_runs_out(
     scheduler.protocol.close()
 
 
+def test_a_plan_counts_a_pause_with_an_end_as_over_from_its_end() -> None:
+    """``leader plan --stored`` lists what the leader will send: an entry paused until
+    a time from that time (its ``active_since``), one paused until resumed not at all."""
+    app = _celery_app(f"memory://audit-{uuid.uuid4().hex}")
+    scheduler = LeaderScheduler(app=app, lazy=True)
+    store = scheduler._protocol.runtime.store
+    book = EntryBook(store.entries, "beat", {"tick"}, journal=store.journal)
+    book.add(name="st", task="t", every=2)
+    book.add(name="held", task="t", every=2)
+    until = datetime.now(timezone.utc) + timedelta(hours=1)
+    book.pause("st", until=until)
+    book.pause("tick", until=until)
+    book.pause("held")
+    jobs = {job.name: job for job in scheduler.leader_jobs(store_entries=True)}
+    assert set(jobs) == {"st", "tick"}
+    assert jobs["st"].active_since == until and jobs["tick"].active_since == until
+    scheduler.close()
+
+
 # -- late_after and max_runtime ---------------------------------------------------------------
 
 

@@ -18,6 +18,9 @@ from .entries import CODE, STORE, Entry, allowed, instant_now
 from .feed import EntryFeed
 from .jobs import Adapter, Job
 
+#: What :meth:`EntryCatalog.now` answers while planning.
+_END_OF_TIME = datetime.max.replace(tzinfo=timezone.utc)
+
 
 def policy(
     config: LeaderConfig, missed_slots: str | None, grace: float | None
@@ -75,6 +78,7 @@ class EntryCatalog:
         #: When the first pause of those records runs out: the entries are listed again
         #: then, though the store did not change.
         self._wake: datetime | None = None
+        self._planning = False  # see now()
         #: Store entries' jobs, by name, with the Entry each was made of: an unchanged
         #: entry keeps its job (so the protocol skips it).
         self._stored: dict[str, tuple[Entry, Job]] = {}
@@ -90,9 +94,11 @@ class EntryCatalog:
         return None if self.feed is None else self.feed.current() or None
 
     def now(self) -> datetime:
-        """The instant pauses are judged at (this host's wall clock: a pause's end
-        is also its entry's ``active_since``, so no slot due before it is sent)."""
-        return instant_now()
+        """The instant pauses are judged at: this host's wall clock (a pause's end
+        is also its entry's ``active_since``, so no slot due before it is sent).
+        While planning (:meth:`read_once`), the end of time: a pause with an end
+        counts as over, and its entry is planned from that end."""
+        return _END_OF_TIME if self._planning else instant_now()
 
     def changed(self) -> bool:
         """Whether the records moved since the last listing read them, or a pause
@@ -194,7 +200,9 @@ class EntryCatalog:
         store = open_store(self.config)
         try:
             self.open(store.entries, self.config.beat_election, interval=0)
+            self._planning = True
             return jobs()
         finally:
+            self._planning = False
             self.feed = None
             store.close()
