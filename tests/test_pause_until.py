@@ -1,8 +1,9 @@
-"""A pause with an end, for real: a ``celery beat`` replica (tests/apps/beat_app.py) on a
-Redis broker and a Redis lease store; ``leader entries pause NAME --until`` a few seconds
-ahead, from the real command line, of a store entry and of a code entry, both every
-second. The test is the only consumer of the broker's queue (the tap of
-test_beat_chaos), so every message there is a slot sent, with the time it arrived.
+"""A pause with an end, for real: a ``celery beat`` replica (tests/apps/beat_app.py), or a
+standalone Dramatiq scheduler (tests/apps/dramatiq_app.py), on a Redis broker and a
+Redis lease store; ``entries pause NAME --until`` a few seconds ahead, from the real
+command line, of a store entry and of a code entry, both every second. The test reads
+every slot sent off the broker (the taps of test_beat_chaos and test_dramatiq_chaos),
+with the time it arrived.
 
 Checked: nothing arrives while paused (after the pause returned + 1 s), no slot due
 inside the pause is ever sent, and each entry sends again by itself from the pause's
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
@@ -25,6 +27,7 @@ from harness.procs import Procs
 from harness.servers import RedisServer
 from harness.waiting import wait_for
 from tests import test_beat_chaos as beat_chaos
+from tests import test_dramatiq_chaos as dramatiq_chaos
 from tests.test_beat_chaos import (
     BEAT,
     CELERY,
@@ -44,8 +47,9 @@ for _fixture in ("beat_holder", "broker", "lease_store", "tap"):
 
 pytestmark = [pytest.mark.paced]
 
-#: How long the entries stay paused: several of their 1 s slots fall inside.
-PAUSE = 4.0
+#: How far ahead the pause ends: the two pause commands (a CLI start each, about
+#: 1 s, up to 3 s on a loaded machine) leave at least 2 s of it, two 1 s slots.
+PAUSE = 8.0
 #: An edit reaches the leader within its 0.5 s poll of the entries version; one
 #: more tick and a publish fit in the rest of the second.
 SLACK = 1.0
@@ -70,27 +74,54 @@ def test_entries_paused_until_a_time_send_nothing_until_then_and_again_after(
         "LEADER_URL": url,
         "PYTHONPATH": os.pathsep.join(filter(None, [PYTHONPATH, str(REPO)])),
     }
+    command = [str(CELERY), "-A", "tests.apps.beat_app", "leader", "entries"]
+
+    def arrivals() -> list[tuple[float, str]]:
+        return [(p.seen, p.slot) for p in tap.published() if p.slot]
+
+    check_pause_until(command, cli_env, "beat_app.noop", arrivals)
+
+
+def test_the_dramatiq_scheduler_honours_a_pause_until_a_time(
+    procs: Procs, redis_url: str
+) -> None:
+    with RedisServer() as broker_server:
+        tap = dramatiq_chaos.Tap(broker_server.client())
+        env = {"BROKER_URL": broker_server.url, "LEADER_URL": redis_url, "EVERY": "1"}
+        replicas = dramatiq_chaos.Replicas(procs, env, embedded=False)
+        replicas.places = [replicas.spawn()]
+        command = [sys.executable, "-m", "celery_leader", "entries", "--app", dramatiq_chaos.APP]
+
+        def arrivals() -> list[tuple[float, str]]:
+            return [(s.seen, s.slot) for s in tap.sent()]
+
+        try:
+            check_pause_until(command, {**os.environ, **replicas.env}, "tick", arrivals)
+        finally:
+            tap.close()
+
+
+def check_pause_until(
+    command: list[str],
+    env: dict[str, str],
+    task: str,
+    arrivals: Callable[[], list[tuple[float, str]]],
+) -> None:
+    """Add the store entry ``st`` (every second, sending ``task``) beside the code
+    entry ``tick``, pause both until a few seconds ahead, check (see the module
+    docstring) on ``arrivals``: (monotonic time, ``leader_slot``) of each slot."""
 
     def cli(*args: str) -> None:
         done = subprocess.run(
-            [str(CELERY), "-A", "tests.apps.beat_app", "leader", "entries", *args],
-            env=cli_env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd=REPO,
+            [*command, *args], env=env, capture_output=True, text=True, timeout=60, cwd=REPO
         )
         assert done.returncode == 0, f"{args}: {done.stderr}"
 
     def sent(entry: str) -> list[tuple[float, datetime]]:
         """(arrival, due) of each slot of ``entry`` that arrived."""
-        out = []
-        for publish in tap.published():
-            if publish.slot and publish.slot.startswith(f"{entry}@"):
-                out.append((publish.seen, parse_slot(publish.slot)[1]))
-        return out
+        return [(seen, parse_slot(s)[1]) for seen, s in arrivals() if s.startswith(f"{entry}@")]
 
-    cli("add", "st", "--task", "beat_app.noop", "--every", "1")
+    cli("add", "st", "--task", task, "--every", "1")
     wait_for(lambda: sent("st") and sent("tick"), 15, message="the entries never sent")
     # A whole second, on both entries' grid, at least PAUSE ahead.
     until = datetime.now(timezone.utc).replace(microsecond=0) + timedelta(seconds=PAUSE + 1)
