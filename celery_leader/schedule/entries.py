@@ -39,8 +39,9 @@ _NAME = re.compile(r"^[A-Za-z0-9_.:\-]{1,190}$")
 #: a slot may wait to start, and run, before the console calls it late or overrun.
 LIMITS = ("late_after", "max_runtime")
 _OPTIONS = ("queue", "priority", "expires", "headers", *LIMITS)
-#: The longest reason a pause keeps.
+#: The longest reason (and author) a pause keeps.
 MAX_WHY = 500
+_PAUSE_FIELDS = frozenset({"paused_by", "paused_why", "paused_until"})
 
 
 class EntryError(ConfigError):
@@ -229,7 +230,8 @@ def checked(data: Mapping[str, Any], size: int | None = None) -> Entry:
         raise EntryError(f"entry {name}: generation must be a string")
     values["generation"] = generation
     values["active_since"] = _instant(name, "active_since", data.get("active_since"))
-    values.update(_pause_fields(name, data, values["enabled"]))
+    if _PAUSE_FIELDS & data.keys():  # most entries were never paused: skip the checks
+        values.update(_pause_fields(name, data, values["enabled"]))
     if kind == STORE:
         values.update(_schedule_fields(name, data))
     entry = Entry(**values)
