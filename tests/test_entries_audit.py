@@ -5,6 +5,7 @@ the book, the Python API, both frameworks' schedulers and the real ``celery`` co
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -26,6 +27,8 @@ from celery_leader.beat import LeaderScheduler
 from celery_leader.celery.adapter import BeatAdapter
 from celery_leader.celery.entries import entries_app
 from celery_leader.celery.entries import entries_of as celery_entries_of
+from celery_leader.cli import entries as cli_entries
+from celery_leader.cli.entries import EntriesApp, run_command
 from celery_leader.dramatiq import LeaderMiddleware, every
 from celery_leader.dramatiq.entries import entries_of as dramatiq_entries_of
 from celery_leader.dramatiq.scheduler import DramatiqScheduler
@@ -35,7 +38,7 @@ from celery_leader.schedule import feed as feed_module
 from celery_leader.schedule import protocol
 from celery_leader.schedule.audit import audit_trail
 from celery_leader.schedule.book import EntryBook
-from celery_leader.schedule.entries import EntryError, new_entry
+from celery_leader.schedule.entries import Entry, EntryError, new_entry
 from celery_leader.schedule.jobs import Outcome
 from celery_leader.settings.config import LeaderConfig
 from harness.waiting import wait_for
@@ -170,6 +173,28 @@ def test_a_trail_that_cannot_be_written_leaves_the_change_made_and_says_so_in_on
         "celery-leader: r: resume done, but the audit trail did not record it: "
         "StoreUnavailable: journal down"
     ]
+
+
+def test_the_cli_says_in_one_warning_line_that_the_trail_missed_a_change_it_made(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = memory_config()
+    opened = open_store(config)
+    broken = dataclasses.replace(opened, journal=BrokenJournal(), close=lambda: None)
+    monkeypatch.setattr(cli_entries, "open_store", lambda config: broken)
+    app = EntriesApp(config, {}, {"t"}, lambda *a: None)
+    fields = {"name": "r", "task": "t", "every": 5}
+    assert run_command(app, print, "add", fields=fields, why="x") == 0
+    assert run_command(app, print, "pause", name="r", why="deploy") == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines() == ["r: every 5s -> t (version 1)", "r: paused"]
+    assert err.splitlines() == [
+        f"Warning: r: {action} done, but the audit trail did not record it: "
+        "StoreUnavailable: journal down"
+        for action in ("add", "pause")
+    ]
+    stored = open_store(config).entries.load("beat")[1]["r"]
+    assert Entry.from_json(stored).paused_why == "deploy", "the change is made"
 
 
 # -- pause with a reason and an end ----------------------------------------------------------
