@@ -1,20 +1,11 @@
 """Edits of the schedule entries kept in the store, from any process, without a lease.
 
-:class:`EntryBook` is the framework-free half of the Python API and of the
-``entries`` CLI: add, update (optionally only if the version is the one read),
-remove, pause, resume, get, list. Every edit is one compare-and-set of the
-entry's JSON (:meth:`~celery_leader.backends.EntryStore.edit`), so two
-editors never silently overwrite each other: the loser re-reads and, unless it
-named the version it read, applies its change again on top.
-
-Code entries (``beat_schedule``, ``leader_schedule``) are named by the caller.
-A store entry cannot take a code entry's name (refused at add); a code entry
-cannot be removed, but its pause is kept in the store as a ``"code"`` record.
-
-Every edit that is made is recorded in the audit trail (:mod:`.audit`): who
-(``who=``, else the book's actor), when, what and why (``why=``). The record is
-written after the edit: a trail that cannot be written leaves the edit made and
-says so in one warning line.
+Every edit is one compare-and-set of the entry's JSON, so two editors never silently
+overwrite each other: the loser re-reads and, unless it named the version it read,
+applies its change again. Code entries cannot be removed; their pause is a ``"code"`` record.
+Each edit made is recorded in the audit trail (:mod:`.audit`): who (``who=``, else the
+book's actor), when, what and why (``why=``); a trail that cannot be written leaves the
+edit made and says so in one warning line.
 """
 
 from __future__ import annotations
@@ -27,15 +18,7 @@ from typing import Any
 from ..backends import Edit, EntryStore, Journal
 from ..backends.errors import summarise
 from .audit import AuditRecord, local_actor, record_change
-from .entries import (
-    STORE,
-    Entry,
-    EntryError,
-    code_pause,
-    instant_now,
-    new_entry,
-    pause_end,
-)
+from .entries import STORE, Entry, EntryError, code_pause, instant_now, new_entry, pause_end
 
 logger = logging.getLogger(__name__)
 
@@ -81,8 +64,6 @@ class EntryBook:
         self.keep = keep
         self._warn = warn or (lambda line: logger.warning("celery-leader: %s", line))
 
-    # -- reads --------------------------------------------------------------
-
     def list(self) -> list[Entry]:
         """Every record, by name: store entries and the kept pauses of code entries."""
         _, records = self.store.load(self.election)
@@ -90,11 +71,7 @@ class EntryBook:
 
     def get(self, name: str) -> Entry | None:
         """The record named ``name``, or ``None``."""
-        _, records = self.store.load(self.election)
-        text = records.get(name)
-        return None if text is None else Entry.from_json(text)
-
-    # -- edits --------------------------------------------------------------
+        return self._read(name)[0]
 
     def add(
         self,
@@ -105,12 +82,9 @@ class EntryBook:
         imported: bool = False,
         **fields: Any,
     ) -> Entry:
-        """Add a store entry (fields as :class:`~.entries.Entry` names them).
-
-        Refused when the name is a code entry's, or when it exists and not
-        ``replace``; a replaced entry keeps its generation (it is an edit).
-        ``imported``: the trail says ``import`` rather than ``add``.
-        """
+        """Add a store entry; refused when the name is a code entry's, or exists and not
+        ``replace`` (a replaced entry keeps its generation). ``imported``: the trail
+        says ``import`` rather than ``add``."""
         entry, before = self._add(replace, fields)
         details: dict[str, Any] = {"task": entry.task, "schedule": entry.schedule_text}
         if before is not None:
@@ -239,8 +213,6 @@ class EntryBook:
                 f"{name}: {action} done, but the audit trail did not record it: "
                 f"{summarise(exc)}"
             )
-
-    # -- helpers --------------------------------------------------------------
 
     def _set_enabled(self, name: str, enabled: bool, pause: dict[str, Any]) -> Entry:
         if name in self.code:
