@@ -285,6 +285,8 @@ TABLE = (
     Setting("overlap_wait", _seconds, 60.0, "longest wait of a slot of an overlap = wait entry"),
     Setting("sentry_crons", _flag, False, "Sentry Crons check-ins from workers"),
     Setting("entries_allow", _globs, ("*",), "task globs a stored entry may name"),
+    # A record is about 200 bytes: 10,000 are 2 MB per log, years of a team's edits.
+    Setting("audit_keep", _count, 10_000, "audit records kept per log (election, entry)"),
 )
 
 #: Every setting, as spelt in ``app.conf``.
