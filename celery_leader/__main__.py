@@ -106,9 +106,12 @@ def _entries_parser(commands: Any) -> None:
     add.add_argument("--kwargs", help="keyword arguments: a JSON object")
     add.add_argument("--queue", help="the queue to send to")
     add.add_argument("--missed-slots", choices=("once", "skip", "all"), help="its policy")
+    add.add_argument("--late-after", help="SECONDS after its due time a slot not started is late")
+    add.add_argument("--max-runtime", help="SECONDS a slot may run before it is overrun")
     add.add_argument("--paused", action="store_true", help="add it paused")
     add.add_argument("--replace", action="store_true", help="redefine it if it exists")
     add.add_argument("--strict", action="store_true", help="refuse an actor the app lacks")
+    _audited(add)
     for name, text in (
         ("ls", "list code and store entries"),
         ("export", "print the store entries as JSON lines"),
@@ -120,17 +123,30 @@ def _entries_parser(commands: Any) -> None:
     show.add_argument("--json", dest="as_json", action="store_true", help="print JSON")
     for name, text in (
         ("rm", "remove store entry NAME"),
-        ("pause", "stop sending NAME until resumed"),
         ("resume", "send NAME again, from now"),
         ("run", "send one run of NAME now, outside its grid"),
     ):
-        sub.add_parser(name, help=text).add_argument("name", metavar="NAME")
+        edit = sub.add_parser(name, help=text)
+        edit.add_argument("name", metavar="NAME")
+        _audited(edit)
+    pause = sub.add_parser("pause", help="stop sending NAME until resumed, or until --until")
+    pause.add_argument("name", metavar="NAME")
+    pause.add_argument("--reason", "--why", dest="why", help="why it is paused (kept with it)")
+    pause.add_argument("--until", help="ISO 8601 time it runs again by itself")
+    pause.add_argument("--who", help="who pauses it, for the audit trail (default: user@host)")
     imp = sub.add_parser("import", help="add the entries of FILE (JSON lines) or of redbeat")
     imp.add_argument("file", nargs="?", type=argparse.FileType("r"), metavar="FILE")
     imp.add_argument("--from-redbeat", metavar="REDIS_URL", help="read redbeat's entries")
     imp.add_argument("--prefix", default="redbeat", help="redbeat's key prefix")
     imp.add_argument("--dry-run", action="store_true", help="list them, store nothing")
     imp.add_argument("--replace", action="store_true", help="redefine entries that exist")
+    _audited(imp)
+
+
+def _audited(parser: Any) -> None:
+    """``--why`` and ``--who``: what the audit trail keeps of a change."""
+    parser.add_argument("--why", help="why, for the audit trail")
+    parser.add_argument("--who", help="who makes the change (default: user@host)")
 
 
 def _entries(args: argparse.Namespace, echo: ops.Echo) -> int:
@@ -139,20 +155,21 @@ def _entries(args: argparse.Namespace, echo: ops.Echo) -> int:
     sys.path[:0] = [*args.path, os.getcwd()]
     app = dramatiq_entries.load(args.app)
     command, given = args.entries_command, vars(args)
+    audit: dict[str, Any] = {k: given[k] for k in ("why", "who") if k in given}
     if command == "add":
         names = inspect.signature(ops_entries.add_fields).parameters
         fields = ops_entries.add_fields(**{name: given[name] for name in names})
-        given = {"fields": fields, "replace": args.replace, "strict": args.strict}
+        given = {"fields": fields, "replace": args.replace, "strict": args.strict, **audit}
     elif command == "import" and args.from_redbeat is not None:
         command = "from-redbeat"
         given = {k: given[k] for k in ("prefix", "dry_run", "replace")}
-        given["url"] = args.from_redbeat
+        given.update(url=args.from_redbeat, **audit)
     elif command == "import":
         if args.file is None:
             raise ConfigError("give FILE (JSON lines) or --from-redbeat URL")
-        given = {"lines": list(args.file), "replace": args.replace}
+        given = {"lines": list(args.file), "replace": args.replace, **audit}
     else:
-        given = {k: v for k, v in given.items() if k in ("name", "as_json")}
+        given = {k: v for k, v in given.items() if k in ("name", "as_json", "until", *audit)}
     return ops_entries.run_command(app, echo, command, **given)
 
 

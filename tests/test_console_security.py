@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import re
 import subprocess
 import sys
@@ -244,7 +245,7 @@ def test_read_only_shows_no_forms_and_refuses_every_post(reader: tuple[Console, 
     console, sent = reader
     for path in ("/entries", "/entries/report", "/entries/tick"):
         page = call(console, "GET", path, token=None)
-        assert "<form method=\"post\"" not in page.text, path
+        assert '<form method="post"' not in page.text, path
         assert "Set-Cookie" not in page.header
     for path in ("/entries/report/pause", "/entries/report/run", "/entries/pause"):
         reply = call(console, "POST", path, {"reason": "x", "name": "report"}, token=None)
@@ -324,7 +325,7 @@ def test_a_bulk_pause_asks_for_a_confirmation(writer: tuple[Console, Sent]) -> N
     assert '"total": 2' in listed
     assert listed.count('"why": "incident 42"') == 2, "each paused row says why"
     page = call(console, "GET", "/entries?filter=paused").text
-    assert page.count("by console:token@127.0.0.1 at ") == 2
+    assert page.count("until resumed by console:token@127.0.0.1: incident 42") == 2
 
 
 def test_a_large_body_is_refused_unread(writer: tuple[Console, Sent]) -> None:
@@ -440,3 +441,21 @@ def test_a_form_of_too_many_fields_is_refused(writer: tuple[Console, Sent]) -> N
     body = f"csrf={token}&reason=x&".encode() + b"&".join(b"name=a" for _ in range(2000))
     headers = {"Cookie": f"{CSRF_COOKIE}={cookie}", "Origin": "http://" + HOST}
     assert call(console, "POST", "/entries/pause", headers=headers, body=body).status == 413
+
+
+def test_a_pause_with_an_end_shows_it_and_the_slots_after_it(writer: tuple[Console, Sent]) -> None:
+    console, _ = writer
+    done = _post(
+        console, "/entries/report/pause", {"reason": "freeze", "until": "2030-01-01T00:00:00Z"}
+    )
+    assert done.status == 303
+    shown = json.loads(call(console, "GET", "/api/entries/report").text)
+    assert shown["paused"] == {
+        "who": "console:token@127.0.0.1", "why": "freeze", "until": "2030-01-01T00:00:00+00:00"
+    }  # fmt: skip
+    assert shown["next"][0]["utc"] == "2030-01-01T00:00:00+00:00"
+    assert "Paused until 2030-01-01T00:00:00+00:00 by console:token@127.0.0.1: freeze" in (
+        call(console, "GET", "/entries/report").text
+    )
+    refused = _post(console, "/entries/report/pause", {"reason": "x", "until": "soon"})
+    assert refused.status == 400

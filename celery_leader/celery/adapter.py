@@ -16,7 +16,7 @@ from typing import Any
 
 from ..exceptions import ConfigError, missing_extra
 from ..schedule.catalog import EntryCatalog, kept_pause
-from ..schedule.entries import Entry
+from ..schedule.entries import LIMITS, Entry, EntryError, check_limit
 from ..schedule.jobs import Adapter, Job, Outcome
 from ..schedule.series import CronSeries, Every, Series, utc
 from ..settings.config import OVERLAP, validate_grace, validate_missed_slots
@@ -34,8 +34,9 @@ except ModuleNotFoundError as exc:
 FREEZE_AT = 10_000
 
 #: Entry options read by the scheduler, never passed on to ``apply_async``
-#: (``overlap`` travels as the ``leader_overlap`` header, for the run ledger).
-ENTRY_OPTIONS = ("leader_missed_slots", "leader_missed_slots_grace", "overlap")
+#: (``overlap`` travels as the ``leader_overlap`` header, for the run ledger;
+#: ``late_after`` and ``max_runtime`` are the console's alone).
+ENTRY_OPTIONS = ("leader_missed_slots", "leader_missed_slots_grace", "overlap", *LIMITS)
 _ENTRY_OPTIONS = frozenset(ENTRY_OPTIONS)
 
 
@@ -79,6 +80,7 @@ class BeatAdapter(Adapter):
         #: listing again reuses them, and a promotion finds them made (see ``__init__``).
         self._made: dict[str, tuple[Any, Any, Job]] = {}
         self._bad_options: set[str] = set()  # entries whose leader_* options were refused
+        self._bad_limits: set[str] = set()  # entries whose late_after / max_runtime were
         #: The scheduler's ``schedule`` as the last :meth:`jobs` read it, and its size.
         self._entries: dict[str, ScheduleEntry] | None = None
         self._count = 0
@@ -105,9 +107,10 @@ class BeatAdapter(Adapter):
         _, left, series = self._warming
         records = self.catalog.current() or {}
         zone, end = scheduler.app.timezone, time.monotonic() + budget
+        now = self.catalog.now()
         with collector_paused():
             for entry in left:
-                self._code_job(entry, records, zone, self._made, series)
+                self._code_job(entry, records, zone, self._made, series, now)
                 if time.monotonic() > end:
                     return False
         self._warming, self._warmed = None, entries
@@ -138,6 +141,7 @@ class BeatAdapter(Adapter):
         zone = scheduler.app.timezone
         records_before, entries_before = self.catalog.listed, self._entries
         records = self.catalog.read()
+        now = self.catalog.now()
         # Read once per pass: ``schedule`` may be a property that asks a database
         # whether the schedule changed (django-celery-beat's), far too slow per entry.
         entries: dict[str, ScheduleEntry] = scheduler.schedule
@@ -157,7 +161,8 @@ class BeatAdapter(Adapter):
                 jobs = [
                     job
                     for entry in entries.values()
-                    if (job := self._code_job(entry, records, zone, made, series)) is not None
+                    if (job := self._code_job(entry, records, zone, made, series, now))
+                    is not None
                 ]
             self._code = {job.name: job for job in scheduler.mark_edits(jobs)}
             if first and self._warmed is not entries:  # made here, not by warm()
@@ -174,7 +179,7 @@ class BeatAdapter(Adapter):
                 job = (
                     None
                     if entry is None
-                    else self._code_job(entry, records, zone, self._made, series)
+                    else self._code_job(entry, records, zone, self._made, series, now)
                 )
                 if job is None:
                     self._made.pop(name, None)
@@ -195,10 +200,12 @@ class BeatAdapter(Adapter):
         zone: Any,
         made: dict[str, tuple[Any, Any, Job]],
         series: SeriesMemo,
+        now: datetime,
     ) -> Job | None:
-        """The job of beat's ``entry``, or None while it may not run; reused from ``made``
-        when its schedule and options are the ones it was made of. Kept in ``_made``."""
-        enabled, since = kept_pause(records, entry.name)
+        """The job of beat's ``entry``, or None while it may not run at ``now``; reused
+        from ``made`` when its schedule and options are the ones it was made of. Kept
+        in ``_made``."""
+        enabled, since = kept_pause(records, entry.name, now)
         if not self.scheduler.entry_enabled(entry) or not enabled:
             return None
         sched, options = entry.schedule, entry.options
@@ -209,6 +216,7 @@ class BeatAdapter(Adapter):
                 job = replace(job, zone=zone, active_since=since)
         else:
             policy, grace = self._policy(entry)
+            self._check_limits(entry)
             job = Job(
                 entry.name, series.of(sched), policy, grace, zone, entry.name, active_since=since
             )
@@ -258,6 +266,18 @@ class BeatAdapter(Adapter):
                 self.logger.error("celery-leader: %s; using the settings instead", exc)
             return config.missed_slots, config.missed_slots_grace
         return policy, grace
+
+    def _check_limits(self, entry: ScheduleEntry) -> None:
+        """Log once (and then ignore) a bad ``late_after`` or ``max_runtime`` option:
+        they change nothing in dispatch."""
+        options = entry.options or {}
+        try:
+            for limit in LIMITS:
+                check_limit(f"option {limit} of entry {entry.name!r}", options.get(limit))
+        except EntryError as exc:
+            if entry.name not in self._bad_limits:
+                self._bad_limits.add(entry.name)
+                self.logger.error("celery-leader: %s; the console ignores it", exc)
 
     def _entry(self, job: Job) -> ScheduleEntry:
         if isinstance(job.payload, ScheduleEntry):

@@ -3,12 +3,13 @@ schedule entries kept in the store (the commands are :mod:`celery_leader.cli.ent
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
 from ..cli import entries as ops_entries
 from ..cli.entries import CodeEntry, EntriesApp, EntriesError, ScheduleEntries
 from ..exceptions import ConfigError, missing_extra
+from ..schedule.entries import LIMITS
 from ..settings.config import LeaderConfig
 from .adapter import series_of
 
@@ -41,7 +42,10 @@ def entries_app(app: Any) -> EntriesApp:
         options: Mapping[str, Any],
         slot: str,
     ) -> None:
-        opts = {k: v for k, v in options.items() if not k.startswith("leader_")}
+        # The console's limits are no send_task options.
+        opts = {
+            k: v for k, v in options.items() if not k.startswith("leader_") and k not in LIMITS
+        }
         headers = {**opts.pop("headers", {}), "leader_slot": slot}
         app.send_task(task, args=list(args), kwargs=dict(kwargs), headers=headers, **opts)
 
@@ -85,6 +89,14 @@ def _run(ctx: click.Context, command: str, **args: Any) -> NoReturn:
     raise SystemExit(code)
 
 
+def _audited(command: Callable[..., None]) -> Callable[..., None]:
+    """``--why`` and ``--who``: what the audit trail keeps of a change."""
+    command = click.option(
+        "--who", help="Who makes the change, for the audit trail (default: user@host)."
+    )(command)
+    return click.option("--why", help="Why, for the audit trail.")(command)
+
+
 @click.group(name="entries")
 def entries() -> None:
     """Schedule entries kept in the store: added, paused and removed at runtime."""
@@ -101,9 +113,12 @@ def entries() -> None:
 @click.option("--kwargs", "kwargs_json", help="Keyword arguments: a JSON object.")
 @click.option("--queue", help="The queue to send to.")
 @click.option("--missed-slots", type=click.Choice(["once", "skip", "all"]), help="Its policy.")
+@click.option("--late-after", help="SECONDS after its due time a slot not started is late.")
+@click.option("--max-runtime", help="SECONDS a slot may run before it is overrun.")
 @click.option("--paused", is_flag=True, help="Add it paused.")
 @click.option("--replace", is_flag=True, help="Redefine it if it exists.")
 @click.option("--strict", is_flag=True, help="Refuse a task this app does not know.")
+@_audited
 @click.pass_context
 def add(
     ctx: click.Context,
@@ -117,19 +132,35 @@ def add(
     kwargs_json: str | None,
     queue: str | None,
     missed_slots: str | None,
+    late_after: str | None,
+    max_runtime: str | None,
     paused: bool,
     replace: bool,
     strict: bool,
+    why: str | None,
+    who: str | None,
 ) -> None:
     """Add entry NAME (exit 2 if it exists, unless --replace)."""
     try:
         fields = ops_entries.add_fields(
-            name, task, every, cron, tz, at, args_json, kwargs_json, queue, paused, missed_slots
+            name,
+            task,
+            every,
+            cron,
+            tz,
+            at,
+            args_json,
+            kwargs_json,
+            queue,
+            paused,
+            missed_slots,
+            late_after,
+            max_runtime,
         )
     except ConfigError as exc:
         click.echo(f"Error: {exc}", err=True)
         raise SystemExit(2) from None
-    _run(ctx, "add", fields=fields, replace=replace, strict=strict)
+    _run(ctx, "add", fields=fields, replace=replace, strict=strict, why=why, who=who)
 
 
 @entries.command(name="ls")
@@ -151,34 +182,42 @@ def show(ctx: click.Context, name: str, as_json: bool) -> None:
 
 @entries.command()
 @click.argument("name")
+@_audited
 @click.pass_context
-def rm(ctx: click.Context, name: str) -> None:
+def rm(ctx: click.Context, name: str, why: str | None, who: str | None) -> None:
     """Remove store entry NAME (a code entry cannot be removed: pause it)."""
-    _run(ctx, "rm", name=name)
+    _run(ctx, "rm", name=name, why=why, who=who)
 
 
 @entries.command()
 @click.argument("name")
+@click.option("--reason", "--why", "why", help="Why it is paused (kept with the pause).")
+@click.option("--until", help="ISO 8601 time it runs again by itself (default: when resumed).")
+@click.option("--who", help="Who pauses it, for the audit trail (default: user@host).")
 @click.pass_context
-def pause(ctx: click.Context, name: str) -> None:
-    """Stop sending NAME (a store or a code entry) until resumed."""
-    _run(ctx, "pause", name=name)
+def pause(
+    ctx: click.Context, name: str, why: str | None, until: str | None, who: str | None
+) -> None:
+    """Stop sending NAME (a store or a code entry) until resumed, or until --until."""
+    _run(ctx, "pause", name=name, why=why, until=until, who=who)
 
 
 @entries.command()
 @click.argument("name")
+@_audited
 @click.pass_context
-def resume(ctx: click.Context, name: str) -> None:
+def resume(ctx: click.Context, name: str, why: str | None, who: str | None) -> None:
     """Send NAME again, from now (nothing for the time it was paused)."""
-    _run(ctx, "resume", name=name)
+    _run(ctx, "resume", name=name, why=why, who=who)
 
 
 @entries.command(name="run")
 @click.argument("name")
+@_audited
 @click.pass_context
-def run_now(ctx: click.Context, name: str) -> None:
+def run_now(ctx: click.Context, name: str, why: str | None, who: str | None) -> None:
     """Send one run of NAME now, outside its grid (leader_slot NAME@run:<time>)."""
-    _run(ctx, "run", name=name)
+    _run(ctx, "run", name=name, why=why, who=who)
 
 
 @entries.command(name="export")
@@ -195,6 +234,7 @@ def export(ctx: click.Context, as_json: bool) -> None:
 @click.option("--prefix", default="redbeat", show_default=True, help="redbeat's key prefix.")
 @click.option("--dry-run", is_flag=True, help="List what would be imported; store nothing.")
 @click.option("--replace", is_flag=True, help="Redefine entries that exist.")
+@_audited
 @click.pass_context
 def import_(
     ctx: click.Context,
@@ -203,11 +243,22 @@ def import_(
     prefix: str,
     dry_run: bool,
     replace: bool,
+    why: str | None,
+    who: str | None,
 ) -> None:
     """Add the entries of FILE (JSON lines; - for stdin), or of a redbeat schedule."""
+    audit = {"why": why, "who": who}
     if redbeat_url is not None:
-        _run(ctx, "from-redbeat", url=redbeat_url, prefix=prefix, dry_run=dry_run, replace=replace)
+        _run(
+            ctx,
+            "from-redbeat",
+            url=redbeat_url,
+            prefix=prefix,
+            dry_run=dry_run,
+            replace=replace,
+            **audit,
+        )
     if file is None:
         click.echo("Error: give FILE (JSON lines) or --from-redbeat URL", err=True)
         raise SystemExit(2)
-    _run(ctx, "import", lines=list(file), replace=replace)
+    _run(ctx, "import", lines=list(file), replace=replace, **audit)

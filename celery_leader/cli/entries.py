@@ -12,15 +12,16 @@ import json
 import sys
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from ..backends import StoreFacets, open_store
 from ..exceptions import ConfigError, StoreUnavailable
 from ..ledger.summary import RECENT_RUNS, recent_run, summarize
+from ..schedule.audit import AuditRecord, audit_trail
 from ..schedule.book import EntryBook
-from ..schedule.entries import CODE, Entry, EntryError, allowed, instant_now
+from ..schedule.entries import CODE, LIMITS, Entry, EntryError, allowed, instant_now
 from ..schedule.series import Series, utc
 from ..schedule.state import parse_state, slot_name
 from ..settings.config import LeaderConfig
@@ -81,14 +82,37 @@ class _Session:
     echo: Echo
 
 
-def _store(app: EntriesApp) -> tuple[StoreFacets, EntryBook]:
+#: Changes of an entry ``show`` lists, newest first (as many as its recent runs).
+RECENT_CHANGES = RECENT_RUNS
+
+
+def _warn(line: str) -> None:
+    print(f"Warning: {line}", file=sys.stderr)
+
+
+def _store(
+    app: EntriesApp, warn: Callable[[str], None] | None = None
+) -> tuple[StoreFacets, EntryBook]:
     store = open_store(app.config)
-    return store, EntryBook(store.entries, app.config.beat_election, set(app.code))
+    config = app.config
+    book = EntryBook(
+        store.entries,
+        config.beat_election,
+        set(app.code),
+        journal=store.journal,
+        keep=config.audit_keep,
+        warn=warn,
+    )
+    return store, book
 
 
 def run_command(app: EntriesApp, echo: Echo, command: str, **args: Any) -> int:
-    """Run one entries command; bad input and store errors become :class:`EntriesError`."""
-    store, book = _store(app)
+    """Run one entries command; bad input and store errors become :class:`EntriesError`.
+
+    The changing commands take ``why`` and ``who`` (default: ``user@host``) for
+    the audit trail; a trail that cannot be written is one warning line on stderr.
+    """
+    store, book = _store(app, _warn)
     try:
         return int(_COMMANDS[command](_Session(app, store, book, echo), **args))
     except (ConfigError, ValueError) as exc:
@@ -111,6 +135,8 @@ def add_fields(
     queue: str | None = None,
     paused: bool = False,
     missed_slots: str | None = None,
+    late_after: str | None = None,
+    max_runtime: str | None = None,
 ) -> dict[str, Any]:
     """The fields of an entry from the ``add`` options (strings as typed)."""
     given = [k for k, v in (("--every", every), ("--cron", cron), ("--at", at)) if v is not None]
@@ -132,8 +158,20 @@ def add_fields(
         fields["at"] = at
     fields["args"] = _json("--args", args, list, "a JSON array")
     fields["kwargs"] = _json("--kwargs", kwargs, dict, "a JSON object")
+    options: dict[str, Any] = {}
     if queue is not None:
-        fields["options"] = {"queue": queue}
+        options["queue"] = queue
+    for option, text in (("late_after", late_after), ("max_runtime", max_runtime)):
+        if text is not None:
+            flag = f"--{option.replace('_', '-')}"
+            try:
+                options[option] = float(text)
+            except ValueError:
+                raise EntryError(f"{flag} must be a number of seconds (got {text!r})") from None
+            if not options[option] > 0:
+                raise EntryError(f"{flag} must be above 0 seconds (got {text})")
+    if options:
+        fields["options"] = options
     if missed_slots is not None:
         fields["missed_slots"] = missed_slots
     return fields
@@ -155,7 +193,14 @@ def _json(option: str, text: str | None, kind: type, what: str) -> Any:
 # -- the commands -------------------------------------------------------------------
 
 
-def _add(s: _Session, fields: dict[str, Any], replace: bool = False, strict: bool = False) -> int:
+def _add(
+    s: _Session,
+    fields: dict[str, Any],
+    replace: bool = False,
+    strict: bool = False,
+    why: str | None = None,
+    who: str | None = None,
+) -> int:
     task = fields["task"]
     if task not in s.app.tasks:
         if strict:
@@ -171,7 +216,7 @@ def _add(s: _Session, fields: dict[str, Any], replace: bool = False, strict: boo
         if at is not None and at <= instant_now():
             raise EntryError(f"--at {fields['at']} is in the past")
     check_options(s.app, fields)
-    entry = s.book.add(replace=replace, **fields)
+    entry = s.book.add(replace=replace, why=why, who=who, **fields)
     s.echo(f"{entry.name}: {entry.schedule_text} -> {entry.task} (version {entry.version})")
     return 0
 
@@ -184,12 +229,12 @@ def _rows(s: _Session) -> list[dict[str, Any]]:
     rows = []
     for name, code in sorted(s.app.code.items()):
         kept = stored.get(name)
-        enabled = kept.enabled if kept is not None and kept.kind == CODE else True
-        rows.append(_row(name, "code", code.task, code.schedule, enabled, code.series, state, now))
+        pause = kept if kept is not None and kept.kind == CODE else None
+        rows.append(_row(name, "code", code.task, code.schedule, pause, code.series, state, now))
     for name, entry in sorted(stored.items()):
         if entry.kind != CODE:
             text, series = entry.schedule_text, entry.series()
-            row = _row(name, "store", entry.task, text, entry.enabled, series, state, now)
+            row = _row(name, "store", entry.task, text, entry, series, state, now)
             rows.append({**row, "version": entry.version})
     return rows
 
@@ -199,25 +244,38 @@ def _row(
     source: str,
     task: str,
     schedule: str,
-    enabled: bool,
+    kept: Entry | None,
     series: Series | None,
     state: Mapping[str, str],
     now: datetime,
 ) -> dict[str, Any]:
+    """``kept``: the store entry, or the kept pause of a code entry (``None``: none)."""
     recorded = parse_state(state[name]) if name in state else None
     last = None if recorded is None else recorded.last_run_at
+    pause = kept if kept is not None and kept.paused_at(now) else None
     nxt = None
-    if enabled and series is not None:
-        nxt = series.next_after(max(now, last) if last is not None else now)
+    if series is not None and (pause is None or pause.paused_until is not None):
+        after = now
+        if pause is not None and pause.paused_until is not None:
+            # Due again from the pause's end: a slot due exactly then is sent.
+            after = pause.paused_until - timedelta(microseconds=1)
+        nxt = series.next_after(max(after, last) if last is not None else after)
     return {
         "name": name,
         "source": source,
         "task": task,
         "schedule": schedule,
-        "enabled": enabled,
+        "enabled": pause is None,
+        "paused_by": None if pause is None else pause.paused_by,
+        "paused_why": None if pause is None else pause.paused_why,
+        "paused_until": None if pause is None else _iso(pause.paused_until),
         "next_due": None if nxt is None else nxt.isoformat(),
         "last_slot": None if last is None else slot_name(name, last),
     }
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return None if moment is None else moment.isoformat()
 
 
 def _ls(s: _Session, as_json: bool = False) -> int:
@@ -225,7 +283,7 @@ def _ls(s: _Session, as_json: bool = False) -> int:
     if as_json:
         s.echo(json.dumps(rows, indent=2))
         return 0
-    header = ("NAME", "SOURCE", "SCHEDULE", "ENABLED", "NEXT DUE", "LAST SLOT SENT")
+    header = ("NAME", "SOURCE", "SCHEDULE", "ENABLED", "NEXT DUE", "LAST SLOT SENT", "PAUSE")
     table = [header] + [
         (
             r["name"],
@@ -234,6 +292,7 @@ def _ls(s: _Session, as_json: bool = False) -> int:
             "yes" if r["enabled"] else "paused",
             r["next_due"] or "-",
             r["last_slot"] or "-",
+            pause_text(r),
         )
         for r in rows
     ]
@@ -243,12 +302,26 @@ def _ls(s: _Session, as_json: bool = False) -> int:
     return 0
 
 
+def pause_text(row: Mapping[str, Any]) -> str:
+    """A row's pause in words: ``until <time> by <who>: <why>`` (``-``: not paused)."""
+    if row["enabled"]:
+        return "-"
+    until = row["paused_until"]
+    text = f"until {until}" if until else "until resumed"
+    if row["paused_by"]:
+        text += f" by {row['paused_by']}"
+    return f"{text}: {row['paused_why']}" if row["paused_why"] else text
+
+
 def _show(s: _Session, name: str, as_json: bool = False) -> int:
     rows = {r["name"]: r for r in _rows(s)}
     if name not in rows:
         raise EntryError(f"no entry {name} (neither in the code nor in the store)")
     entry = s.book.get(name)
     shown = dict(rows[name])
+    code = s.app.code.get(name)
+    options = code.options if code is not None else {} if entry is None else entry.options
+    shown.update({limit: options.get(limit) for limit in LIMITS})
     if entry is not None and entry.kind != CODE:
         shown["entry"] = json.loads(entry.to_json())
     if s.app.config.ledger:
@@ -259,6 +332,11 @@ def _show(s: _Session, name: str, as_json: bool = False) -> int:
         shown["runs"] = runs[0].to_json() if runs else None
         recent = s.store.runs.runs_of(election, name, RECENT_RUNS)
         shown["recent_runs"] = [recent_run(key, text) for key, text in sorted(recent, reverse=True)]
+    trail = audit_trail(s.store.journal, s.app.config.beat_election, RECENT_CHANGES, entry=name)
+    shown["recent_changes"] = [
+        {**asdict(record), "at": _iso(datetime.fromtimestamp(record.at, timezone.utc))}
+        for _, record in trail
+    ]
     if as_json:
         s.echo(json.dumps(shown, indent=2))
     else:
@@ -268,19 +346,34 @@ def _show(s: _Session, name: str, as_json: bool = False) -> int:
 
 
 def _edit(verb: str, done: str) -> Callable[..., int]:
-    """``rm`` (``remove``), ``pause`` or ``resume`` entry ``name``, then say it is ``done``."""
+    """``rm`` (``remove``) or ``resume`` entry ``name``, then say it is ``done``."""
 
-    def command(s: _Session, name: str) -> int:
+    def command(s: _Session, name: str, why: str | None = None, who: str | None = None) -> int:
         if verb != "remove" and name not in s.app.code and s.book.get(name) is None:
             raise EntryError(f"no entry {name} (neither in the code nor in the store)")
-        getattr(s.book, verb)(name)
+        getattr(s.book, verb)(name, why=why, who=who)
         s.echo(f"{name}: {done}")
         return 0
 
     return command
 
 
-def _run(s: _Session, name: str) -> int:
+def _pause(
+    s: _Session,
+    name: str,
+    why: str | None = None,
+    until: str | None = None,
+    who: str | None = None,
+) -> int:
+    if name not in s.app.code and s.book.get(name) is None:
+        raise EntryError(f"no entry {name} (neither in the code nor in the store)")
+    entry = s.book.pause(name, why=why, until=until, who=who)
+    end = entry.paused_until
+    s.echo(f"{name}: paused" + ("" if end is None else f" until {end.isoformat()}"))
+    return 0
+
+
+def _run(s: _Session, name: str, why: str | None = None, who: str | None = None) -> int:
     slot = run_slot(name, instant_now())
     code = s.app.code.get(name)
     if code is not None:
@@ -292,6 +385,7 @@ def _run(s: _Session, name: str) -> int:
         if not allowed(entry.task, s.app.config.entries_allow):
             raise EntryError(f"task {entry.task} is outside leader_entries_allow")
         s.app.send(entry.task, entry.args, entry.kwargs, entry.options, slot)
+    s.book.record(name, "run", why, who, {"slot": slot})
     s.echo(f"{name}: sent, leader_slot {slot}")
     return 0
 
@@ -311,7 +405,13 @@ def _export(s: _Session, as_json: bool = False) -> int:
     return 0
 
 
-def _import(s: _Session, lines: Iterable[str], replace: bool = False) -> int:
+def _import(
+    s: _Session,
+    lines: Iterable[str],
+    replace: bool = False,
+    why: str | None = None,
+    who: str | None = None,
+) -> int:
     """Entries from JSON lines (what ``export`` prints); all are checked before any is stored."""
     entries = []
     for number, line in enumerate(lines, 1):
@@ -331,10 +431,16 @@ def _import(s: _Session, lines: Iterable[str], replace: bool = False) -> int:
         except EntryError as exc:
             raise EntryError(f"line {number}: {exc}") from None
         entries.append(fields)
-    return _add_all(s, entries, replace)
+    return _add_all(s, entries, replace, why, who)
 
 
-def _add_all(s: _Session, entries: list[dict[str, Any]], replace: bool) -> int:
+def _add_all(
+    s: _Session,
+    entries: list[dict[str, Any]],
+    replace: bool,
+    why: str | None = None,
+    who: str | None = None,
+) -> int:
     for fields in entries:
         check_options(s.app, fields)
     names = [e["name"] for e in entries]
@@ -346,18 +452,24 @@ def _add_all(s: _Session, entries: list[dict[str, Any]], replace: bool) -> int:
     if clash:
         raise EntryError(f"entries exist already: {', '.join(clash)} (use --replace)")
     for fields in entries:
-        entry = s.book.add(replace=replace, **fields)
+        entry = s.book.add(replace=replace, why=why, who=who, imported=True, **fields)
         s.echo(f"{entry.name}: {entry.schedule_text} -> {entry.task}")
     s.echo(f"{len(entries)} entries imported")
     return 0
 
 
 def _from_redbeat(
-    s: _Session, url: str, prefix: str = "redbeat", dry_run: bool = False, replace: bool = False
+    s: _Session,
+    url: str,
+    prefix: str = "redbeat",
+    dry_run: bool = False,
+    replace: bool = False,
+    why: str | None = None,
+    who: str | None = None,
 ) -> int:
     entries = redbeat_entries(url, prefix, s.app.zone)
     if not dry_run:
-        return _add_all(s, entries, replace)
+        return _add_all(s, entries, replace, why, who)
     for fields in entries:
         check_options(s.app, fields)
     for fields in entries:
@@ -414,7 +526,7 @@ _COMMANDS: dict[str, Callable[..., int]] = {
     "ls": _ls,
     "show": _show,
     "rm": _edit("remove", "removed"),
-    "pause": _edit("pause", "paused"),
+    "pause": _pause,
     "resume": _edit("resume", "resumed"),
     "run": _run,
     "export": _export,
@@ -426,41 +538,84 @@ _COMMANDS: dict[str, Callable[..., int]] = {
 class ScheduleEntries:
     """The Python API of the entries kept in the store (the CLI's commands, typed); built by
     ``entries_of``, closed by :meth:`close` or as a context manager. Bad input raises
-    ``EntryError`` (a ``ConfigError``), a version that moved ``EntryConflict``."""
+    ``EntryError`` (a ``ConfigError``), a version that moved ``EntryConflict``.
+
+    Every change is kept in the audit trail with ``why`` and ``who`` (default: ``user@host``
+    of this process); a trail that cannot be written is a logged warning, the change made.
+    """
 
     def __init__(self, app: EntriesApp) -> None:
         self.app = app
         self._store, self.book = _store(app)
 
-    def add(self, name: str, task: str, *, replace: bool = False, **fields: Any) -> Entry:
+    def add(
+        self,
+        name: str,
+        task: str,
+        *,
+        replace: bool = False,
+        why: str | None = None,
+        who: str | None = None,
+        **fields: Any,
+    ) -> Entry:
         """Add entry ``name`` sending ``task``: exactly one of ``every`` (seconds),
         ``cron`` (with ``tz``) or ``at`` (a datetime), and any other
         :class:`~celery_leader.schedule.entries.Entry` field."""
         check_options(self.app, {"name": name, **fields})
-        return self.book.add(replace=replace, name=name, task=task, **fields)
+        return self.book.add(replace=replace, why=why, who=who, name=name, task=task, **fields)
 
-    def update(self, name: str, expected_version: int | None = None, **changes: Any) -> Entry:
+    def update(
+        self,
+        name: str,
+        expected_version: int | None = None,
+        *,
+        why: str | None = None,
+        who: str | None = None,
+        **changes: Any,
+    ) -> Entry:
         """Change fields of ``name``; with ``expected_version``, only if nobody else did."""
         check_options(self.app, {"name": name, **changes})
-        return self.book.update(name, expected_version, **changes)
+        return self.book.update(name, expected_version, why=why, who=who, **changes)
 
-    def remove(self, name: str, expected_version: int | None = None) -> Entry:
+    def remove(
+        self,
+        name: str,
+        expected_version: int | None = None,
+        *,
+        why: str | None = None,
+        who: str | None = None,
+    ) -> Entry:
         """Remove store entry ``name`` (a code entry cannot be removed: pause it)."""
-        return self.book.remove(name, expected_version)
+        return self.book.remove(name, expected_version, why=why, who=who)
 
-    def pause(self, name: str) -> Entry:
-        """Stop sending ``name`` (store or code entry) until :meth:`resume`."""
-        return self.book.pause(name)
+    def pause(
+        self,
+        name: str,
+        why: str | None = None,
+        until: datetime | str | None = None,
+        *,
+        who: str | None = None,
+    ) -> Entry:
+        """Stop sending ``name`` (store or code entry) until :meth:`resume`, or until
+        ``until`` (a datetime, naive meaning UTC, or ISO 8601), when it runs again by
+        itself; the entry keeps who paused it, why and until when."""
+        return self.book.pause(name, why, until, who=who)
 
-    def resume(self, name: str) -> Entry:
+    def resume(self, name: str, why: str | None = None, *, who: str | None = None) -> Entry:
         """Send ``name`` again from now; nothing for the paused time."""
-        return self.book.resume(name)
+        return self.book.resume(name, why, who=who)
 
-    def run_now(self, name: str) -> str:
+    def run_now(self, name: str, *, why: str | None = None, who: str | None = None) -> str:
         """Send one run of ``name`` now, outside its grid; returns its ``leader_slot``."""
         lines: list[str] = []
-        _run(_Session(self.app, self._store, self.book, lines.append), name)
+        _run(_Session(self.app, self._store, self.book, lines.append), name, why, who)
         return lines[0].rsplit(" ", 1)[-1]
+
+    def changes(self, name: str | None = None, limit: int = RECENT_CHANGES) -> list[AuditRecord]:
+        """The newest ``limit`` changes of entry ``name`` (of every entry: ``None``),
+        newest first."""
+        trail = audit_trail(self._store.journal, self.app.config.beat_election, limit, name)
+        return [record for _, record in trail]
 
     def get(self, name: str) -> Entry | None:
         """Store entry (or kept pause of code entry) ``name``, or ``None``."""

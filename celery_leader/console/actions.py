@@ -1,23 +1,17 @@
 """The console's actions: pause, resume, bulk pause and run now, through the same
 Python API as ``leader entries`` (:class:`~celery_leader.cli.entries.ScheduleEntries`),
-so the page, the CLI and the API change an entry alike. Each change is kept in
-the audit trail with who made it and why.
+so the page, the CLI and the API change an entry alike, and the API keeps each
+change in the audit trail with who made it and why.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
-from ..backends import Journal
 from ..cli.entries import EntriesApp, ScheduleEntries
-from ..schedule.audit import AuditRecord, record_change
 
-#: Audit records kept per log by the console's own writes.
-# The seam: once ScheduleEntries records its changes itself (taking who= and
-# why=, with the trail's retention setting), these writes go and the API's stay.
-AUDIT_KEEP = 1000
 #: The most entries one bulk pause names.
 MAX_BULK = 500
 #: The longest reason kept.
@@ -45,15 +39,16 @@ def reason(text: str | None) -> str:
 
 
 class Actions:
-    """The actions on the entries of ``app``; their audit records go to ``journal``
-    (the console's store)."""
+    """The actions on the entries of ``app``."""
 
-    def __init__(self, app: EntriesApp, journal: Journal) -> None:
+    def __init__(self, app: EntriesApp) -> None:
         self.app = app
-        self.journal = journal
 
-    def pause(self, names: Sequence[str], actor: Actor) -> list[str]:
-        """Pause each of ``names`` (store or code entries); returns those paused."""
+    def pause(
+        self, names: Sequence[str], actor: Actor, until: datetime | str | None = None
+    ) -> list[str]:
+        """Pause each of ``names`` (store or code entries), until resumed or until
+        ``until``; returns those paused."""
         if not names:
             raise ActionError("no entry named")
         if len(names) > MAX_BULK:
@@ -61,16 +56,14 @@ class Actions:
         done = []
         with ScheduleEntries(self.app) as entries:
             for name in names:
-                entries.pause(name)
-                self._audit(name, "pause", actor)
+                entries.pause(name, why=actor.why, until=until or None, who=actor.who)
                 done.append(name)
         return done
 
     def resume(self, name: str, actor: Actor) -> None:
         """Resume ``name``: it is sent again from now."""
         with ScheduleEntries(self.app) as entries:
-            entries.resume(name)
-        self._audit(name, "resume", actor)
+            entries.resume(name, actor.why, who=actor.who)
 
     def run_now(self, name: str, actor: Actor) -> str:
         """Send one run of store entry ``name`` now; returns its ``leader_slot``. A
@@ -78,12 +71,4 @@ class Actions:
         if name in self.app.code:
             raise ActionError(f"{name} is a code entry: the console only pauses and resumes it")
         with ScheduleEntries(self.app) as entries:
-            slot = entries.run_now(name)
-        self._audit(name, "run", actor, {"slot": slot})
-        return slot
-
-    def _audit(
-        self, name: str, action: str, actor: Actor, details: dict[str, str] | None = None
-    ) -> None:
-        record = AuditRecord(time.time(), actor.who, action, name, actor.why, details or {})
-        record_change(self.journal, self.app.config.beat_election, record, AUDIT_KEEP)
+            return entries.run_now(name, why=actor.why, who=actor.who)

@@ -54,7 +54,7 @@ class Console:
         #: Whether pages show forms and POSTs change anything.
         self.write = bool(app.config.console_write and self.token)
         self.store: StoreFacets = open_store(app.config)
-        self.actions = Actions(app, self.store.journal)
+        self.actions = Actions(app)
         self.entries = EntryCache(app)
         self.renderer = Renderer()
 
@@ -186,7 +186,7 @@ class Console:
     def _act(self, name: str, action: str, form: dict[str, list[str]], who: str) -> Response:
         if action == "pause":
             why = reason(first(form, "reason"))
-            self.actions.pause([name], Actor(who, why))
+            self.actions.pause([name], Actor(who, why), first(form, "until").strip())
         elif action == "resume":
             self.actions.resume(name, Actor(who))
         elif action == "run":
@@ -199,9 +199,10 @@ class Console:
         names = sorted(set(form.get("name") or []))[: MAX_BULK + 1]
         why = reason(first(form, "reason"))
         if first(form, "confirm") != "yes":
-            data = {"names": names, "reason": why, "max": MAX_BULK}
+            until = first(form, "until").strip()
+            data = {"names": names, "reason": why, "until": until, "max": MAX_BULK}
             return self._page(request, "confirm.html", data)
-        self.actions.pause(names, Actor(who, why))
+        self.actions.pause(names, Actor(who, why), first(form, "until").strip())
         return Response.redirect("/entries?filter=paused")
 
     def _who(self, request: Request) -> str:

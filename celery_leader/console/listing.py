@@ -15,7 +15,7 @@ import math
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone, tzinfo
+from datetime import datetime, timedelta, timezone, tzinfo
 from typing import Any
 
 from ..backends import EntryStore
@@ -34,6 +34,10 @@ MAX_PAGE = 500
 # (Entry.to_json: keys sorted, no spaces).
 _PAUSED = '"enabled":false'
 _KEPT_PAUSE = f'"kind":"{CODE}"'
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
 
 
 @dataclass(frozen=True)
@@ -55,7 +59,12 @@ class ConsoleEntry:
 
     def row(self, now: datetime) -> dict[str, Any]:
         """The entry as a row of the list (and its JSON): the schedule in words and
-        raw, its zone, whether it is paused, its next three slots."""
+        raw, its zone, whether it is paused (by whom, why, until when), its next
+        three slots (from a pause's end, if it has one)."""
+        pause = self.stored if self.stored is not None and not self.enabled else None
+        until = None if pause is None else pause.paused_until
+        # Due again from the pause's end: a slot due exactly then is sent.
+        after = now if until is None else until - timedelta(microseconds=1)
         return {
             "name": self.name,
             "source": self.source,
@@ -65,8 +74,15 @@ class ConsoleEntry:
             "zone": str(self.zone),
             "enabled": self.enabled,
             "version": None if self.stored is None else self.stored.version,
-            "next": [f.to_json() for f in next_fires(self.series, self.zone, now)]
-            if self.enabled
+            "paused": None
+            if pause is None
+            else {
+                "who": pause.paused_by,
+                "why": pause.paused_why,
+                "until": None if until is None else until.isoformat(),
+            },
+            "next": [f.to_json() for f in next_fires(self.series, self.zone, after)]
+            if pause is None or until is not None
             else [],
             "late_after": self.limits.late_after,
             "max_runtime": self.limits.max_runtime,
@@ -102,7 +118,7 @@ class EntryIndex:
             stored.schedule_text,
             series,
             zone_of(series, zone_named(stored.tz)),
-            stored.enabled,
+            not stored.paused_at(_now()),
             Limits.of(stored.options),
             stored,
             stored.args,
@@ -111,7 +127,7 @@ class EntryIndex:
 
     def _code(self, name: str, code: CodeEntry) -> ConsoleEntry:
         kept = self._stored(name)
-        enabled = kept.enabled if kept is not None and kept.kind == CODE else True
+        enabled = not kept.paused_at(_now()) if kept is not None and kept.kind == CODE else True
         return ConsoleEntry(
             name,
             "code",

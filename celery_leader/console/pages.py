@@ -26,9 +26,6 @@ RUNS = 50
 MAX_RUNS = 1000
 #: Audit records an entry's page lists.
 AUDIT = 20
-#: The election's newest changes the entries list looks through for who paused its
-#: paused rows (older pauses show without their reason).
-RECENT_CHANGES = 1000
 
 
 # -- cluster --------------------------------------------------------------------------
@@ -96,27 +93,12 @@ def entries(
                 chosen.append(name)
         names = chosen
     listing = page_of(index, names, page, per)
-    _pauses(reads, [row for row in listing.rows if not row["enabled"]])
     return {
         "query": query,
         "filter": selected if selected in FILTERS else "",
         "filters": sorted(FILTERS),
         **listing.to_json(),
     }
-
-
-def _pauses(reads: Reads, rows: list[dict[str, Any]]) -> None:
-    """Who paused each of ``rows``, when and why: the newest pause of each in the
-    election's audit trail (one read of its newest records, not one per row)."""
-    for row in rows:
-        row["paused"] = None
-    if not rows:
-        return
-    wanted = {row["name"]: row for row in rows}
-    for _, record in audit_trail(reads.store.journal, reads.election, RECENT_CHANGES):
-        paused = wanted.get(record.entry)
-        if paused is not None and paused["paused"] is None and record.action == "pause":
-            paused["paused"] = {"who": record.who, "at": iso(record.at), "why": record.why}
 
 
 # -- one entry ------------------------------------------------------------------------
@@ -162,9 +144,6 @@ def entry(
         }
         for _, record in audit_trail(reads.store.journal, reads.election, AUDIT, entry=name)
     ]
-    # Who paused it, when and why: the trail's newest pause, while it is paused.
-    pauses = [change for change in shown["audit"] if change["action"] == "pause"]
-    shown["paused"] = pauses[0] if pauses and not found.enabled else None
     return shown
 
 

@@ -23,6 +23,7 @@ def entries_app(broker: Any, config: LeaderConfig) -> EntriesApp:
             series=job.series,
             args=getattr(job.series, "args", ()),
             kwargs=getattr(job.series, "kwargs", {}),
+            options=getattr(job.series, "limits", {}),
         )
         for job in code_entries(broker, config)
     }

@@ -112,9 +112,10 @@ class _EnqueueAdapter(Adapter):
         if self._made is not None and not self.jobs_changed():
             return self._made
         records = self.catalog.read()
+        now = self.catalog.now()
         jobs = []
         for job in self.entries:
-            enabled, since = kept_pause(records, job.name)
+            enabled, since = kept_pause(records, job.name, now)
             if not enabled:
                 continue
             if since != job.active_since:

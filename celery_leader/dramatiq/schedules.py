@@ -11,6 +11,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from ..exceptions import ConfigError, missing_extra
+from ..schedule.entries import LIMITS, check_limit
 from ..schedule.series import Every, Series
 from ..settings.config import validate_grace, validate_missed_slots, validate_name
 
@@ -21,8 +22,10 @@ except ModuleNotFoundError as exc:
 
 
 class Schedule(Series, ABC):
-    """When an actor runs, with which arguments and slot name, and what to do with
-    missed slots (``missed_slots`` and ``missed_slots_grace``, else the settings)."""
+    """When an actor runs, with which arguments and slot name, what to do with
+    missed slots (``missed_slots`` and ``missed_slots_grace``, else the settings),
+    and the console's limits (``late_after`` and ``max_runtime``, seconds: they
+    change nothing in dispatch)."""
 
     def __init__(
         self,
@@ -31,6 +34,8 @@ class Schedule(Series, ABC):
         name: str | None = None,
         missed_slots: str | None = None,
         missed_slots_grace: float | None = None,
+        late_after: float | None = None,
+        max_runtime: float | None = None,
     ) -> None:
         self.args = tuple(args)
         self.kwargs = dict(kwargs or {})
@@ -39,6 +44,13 @@ class Schedule(Series, ABC):
             None if missed_slots is None else validate_missed_slots("missed_slots", missed_slots)
         )
         self.missed_slots_grace = validate_grace("missed_slots_grace", missed_slots_grace)
+        self.late_after = check_limit("late_after", late_after)
+        self.max_runtime = check_limit("max_runtime", max_runtime)
+
+    @property
+    def limits(self) -> dict[str, float]:
+        """``late_after`` and ``max_runtime`` where set, as a store entry's options."""
+        return {k: v for k in LIMITS if (v := getattr(self, k)) is not None}
 
     @abstractmethod
     def next_after(self, moment: datetime) -> datetime:
@@ -57,8 +69,12 @@ class every(Schedule):  # lower case, like a function, as in the contract
         name: str | None = None,
         missed_slots: str | None = None,
         missed_slots_grace: float | None = None,
+        late_after: float | None = None,
+        max_runtime: float | None = None,
     ) -> None:
-        super().__init__(args, kwargs, name, missed_slots, missed_slots_grace)
+        super().__init__(
+            args, kwargs, name, missed_slots, missed_slots_grace, late_after, max_runtime
+        )
         if isinstance(seconds, bool) or not isinstance(seconds, int | float):
             raise ConfigError(f"every() needs a number of seconds (got {seconds!r})")
         if not math.isfinite(seconds) or seconds < 0.001:
@@ -100,8 +116,12 @@ class cron(Schedule):  # lower case, like a function, as in the contract
         name: str | None = None,
         missed_slots: str | None = None,
         missed_slots_grace: float | None = None,
+        late_after: float | None = None,
+        max_runtime: float | None = None,
     ) -> None:
-        super().__init__(args, kwargs, name, missed_slots, missed_slots_grace)
+        super().__init__(
+            args, kwargs, name, missed_slots, missed_slots_grace, late_after, max_runtime
+        )
         try:
             self.tz = ZoneInfo(tz)
         except (ZoneInfoNotFoundError, ValueError, TypeError):
@@ -135,4 +155,6 @@ def _extra(schedule: Schedule) -> str:
         extra += f", missed_slots={schedule.missed_slots!r}"
     if schedule.missed_slots_grace is not None:
         extra += f", missed_slots_grace={schedule.missed_slots_grace:g}"
+    for limit, value in schedule.limits.items():
+        extra += f", {limit}={value:g}"
     return extra

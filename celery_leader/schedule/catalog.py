@@ -8,9 +8,12 @@ from datetime import datetime, timezone, tzinfo
 
 from ..backends import EntryStore, open_store
 from ..settings.config import LeaderConfig
-from .entries import CODE, STORE, Entry, allowed
+from .entries import CODE, STORE, Entry, allowed, instant_now
 from .feed import EntryFeed
 from .jobs import Adapter, Job
+
+#: What :meth:`EntryCatalog.now` answers while planning.
+_END_OF_TIME = datetime.max.replace(tzinfo=timezone.utc)
 
 
 def policy(
@@ -21,13 +24,27 @@ def policy(
     return missed_slots or config.missed_slots, default if grace is None else grace
 
 
-def kept_pause(records: Mapping[str, Entry], name: str) -> tuple[bool, datetime | None]:
-    """Whether code entry ``name`` may run (not paused from the CLI or the API), and
-    since when: resumed, nothing is sent for the paused time (``None``: always)."""
+def kept_pause(
+    records: Mapping[str, Entry], name: str, now: datetime
+) -> tuple[bool, datetime | None]:
+    """Whether code entry ``name`` may run at ``now`` (not paused from the CLI or the
+    API, or its pause ran out), and since when: resumed, nothing is sent for the
+    paused time (``None``: always)."""
     kept = records.get(name)
     if kept is None or kept.kind != CODE:
         return True, None
-    return kept.enabled, kept.active_since
+    return not kept.paused_at(now), kept.running_since(now)
+
+
+def next_wake(records: Mapping[str, Entry], now: datetime) -> datetime | None:
+    """The first end of a pause after ``now`` among ``records`` (``None``: none):
+    when an entry runs again by itself, with no edit in the store to say so."""
+    ends = [
+        e.paused_until
+        for e in records.values()
+        if not e.enabled and e.paused_until is not None and e.paused_until > now
+    ]
+    return min(ends, default=None)
 
 
 class EntryCatalog:
@@ -47,6 +64,11 @@ class EntryCatalog:
         self.refusal = refusal
         self.feed: EntryFeed | None = None  # opened on the first tick (see follow)
         self.listed: dict[str, Entry] | None = None  # the records the last listing read
+        self._source: dict[str, Entry] | None = None  # the feed's records it was read from
+        #: When the first pause of those records runs out: the entries are listed again
+        #: then, though the store did not change.
+        self._wake: datetime | None = None
+        self._planning = False  # see now()
         #: Store entries' jobs, by name, with the Entry each was made of: an unchanged
         #: entry keeps its job (so the protocol skips it).
         self._stored: dict[str, tuple[Entry, Job]] = {}
@@ -61,14 +83,31 @@ class EntryCatalog:
         """The records now; ``None`` for none (a feed that finds none changes nothing)."""
         return None if self.feed is None else self.feed.current() or None
 
+    def now(self) -> datetime:
+        """The instant pauses are judged at: this host's wall clock (a pause's end
+        is also its entry's ``active_since``, so no slot due before it is sent).
+        While planning (:meth:`read_once`), the end of time: a pause with an end
+        counts as over, and its entry is planned from that end."""
+        return _END_OF_TIME if self._planning else instant_now()
+
     def changed(self) -> bool:
-        """Whether the records moved since the last listing read them."""
-        return self.current() is not self.listed
+        """Whether the records moved since the last listing read them, or a pause
+        among them ran out."""
+        return self.current() is not self._source or self._woke()
 
     def read(self) -> dict[str, Entry]:
-        """The records a listing works from (kept as :attr:`listed`)."""
-        self.listed = self.current()
+        """The records a listing works from (kept as :attr:`listed`): a new object
+        whenever they changed or a pause ran out, as adapters compare by identity."""
+        source = self.current()
+        if source is not self._source or self._woke():
+            ran_out = source is self._source
+            self._source = source
+            self._wake = None if source is None else next_wake(source, self.now())
+            self.listed = dict(source) if ran_out and source is not None else source
         return {} if self.listed is None else self.listed
+
+    def _woke(self) -> bool:
+        return self._wake is not None and self.now() >= self._wake
 
     def jobs(
         self,
@@ -81,6 +120,7 @@ class EntryCatalog:
         (each refusal logged once). ``code``: the names of the code entries, which win;
         ``payload``: what a new or edited entry's job carries to the framework's publish."""
         config = self.config
+        now = self.now()
         jobs = []
         stored = {}
         for name, entry in records.items():
@@ -91,7 +131,7 @@ class EntryCatalog:
                 stored[name] = known
                 jobs.append(known[1])
                 continue
-            if entry.kind != STORE or not entry.enabled:
+            if entry.kind != STORE or entry.paused_at(now):
                 continue
             # Written by another framework's app or an older tool: refused, never half-sent.
             why = (
@@ -110,7 +150,8 @@ class EntryCatalog:
                 continue
             if known is None or known[0] != entry:
                 missed, grace = policy(config, entry.missed_slots, entry.missed_slots_grace)
-                parts = (missed, grace, zone, payload(entry), entry.generation, entry.active_since)
+                since = entry.running_since(now)
+                parts = (missed, grace, zone, payload(entry), entry.generation, since)
                 job = Job(name, entry.series(), *parts)
                 known = (entry, job)
             stored[name] = known
@@ -141,7 +182,9 @@ class EntryCatalog:
         store = open_store(self.config)
         try:
             self.open(store.entries, self.config.beat_election, interval=0)
+            self._planning = True
             return jobs()
         finally:
+            self._planning = False
             self.feed = None
             store.close()

@@ -29,7 +29,13 @@ MAX_ENTRY_BYTES = 16 * 1024
 STORE, CODE = "store", "code"
 
 _NAME = re.compile(r"^[A-Za-z0-9_.:\-]{1,190}$")
-_OPTIONS = ("queue", "priority", "expires", "headers")
+#: Options that change nothing in dispatch (seconds): how long after its due time
+#: a slot may wait to start, and run, before the console calls it late or overrun.
+LIMITS = ("late_after", "max_runtime")
+_OPTIONS = ("queue", "priority", "expires", "headers", *LIMITS)
+#: The longest reason (and author) a pause keeps.
+MAX_WHY = 500
+_PAUSE_FIELDS = frozenset({"paused_by", "paused_why", "paused_until"})
 
 
 class EntryError(ConfigError):
@@ -50,9 +56,15 @@ class Entry:
     at: datetime | None = None
     args: list[Any] = field(default_factory=list)
     kwargs: dict[str, Any] = field(default_factory=dict)
-    #: ``queue``, ``priority``, ``expires`` (seconds), ``headers`` (a JSON object).
+    #: ``queue``, ``priority``, ``expires`` (seconds), ``headers`` (a JSON object),
+    #: and the :data:`LIMITS` (seconds), which only the console reads.
     options: dict[str, Any] = field(default_factory=dict)
     enabled: bool = True
+    #: While paused: who paused it, why, and when it runs again by itself (aware
+    #: UTC; ``None``: when resumed).
+    paused_by: str | None = None
+    paused_why: str | None = None
+    paused_until: datetime | None = None
     start_at: datetime | None = None
     end_at: datetime | None = None
     #: Its own missed-slot policy and grace (``None``: the settings').
@@ -65,6 +77,33 @@ class Entry:
     generation: str = ""
     #: Since when it has been enabled with its current schedule (aware UTC).
     active_since: datetime | None = None
+
+    def paused_at(self, now: datetime) -> bool:
+        """Whether it is paused at ``now``: a pause with an end runs out by itself."""
+        return not self.enabled and (self.paused_until is None or now < self.paused_until)
+
+    def running_since(self, now: datetime) -> datetime | None:
+        """Since when it has been enabled as of ``now`` (its ``active_since``, or the
+        end of a pause that ran out): no slot due before it is sent."""
+        if self.enabled or self.paused_until is None or now < self.paused_until:
+            return self.active_since
+        if self.active_since is None:
+            return self.paused_until
+        return max(self.active_since, self.paused_until)
+
+    def settled(self, now: datetime) -> Entry:
+        """This entry with a pause that ran out by ``now`` written as resumed at its end
+        (what an edit starts from; unchanged otherwise)."""
+        if self.enabled or self.paused_at(now):
+            return self
+        return replace(
+            self,
+            enabled=True,
+            active_since=self.running_since(now),
+            paused_by=None,
+            paused_why=None,
+            paused_until=None,
+        )
 
     @property
     def schedule_text(self) -> str:
@@ -97,7 +136,7 @@ class Entry:
         # Not asdict(): it deep-copies args, kwargs and options, which json.dumps only
         # reads (seconds when a leader reads 100,000 entries).
         data = {k: v for k, v in _plain(self).items() if v is not None}
-        for key in ("at", "start_at", "end_at", "active_since"):
+        for key in ("at", "start_at", "end_at", "active_since", "paused_until"):
             if key in data:
                 data[key] = utc(data[key]).isoformat()
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
@@ -117,15 +156,19 @@ class Entry:
 
     def edited(self, now: datetime, **changes: Any) -> Entry:
         """This entry with ``changes``, its version moved; ``active_since`` moves to
-        ``now`` when it is (re-)enabled or its schedule changes."""
-        new = replace(self, **changes)
+        ``now`` when it is (re-)enabled or its schedule changes. A pause that ran out
+        counts as resumed at its end; an enabled entry keeps no pause."""
+        base = self.settled(utc(now))
+        new = replace(base, **changes)
         schedule_moved = any(
-            getattr(new, k) != getattr(self, k)
+            getattr(new, k) != getattr(base, k)
             for k in ("every", "cron", "tz", "at", "start_at", "end_at")
         )
-        resumed = new.enabled and not self.enabled
-        since = utc(now) if (schedule_moved or resumed) else self.active_since
-        return checked({**_plain(new), "version": self.version + 1, "active_since": since})
+        resumed = new.enabled and not base.enabled
+        since = utc(now) if (schedule_moved or resumed) else base.active_since
+        if new.enabled:
+            new = replace(new, paused_by=None, paused_why=None, paused_until=None)
+        return checked({**_plain(new), "version": base.version + 1, "active_since": since})
 
 
 def new_entry(now: datetime, **fields: Any) -> Entry:
@@ -136,12 +179,15 @@ def new_entry(now: datetime, **fields: Any) -> Entry:
     )
 
 
-def code_pause(name: str, now: datetime, enabled: bool, previous: Entry | None) -> Entry:
-    """The stored pause (or resume) of code entry ``name``."""
+def code_pause(
+    name: str, now: datetime, enabled: bool, previous: Entry | None, **pause: Any
+) -> Entry:
+    """The stored pause (or resume) of code entry ``name``; ``pause``: its
+    ``paused_by``, ``paused_why`` and ``paused_until``."""
     if previous is None:
         fresh = {"name": name, "kind": CODE, "enabled": enabled, "generation": uuid.uuid4().hex}
-        return checked({**fresh, "active_since": utc(now)})
-    return previous.edited(now, enabled=enabled)
+        return checked({**fresh, "active_since": utc(now), **pause})
+    return previous.edited(now, enabled=enabled, **pause)
 
 
 def checked(data: Mapping[str, Any], size: int | None = None) -> Entry:
@@ -164,6 +210,8 @@ def checked(data: Mapping[str, Any], size: int | None = None) -> Entry:
         raise EntryError(f"entry {name}: generation must be a string")
     values["generation"] = generation
     values["active_since"] = _instant(name, "active_since", data.get("active_since"))
+    if _PAUSE_FIELDS & data.keys():  # most entries were never paused: skip the checks
+        values.update(_pause_fields(name, data, values["enabled"]))
     if kind == STORE:
         values.update(_schedule_fields(name, data))
     entry = Entry(**values)
@@ -224,6 +272,44 @@ def _schedule_fields(name: str, data: Mapping[str, Any]) -> dict[str, Any]:
     except ConfigError as exc:
         raise EntryError(str(exc)) from None
     return out
+
+
+def _pause_fields(name: str, data: Mapping[str, Any], enabled: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in ("paused_by", "paused_why"):
+        value = data.get(key)
+        if value is not None and not isinstance(value, str):
+            raise EntryError(f"entry {name}: {key} must be a string (got {value!r:.60})")
+        if value is not None and len(value) > MAX_WHY:
+            raise EntryError(f"entry {name}: {key} is longer than {MAX_WHY} characters")
+        out[key] = value
+    out["paused_until"] = _instant(name, "paused_until", data.get("paused_until"))
+    if enabled and any(v is not None for v in out.values()):
+        raise EntryError(f"entry {name}: only a paused entry has paused_by, _why or _until")
+    return out
+
+
+def pause_end(name: str, value: object, now: datetime) -> datetime | None:
+    """When a pause of entry ``name`` given ``until`` ``value`` (an ISO 8601 string
+    or a datetime; naive means UTC) ends: after ``now``, or :class:`EntryError`."""
+    until = _instant(name, "until", value)
+    if until is not None and until <= now:
+        raise EntryError(f"entry {name}: until {until.isoformat()} is not in the future")
+    return until
+
+
+def check_limit(what: str, value: object) -> float | None:
+    """A :data:`LIMITS` option's value: seconds above 0, or ``None`` (not set)."""
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise EntryError(f"{what} must be seconds above 0 (got {value!r:.60})")
+    return float(value)
 
 
 def _plain(entry: Entry) -> dict[str, Any]:
@@ -294,6 +380,8 @@ def _options(name: str, value: object) -> dict[str, Any]:
         raise EntryError(f"entry {name}: expires must be seconds above 0 (got {expires!r})")
     if headers is not None and not isinstance(headers, dict):
         raise EntryError(f"entry {name}: headers must be a JSON object (got {headers!r:.60})")
+    for limit in LIMITS:
+        check_limit(f"entry {name}: option {limit}", value.get(limit))
     return {k: v for k, v in value.items() if v is not None}
 
 

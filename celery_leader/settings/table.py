@@ -318,6 +318,8 @@ TABLE = (
     Setting(
         "console_allowed_hosts", _hosts, LOOPBACK_NAMES, "Host names the console answers to"
     ),
+    # A record is about 200 bytes: 10,000 are 2 MB per log, years of a team's edits.
+    Setting("audit_keep", _count, 10_000, "audit records kept per log (election, entry)"),
 )
 
 #: Every setting, as spelt in ``app.conf``.

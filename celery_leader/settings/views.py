@@ -53,6 +53,8 @@ class SchedulerSettings:
     missed_slots_grace: float | None = None
     crontab_dst: str = "cron"
     entries_allow: tuple[str, ...] = ("*",)
+    #: Read by the entries' editors (the CLI, the Python API, the console).
+    audit_keep: int = 10_000
 
 
 @dataclass(frozen=True, kw_only=True)
