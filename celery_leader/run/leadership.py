@@ -100,7 +100,8 @@ class Leadership:
         """Block until this process leads or ``timeout`` seconds passed; True if it leads."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._changed:
-            while not self.is_leader():
+            # Leading once ``on_started`` returned: what it set up, and ``holder``, are ready.
+            while self._started_epoch is None or not self.is_leader():
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False
@@ -123,6 +124,11 @@ class Leadership:
             self._on_started(epoch)  # raising makes the lease step down: not started
         with self._changed:
             self._started_epoch, self._since = epoch, lease.clock.time()
+            # The lease tells on_new_leader of its own term just after this; until
+            # then ``holder`` would still name the last leader.
+            self._holder = HolderInfo(
+                lease.instance_id, epoch, lease.ttl, lease.deployment, since=self._since
+            )
             self._changed.notify_all()
 
     def _new_leader(self, lease: Lease, holder: HolderInfo) -> None:
