@@ -13,8 +13,10 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
+from ..backends import RunSummary
 from ..clock import StoreClock
 from ..ledger.records import RunRecord
+from ..ledger.summary import summarize
 from ..schedule.audit import audit_trail
 from .listing import PAGE, page_of
 from .problems import FILTERS, STATES, slot_due, state_of
@@ -129,8 +131,12 @@ def entry(
     records = reads.store.runs.runs_of(reads.election, name, limit) if reads.config.ledger else []
     runs = [run_row(key, text) for key, text in records]
     durations = sorted(r["duration"] for r in runs if r["duration"] is not None)
-    runs_of = reads.runs().get(name) if reads.config.ledger else None
-    shown["state"] = state_of(found.enabled, found.series, runs_of, found.limits, time.time())
+    # Its state from its newest record, read above: not every entry's summary.
+    newest = [RunSummary(name, *records[0], {})] if records else []
+    last = summarize(newest, time.time())
+    shown["state"] = state_of(
+        found.enabled, found.series, last[0] if last else None, found.limits, time.time()
+    )
     shown["runs"] = runs
     shown["p50"] = _quantile(durations, 0.5)
     shown["p95"] = _quantile(durations, 0.95)
