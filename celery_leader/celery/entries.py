@@ -3,12 +3,12 @@ schedule entries kept in the store (the commands are :mod:`celery_leader.cli.ent
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
 from ..cli import entries as ops_entries
 from ..cli.entries import CodeEntry, EntriesApp, EntriesError, ScheduleEntries
 from ..exceptions import ConfigError, missing_extra
+from ..schedule.run_request import DEFAULT_WAIT
 from ..settings.config import LeaderConfig
 from .adapter import series_of
 
@@ -34,20 +34,9 @@ def entries_app(app: Any) -> EntriesApp:
             options=dict(spec.get("options") or {}),
         )
 
-    def send(
-        task: str,
-        args: Sequence[Any],
-        kwargs: Mapping[str, Any],
-        options: Mapping[str, Any],
-        slot: str,
-    ) -> None:
-        opts = {k: v for k, v in options.items() if not k.startswith("leader_")}
-        headers = {**opts.pop("headers", {}), "leader_slot": slot}
-        app.send_task(task, args=list(args), kwargs=dict(kwargs), headers=headers, **opts)
-
     app.loader.import_default_modules()
     tasks = {name for name in app.tasks if not name.startswith("celery.")}
-    return EntriesApp(config, code, tasks, send, str(app.conf.timezone or "UTC"))
+    return EntriesApp(config, code, tasks, zone=str(app.conf.timezone or "UTC"))
 
 
 def entries_of(app: Any) -> ScheduleEntries:
@@ -175,10 +164,23 @@ def resume(ctx: click.Context, name: str) -> None:
 
 @entries.command(name="run")
 @click.argument("name")
+@click.option("--key", help="Idempotency key: a request made again with it runs once.")
+@click.option(
+    "--wait",
+    type=float,
+    default=DEFAULT_WAIT,
+    show_default=True,
+    help="Seconds to wait for the leader's answer.",
+)
+@click.option("--why", help="The reason, kept in the audit trail.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-def run_now(ctx: click.Context, name: str) -> None:
-    """Send one run of NAME now, outside its grid (leader_slot NAME@run:<time>)."""
-    _run(ctx, "run", name=name)
+def run_now(
+    ctx: click.Context, name: str, key: str | None, wait: float, why: str | None, as_json: bool
+) -> None:
+    """Ask the leader to send one run of NAME now, outside its grid (leader_slot
+    NAME@run:<time>), with its options; exit 0 sent, 2 not run, 3 no answer yet."""
+    _run(ctx, "run", name=name, key=key, wait=wait, why=why, as_json=as_json)
 
 
 @entries.command(name="export")

@@ -20,6 +20,9 @@ from ..backends import Journal, JournalWrite
 #: The journal log of an election's whole trail; an entry's is ``audit/<entry>``.
 AUDIT = "audit"
 
+#: Records each trail keeps (the election's, and each entry's).
+AUDIT_KEEP = 1000
+
 
 def entry_log(entry: str) -> str:
     """The journal log of one entry's trail."""

@@ -20,6 +20,7 @@ from typing import Any
 
 from ..backends import Edit, EntryStore
 from .entries import STORE, Entry, EntryError, code_pause, instant_now, new_entry
+from .run_request import is_request
 
 #: Tries of an edit that lost a compare-and-set to another editor.
 _TRIES = 20
@@ -171,9 +172,12 @@ def _busy(name: str) -> EntryConflict:
 
 
 def _read_all(records: dict[str, str]) -> dict[str, Entry]:
-    """Every readable record; an unreadable one raises (an editor must not guess)."""
+    """Every readable record; an unreadable one raises (an editor must not guess).
+    Run-now requests, kept beside the entries, are not entries."""
     out = {}
     for name, text in records.items():
+        if is_request(name):
+            continue
         try:
             out[name] = Entry.from_json(text)
         except EntryError as exc:

@@ -14,6 +14,9 @@ Each tick:
 3. **Claim and publish** (:mod:`~celery_leader.schedule.publisher`): one fenced
    round trip claims the whole batch; only claimed slots are published, through
    the adapter (:mod:`~celery_leader.schedule.jobs`).
+4. **Run now** (:mod:`~celery_leader.schedule.run_desk`): requests written to the
+   store by any process are claimed and published the same way, as slots
+   outside the grid.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from .jobs import Adapter, Job
 from .policy import DueSlots, counted_after, due_slots, later
 from .publisher import Batch, Publisher
 from .resend import Resender
+from .run_desk import RunDesk
 from .runtime import SchedulerRuntime
 from .state import Claim, dump_state, slot_name
 from .sync import MAX_CLOCK_SKEW, EntryState, HeldJobs
@@ -84,6 +88,7 @@ class Dispatcher:
         self.publisher = Publisher(
             lease, store.records, adapter, config.max_publish_failures, logger, resender
         )
+        self.desk = RunDesk(lease, store.records, store.entries, adapter, logger, resender)
 
     def run(self, fence: Fence, now: datetime) -> tuple[float, bool]:
         """Claim and publish what is due, a batch at a time, while the lease and the
@@ -92,6 +97,7 @@ class Dispatcher:
         publisher = self.publisher
         if publisher.resender is not None:
             publisher.resender.retry(fence.term.epoch)
+        self.desk.run(fence, now)
         started = time.monotonic()
         ends = started + self.tick_timeout * BURST_SHARE
         # Each job without a series is asked once per tick: once sent, its
