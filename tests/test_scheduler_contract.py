@@ -14,10 +14,10 @@ import logging
 import os
 import signal
 import threading
+import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-import time
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -37,6 +37,7 @@ from celery_leader.schedule import feed as feed_module
 from celery_leader.schedule import protocol
 from celery_leader.schedule.book import EntryBook
 from celery_leader.schedule.feed import POLL_INTERVAL
+from celery_leader.schedule.jobs import Job
 from celery_leader.schedule.run_desk import CLAIMS
 from celery_leader.schedule.run_request import (
     REQUEST_TTL,
@@ -46,7 +47,6 @@ from celery_leader.schedule.run_request import (
     run_slot,
     submit,
 )
-from celery_leader.schedule.jobs import Job
 from celery_leader.schedule.state import dump_state
 from celery_leader.settings.config import LeaderConfig
 from harness.waiting import wait_for
@@ -343,9 +343,7 @@ def test_an_entry_without_state_is_anchored_before_anything_is_sent(
     assert kind.sent() == []
     assert wait == pytest.approx(min(0.7 * PERIOD, kind.max_sleep))
     stored = kind.stored()
-    assert {k: v["last_run_at"] for k, v in stored.items()} == dict.fromkeys(
-        "ab", T0.isoformat()
-    )
+    assert {k: v["last_run_at"] for k, v in stored.items()} == dict.fromkeys("ab", T0.isoformat())
     clock.advance(0.7 * PERIOD)
     assert kind.tick(scheduler) == 0.0
     assert sorted(kind.sent()) == [slot("a", 1), slot("b", 1)]
