@@ -49,8 +49,8 @@ from celery_leader.schedule.entries import (
     parse_cron,
 )
 from celery_leader.schedule.feed import EntryFeed
-from celery_leader.schedule.run_request import run_slot
 from celery_leader.schedule.jobs import Outcome
+from celery_leader.schedule.run_request import run_slot
 from celery_leader.settings.config import LeaderConfig
 from harness.waiting import wait_for
 
