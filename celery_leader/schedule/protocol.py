@@ -97,7 +97,10 @@ class Dispatcher:
         publisher = self.publisher
         if publisher.resender is not None:
             publisher.resender.retry(fence.term.epoch)
-        self.desk.run(fence, now)
+        if not self.held.pending:
+            # Once the term's state is loaded: the run ledger's recovery, at the end
+            # of the load, starts the re-sends of the term afresh.
+            self.desk.run(fence, now)
         started = time.monotonic()
         ends = started + self.tick_timeout * BURST_SHARE
         # Each job without a series is asked once per tick: once sent, its

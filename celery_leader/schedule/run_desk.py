@@ -241,8 +241,8 @@ class RunDesk:
             "it sent it"
         )
         job = self.adapter.run_job(request.entry)
-        if self.resender is not None and not isinstance(job, str):
-            due = datetime.fromisoformat(slot.rpartition("@run:")[2])
+        due = _due(slot)
+        if self.resender is not None and not isinstance(job, str) and due is not None:
             # Re-sent once at the next tick if workers deduplicate and none recorded it.
             self.resender.unknown(job, slot, due)
             why += "; the run ledger re-sends it once unless a worker recorded it"
@@ -267,3 +267,11 @@ class RunDesk:
                 claims = {}
             self._claims = (raw, claims)
         return self._claims
+
+
+def _due(slot: str) -> datetime | None:
+    """The time a run-now slot is named for; ``None`` for a name not of that form."""
+    try:
+        return datetime.fromisoformat(slot.rpartition("@run:")[2])
+    except ValueError:
+        return None
