@@ -50,7 +50,7 @@ from celery_leader.schedule.entries import (
 )
 from celery_leader.schedule.feed import EntryFeed
 from celery_leader.schedule.jobs import Outcome
-from celery_leader.schedule.run_request import run_slot
+from celery_leader.schedule.run_request import new_request, run_slot, submit
 from celery_leader.settings.config import LeaderConfig
 from harness.waiting import wait_for
 
@@ -235,6 +235,21 @@ def test_add_options_are_checked_before_anything_is_stored(
 ) -> None:
     with pytest.raises(EntryError, match=message):
         add_fields("e", "t", **options)  # type: ignore[arg-type]
+
+
+def test_run_requests_are_held_apart_from_the_entries(caplog: pytest.LogCaptureFixture) -> None:
+    config = LeaderConfig.from_mapping({"leader_url": f"memory://entries-{uuid.uuid4().hex}"})
+    feed = EntryFeed(open_store(config).entries, "beat", logging.getLogger("test"), interval=0)
+    book = EntryBook(open_store(config).entries, "beat")
+    book.add(name="a", task="t", every=5)
+    before = feed.current()
+    request = new_request("a", "k", "me", None, 1.0e9)
+    assert submit(book.store, "beat", request) == (request, False)
+    assert feed.current() is before, "a request alone leaves the entries as they were"
+    assert feed.requests() == {request.store_key: request.dump()}
+    assert [e.name for e in book.list()] == ["a"]
+    assert submit(book.store, "beat", new_request("a", "k", "you", None, 2.0e9)) == (request, True)
+    assert "skipping stored entry" not in caplog.text
 
 
 # -- the real CLI -----------------------------------------------------------------------
