@@ -32,6 +32,8 @@ from celery_leader.celery.beat import LeaderScheduler
 from celery_leader.dramatiq import LeaderMiddleware, every
 from celery_leader.dramatiq.scheduler import INTERVAL, DramatiqScheduler
 from celery_leader.election.lease import Lease
+from celery_leader.ledger import marks
+from celery_leader.ledger.records import WORKERS
 from celery_leader.probes.health import check
 from celery_leader.schedule import feed as feed_module
 from celery_leader.schedule import protocol
@@ -726,3 +728,28 @@ def test_a_request_claimed_by_a_leader_that_stopped_is_never_sent_again(
     assert found.outcome is not None
     assert (found.outcome.state, found.outcome.slot) == ("unknown", claimed)
     assert kind.sent() == []
+
+
+@pytest.mark.usefixtures("polled")
+def test_with_dedup_workers_a_claimed_unanswered_request_is_re_sent_once(
+    running: Callable[..., tuple[Kind, Any]], clock: Clock
+) -> None:
+    """As a grid slot claimed by a leader that died: re-sent once, unless a worker
+    recorded it; workers drop a second copy by its slot name."""
+    key = request_key("e", "k")
+    claimed = run_slot("e", clock.now - timedelta(seconds=1))
+    kind, scheduler = running(
+        {"e": {}}, seed={CLAIMS: json.dumps({key: {"slot": claimed, "epoch": 1}})}
+    )
+    store = open_store(kind.config)
+    try:
+        marks.touch(store.runs, ELECTION, WORKERS, {"workers": 1}, 60)
+    finally:
+        store.close()
+    kind.tick(scheduler)
+    found = answered(kind, scheduler, ask(kind, "e", "k"))
+    assert found.outcome is not None and found.outcome.state == "unknown"
+    assert "re-sends it once" in (found.outcome.why or "")
+    for _ in range(3):
+        kind.tick(scheduler)
+    assert kind.sent() == [claimed], "re-sent once, under this term"

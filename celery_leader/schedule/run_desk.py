@@ -74,9 +74,10 @@ class RunDesk:
         self._claims: tuple[str | None, dict[str, Any]] | None = None
         #: Requests parsed, by key, with the text they were parsed from.
         self._parsed: dict[str, tuple[str, RunRequest | None]] = {}
-        #: Requests answered by this desk, by key: the text answered and the answer.
-        #: The feed may show the unanswered text for a poll interval more; it is not
-        #: answered twice, and an answer the store did not take is written again.
+        #: Requests answered by this desk, by key: the text answered, the answer, and
+        #: whether the store has taken it. The feed may show the unanswered text for a
+        #: poll interval more: it is not answered twice, and an answer the store could
+        #: not take (unreachable) is written again at the next tick.
         self._answered: dict[str, tuple[str, str, bool]] = {}
         #: Requests removed (kept past their time), by key, with the text removed:
         #: the feed may show them a poll interval more.
