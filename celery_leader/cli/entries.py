@@ -291,7 +291,7 @@ def _run(
     why: str | None = None,
     as_json: bool = False,
 ) -> int:
-    result, waited = ask_run(s, name, key, wait, None, why)
+    result, waited = _ask_run(s, name, key, wait, None, why)
     if as_json:
         s.echo(json.dumps(result.to_json(), indent=2))
     else:
@@ -300,7 +300,7 @@ def _run(
     return 0 if state == SENT else 3 if state in (QUEUED, UNKNOWN) else 2
 
 
-def ask_run(
+def _ask_run(
     s: _Session,
     name: str,
     key: str | None,
@@ -508,7 +508,7 @@ class ScheduleEntries:
         ``who`` (default ``user@host``) and ``why`` go to the audit trail.
         """
         session = _Session(self.app, self._store, self.book, lambda line: None)
-        return ask_run(session, name, key, wait, who, why)[0]
+        return _ask_run(session, name, key, wait, who, why)[0]
 
     def get(self, name: str) -> Entry | None:
         """Store entry (or kept pause of code entry) ``name``, or ``None``."""
