@@ -70,6 +70,12 @@ def _record(url: str, slot: str) -> RunRecord | None:
     return None if text is None else RunRecord.load(text, slot)
 
 
+def _finished(url: str, slot: str) -> RunRecord | None:
+    """``slot``'s run record once it says the slot ended (ran, failed or skipped)."""
+    found = _record(url, slot)
+    return found if found is not None and found.status == "finished" else None
+
+
 def _leader(beats: list[Proc]) -> tuple[Proc, int]:
     """The beat (or scheduler) that leads, and its epoch, from its log."""
     pattern = re.compile(r"dispatching as leader of 'beat' \(epoch (\d+)\)")
@@ -165,22 +171,14 @@ def test_celery_run_now_is_sent_by_the_leader_once_under_its_epoch_with_the_over
     code, second = cli.run("tick", "k2")
     assert code == 0 and second["state"] == "sent" and second["slot"] != slot, second
     skipped = wait_for(
-        lambda: (r := _record(redis_url, second["slot"])) is not None
-        and r.status == "finished"
-        and r,
-        30,
-        message="the second run was recorded",
+        lambda: _finished(redis_url, second["slot"]), 30, message="the second run was recorded"
     )
     assert skipped.outcome == "skipped" and "still running" in (skipped.reason or "")
 
     # The same key again: the first request's answer; nothing is sent.
     code, again = cli.run("tick", "k1")
     assert (code, again["state"], again["slot"], again["repeated"]) == (0, "sent", slot, True)
-    wait_for(
-        lambda: (r := _record(redis_url, slot)) is not None and r.status == "finished",
-        30,
-        message="the first run finished",
-    )
+    wait_for(lambda: _finished(redis_url, slot), 30, message="the first run finished")
     outputs = "".join(beat.output() for beat in beats)
     assert outputs.count("): run-now request ") == 2, "two requests, two slots sent"
     runs = {s: n for s, n in _runs(redis_url).items() if "@run:" in s}
@@ -200,12 +198,7 @@ def test_celery_run_now_with_no_leader_waits_and_runs_after_the_election(
     code, answered = cli.run("tick", "q")
     assert (code, answered["state"], answered["repeated"]) == (0, "sent", True), answered
     assert answered["epoch"] == epoch
-    wait_for(
-        lambda: (r := _record(redis_url, answered["slot"])) is not None
-        and r.status == "finished",
-        30,
-        message="the queued run ran",
-    )
+    wait_for(lambda: _finished(redis_url, answered["slot"]), 30, message="the queued run ran")
     assert _runs(redis_url)[answered["slot"]] == 1
 
 
@@ -241,19 +234,11 @@ def test_dramatiq_run_now_is_sent_by_the_leader_once_under_its_epoch(
     code, second = cli.run("tick", "k2")
     assert code == 0 and second["state"] == "sent", second
     skipped = wait_for(
-        lambda: (r := _record(redis_url, second["slot"])) is not None
-        and r.status == "finished"
-        and r,
-        30,
-        message="the second run was recorded",
+        lambda: _finished(redis_url, second["slot"]), 30, message="the second run was recorded"
     )
     assert skipped.outcome == "skipped" and "still running" in (skipped.reason or "")
     code, again = cli.run("tick", "k2")
     assert (again["slot"], again["repeated"]) == (second["slot"], True)
-    wait_for(
-        lambda: (r := _record(redis_url, slot)) is not None and r.status == "finished",
-        30,
-        message="the first run finished",
-    )
+    wait_for(lambda: _finished(redis_url, slot), 30, message="the first run finished")
     runs = {s: n for s, n in _runs(redis_url).items() if "@run:" in s}
     assert runs == {slot: 1}
