@@ -12,7 +12,11 @@ _FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
 def code_blocks(path: str, language: str | None = None) -> list[str]:
     """The fenced code blocks of ``path`` (from the repository root), of ``language`` if given."""
-    text = (ROOT / path).read_text()
+    return fenced((ROOT / path).read_text(), language)
+
+
+def fenced(text: str, language: str | None = None) -> list[str]:
+    """The fenced code blocks of Markdown ``text``, of ``language`` if given."""
     return [body for lang, body in _FENCE.findall(text) if language is None or lang == language]
 
 

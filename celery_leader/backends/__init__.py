@@ -1,19 +1,8 @@
 """Stores. Only modules in this package talk to a store.
 
-A store implements small interfaces, one per record kind (its *facets*):
-
-* :class:`LeaseLock` (:mod:`.lock`): terms, holders and presence; the elector's;
-* :class:`FencedRecords` (:mod:`.records`): records only the current term may
-  change, written under a :class:`Fence` the caller holds;
-* :class:`EntryStore` (:mod:`.entry_store`): schedule entries, versioned;
-* :class:`RunStore` (:mod:`.run_store`): run records, per entry;
-* :class:`Journal` (:mod:`.journal`): capped ordered logs (term history, audit trail).
-
-A store module exports one function, ``open_store(StoreParams) -> StoreFacets``:
-the facets it implements, on one connection. :data:`STORES` (in
-:mod:`.registry`) is the one table of stores: the URL schemes that select each
-one, its module and the extra that installs its client; :func:`open_store`
-builds from it.
+Each store module exports ``open_store(StoreParams) -> StoreFacets``: its facets
+(:class:`LeaseLock`, :class:`FencedRecords`, :class:`EntryStore`,
+:class:`RunStore`, :class:`Journal`) on one connection; :data:`STORES` lists the stores.
 """
 
 from __future__ import annotations
@@ -33,10 +22,7 @@ from .run_store import RunStore, RunSummary, RunWrite
 
 
 class StoreSettings(Protocol):
-    """What :func:`open_store` reads of the settings (``LeaderConfig`` has it all).
-
-    Spelled out here so that the store layer never imports the settings layer.
-    """
+    """What :func:`open_store` reads of the settings (so stores never import them)."""
 
     @property
     def store(self) -> Store: ...
@@ -61,24 +47,17 @@ class StoreParams:
     key_prefix: str
     #: Deadline of every store call, in seconds.
     timeout: float
-    #: How many replicas of the store must hold a write (and a new term) before
-    #: a claim (and an acquire) return it; ``None``: as many as the store's
-    #: topology needs so that a promotion cannot roll it back ("auto"). Stores
-    #: without replicas ignore it.
+    #: Replicas that must hold a write before a claim returns it; ``None``: as
+    #: many as a promotion needs ("auto").
     replica_acks: int | None = None
-    #: The client's connection parameters when they do not come from ``url``
-    #: (``django://ALIAS``: read from Django's ``DATABASES`` by the settings);
+    #: The client's connection parameters when not from ``url`` (``django://``);
     #: ``url`` then only names the store in messages.
     connection: Mapping[str, Any] | None = field(default=None, hash=False)
 
 
 @dataclass(frozen=True, eq=False)
 class StoreFacets:
-    """One opened store: the facets it implements, sharing one connection.
-
-    It does not contact the store until a facet is first used. One instance
-    may serve several elections and threads.
-    """
+    """One opened store: its facets on one connection, not made until first used."""
 
     params: StoreParams
     lock: LeaseLock
@@ -127,10 +106,7 @@ __all__ = [
 
 
 def open_store(config: StoreSettings) -> StoreFacets:
-    """Open the store that ``config.url`` selects. It does not contact the store yet.
-
-    A store whose client is not installed fails in one line naming its extra.
-    """
+    """Open the store ``config.url`` selects (not yet contacted); no client: names its extra."""
     store = config.store
     try:
         module = importlib.import_module(store.module, __name__)

@@ -1,10 +1,4 @@
-"""The entries facet: schedule entries any process may edit, versioned.
-
-Entries of an election are records beside its fenced records that any process
-may edit without a term (an operator's CLI, an admin view): the leader only
-reads them. Every applied edit moves the election's entries version, so a
-leader asks one cheap question per tick and reads only what changed.
-"""
+"""The entries facet: schedule entries any process may edit without a term, versioned."""
 
 from __future__ import annotations
 
@@ -15,11 +9,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Edit:
-    """An unfenced compare-and-set of one schedule entry: any process may make it.
-
-    It succeeds only if the stored entry ``key`` is exactly ``expected``
-    (``None``: no such entry); ``new`` replaces it, ``None`` removes it.
-    """
+    """An unfenced compare-and-set of an entry: ``expected`` -> ``new`` (``None``: none)."""
 
     key: str
     expected: str | None
@@ -49,27 +39,16 @@ class EntryStore(ABC):
 
     @abstractmethod
     def load(self, election: str) -> tuple[int, dict[str, str]]:
-        """The entries version and the entries of ``election`` (name -> value), as written.
-
-        The version is read no later than the entries: a version that moves after
-        the read makes the reader read again, never miss an edit.
-        """
+        """The entries version (read first) and the entries of ``election``, as written."""
 
     def changes_since(
         self, election: str, version: int
     ) -> tuple[int, dict[str, str | None]] | None:
         """The entries edited after ``version`` (name -> value, ``None``: removed),
-        with the version that brings a reader to, in one round trip.
-
-        ``None``: the store cannot tell (it keeps no record of edits, or not
-        that far back); read every entry with :meth:`load`. A reader of a large
-        schedule pays this way for an edit what the edit touched.
-        """
+        with the version that brings a reader to, in one round trip; ``None``:
+        the store cannot tell (read every entry with :meth:`load`)."""
         return None
 
     @abstractmethod
     def edit(self, election: str, edits: Sequence[Edit]) -> list[bool]:
-        """Apply ``edits`` (compare-and-set, no term needed); one result each.
-
-        The entries version moves when any of them applied.
-        """
+        """Apply ``edits`` (no term needed), one result each; any applied moves the version."""

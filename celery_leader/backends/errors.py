@@ -1,8 +1,4 @@
-"""What every store says when a call fails, and how it hands back writes.
-
-One wording for all stores, so an operator reads the same line whichever
-store is behind ``leader_url``.
-"""
+"""What every store says when a call fails (one wording for all), and how it hands back writes."""
 
 from __future__ import annotations
 
@@ -13,11 +9,7 @@ from .records import Write
 
 
 def first_line(exc: BaseException) -> str:
-    """The first line of a store client's error, at most 300 characters.
-
-    Clients' messages can run to many lines (Redis Cluster, libpq), and a log
-    line should not.
-    """
+    """The first line of a store client's error, at most 300 characters."""
     lines = str(exc).strip().splitlines()
     return lines[0][:300] if lines else ""
 
@@ -30,12 +22,7 @@ def summarise(exc: BaseException) -> str:
 def hand_back(
     writes: Sequence[Write], won: Sequence[bool], undo: Callable[[list[Write]], None]
 ) -> str:
-    """Undo the ``writes`` that ``won`` after the replicas did not confirm them.
-
-    ``undo`` puts back what they replaced, where they are still stored.
-    Returns how that went, to end the error the store raises: nothing may be
-    acted on either way.
-    """
+    """Undo the ``writes`` that ``won`` but were not confirmed; how that went."""
     back = [w for w, ok in zip(writes, won, strict=True) if ok]
     if not back:
         return "nothing claimed"

@@ -1,21 +1,9 @@
 """``file:///dir``: ``fcntl.flock`` leases for instances on one host.
 
-Election ``e`` under key prefix ``p`` keeps its files in ``dir`` as
-``p.e.<kind>`` (``docs/stores/file.md`` lists them). The leader holds
-``flock(LOCK_EX)`` of ``p.e.lock`` and alone writes the term (``p.e.holder``,
-``p.e.epoch``) and the schedule state (``p.e.state``). Entries, run records and
-the journal need no term: any process writes them, in turns under a ``flock``
-of their own.
-Every file is replaced atomically (write, then rename), so readers need no lock.
-
-The kernel drops a flock when its holder's process dies, and a follower
-blocked in ``flock`` wakes up holding it: a crash hands over at once, with no
-ttl to wait out. A paused (SIGSTOP) holder keeps the lock: the file store is
-safe, but only as live as its holder process.
-
-Every ``OSError`` becomes :class:`~celery_leader.exceptions.StoreUnavailable`
-naming the file. A holder or epoch file celery-leader cannot read is foreign
-(see :mod:`celery_leader.backends.terms`).
+Election ``e`` under prefix ``p`` keeps its files in ``dir`` as ``p.e.<kind>``
+(docs/stores/file.md). The leader holds ``flock`` of ``p.e.lock``; a follower
+blocked in ``flock`` gets it the moment the holder's process dies. Every file is
+replaced atomically (write, then rename), so readers need no lock.
 """
 
 from __future__ import annotations
@@ -46,10 +34,8 @@ from .runbook import EntryBook
 from .terms import holder_info, new_term, parse_epoch, unreadable_state
 from .waiting import LockWaiter, wait_sliced
 
-#: Edited entries the changes file keeps, values included: a reader that fell
-#: further behind (edits of more entries than this between two of its looks,
-#: twice a second) reads every entry. Bounds the file every reader parses after
-#: an edit to a few hundred KB.
+#: Edited entries the changes file keeps, values included (a reader further behind
+#: reads every entry): bounds the file every reader parses to a few hundred KB.
 CHANGES_KEPT = 1_000
 
 #: The longest percent-encoded log name a journal file is named by; a longer
@@ -57,9 +43,8 @@ CHANGES_KEPT = 1_000
 #: name may take, with the key prefix, the election and a temporary file's tail.
 JOURNAL_NAME_MAX = 100
 
-#: How ``p.e.entries`` starts (``json.dumps`` keeps the keys in the order
-#: written, by this release and the previous ones): the version is read from
-#: the first bytes, not from the whole file, at every look.
+#: How ``p.e.entries`` starts (``json.dumps`` keeps the keys in order): the version
+#: is read from the first bytes at every look.
 _HEAD = re.compile(rb'\{"version": (\d+), ')
 
 
@@ -86,8 +71,7 @@ def open_store(params: StoreParams) -> StoreFacets:
 
 @dataclass(frozen=True, eq=False)
 class _Files:
-    """One directory and key prefix, shared by the facets: where each file of an
-    election is, and the flocks this process holds there (what fences its claims)."""
+    """One directory and key prefix: each election's files, and the flocks held there."""
 
     directory: Path
     prefix: str
@@ -116,8 +100,7 @@ class _Files:
 
     @contextmanager
     def turn(self, election: str, kind: str) -> Iterator[None]:
-        """Hold a ``flock`` of file ``kind`` of ``election``, blocking: writers that
-        need no term (editors, workers) take turns on it."""
+        """Hold a ``flock`` of file ``kind`` of ``election``: term-less writers take turns."""
         path = self.path(election, kind)
         with _io(path):
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -182,10 +165,8 @@ class FileLock(_Facet, LeaseLock):
             # The lock file was replaced while we waited: this lock guards nothing.
             return Acquired(None, None, 0.0)
         if _believes_elsewhere(_read_json(path(election, "holder")), inode):
-            # The last holder locked a lock file that has since been deleted
-            # and may still believe it leads: it finds out at its next
-            # renewal and releases (removing its holder file). Until then,
-            # taking this new lock would make two leaders.
+            # The last holder locked a lock file since deleted and may still believe it
+            # leads until its next renewal: taking this new lock would make two leaders.
             return Acquired(None, self._holder_file(election), self.timeout)
         epoch_path = path(election, "epoch")
         text = _read_text(epoch_path)
@@ -226,12 +207,8 @@ class FileLock(_Facet, LeaseLock):
         finally:
             _close(held[0])
 
-    def wait(
-        self, election: str, timeout: float, cancel: threading.Event, term: Term | None = None
-    ) -> bool:
-        if term is not None:
-            cancel.wait(timeout)  # a flock lasts as long as its process: no connection to lose
-            return True
+    def _wait_free(self, election: str, timeout: float, cancel: threading.Event) -> None:
+        # A holder just waits: a flock lasts as long as its process, no connection to lose.
         with self._files.mutex:
             waiter = self._files.waiters.get(election)
         if waiter is None:
@@ -239,12 +216,11 @@ class FileLock(_Facet, LeaseLock):
             try:
                 fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
             except OSError:
-                return True  # the next acquire meets the same error and reports it
+                return  # the next acquire meets the same error and reports it
             waiter = LockWaiter(fd, _flock, _close, name=f"celery-leader-flock:{lock_path.name}")
             with self._files.mutex:
                 self._files.waiters[election] = waiter
         wait_sliced(waiter.done.wait, timeout, cancel)
-        return True
 
     def holders(self, elections: Sequence[str] | None = None) -> dict[str, HolderInfo | None]:
         if elections is None:
@@ -349,9 +325,8 @@ class FileEntries(_Facet, EntryStore):
     def changes_since(
         self, election: str, version: int
     ) -> tuple[int, dict[str, str | None]] | None:
-        # The version first: the changes file is written after the entries, so
-        # one behind it is being written (or was not, by a previous release or
-        # an editor that died in between): read everything then.
+        # The version first: the changes file is written after the entries, so one
+        # behind it is being written (or never was): read everything then.
         now = self.version(election)
         if now == version:
             return now, {}
@@ -399,8 +374,7 @@ class FileEntries(_Facet, EntryStore):
 
 
 class FileRuns(_Facet, RunStore):
-    """Run records per entry (``p.e.run.<entry>``, ``p.e.runsum.<entry>``) and the
-    ledger's marks (``p.e.runs``), written by any process in turns."""
+    """Run records (``p.e.run.<entry>``, ``p.e.runsum.<entry>``) and marks (``p.e.runs``)."""
 
     def put(self, election: str, write: RunWrite) -> tuple[bool, str | None]:
         key, expected, new, ttl = write.key, write.expected, write.new, write.ttl

@@ -1,8 +1,4 @@
-"""The lease-lock facet: terms, holders and presence of an election.
-
-A lock only stores and compares; it never decides who leads (the elector
-does). Values it keeps are JSON strings, never pickles.
-"""
+"""The lease-lock facet: terms, holders and presence of an election (values are JSON)."""
 
 from __future__ import annotations
 
@@ -15,13 +11,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Term:
-    """One holder's term in office.
-
-    ``token`` is opaque outside the store that issued it: renew, release and
-    fenced writes hand it back, and the store compares it with what it keeps,
-    so a new term (even of the same instance) never matches an old one.
-    ``epoch`` is the fencing token: it grows with every term of the election.
-    """
+    """One holder's term in office: ``token`` is opaque outside its store and never
+    matches another term's; ``epoch`` (the fencing token) grows with every term."""
 
     token: str
     epoch: int
@@ -31,11 +22,8 @@ class Term:
 
 @dataclass(frozen=True)
 class HolderInfo:
-    """What the store says about the current holder of an election.
-
-    Stores keep ``instance_id`` and the holder's deployment as one string
-    (:func:`stored_holder`); they are split here, so every store reports both.
-    """
+    """The current holder of an election; stores keep ``instance_id`` and the
+    deployment as one string (:func:`stored_holder`), split here."""
 
     instance_id: str
     epoch: int
@@ -45,8 +33,7 @@ class HolderInfo:
     #: The holder's broker (``LeaderConfig.deployment``); ``None`` when it did not say.
     deployment: str | None = None
     #: When the term began, in seconds since the epoch on the store's clock (the
-    #: local wall clock of the winner for the file and memory stores); ``None``
-    #: when unknown, as for a term written by celery-leader 0.4.0.
+    #: winner's for file and memory); ``None`` when unknown (celery-leader 0.4.0).
     since: float | None = None
 
     def __post_init__(self) -> None:
@@ -68,13 +55,9 @@ def stored_holder(instance_id: str, deployment: str | None) -> str:
 
 @dataclass(frozen=True)
 class Acquired:
-    """Result of :meth:`LeaseLock.acquire`.
-
-    Exactly one of ``term`` (we hold it now) and ``holder`` (someone else
-    does) is set, except that both may be ``None`` when the store could not say
-    who holds it. ``retry_after`` is when a follower should try again at the
-    latest (a release notification may wake it sooner).
-    """
+    """Result of :meth:`LeaseLock.acquire`: ``term`` (ours now) or ``holder``
+    (someone else's; both ``None``: the store could not say), and the latest
+    time a follower should try again."""
 
     term: Term | None
     holder: HolderInfo | None
@@ -93,59 +76,40 @@ class Renewal(enum.Enum):
 
 
 class LeaseLock(ABC):
-    """Terms, holders and presence of elections: the store facet the elector needs.
+    """Terms, holders and presence of elections: the elector's store facet.
 
-    Six methods a store writes (acquire, renew, release, wait, holders,
-    request_resign) and one it may (store_time). Strictly for the elector;
-    nothing else campaigns. One instance may serve several elections and threads.
+    Five methods a store writes (acquire, renew, release, holders,
+    request_resign) and two it may (a follower's wait, store_time).
     """
 
-    #: The store's URL, password and all: mask it before showing it. The
-    #: elector names the store in its log lines. Set from ``StoreParams.url``.
+    #: The store's URL, password and all: mask it before showing it.
     url: str = ""
 
-    #: Deadline of every store call, in seconds (``StoreParams.timeout``): the
-    #: elector waits this long (and a second) for its thread when it stops.
+    #: Deadline of every store call, in seconds (``StoreParams.timeout``).
     timeout: float = 1.0
 
     #: Extra seconds a new holder waits after winning before it believes it
     #: leads, for stores that cannot cut an old holder off on time by themselves.
     holdoff: float = 0.0
 
-    #: How coarsely the store reports its clock with acquire and renew answers,
-    #: in seconds; ``None`` for a store with no clock of its own (its users
-    #: share this host's clock, or the store is one process's memory).
+    #: How coarsely the store reports its clock with acquire and renew answers, in
+    #: seconds; ``None`` for a store with no clock of its own.
     clock_resolution: float | None = None
 
     @abstractmethod
     def acquire(self, election: str, instance_id: str, ttl: float, min_epoch: int) -> Acquired:
-        """Try to take ``election`` for ``ttl`` seconds.
-
-        The new epoch is greater than the store's last epoch *and* than
-        ``min_epoch`` (the highest epoch this process has seen), so epochs keep
-        growing even if the store lost its data. Raises
-        :class:`~celery_leader.exceptions.StoreUnavailable`.
-        """
+        """Try to take ``election`` for ``ttl`` seconds, with an epoch above the
+        store's last and ``min_epoch`` (so epochs grow even if the store lost
+        its data). Raises :class:`~celery_leader.exceptions.StoreUnavailable`."""
 
     @abstractmethod
     def renew(self, election: str, term: Term, ttl: float) -> tuple[Renewal, float | None]:
-        """Extend ``term`` by ``ttl`` seconds if it is still current; with the
-        store's clock when it answered (``None`` for a store without one).
-
-        Stores with a clock read it in the renewal itself: no extra round trip.
-        """
+        """Extend ``term`` by ``ttl`` if still current; with the store's clock (or ``None``)."""
 
     @abstractmethod
     def release(self, election: str, term: Term | None) -> None:
-        """Free ``election`` if ``term`` still holds it, and wake followers.
+        """Free ``election`` if ``term`` still holds it; ``term=None``: leave the election."""
 
-        ``term=None``: leave ``election``: drop what the store keeps for this
-        process's campaign in it (waiters, a subscription, a session). The
-        elector releases its term at every step-down, and leaves once, when it
-        stops (after releasing any term it held).
-        """
-
-    @abstractmethod
     def wait(
         self, election: str, timeout: float, cancel: threading.Event, term: Term | None = None
     ) -> bool:
@@ -153,28 +117,29 @@ class LeaseLock(ABC):
 
         A follower (``term=None``) also wakes as soon as ``election`` may be
         free. A holder (``term`` given) returns False as soon as the store
-        shows that this holder's connection is gone, after which another
-        instance may take the term over at once: the caller must stop
-        believing it leads. Stores that cannot tell just wait. Returns True
-        otherwise.
+        shows its connection gone (another may take over at once); stores that
+        cannot tell just wait. Returns True otherwise.
         """
+        if term is None:
+            self._wait_free(election, timeout, cancel)
+        else:
+            cancel.wait(timeout)
+        return True
+
+    def _wait_free(self, election: str, timeout: float, cancel: threading.Event) -> None:
+        """A follower's :meth:`wait`; a store that is never woken sooner just waits."""
+        cancel.wait(timeout)
 
     @abstractmethod
     def holders(self, elections: Sequence[str] | None = None) -> dict[str, HolderInfo | None]:
-        """The current holder of each of ``elections`` (``None``: nobody holds it).
-
-        ``elections=None``: every election under this key prefix that the store
-        knows, for a status listing.
-        """
+        """The holder of each of ``elections`` (``None``: nobody); ``elections=None``: all known."""
 
     @abstractmethod
     def request_resign(self, election: str) -> HolderInfo | None:
         """Ask the current holder to hand over at its next renewal; return it."""
 
     def store_time(self, election: str) -> float | None:
-        """The store's clock now, where ``election`` lives (one round trip; seconds
-        since the epoch), for a process that measures it without campaigning;
-        ``None`` for a store without a clock of its own."""
+        """The store's clock now (seconds since the epoch); ``None`` without a clock."""
         return None
 
     def holder(self, election: str) -> HolderInfo | None:

@@ -1,9 +1,7 @@
 """``memory://``: an in-process store for tests and single-process use.
 
 Every store opened with the same URL and key prefix in one process shares one
-in-process store, so several :class:`~celery_leader.lease.Lease` objects in a
-test can compete. With a single lease per election it always leads. Each facet
-is a small class over that shared store; :func:`open_store` bundles them.
+in-process store, so several leases in a test can compete.
 """
 
 from __future__ import annotations
@@ -60,9 +58,8 @@ class _Store:
         return record
 
 
-# One store per URL and key prefix in this process: opening memory:// twice
-# must show the same elections (that is what makes it a store), so the stores
-# outlive every opener.
+# One store per URL and key prefix in this process, outliving every opener:
+# opening memory:// twice must show the same elections.
 _STORES: dict[tuple[str, str], _Store] = {}
 _STORES_LOCK = threading.Lock()
 
@@ -272,8 +269,7 @@ class MemoryJournal(_Memory, Journal):
 
 
 def open_store(params: StoreParams, clock: Clock = SYSTEM_CLOCK) -> StoreFacets:
-    """The memory store of ``params``' URL and key prefix, its terms and records
-    expiring on ``clock``. Closing it keeps its data: it lives as long as the process."""
+    """The memory store of ``params``, expiring on ``clock``; it outlives being closed."""
     return StoreFacets(
         params,
         MemoryLock(params, clock),

@@ -1,8 +1,7 @@
 """The one table of stores: schemes, store modules and the extras they need.
 
-A leaf module (it imports nothing of the package), so that
-:mod:`celery_leader.settings.config` can validate URLs against it while
-:mod:`celery_leader.backends` opens stores from a validated config.
+A leaf module (it imports nothing of the package), so the settings can validate
+URLs against it.
 """
 
 from __future__ import annotations
@@ -30,9 +29,8 @@ class Store:
         return self.shown or f"{self.schemes[0]}://"
 
 
-#: ``django://ALIAS`` is listed with PostgreSQL, where it began, so that scheme
-#: lists show it there; the settings resolve it by the alias's ``ENGINE``
-#: (:mod:`celery_leader.contrib.django_db`) before a store is opened.
+#: ``django://ALIAS`` is listed with PostgreSQL, where it began; the settings
+#: resolve it by the alias's ``ENGINE`` before a store is opened.
 STORES: tuple[Store, ...] = (
     Store("redis", ("redis", "rediss", "unix", "redis+sentinel"), ".redis", "redis"),
     Store("postgres", ("postgresql", "postgres", "django"), ".postgres", "postgres"),

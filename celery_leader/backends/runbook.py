@@ -1,9 +1,5 @@
-"""One entry's run records held in a process (memory store) or a file (file store).
-
-The stores that hold records in Python keep the same shape as the others: each
-entry's records apart, in write order, with its summary kept as they are
-written, so that expiry drops from the front what expired and a summary is
-read without a look at any record.
+"""One entry's run records held in a process (memory store) or a file (file store):
+in write order, with its summary kept as they are written.
 """
 
 from __future__ import annotations

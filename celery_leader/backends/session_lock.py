@@ -1,20 +1,15 @@
 """What the SQL stores share: terms held as locks of database sessions.
 
-PostgreSQL (advisory locks) and MySQL / MariaDB (named locks) both hold a term
-as a lock owned by one dedicated session, and queue a follower's session for it
-with a :class:`~.waiting.LockWaiter`. A store's connector is a
-:class:`SessionStore`: the one connection object its facets share. It opens
-sessions and runs statements (the store's part), and tracks which session holds
-which election's term, which waiter is queued, and the session that entries and
-run records share. :class:`SessionLock` is the lease-lock facet on it: acquire,
-renew, wait and release in the order of the store's statements, which each
-store supplies. :class:`SessionGone` is how both stores' sessions say they have
-ended.
+A store's connector is a :class:`SessionStore`, the one connection object its
+facets share: it runs statements and tracks which session holds which election's
+term, which waiter is queued and the kept session. :class:`SessionLock` is the
+lease-lock facet on it.
 """
 
 from __future__ import annotations
 
 import threading
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -41,11 +36,7 @@ ORDER BY 1
 
 
 class SessionGone(StoreUnavailable):
-    """The session is over (closed by the server, the network or our deadline).
-
-    Whatever it held is released, or will be as soon as the server notices,
-    so a term that lived in it is lost for good.
-    """
+    """The session is over, and any term that lived in it lost for good."""
 
 
 class Closable(Protocol):
@@ -70,11 +61,7 @@ class Hold(Generic[S]):
 
 
 class SessionStore(ABC, Generic[S]):
-    """A SQL store's connection object, shared by its facets (see the module).
-
-    A store supplies :meth:`connect` and :meth:`execute`, and its schema's
-    statements (:attr:`schema`).
-    """
+    """A SQL store's connection object: a store supplies connect, execute and schema."""
 
     #: (check, create) statements, in order: ``create`` runs when ``check``
     #: answers false (a fresh database, or tables of a previous release).
@@ -102,10 +89,16 @@ class SessionStore(ABC, Generic[S]):
 
     @abstractmethod
     def execute(self, session: S, query: str, params: Mapping[str, Any] | None = None) -> Rows:
-        """Run ``query`` on ``session`` under the store deadline, in one round trip:
-        the rows of its last statement. The client's errors become
-        :class:`StoreUnavailable` in one line (:class:`SessionGone` when the
-        session ended with them)."""
+        """Run ``query`` on ``session`` under the store deadline, in one round trip: the
+        rows of its last statement (errors: :class:`StoreUnavailable`, or SessionGone)."""
+
+    @abstractmethod
+    def queue(self, session: S, params: Mapping[str, Any], ttl: float) -> LockWaiter[S]:
+        """Queue ``session`` for the lock ``params`` name, in a thread of its own."""
+
+    @abstractmethod
+    def check_session(self, session: S, server_id: int) -> None:
+        """Refuse a proxy or pooler that ran ``session``'s statement in another session."""
 
     def ensure_schema(self, session: S) -> None:
         """Create the tables on first use (a role without CREATE can use an admin's)."""
@@ -139,10 +132,7 @@ class SessionStore(ABC, Generic[S]):
             session.close()
 
     def on_kept(self, run: Callable[[S], T]) -> T:
-        """``run`` the kept session, opening it first when needed.
-
-        A failed call closes it, so the next one starts on a fresh connection.
-        """
+        """``run`` the kept session, opened when needed; a failed call closes it."""
         with self._kept_lock:
             if self._kept is None:
                 session = self.connect(None)
@@ -258,18 +248,22 @@ class SessionStore(ABC, Generic[S]):
 
 
 class SessionLock(LeaseLock, Generic[S]):
-    """The lease-lock facet of a SQL store (see the module).
+    """The lease-lock facet of a SQL store; a store supplies its statements."""
 
-    A store supplies the statements: :meth:`_try_lock`, :meth:`_queue` and
-    :meth:`_start_term` for :meth:`acquire`, :meth:`_renew_in` for
-    :meth:`renew`, :meth:`_holder` for :meth:`holders`, and two that take
-    :meth:`_lock_params` alone.
-    """
+    #: Both stores' clocks in the acquire and renew answers: microseconds.
+    clock_resolution = 1e-6
 
     #: Frees the election's lock held by the session it runs on.
     _RELEASE: str
     #: Marks the holder's term for resignation; returns its instance, epoch and token.
     _REQUEST_RESIGN: str
+    #: Each answers one row, the session's server id first (see :meth:`_row`): takes the
+    #: lock if free (then whether it did, the lease table's instance, epoch and token,
+    #: the clock); writes a new term (then its epoch, token and the clock).
+    _TRY_LOCK: str
+    _START_TERM: str
+    #: The store's clock, alone.
+    _CLOCK: str
 
     def __init__(self, db: SessionStore[S]) -> None:
         self._db = db
@@ -320,18 +314,12 @@ class SessionLock(LeaseLock, Generic[S]):
             return Renewal.LOST, now
         return Renewal.RESIGN if resign else Renewal.RENEWED, now
 
-    def wait(
-        self, election: str, timeout: float, cancel: threading.Event, term: Term | None = None
-    ) -> bool:
-        if term is not None:
-            # A session that ended shows at the next renewal, one statement later.
-            cancel.wait(timeout)
-            return True
+    def _wait_free(self, election: str, timeout: float, cancel: threading.Event) -> None:
+        # A holder just waits: a session that ended shows at the next renewal.
         waiter = self._db.waiter(election)
         # Without a queued waiter there is nothing to be woken by but cancel.
         event = waiter.done if waiter is not None else cancel
         wait_sliced(event.wait, timeout, cancel)
-        return True
 
     def release(self, election: str, term: Term | None) -> None:
         if term is None:
@@ -345,9 +333,7 @@ class SessionLock(LeaseLock, Generic[S]):
             # follower has the lock before this returns.
             self._db.execute(session, self._RELEASE, self._lock_params(election))
         except SessionGone:
-            # Nothing left to release: the server freed the lock with the
-            # session, or frees it when it notices (at the latest after the
-            # session's idle timeout, one ttl).
+            # Nothing left to release: the server frees the lock with the session.
             pass
         finally:
             session.close()
@@ -371,22 +357,48 @@ class SessionLock(LeaseLock, Generic[S]):
     def _lock_params(self, election: str) -> dict[str, Any]:
         """The parameters that name ``election`` and its lock in the statements."""
 
-    @abstractmethod
+    def _row(self, session: S, query: str, params: Mapping[str, Any]) -> tuple[Any, ...]:
+        """The one row ``query`` answers, less the server's id of the session (checked)."""
+        ((server_id, *row),) = self._db.execute(session, query, params)
+        self._db.check_session(session, server_id)
+        return tuple(row)
+
     def _try_lock(self, session: S, election: str) -> tuple[bool, HolderInfo | None, float | None]:
         """Take the election's lock in ``session`` if it is free: whether it did,
         the holder the lease table names (None: no term written yet), and the
         store's clock when it answered."""
+        got, holder_id, epoch, token, now = self._row(
+            session, self._TRY_LOCK, self._lock_params(election)
+        )
+        holder = (
+            None if holder_id is None else HolderInfo(holder_id, epoch, None, since=since_of(token))
+        )
+        return bool(got), holder, self._clock(now)
 
-    @abstractmethod
-    def _queue(self, session: S, election: str, ttl: float) -> LockWaiter[S]:
-        """Queue ``session`` for the election's lock (a thread of its own)."""
-
-    @abstractmethod
     def _start_term(
         self, session: S, election: str, instance_id: str, min_epoch: int
     ) -> tuple[Term, float | None]:
-        """Write a new term, above ``min_epoch``, as ``session`` (which holds the
-        lock); with the store's clock as in :meth:`_try_lock`."""
+        """Write a new term above ``min_epoch`` as ``session``; with the store's clock."""
+        params = {
+            **self._lock_params(election),
+            "floor": min_epoch,
+            "nonce": uuid.uuid4().hex,
+            "instance": instance_id,
+        }
+        epoch, token, now = self._row(session, self._START_TERM, params)
+        return Term(str(token), int(epoch), since_of(str(token))), self._clock(now)
+
+    def store_time(self, election: str) -> float | None:
+        with self._db.admin() as session:
+            ((now,),) = self._db.execute(session, self._CLOCK)
+        return self._clock(now)
+
+    @abstractmethod
+    def _clock(self, now: Any) -> float:
+        """The store's clock as its statements answer it, in seconds since the epoch."""
+
+    def _queue(self, session: S, election: str, ttl: float) -> LockWaiter[S]:
+        return self._db.queue(session, self._lock_params(election), ttl)
 
     @abstractmethod
     def _renew_in(

@@ -1,43 +1,32 @@
 """The entries and run-records facets the SQL stores share, and their common SQL.
 
-Schedule entries: every applied edit moves the election's entries version and
-records the edited name in ``celery_leader_entries_edits`` with the version of
-its edit, so a reader is told what changed since its version instead of reading
-every entry. The record keeps the latest :data:`CHANGES_KEPT` names;
-``changes_from`` (on the version row) is the oldest version a reader may ask
-from. A version row whose ``recorded`` is not its ``version`` was moved by an
-edit that recorded nothing (a previous release): readers from before it read
-everything. Each store writes the edits and reads the changes in its own SQL;
-the version and the pages read the same in both.
-
-Run records are written and read on the store's kept session; each store
-writes them in its own SQL, and both read summaries page by page.
-
-The journal is one table, ``celery_leader_journal``, a row per record, keyed by
-election, log and key; each store writes it in its own SQL (upserts, and a
-trim of each log written), and both read a page of a log by a backward range
-scan of the primary key.
+Every applied entry edit moves the election's entries version and records the
+edited name in ``celery_leader_entries_edits``, so a reader is told what changed
+since its version (the latest :data:`CHANGES_KEPT` names; older readers read all).
+The journal is one table, ``celery_leader_journal`` (election, log, key); a
+store writes it in its own SQL, and both read a page by a backward range scan.
 """
 
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Sequence
-from typing import Any, Generic
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
 
+from . import StoreFacets, StoreParams
 from .entry_store import Edit, EntryStore
 from .journal import Journal
+from .lock import LeaseLock
+from .records import FencedRecords
 from .run_store import RUNS_DROPPED, RunStore, RunSummary, RunWrite, run_entry
 from .session_lock import Rows, S, SessionStore
 
-#: Entries read per statement when reading them all: a few MB, milliseconds of
-#: the server's time, so a million entries never make one statement that
+#: Entries read per statement when reading them all: a few MB, so no statement
 #: outlasts the store deadline.
 ENTRIES_PAGE = 10_000
 
-#: Edited names kept in the record of edits (as on Redis): a reader that fell
-#: further behind reads every entry. Dropped in steps of :data:`DROP_EVERY`
-#: versions, so an edit seldom pays for the drop.
+#: Edited names kept in the record of edits (a reader further behind reads every
+#: entry), dropped every :data:`DROP_EVERY` versions so an edit seldom pays for it.
 CHANGES_KEPT = 10_000
 DROP_EVERY = 100
 
@@ -49,9 +38,7 @@ ELECTION = "prefix = %(prefix)s AND election = %(election)s"
 
 ENTRIES_VERSION = f"SELECT version FROM celery_leader_entries_version WHERE {ELECTION}"  # noqa: S608
 
-# Pages in name order (keyset: the primary key's range). The version is read
-# before the first page: an edit during the pages moves it past the one
-# returned, and the reader asks again at its next look.
+# Pages in name order (keyset); the version is read before the first page.
 ENTRIES_FIRST_PAGE = f"""
 SELECT name, value FROM celery_leader_entries WHERE {ELECTION}
 ORDER BY name LIMIT %(page)s
@@ -79,10 +66,25 @@ ORDER BY log_key DESC LIMIT %(limit)s
 # The fenced records of an election.
 LOAD_STATE = f"SELECT entry, value FROM celery_leader_state WHERE {ELECTION}"  # noqa: S608
 
+D = TypeVar("D", bound=SessionStore[Any])
+
+
+def sql_store(
+    params: StoreParams,
+    db: D,
+    lock: Callable[[D], LeaseLock],
+    records: Callable[[D, int | None], FencedRecords],
+    entries: Callable[[D], EntryStore],
+    runs: Callable[[D], RunStore],
+    journal: Callable[[D], Journal],
+) -> StoreFacets:
+    """A SQL store's facets on its connector ``db``; it does not connect until first used."""
+    fenced = records(db, params.replica_acks)
+    return StoreFacets(params, lock(db), fenced, entries(db), runs(db), journal(db), db.close)
+
 
 class SqlEntries(EntryStore, Generic[S]):
-    """The entries facet of a SQL store: the version and the pages of every
-    entry read alike; a store adds :meth:`changes_since` and :meth:`_apply`."""
+    """The entries facet of a SQL store; a store adds :meth:`changes_since` and :meth:`_apply`."""
 
     # A store's single-entry compare-and-sets, chosen by :meth:`edit`.
     _CREATE: str
@@ -189,8 +191,7 @@ class SqlRuns(RunStore):
 
     @abstractmethod
     def _summarise(self, rows: Rows, params: dict[str, Any]) -> list[RunSummary]:
-        """The summaries of one page of :attr:`_SUMMARIES` rows (the entries
-        with a record kept)."""
+        """The summaries of one page of :attr:`_SUMMARIES` rows."""
 
 
 class SqlJournal(Journal):

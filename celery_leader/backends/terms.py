@@ -1,36 +1,10 @@
 """The term record every store keeps, and the one policy for values it cannot read.
 
-A term is stored as the JSON object ``{"token", "epoch", "holder", "since"}``
-(a store may add fields of its own, like the file store's ``pid``): ``token`` is random
-per term, so the exact string names one term of one holder; ``epoch`` is the
-fencing token; ``holder`` is the instance id; ``since`` is when the term began
-(seconds since the epoch, on the store's clock where it has one; terms written
-by celery-leader 0.4.0 lack it, and read as "since unknown"). Memory and file build it with
-:func:`new_term`; Redis (in Lua) and PostgreSQL (in SQL) build the same object
-server-side, where the epoch is decided. Redis and the file store read it back
-with :func:`holder_info` / :func:`parse_term`; memory and PostgreSQL keep its
-fields beside it (in process memory, in typed columns). etcd stores
-``{"token", "holder", "since"}`` only: the epoch is the key's own create revision, known
-once the transaction that wrote it has committed.
-
-**Foreign values.** A value celery-leader did not write (not its JSON, not an
-integer epoch, a Redis key of another type) is never taken for "free" and never
-silently overwritten:
-
-* where a *term* or an *epoch* should be, every call that needs it raises
-  :class:`~celery_leader.exceptions.StoreUnavailable` naming the key or file
-  and what was expected. The lease retries it like an outage: nobody leads
-  that election until the value expires or an operator removes it. Taking over
-  would mean overwriting what may be someone's lock, or restarting epochs.
-  (Where the store's own lock is free - no flock, no advisory lock - a left-over
-  record is stale by definition, and the next term replaces it.)
-* the *schedule state* is returned as stored, entry -> string: beat judges the
-  values, and overwrites one it cannot read with a fenced claim that expects
-  exactly what it read. A state *container* celery-leader cannot read (a Redis
-  key of another type, a file that is not a JSON object of strings) is logged
-  at ERROR naming it and read as empty; the leader's next fenced claim replaces
-  it. The state is only ever written by fenced claims, so this can skip a slot
-  but never send one twice.
+A term is the JSON object ``{"token", "epoch", "holder", "since"}`` (etcd keeps no
+epoch: it is the key's create revision). A foreign term or epoch is never taken for
+free: every call that needs it raises :class:`StoreUnavailable` (:func:`foreign`);
+a foreign state container reads as empty (:func:`unreadable_state`) and the next
+fenced claim replaces it.
 """
 
 from __future__ import annotations
@@ -47,8 +21,7 @@ logger = logging.getLogger(__name__)
 
 
 def new_term(epoch: int, instance_id: str, since: float, **extra: object) -> Term:
-    """A fresh term of ``instance_id`` with ``epoch`` that began at ``since``, for
-    stores that build it client-side."""
+    """A fresh term of ``instance_id`` with ``epoch``, begun at ``since`` (built here)."""
     token = {
         "token": uuid.uuid4().hex,
         "epoch": epoch,
@@ -92,8 +65,7 @@ def holder_info(value: str, where: str, ttl_remaining: float | None) -> HolderIn
 
 
 def since_of(data: object) -> float | None:
-    """The ``since`` of a stored term (its JSON text, or that text parsed);
-    ``None`` when it has none (a term of celery-leader 0.4.0) or is unreadable."""
+    """The ``since`` of a stored term (JSON text or parsed); ``None``: none or unreadable."""
     if isinstance(data, str):
         try:
             data = json.loads(data)

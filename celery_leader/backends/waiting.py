@@ -14,12 +14,8 @@ R = TypeVar("R")
 
 
 def wait_sliced(ready: Callable[[float], bool], timeout: float, cancel: threading.Event) -> None:
-    """Block until ``ready`` says so, ``timeout`` passes or ``cancel`` is set.
-
-    ``ready(seconds)`` blocks for at most ``seconds`` and returns whether the
-    wait is over. It is called in slices of :data:`CANCEL_POLL`, so that a
-    stopping lease is never held up by a follower's wait.
-    """
+    """Block until ``ready(seconds)`` says so, ``timeout`` passes or ``cancel`` is set,
+    in slices of :data:`CANCEL_POLL` so that a stopping lease is never held up."""
     deadline = time.monotonic() + timeout
     while not cancel.is_set():
         left = deadline - time.monotonic()
@@ -30,13 +26,9 @@ def wait_sliced(ready: Callable[[float], bool], timeout: float, cancel: threadin
 class LockWaiter(Generic[R]):
     """A daemon thread queued for a store lock on behalf of a follower.
 
-    ``wait(resource, cancelled)`` blocks on ``resource`` (a file descriptor, a
-    database session) until the store grants the lock, and returns whether it
-    did. When it is granted the thread parks the resource, still holding the
-    lock, for the follower's next ``acquire`` (:meth:`take`); :attr:`done` is
-    set either way. A waiter whose follower left (:meth:`cancel`) drops the
-    resource, and the lock with it, so it never sits on the lock.
-    """
+    ``wait(resource, cancelled)`` blocks on ``resource`` until the store grants the lock;
+    the thread then parks the resource, lock held, for the next ``acquire``
+    (:meth:`take`); :attr:`done` is set either way. A waiter cancelled drops it."""
 
     def __init__(
         self,

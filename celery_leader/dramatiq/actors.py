@@ -1,36 +1,16 @@
 """Leader-only actors: their options, checked as each is declared, and their messages.
 
-``leader_only`` (``True``, or an election's name) makes an actor leader-only;
-``leader_on_follower`` says what a follower does with its messages: ``skip``
-them, or ``wait`` (the default) for the leader to run them. A bad option, a
-queue mixing kinds of actors, or two schedule entries of one name fail the
-import (:class:`LeaderActorError`).
-
-:class:`LeaderOnly` checks each message of a leader-only actor: on the leader
-it runs under the epoch the check read; on a follower it is skipped or, in
-``wait`` mode, held. Dramatiq's own ``ConsumerThread.pause()`` is not enough for
-``wait``:
-
-* a paused consumer stops only at its next idle poll, so while messages flow it
-  keeps taking them;
-* ``requeue()`` of Dramatiq's RabbitMQ consumer does nothing (RabbitMQ returns
-  unacked messages when the consumer's connection closes), so a message that is
-  skipped and then acked is lost;
-* when a paused consumer stops, it closes its connection, and RabbitMQ delivers
-  again every message that was not acked yet: one still running would run twice.
-
-So every wait-mode queue's consumer thread gets a :class:`Gate`:
-
-* A message delivered while this process does not lead is *held*: never handed
-  to a worker thread and never acked. Redis gets it back at once (``requeue``),
-  RabbitMQ when the consumer closes. Held messages stay unacked, so they fill
-  the prefetch window and the broker stops delivering.
-* A message handed to a worker thread while leading but started after a
-  demotion is held the same way (:meth:`Gate.hold`, from :class:`LeaderOnly`).
-* The consumer is paused only once no message it delivered is still in the
-  process (handed to a worker and not yet acked or held), so its close returns
-  what was held and never what ran. After the close it resumes if this process
-  leads again.
+:class:`LeaderOnly` checks each message of a leader-only actor: on the leader it
+runs under the epoch the check read; on a follower it is skipped or, in ``wait``
+mode, held. Dramatiq's ``ConsumerThread.pause()`` is not enough for ``wait``: a
+paused consumer stops only at its next idle poll; ``requeue()`` of its RabbitMQ
+consumer does nothing (unacked messages return when the connection closes), so
+a skipped and acked message is lost; and the close redelivers every unacked
+message, so one still running would run twice. So each wait-mode queue's consumer
+thread gets a :class:`Gate`: a message delivered, or started, while this process
+does not lead is *held* (neither run nor acked: Redis gets it back at once,
+RabbitMQ at the close), and the consumer is paused only once nothing it delivered
+is in the process, so its close returns what was held and never what ran.
 """
 
 from __future__ import annotations
@@ -59,11 +39,8 @@ MODES = ("skip", "wait")
 
 
 class LeaderActorError(ConfigError, MiddlewareError):
-    """A leader option of an actor is invalid.
-
-    A ``MiddlewareError``, because Dramatiq logs and ignores any other error a
-    middleware raises while an actor is declared, and the import must fail.
-    """
+    """A leader option of an actor is invalid (a ``MiddlewareError``: Dramatiq logs and
+    ignores any other error raised while an actor is declared, and the import must fail)."""
 
 
 @dataclass(frozen=True)
@@ -165,13 +142,8 @@ PAUSE_TIMEOUT = 10.0
 
 
 class LeaderOnly(Middleware):
-    """Lets a leader-only actor's message through only on the leading process.
-
-    Fails closed: any error here skips the message, because Dramatiq runs the
-    actor when a middleware raises anything but a ``MiddlewareError``. The
-    epoch the check read is the body's (:mod:`celery_leader.election.body_epoch`): the
-    lease may end before its first line (a resign).
-    """
+    """Lets a leader-only actor's message through only on the leading process; fails closed
+    (Dramatiq runs the actor when a middleware raises anything but a ``MiddlewareError``)."""
 
     def __init__(self, rules: ActorRules, epoch: Callable[[str], int | None], gates: Gates) -> None:
         self._rules = rules
@@ -190,18 +162,11 @@ class LeaderOnly(Middleware):
                     body_epoch.only(rule.election, epoch)
                     return
             except Exception:
-                logger.exception(
-                    "celery-leader: leadership check of %r failed; not running %s",
-                    rule.election,
-                    message.actor_name,
-                )
+                msg = "celery-leader: leadership check of %r failed; not running %s"
+                logger.exception(msg, rule.election, message.actor_name)
             if not self._gates.hold(message):
-                logger.info(
-                    "celery-leader: skipping %s (%s): this process does not lead %r",
-                    message.actor_name,
-                    message.message_id,
-                    rule.election,
-                )
+                msg = "celery-leader: skipping %s (%s): this process does not lead %r"
+                logger.info(msg, message.actor_name, message.message_id, rule.election)
         except MiddlewareError:
             raise
         except BaseException:
@@ -227,10 +192,7 @@ class Gates(Middleware):
         after_fork_in_child(self._forget_parent)
 
     def after_consumer_thread_boot(self, broker: Any, thread: Any) -> None:
-        """Gate a wait-mode queue's consumer.
-
-        Runs in the consumer thread before it first consumes, so no message gets past.
-        """
+        """Gate a wait-mode queue's consumer; in its thread, before it first consumes."""
         queue = thread.queue_name
         rule = self._rules.of_queue(queue)
         if rule.election is not None and rule.mode == "wait" and queue == q_name(queue):
@@ -253,10 +215,8 @@ class Gates(Middleware):
     def update_all(self) -> None:
         """Open or close every gate to match who leads (a test's pin, else the lease).
 
-        Returns once each consumer a pin made a follower has paused, so that a
-        message the test sends next stays in the queue: a consumer that took it
-        would hold it, and ``StubBroker`` cannot take a held message back.
-        """
+        Returns once each consumer a pin made a follower has paused: one that took the
+        test's next message would hold it, and ``StubBroker`` cannot take it back."""
         for gate in list(self._gates.values()):
             gate.update()
             pin = role_of(gate.election)
@@ -305,30 +265,19 @@ class Gate:
     def update(self) -> None:
         """Leadership changed: pause once drained, or resume a consumer that has closed."""
         with self._lock:
-            if self._leads() and not self._dirty and self._stopping and self._closed:
+            resumed = self._leads() and not self._dirty and self._stopping and self._closed
+            if resumed:
                 self._stopping = False
                 self.thread.resume()
-                resumed = True
-            else:
-                resumed = False
         if resumed:
-            logger.info(
-                "celery-leader: consuming queue %r (leader of %r)",
-                self.thread.queue_name,
-                self.election,
-            )
+            msg = "celery-leader: consuming queue %r (leader of %r)"
+            logger.info(msg, self.thread.queue_name, self.election)
         self._settle()
 
     def shut_down(self) -> None:
-        """The process is stopping: once drained, end the consumer's loop instead of pausing it.
-
-        Dramatiq's consumer leaves its loop when paused and, while its worker still
-        runs, sleeps its restart delay (3 s) before looking again; a worker that is
-        shutting down then waits for that sleep. A stopped consumer leaves its loop at
-        its next poll and does not sleep; the worker's stop closes it as usual, which
-        returns what it held. Nothing it delivered is in the process by then, so
-        nothing is left to ack.
-        """
+        """The process is stopping: once drained, end the consumer's loop instead of pausing it
+        (a paused consumer sleeps Dramatiq's 3 s restart delay, and a stopping worker waits
+        for that sleep). The worker's stop then closes it, returning what it held."""
         with self._lock:
             self._shutting_down = True
         self._settle()
@@ -340,19 +289,13 @@ class Gate:
         self._give_back(message)
 
     def _give_back(self, message: Any) -> None:
-        logger.info(
-            "celery-leader: returning %s (%s) to queue %r: this process does not lead %r",
-            message.actor_name,
-            message.message_id,
-            self.thread.queue_name,
-            self.election,
-        )
+        msg = "celery-leader: returning %s (%s) to queue %r: this process does not lead %r"
+        where = (self.thread.queue_name, self.election)
+        logger.info(msg, message.actor_name, message.message_id, *where)
         with self._lock:
             self._dirty = True
         # Redis takes it back now; RabbitMQ's requeue does nothing, its close does.
         self.thread.requeue_messages([message])
-
-    # -- the consumer thread's methods --------------------------------------
 
     def _leads(self) -> bool:
         try:

@@ -1,10 +1,8 @@
 """Configuration errors in one line under the ``dramatiq`` command, as in the standalone scheduler.
 
-``dramatiq`` catches only ``ImportError`` and broker connection errors while a
-worker or fork process imports the app; anything else ends that process with a
-30-line traceback. So a :class:`~celery_leader.exceptions.ConfigError` raised
-there is logged as one CRITICAL line and ends the process with ``dramatiq``'s
-own exit status for a failed import (2). Everywhere else it is raised as usual.
+``dramatiq`` catches only ``ImportError`` and broker connection errors while a process
+imports the app (anything else: a 30-line traceback), so a ``ConfigError`` there is
+one CRITICAL line and ``dramatiq``'s exit status for a failed import (2).
 """
 
 from __future__ import annotations

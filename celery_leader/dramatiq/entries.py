@@ -15,15 +15,16 @@ from .scheduler import refused_options
 
 def entries_app(broker: Any, config: LeaderConfig) -> EntriesApp:
     """What the entries commands need of a Dramatiq ``broker`` and its settings."""
-    code = {}
-    for job in code_entries(broker, config):
-        code[job.name] = CodeEntry(
+    code = {
+        job.name: CodeEntry(
             task=job.payload.actor_name,
             schedule=repr(job.series),
             series=job.series,
             args=getattr(job.series, "args", ()),
             kwargs=getattr(job.series, "kwargs", {}),
         )
+        for job in code_entries(broker, config)
+    }
     return EntriesApp(config, code, set(broker.actors), refuses=refused_options(broker))
 
 
@@ -34,10 +35,8 @@ def load(broker_path: str) -> EntriesApp:
 
 
 def entries_of(broker: Any, config: LeaderConfig | None = None) -> ScheduleEntries:
-    """The Python API of the entries kept in the store, for Dramatiq ``broker``.
-
-    ``config``: the settings (default: those of the broker's ``LeaderMiddleware``).
-    """
+    """The Python API of the entries kept in the store, for Dramatiq ``broker``
+    (``config`` default: the settings of the broker's ``LeaderMiddleware``)."""
     return ScheduleEntries(
         entries_app(broker, config or settings_of(broker) or LeaderConfig.from_env())
     )

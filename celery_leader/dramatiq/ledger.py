@@ -1,13 +1,8 @@
 """Dramatiq workers run each scheduler-sent slot once: the run ledger's middleware step.
 
-A part of :class:`~celery_leader.dramatiq.LeaderMiddleware` when
-``CELERY_LEADER_LEDGER`` (or ``leader_ledger``) is on: before a message with
-the ``leader_slot`` option runs, its slot is recorded started
-(:meth:`~celery_leader.ledger.RunGuard.begin`); a delivery of a slot that
-started or finished already is skipped (``SkipMessage``: acknowledged, never
-run). After the actor, the outcome is recorded; a failure that the
-``Retries`` middleware will retry leaves the slot started for the retry to
-take over. Messages without ``leader_slot`` pay one dictionary lookup.
+Before a message with ``leader_slot`` runs, its slot is recorded started; a second
+delivery is skipped (``SkipMessage``: acked, never run). A failure ``Retries`` will
+retry leaves the slot started for the retry. Other messages pay one dict lookup.
 """
 
 from __future__ import annotations

@@ -1,23 +1,8 @@
 """``LeaderMiddleware``: its settings, and the parts it passes Dramatiq's hooks to.
 
-Every Dramatiq process that builds the broker gets its own middleware instance,
-whose parts each carry one concern: the actors' rules and messages
-(:mod:`.actors`), a worker process's elections (:class:`Campaign`), whether it
-reaches the broker (:class:`BrokerReach`) and, with ``leader_ledger``, the run
-ledger (:mod:`.ledger`).
-
-Only worker processes that consume a leader-only actor's queue campaign, each
-with its own lease (instance id ``host:pid``); the scheduler campaigns in its
-own election. :func:`is_leader` never joins: in any other process (a web
-server) it answers "not leading".
 Leases are released at the first SIGTERM or SIGHUP, in ``before_worker_shutdown``
-and, because ``atexit`` does not run in Dramatiq's worker processes, by a
-``multiprocessing.util.Finalize`` too: a second SIGTERM (Dramatiq's main process
-relays the one systemd sends to the whole group) skips the shutdown hooks but
-not the finalizers.
-With ``leader_health_port`` set, the first worker process that campaigns serves
-it and the others skip it (:class:`ElectionProbe`); with ``scheduler=True`` the
-scheduler's fork process serves it instead: its tick is what a probe must watch.
+and by a ``multiprocessing.util.Finalize``: ``atexit`` does not run in Dramatiq's
+worker processes, and a second SIGTERM skips the shutdown hooks but not finalizers.
 """
 
 from __future__ import annotations
@@ -77,13 +62,8 @@ def _to_parts(hook: str) -> Callable[..., None]:
 
 
 class LeaderMiddleware(Middleware):
-    """Leader election for Dramatiq: ``leader_schedule``, ``leader_only``, ``leader_on_follower``.
-
-    Arguments not given are read from ``CELERY_LEADER_*`` (Django settings
-    under django_dramatiq, else the environment). ``scheduler=True`` runs the
-    scheduler in a fork process of ``dramatiq``; without it, run
-    ``python -m celery_leader.dramatiq MODULE`` beside the workers.
-    """
+    """Leader election for Dramatiq: ``leader_schedule``, ``leader_only``, ``leader_on_follower``;
+    arguments not given are read from ``CELERY_LEADER_*``."""
 
     @one_line_errors
     def __init__(
@@ -99,17 +79,9 @@ class LeaderMiddleware(Middleware):
         scheduler: bool = False,
     ) -> None:
         global _current
-        self.config = load_config(
-            {
-                "url": url,
-                "ttl": ttl,
-                "renew_interval": renew_interval,
-                "key_prefix": key_prefix,
-                "instance_id": instance_id,
-                "beat_election": beat_election,
-                "worker_election": worker_election,
-            }
-        )
+        given = dict(url=url, ttl=ttl, renew_interval=renew_interval, key_prefix=key_prefix)
+        given.update(instance_id=instance_id, beat_election=beat_election)
+        self.config = load_config({**given, "worker_election": worker_election})
         if not isinstance(scheduler, bool):
             raise ConfigError(f"scheduler= must be True or False (got {scheduler!r})")
         self.scheduler = scheduler
@@ -179,13 +151,9 @@ class Campaign(Middleware):
         self._campaigns: set[str] = set()  # elections this worker process consumes work of
 
     def after_process_boot(self, broker: Any) -> None:
-        """Release at the first SIGTERM or SIGHUP.
-
-        The release runs before Dramatiq's own handler, because Dramatiq's worker
-        process only notices a SIGTERM at its next one-second poll; and when the
-        signal reaches the whole group, Dramatiq's relayed copy often merges with
-        it, so no second signal hurries it along.
-        """
+        """Release at the first SIGTERM or SIGHUP, before Dramatiq's handler: its worker
+        process notices a SIGTERM only at its next one-second poll, and a relayed copy of a
+        group-wide signal often merges with it."""
         if threading.current_thread() is not threading.main_thread():
             return
         for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -231,11 +199,8 @@ class Campaign(Middleware):
         return None if self.closed or membership is None else membership.lease.epoch
 
     def lease(self, election: str | None = None) -> Lease:
-        """This process's lease of ``election`` (default: the worker election).
-
-        Only for an election this worker process campaigns in (see
-        :meth:`campaigns`); the lease starts on first use.
-        """
+        """This process's lease of ``election`` (default: the worker election), started on
+        first use; only for an election this process campaigns in."""
         election = election or self._rules.worker_election
         with self._lock:
             if self.closed:
@@ -271,11 +236,7 @@ class Campaign(Middleware):
             return (election or self._rules.worker_election) in self._campaigns
 
     def stop(self) -> None:
-        """Leave every election of this process (demote, release, wake a follower).
-
-        Callers racing it (a signal's release thread, the shutdown hook, the
-        finalizer at exit) wait until the first one has released.
-        """
+        """Leave every election of this process; racing callers wait for the first release."""
         with self._stop_lock:
             with self._lock:
                 self.closed = True
@@ -291,14 +252,9 @@ class Campaign(Middleware):
 
 
 class BrokerReach(Middleware):
-    """Whether this process reaches the broker: one cut off from it must not lead.
-
-    The consumer of each leader-only queue's delay queue runs on every
-    process, leader or not, and Dramatiq's consumer loop calls its
-    ``handle_delayed_messages`` after every message and every idle poll (at
-    most ``worker_timeout`` apart). A consumer whose connection failed sits in
-    Dramatiq's restart delay instead, retrying, and so falls silent.
-    """
+    """Whether this process reaches the broker (one cut off must not lead): a delay queue
+    consumer calls ``handle_delayed_messages`` after every message and idle poll, unless its
+    connection failed and it sits in the restart delay."""
 
     def __init__(self, rules: ActorRules) -> None:
         self._rules = rules
@@ -334,11 +290,8 @@ class BrokerReach(Middleware):
 
     def problem(self, election: str) -> str | None:
         """Why this process must not lead ``election``: its consumers cannot reach the broker."""
-        for consumer in list(self._liveness.get(election, [])):
-            problem = consumer.problem()
-            if problem is not None:
-                return problem
-        return None
+        consumers = list(self._liveness.get(election, []))
+        return next(filter(None, (consumer.problem() for consumer in consumers)), None)
 
 
 # Ports another process of this node serves: said once per port, not per
@@ -347,17 +300,9 @@ _taken: set[int] = set()
 
 
 class ElectionProbe:
-    """One election's record for ``leader_health_port``: made before its lease starts,
-    offered to the port once the lease exists (:meth:`offer`).
-
-    ``dramatiq`` forks several worker processes per node; sharing one port
-    (``SO_REUSEPORT``) would answer each probe from whichever process the
-    kernel picks. So the first worker process that campaigns serves its
-    elections, the others find the port taken and serve nothing: its
-    ``/healthz`` fails when its lease stops cycling (the others run the same
-    code on the same store), and ``/leader`` names the holder every process of
-    the node sees. When it dies, ``dramatiq`` stops the node, and the port.
-    """
+    """One election's record for ``leader_health_port``, offered once its lease exists: the
+    first worker process that campaigns serves the port, the others skip (``SO_REUSEPORT``
+    would answer each probe from whichever process the kernel picks)."""
 
     def __init__(self, port: int) -> None:
         self.port = port
@@ -374,11 +319,8 @@ class ElectionProbe:
             self._health.write(force=False)
 
     def offer(self, lease: Lease) -> None:
-        """Serve ``lease``'s record on the port unless another process of this node does.
-
-        Raises :class:`~celery_leader.exceptions.ConfigError` when the port
-        cannot be bound for any other reason (a privileged port, no such address).
-        """
+        """Serve ``lease``'s record on the port unless another process of this node does;
+        :class:`~celery_leader.exceptions.ConfigError` when it cannot bind for another reason."""
         self._health = HealthFile(None, lease)
         if self.port in _taken:
             return
@@ -388,29 +330,20 @@ class ElectionProbe:
             if exc.errno != errno.EADDRINUSE:
                 raise ConfigError(f"leader_health_port {self.port}: cannot listen: {exc}") from None
             _taken.add(self.port)
-            logger.debug(
+            msg = (
                 "celery-leader: leader_health_port %d is taken (another worker process of "
-                "this node serves it); process %d does not serve it",
-                self.port,
-                os.getpid(),
+                "this node serves it); process %d does not serve it"
             )
+            logger.debug(msg, self.port, os.getpid())
             return
-        logger.info(
-            "celery-leader: process %d serves leader_health_port %d for %r",
-            os.getpid(),
-            self.port,
-            lease.election,
-        )
+        msg = "celery-leader: process %d serves leader_health_port %d for %r"
+        logger.info(msg, os.getpid(), self.port, lease.election)
 
 
 def is_leader(election: str | None = None) -> bool:
     """Whether this process leads ``election`` now (default: the worker election).
 
-    It never joins an election and never talks to the store: it answers from a
-    lease this process already takes part in (a worker process's, for the
-    actors it consumes, or the scheduler's in its process), otherwise
-    ``False``. A test's pin (:mod:`celery_leader.election.pins`) answers first. To ask
-    who leads from any process: :func:`celery_leader.leader_of`.
+    Never joins nor talks to the store: a test's pin answers, else a lease this process holds.
     """
     election = election or _middleware().config.worker_election
     pin = role_of(election)
@@ -423,10 +356,7 @@ def is_leader(election: str | None = None) -> bool:
 def current_epoch(election: str | None = None) -> int | None:
     """The fencing token of this process's current term of ``election``, else ``None``.
 
-    Answered like :func:`is_leader`: never joins, ``None`` without a lease of this process.
-    In a ``leader_only`` actor of ``election``, the epoch its message was let
-    through with, for the whole body, even once the lease has ended
-    (:func:`is_leader` tells that).
+    In a ``leader_only`` actor, the epoch its message was let through with, for the whole body.
     """
     election = election or _middleware().config.worker_election
     passed = body_epoch.of(election)

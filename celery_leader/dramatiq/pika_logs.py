@@ -1,12 +1,6 @@
-"""Quiet pika's own reports of a failed connection attempt on a RabbitMQ broker.
-
-Each attempt to reach a RabbitMQ server that is down makes pika log about
-seven ERROR records, one with a traceback, and Dramatiq's enqueue tries twice
-before it raises ``ConnectionClosed`` (whose message names the cause, e.g.
-``ConnectionRefusedError(111, ...)``). Whoever catches that error reports it
-once: Dramatiq's consumer thread ("Consumer encountered a connection error"),
-the scheduler, the application. pika's records of those attempts become DEBUG
-records, shown only where DEBUG is enabled.
+"""Quiet pika's own reports of a failed connection attempt on a RabbitMQ broker: about
+seven ERROR records an attempt, one with a traceback, become DEBUG records. Whoever
+catches Dramatiq's ``ConnectionClosed`` (which names the cause) reports it once.
 """
 
 from __future__ import annotations

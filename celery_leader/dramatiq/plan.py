@@ -1,10 +1,5 @@
-"""``python -m celery_leader plan MODULE``: the Dramatiq side of ``leader plan``.
-
-Imports the app as the scheduler does and maps its scheduled actors onto
-:class:`~celery_leader.schedule.jobs.Job` with the scheduler's own
-:func:`~celery_leader.dramatiq.scheduler.entries_of`; the plan itself is
-framework-free (:mod:`celery_leader.schedule.plan`).
-"""
+"""``python -m celery_leader plan MODULE``: the Dramatiq side of ``leader plan`` (the
+scheduler's own :func:`~celery_leader.dramatiq.scheduler.entries_of`)."""
 
 from __future__ import annotations
 

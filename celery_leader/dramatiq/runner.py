@@ -1,10 +1,5 @@
-"""Where the scheduler runs: ``python -m celery_leader.dramatiq MODULE`` or a ``dramatiq`` fork.
-
-Both import the broker module as ``dramatiq MODULE`` does, find the broker's
-:class:`LeaderMiddleware` and schedule until SIGTERM or SIGINT, then hand over
-at once. The fork also exits when ``dramatiq``'s main process dies (a SIGKILL
-leaves it orphaned): it notices within one scheduler interval.
-"""
+"""Where the scheduler runs: ``python -m celery_leader.dramatiq MODULE`` or a ``dramatiq`` fork
+(which also exits within one interval when ``dramatiq``'s main process dies)."""
 
 from __future__ import annotations
 
@@ -105,11 +100,8 @@ def load_app(broker_path: str, modules: Sequence[str]) -> tuple[Any, LeaderConfi
 
 
 def settings_of(broker: Any) -> LeaderConfig | None:
-    """The settings of ``broker``'s ``LeaderMiddleware`` in this process, if it has one.
-
-    Found by its ``process_config()``: the middleware names this module as its
-    fork, so this module does not import it.
-    """
+    """The settings of ``broker``'s ``LeaderMiddleware`` in this process, if it has one
+    (found by its ``process_config()``: this module, its fork, does not import it)."""
     for middleware in broker.middleware:
         process_config = getattr(middleware, "process_config", None)
         if callable(process_config):

@@ -1,10 +1,7 @@
 """The Dramatiq scheduler: every replica runs one, only the beat election's leader sends.
 
-Each ``leader_schedule`` of a declared actor is an entry, and the slot protocol
-(:mod:`celery_leader.schedule`) does the rest exactly as for Celery beat: stored
-state, fenced claims, the missed-slot policy, hand-back of a failed enqueue,
-step-down after repeated failures, the tick watchdog, health file and metrics.
-This module only maps actors onto it and enqueues a claimed slot.
+The slot protocol (:mod:`celery_leader.schedule`) does everything as for Celery beat;
+this module maps actors onto it and enqueues a claimed slot.
 """
 
 from __future__ import annotations
@@ -49,13 +46,8 @@ def entries_of(broker: Any, config: LeaderConfig) -> list[Job]:
 
 
 def refused_options(broker: Any) -> dict[str, str]:
-    """The entry options ``broker`` cannot honour, each with the one-line reason.
-
-    ``queue`` is honoured (the message goes to that queue) and ``expires`` too
-    when the broker runs Dramatiq's ``AgeLimit`` (it reads the message's
-    ``max_age``); the rest have no per-message equal, and an option silently
-    ignored would send a message other than the one the entry describes.
-    """
+    """The entry options ``broker`` cannot honour, each with the one-line reason: an option
+    silently ignored would send another message than the entry describes."""
     refused = {
         "priority": "Dramatiq has no per-message priority (it is an actor option)",
         "headers": "Dramatiq messages have no headers",
@@ -109,8 +101,7 @@ class _EnqueueAdapter(Adapter):
             return None if option is None else f"its option {option}: {unhonoured[option]}"
 
         self.catalog = EntryCatalog(config, logger, "actor", refusal)
-        #: What the last :meth:`jobs` returned (``None``: nothing yet): returned again
-        #: while the store's entries did not change (code entries are fixed at start-up).
+        #: What the last :meth:`jobs` returned (``None``: nothing yet).
         self._made: Sequence[Job] | None = None
 
     def jobs_changed(self) -> bool:
@@ -162,9 +153,8 @@ class _EnqueueAdapter(Adapter):
 
 
 def leader_jobs(broker: Any, config: LeaderConfig) -> Sequence[Job]:
-    """The entries a leader of ``broker`` would send: its code entries (less those
-    paused) and the store entries it honours (``plan --stored`` lists them). Reads
-    the store once, on a connection of its own."""
+    """The entries a leader of ``broker`` would send (``plan --stored``), reading the store
+    once on a connection of its own."""
     adapter = _EnqueueAdapter(broker, config)
     return adapter.catalog.read_once(adapter.jobs)
 
@@ -175,13 +165,9 @@ class DramatiqScheduler:
     def __init__(self, broker: Any, config: LeaderConfig) -> None:
         self.config = config
         self.adapter = _EnqueueAdapter(broker, config)
+        observers = (metrics.OBSERVER,)
         self.protocol = SlotProtocol(
-            config,
-            self.adapter,
-            logger,
-            idle=INTERVAL,
-            max_sleep=INTERVAL,
-            observers=(metrics.OBSERVER,),
+            config, self.adapter, logger, idle=INTERVAL, max_sleep=INTERVAL, observers=observers
         )
 
     def run(self, stop: threading.Event, parent_pid: int | None = None) -> None:
@@ -205,12 +191,8 @@ class DramatiqScheduler:
             self.protocol.close()
 
     def tick(self) -> float:
-        """One pass of the loop; returns how long to sleep.
-
-        The first pass, and every pass while following, makes the jobs of the
-        store's entries that changed (:meth:`EntryCatalog.follow`), so a promotion
-        only loads run state; only a leader dispatches.
-        """
+        """One pass of the loop; returns how long to sleep. While following it keeps the jobs
+        of changed store entries made, so a promotion only loads run state."""
         lease = self.protocol.lease
         self.adapter.catalog.follow(
             self.protocol.runtime.store.entries, lease.term is None, self.adapter

@@ -1,11 +1,5 @@
-"""``cron()`` and ``every()``: when a Dramatiq actor's slots fall due.
-
-A schedule is a :class:`~celery_leader.schedule.series.Series` (aware UTC
-instants) plus the actor's arguments and its missed-slot options; which slot is
-sent, and by whom, is the slot protocol's business. Slot times never depend on
-the host's clock zone: ``every`` aligns its slots to multiples of its period
-since the Unix epoch, and ``cron`` reads its fields in ``tz`` (UTC by default).
-"""
+"""``cron()`` and ``every()``: when a Dramatiq actor's slots fall due (never on the host's
+zone: ``every`` aligns to multiples of its period since the epoch, ``cron`` reads ``tz``)."""
 
 from __future__ import annotations
 
@@ -52,10 +46,7 @@ class Schedule(Series, ABC):
 
 
 class every(Schedule):  # lower case, like a function, as in the contract
-    """Every ``seconds`` (fractions allowed), at multiples of the period since the epoch.
-
-    ``every(60)`` runs at each full minute, ``every(0.2)`` five times a second.
-    """
+    """Every ``seconds`` (fractions allowed), at multiples of the period since the epoch."""
 
     def __init__(
         self,
@@ -96,11 +87,8 @@ class every(Schedule):  # lower case, like a function, as in the contract
 
 
 class cron(Schedule):  # lower case, like a function, as in the contract
-    """A cron expression read in ``tz`` (default UTC), computed by cronsim.
-
-    On clock changes a 02:30 job runs once when the clock goes back and at
-    03:00 when it jumps forward, as cron itself does.
-    """
+    """A cron expression read in ``tz`` (default UTC), computed by cronsim: a 02:30 job runs
+    once when the clock goes back and at 03:00 when it jumps forward, as in cron."""
 
     def __init__(
         self,

@@ -1,10 +1,6 @@
-"""``LeaderMiddleware`` arguments -> a validated :class:`~celery_leader.LeaderConfig`.
-
-An argument not given is read from ``CELERY_LEADER_*``: from Django settings
-when Django is configured (django_dramatiq builds middleware from a dotted path,
-without arguments), else from the environment. A bad value fails in one line
-naming the argument or the variable.
-"""
+"""``LeaderMiddleware`` arguments -> a validated :class:`~celery_leader.LeaderConfig`;
+one not given is read from ``CELERY_LEADER_*`` (Django settings when configured: django_dramatiq
+builds middleware without arguments; else the environment)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""Who leads: the elector (:mod:`.elector`) and its timing (:mod:`.timing`), what it
-tells (:mod:`.events`, :mod:`.members`) and who listens (:mod:`.lease`, :mod:`.skew`,
-:mod:`.foreign`), and this process's leases (:mod:`.lease_set`).
+"""Who leads: the elector, what it tells and who listens, and this process's leases.
 
-It imports nothing itself: the store layer imports :mod:`.timing`, and the
-elector imports the store layer.
+It imports nothing itself: the store layer imports :mod:`.timing`.
 """

@@ -122,12 +122,8 @@ class Elector:
             self._tell("on_store_call", operation, self.clock.monotonic() - started, error)
 
     def step_down(self, reason: str, *, kind: str = "stepped_down", sit_out: float = 0.0) -> None:
-        """Stop believing at once; release the term and sit out ``sit_out`` seconds.
-
-        For the process that uses the lease (beat resigns after failed publishes)
-        and for listeners. The release happens in the thread, within one renew
-        interval; nothing is dispatched meanwhile, because the belief ends here.
-        """
+        """Stop believing at once; release the term and sit out ``sit_out`` seconds. The
+        release happens in the thread, within one renew interval; the belief ends here."""
         with self._lock:
             if self._state is State.LEADING:
                 self._step_down_request = (reason, kind, sit_out)
@@ -141,12 +137,8 @@ class Elector:
             self._thread.start()
 
     def stop(self, timeout: float | None = None) -> None:
-        """Leave the election: demote first, then release, then wake followers.
-
-        ``is_leader()`` turns false before anything else happens; releasing the
-        term wakes a follower, which takes over without waiting for the ttl.
-        Idempotent.
-        """
+        """Leave the election: demote first, then release (waking a follower, which takes
+        over without waiting for the ttl). Idempotent."""
         self._stopping.set()
         with self._lock:  # after this, the thread cannot extend the belief again
             self._valid_until = 0.0
@@ -154,8 +146,6 @@ class Elector:
             self._thread.join(timeout if timeout is not None else self.store_lock.timeout + 1)
         self._step_down("stopping", graceful=True)
         self.store_lock.release(self.election, None)
-
-    # -- the thread ---------------------------------------------------------
 
     def _run(self) -> None:
         while not self._stopping.is_set():
@@ -304,14 +294,9 @@ class Elector:
 
     def _announce(self, term: Term | None) -> None:
         assert term is not None
-        logger.info(
-            "celery-leader: %s elected leader of %r (epoch %d, ttl %g s, store %s)",
-            self.instance_id,
-            self.election,
-            term.epoch,
-            self.ttl,
-            mask_url(self.store_lock.url),
-        )
+        msg = "celery-leader: %s elected leader of %r (epoch %d, ttl %g s, store %s)"
+        store = mask_url(self.store_lock.url)
+        logger.info(msg, self.instance_id, self.election, term.epoch, self.ttl, store)
         if not self._tell("on_started"):
             self._step_down("on_started failed", kind="error", sit_out=self.renew_interval)
             return
@@ -353,12 +338,8 @@ class Elector:
                 with self.observe("release"):
                     self.store_lock.release(self.election, term)
             except StoreUnavailable as exc:
-                logger.warning(
-                    "celery-leader: could not release %r (%s); it expires within %g s",
-                    self.election,
-                    exc,
-                    self.ttl,
-                )
+                msg = "celery-leader: could not release %r (%s); it expires within %g s"
+                logger.warning(msg, self.election, exc, self.ttl)
             if announced:
                 self._tell("on_released", term.epoch, kind)
         with self._lock:

@@ -24,19 +24,15 @@ def _check_callables(owner: Any) -> None:
 
 @dataclass(frozen=True)
 class Callbacks:
-    """Callbacks of one lease. Each is optional; each runs in the lease's thread
-    (``on_stopped`` may also run in the thread that stops the lease).
+    """Callbacks of one lease, each optional, run in the lease's thread (``on_stopped`` may
+    also run in the thread that stops the lease).
 
-    * ``on_started(lease)``: this instance started leading. If it raises, the
-      instance steps down and sits out one renew interval.
-    * ``on_stopped(lease)``: this instance stopped leading; runs once for every
-      ``on_started`` that returned.
-    * ``on_new_leader(lease, holder)``: a leader was seen that was not seen
-      before (another instance's new term on a follower, or this instance's own
-      term once it leads). It fires on followers too.
+    * ``on_started(lease)``: this instance leads. If it raises, the instance steps down
+      and sits out one renew interval.
+    * ``on_stopped(lease)``: it stopped leading; once for every ``on_started`` that returned.
+    * ``on_new_leader(lease, holder)``: a term not seen before, on followers too.
 
-    An exception from ``on_stopped`` or ``on_new_leader`` is logged and
-    otherwise ignored: it cannot change who leads.
+    What ``on_stopped`` or ``on_new_leader`` raise is logged and ignored.
     """
 
     on_started: Callable[[LeaseArg], Any] | None = None
@@ -53,18 +49,12 @@ NO_CALLBACKS = Callbacks()
 
 @dataclass(frozen=True)
 class Observer:
-    """What watches a lease without taking part in it (Celery's signals, metrics).
+    """What watches a lease without taking part in it (Celery's signals, metrics); each is
+    optional, and what it raises is logged and ignored.
 
-    Each is optional; an exception from either is logged and otherwise ignored.
-
-    * ``on_transition(lease, event, epoch)``: after this instance was announced
-      leader (``event`` ``"elected"``) or stopped leading (``"demoted"``), with
-      the epoch of the term that started or ended.
-    * ``on_store_call(lease, operation, seconds, ok)``: after every store call
-      timed by the lease's ``observe`` (``ok`` is False when it raised).
-
-    Given to the lease when it is built (or joined), so that what a lease
-    reports to is fixed by the code that made it, not by what the process imported.
+    * ``on_transition(lease, event, epoch)``: after ``"elected"`` or ``"demoted"``.
+    * ``on_store_call(lease, operation, seconds, ok)``: after every store call timed by
+      the lease's ``observe``.
     """
 
     on_transition: Callable[[LeaseArg, str, int], Any] | None = None

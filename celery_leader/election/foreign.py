@@ -11,12 +11,9 @@ logger = logging.getLogger(__name__)
 
 
 class ForeignWatch(Events):
-    """Says so, once per term, when the holder belongs to another deployment.
-
-    Two deployments (brokers, vhosts) whose processes share a store and key
-    prefix share every election: one of them leads nothing, and nothing else
-    would tell. Holders that store no deployment (older versions) are not judged.
-    """
+    """Says so, once per term, when the holder belongs to another deployment: deployments
+    sharing a store and key prefix share every election, and one of them leads nothing.
+    Holders that store no deployment (older versions) are not judged."""
 
     def __init__(self, url: str) -> None:
         self._url = url  # masked
@@ -31,15 +28,10 @@ class ForeignWatch(Events):
         ):
             return
         self._epoch = holder.epoch
-        logger.warning(
+        msg = (
             "celery-leader: %s cannot lead %r: it is held by %s (epoch %d) of another "
             "deployment (broker %s; this one uses %s) that shares the store %s and key "
-            "prefix. Give each deployment its own leader_key_prefix (or election names).",
-            lease.instance_id,
-            lease.election,
-            holder.instance_id,
-            holder.epoch,
-            holder.deployment,
-            lease.deployment,
-            self._url,
+            "prefix. Give each deployment its own leader_key_prefix (or election names)."
         )
+        ours, theirs = (lease.instance_id, lease.election), (holder.instance_id, holder.epoch)
+        logger.warning(msg, *ours, *theirs, holder.deployment, lease.deployment, self._url)

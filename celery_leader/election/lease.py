@@ -24,11 +24,8 @@ logger = logging.getLogger(__name__)
 class Lease(Elector):
     """Membership of one instance in one election.
 
-    ``callbacks``, ``observers``, ``health_check`` and ``on_cycle`` are its first
-    member (:class:`~.members.Member`; a lease set's joins add more). ``clock``
-    is the time it runs on (the system's unless a test gives another). Answers
-    of a store with a clock of its own are samples of :attr:`store_clock`; a
-    local clock more than ``max_clock_skew`` off it is logged, and with
+    ``callbacks``, ``observers``, ``health_check`` and ``on_cycle`` are its first member.
+    A local clock more than ``max_clock_skew`` off :attr:`store_clock` is logged; with
     ``clock_source="local"`` the lease gives up its terms until it is back.
     With a ``journal``, its terms are written to the term history.
     """
@@ -131,11 +128,9 @@ class StoreOutage(Events):
             self.error = None
         elif isinstance(error, StoreUnavailable):
             if str(error) != self.error:
-                logger.warning(
+                msg = (
                     "celery-leader: store %s unreachable or refusing for %r: %s "
-                    "(retrying; nobody can lead through it until it answers)",
-                    self._url,
-                    lease.election,
-                    error,
+                    "(retrying; nobody can lead through it until it answers)"
                 )
+                logger.warning(msg, self._url, lease.election, error)
             self.error = str(error)

@@ -1,16 +1,8 @@
 """This process's leases: one per election and settings, on one store connection.
 
-Everything that campaigns from a process joins through here: a Celery worker's
-node, a function's own election (``@leader_only`` on a plain function outside a
-worker), a Dramatiq worker process and the schedulers. So:
-
-* a process never holds two leases of one election (with one instance id, they
-  would compete with each other, and ``is_leader()`` would depend on which one
-  a caller asked);
-* the leases of one set of settings share one store connection;
-* a forked child starts with none of its parent's (their threads do not exist
-  there, and their deadlines would freeze);
-* a normal exit leaves every election, so another instance takes over at once.
+Everything that campaigns from a process joins through here, so a process never
+holds two leases of one election (they would compete), a forked child starts with
+none of its parent's, and a normal exit leaves every election.
 """
 
 from __future__ import annotations
@@ -27,8 +19,6 @@ from ..settings.process import after_fork_in_child
 from .events import Callbacks, Observer
 from .lease import Lease
 from .members import Member
-
-__all__ = ["LeaseSet", "Membership", "leader_of", "lease_set", "stop_all"]
 
 logger = logging.getLogger(__name__)
 
@@ -76,12 +66,9 @@ class LeaseSet:
         observers: Iterable[Observer] = (),
         start: bool = True,
     ) -> Membership:
-        """A membership of ``election``'s lease, created on the first join; started
-        unless ``start=False``. What it brings is a :class:`~.members.Member`'s.
-
-        Joining a lease that another member started already runs ``on_change``
-        at once, in this thread (it may lead by now), and ``on_started`` if it leads.
-        """
+        """A membership of ``election``'s lease, created on the first join; started unless
+        ``start=False``. Joining a started lease runs ``on_change`` at once, in this thread,
+        and ``on_started`` if it leads."""
         member = Member(callbacks, on_change, health_check, on_cycle, tuple(observers))
         with self._lock:
             lease = self._leases.get(election)
@@ -146,9 +133,8 @@ class LeaseSet:
         self.close_if_idle()
 
     def close_if_idle(self) -> None:
-        """Close the store connection unless an election is joined; the next use
-        opens another. Checked and taken under the set's lock, so a lease joined
-        meanwhile keeps its connection."""
+        """Close the store connection unless an election is joined (checked under the set's
+        lock, so a lease joined meanwhile keeps it); the next use opens another."""
         with self._lock:
             if self._leases:
                 return
@@ -179,13 +165,8 @@ def lease_set(config: LeaderConfig) -> LeaseSet:
 
 
 def leader_of(config: LeaderConfig, election: str | None = None) -> HolderInfo | None:
-    """Who leads ``election`` (default: the worker election), asked of the store.
-
-    It does not join the election, so the answer is the same in any process, on
-    Celery and on Dramatiq: one round trip on this process's connection for
-    ``config``. ``None`` when nobody leads. Raises
-    :class:`~celery_leader.exceptions.StoreUnavailable`.
-    """
+    """Who leads ``election`` (default: the worker election), asked of the store without
+    joining (one round trip); ``None`` when nobody leads. Raises ``StoreUnavailable``."""
     leases = lease_set(config)
     try:
         return leases.store.lock.holder(election or config.worker_election)

@@ -27,14 +27,10 @@ def guarded(name: str, lease: LeaseArg, callback: Callable[..., Any], *args: Any
 
 @dataclass(frozen=True, eq=False)
 class Member:
-    """What one member brings, fixed when it joins: ``callbacks``; ``on_change``,
-    run after every announcement and demotion; ``health_check``, asked before
-    every acquire and renewal (a reason makes the lease step down or stay out);
-    ``on_cycle``, run after every cycle; ``observers`` (one that several members
-    bring, once). ``pairs_refusal``: whether it hears "stopped" after its own
-    ``on_started`` raised (a lease set's members do, so that what it began is
-    stopped; a lease's own ``Callbacks`` hear ``on_stopped`` for an ``on_started``
-    that returned)."""
+    """What one member brings, fixed when it joins: ``callbacks``; ``on_change`` (after every
+    announcement and demotion); ``health_check`` (a reason makes the lease step down or stay
+    out); ``on_cycle``; ``observers`` (each once). ``pairs_refusal``: whether it hears
+    "stopped" after its own ``on_started`` raised (a lease set's members do)."""
 
     callbacks: Callbacks | None = None
     on_change: Callable[[LeaseArg], Any] | None = None
@@ -51,13 +47,9 @@ class Member:
 
 
 class Members(Events):
-    """The members of one lease, and those told "started" and not yet "stopped".
-
-    A member told "started" is told "stopped" exactly once, whatever another
-    member raises; one whose join fails leaves nothing behind. A join may tell
-    "started" while the lease's thread announces, hence the lock; callbacks run
-    outside it.
-    """
+    """The members of one lease, and those told "started" and not yet "stopped": told
+    "stopped" exactly once, whatever another raises (the lock: a join may tell "started"
+    while the thread announces; callbacks run outside it)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

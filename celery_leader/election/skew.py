@@ -11,13 +11,9 @@ logger = logging.getLogger(__name__)
 
 
 class SkewWatch(Events):
-    """Samples the store's clock from every answered acquire and renewal.
-
-    A jump of the store's clock (a fail-over to a server whose clock differs) is
-    logged, and so is this host's wall clock crossing ``max_skew`` seconds off
-    it, once per crossing. With ``source="local"`` (schedules run on this host's
-    clock) the lease gives up any term it wins or renews while it is that far off.
-    """
+    """Samples the store's clock from every answered acquire and renewal; logs a jump of it,
+    and this host's clock crossing ``max_skew`` off it (once per crossing). With
+    ``source="local"`` the lease gives up any term it wins or renews while that far off."""
 
     def __init__(
         self,
@@ -66,14 +62,11 @@ class SkewWatch(Events):
                 if self._source == "store"
                 else 'schedules on this host\'s clock (leader_clock "local")'
             )
-            logger.warning(
+            msg = (
                 "celery-leader: the clock of store %s jumped %+.1f s (a fail-over to a server "
-                "whose clock differs?): %r %s",
-                self._url,
-                clock.last_jump,
-                lease.election,
-                follows,
+                "whose clock differs?): %r %s"
             )
+            logger.warning(msg, self._url, clock.last_jump, lease.election, follows)
         offset, error = clock.offset, clock.error
         if self._max_skew is None or offset is None or error is None:
             return
@@ -83,22 +76,16 @@ class SkewWatch(Events):
             return
         self._skewed = skewed
         if skewed:
-            logger.warning(
+            msg = (
                 "celery-leader: this host's clock is %+.1f s off the clock of store %s "
-                "(within %.3f s), more than leader_max_clock_skew (%g s)%s",
-                -offset,
-                self._url,
-                error,
-                self._max_skew,
-                (
-                    ': leader_clock is "local", so it does not lead until its clock is fixed'
-                    if self._source == "local"
-                    else '; schedules run on the store\'s clock (leader_clock "store")'
-                ),
+                "(within %.3f s), more than leader_max_clock_skew (%g s)%s"
             )
+            then = (
+                ': leader_clock is "local", so it does not lead until its clock is fixed'
+                if self._source == "local"
+                else '; schedules run on the store\'s clock (leader_clock "store")'
+            )
+            logger.warning(msg, -offset, self._url, error, self._max_skew, then)
         else:
-            logger.info(
-                "celery-leader: this host's clock is back within %g s of the store's (%+.1f s)",
-                self._max_skew,
-                -offset,
-            )
+            msg = "celery-leader: this host's clock is back within %g s of the store's (%+.1f s)"
+            logger.info(msg, self._max_skew, -offset)

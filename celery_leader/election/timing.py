@@ -44,12 +44,9 @@ def validity(ttl: float) -> float:
 
 
 def store_timeout(ttl: float, renew_interval: float) -> float:
-    """Deadline of one store call.
-
-    A renewal sent ``renew_interval`` after the last good one must give up while
-    the term is still valid (``ttl - renew_interval`` left), so the leader gets
-    to retry; and no call should outlast one renew interval, the loop's beat.
-    """
+    """Deadline of one store call: a renewal sent ``renew_interval`` after the last good one
+    must give up while the term is still valid (``ttl - renew_interval`` left), so the leader
+    can retry; and no call should outlast one renew interval, the loop's beat."""
     return max(STORE_TIMEOUT_FLOOR, min(renew_interval, ttl - renew_interval))
 
 
@@ -64,13 +61,9 @@ def check_timing(ttl: float, renew: float, ttl_name: str, renew_name: str) -> No
 
 
 def check_ttl(ttl: float, renew: float, ttl_name: str, renew_name: str) -> None:
-    """Bounds of the ttl that the timing arithmetic needs, one line each.
-
-    Low end: a renewal gets :func:`store_timeout` to answer, never less than
-    :data:`STORE_TIMEOUT_FLOOR`. Below the floor the deadline is raised to it, a
-    renewal can then outlast the leader's belief, and the lease flaps (ttl 0.01:
-    29 hand-overs in 9 s). High end: :data:`MAX_TTL`.
-    """
+    """Bounds of the ttl that the timing arithmetic needs, one line each. Low end: below
+    :data:`STORE_TIMEOUT_FLOOR` a renewal can outlast the leader's belief, and the lease flaps
+    (ttl 0.01: 29 hand-overs in 9 s). High end: :data:`MAX_TTL`."""
     if min(renew, ttl - renew) < STORE_TIMEOUT_FLOOR - 1e-9:  # ttl / 3 rounds down
         raise ConfigError(
             f"{ttl_name} is too short: {renew_name} ({renew:g} s) and {ttl_name} less "

@@ -1,13 +1,6 @@
-"""Sentry Crons check-ins from the run ledger (``leader_sentry_crons``).
-
-A slot whose body starts here checks in ``in_progress`` to the monitor of its
-entry; its end checks in ``ok`` or ``error`` with the run's duration, under
-the same check-in id. Slots that do not run here (second deliveries, overlap
-skips) send nothing: Sentry sees one check-in per slot that ran. The check-ins
-go through the ``sentry_sdk`` the process initialized (``sentry_sdk.init``),
-which sends them from its own thread; a check-in that fails never touches the
-body.
-"""
+"""Sentry Crons check-ins from the run ledger (``leader_sentry_crons``): ``in_progress`` when
+a slot's body starts here, ``ok`` or ``error`` when it ends (slots not run send nothing),
+through the process's ``sentry_sdk``; a check-in that fails never touches the body."""
 
 from __future__ import annotations
 
@@ -26,10 +19,7 @@ SLUG_MAX = 50
 
 
 def monitor_slug(entry: str) -> str:
-    """The Sentry monitor slug of a schedule entry: lowercase, other characters as dashes.
-
-    ``"nightly report"`` -> ``"nightly-report"``; at most :data:`SLUG_MAX` characters.
-    """
+    """The Sentry monitor slug of an entry (lowercase, dashes), at most :data:`SLUG_MAX` long."""
     slug = re.sub(r"[^a-z0-9_]+", "-", entry.lower()).strip("-")
     return slug[:SLUG_MAX].rstrip("-") or "celery-leader"
 

@@ -1,14 +1,9 @@
 """A worker's side of the run ledger: record a slot started, keep it alive, record its end.
 
-Before a beat-sent message runs, :meth:`RunGuard.begin` creates the slot's
-record with a set-if-absent write: one store round trip. The first delivery
-wins it and runs; any later delivery finds the record and is not run. While
-the body runs, one thread per process renews the liveness of every running
-slot (``alive_until``, one ttl ahead, every renew interval), so a record whose
-liveness has passed belongs to a worker that died mid-run: by
-``leader_on_redelivery`` a later delivery runs it again (``rerun``) or records
-it skipped (``skip``). :meth:`RunGuard.finish` records the outcome: one more
-round trip.
+The first delivery wins the set-if-absent of the slot's record and runs; later ones do
+not. One thread per process renews the liveness of every running slot, so a record
+whose liveness has passed belongs to a dead worker: ``leader_on_redelivery`` says
+whether a later delivery reruns it or records it skipped.
 """
 
 from __future__ import annotations
@@ -60,20 +55,15 @@ class RunGuard:
         #: Sentry Crons check-ins of the slots that run here (``leader_sentry_crons``).
         self.crons: SentryCrons | None = None
 
-    # -- around a body --------------------------------------------------------
-
     def begin(
         self, slot: str, retry: bool = False, overlap: str = "allow", overlap_wait: float = 0.0
     ) -> Decision:
         """Record ``slot`` started here, unless a delivery of it started or ended already.
 
-        ``retry``: this delivery is a retry the task asked for (its earlier
-        attempt stopped with a retry), so a started record is taken over.
-        ``overlap``: ``"skip"`` or ``"wait"`` (up to ``overlap_wait`` seconds)
-        while another slot of the same entry runs (:mod:`.overlap`); a slot
-        skipped for it is recorded finished, ``skipped``.
-        Raises :class:`StoreUnavailable` when the store cannot say: the caller
-        then runs the body (a lost store must not lose the slot).
+        ``retry``: a retry the task asked for, which takes a started record over.
+        ``overlap``: ``"skip"`` or ``"wait"`` while another slot of the entry runs (a slot
+        skipped for it is recorded ``skipped``). Raises :class:`StoreUnavailable` when the
+        store cannot say: the caller then runs the body (a lost store must not lose the slot).
         """
         decision = self._decide(slot, retry, overlap, overlap_wait)
         if decision.run and self.crons is not None:
@@ -139,12 +129,8 @@ class RunGuard:
             if self.on_redelivery == "rerun":
                 won, stored = self._put(slot, stored, mine)
                 if won:
-                    logger.info(
-                        "celery-leader: slot %s runs again (attempt %d): %s died running it",
-                        slot,
-                        mine.attempt,
-                        record.worker,
-                    )
+                    msg = "celery-leader: slot %s runs again (attempt %d): %s died running it"
+                    logger.info(msg, slot, mine.attempt, record.worker)
                     return replace(self._running_now(slot, mine), counter="ledger_reruns")
                 continue
             skipped = record.ended(now, SKIPPED, f"{record.worker} died mid-run")
@@ -174,20 +160,16 @@ class RunGuard:
                 logger.warning("celery-leader: slot %s: its end was not recorded: %s", slot, exc)
                 return
         if not won:
-            logger.warning(
+            msg = (
                 "celery-leader: slot %s ended here (%s), but its record had changed (its "
-                "liveness lapsed and another delivery took it over): %s",
-                slot,
-                outcome,
-                now,
+                "liveness lapsed and another delivery took it over): %s"
             )
+            logger.warning(msg, slot, outcome, now)
 
     def release(self, slot: str) -> None:
         """Stop renewing ``slot`` and leave its record started (a retry takes it over)."""
         self.marks.release(slot)
         self._stop(slot)
-
-    # -- the records ----------------------------------------------------------
 
     def _running_now(self, slot: str, record: RunRecord) -> Decision:
         with self._lock:
@@ -212,8 +194,6 @@ class RunGuard:
 
     def _put(self, slot: str, expected: str | None, record: RunRecord) -> tuple[bool, str | None]:
         return self.target.put(slot, expected, record.dump(), record.tally)
-
-    # -- liveness -------------------------------------------------------------
 
     def _start_renewer(self) -> None:
         # A forked pool child inherits the object but not the thread.

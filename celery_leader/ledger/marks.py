@@ -35,10 +35,8 @@ def mark_sent(
 def touch(
     runs: RunStore, election: str, key: str, what: dict[str, object], retention: float
 ) -> str:
-    """Write the mark ``key`` if it is missing, else renew its expiry; the stored mark.
-
-    A mark that exists keeps its content (``@ledger-since`` keeps the first time).
-    """
+    """Write the mark ``key`` if missing (an existing one keeps its content), else renew its
+    expiry; the stored mark."""
     new = json.dumps(what, sort_keys=True)
     won, stored = runs.put(election, RunWrite(key, None, new, retention))
     if won or stored is None:

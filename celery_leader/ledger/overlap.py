@@ -1,12 +1,9 @@
 """The overlap guard: one running slot per schedule entry, across every worker.
 
-An entry with ``overlap`` = ``"skip"`` or ``"wait"`` keeps a mark in the run
-ledger, ``@entry/<name>``: the slot running now, its worker and liveness. A
-slot takes the mark with a compare-and-set when it is free: never taken, its
-slot finished, or its liveness lapsed (the worker died mid-run, so a dead
-worker's run stops blocking one ttl after its last renewal). Otherwise
-``skip`` gives up at once and ``wait`` looks again every renew interval, up
-to ``leader_overlap_wait`` seconds.
+The entry's mark ``@entry/<name>`` names the slot running now; a slot takes it with a
+compare-and-set when it is free (never taken, its slot finished, or its liveness
+lapsed: a dead worker blocks one ttl at most). ``skip`` gives up at once, ``wait``
+looks again every renew interval up to ``leader_overlap_wait``.
 """
 
 from __future__ import annotations
@@ -50,7 +47,7 @@ class EntryMarks:
         deadline = self.target.clock() + (wait if overlap == "wait" else 0.0)
         expected: str | None = None
         while True:
-            mine = self._mark(slot, self.target.clock() + self.target.ttl)
+            mine = self._mark(slot)
             won, stored = self.target.put(key, expected, mine)
             if won:
                 with self._lock:
@@ -72,7 +69,7 @@ class EntryMarks:
             held = self._held.get(slot)
         if held is None:
             return
-        renewed = self._mark(slot, self.target.clock() + self.target.ttl)
+        renewed = self._mark(slot)
         try:
             won, _ = self.target.put(held.key, held.stored, renewed)
         except StoreUnavailable:
@@ -92,16 +89,11 @@ class EntryMarks:
         except StoreUnavailable:
             pass  # the mark frees itself when its liveness lapses, one ttl from now
 
-    def _mark(self, slot: str, alive_until: float) -> str:
-        return json.dumps(
-            {
-                "slot": slot,
-                "worker": self.target.instance_id,
-                "pid": os.getpid(),
-                "alive_until": alive_until,
-            },
-            sort_keys=True,
-        )
+    def _mark(self, slot: str) -> str:
+        """The mark of ``slot`` held here, alive one ttl from now."""
+        target = self.target
+        mark = {"slot": slot, "worker": target.instance_id, "pid": os.getpid()}
+        return json.dumps({**mark, "alive_until": target.clock() + target.ttl}, sort_keys=True)
 
 
 def _parse(text: str | None) -> dict[str, object] | None:

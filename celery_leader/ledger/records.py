@@ -1,15 +1,10 @@
 """What a run record says, as JSON (never pickle: the store is shared).
 
-A record is stored as a JSON array, ``[state, worker, pid, started,
-alive for, attempt, took, reason]``: ``state`` is the outcome of a finished run
-or the status of any other, as its letter in :data:`TALLIES`; ``alive for``
-and ``took`` are seconds after
-``started`` (``null``: no liveness, not finished), and ``started`` is seconds
-after the slot's due time where the slot names one (``"<entry>@<ISO time>"``);
-times are to the millisecond and trailing nulls are left out; its slot is the key it is stored
-under. A finished run is about 50 bytes this way, against some 220 as the JSON
-object naming every field that earlier releases wrote, which still reads: a
-million records are a few hundred MB of a store less.
+Stored as a JSON array ``[state, worker, pid, started, alive for, attempt, took, reason]``:
+``state`` is a letter of :data:`TALLIES`; ``alive for`` and ``took`` are seconds after
+``started``, which is seconds after the slot's due time where the slot names one; times
+to the millisecond, trailing nulls left out. About 50 bytes, against some 220 as the
+JSON object earlier releases wrote (still read).
 """
 
 from __future__ import annotations
@@ -28,12 +23,8 @@ SUCCESS, FAILURE, SKIPPED = "success", "failure", "skipped"
 
 @dataclass(frozen=True)
 class RunRecord:
-    """One slot's run: who started it, until when it is known alive, how it ended.
-
-    Times are Unix seconds on the writing worker's clock. ``attempt`` counts the
-    starts (a rerun after a dead worker is attempt 2); ``reason`` says why a
-    record ended skipped.
-    """
+    """One slot's run: who started it, until when it is known alive, how it ended (Unix
+    seconds on the writer's clock; ``attempt`` counts starts, ``reason`` why skipped)."""
 
     slot: str
     status: str

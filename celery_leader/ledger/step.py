@@ -1,10 +1,4 @@
-"""A worker's ledger step without its framework: what the Celery and Dramatiq hooks share.
-
-The hooks (``celery/ledger.py``, ``dramatiq/ledger.py``) find a message's slot
-and turn a decision into their framework's "do not run"; the rest is here: the
-guard built from the settings, the decision before a body, a failure's record,
-and the ``@ledger-workers`` mark.
-"""
+"""A worker's ledger step without its framework: what the Celery and Dramatiq hooks share."""
 
 from __future__ import annotations
 
@@ -27,15 +21,9 @@ logger = logging.getLogger(__name__)
 
 def build_guard(config: LeaderConfig) -> RunGuard:
     """A run guard for this process, on the store and beat election of ``config``."""
-    target = LedgerTarget(
-        open_store(config).runs,
-        config.beat_election,
-        config.instance_id,
-        config.ttl,
-        config.renew_interval,
-        config.ledger_retention,
-        config.ledger_keep,
-    )
+    keeping = (config.ttl, config.renew_interval, config.ledger_retention, config.ledger_keep)
+    runs, election = open_store(config).runs, config.beat_election
+    target = LedgerTarget(runs, election, config.instance_id, *keeping)
     guard = RunGuard(target, config.on_redelivery)
     if config.sentry_crons:
         guard.crons = SentryCrons()
@@ -45,12 +33,8 @@ def build_guard(config: LeaderConfig) -> RunGuard:
 def begin(
     guard: RunGuard, config: LeaderConfig, slot: str, retry: bool, overlap: object
 ) -> Decision | None:
-    """Record ``slot`` started, or decide it is not run (logged and counted).
-
-    ``overlap`` is what the message carries; absent or unknown, the worker's
-    default applies. ``None`` when the store cannot say: the body runs
-    unrecorded, since the store being down must not lose the slot.
-    """
+    """Record ``slot`` started, or decide it is not run (logged and counted); ``overlap`` as
+    the message carries it. ``None`` when the store cannot say: the body runs unrecorded."""
     chosen = overlap if isinstance(overlap, str) and overlap in OVERLAP else config.overlap
     try:
         decision = guard.begin(slot, retry, chosen, config.overlap_wait)
@@ -77,16 +61,9 @@ WORKERS_MARK_TTLS = 3
 
 
 def register(config: LeaderConfig, worker: str) -> None:
-    """Keep the ledger's ``@ledger-workers`` mark alive from a daemon thread.
-
-    Beat re-sends slots only while the mark exists (``schedule/resend.py``): a
-    deployment whose workers lack the ledger step never gets a second copy of a
-    slot. The mark is one key shared by every such worker, and it expires
-    ``WORKERS_MARK_TTLS`` ttl after the last renewal.
-
-    The store client is built here, so a store that cannot be built fails the
-    caller (at worker start, in one line) instead of the thread.
-    """
+    """Keep the ledger's ``@ledger-workers`` mark alive from a daemon thread: beat re-sends
+    slots only while it exists. The store client is built here, so a store that cannot be
+    built fails the caller (at worker start, in one line) instead of the thread."""
     runs = open_store(config).runs
     what: dict[str, object] = {"worker": worker}
     lifetime = WORKERS_MARK_TTLS * config.ttl

@@ -35,13 +35,8 @@ class EntryRuns:
 
 
 def summarize(summaries: Sequence[RunSummary], now: float) -> list[EntryRuns]:
-    """One :class:`EntryRuns` per entry of the store's ``summaries``, by name.
-
-    The store keeps them as records are written (see
-    :meth:`~celery_leader.backends.RunStore.summaries`), so this reads
-    nothing per record. An entry whose last record is not one celery-leader
-    wrote (or expired before the others) shows its slot alone.
-    """
+    """One :class:`EntryRuns` per entry of the store's ``summaries``, by name (nothing read
+    per record); an entry whose last record celery-leader did not write shows its slot alone."""
     out = []
     for s in sorted(summaries, key=lambda s: s.entry):
         last = None if s.last is None else RunRecord.load(s.last, s.last_key)

@@ -1,9 +1,4 @@
-"""Where and how long a worker writes its run-ledger records.
-
-:class:`~.guard.RunGuard` (slot records) and :class:`~.overlap.EntryMarks`
-(overlap marks) write to the same store, election and worker identity, with
-the same liveness ttl, renew interval and retention: one value holds them.
-"""
+"""Where and how long a worker writes its run-ledger records and overlap marks."""
 
 from __future__ import annotations
 

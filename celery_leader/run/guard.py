@@ -1,29 +1,17 @@
 """The guard: the one process between ``leader run`` and the command it runs.
 
-Started by :mod:`celery_leader.run.runner` as ``python guard.py FD DEADLINE
-GRACE SLACK -- CMD...`` in a session of its own, it starts CMD in a new process
-group and stops that whole group when any of these happens:
+``python guard.py FD DEADLINE GRACE SLACK -- CMD...``, in a session of its own, runs CMD
+in a new process group (with a parent-death SIGKILL) and stops the whole group:
 
-* the runner asks (``S <signal>`` on the socket FD): that signal to the group,
-  SIGKILL after GRACE seconds;
-* the lease deadline it was last sent (``D <monotonic time>``) comes within
-  GRACE + SLACK: the same sequence, on its own. The guard runs apart from the
-  runner, so a runner that is paused (SIGSTOP, a stalled VM thread) or cut off
-  from the store still has its child stopped before another replica's lease can
-  begin;
-* the socket closes: the runner died (``kill -9`` included; the kernel closes
-  its end whatever killed it). SIGKILL to the group at once, because the lease
-  may pass to another replica within milliseconds.
+* when the runner asks (``S <signal>`` on FD): that signal, SIGKILL after GRACE;
+* when the last lease deadline sent (``D <monotonic time>``) comes within GRACE + SLACK:
+  the same, on its own, so a paused or cut-off runner still has its child stopped
+  before another replica's lease can begin;
+* when the socket closes (the runner died): SIGKILL at once.
 
-CMD gets a parent-death signal (SIGKILL when the guard itself dies), and every
-process it forks stays in its group unless it makes a group of its own, so
-grandchildren are stopped with it: the group is what the guard signals, never
-one pid. The guard exits with
-CMD's exit status (128 + N when signal N ended it) and reports ``F`` on the
-socket first when it stopped CMD because the deadline came.
-
-Only the standard library is imported, and the file runs as a script, not as
-part of the package: a new child is not held up by importing celery-leader.
+It exits with CMD's status (128 + N for signal N), reporting ``F`` first when the
+deadline stopped CMD. Standard library only, run as a script: a new child is not held
+up by importing celery-leader.
 """
 
 from __future__ import annotations
@@ -81,7 +69,7 @@ class Guard:
             timeout = min(max(fence_at - time.monotonic(), 0.0), _POLL)
             readable, _, _ = select.select([self.chan.fileno(), self.pidfd], [], [], timeout)
             if self.chan.fileno() in readable and not self._read():
-                self._kill_group()  # the runner is gone
+                self._signal_group(signal.SIGKILL)  # the runner is gone
                 break
             if self.child.poll() is not None:
                 break
@@ -90,7 +78,7 @@ class Guard:
                 self._stop(signal.SIGTERM)
         # Whatever the child left in its group dies with it: nothing of a term
         # may run on after the term.
-        self._kill_group()
+        self._signal_group(signal.SIGKILL)
         code = int(self.child.wait())
         return 128 - code if code < 0 else code
 
@@ -121,9 +109,6 @@ class Guard:
             if left <= 0:
                 break
             select.select([self.pidfd], [], [], left)
-        self._kill_group()
-
-    def _kill_group(self) -> None:
         self._signal_group(signal.SIGKILL)
 
     def _signal_group(self, sig: signal.Signals) -> None:

@@ -1,14 +1,8 @@
 """``leader run``: campaign, and run a command only while leading.
 
-The runner joins an election through this process's lease set and, while it
-leads, keeps one guard (:mod:`celery_leader.run.guard`) alive, which runs the
-command with ``LEADER_EPOCH`` and ``LEADER_ELECTION`` set. The runner sends the
-guard every new lease deadline; the guard stops the command's process group on
-its own when that deadline comes close (:mod:`celery_leader.run.timing`), and
-at once when the runner dies.
-
-A demotion stops the command inside the lease's demotion callback, before the
-lease releases its term, so the term is free only after the command is gone.
+While leading, one guard (:mod:`celery_leader.run.guard`) runs the command and is sent
+every new lease deadline. A demotion stops the command inside the demotion callback,
+before the lease releases its term, so the term is free only after the command is gone.
 """
 
 from __future__ import annotations
@@ -57,16 +51,8 @@ class _Child:
     def __init__(self, spec: RunSpec, epoch: int, deadline: float, on_exit: threading.Event):
         ours, theirs = socket.socketpair()
         env = {**os.environ, "LEADER_EPOCH": str(epoch), "LEADER_ELECTION": spec.election}
-        argv = [
-            sys.executable,
-            str(Path(guard_module.__file__)),
-            str(theirs.fileno()),
-            repr(deadline),
-            repr(spec.grace),
-            repr(KILL_SLACK),
-            "--",
-            *spec.command,
-        ]
+        guard = [sys.executable, str(Path(guard_module.__file__)), str(theirs.fileno())]
+        argv = [*guard, repr(deadline), repr(spec.grace), repr(KILL_SLACK), "--", *spec.command]
         try:
             # A session of its own: signals meant for the runner's group (a
             # terminal's Ctrl-C, a SIGSTOP of the group) do not reach the guard.
@@ -140,20 +126,13 @@ class Runner:
         self._rest_until = 0.0
 
     def run(self) -> int:
-        """Until a stop signal or the command's final exit; return the exit status.
-
-        Raises :class:`ConfigError` before campaigning when the health port is taken.
-        """
+        """Until a stop signal or the command's final exit; the exit status. Raises
+        :class:`ConfigError` before campaigning when the health port is taken."""
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._on_signal)
         seen = http_health.LeaderSeen()
-        membership = lease_set(self.config).join(
-            self.spec.election,
-            callbacks=Callbacks(
-                on_started=self._on_started, on_stopped=self._on_stopped, on_new_leader=seen
-            ),
-            start=False,
-        )
+        told = Callbacks(self._on_started, self._on_stopped, on_new_leader=seen)
+        membership = lease_set(self.config).join(self.spec.election, callbacks=told, start=False)
         lease = membership.lease
         health = None
         if self.config.health_port is not None:
@@ -167,13 +146,9 @@ class Runner:
                     f"leader_health_port {self.config.health_port}: cannot listen: {exc}"
                 ) from exc
         lease.start()  # the endpoint answers from the start of the campaign
-        logger.info(
-            "celery-leader run: %s campaigns for %r on %s to run %s",
-            self.config.instance_id,
-            self.spec.election,
-            self.config.display_url,
-            shlex.join(self.spec.command),
-        )
+        msg = "celery-leader run: %s campaigns for %r on %s to run %s"
+        where = (self.spec.election, self.config.display_url, shlex.join(self.spec.command))
+        logger.info(msg, self.config.instance_id, *where)
         try:
             code = self._loop(lease, health)
         finally:
@@ -203,25 +178,16 @@ class Runner:
                 self._child = None
                 child.close()
             if child.fenced:
-                logger.warning(
-                    "celery-leader run: stopped %s: no renewal of %r confirmed in time",
-                    shlex.join(self.spec.command),
-                    self.spec.election,
-                )
+                msg = "celery-leader run: stopped %s: no renewal of %r confirmed in time"
+                logger.warning(msg, shlex.join(self.spec.command), self.spec.election)
                 continue  # the lease decides whether it still leads
             if self._restarts(code):
-                logger.warning(
-                    "celery-leader run: the command exited with %d; restarting in %g s",
-                    code,
-                    RESTART_DELAY,
-                )
+                msg = "celery-leader run: the command exited with %d; restarting in %g s"
+                logger.warning(msg, code, RESTART_DELAY)
                 self._rest_until = time.monotonic() + RESTART_DELAY
                 continue
-            logger.info(
-                "celery-leader run: the command exited with %d; leaving %r",
-                code,
-                self.spec.election,
-            )
+            msg = "celery-leader run: the command exited with %d; leaving %r"
+            logger.info(msg, code, self.spec.election)
             return code
         return 0
 
@@ -237,14 +203,9 @@ class Runner:
         if epoch is None or deadline - now <= self.spec.grace + KILL_SLACK:
             return
         self._child = _Child(self.spec, epoch, deadline, self._wake)
-        logger.info(
-            "celery-leader run: %s leads %r (epoch %d): started %s (guard pid %d)",
-            self.config.instance_id,
-            self.spec.election,
-            epoch,
-            shlex.join(self.spec.command),
-            self._child.proc.pid,
-        )
+        msg = "celery-leader run: %s leads %r (epoch %d): started %s (guard pid %d)"
+        command, pid = shlex.join(self.spec.command), self._child.proc.pid
+        logger.info(msg, self.config.instance_id, self.spec.election, epoch, command, pid)
 
     def _on_started(self, lease: Lease) -> None:
         self._wake.set()  # the main loop starts the command

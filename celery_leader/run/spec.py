@@ -20,10 +20,8 @@ class RunSpec:
 
     election: str
     command: tuple[str, ...]
-    #: Seconds between the stop signal and SIGKILL.
-    grace: float
-    #: One of :data:`RESTART`.
-    restart: str
+    grace: float  # seconds between the stop signal and SIGKILL
+    restart: str  # one of RESTART
 
 
 def run_spec(
@@ -34,10 +32,7 @@ def run_spec(
     restart: str = "never",
 ) -> RunSpec:
     """Check the arguments of ``leader run``; a :class:`ConfigError` says what is wrong.
-
-    ``grace`` defaults to :data:`DEFAULT_GRACE`, or less when the ttl leaves less
-    (:func:`~celery_leader.run.timing.max_grace`); a larger one given is an error.
-    """
+    ``grace`` defaults to :data:`DEFAULT_GRACE`, or what the ttl leaves (a larger: an error)."""
     validate_name("election", election)
     if not command:
         raise ConfigError("no command to run: give it after --, as in: run --election NAME -- CMD")

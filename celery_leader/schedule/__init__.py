@@ -1,4 +1,1 @@
-"""The slot protocol, written once for Celery beat and the Dramatiq scheduler.
-
-Framework-free: it imports neither Celery nor Dramatiq.
-"""
+"""The slot protocol, written once for Celery beat and the Dramatiq scheduler (framework-free)."""

@@ -1,15 +1,8 @@
 """Edits of the schedule entries kept in the store, from any process, without a lease.
 
-:class:`EntryBook` is the framework-free half of the Python API and of the
-``entries`` CLI: add, update (optionally only if the version is the one read),
-remove, pause, resume, get, list. Every edit is one compare-and-set of the
-entry's JSON (:meth:`~celery_leader.backends.EntryStore.edit`), so two
-editors never silently overwrite each other: the loser re-reads and, unless it
-named the version it read, applies its change again on top.
-
-Code entries (``beat_schedule``, ``leader_schedule``) are named by the caller.
-A store entry cannot take a code entry's name (refused at add); a code entry
-cannot be removed, but its pause is kept in the store as a ``"code"`` record.
+Every edit is one compare-and-set of the entry's JSON, so two editors never silently
+overwrite each other: the loser re-reads and, unless it named the version it read,
+applies its change again. Code entries cannot be removed; their pause is a ``"code"`` record.
 """
 
 from __future__ import annotations
@@ -50,8 +43,6 @@ class EntryBook:
         self.code = frozenset(code)
         self._now = now
 
-    # -- reads --------------------------------------------------------------
-
     def list(self) -> list[Entry]:
         """Every record, by name: store entries and the kept pauses of code entries."""
         _, records = self.store.load(self.election)
@@ -59,18 +50,11 @@ class EntryBook:
 
     def get(self, name: str) -> Entry | None:
         """The record named ``name``, or ``None``."""
-        _, records = self.store.load(self.election)
-        text = records.get(name)
-        return None if text is None else Entry.from_json(text)
-
-    # -- edits --------------------------------------------------------------
+        return self._read(name)[0]
 
     def add(self, replace: bool = False, **fields: Any) -> Entry:
-        """Add a store entry (fields as :class:`~.entries.Entry` names them).
-
-        Refused when the name is a code entry's, or when it exists and not
-        ``replace``; a replaced entry keeps its generation (it is an edit).
-        """
+        """Add a store entry; refused when the name is a code entry's, or exists and not
+        ``replace`` (a replaced entry keeps its generation)."""
         name = fields.get("name")
         if name in self.code:
             raise EntryConflict(
@@ -123,8 +107,6 @@ class EntryBook:
     def resume(self, name: str) -> Entry:
         """Send ``name`` again, from now: nothing for the time it was paused."""
         return self._set_enabled(name, True)
-
-    # -- helpers --------------------------------------------------------------
 
     def _set_enabled(self, name: str, enabled: bool) -> Entry:
         if name in self.code:

@@ -1,10 +1,4 @@
-"""The entries kept in the store, as jobs: one catalog for Celery beat and Dramatiq.
-
-Each scheduler lists its code entries its own way; what the store keeps for
-its election (store entries, pauses of code entries) becomes jobs here, with
-the same refusals, defaults and cache for both. A framework gives only what its
-publish needs (a job's payload) and its own reasons to refuse an entry.
-"""
+"""The entries kept in the store, as jobs: one catalog for Celery beat and Dramatiq."""
 
 from __future__ import annotations
 
@@ -37,12 +31,8 @@ def kept_pause(records: Mapping[str, Entry], name: str) -> tuple[bool, datetime 
 
 
 class EntryCatalog:
-    """The entries one scheduler's election keeps in the store, and their jobs.
-
-    ``noun`` names what an entry runs in the refusals ("task", "actor");
-    ``refusal`` is the framework's own reason not to send an entry (``None``: it
-    may be sent), asked after the common ones.
-    """
+    """The entries one scheduler's election keeps in the store, and their jobs; ``refusal``
+    is the framework's own reason not to send an entry, asked after the common ones."""
 
     def __init__(
         self,
@@ -111,16 +101,8 @@ class EntryCatalog:
                 continue
             if known is None or known[0] != entry:
                 missed, grace = policy(config, entry.missed_slots, entry.missed_slots_grace)
-                job = Job(
-                    name,
-                    entry.series(),
-                    missed,
-                    grace,
-                    zone,
-                    payload(entry),
-                    generation=entry.generation,
-                    active_since=entry.active_since,
-                )
+                parts = (missed, grace, zone, payload(entry), entry.generation, entry.active_since)
+                job = Job(name, entry.series(), *parts)
                 known = (entry, job)
             stored[name] = known
             jobs.append(known[1])
@@ -165,9 +147,8 @@ class EntryCatalog:
         adapter: Adapter,
         ready: Callable[[], bool] | None = None,
     ) -> None:
-        """Before each tick of the protocol: read ``store`` from the first, and while
-        ``following`` keep the jobs made (after an edit only), so that a promotion only
-        loads run state: seconds at 100,000 store entries, outside any tick timeout.
+        """Before each tick: read ``store``, and while ``following`` keep the jobs made, so a
+        promotion only loads run state (seconds at 100,000 entries, outside any tick timeout).
         ``ready``: whether the adapter may list its jobs now."""
         first = self.feed is None
         feed = self.feed or self.open(store, self.config.beat_election)

@@ -1,13 +1,8 @@
 """The leader's index of next due times: a tick touches only the entries due now.
 
-A binary heap of ``(due, name)`` with each entry's current due time beside it.
-Moving an entry pushes a new pair and leaves the old one in the heap; a pair
-that no longer matches its entry's current due time is skipped when it
-surfaces, and the heap is rebuilt when such dead pairs outnumber the live ones.
-So setting, moving and removing an entry cost ``O(log n)`` and a tick with
-nothing due costs ``O(1)``, whatever the number of entries.
-
-Due times are whole microseconds since the Unix epoch (exact, as every slot is).
+A heap of ``(due, name)`` (whole microseconds since the epoch); a moved entry leaves its
+old pair, skipped when it surfaces, and the heap is rebuilt when dead pairs outnumber
+live ones: ``O(log n)`` edits, ``O(1)`` for a tick with nothing due.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
 """A schedule entry kept in the store: its fields, their checks, its JSON and its series.
 
-Framework-free: ``task`` is a Celery task name or a Dramatiq actor name, and the
-adapters turn an :class:`Entry` into their own message. The store only ever
-holds the JSON of :meth:`Entry.to_json` (never a pickle), at most
-:data:`MAX_ENTRY_BYTES` long.
-
-A schedule is one of: ``every`` (seconds, on a grid of the period since the
-Unix epoch, as code entries), ``cron`` (five fields read in ``tz``, with cron's
-rules at clock changes) or ``at`` (a single run at an instant).
+Framework-free (``task`` is a Celery task or a Dramatiq actor name); the store only
+holds the JSON of :meth:`Entry.to_json` (never a pickle), at most :data:`MAX_ENTRY_BYTES`.
 """
 
 from __future__ import annotations
@@ -72,8 +66,6 @@ class Entry:
     #: Since when it has been enabled with its current schedule (aware UTC).
     active_since: datetime | None = None
 
-    # -- what it says -------------------------------------------------------
-
     @property
     def schedule_text(self) -> str:
         """The schedule in the CLI's words: ``every 30s``, ``cron "0 * * * *" UTC``, ``at ...``."""
@@ -99,8 +91,6 @@ class Entry:
         if self.start_at is None and self.end_at is None:
             return base
         return Bounded(base, self.start_at, self.end_at)
-
-    # -- JSON ---------------------------------------------------------------
 
     def to_json(self) -> str:
         """The stored form: JSON, keys sorted, instants in ISO 8601 UTC."""
@@ -149,23 +139,14 @@ def new_entry(now: datetime, **fields: Any) -> Entry:
 def code_pause(name: str, now: datetime, enabled: bool, previous: Entry | None) -> Entry:
     """The stored pause (or resume) of code entry ``name``."""
     if previous is None:
-        return checked(
-            {
-                "name": name,
-                "kind": CODE,
-                "enabled": enabled,
-                "generation": uuid.uuid4().hex,
-                "active_since": utc(now),
-            }
-        )
+        fresh = {"name": name, "kind": CODE, "enabled": enabled, "generation": uuid.uuid4().hex}
+        return checked({**fresh, "active_since": utc(now)})
     return previous.edited(now, enabled=enabled)
 
 
 def checked(data: Mapping[str, Any], size: int | None = None) -> Entry:
     """An :class:`Entry` from plain values; :class:`EntryError` (one line) when any is bad.
-
-    ``size``: the bytes of the JSON the values were read from (else of its stored form).
-    """
+    ``size``: the bytes of the JSON the values were read from (else of its stored form)."""
     unknown = set(data) - {f for f in Entry.__dataclass_fields__}
     if unknown:
         raise EntryError(f"unknown entry field(s): {', '.join(sorted(unknown))}")
@@ -326,9 +307,6 @@ def _zone(tz: str, name: str = "") -> ZoneInfo:
         ) from None
 
 
-# -- series ------------------------------------------------------------------
-
-
 class Once(Series):
     """A single run at ``at``."""
 
@@ -385,10 +363,8 @@ _FIELD_NAMES = ("minute", "hour", "day of month", "month", "day of week")
 def parse_cron(expression: str, zone: ZoneInfo) -> CronSeries:
     """A 5-field cron expression as a :class:`CronSeries` read in ``zone``.
 
-    Fields take ``*``, numbers, ranges ``a-b``, steps ``*/n`` / ``a-b/n`` / ``a/n``,
-    lists, and month and weekday names. A day must match both its day of month
-    and its weekday (Celery's crontab rule), so an expression that restricts both
-    is refused rather than read differently from cron, which runs on either.
+    A day must match both its day of month and its weekday (Celery's rule), so an
+    expression that restricts both is refused rather than read differently from cron.
     """
     fields = expression.split()
     if len(fields) != 5:

@@ -1,14 +1,9 @@
 """What the leader knows of the entries kept in the store, re-read only when they change.
 
-Each call of :meth:`EntryFeed.current` asks the store one cheap question (the
-election's entries version) and reads again only when it moved, so an edit is
-seen within one tick without reading every entry every tick; a store that
-remembers which entries were edited (Redis) returns only those. A
-record that cannot be read is logged once and left out; a store that cannot be
-reached keeps the entries last read (logged once), so the leader never crashes
-on an entry. Run-now requests, kept among the entries
-(:mod:`~celery_leader.schedule.run_request`), are held apart: they are never
-entries, and an edit of requests alone leaves the entries as they were.
+One cheap question a tick (the election's entries version); a record that cannot be
+read is logged once and left out, and an unreachable store keeps the entries last read.
+Run-now requests, kept among the entries, are held apart: an edit of requests alone
+leaves the entries as they were.
 """
 
 from __future__ import annotations
@@ -21,9 +16,8 @@ from ..exceptions import StoreUnavailable
 from .entries import Entry, EntryError
 from .run_request import is_request
 
-#: How often the leader asks whether the entries changed: the bound on how long
-#: an edit goes unnoticed, and one cheap store call (a Redis GET, a one-row
-#: SELECT) per interval. Schedulers wake at least this often to ask.
+#: How often the leader asks whether the entries changed (one cheap store call): the
+#: bound on how long an edit goes unnoticed. Schedulers wake at least this often.
 POLL_INTERVAL = 0.5
 
 

@@ -1,9 +1,5 @@
-"""What the slot protocol knows of a schedule entry, and what an adapter provides.
-
-Celery beat and the Dramatiq scheduler each map their own entries onto
-:class:`Job` and their own publish onto :class:`Adapter`; everything else (state,
-claims, policy, failures) is the protocol's.
-"""
+"""What the slot protocol knows of a schedule entry (:class:`Job`), and what an adapter
+(Celery beat, the Dramatiq scheduler) provides (:class:`Adapter`)."""
 
 from __future__ import annotations
 
@@ -33,25 +29,18 @@ class Job:
     zone: tzinfo = timezone.utc
     #: The adapter's own entry (a Celery ``ScheduleEntry``, a Dramatiq actor ...).
     payload: Any = None
-    #: Identity of one lifetime of the entry's definition (a database row's key and
-    #: creation, a uid made when a store entry is added); ``None``: the name is the
-    #: identity. Stored state of another generation is not adopted: the entry
-    #: starts anew at now, nothing backfilled, as if its name had never been used.
+    #: One lifetime of the entry's definition; ``None``: the name is the identity.
+    #: Stored state of another generation is not adopted: the entry starts anew.
     generation: str | None = None
     #: Aware UTC instant since which the entry has been enabled with its current
-    #: schedule (set when it is added, resumed, re-enabled or re-timed); ``None``:
-    #: always. No slot due before it is sent, under any missed-slot policy: the
-    #: first slot sent is the first one due at or after it.
+    #: schedule; ``None``: always. No slot due before it is sent, under any policy.
     active_since: datetime | None = None
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """How one publish went: ``error`` is ``None`` when the broker has the message.
-
-    ``definitely_unsent`` says that nothing of it can have reached the broker (the
-    slot is handed back); otherwise the broker may have it and it stays claimed.
-    """
+    """How one publish went: ``error`` is ``None`` when the broker has the message;
+    ``definitely_unsent``: none of it can have reached the broker (the slot is handed back)."""
 
     error: BaseException | None = None
     definitely_unsent: bool = False
@@ -65,29 +54,17 @@ class Adapter(ABC):
         """The entries of the schedule now (it may change between ticks)."""
 
     def jobs_changed(self) -> bool:
-        """Whether :meth:`jobs` may now differ from what it returned last.
-
-        The slot protocol calls :meth:`jobs` again only when this says so (and at
-        each new term), so that a tick costs what is due, not the whole
-        schedule. By default always: an adapter that cannot tell is asked at
-        every tick.
-        """
+        """Whether :meth:`jobs` may now differ from what it returned last (asked again only
+        then, and at each new term, so a tick costs what is due). By default always."""
         return True
 
     @abstractmethod
     def send(self, job: Job, slot: str, due: datetime, epoch: int) -> Outcome:
-        """Publish slot ``slot`` (due at ``due``) of ``job``, fenced by ``epoch``.
-
-        Inside :meth:`publishing` an adapter may buffer the message instead (a
-        pipeline to the broker): ``Outcome()`` then means "buffered", and
-        :meth:`flush` says what became of it.
-        """
+        """Publish slot ``slot`` (due at ``due``) of ``job``, fenced by ``epoch``; inside
+        :meth:`publishing` it may be buffered (``Outcome()``), and :meth:`flush` tells."""
 
     def flush(self) -> Outcome:
-        """Deliver what :meth:`send` buffered; the outcome holds for all of it.
-
-        Adapters that publish at once have nothing to deliver.
-        """
+        """Deliver what :meth:`send` buffered; the outcome holds for all of it."""
         return Outcome()
 
     def due_now(self, job: Job, now: datetime) -> tuple[datetime | None, float]:
@@ -96,11 +73,8 @@ class Adapter(ABC):
         raise NotImplementedError(f"job {job.name!r} has no series and the adapter no due_now")
 
     def recorded(self, job: Job, last_run_at: datetime, count: int, sent: bool) -> None:  # noqa: B027
-        """The store now records ``job`` as last run at ``last_run_at`` (``count`` runs).
-
-        ``sent``: slots were sent for it just now (rather than state loaded or handed
-        back). Celery keeps its entries' ``last_run_at`` in step for its own hooks.
-        """
+        """The store now records ``job`` as last run at ``last_run_at`` (``count`` runs);
+        ``sent``: slots were sent just now. Celery keeps its entries' ``last_run_at`` in step."""
 
     def run_requests(self) -> Mapping[str, str]:
         """The run-now requests the store holds (key -> stored text), as last read with

@@ -1,25 +1,10 @@
 """``leader plan``: the slots a leader would send in a window, without sending any.
 
-A dry run of the slot protocol for people (and tests): which slot of which entry
-falls due when, named exactly as its ``leader_slot`` would be. It does no I/O:
-the caller reads the stored state when it wants the plan to start from it. The arithmetic is
-the scheduler's own (:class:`~celery_leader.schedule.series.Series` and
-:func:`~celery_leader.schedule.policy.due_slots`); only the clock is simulated.
-
-What it simulates: a leader promoted at ``start`` that leads without a break
-until ``end`` and ticks at every due instant. Each entry's state at ``start`` is
-
-* by default, anchored at ``start`` as a new entry's is: the first slot listed is
-  the first one due after ``start``, and the missed-slot policy never applies;
-* with stored state (``last_runs``, which :func:`stored_last_runs` reads out of
-  what the caller loaded from the store), what the store records: slots due
-  between the stored ``last_run_at`` and ``start`` were missed, and the entry's
-  missed-slot policy and grace decide which of them are sent at ``start``
-  (late); slots recorded already are never listed. Stored state
-  further ahead than :data:`~celery_leader.schedule.sync.REPAIR_AFTER` is
-  re-anchored at ``start``, as a promotion would.
-
-Slots due in ``(start, end]`` are listed, plus the late ones sent at ``start``.
+A dry run with the scheduler's own arithmetic and no I/O: a leader promoted at
+``start`` that leads until ``end`` and ticks at every due instant. Each entry starts
+anchored at ``start`` (as a new one), or from its stored ``last_run_at`` (missed
+slots then go through its missed-slot policy at ``start``; state further ahead than
+:data:`~celery_leader.schedule.sync.REPAIR_AFTER` is re-anchored, as a promotion would).
 """
 
 from __future__ import annotations
@@ -76,11 +61,8 @@ def plan(
     end: datetime,
     last_runs: Mapping[str, datetime] | None = None,
 ) -> Plan:
-    """The slots ``jobs`` would send in ``(start, end]`` (see the module's docstring).
-
-    ``last_runs``: each entry's stored ``last_run_at``; ``None`` anchors every
-    entry at ``start``, and so does a name missing from it.
-    """
+    """The slots ``jobs`` would send in ``(start, end]`` (see the module's docstring);
+    ``last_runs``: stored ``last_run_at`` by name (a missing one anchors at ``start``)."""
     start, end = utc(start), utc(end)
     if end < start:
         raise PlanError(
@@ -134,12 +116,8 @@ def _state_at(anchor: datetime, stored: datetime | None, start: datetime) -> dat
 
 
 def stored_last_runs(stored: Mapping[str, str], jobs: Sequence[Job]) -> dict[str, datetime]:
-    """Each entry's ``last_run_at`` in ``stored``, the beat election's stored state, as
-    the leader counts it: slots before the entry's stored ``active_since`` are not due.
-
-    Unreadable values, and states of another generation than the job's, are left out
-    (a leader replaces them with an anchor).
-    """
+    """Each entry's ``last_run_at`` in ``stored`` (the beat election's state) as the leader
+    counts it, from its ``active_since``; unreadable and other generations' left out."""
     generations = {job.name: job.generation for job in jobs}
     runs = {}
     for name, value in stored.items():
@@ -161,11 +139,8 @@ def parse_zone(name: str) -> tzinfo:
 
 
 def parse_moment(text: str, zone: tzinfo, now: datetime) -> datetime:
-    """``--from``/``--to``: ISO 8601 (``Z`` allowed), or ``now``; aware UTC.
-
-    A time without a UTC offset is read in ``zone``; one that the zone's clock
-    skips or repeats (a clock change) is refused: give its offset instead.
-    """
+    """``--from``/``--to``: ISO 8601 (``Z`` allowed), or ``now``; aware UTC. A time without
+    an offset is read in ``zone``; one its clock skips or repeats is refused."""
     if text.strip().lower() == "now":
         return utc(now)
     raw = text.strip()

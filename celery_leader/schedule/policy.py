@@ -1,18 +1,10 @@
 """Which slots of a due entry to send: the missed-slot policy, as pure arithmetic.
 
-A slot is *on time* when it fell due while this leader's term ran (at or after
-``promoted_at``); earlier ones that were never sent were *missed*, during a
-hand-over or while nobody led. ``leader_missed_slots`` says what to do with them:
-
-* ``once`` (default): when no slot is on time, send the newest missed one, so a
-  hand-over never costs a run; otherwise send only the on-time slot;
-* ``skip``: send only an on-time slot;
-* ``all``: send every missed slot (the newest :data:`MAX_MISSED`), oldest first.
-
-``leader_missed_slots_grace`` drops missed slots older than that many seconds
-whatever the policy. Every slot chosen lies strictly after the stored
-``last_run_at``, so no policy can pick a slot that was recorded already, and the
-state recorded afterwards is the newest due slot, sent or dropped.
+A slot is *on time* when it fell due at or after ``promoted_at``; earlier unsent ones
+were *missed*. ``once`` sends the newest missed slot only when none is on time, ``skip``
+only on-time slots, ``all`` every missed one (the newest :data:`MAX_MISSED`), oldest
+first; the grace drops older ones. Every slot chosen lies strictly after the stored
+``last_run_at``, and the state recorded is the newest due slot, sent or dropped.
 """
 
 from __future__ import annotations
@@ -37,13 +29,9 @@ def later(first: datetime | None, second: datetime | None) -> datetime | None:
 
 
 def counted_after(last_run_at: datetime, active_since: datetime | None) -> datetime:
-    """The instant after which an entry's slots count: its last slot, or just before it
-    became active (added, resumed, re-enabled, re-timed) if that is later.
-
-    Slots due before ``active_since`` fell while the entry was absent, paused or
-    on another schedule: they are not missed, they never existed, so no policy
-    sends them. A slot due exactly at ``active_since`` counts.
-    """
+    """The instant after which an entry's slots count: its last slot, or just before it became
+    active if that is later. Slots due before ``active_since`` never existed for any policy;
+    one due exactly at it counts."""
     if active_since is None:
         return last_run_at
     return max(last_run_at, active_since - _MICROSECOND)
@@ -66,12 +54,8 @@ def due_slots(
     policy: str,
     grace: float | None,
 ) -> DueSlots | None:
-    """The slots of ``series`` due in ``(last_run_at, now]`` to send under ``policy``.
-
-    ``None`` when nothing is due. ``promoted_at`` is when this leader's term
-    started dispatching (``None``: every due slot counts as on time, as in a dry
-    run of an uninterrupted leader).
-    """
+    """The slots of ``series`` due in ``(last_run_at, now]`` to send under ``policy``; ``None``
+    when nothing is due. ``promoted_at`` ``None``: every due slot is on time (a dry run)."""
     dues, total = series.walk(last_run_at, now, MAX_MISSED + 1)
     if not dues:
         return None

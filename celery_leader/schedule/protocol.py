@@ -1,22 +1,12 @@
 """The slot protocol: one implementation that Celery beat and the Dramatiq scheduler drive.
 
-Each tick:
-
-1. **Term.** A follower returns a short sleep and touches nothing shared. A new
-   term (promotion, or the lease won back) first loads the stored state, a
-   slice at a time (:class:`~celery_leader.schedule.sync.HeldJobs`). Jobs are
-   listed again only when the adapter says they changed
-   (:meth:`~celery_leader.schedule.jobs.Adapter.jobs_changed`).
-2. **Plan** (:class:`Dispatcher`, one per term). Every job whose next slot is
-   due gets a :class:`~celery_leader.schedule.publisher.Batch`: the slots its
-   missed-slot policy sends (:mod:`~celery_leader.schedule.policy`) and a claim
-   that records the newest due slot. All arithmetic is on UTC instants.
-3. **Claim and publish** (:mod:`~celery_leader.schedule.publisher`): one fenced
-   round trip claims the whole batch; only claimed slots are published, through
-   the adapter (:mod:`~celery_leader.schedule.jobs`).
-4. **Run now** (:mod:`~celery_leader.schedule.run_desk`): requests written to the
-   store by any process are claimed and published the same way, as slots
-   outside the grid.
+Each tick: a follower sleeps, touching nothing shared; a new term first loads the
+stored state (:class:`~celery_leader.schedule.sync.HeldJobs`); then every due job
+gets a :class:`~celery_leader.schedule.publisher.Batch` (the slots its missed-slot
+policy sends, and a claim recording the newest due slot), one fenced round trip
+claims the whole batch, and only claimed slots are published through the adapter.
+Run-now requests are claimed and published the same way, as slots outside the grid
+(:mod:`~celery_leader.schedule.run_desk`).
 """
 
 from __future__ import annotations
@@ -30,6 +20,7 @@ from ..backends import Fence, StoreFacets
 from ..election.events import Observer
 from ..election.lease import Lease
 from ..settings.config import LeaderConfig
+from .entries import instant_now as utcnow  # tests set protocol.utcnow
 from .jobs import Adapter, Job
 from .policy import DueSlots, counted_after, due_slots, later
 from .publisher import Batch, Publisher
@@ -39,21 +30,13 @@ from .runtime import SchedulerRuntime
 from .state import Claim, dump_state, slot_name
 from .sync import MAX_CLOCK_SKEW, EntryState, HeldJobs
 
-
-def utcnow() -> datetime:
-    """The wall clock, as an aware UTC datetime."""
-    return datetime.now(timezone.utc)
-
-
 #: Due entries claimed (in one fenced round trip) and published per batch.
 #: Between batches the leader checks its lease again, so a lost lease stops a
 #: burst within one batch.
 BATCH = 1000
 
-#: Share of ``leader_tick_timeout`` a tick may spend publishing batch after
-#: batch of a burst before it ends (and the next tick starts at once): entries
-#: that fall due meanwhile wait for the next tick, and a tick must stay clear
-#: of the watchdog, which hands the lease over after a whole timeout.
+#: Share of ``leader_tick_timeout`` a tick may spend publishing batch after batch of a
+#: burst: it must stay clear of the watchdog, which hands over after a whole timeout.
 BURST_SHARE = 1 / 2
 
 
@@ -78,13 +61,8 @@ class Dispatcher:
         self.promoted_at = promoted_at
         self.max_sleep = max_sleep
         self.tick_timeout = config.watchdog_timeout
-        resender = (
-            Resender(
-                lease, store.runs, adapter, config.ledger_retention, config.ledger_keep, logger
-            )
-            if config.ledger
-            else None
-        )
+        keeping = (config.ledger_retention, config.ledger_keep, logger)
+        resender = Resender(lease, store.runs, adapter, *keeping) if config.ledger else None
         self.publisher = Publisher(
             lease, store.records, adapter, config.max_publish_failures, logger, resender
         )
@@ -178,13 +156,11 @@ class Dispatcher:
             # said once per term. Looked at again in a second, not in a busy loop.
             if job.name not in self.held.stuck:
                 self.held.stuck.add(job.name)
-                self.logger.warning(
+                msg = (
                     "celery-leader: entry %r is due at %s, which is not after its last slot "
-                    "(%s): not sent again; the entry waits for its next slot",
-                    job.name,
-                    due.isoformat(),
-                    state.last_run_at.isoformat(),
+                    "(%s): not sent again; the entry waits for its next slot"
                 )
+                self.logger.warning(msg, job.name, due.isoformat(), state.last_run_at.isoformat())
             return None, min(1.0, self.max_sleep)
         # A slot due before the job became active is recorded, never sent.
         since = later(job.active_since, state.active_since)
@@ -255,11 +231,8 @@ class SlotProtocol:
         return self.config.clock == "store" and self.lease.store_clock.measured
 
     def tick(self) -> float:
-        """One pass; returns how long to sleep. Only a current leader dispatches.
-
-        The watchdog learns when it starts and ends: a tick that does not end
-        within ``leader_tick_timeout`` makes the lease hand over.
-        """
+        """One pass; returns how long to sleep. Only a current leader dispatches. A tick
+        that does not end within ``leader_tick_timeout`` makes the watchdog hand over."""
         watchdog = self.runtime.watchdog
         watchdog.tick_started()
         sleep = self._tick()
@@ -274,8 +247,6 @@ class SlotProtocol:
     def close(self) -> None:
         """Hand over first (demote, release, wake a follower), then close the store."""
         self.runtime.close()
-
-    # -- term transitions ---------------------------------------------------
 
     def _tick(self) -> float:
         lease = self.lease
@@ -330,35 +301,23 @@ class SlotProtocol:
         if fence.term.epoch != self._promoted_epoch:  # a new term, not a reload within one
             self._promoted_epoch = fence.term.epoch
             self.held.stuck.clear()
-            self._dispatcher = Dispatcher(
-                self.config,
-                self.lease,
-                self.runtime.store,
-                self.adapter,
-                self.held,
-                self.logger,
-                now,
-                self.max_sleep,
-            )
+            parts = (self.lease, self.runtime.store, self.adapter, self.held, self.logger)
+            self._dispatcher = Dispatcher(self.config, *parts, now, self.max_sleep)
             self._recover = True
         self._epoch = fence.term.epoch
 
     def _notice_clock(self, now: datetime) -> None:
-        """Say once when the clock slots run on went back (this host's, or the store's
-        after a fail-over): nothing is resent, entries wait.
-
-        Compared with the previous tick, not with the latest time seen: while the
-        clock is behind every tick would repeat the warning.
-        """
+        """Say once when the clock slots run on went back (this host's, or the store's after a
+        fail-over): nothing is resent, entries wait. Compared with the previous tick, not the
+        latest time seen, or every tick behind would repeat the warning."""
         previous = self._last_now
         if previous is not None and now < previous - MAX_CLOCK_SKEW:
-            self.logger.warning(
+            msg = (
                 "celery-leader: the %s clock went back %.1f s (from %s to %s): slots already "
                 "sent are not sent again; each entry resumes when the clock passes its last "
-                "slot",
-                "store's" if self._on_store_clock() else "wall",
-                (previous - now).total_seconds(),
-                previous.isoformat(),
-                now.isoformat(),
+                "slot"
             )
+            clock = "store's" if self._on_store_clock() else "wall"
+            back = ((previous - now).total_seconds(), previous.isoformat(), now.isoformat())
+            self.logger.warning(msg, clock, *back)
         self._last_now = now

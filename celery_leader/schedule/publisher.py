@@ -1,13 +1,9 @@
 """Claim a batch of due slots, publish what was claimed, account for what failed.
 
-* One fenced claim round trip covers every due entry of a tick. Only a claimed
-  slot is published, so a paused or cut-off ex-leader publishes nothing.
-* A publish that failed before anything reached the broker is *handed back*:
-  a fenced compare-and-set of the entry's state back to the last slot sent, so
-  the next leader (or this one at its next tick) sends it. A publish whose
-  outcome is unknown stays claimed: it is never sent twice.
-* After ``leader_max_publish_failures`` failed publishes in a row the leader
-  resigns for one ttl, so that a replica that reaches the broker takes over.
+Only a claimed slot is published, so a cut-off ex-leader publishes nothing. A
+publish that failed before reaching the broker is *handed back* (the state set back
+to the last slot sent, so a leader sends it); one of unknown outcome stays claimed,
+never sent twice. After ``leader_max_publish_failures`` in a row the leader resigns.
 """
 
 from __future__ import annotations
@@ -68,10 +64,8 @@ class Publisher:
         self._refused: set[str] = set()  # entries whose refused slot was logged
 
     def run(self, batches: list[Batch], fence: Fence, states: dict[str, EntryState]) -> bool:
-        """Claim and publish ``batches``; returns False when the local state went stale.
-
-        ``states`` is updated with what the store now records.
-        """
+        """Claim and publish ``batches``, updating ``states`` with what the store now records;
+        False when the local state went stale."""
         lease = self.lease
         try:
             with lease.observe("claim"):
@@ -105,21 +99,16 @@ class Publisher:
         return in_sync
 
     def _dropped(self, batch: Batch) -> None:
-        """Report the missed slots a won claim recorded as not sent.
-
-        Only after the claim: a claim that is lost records nothing, and the leader
-        that next wins one drops (and reports) the same slots again.
-        """
+        """Report the missed slots a won claim recorded as not sent (a lost claim records
+        nothing: the next leader drops and reports them)."""
         job = batch.job
-        self.logger.info(
+        msg = (
             "celery-leader: not sending %d missed slot(s) of %r, the last due %s "
-            "(leader_missed_slots %s%s)",
-            batch.dropped,
-            job.name,
-            slot_name(job.name, batch.after.last_run_at, job.zone).partition("@")[2],
-            job.missed_slots,
-            "" if job.grace is None else f", grace {job.grace:g} s",
+            "(leader_missed_slots %s%s)"
         )
+        due = slot_name(job.name, batch.after.last_run_at, job.zone).partition("@")[2]
+        grace = "" if job.grace is None else f", grace {job.grace:g} s"
+        self.logger.info(msg, batch.dropped, job.name, due, job.missed_slots, grace)
         metrics.count("missed_slots_dropped", self.lease.election, batch.dropped)
 
     def _refuse(self, batch: Batch) -> None:
@@ -129,20 +118,15 @@ class Publisher:
         if name in self._refused:
             return
         self._refused.add(name)
-        self.logger.error(
+        msg = (
             "celery-leader: refused slot(s) %s of %r: not after its last slot (%s); the "
-            "schedule's due times went backwards, and nothing is sent twice",
-            ", ".join(batch.slots),
-            name,
-            batch.before.last_run_at.isoformat(),
+            "schedule's due times went backwards, and nothing is sent twice"
         )
+        self.logger.error(msg, ", ".join(batch.slots), name, batch.before.last_run_at.isoformat())
 
     def _send_all(self, batches: list[Batch], epoch: int) -> tuple[str, Outcome] | None:
-        """Publish every claimed slot; stop at the first failure: ``(slot, outcome)``.
-
-        The adapter may buffer publishes; they are flushed every :data:`PIPELINE`
-        slots, before a failure is dealt with and at the end.
-        """
+        """Publish every claimed slot (flushed every :data:`PIPELINE` slots, before a failure
+        is dealt with and at the end); stop at the first failure: ``(slot, outcome)``."""
         pending: list[tuple[Batch, str, datetime]] = []  # buffered, not yet flushed
         for batch in batches:
             for slot, due in zip(batch.slots, batch.dues, strict=True):
@@ -168,12 +152,9 @@ class Publisher:
     def _flush(
         self, pending: list[tuple[Batch, str, datetime]], keep: Batch | None = None
     ) -> tuple[str, Outcome] | None:
-        """Deliver the buffered ``pending`` slots (emptied); the failure, if any.
-
-        Slots definitely not delivered leave their batches' ``sent`` (they are
-        the tail of it) and are handed back, except those of ``keep``, whose
-        later slot stays claimed: a batch hands back only the end of its slots.
-        """
+        """Deliver the buffered ``pending`` slots (emptied); the failure, if any. Slots
+        definitely not delivered leave their batches' ``sent`` and are handed back, except
+        those of ``keep``, whose later slot stays claimed."""
         if not pending:
             return None
         outcome = self.adapter.flush()
@@ -200,43 +181,33 @@ class Publisher:
         states: dict[str, EntryState],
     ) -> bool:
         """Hand back what was claimed and not sent; resign after too many failures in a row.
-
-        Returns False when the local state no longer matches the store.
-        """
+        False when the local state no longer matches the store."""
         lease = self.lease
         slot, outcome = failure
         self.failures += 1
         metrics.count("publish_failures", lease.election)
         if outcome.definitely_unsent:
-            self.logger.warning(
-                "celery-leader: could not send slot %s: nothing reached the broker (%s)",
-                slot,
-                outcome.error,
-            )
+            msg = "celery-leader: could not send slot %s: nothing reached the broker (%s)"
+            self.logger.warning(msg, slot, outcome.error)
         elif self.resender is not None:
-            self.logger.warning(
+            msg = (
                 "celery-leader: could not send slot %s and the broker may have it (%s): "
-                "it is re-sent once if workers deduplicate (run ledger)",
-                slot,
-                outcome.error,
+                "it is re-sent once if workers deduplicate (run ledger)"
             )
+            self.logger.warning(msg, slot, outcome.error)
         else:
-            self.logger.error(
+            msg = (
                 "celery-leader: could not send slot %s and the broker may have it (%s): "
-                "it stays claimed and is not sent again",
-                slot,
-                outcome.error,
+                "it stays claimed and is not sent again"
             )
+            self.logger.error(msg, slot, outcome.error)
         in_sync = self._hand_back(batches, fence, states)
         if self.failures >= self.max_failures:
-            self.logger.warning(
+            msg = (
                 "celery-leader: %d publishes failed in a row (the last: slot %s): resigning "
-                "the lead of %r for %g s so that a replica that reaches the broker takes over",
-                self.failures,
-                slot,
-                lease.election,
-                lease.ttl,
+                "the lead of %r for %g s so that a replica that reaches the broker takes over"
             )
+            self.logger.warning(msg, self.failures, slot, lease.election, lease.ttl)
             lease.step_down(
                 f"{self.failures} publishes failed in a row",
                 kind="publish_failures",
@@ -246,13 +217,11 @@ class Publisher:
         return in_sync
 
     def _hand_back(self, batches: list[Batch], fence: Fence, states: dict[str, EntryState]) -> bool:
-        """Undo the claims of slots that were not sent, in one fenced compare-and-set.
-
-        The stored state goes back to the last slot sent (or to what it was
-        before the claim), so that the next leader, or this one at its next
-        tick, sends the rest. Returns False when that failed.
-        """
+        """Undo the claims of unsent slots in one fenced compare-and-set: the stored state goes
+        back to the last slot sent, so the next leader (or this one) sends the rest. False when
+        that failed."""
         lease = self.lease
+        by = (fence.term.epoch, lease.instance_id)
         backs: list[tuple[Batch, list[str], EntryState, Claim]] = []
         for batch in batches:
             unsent = batch.slots[len(batch.sent) :]
@@ -262,18 +231,10 @@ class Publisher:
             if batch.sent:
                 last_run_at = batch.dues[len(batch.sent) - 1]
             count = batch.before.count + len(batch.sent)
-            raw = dump_state(
-                last_run_at,
-                count,
-                fence.term.epoch,
-                lease.instance_id,
-                batch.sent[-1] if batch.sent else None,
-                batch.after.generation,
-                batch.after.active_since,
-            )
+            kept = (batch.after.generation, batch.after.active_since)
+            raw = dump_state(last_run_at, count, *by, batch.sent[-1] if batch.sent else None, *kept)
             claim = Claim(batch.job.name, batch.after.raw, raw)
-            after = batch.after
-            state = EntryState(raw, last_run_at, count, after.generation, after.active_since)
+            state = EntryState(raw, last_run_at, count, *kept)
             backs.append((batch, unsent, state, claim))
         if not backs:
             return True
@@ -294,11 +255,10 @@ class Publisher:
                 )
                 metrics.count("slots_handed_back", lease.election, len(unsent))
             else:
-                self.logger.error(
+                msg = (
                     "celery-leader: slot(s) %s lost: claimed, not sent, and handing them back "
-                    "failed (%s)",
-                    ", ".join(unsent),
-                    reason,
+                    "failed (%s)"
                 )
+                self.logger.error(msg, ", ".join(unsent), reason)
                 metrics.count("slots_lost", lease.election, len(unsent))
         return all(won)

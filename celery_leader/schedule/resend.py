@@ -1,26 +1,11 @@
 """Beat sends at least once: re-send what may not have reached the broker.
 
-With ``leader_ledger`` on, beat's promise changes from "never twice, maybe
-lost" to "at least once; workers run each slot once" (:mod:`celery_leader.ledger`):
-
-* A slot published without error gets a ``sent`` mark in the run ledger
-  (while dedup workers are registered: without them nothing is re-sent).
-* A publish of unknown outcome (the broker may or may not have it) is re-sent
-  once at the next tick, unless a worker recorded the slot meanwhile.
-* A new term (a new leader, or this one after its term lapsed) looks at the last
-  claimed slot of every entry: a slot with no ledger record at all was claimed
-  by a leader that died or lost the broker before it was sent (or before it
-  marked it sent): it is re-sent once.
-
-"Once" is a set-if-absent of the ``sent`` mark before the re-send: of any
-number of leaders, one re-sends. Re-sends are safe only where workers
-deduplicate, so beat re-sends only while a worker with the dedup step has
-registered in the ledger (the ``@ledger-workers`` mark, renewed by such
-workers every ttl, gone a few ttl after the last of them stops), and only
-slots claimed after the ledger was turned on (``@ledger-since``). Only the
-last slot an entry claimed is looked at after a fail-over; with
-``leader_missed_slots = "all"`` the earlier slots of a batch cut short by a
-crash stay unsent.
+With ``leader_ledger`` on (:mod:`celery_leader.ledger`), a slot published without
+error is marked ``sent``; one of unknown outcome is re-sent once at the next tick;
+and a new term re-sends once each entry's last claimed slot that left no ledger
+record. "Once" is a set-if-absent of the ``sent`` mark before the re-send. Only
+while a worker with the dedup step is registered (``@ledger-workers``), and only
+slots claimed after the ledger was turned on (``@ledger-since``).
 """
 
 from __future__ import annotations
@@ -69,31 +54,17 @@ class Resender:
         self.keep = keep
         self.logger = logger
         self._pending: list[Pending] = []
-        #: Whether dedup workers were registered, and until when (on the lease's
-        #: monotonic clock) that answer is reused: ``sent`` asks at most once per
-        #: ttl, not per slot.
+        #: Whether dedup workers were registered, and until when (lease's monotonic
+        #: clock) that answer is reused: ``sent`` asks at most once per ttl.
         self._dedup = False
         self._dedup_until = 0.0
 
     def sent(self, slot: str) -> None:
-        """``slot`` is in the broker: mark it sent (a worker may have recorded it first).
-
-        Only while dedup workers are registered: without them nothing is re-sent,
-        so the mark would cost a round trip per slot for nothing. A slot sent
-        unmarked just before workers registered may be re-sent once after a
-        fail-over, and those workers drop the second copy.
-        """
+        """``slot`` is in the broker: mark it sent, only while dedup workers are registered (one
+        sent unmarked just before they registered is at worst re-sent once)."""
         try:
-            if not self._workers_registered():
-                return
-            marks.mark_sent(
-                self.runs,
-                self.lease.election,
-                slot,
-                self.lease.instance_id,
-                self.retention,
-                self.keep,
-            )
+            if self._workers_registered():
+                self._mark_sent(slot)
         except StoreUnavailable as exc:
             # Without the mark a later leader may re-send it once; workers drop the copy.
             self.logger.info("celery-leader: slot %s sent, not marked sent: %s", slot, exc)
@@ -103,11 +74,8 @@ class Resender:
         self._pending.append(Pending(job, slot, due))
 
     def retry(self, epoch: int) -> None:
-        """Re-send, once, the slots whose publish had an unknown outcome.
-
-        Only while workers deduplicate: otherwise they stay claimed and unsent
-        again, as with the ledger off (at most once).
-        """
+        """Re-send, once, the slots whose publish had an unknown outcome; only while workers
+        deduplicate (else they stay claimed and unsent, as with the ledger off)."""
         pending, self._pending = self._pending, []
         if not pending:
             return
@@ -167,6 +135,10 @@ class Resender:
         self._dedup, self._dedup_until = found, self.lease.clock.monotonic() + self.lease.ttl
         return found
 
+    def _mark_sent(self, slot: str) -> bool:
+        args = (self.lease.instance_id, self.retention, self.keep)
+        return marks.mark_sent(self.runs, self.lease.election, slot, *args)
+
     def _workers_registered(self) -> bool:
         """:meth:`_workers_deduplicate`, read again at most once per ttl."""
         if self.lease.clock.monotonic() < self._dedup_until:
@@ -175,14 +147,7 @@ class Resender:
 
     def _resend(self, job: Job, slot: str, due: datetime, epoch: int, why: str) -> None:
         try:
-            won = marks.mark_sent(
-                self.runs,
-                self.lease.election,
-                slot,
-                self.lease.instance_id,
-                self.retention,
-                self.keep,
-            )
+            won = self._mark_sent(slot)
         except StoreUnavailable as exc:
             self.logger.warning("celery-leader: slot %s not re-sent: %s", slot, exc)
             return
@@ -192,11 +157,8 @@ class Resender:
         metrics.count("ledger_resends", self.lease.election)
         outcome = self.adapter.send(job, slot, due, epoch)
         if outcome.error is not None:
-            self.logger.error(
-                "celery-leader: re-sending slot %s failed (%s); it is not re-sent again",
-                slot,
-                outcome.error,
-            )
+            msg = "celery-leader: re-sending slot %s failed (%s); it is not re-sent again"
+            self.logger.error(msg, slot, outcome.error)
 
 
 def _names(pending: list[Pending]) -> str:

@@ -1,10 +1,5 @@
-"""A scheduler's lease and what watches it: tick watchdog, health file and
-endpoint, metrics endpoint.
-
-Built the same way for Celery beat and the Dramatiq scheduler, so
-``leader_tick_timeout``, ``leader_health_file``, ``leader_health_port`` and
-``leader_metrics_port`` mean the same on both.
-"""
+"""A scheduler's lease and what watches it (tick watchdog, health file and endpoint, metrics
+endpoint), built the same way for Celery beat and the Dramatiq scheduler."""
 
 from __future__ import annotations
 
@@ -21,12 +16,8 @@ from ..settings.config import LeaderConfig
 
 
 class SchedulerRuntime:
-    """The scheduler election's lease, joined on first use, with its watchdog and probes.
-
-    The lease is not created in ``__init__``: Celery builds its scheduler once
-    more just to print the banner, and that one must not join the election.
-    ``observers`` watch the lease (the framework's signals, metrics).
-    """
+    """The scheduler election's lease, joined on first use (Celery builds a scheduler just to
+    print the banner, which must not join), with its watchdog and probes."""
 
     def __init__(self, config: LeaderConfig, observers: Iterable[Observer] = ()) -> None:
         self.config = config

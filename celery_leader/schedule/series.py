@@ -1,15 +1,8 @@
 """When an entry's slots fall due: series of UTC instants, never wall-clock arithmetic.
 
-A :class:`Series` answers one question, "the first slot strictly after this
-instant", always with aware UTC datetimes. Everything the slot protocol decides
-(what is due, what was missed, what the store may accept) is arithmetic on those
-instants, so daylight-saving changes and the host's time zone cannot make a due
-time go backwards or repeat. Local time is used only to evaluate a crontab's
-fields (:class:`CronSeries`) and to name a slot.
-
-Python's datetime arithmetic on zone-aware values ignores ``fold`` and works in
-wall time: inside a repeated hour ``now + 1 s`` can be an hour *earlier*. So no
-zone-aware value is ever added to or compared here; conversions go through UTC.
+Python's arithmetic on zone-aware datetimes ignores ``fold`` (inside a repeated
+hour ``now + 1 s`` can be an hour *earlier*), so no zone-aware value is added to
+or compared here: local time only evaluates a crontab's fields and names a slot.
 """
 
 from __future__ import annotations
@@ -24,10 +17,8 @@ _DAY = timedelta(days=1)
 #: More than any clock change of any zone moves wall time.
 _SLACK = timedelta(hours=3)
 
-#: Days a crontab is searched ahead for its next slot. Four years and a day
-#: covers every valid combination (February 29th on a given weekday recurs
-#: within 28 years, but Celery's fields AND day-of-month with day-of-week, and
-#: such an entry is rare enough that "no slot in four years" is a fair answer).
+#: Days a crontab is searched ahead for its next slot: four years and a day (a Feb 29th
+#: on a given weekday may take 28 years; "no slot in four years" is a fair answer).
 _CRON_HORIZON_DAYS = 4 * 366 + 1
 
 
@@ -46,18 +37,13 @@ class Series(ABC):
         """The first due instant strictly after ``moment`` (aware UTC), or ``None``."""
 
     def key(self) -> tuple[object, ...]:
-        """What the series is, by value: two series with equal keys fall due alike.
-
-        Adapters may rebuild series from their entries at every tick; the protocol
-        compares keys to tell a changed schedule (its next due time recomputed at
-        once) from the same one. By default a series is only itself.
-        """
+        """What the series is, by value: two series with equal keys fall due alike (the
+        protocol tells a changed schedule by it). By default a series is only itself."""
         return ("object", id(self))
 
     def __eq__(self, other: object) -> bool:
-        # By value: a job rebuilt from an equal schedule (a re-read of the entries,
-        # a new listing pass) then equals the one the protocol holds, which keeps
-        # its next due time instead of recomputing it.
+        # By value: a job rebuilt from an equal schedule then equals the one the
+        # protocol holds, which keeps its next due time instead of recomputing it.
         return isinstance(other, Series) and self.key() == other.key()
 
     def __hash__(self) -> int:
@@ -68,20 +54,13 @@ class Series(ABC):
         return now
 
     def spacing(self) -> float:
-        """Roughly the seconds between two slots (a crontab's are a minute apart at least).
-
-        A new leader loads the state of its most frequent entries first, so they
-        are sent while the rest still loads.
-        """
+        """Roughly the seconds between two slots: a new leader loads the most frequent first."""
         return 60.0
 
     def walk(self, after: datetime, until: datetime, keep: int) -> tuple[list[datetime], int]:
-        """Due instants in ``(after, until]``: the newest ``keep`` of them and how many there are.
-
-        Walks back from ``until`` over a growing window until it holds ``keep``
-        slots or reaches ``after``, so an entry years behind is not walked slot by
-        slot; the count is then a lower bound. :class:`Every` counts exactly.
-        """
+        """Due instants in ``(after, until]``: the newest ``keep`` of them and how many there are
+        (walked back from ``until`` over a growing window, so the count may be a lower bound;
+        :class:`Every` counts exactly)."""
         window = timedelta(hours=1)
         while True:
             begin = max(after, until - window)
@@ -103,12 +82,8 @@ _MAX_STEPS = 10_080
 
 
 class Every(Series):
-    """Every ``period``, at whole multiples of it since the Unix epoch.
-
-    Elapsed time, not wall time: clock changes do not move it. Entries that share a
-    period share their slots, on every replica and across restarts, so a batch of
-    them stays one claim round trip.
-    """
+    """Every ``period``, at whole multiples of it since the Unix epoch (elapsed time, not
+    wall time): entries sharing a period share their slots, so a batch stays one claim."""
 
     def __init__(self, period: timedelta) -> None:
         if period <= timedelta(0):
@@ -149,15 +124,10 @@ class Every(Series):
 class CronSeries(Series):
     """A crontab's fields read in ``zone``, with the clock-change rules of cron.
 
-    A day matches when its month, day of month *and* day of week are in their
-    sets (Celery's crontab rule). Around a clock change:
-
-    * fall-back (a wall-clock hour happens twice): an entry whose hour field is
-      every hour runs on real elapsed time, so it fires in both hours; an entry
-      with fixed hours (02:30) fires once, at the first occurrence;
-    * spring-forward (a wall-clock hour does not happen): an entry with every
-      hour has nothing to fire in the missing hour (no time elapsed); an entry
-      with fixed hours fires once at the jump instead of losing the day's run.
+    A day matches when its month, day of month *and* day of week match (Celery's
+    rule). In a repeated (fall-back) hour an every-hour entry fires in both hours, a
+    fixed-hour one (02:30) once, at the first; in a skipped (spring-forward) hour an
+    every-hour entry has nothing to fire, a fixed-hour one fires once at the jump.
     """
 
     def __init__(
@@ -176,15 +146,13 @@ class CronSeries(Series):
         self.months = frozenset(months)
         # 0 = Sunday, as in cron and Celery; Python's isoweekday() % 7 matches.
         self.days_of_week = frozenset(d % 7 for d in days_of_week)
-        if not (self.minutes and self.hours and self.days_of_month and self.months):
-            raise ValueError("a crontab needs at least one value in every field")
-        if not self.days_of_week:
+        fields = (self.minutes, self.hours, self.days_of_month, self.months, self.days_of_week)
+        if not all(fields):
             raise ValueError("a crontab needs at least one value in every field")
         #: Every hour of the day: runs on elapsed time across clock changes.
         self.every_hour = len(self.hours) == 24
-        #: The last question and its answer. Entries of one expression share this
-        #: series, and a new term settles thousands of them at one instant (or at
-        #: the slot they all last ran): a third of its time went to asking again.
+        #: The last question and its answer: a new term settles thousands of entries of
+        #: one expression at one instant, and a third of its time went to asking again.
         self._last: tuple[datetime, datetime | None] | None = None
 
     def _day_matches(self, day: date) -> bool:

@@ -1,10 +1,5 @@
-"""Slot names, the stored run state of a schedule entry, and claims of it.
-
-Shared by beat and Dramatiq, no task queue: a slot is named
-``"<entry>@<ISO due time>"``, an entry's state is stored as JSON (never a
-pickle) that both schedulers read back, and a :class:`Claim` turns a change of
-that state into the store's fenced :class:`~celery_leader.backends.Write`.
-"""
+"""Slot names (``"<entry>@<ISO due time>"``), the stored run state of a schedule entry
+(JSON, never a pickle), and claims of it (a fenced :class:`~celery_leader.backends.Write`)."""
 
 from __future__ import annotations
 
@@ -17,10 +12,8 @@ from .series import utc
 
 
 def slot_name(entry: str, due: datetime, zone: tzinfo = timezone.utc) -> str:
-    """Name of the slot of ``entry`` due at ``due``, in ``zone``'s local time with its offset.
-
-    ``"tick@2026-01-01T00:00:00.000+00:00"``. The offset is the one in force at that
-    instant, so the two 02:30s of a fall-back day get different names.
+    """Name of the slot of ``entry`` due at ``due`` (``"tick@2026-01-01T00:00:00.000+00:00"``),
+    in ``zone``'s local time with the offset in force then: the two 02:30s of a fall-back differ.
     """
     return f"{entry}@{utc(due).astimezone(zone).isoformat(timespec='milliseconds')}"
 
@@ -31,13 +24,11 @@ class RunState:
 
     last_run_at: datetime  # aware UTC
     total_run_count: int
-    #: The lifetime of the entry's definition this state belongs to (see
-    #: :attr:`~celery_leader.schedule.jobs.Job.generation`); ``None`` in states
-    #: written before generations existed, or for entries without one.
+    #: The lifetime of the entry's definition this state belongs to (``Job.generation``);
+    #: ``None`` in states written before generations existed, or for entries without one.
     generation: str | None = None
-    #: The latest ``active_since`` a leader saw of the entry (see
-    #: :attr:`~celery_leader.schedule.jobs.Job.active_since`), kept so that a
-    #: successor that never saw the resume or re-timing honours it too.
+    #: The latest ``active_since`` a leader saw of the entry, so that a successor that
+    #: never saw the resume or re-timing honours it too.
     active_since: datetime | None = None
 
 
@@ -50,12 +41,8 @@ def dump_state(
     generation: str | None = None,
     active_since: datetime | None = None,
 ) -> str:
-    """The shared state of an entry as stored: JSON, read back by :func:`parse_state`.
-
-    ``last_run_at`` is kept in UTC; ``slot``, ``epoch`` and ``by`` are for people
-    reading the store. ``generation`` and ``active_since`` are written only when
-    the entry has them, so states of entries without them read as they always did.
-    """
+    """The shared state of an entry as stored (JSON, read back by :func:`parse_state`);
+    ``generation`` and ``active_since`` are written only when the entry has them."""
     state: dict[str, object] = {
         "last_run_at": utc(last_run_at).isoformat(),
         "total_run_count": total_run_count,
@@ -97,16 +84,10 @@ def order_key(instant: datetime) -> str:
 
 @dataclass(frozen=True)
 class Claim:
-    """A fenced change of one schedule entry's stored state.
-
-    It succeeds only if the claimer's term is still current and the stored
-    state of ``entry`` is exactly ``expected`` (``None``: nothing stored yet).
-    A claim of a slot names its ``due`` instant: it also fails unless that is
-    strictly after the ``last_run_at`` recorded in ``expected``, so a slot can
-    never be claimed twice, whatever the scheduler's clock arithmetic did.
-    Claims without ``due`` (anchoring an entry, handing a slot back) only
-    compare and set.
-    """
+    """A fenced change of one schedule entry's stored state: it succeeds only if the term is
+    current and the stored state is exactly ``expected`` (``None``: nothing). A claim of a
+    slot names its ``due``, which must also be strictly after ``expected``'s ``last_run_at``,
+    so a slot is never claimed twice, whatever the clock arithmetic did."""
 
     entry: str
     expected: str | None

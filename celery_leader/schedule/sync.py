@@ -1,28 +1,14 @@
 """The schedule state a leader holds (:class:`HeldJobs`), loaded for a term (:class:`StateSync`).
 
-A new term loads it in chunks, the most frequent entries first, a slice of
-time per tick: dispatching starts with the first chunk, and the watchdog sees
-each chunk as progress, so a schedule too large to load within
-``leader_tick_timeout`` is not a hung tick. The store is the truth of what was
-sent: a new leader continues where the last one stopped. Stored state never
-moves backwards, with one exception named below:
-
-* **An entry with no state** (new, or the store lost its data) is anchored at
-  its series' anchor before now, with a claim, before anything is sent: our own
-  memory of it may be older than what other leaders sent since, and a successor
-  that found nothing would start the entry from its own promotion.
-* **State ahead of this replica's clock** (a replica whose clock runs ahead wrote
-  it, or ours runs behind) is kept: its entry waits until this clock passes it,
-  with one WARNING. Moving it back would resend what the fast replica sent.
-* **State ahead by more than** :data:`REPAIR_AFTER` cannot come from clock skew
-  (a clock set to the wrong day, or a corrupt value): waiting would stop the
-  entry for that long, so it is re-anchored at now, with one WARNING. The slots
-  the fast replica sent early are then sent again when they really fall due.
-* **Unreadable state** is replaced by an anchor, with one ERROR.
-* **State of another generation** (the entry was deleted and re-created under
-  its name, see :attr:`~celery_leader.schedule.jobs.Job.generation`) is
-  replaced by an anchor: a re-created entry starts fresh and backfills nothing.
-  State without a generation (written before generations existed) is adopted.
+A new term loads it in chunks, most frequent entries first, a slice of time per
+tick, so a schedule too large to load within ``leader_tick_timeout`` is not a hung
+tick. Stored state never moves backwards, except: an entry with no state is
+anchored at its series' anchor before now, with a claim, before anything is sent;
+state ahead of this clock is waited for (one WARNING: moving it back would resend
+what a fast replica sent), unless ahead by more than :data:`REPAIR_AFTER` (no
+clock skew explains it): then re-anchored at now; unreadable state (one ERROR) and
+state of another generation (a re-created entry starts fresh, backfilling nothing)
+are replaced by an anchor. State without a generation (older) is adopted.
 """
 
 from __future__ import annotations
@@ -46,19 +32,15 @@ from .state import Claim, dump_state, parse_state
 #: Clock skew that goes unmentioned: replicas' clocks disagree by milliseconds.
 MAX_CLOCK_SKEW = timedelta(seconds=1)
 
-#: Stored state further ahead than this is repaired rather than waited for. It
-#: is longer than any clock change (an hour, two in some zones' history) and any
-#: skew NTP leaves, and shorter than a day, the typical wrong-date mistake.
+#: Stored state further ahead than this is repaired rather than waited for: longer than
+#: any clock change or NTP skew, shorter than a day (the typical wrong-date mistake).
 REPAIR_AFTER = timedelta(hours=6)
 
 
 @dataclass(slots=True)
 class EntryState:
-    """What the store records for one entry, as this leader last saw or wrote it.
-
-    A leader holds one per entry, so it is kept small (slots, no caches): its
-    next due time lives in the protocol's :class:`~celery_leader.schedule.due.DueIndex`.
-    """
+    """What the store records for one entry, as this leader last saw or wrote it; one per
+    entry, so kept small (its next due time lives in the protocol's ``DueIndex``)."""
 
     raw: str | None  # the stored value: the ``expected`` of the next claim
     last_run_at: datetime  # UTC: the due time of the last slot recorded
@@ -117,17 +99,11 @@ class StateSync:
         if not jobs:
             return
         lease = self.lease
+        by = (fence.term.epoch, lease.instance_id)
         fresh = []
         for job in jobs:
             start = job.series.anchor(now) if job.series is not None else now
-            new = dump_state(
-                start,
-                0,
-                fence.term.epoch,
-                lease.instance_id,
-                generation=job.generation,
-                active_since=job.active_since,
-            )
+            new = dump_state(start, 0, *by, None, job.generation, job.active_since)
             fresh.append((job, Claim(job.name, stored.get(job.name), new), start))
         with lease.observe("claim"):
             won = self.records.claim(fence, [c.write() for _, c, _ in fresh])
@@ -142,27 +118,16 @@ class StateSync:
             states[job.name] = EntryState(claim.new, start, 0, job.generation, job.active_since)
 
     def restamp(self, jobs: Sequence[Job], fence: Fence, states: dict[str, EntryState]) -> bool:
-        """Record each job's newer ``active_since`` in the store, in one claim round trip.
-
-        Done as soon as a leader sees an entry resumed or re-timed, not with its
-        next slot: a successor promoted before that slot must not count the pause
-        as missed. False when the stored state moved meanwhile (reload it).
-        """
+        """Record each job's newer ``active_since`` in the store, in one claim round trip, at
+        once: a successor promoted before its next slot must not count the pause as missed.
+        False when the stored state moved meanwhile (reload it)."""
         lease = self.lease
+        by = (fence.term.epoch, lease.instance_id)
         fresh = []
         for job in jobs:
-            state = states[job.name]
-            new = dump_state(
-                state.last_run_at,
-                state.count,
-                fence.term.epoch,
-                lease.instance_id,
-                generation=state.generation,
-                active_since=job.active_since,
-            )
-            after = EntryState(
-                new, state.last_run_at, state.count, state.generation, job.active_since
-            )
+            state, since = states[job.name], job.active_since
+            new = dump_state(state.last_run_at, state.count, *by, None, state.generation, since)
+            after = EntryState(new, state.last_run_at, state.count, state.generation, since)
             fresh.append((job, Claim(job.name, state.raw, new), after))
         with lease.observe("claim"):
             won = self.records.claim(fence, [c.write() for _, c, _ in fresh])
@@ -177,43 +142,36 @@ class StateSync:
             return None
         state = parse_state(raw)
         if state is None:
-            self.logger.error(
+            msg = (
                 "celery-leader: unreadable schedule state of %r: %.100r (replaced by an anchor "
-                "at now)",
-                job.name,
-                raw,
+                "at now)"
             )
+            self.logger.error(msg, job.name, raw)
             return None
         if state.generation is not None and state.generation != job.generation:
-            self.logger.info(
+            msg = (
                 "celery-leader: entry %r was re-created (generation %s, stored state of %s): "
-                "it starts anew from now",
-                job.name,
-                job.generation,
-                state.generation,
+                "it starts anew from now"
             )
+            self.logger.info(msg, job.name, job.generation, state.generation)
             return None
         ahead = state.last_run_at - now
         if ahead > REPAIR_AFTER:
-            self.logger.warning(
+            msg = (
                 "celery-leader: entry %r has a stored last_run_at in the future (%s, now %s, "
-                "%s ahead; more than clock skew explains): starting it anew from now",
-                job.name,
-                state.last_run_at.isoformat(),
-                now.isoformat(),
-                _span(ahead),
+                "%s ahead; more than clock skew explains): starting it anew from now"
             )
+            last = state.last_run_at.isoformat()
+            self.logger.warning(msg, job.name, last, now.isoformat(), _span(ahead))
             return None
         if ahead > MAX_CLOCK_SKEW:
-            self.logger.warning(
+            msg = (
                 "celery-leader: entry %r last sent a slot due %s, %s ahead of this replica's "
                 "clock (now %s): it waits until this clock passes that (a replica's clock "
-                "runs ahead, or this one's behind)",
-                job.name,
-                state.last_run_at.isoformat(),
-                _span(ahead),
-                now.isoformat(),
+                "runs ahead, or this one's behind)"
             )
+            last = state.last_run_at.isoformat()
+            self.logger.warning(msg, job.name, last, _span(ahead), now.isoformat())
         # The job's generation, also for a state written before generations: it is
         # the same entry, and the next claim records the generation.
         return EntryState(
@@ -252,10 +210,8 @@ def _resumed(job: Job, state: EntryState) -> bool:
 
 
 class HeldJobs:
-    """The jobs as last listed, their loaded state, and when each is next due (a
-    :class:`~celery_leader.schedule.due.DueIndex` for jobs with a series, asked at
-    every tick for the others). Methods that touch the store return False when the
-    state must be loaded again before anything more is dispatched."""
+    """The jobs as last listed, their loaded state, and when each is next due. Methods that
+    touch the store return False when the state must be loaded again before dispatching."""
 
     def __init__(self, runtime: SchedulerRuntime, adapter: Adapter, logger: logging.Logger) -> None:
         self.runtime = runtime
@@ -286,12 +242,9 @@ class HeldJobs:
         self.pending = _load_order(jobs)
 
     def apply(self, jobs: Sequence[Job], fence: Fence) -> bool:
-        """Take in the jobs as listed now: forget the gone, load the new or re-created
-        (anchored anew if of another generation), re-time the edited at once.
-
-        Gone jobs' stored state stays: a job that comes back loads it again, and
-        its ``generation`` and ``active_since`` say what of it still counts.
-        """
+        """Take in the jobs as listed now: forget the gone, load the new or re-created, re-time
+        the edited at once. Gone jobs' stored state stays: one that comes back loads it again,
+        and its ``generation`` and ``active_since`` say what of it still counts."""
         old, self.jobs = self.jobs, {job.name: job for job in jobs}
         for name in old.keys() - self.jobs.keys():
             self._drop(name)
@@ -334,8 +287,7 @@ class HeldJobs:
         self.due.set(job.name, job.series.next_after(counted_after(state.last_run_at, since)))
 
     def _restamp(self, jobs: Sequence[Job], fence: Fence) -> bool:
-        """Store the ``active_since`` of jobs resumed or re-timed since their state was
-        written."""
+        """Store the ``active_since`` of jobs resumed or re-timed since their state was written."""
         if not jobs:
             return True
         try:

@@ -162,11 +162,8 @@ def _name(setting: str, value: object, default: str) -> str:
 
 
 def validate_name(setting: str, value: object) -> str:
-    """Check an election name or key prefix: non-empty, no spaces or braces.
-
-    Braces are refused because Redis Cluster hash tags (``{prefix:election}``)
-    are built from these names.
-    """
+    """Check an election name or key prefix: non-empty, no spaces or braces (Redis Cluster
+    hash tags, ``{prefix:election}``, are built from these names)."""
     if not isinstance(value, str) or not _NAME.match(value):
         raise ConfigError(
             f"{setting} must be a non-empty string of letters, digits and _ . : - (got {value!r})"
@@ -321,10 +318,8 @@ def spelled(setting: str, prefix: str) -> str:
 
 
 def warn_unknown(keys: Iterable[str], prefix: str) -> None:
-    """One WARNING per ``leader_*`` key (after ``prefix``) that is no setting, with a suggestion.
-
-    A misspelt setting is otherwise silently ignored and its default used.
-    """
+    """One WARNING per ``leader_*`` key (after ``prefix``) that is no setting, with a suggestion
+    (a misspelt setting would otherwise silently leave its default)."""
     for key in keys:
         if not key.upper().startswith(f"{prefix}LEADER_".upper()):
             continue

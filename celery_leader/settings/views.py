@@ -1,7 +1,4 @@
-"""What each consumer reads, as a frozen view; ``LeaderConfig`` is made of them.
-
-A view's fields are the settings ``leader_<field>`` one consumer reads (:data:`.table.TABLE`).
-"""
+"""What each consumer reads, as a frozen view of settings; ``LeaderConfig`` is made of them."""
 
 from __future__ import annotations
 

@@ -4,24 +4,9 @@ Load it from the root ``conftest.py`` of your project::
 
     pytest_plugins = ("celery_leader.testing",)
 
-It is not registered as a ``pytest11`` entry point on purpose: an entry point
-would load its autouse fixture, fixtures and markers into the test run of every
-project that merely has celery-leader installed (Celery ships
-``celery.contrib.pytest`` opt-in for the same reason).
-
-What it gives:
-
-* :func:`as_leader` and :func:`as_follower`: context managers (and decorators)
-  that make this process lead, or not lead, an election or every election;
-* the markers ``@pytest.mark.leader(election=None, *, epoch=None)`` and
-  ``@pytest.mark.follower(election=None)``, the same for a whole test;
-* the fixture ``leader_url``: a ``memory://`` store no other test shares;
-* after every test, the pins end and Celery's side forgets the settings and
-  the elections of the test;
-* :func:`beat_replicas`: real ``celery beat`` processes against one store, and
-  the slots each one sent.
-
-See docs/testing.md.
+Not a ``pytest11`` entry point on purpose: that would load its autouse fixture into
+the test run of every project that merely has celery-leader installed (Celery ships
+``celery.contrib.pytest`` opt-in for the same reason). See docs/testing.md.
 """
 
 from __future__ import annotations

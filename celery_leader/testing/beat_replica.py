@@ -1,13 +1,8 @@
 """One ``celery beat`` replica of :func:`celery_leader.testing.beat_replicas`.
 
 ``python -m celery_leader.testing.beat_replica --ledger FILE --settings JSON --schedule FILE APP``
-imports the app as ``celery -A APP`` does, applies the settings (the test's
-``leader_url``, broker, instance id), and runs ``celery beat -S
-celery_leader.LeaderScheduler`` in this process through Celery's own command
-line. It appends one JSON line to the ledger when beat starts
-(``{"ready": true}``) and one for every message it publishes
-(``{"slot": ...}``, its ``leader_slot`` header): what this replica sent,
-whatever the broker.
+runs ``celery beat -S celery_leader.LeaderScheduler`` with the settings applied, and appends
+to the ledger ``{"ready": true}`` when beat starts and ``{"slot": ...}`` per message published.
 """
 
 from __future__ import annotations
@@ -24,8 +19,6 @@ try:
     from celery.app.utils import find_app
 except ModuleNotFoundError as exc:
     raise missing_extra(exc, "celery") from None
-
-__all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,12 +1,6 @@
-"""Real ``celery beat`` replicas against one lease store, for an integration test.
-
-Each replica is a process of its own (``python -m celery_leader.testing.beat_replica``,
-which runs ``celery -A APP beat -S celery_leader.LeaderScheduler``), so the
-election, the fenced slot claims and the publishing are the real ones. Every
-replica notes what it published in a ledger file; :meth:`BeatReplicas.sent`
-reads them. No Docker and no broker server: by default the broker is Celery's
-filesystem transport in the test's directory.
-"""
+"""Real ``celery beat`` replicas against one lease store, for an integration test: each a
+process of its own (``python -m celery_leader.testing.beat_replica``), noting what it
+published in a ledger file; by default the broker is Celery's filesystem transport."""
 
 from __future__ import annotations
 
@@ -24,8 +18,6 @@ from typing import Any
 
 from ..backends.urls import scheme_of
 
-__all__ = ["BeatReplicas", "beat_replicas"]
-
 #: How long replicas get to start beat (importing Celery and the app), and to
 #: exit after SIGTERM: generous, because test machines run many tests at once.
 START_TIMEOUT = 60.0
@@ -40,11 +32,8 @@ class BeatReplicas:
     procs: dict[str, subprocess.Popen[bytes]]
 
     def sent(self) -> dict[str, list[str]]:
-        """Replica name -> the ``leader_slot`` of each message it published, in order.
-
-        A message without the header (not sent by ``LeaderScheduler``) shows as
-        ``""``. Readable while the replicas run and after they stopped.
-        """
+        """Replica name -> the ``leader_slot`` of each message it published, in order
+        (``""`` without the header); readable while the replicas run and after."""
         return {
             name: [r["slot"] or "" for r in self._records(name) if "slot" in r]
             for name in self.procs
@@ -78,18 +67,11 @@ def beat_replicas(
 ) -> Iterator[BeatReplicas]:
     """Run ``count`` beat replicas of ``app`` (as for ``celery -A``) until the block ends.
 
-    Every replica uses ``leader_url`` as its lease store: a ``file://`` or a
-    server's URL (a ``memory://`` store is private to each process, so every
-    replica would lead). The broker is ``broker_url``, else Celery's filesystem
-    transport under ``workdir``. ``settings`` (JSON values) are applied to the
-    app in every replica, after those two: ``leader_ttl``, ``beat_schedule``...
-    Each replica's ``leader_instance_id`` is its name, so the store's holder
-    names the replica that leads.
-
-    The block starts once every replica has started beat; at its end each one
-    gets SIGTERM (a graceful hand-over) and is waited for. Replicas are started
-    with the Python and the ``sys.path`` of the test, so they import what it
-    imports.
+    Every replica uses ``leader_url`` (a ``file://`` or a server's URL: ``memory://`` is
+    private to each process, so every replica would lead) and ``broker_url``, else Celery's
+    filesystem transport under ``workdir``; then ``settings`` (JSON values). Each replica's
+    ``leader_instance_id`` is its name. The block starts once every replica started beat;
+    at its end each gets SIGTERM and is waited for.
     """
     if count < 1:
         raise ValueError(f"beat_replicas: count must be at least 1 (got {count!r})")
@@ -105,36 +87,23 @@ def beat_replicas(
         folder = workdir / "broker"
         folder.mkdir(exist_ok=True)
         overrides["broker_url"] = "filesystem://"
-        overrides["broker_transport_options"] = {
-            "data_folder_in": str(folder),
-            "data_folder_out": str(folder),
-        }
+        transport = {"data_folder_in": str(folder), "data_folder_out": str(folder)}
+        overrides["broker_transport_options"] = transport
     else:
         overrides["broker_url"] = broker_url
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    module = [sys.executable, "-m", "celery_leader.testing.beat_replica"]
     replicas = BeatReplicas(workdir, {})
     try:
         for n in range(1, count + 1):
             name = f"beat-{n}"
             replica_settings = {**overrides, **(settings or {}), "leader_instance_id": name}
+            argv = [*module, "--ledger", str(workdir / f"{name}.jsonl")]
+            argv += ["--settings", json.dumps(replica_settings)]
+            argv += ["--schedule", str(workdir / f"{name}.schedule"), app]
             with open(workdir / f"{name}.log", "wb") as log:
                 replicas.procs[name] = subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "celery_leader.testing.beat_replica",
-                        "--ledger",
-                        str(workdir / f"{name}.jsonl"),
-                        "--settings",
-                        json.dumps(replica_settings),
-                        "--schedule",
-                        str(workdir / f"{name}.schedule"),
-                        app,
-                    ],
-                    cwd=workdir,
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
+                    argv, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT
                 )
         _wait_started(replicas)
         yield replicas

@@ -1,24 +1,9 @@
 """Calls to an etcd cluster through its gRPC gateway: one deadline, member fail-over, auth.
 
-:class:`Cluster` is the one connection every facet of an etcd store shares.
-
-Built on etcd3gw's :class:`~etcd3gw.client.Etcd3Client` (one per member), with
-three things it lacks added here:
-
-* **one deadline per operation.** etcd3gw gives every HTTP request the same
-  fixed timeout; a renewal is two requests and must give up within the store
-  deadline as a whole. :class:`_DeadlineSession` caps each request at what is
-  left of the calling thread's deadline.
-* **several members.** A call goes to the member that answered last; a member
-  that refuses the connection or has no Raft leader is skipped for the next
-  one while the deadline allows. A timeout is not retried (the deadline is
-  spent) but the next call starts at the next member.
-* **users and passwords.** etcd hands out a token for them
-  (``/v3/auth/authenticate``); it is sent in the ``Authorization`` header, and
-  fetched again when etcd says it expired.
-
-Watches are made here too, on the member's session: etcd3gw's watcher has no
-timeout on its request, which hangs for good behind a partition.
+What etcd3gw lacks: one deadline per operation (:class:`_DeadlineSession` caps each
+request at what is left of it), skipping a member that refuses or has no Raft leader,
+and auth tokens fetched again when expired. Watches are made here too: etcd3gw's
+watcher has no timeout and hangs for good behind a partition.
 """
 
 from __future__ import annotations
@@ -140,8 +125,7 @@ class _Member:
 
 
 class Cluster:
-    """The members of one etcd cluster, called with one deadline per operation, and
-    where this store's keys live in it."""
+    """An etcd cluster's members, one deadline per operation, and where our keys live."""
 
     def __init__(self, params: EtcdParams, timeout: float, key_prefix: str) -> None:
         self.timeout = timeout
@@ -241,11 +225,8 @@ class Cluster:
 class Watch:
     """A watch for one key's deletion, read by a daemon thread; :attr:`done` is set on one.
 
-    ``after`` is the store revision at which the caller last saw the key: the
-    watch starts right after it, so a deletion between that read and this watch
-    is not missed. A watch that fails (member down, auth) just never sets
-    :attr:`done`; the caller's own timeout bounds its wait.
-    """
+    It starts right after revision ``after`` (so no deletion is missed); one that
+    fails just never sets :attr:`done`."""
 
     def __init__(self, member: _Member, key: bytes, after: int | None, timeout: float) -> None:
         #: Set when the key was deleted (or etcd compacted past ``after``).

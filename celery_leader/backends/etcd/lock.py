@@ -50,12 +50,9 @@ class EtcdLock(LeaseLock):
     #: The gateway's HTTP ``Date`` header: whole seconds.
     clock_resolution = 1.0
 
-    #: No hold-off. The lease trusts a term until ``t_sent + ttl * 0.99 - 0.005``.
-    #: etcd's leader frees an etcd lease no earlier than its TTL (the ttl,
-    #: rounded up to whole seconds) after it *received* the grant or keep-alive,
-    #: which was sent after ``t_sent``; a change of Raft leader only extends
-    #: every lease (the new leader restarts their TTLs). So the old holder's
-    #: belief ends first while the clocks' rates differ by less than 1 %.
+    #: No hold-off: etcd frees a lease no earlier than its TTL (the ttl rounded up)
+    #: after it received the grant or keep-alive, sent after ``t_sent``; a new Raft
+    #: leader only extends leases. The old holder's belief (``t_sent + ttl * 0.99``) ends first.
     holdoff = 0.0
 
     def __init__(self, etcd: Cluster, url: str) -> None:
@@ -151,21 +148,14 @@ class EtcdLock(LeaseLock):
             try:
                 self._revoke(ours.lease)
             except StoreUnavailable:
-                # Quorum lost, say: when it is back, the new Raft leader gives the
-                # lease a full TTL again. Revoke it at the next call that gets
-                # through instead of leaving the role empty that long.
+                # Quorum lost, say: the new Raft leader would give the lease a full TTL
+                # again, so revoke it at the next call that gets through.
                 with self._lock:
                     self._unreleased.add(ours.lease)
                 raise
 
-    def wait(
-        self, election: str, timeout: float, cancel: threading.Event, term: Term | None = None
-    ) -> bool:
-        if term is not None:
-            # A holder's term is its lease, which only runs out: nothing shows
-            # its connection gone sooner.
-            cancel.wait(timeout)
-            return True
+    def _wait_free(self, election: str, timeout: float, cancel: threading.Event) -> None:
+        # A holder just waits: its term is its lease, which only runs out.
         with self._lock:
             after = self._seen.get(election)
         watch = self.etcd.watch_delete(self.etcd.key(election, "term"), after)
@@ -173,7 +163,6 @@ class EtcdLock(LeaseLock):
             wait_sliced(watch.done.wait, timeout, cancel)
         finally:
             watch.close()
-        return True
 
     def store_time(self, election: str) -> float | None:
         with self.etcd.deadline():
@@ -284,9 +273,7 @@ class EtcdLock(LeaseLock):
 def _lease_call(client: Etcd3Client, path: str, lease: int) -> int:
     """The TTL left on ``lease`` after a keep-alive or time-to-live call; <= 0 when gone.
 
-    The gateway reports errors of the streaming keep-alive as a body with
-    ``error`` and status 200: they are raised here like any other.
-    """
+    The gateway reports errors of the streaming keep-alive with status 200: raised here."""
     reply = client.post(client.get_url(path), json={"ID": str(lease)})
     error = reply.get("error")
     if error is not None:

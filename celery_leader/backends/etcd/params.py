@@ -1,10 +1,7 @@
 """``leader_url`` -> the etcd members, credentials and TLS files to use.
 
-``etcd://[user:password@]host1:2379,host2:2379[,...]`` speaks plain HTTP to the
-members' client URLs; ``etcds://`` speaks HTTPS. Query options, named like
-``etcdctl``'s flags: ``cacert`` (CA bundle to verify the members with; the
-system's CAs by default), ``cert`` and ``key`` (a client certificate, for
-clusters started with ``--client-cert-auth``).
+``etcd://`` speaks HTTP, ``etcds://`` HTTPS; options ``cacert``, ``cert``, ``key``
+are named like ``etcdctl``'s flags.
 """
 
 from __future__ import annotations

@@ -46,12 +46,8 @@ class EtcdRecords(FencedRecords):
     def compare_and_set(self, fence: Fence, writes: Sequence[Write]) -> list[bool]:
         """Apply ``writes`` in transactions fenced by the term key's create revision.
 
-        Each write is a nested transaction (compare its record, then put), so
-        one write failing does not stop the others. etcd compares every nested
-        transaction before applying any, and refuses to write a key twice in
-        one transaction, so the n-th write of a key goes in round n; a round is
-        one transaction of up to :data:`~.wire.MAX_TXN_OPS` writes.
-        """
+        Each write is a nested transaction, so one failing does not stop the others;
+        etcd refuses to write a key twice in one transaction, hence rounds."""
         results = [False] * len(writes)
         ours = Ours.of(fence.term)
         if ours is None:
@@ -87,9 +83,8 @@ class EtcdEntries(EntryStore):
         return _version(reply)
 
     def load(self, election: str) -> tuple[int, dict[str, str]]:
-        # By bounded ranges: one range of a million entries outlasted the store
-        # deadline. The version comes with the first page: an edit during the
-        # pages moves it past the one returned, and the reader asks again.
+        # By bounded ranges (one range of a million entries outlasted the deadline);
+        # the version comes with the first page, so an edit meanwhile is read next time.
         prefix = self.etcd.key(election, "entries/")
         end = wire.prefix_end(prefix)
         page = {"key": wire.b64(prefix), "range_end": wire.b64(end), "limit": ENTRIES_PAGE}
@@ -108,13 +103,8 @@ class EtcdEntries(EntryStore):
     def changes_since(
         self, election: str, version: int
     ) -> tuple[int, dict[str, str | None]] | None:
-        """The entries' events after ``version``, replayed from etcd's history by a watch.
-
-        Every edit is one transaction that writes one entry key and the version
-        key, so the event at the version read first is the last one to take.
-        ``None`` when etcd compacted that history, or it holds more edits than
-        :data:`CHANGES_KEPT`.
-        """
+        """The entries' events after ``version``, replayed from etcd's history by a watch;
+        ``None`` when compacted, or more than :data:`CHANGES_KEPT` edits."""
         with self.etcd.deadline():
             now = self.version(election)
             if now == version:
@@ -151,11 +141,7 @@ class EtcdEntries(EntryStore):
         return None if edits is None else (now, edits)
 
     def edit(self, election: str, edits: Sequence[Edit]) -> list[bool]:
-        """One transaction per edit: compare the entry, write it and the version key.
-
-        The version is the version key's modification revision, so it moves with
-        every applied edit and with nothing else.
-        """
+        """One transaction per edit: compare the entry, write it and the version key."""
         version = wire.put(self.etcd.key(election, "entries-version"), b"")
         results = []
         for edit in edits:
@@ -173,8 +159,7 @@ def _version(reply: dict[str, Any]) -> int:
 
 
 class RunKeys:
-    """The keys of one entry's run records (the entry name percent-encoded, so
-    that one entry's prefix never covers another's)."""
+    """An entry's run-record keys (the name percent-encoded: no prefix covers another)."""
 
     def __init__(self, etcd: Cluster, election: str, entry: str) -> None:
         self.entry = entry
@@ -203,9 +188,8 @@ class EtcdRuns(RunStore):
         #: The connection every facet of this store shares.
         self.etcd = etcd
         self._lock = threading.Lock()
-        #: The etcd lease run records are written with, by their ttl: (lease,
-        #: when to stop using it). One lease serves many records, so a write
-        #: is one round trip, not a grant and a put.
+        #: The lease run records are written with, by ttl: (lease, when to stop using
+        #: it). One lease serves many records: a write is one round trip.
         self._leases: dict[float, tuple[int, float]] = {}
 
     def put(self, election: str, write: RunWrite) -> tuple[bool, str | None]:

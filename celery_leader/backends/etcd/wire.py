@@ -1,7 +1,7 @@
 """The gRPC gateway's JSON: operations of a transaction, and what its replies hold.
 
-Keys and values travel base64-encoded. Values are text, encoded with
-``surrogateescape`` so that bytes celery-leader did not write read back as they are.
+Keys and values travel base64-encoded; values are text with ``surrogateescape``,
+so bytes celery-leader did not write read back as they are.
 """
 
 from __future__ import annotations

@@ -11,11 +11,9 @@ SELECT COUNT(*) FROM information_schema.tables
 WHERE table_schema = DATABASE() AND table_name = 'celery_leader_entries_edits'
 """
 
-# Added to the tables of the previous release (or of a fresh schema): the
-# version row's two columns (MySQL has no ADD COLUMN IF NOT EXISTS: a statement
-# prepared from what information_schema says), then the table. Nothing reads or
-# rewrites the entries themselves, so it is quick at any size. Rows written
-# before have recorded NULL: readers read everything.
+# Added to the previous release's tables (or a fresh schema): the version row's
+# two columns (no ADD COLUMN IF NOT EXISTS: prepared from information_schema), then
+# the table. Quick at any size; rows written before recorded NULL (read everything).
 ADD_CHANGES = f"""
 DO GET_LOCK('{SCHEMA_LOCK}', 10);
 SET @celery_leader_ddl = IF(
@@ -39,9 +37,8 @@ CREATE TABLE IF NOT EXISTS celery_leader_entries_edits (
 DO RELEASE_LOCK('{SCHEMA_LOCK}')
 """  # noqa: S608
 
-# One transaction, one snapshot (whatever the server's default isolation): the
-# version row, whether the record can answer from %(since)s, then every name
-# edited after it with its value (NULL: removed), read only when it can.
+# One transaction, one snapshot: the version row, whether the record can answer
+# from %(since)s, then every name edited after it (NULL value: removed).
 ENTRIES_SINCE = f"""
 SET TRANSACTION ISOLATION LEVEL REPEATABLE READ;
 START TRANSACTION WITH CONSISTENT SNAPSHOT;
@@ -71,12 +68,9 @@ DELETE FROM celery_leader_entries
 WHERE {ELECTION} AND name = %(name)s AND value = %(expected)s
 """  # noqa: S608
 
-# One edit, one transaction, one round trip. The version row is locked first
-# (made if need be; LAST_INSERT_ID() is then its version), so editors queue
-# there and never deadlock on an entry's row. When the edit applied, the name is
-# recorded at the new version, the oldest records beyond CHANGES_KEPT go now
-# and then, and the version row moves (``changes_from`` past any unrecorded
-# edit and any dropped record; assignments read the row as it was).
+# One edit, one transaction, one round trip. The version row is locked first, so
+# editors queue there and never deadlock on an entry's row; an applied edit is
+# recorded at the new version (assignments read the row as it was).
 EDIT_ENTRY = f"""
 START TRANSACTION;
 INSERT INTO celery_leader_entries_version (prefix, election, version, recorded, changes_from)

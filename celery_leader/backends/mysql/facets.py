@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,7 +14,6 @@ from ..run_store import RunSummary, RunWrite
 from ..session_lock import Rows, SessionGone, SessionLock
 from ..sql_facets import LOAD_STATE, SqlEntries, SqlJournal, SqlRuns
 from ..terms import since_of
-from ..waiting import LockWaiter
 from .entries import (
     CREATE_ENTRY,
     DELETE_ENTRY,
@@ -24,7 +22,7 @@ from .entries import (
     ENTRIES_SINCE,
     REPLACE_ENTRY,
 )
-from .session import Connector, Session, queue_for_lock
+from .session import Connector, Session
 from .sql import (
     CLAIM_NEW,
     CLAIM_UPDATE,
@@ -53,21 +51,14 @@ from .sql import (
 class MySqlLock(SessionLock[Session]):
     """Terms held as named locks on MySQL (>= 8.0) or MariaDB (>= 10.4)."""
 
-    #: ``UTC_TIMESTAMP(6)`` in the acquire and renew statements: microseconds.
-    clock_resolution = 1e-6
-
-    #: No hold-off. The lease trusts a term until ``t_sent + ttl * 0.99 - 0.005``
-    #: (``t_sent``: when it sent the acquire or renew). The server answers that
-    #: statement at or after ``t_sent`` and only then starts counting
-    #: ``wait_timeout`` (the ttl rounded *up* to whole seconds) for the next
-    #: one. So the session, and with it the lock, ends no earlier than
-    #: ``t_sent + ttl`` by the server's clock, which is ``>= t_sent + ttl * 0.99``
-    #: by ours while the clocks' rates differ by less than 1 %. The old
-    #: holder's belief ends first. The price of the rounding: a paused or cut
-    #: off holder is replaced after ``ceil(ttl)`` rather than ``ttl``.
+    #: No hold-off: the server starts counting ``wait_timeout`` (the ttl rounded up)
+    #: once it answered a statement sent at ``t_sent``, so the lock ends no earlier than
+    #: ``t_sent + ttl``, after the old holder's belief (``t_sent + ttl * 0.99``) while
+    #: clock rates differ by < 1 %. The price: a paused holder is replaced after ``ceil(ttl)``.
     holdoff = 0.0
 
     _RELEASE, _REQUEST_RESIGN = RELEASE, REQUEST_RESIGN
+    _TRY_LOCK, _START_TERM, _CLOCK = TRY_LOCK, START_TERM, CLOCK
 
     _db: Connector
 
@@ -75,41 +66,11 @@ class MySqlLock(SessionLock[Session]):
         name = lock_name(self._db.database, self._db.prefix, election)
         return {**self._db.names(election), "lock": name}
 
-    def _try_lock(
-        self, session: Session, election: str
-    ) -> tuple[bool, HolderInfo | None, float | None]:
-        rows = self._db.execute(session, TRY_LOCK, self._lock_params(election))
-        ((conn_id, got, holder_id, holder_epoch, token, now_us),) = rows
-        self._db.check_conn_id(session, conn_id)
-        holder = (
-            None
-            if holder_id is None
-            else HolderInfo(holder_id, holder_epoch, None, since=since_of(token))
-        )
-        return got == 1, holder, _seconds(now_us)
-
-    def _queue(self, session: Session, election: str, ttl: float) -> LockWaiter[Session]:
-        return queue_for_lock(self._db, session, self._lock_params(election)["lock"], ttl)
-
-    def _start_term(
-        self, session: Session, election: str, instance_id: str, min_epoch: int
-    ) -> tuple[Term, float | None]:
-        params = {
-            **self._lock_params(election),
-            "floor": min_epoch,
-            "nonce": uuid.uuid4().hex,
-            "instance": instance_id,
-        }
-        ((conn_id, epoch, token, now_us),) = self._db.execute(session, START_TERM, params)
-        self._db.check_conn_id(session, conn_id)
-        return Term(str(token), int(epoch), since_of(str(token))), _seconds(now_us)
-
     def _renew_in(
         self, session: Session, election: str, term: Term, ttl: float
     ) -> tuple[bool, bool, float | None]:
         params = {**self._lock_params(election), "token": term.token}
-        ((conn_id, held, resign, now_us),) = self._db.execute(session, RENEW, params)
-        self._db.check_conn_id(session, conn_id)
+        held, resign, now_us = self._row(session, RENEW, params)
         return held == 1, bool(resign), _seconds(now_us)
 
     def _holder(self, session: Session, election: str) -> HolderInfo | None:
@@ -124,15 +85,12 @@ class MySqlLock(SessionLock[Session]):
             return HolderInfo("?", epoch or 0, None)
         return HolderInfo(instance_id, epoch, None, since=since_of(token))
 
-    def store_time(self, election: str) -> float | None:
-        with self._db.admin() as session:
-            ((now_us,),) = self._db.execute(session, CLOCK)
-        return _seconds(now_us)
+    def _clock(self, now: Any) -> float:
+        return _seconds(now)
 
 
 class MySqlRecords(FencedRecords):
-    """The fenced records, in ``celery_leader_state``, written only by the
-    session that holds the election's named lock."""
+    """The fenced records, written only by the session holding the named lock."""
 
     def __init__(self, db: Connector, replica_acks: int | None) -> None:
         self._db = db
@@ -156,15 +114,10 @@ class MySqlRecords(FencedRecords):
         return {str(entry): str(value) for entry, value in rows}
 
     def compare_and_set(self, fence: Fence, writes: Sequence[Write]) -> list[bool]:
-        """Apply ``writes`` in order on the lock-holding session, in one
-        transaction and one round trip; one result each.
+        """Apply ``writes`` in order on the lock-holding session, in one transaction
+        and one round trip, each only while ``IS_USED_LOCK`` names this session.
 
-        Every statement writes only while ``IS_USED_LOCK`` says this very
-        session holds the lock. A write naming a key again sees the writes
-        before it. The results count only once ``COMMIT`` answered: every
-        write fails when the term is over or its session ends first (a slot is
-        then skipped, never sent twice).
-        """
+        Results count only once ``COMMIT`` answered: a slot is skipped, never sent twice."""
         election = fence.election
         session = self._db.holding(election, fence.term)
         if session is None or not writes:
@@ -193,9 +146,8 @@ class MySqlRecords(FencedRecords):
             self._db.drop_session(election, session)
             return [False] * len(writes)
         except StoreUnavailable:
-            # A statement failed (a row lock not granted in time ...): the
-            # transaction is still open on the session. End it before anything
-            # else runs there; if even that fails, the session is unusable.
+            # A statement failed: the transaction is still open on the session. End it
+            # first; if even that fails, the session is unusable.
             try:
                 self._db.execute(session, "ROLLBACK")
             except StoreUnavailable:
@@ -231,8 +183,7 @@ class MySqlEntries(SqlEntries[Session]):
 
 
 class MySqlRuns(SqlRuns):
-    """Run records: marks in ``celery_leader_runs``, an entry's records in
-    ``celery_leader_run_records`` with its counts in ``celery_leader_run_counts``."""
+    """Run records: marks in ``celery_leader_runs``, an entry's in ``..._run_records``."""
 
     _RUNS_OF, _SUMMARIES = RUNS_OF, RUN_SUMMARIES
 

@@ -21,11 +21,7 @@ DEFAULT_PORT = 3306
 def connection_params(
     url: str, given: Mapping[str, Any] | None = None
 ) -> tuple[dict[str, Any], str]:
-    """PyMySQL parameters for ``url``, and how to name the target in messages (no password).
-
-    ``given``: parameters read elsewhere (Django's ``DATABASES`` for
-    ``django://ALIAS``), used instead of the URL's.
-    """
+    """PyMySQL parameters for ``url`` (or ``given``), and the target as messages name it."""
     if given is None:
         return _url_params(url), mask_url(url)
     where = given.get("host") or given.get("unix_socket") or "localhost"

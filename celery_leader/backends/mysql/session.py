@@ -56,20 +56,14 @@ class Session:
     def read_timeout(self, seconds: float) -> None:
         """Give every answer on this session up to ``seconds`` from now on.
 
-        PyMySQL takes its read timeout as it connects and has no setter, but
-        reads ``_read_timeout`` back at every read: the one way to lengthen it
-        on a live connection, for a queued follower's wait.
-        """
+        PyMySQL has no setter, but reads ``_read_timeout`` back at every read."""
         self.conn._read_timeout = seconds  # type: ignore[attr-defined]
 
     def cut(self) -> None:
         """Cut the connection under a statement another thread waits on.
 
-        The statement fails at once (the connection is lost), and the server
-        ends the session, dropping it from any lock queue, when it next looks
-        at the connection. ``close()`` cannot: it waits for the statement
-        (:attr:`lock`), and PyMySQL has no other way in but its socket.
-        """
+        ``close()`` cannot: it waits for the statement (:attr:`lock`), and PyMySQL has no
+        other way in but its socket. The server then drops the session from lock queues."""
         sock = self.conn._sock  # type: ignore[attr-defined]
         if sock is not None:
             try:
@@ -86,18 +80,11 @@ class Session:
 
 
 class Connector(SessionStore[Session]):
-    """Opens sessions to one database and runs statements on them: the store's
-    connection object, shared by its facets.
+    """The store's connection object, shared by its facets: sessions and statements.
 
-    Every statement runs under the store deadline: PyMySQL's read and write
-    timeouts (= the store deadline) close the connection when the server or
-    the network does not answer in time, and the server cancels a slow
-    statement a little before (``max_statement_time`` on MariaDB,
-    ``max_execution_time`` for SELECTs on MySQL), so that a merely slow server
-    costs one failed call, not the session and the term held in it.
-    PyMySQL errors become :class:`StoreUnavailable` in one line, with the
-    password masked.
-    """
+    PyMySQL's read and write timeouts (the store deadline) close a connection that
+    does not answer; the server cancels a slow statement a little before, so that a
+    merely slow server costs one failed call, not the session and its term."""
 
     schema = ((SCHEMA_EXISTS, CREATE_SCHEMA), (CHANGES_READY, ADD_CHANGES))
 
@@ -113,13 +100,8 @@ class Connector(SessionStore[Session]):
         return str(self.params["database"])
 
     def connect(self, ttl: float | None) -> Session:
-        """A new dedicated session; ``ttl`` set means it may hold a lock.
-
-        Such a session runs with ``wait_timeout`` = the ttl rounded up to whole
-        seconds: the server ends it, and frees its lock, when it sent nothing
-        for that long (see the package docstring). Renewals are statements on
-        it and restart the count, so the server never drops a healthy holder.
-        """
+        """A new dedicated session; ``ttl`` set means it may hold a lock, and runs
+        with ``wait_timeout`` = the ttl rounded up to whole seconds."""
         try:
             conn = pymysql.connect(
                 **self.params,
@@ -155,10 +137,8 @@ class Connector(SessionStore[Session]):
         """Give each statement on ``session`` the store deadline, or, with ``wait``,
         a lock wait of up to ``wait`` seconds and the store deadline after it.
 
-        Without a wait the server cancels a statement at 90 % of the deadline,
-        so it gives up first and the session survives; a lock wait may take
-        longer than the deadline, so the server's limit is lifted for it.
-        """
+        The server cancels a statement at 90 % of the deadline, so the session survives;
+        a lock wait may outlast the deadline, so the server's limit is lifted for it."""
         limit = None if wait else self.timeout * 0.9
         self.execute(session, *statement_deadline(session.version, limit))
         session.read_timeout(self.timeout + wait)
@@ -190,9 +170,9 @@ class Connector(SessionStore[Session]):
                     raise SessionGone(message) from exc
                 raise StoreUnavailable(message) from exc
 
-    def check_conn_id(self, session: Session, conn_id: int) -> None:
+    def check_session(self, session: Session, server_id: int) -> None:
         """Refuse a proxy that runs our statements on more than one server connection."""
-        if conn_id != session.conn_id:
+        if server_id != session.conn_id:
             raise StoreMisconfigured(
                 f"leader_url {self.target}: statements on one connection ran on two server "
                 "connections; a proxy that multiplexes connections (ProxySQL?) is in the way. "
@@ -222,41 +202,33 @@ class Connector(SessionStore[Session]):
             "(a primary with asynchronous or semi-synchronous replicas)"
         )
 
+    def queue(self, session: Session, params: Mapping[str, Any], ttl: float) -> LockWaiter[Session]:
+        """Queue ``session`` for the named lock ``params`` name, in a thread of its own.
+
+        One ``GET_LOCK`` a ttl (slices of half the deadline made a fleet's followers send
+        most of the server's statements); each answer must come within the slice and the
+        deadline. A follower that leaves cuts its connection (:meth:`Session.cut`)."""
+        lock = params["lock"]
+        slice_s = round(ttl, 3)
+
+        def wait(session: Session, cancelled: threading.Event) -> bool:
+            try:
+                self.deadline(session, wait=slice_s)
+                while not cancelled.is_set():
+                    result = self.execute(session, WAIT_LOCK, {"lock": lock, "slice_s": slice_s})
+                    if result[0][0] == 1:
+                        self.deadline(session)  # it holds the lock now: a renewal's deadline
+                        return True
+            except StoreUnavailable as exc:
+                # The follower's next acquire connects afresh and reports errors itself.
+                logger.debug("celery-leader: lock waiter stopped: %s", exc)
+            return False
+
+        return LockWaiter(
+            session, wait, Session.close, name="celery-leader-mysql-waiter", interrupt=Session.cut
+        )
+
 
 def _code(exc: BaseException) -> int | None:
     args = exc.args
     return args[0] if args and isinstance(args[0], int) else None
-
-
-def queue_for_lock(
-    connector: Connector, session: Session, lock: str, ttl: float
-) -> LockWaiter[Session]:
-    """Queue ``session`` for the named lock ``lock`` in a thread of its own.
-
-    The server grants the lock to it the moment the holder releases it or its
-    session ends, so a crashed holder is replaced without any polling. It
-    waits in slices of one ttl, as PostgreSQL's followers do: one ``GET_LOCK``
-    a ttl, where slices of half the store deadline made a fleet's followers
-    send most of the server's statements. Each answer must come within the
-    slice and the store deadline, so a follower cut off from the server
-    notices. A follower that leaves cuts its connection (:meth:`Session.cut`):
-    its wait ends at once, and the server drops it from the queue.
-    """
-    slice_s = round(ttl, 3)
-
-    def wait(session: Session, cancelled: threading.Event) -> bool:
-        try:
-            connector.deadline(session, wait=slice_s)
-            while not cancelled.is_set():
-                result = connector.execute(session, WAIT_LOCK, {"lock": lock, "slice_s": slice_s})
-                if result[0][0] == 1:
-                    connector.deadline(session)  # it holds the lock now: a renewal's deadline
-                    return True
-        except StoreUnavailable as exc:
-            # The follower's next acquire connects afresh and reports errors itself.
-            logger.debug("celery-leader: lock waiter stopped: %s", exc)
-        return False
-
-    return LockWaiter(
-        session, wait, Session.close, name="celery-leader-mysql-waiter", interrupt=Session.cut
-    )

@@ -1,11 +1,8 @@
 """The SQL of the MySQL / MariaDB store, and the ``GET_LOCK`` name of an election.
 
-Every value travels as a parameter (PyMySQL quotes it on the client); the few
-statements that splice in another constant are built from constants only
-(hence their S608 waivers). Only statements both MySQL (>= 8.0) and MariaDB
-(>= 10.4) run are used: no ``RETURNING`` (MariaDB only), no
-``INSERT ... AS new`` (MySQL only); the epoch comes back through
-``LAST_INSERT_ID(expr)``, which both have.
+Values travel as parameters (the S608 waivers splice in constants only). Only
+statements both MySQL >= 8.0 and MariaDB >= 10.4 run: no ``RETURNING``, no
+``INSERT ... AS new``; the epoch comes back through ``LAST_INSERT_ID(expr)``.
 """
 
 from __future__ import annotations
@@ -24,12 +21,8 @@ HASHED = "celery_leader#"
 def lock_name(database: str, key_prefix: str, election: str) -> str:
     """The ``GET_LOCK`` name of ``election``: ``"<prefix>:<election>@<database>"``.
 
-    Named locks are server-wide, not per database, so the database is part of
-    the name: two databases on one server keep their elections apart, as
-    their tables are apart. Names over 64 characters become
-    ``"celery_leader#"`` + the first 50 hex digits of their SHA-256; the
-    readable name stays in the lease table (``prefix``, ``election``) next to it.
-    """
+    Named locks are server-wide, hence the database. Names over 64 characters become
+    ``"celery_leader#"`` + the first 50 hex digits of their SHA-256."""
     name = f"{key_prefix}:{election}@{database}"
     if len(name) <= MAX_LOCK_NAME:
         return name
@@ -142,12 +135,9 @@ CREATE TABLE IF NOT EXISTS celery_leader_journal (
 DO RELEASE_LOCK('{SCHEMA_LOCK}')
 """
 
-# Every connection. The session values are the server-side half of the lease
-# (see the package docstring); the last statement reports what the server is.
-# innodb_lock_wait_timeout and lock_wait_timeout (row and metadata locks; whole
-# seconds, 1 at least) keep a statement stuck behind another session's lock
-# from waiting the default 50 s / 1 year: it fails, and the session (and any
-# term in it) carries on.
+# Every connection; the last statement reports what the server is. The lock
+# wait timeouts (whole seconds) keep a statement stuck behind another session's
+# lock from waiting the default 50 s / 1 year: it fails, the session carries on.
 SETUP = """
 SET SESSION wait_timeout = COALESCE(%(idle_s)s, @@GLOBAL.wait_timeout),
             innodb_lock_wait_timeout = %(lock_wait_s)s,
@@ -160,16 +150,10 @@ SHOW GLOBAL VARIABLES WHERE Variable_name IN
 
 
 def statement_deadline(version: str, seconds: float | None) -> tuple[str, dict[str, float]]:
-    """The statement that has the server cancel this session's statements after
-    ``seconds`` (``None``: never), on the server whose ``VERSION()`` is ``version``,
-    and its parameters.
-
-    The one statement MariaDB and MySQL spell differently: MariaDB's
-    ``max_statement_time`` (seconds, every statement); MySQL's
-    ``max_execution_time`` (milliseconds, read-only ``SELECT`` only).
-    MariaDB's ``VERSION()`` always says ``MariaDB``; MySQL's never does (Percona
-    Server and Aurora MySQL report a MySQL version).
-    """
+    """The statement (and its parameters) that has the server cancel this session's
+    statements after ``seconds`` (``None``: never), by the server's ``VERSION()``:
+    MariaDB's ``max_statement_time`` (seconds, every statement, its ``VERSION()`` says
+    ``MariaDB``), MySQL's ``max_execution_time`` (milliseconds, ``SELECT`` only)."""
     # 0 is "no limit" for both.
     if "mariadb" in version.lower():
         limit = 0.0 if seconds is None else round(seconds, 3)
@@ -179,13 +163,9 @@ def statement_deadline(version: str, seconds: float | None) -> tuple[str, dict[s
     }
 
 
-# The server's clock, as microseconds since the Unix epoch. UTC_TIMESTAMP(6) is
-# UTC whatever the session's time_zone, and TIMESTAMPDIFF is plain calendar
-# arithmetic between two UTC datetimes. UNIX_TIMESTAMP(NOW(6)) would instead
-# convert the session's local time back to UTC, which under a zone with
-# daylight saving time is ambiguous for the hour the clocks fall back (and
-# 'SYSTEM', the default time_zone, is the host's zone). Both functions give
-# the statement's start time; each statement reads it once, as it runs.
+# The server's clock in microseconds since the Unix epoch, as the statement
+# starts. UTC_TIMESTAMP(6) is UTC whatever the session's time_zone;
+# UNIX_TIMESTAMP(NOW(6)) is ambiguous for the hour daylight saving time falls back.
 NOW_US = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))"
 CLOCK = f"SELECT {NOW_US}"
 
@@ -202,10 +182,8 @@ FROM (SELECT 1) AS one LEFT JOIN ({LEASE_ROW}) AS t ON TRUE
 # The server's clock in seconds since the epoch, for the term's start.
 SINCE = f"{NOW_US} / 1000000"
 
-# Runs on the session that holds the lock, so two processes can never bump the
-# epoch of one election at the same time. One round trip, three statements.
-# The term (JSON text in ``token``) says since when it holds; reads take it
-# from there, so a table created by 0.4.0 serves as it is.
+# On the session that holds the lock, so no two processes bump one election's
+# epoch at once. The term's JSON says since when it holds (0.4.0 tables serve).
 START_TERM = f"""
 INSERT INTO celery_leader_lease (prefix, election, lock_name, epoch, instance_id, conn)
 VALUES (%(prefix)s, %(election)s, %(lock)s, LAST_INSERT_ID(%(floor)s + 1), %(instance)s,
@@ -250,10 +228,8 @@ WHERE prefix = %(prefix)s AND election = %(election)s AND conn = IS_USED_LOCK(%(
   AND resign = token
 """
 
-# Fenced writes, one statement each, in order, in one transaction and one round
-# trip. Each writes only while this session holds the election's lock.
-# Connections report *matched* rows (CLIENT.FOUND_ROWS), so a write whose new
-# value equals the expected one still counts as applied.
+# Fenced writes, each only while this session holds the lock. Connections report
+# *matched* rows (CLIENT.FOUND_ROWS): a write of the value expected still applies.
 CLAIM_NEW = """
 INSERT INTO celery_leader_state (prefix, election, entry, value)
 SELECT %(prefix)s, %(election)s, %(entry)s, %(new)s FROM DUAL
@@ -268,11 +244,9 @@ WHERE prefix = %(prefix)s AND election = %(election)s AND entry = %(entry)s
 """
 
 
-# The run ledger's marks (keys starting with "@"): records of any process, so
-# no lock is checked; an expired record counts as absent. Each write is two
-# statements in one round trip: the write, then a read of what is stored, which
-# says whether the write won (a
-# record names its writer's pid and start time, so two are never equal).
+# The run ledger's marks: any process's, so no lock is checked; an expired record
+# counts as absent. Then a read of what is stored says whether the write won
+# (records name their writer's pid and start time, so two are never equal).
 _RUN_NOW = "UNIX_TIMESTAMP(NOW(6))"
 
 # Assignments apply left to right: ``value`` changes only where the stored
@@ -317,14 +291,11 @@ _OLDEST = """
               WHERE {where} ORDER BY {by}, run_key LIMIT %(most)s) AS o) AS r
     WHERE n <= {count}"""
 
-# An entry's run record, one transaction in one round trip (see
-# RunStore.put). The entry's row is locked first: writers of one entry
-# take turns, so the reads that decide (the record, its tally, the expired and
-# excess records to drop) stay true until the commit. A record the previous
-# release kept in celery_leader_runs is compared with, and moved here when
-# replaced. The dropped rows are joined by primary key (a subquery "IN" made
-# MariaDB scan the entry's rows). The last statement says whether the write won
-# and what is stored.
+# An entry's run record, one transaction in one round trip. The entry's row is
+# locked first: its writers take turns, so what decides stays true until the
+# commit. A previous release's record in celery_leader_runs is moved here when
+# replaced. Dropped rows are joined by primary key (a subquery "IN" made MariaDB
+# scan the entry's rows).
 PUT_ENTRY_RUN = f"""
 START TRANSACTION;
 INSERT INTO celery_leader_run_entries (prefix, election, entry, kept, until)

@@ -8,10 +8,9 @@ from .sql import SCHEMA_KEY
 
 CHANGES_READY = "SELECT to_regclass('celery_leader_entries_edits') IS NOT NULL"
 
-# The record of edits, added to the tables of the previous release (or of a
-# fresh schema) in one transaction: the version row's two columns, then the
-# table. Nothing reads or rewrites the entries themselves, so it is instant at
-# any size. Rows written before have recorded NULL: readers read everything.
+# The record of edits, added to the previous release's tables (or a fresh
+# schema) in one transaction; instant at any size. Rows written before recorded
+# NULL: readers read everything.
 ADD_CHANGES = f"""
 SELECT pg_advisory_xact_lock({SCHEMA_KEY});
 ALTER TABLE celery_leader_entries_version
@@ -28,9 +27,8 @@ CREATE INDEX IF NOT EXISTS celery_leader_entries_edits_version
     ON celery_leader_entries_edits (prefix, election, version)
 """
 
-# One statement, so one snapshot: the version row, then every name edited
-# after %(since)s with its value (NULL: removed), read only when the record
-# can answer. The third column says whether it can.
+# One statement, one snapshot: the version row, then every name edited after
+# %(since)s (NULL value: removed); the third column says whether the record can answer.
 ENTRIES_SINCE = f"""
 SELECT NULL, version::text,
        recorded IS NOT DISTINCT FROM version AND changes_from <= %(since)s::bigint
@@ -51,12 +49,9 @@ VALUES (%(prefix)s, %(election)s, 0, 0, 0)
 ON CONFLICT DO NOTHING
 """
 
-# One edit a statement. ``v`` locks the version row first (every edit does, so
-# editors queue there and never deadlock on an entry's row); ``e`` is the
-# single-row compare-and-set, which PostgreSQL re-checks after waiting for a
-# concurrent writer; when it applied, the name is recorded at the new version,
-# the oldest records beyond CHANGES_KEPT go now and then, and the version row
-# moves (``changes_from`` past any unrecorded edit and any dropped record).
+# One edit a statement. ``v`` locks the version row first, so editors queue there
+# and never deadlock on an entry's row; ``e`` is the compare-and-set, which
+# PostgreSQL re-checks after waiting for a concurrent writer.
 _LOCK = f"""
 v AS (
     SELECT version, recorded, changes_from FROM celery_leader_entries_version

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -16,9 +15,8 @@ from ..run_store import RunSummary, RunWrite
 from ..session_lock import Rows, SessionGone, SessionLock
 from ..sql_facets import LOAD_STATE, SqlEntries, SqlJournal, SqlRuns
 from ..terms import since_of
-from ..waiting import LockWaiter
 from .entries import CREATE_ENTRY, DELETE_ENTRY, ENTRIES_SINCE, REPLACE_ENTRY, VERSION_ROW
-from .session import Canceller, Connector, Session, queue_for_lock
+from .session import Canceller, Connector, Session
 from .sql import (
     CLAIM,
     CLOCK,
@@ -48,20 +46,14 @@ from .sql import (
 class PostgresLock(SessionLock[Session]):
     """Terms held as session advisory locks on PostgreSQL >= 14."""
 
-    #: ``clock_timestamp()`` in the acquire and renew statements: microseconds.
-    clock_resolution = 1e-6
-
-    #: No hold-off. The lease trusts a term until ``t_sent + ttl * 0.99 - 0.005``
-    #: (``t_sent``: when it sent the acquire or renew). The server receives that
-    #: statement at or after ``t_sent``, finishes it later still, and only then
-    #: starts counting ``idle_session_timeout`` (ttl, rounded up to whole ms).
-    #: So the session, and with it the lock, ends no earlier than
-    #: ``t_sent + ttl`` by the server's clock, which is ``>= t_sent + ttl * 0.99``
-    #: by ours while the clocks' rates differ by less than 1 %; the 5 ms margin
-    #: covers timer rounding. The old holder's belief ends first.
+    #: No hold-off: the server starts counting ``idle_session_timeout`` (ttl, rounded
+    #: up to ms) after it finished a statement sent at ``t_sent``, so the lock ends no
+    #: earlier than ``t_sent + ttl``, after the old holder's belief
+    #: (``t_sent + ttl * 0.99 - 0.005``) while clock rates differ by < 1 %.
     holdoff = 0.0
 
     _RELEASE, _REQUEST_RESIGN = RELEASE, REQUEST_RESIGN
+    _TRY_LOCK, _START_TERM, _CLOCK = TRY_LOCK, START_TERM, CLOCK
 
     _db: Connector
 
@@ -69,45 +61,11 @@ class PostgresLock(SessionLock[Session]):
         key = advisory_key(self._db.prefix, election)
         return {**self._db.names(election), "key": key, **lock_ids(key)}
 
-    def _try_lock(
-        self, session: Session, election: str
-    ) -> tuple[bool, HolderInfo | None, float | None]:
-        ((pid, got, holder_id, holder_epoch, token, now),) = self._db.execute(
-            session, TRY_LOCK, self._lock_params(election)
-        )
-        self._db.check_pid(session, pid)
-        holder = (
-            None
-            if holder_id is None
-            else HolderInfo(holder_id, holder_epoch, None, since=since_of(token))
-        )
-        return bool(got), holder, now
-
-    def _queue(self, session: Session, election: str, ttl: float) -> LockWaiter[Session]:
-        return queue_for_lock(self._db, session, self._lock_params(election)["key"], ttl)
-
-    def _start_term(
-        self, session: Session, election: str, instance_id: str, min_epoch: int
-    ) -> tuple[Term, float | None]:
-        ((pid, epoch, token, now),) = self._db.execute(
-            session,
-            START_TERM,
-            {
-                **self._db.names(election),
-                "floor": min_epoch,
-                "nonce": uuid.uuid4().hex,
-                "instance": instance_id,
-            },
-        )
-        self._db.check_pid(session, pid)
-        return Term(token, epoch, since_of(token)), now
-
     def _renew_in(
         self, session: Session, election: str, term: Term, ttl: float
     ) -> tuple[bool, bool, float | None]:
         params = {**self._lock_params(election), "idle_ms": ms(ttl), "token": term.token}
-        ((pid, _, held, resign, now),) = self._db.execute(session, RENEW, params)
-        self._db.check_pid(session, pid)
+        _, held, resign, now = self._row(session, RENEW, params)
         return bool(held), bool(resign), now
 
     def _holder(self, session: Session, election: str) -> HolderInfo | None:
@@ -121,15 +79,12 @@ class PostgresLock(SessionLock[Session]):
             return HolderInfo("?", epoch or 0, None)
         return HolderInfo(instance_id, epoch, None, since=since_of(token))
 
-    def store_time(self, election: str) -> float | None:
-        with self._db.admin() as session:
-            ((now,),) = self._db.execute(session, CLOCK)
+    def _clock(self, now: Any) -> float:
         return float(now)
 
 
 class PostgresRecords(FencedRecords):
-    """The fenced records, claimed on the lock-holding session; commits wait
-    for the synchronous standbys that ``replica_acks`` asks for."""
+    """The fenced records, claimed on the lock-holding session."""
 
     def __init__(self, db: Connector, replica_acks: int | None) -> None:
         self._db = db
@@ -142,24 +97,14 @@ class PostgresRecords(FencedRecords):
             return dict(self._db.execute(session, LOAD_STATE, self._db.names(election)))
 
     def compare_and_set(self, fence: Fence, writes: Sequence[Write]) -> list[bool]:
-        """Apply ``writes`` on the lock-holding session (one round trip).
+        """Apply ``writes`` on the lock-holding session (one round trip a repetition of a key).
 
-        The statement checks ``pg_locks`` for the lock first, so nothing is
-        written unless this very session holds it. When the session has ended,
-        every write fails, even if the server applied it before the
-        connection broke: a slot is then skipped, never published twice.
-        Writes naming the same entry again are applied in order, in one more
-        round trip per repetition.
-
-        The commit waits for the synchronous standbys (see ``SETUP``); the
-        statement first checks that the server's ``synchronous_standby_names``
-        makes it wait for as many as ``replica_acks`` asks, and claims
-        nothing otherwise (:class:`StoreMisconfigured`). A statement still
-        running after half the store deadline is cancelled: cancelled in that
-        wait, its commit stands on the primary alone, so the writes are handed
-        back and :class:`StoreUnavailable` is raised; the session, and the
-        term in it, carry on.
-        """
+        The statement checks ``pg_locks`` first, so only this session's lock writes; when
+        the session has ended every write fails (a slot is skipped, never sent twice).
+        Claims nothing when ``synchronous_standby_names`` waits for fewer standbys than
+        ``replica_acks`` asks (:class:`StoreMisconfigured`). A commit still waiting for
+        them at half the deadline is cancelled: it stands on the primary alone, so the
+        writes are handed back and :class:`StoreUnavailable` is raised."""
         election = fence.election
         results = [False] * len(writes)
         session = self._db.holding(election, fence.term)
@@ -207,19 +152,15 @@ class PostgresRecords(FencedRecords):
         return results
 
     def _canceller(self, session: Session) -> Canceller | None:
-        """Cancels the claim statement at half the store deadline, when commits
-        wait for synchronous standbys (as the last claim found; unknown at first).
-
-        Not armed otherwise: a timer thread per claim costs a lone server 0.3 ms.
-        """
+        """Cancels the claim at half the store deadline when commits wait for synchronous
+        standbys (as the last claim found); not armed otherwise (a timer costs 0.3 ms)."""
         if self._sync_standbys == 0:
             return None
         return Canceller(session, self._ack_timeout, self._db.timeout)
 
     @property
     def _ack_timeout(self) -> float:
-        """How long a claim's commit waits for the synchronous standbys: half the
-        store deadline, so that handing it back still fits in the other half."""
+        """A claim's wait for the standbys: half the deadline (handing back takes the rest)."""
         return self._db.timeout / 2
 
     def _not_confirmed(
@@ -280,8 +221,7 @@ class PostgresEntries(SqlEntries[Session]):
 
 
 class PostgresRuns(SqlRuns):
-    """Run records: marks in ``celery_leader_runs``, an entry's records in
-    ``celery_leader_run_records`` with a row of counts per entry."""
+    """Run records: marks in ``celery_leader_runs``, an entry's in ``..._run_records``."""
 
     _RUNS_OF, _SUMMARIES = RUNS_OF, RUN_SUMMARIES
 

@@ -17,13 +17,9 @@ from .sql import ms
 def connection_params(
     url: str, timeout: float, given: Mapping[str, Any] | None = None
 ) -> tuple[dict[str, Any], str]:
-    """libpq parameters for ``url``, and how to name the target in messages (no password).
-
-    ``given``: parameters read elsewhere (Django's ``DATABASES`` for
-    ``django://ALIAS``), used instead of the URL's. ``timeout`` is the store
-    deadline; the keepalive and connect defaults are derived from it. What the
-    URL or ``given`` say wins.
-    """
+    """libpq parameters for ``url`` (or ``given``, from Django's ``DATABASES``), and how
+    to name the target in messages (no password); keepalive and connect defaults come
+    from the store deadline ``timeout``, and what the URL or ``given`` say wins."""
     if given is None:
         params, target = _url_params(url), mask_url(url)
     else:

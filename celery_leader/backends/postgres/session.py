@@ -55,12 +55,8 @@ class Session:
 class _Watchdog:
     """Cuts a connection off when a statement outlives the store deadline.
 
-    psycopg has no client-side statement timeout, and the server's
-    ``statement_timeout`` cannot help when the server or the network is what
-    hangs. Shutting the socket down wakes the blocked call with an error at
-    once; the session is lost with it, as it should be: a holder that missed a
-    renewal deadline cannot trust its session any more.
-    """
+    psycopg has no client-side statement timeout, and ``statement_timeout`` cannot
+    help when the server or the network hangs; the session is lost with it."""
 
     def __init__(self, conn: psycopg.Connection[TupleRow], timeout: float) -> None:
         self._conn = conn
@@ -93,14 +89,9 @@ class _Watchdog:
 
 
 class Canceller:
-    """Cancels the statement running on ``session`` once ``delay`` has passed.
-
-    For a commit that waits for the synchronous standbys: cancelled, the wait
-    ends and the commit stands on the primary alone (PostgreSQL says so in a
-    WARNING), which the caller then undoes, instead of the session hanging
-    until the store deadline cuts it off while it still holds the lock.
-    ``statement_timeout`` cannot do this: it does not cover that wait.
-    """
+    """Cancels the statement running on ``session`` once ``delay`` has passed: a
+    commit's wait for the synchronous standbys, which ``statement_timeout`` does not
+    cover (the commit then stands on the primary alone, and the caller undoes it)."""
 
     def __init__(self, session: Session, delay: float, timeout: float) -> None:
         self._session = session
@@ -126,14 +117,10 @@ class Canceller:
 
 
 class Connector(SessionStore[Session]):
-    """Opens sessions to one database and runs statements on them: the store's
-    connection object, shared by its facets.
+    """The store's connection object, shared by its facets: sessions and statements.
 
-    Every statement runs under the store deadline: the server cancels it a
-    little before (``statement_timeout``), and the client cuts the connection
-    when the deadline passes all the same. psycopg errors become
-    :class:`StoreUnavailable` in one line, with the password masked.
-    """
+    The server cancels a statement a little before the store deadline
+    (``statement_timeout``); the client cuts the connection at it all the same."""
 
     schema = ((SCHEMA_EXISTS, CREATE_SCHEMA), (CHANGES_READY, ADD_CHANGES))
 
@@ -191,9 +178,9 @@ class Connector(SessionStore[Session]):
             finally:
                 watchdog.stop()
 
-    def check_pid(self, session: Session, pid: int) -> None:
+    def check_session(self, session: Session, server_id: int) -> None:
         """Refuse a pooler that runs our statements in more than one server session."""
-        if pid != session.pid:
+        if server_id != session.pid:
             raise StoreMisconfigured(
                 f"leader_url {self.target}: statements on one connection ran in two server "
                 "sessions; a connection pooler in transaction or statement mode (PgBouncer "
@@ -219,39 +206,33 @@ class Connector(SessionStore[Session]):
                 "PostgreSQL 14 or later"
             )
 
+    def queue(self, session: Session, params: Mapping[str, Any], ttl: float) -> LockWaiter[Session]:
+        """Queue ``session`` for the advisory lock ``params`` name, in a thread of its own."""
+        key = params["key"]
 
-def queue_for_lock(
-    connector: Connector, session: Session, key: int, ttl: float
-) -> LockWaiter[Session]:
-    """Queue ``session`` for the advisory lock ``key`` in a thread of its own.
+        def wait(session: Session, cancelled: threading.Event) -> bool:
+            try:
+                with session.lock:
+                    conn = session.conn
+                    conn.execute(WAIT_SETUP, {"slice_ms": ms(ttl), "check_ms": CLIENT_CHECK_MS})
+                    while not cancelled.is_set():
+                        try:
+                            conn.execute(WAIT_LOCK, {"key": key})
+                        except errors.LockNotAvailable:
+                            continue  # end of a slice: queue again with a fresh snapshot
+                        conn.execute(WAIT_DONE, {"statement_ms": self.statement_ms})
+                        return True
+            except psycopg.Error as exc:
+                # The follower's next acquire connects afresh and reports errors itself.
+                logger.debug("celery-leader: lock waiter stopped: %s", exc)
+            return False
 
-    PostgreSQL grants the lock to it the moment the holder unlocks or its
-    session ends, so a crashed holder is replaced without any polling.
-    """
+        def interrupt(session: Session) -> None:
+            try:
+                session.conn.cancel_safe(timeout=self.timeout)
+            except psycopg.Error:
+                pass  # unreachable server: keepalives end the wait
 
-    def wait(session: Session, cancelled: threading.Event) -> bool:
-        try:
-            with session.lock:
-                conn = session.conn
-                conn.execute(WAIT_SETUP, {"slice_ms": ms(ttl), "check_ms": CLIENT_CHECK_MS})
-                while not cancelled.is_set():
-                    try:
-                        conn.execute(WAIT_LOCK, {"key": key})
-                    except errors.LockNotAvailable:
-                        continue  # end of a slice: queue again with a fresh snapshot
-                    conn.execute(WAIT_DONE, {"statement_ms": connector.statement_ms})
-                    return True
-        except psycopg.Error as exc:
-            # The follower's next acquire connects afresh and reports errors itself.
-            logger.debug("celery-leader: lock waiter stopped: %s", exc)
-        return False
-
-    def interrupt(session: Session) -> None:
-        try:
-            session.conn.cancel_safe(timeout=connector.timeout)
-        except psycopg.Error:
-            pass  # unreachable server: keepalives end the wait
-
-    return LockWaiter(
-        session, wait, Session.close, name="celery-leader-pg-waiter", interrupt=interrupt
-    )
+        return LockWaiter(
+            session, wait, Session.close, name="celery-leader-pg-waiter", interrupt=interrupt
+        )

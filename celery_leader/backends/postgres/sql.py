@@ -1,7 +1,6 @@
 """The SQL of the PostgreSQL store, and the advisory-lock key of an election.
 
-Every value travels as a parameter; the few queries that splice in another
-constant are built from constants only (hence their S608 waivers).
+Values travel as parameters (the S608 waivers splice in constants only).
 """
 
 from __future__ import annotations
@@ -19,8 +18,7 @@ CLIENT_CHECK_MS = "1000"
 
 
 def advisory_key(key_prefix: str, election: str) -> int:
-    """The advisory-lock key of ``election``: SHA-256 of ``"<prefix>:<election>"``,
-    first 8 bytes, big-endian, signed (PostgreSQL's ``bigint``)."""
+    """The advisory-lock key of ``election``: SHA-256 of ``prefix:election``, 8 bytes, signed."""
     digest = hashlib.sha256(f"{key_prefix}:{election}".encode()).digest()
     return int.from_bytes(digest[:8], "big", signed=True)
 
@@ -123,14 +121,9 @@ CREATE TABLE IF NOT EXISTS celery_leader_journal (
 )
 """
 
-# Every connection: the pid identifies the server session; the settings are
-# the server-side half of the lease (see :mod:`celery_leader.backends.postgres`).
-# synchronous_commit: a claim or epoch bump the server confirmed must survive
-# a server crash, or a new leader reads older state and sends a slot again;
-# and it must reach the synchronous standbys (``local`` does not wait for
-# them), or a promoted standby lacks it. Servers tuned with ``off`` or
-# ``local`` get ``on`` back for our sessions; ``remote_write`` and
-# ``remote_apply`` are kept.
+# Every connection: the pid identifies the server session. synchronous_commit:
+# a claim or epoch bump the server confirmed must survive a crash and reach the
+# synchronous standbys, so ``off`` and ``local`` get ``on`` back for our sessions.
 SETUP = """
 SELECT pg_backend_pid(),
        set_config('statement_timeout', %(statement_ms)s, false),
@@ -142,9 +135,8 @@ SELECT pg_backend_pid(),
                   false)
 """
 
-# The server's clock as the statement runs (seconds since the epoch), returned by
-# the acquire and renew statements: the lease measures its offset on it.
-# clock_timestamp(), not now(): now() is the transaction's start.
+# The server's clock as the statement runs (seconds since the epoch):
+# clock_timestamp(), not now(), which is the transaction's start.
 NOW = "extract(epoch FROM clock_timestamp())::float8"
 CLOCK = f"SELECT {NOW}"
 
@@ -155,10 +147,8 @@ FROM (VALUES (1)) AS one (x)
 LEFT JOIN celery_leader_lease AS t ON t.prefix = %(prefix)s AND t.election = %(election)s
 """  # noqa: S608
 
-# Runs on the session that holds the lock, so two processes can never bump the
-# epoch of one election at the same time. The term (JSON text in ``token``) says
-# since when it holds, on the server's clock; reads take it from there, so a
-# table created by 0.4.0 serves as it is.
+# On the session that holds the lock, so no two processes bump one election's
+# epoch at once. The term's JSON says since when it holds (0.4.0 tables serve).
 START_TERM = f"""
 INSERT INTO celery_leader_lease AS t (prefix, election, epoch, token, instance_id, pid)
 VALUES (
@@ -179,8 +169,6 @@ RETURNING pg_backend_pid(), epoch, token, {NOW}
 """  # noqa: S608
 
 # "This session holds the election's lock", for statements on the holder's session.
-# The queries below that splice in this and LOCKED_BY are built from constants
-# only (hence the S608 waivers); every value travels as a parameter.
 I_HOLD = """
     SELECT FROM pg_locks
     WHERE locktype = 'advisory' AND pid = pg_backend_pid()
@@ -200,13 +188,9 @@ RELEASE = "SELECT pg_advisory_unlock(%(key)s::bigint)"
 
 
 def sync_standbys(names: str) -> str:
-    """SQL: how many standbys each commit waits for, by ``names`` (SQL text of
-    a ``synchronous_standby_names`` value).
-
-    "FIRST n (...)", "ANY n (...)" and "n (...)" wait for n, a plain list (or
-    "*") for one, an empty one for none. Our sessions' synchronous_commit
-    always waits for them (see SETUP).
-    """
+    """SQL: how many standbys each commit waits for, by ``names`` (SQL text of a
+    ``synchronous_standby_names`` value): "FIRST n (...)", "ANY n (...)" and "n (...)"
+    wait for n, a plain list (or "*") for one, an empty one for none."""
     return rf"""
 CASE WHEN btrim({names}) = '' THEN 0
      ELSE coalesce((regexp_match({names}, '^\s*(?:(?:first|any)\s+)?(\d+)\s*\(', 'i'))[1]::int,
@@ -254,12 +238,9 @@ UNION ALL SELECT entry, NULL, NULL, NULL FROM updated
 UNION ALL SELECT NULL, standbys, sync, needed FROM replicas
 """  # noqa: S608
 
-# Hands back claims whose commit was cancelled while it waited for the
-# synchronous standbys (so it is on the primary alone): puts back what they
-# replaced, where their value is still stored. Its own commit does not wait for
-# the standbys (synchronous_commit is local for this one transaction): should a
-# promotion undo the hand-back, the claims stay, and their slots are skipped,
-# never sent twice.
+# Hands back claims whose commit was cancelled while it waited for the standbys.
+# Its own commit does not wait for them: should a promotion undo the hand-back,
+# the claims stay, and their slots are skipped, never sent twice.
 UNCLAIM = f"""
 WITH back AS (
     SELECT * FROM unnest(%(entries)s::text[], %(claimed)s::text[], %(previous)s::text[])
@@ -318,10 +299,9 @@ WHERE t.prefix = %(prefix)s AND t.election = %(election)s AND l.pid = t.pid AND 
 RETURNING t.instance_id, t.epoch, t.token
 """  # noqa: S608
 
-# The run ledger's marks (keys starting with "@"): records of any process, so
-# no lock is checked. An expired record counts as absent. Writing also drops up
-# to 100 expired marks of the election (never the one written: a statement may
-# change a row only once); slots the previous release kept here drain with them.
+# The run ledger's marks: any process's, so no lock is checked; an expired record
+# counts as absent. A write drops up to 100 expired marks (never its own: a
+# statement may change a row only once).
 _SWEEP = f"""
 swept AS (
     DELETE FROM celery_leader_runs AS r
@@ -359,12 +339,9 @@ WHERE prefix = %(prefix)s AND election = %(election)s AND key = %(key)s AND expi
 # is volatile, so the planner filtered the entry's every row with it instead.
 _AT = "extract(epoch FROM now())::float8"
 
-# An entry's run records, one statement a write (see RunStore.put):
-# ``w`` writes the record (compare-and-set), ``swept`` drops up to ``most`` of
-# the entry's expired records (by the expiry index) and ``trimmed`` as many over
-# ``keep`` (oldest created first, by the order index), ``stale`` a few records of entries nobody
-# writes any more (their rows' counts move with them), and the entry's row takes
-# every change to its counts at once.
+# An entry's run records, one statement a write: ``w`` writes the record,
+# ``swept`` and ``trimmed`` drop up to ``most`` expired records and as many over
+# ``keep``, ``stale`` a few of entries nobody writes any more.
 _ENTRY = "prefix = %(prefix)s AND election = %(election)s AND entry = %(entry)s"
 _RECORD = f"{_ENTRY} AND key = %(key)s"
 _PREV = f"prev AS (SELECT tally FROM celery_leader_run_records WHERE {_RECORD})"  # noqa: S608

@@ -1,19 +1,9 @@
 """Redis writes that a fail-over cannot roll back: ``WAIT`` on the connection that wrote.
 
-A Redis master answers a write before any replica has it, and a replica that
-Sentinel (or Cluster) promotes lacks whatever was not copied yet: a claim the
-old master accepted is gone, and the next leader sends its slot again.
-``WAIT n timeout`` blocks until ``n`` replicas hold every write *of the
-connection it is sent on*, so writes and their ``WAIT`` must share one
-connection. redis-py hands a pipeline's connection back to the pool after each
-round trip, hence :class:`Pinned`, which holds one for several.
-
-How many replicas must acknowledge: ``leader_replica_acks``, or with ``"auto"``
-every replica the master reports online (``ROLE``, sent in the same round trip
-as the writes, so it costs nothing on a lone server) and, behind Sentinel,
-every replica Sentinel could promote (:func:`promotable_replicas`): a replica
-cut off from the master is not online, yet Sentinel may still promote it.
-:class:`Replicas` decides, for the acquires and claims of one opened store.
+``WAIT`` counts only the writes of the connection it is sent on, and redis-py hands
+a pipeline's connection back after each round trip, hence :class:`Pinned`.
+:class:`Replicas` decides how many replicas must acknowledge (``auto``: every one
+online, and behind Sentinel every one it could promote).
 """
 
 from __future__ import annotations
@@ -38,12 +28,7 @@ PROMOTABLE_LINK_DOWN = 10
 
 @dataclass(frozen=True)
 class Acks:
-    """How many replicas had to acknowledge a write, and how many did.
-
-    ``needed`` is ``None`` when nobody would say how many replicas there are
-    (``ROLE`` refused by an ACL, and no Sentinel to ask): then nothing counts
-    as acknowledged.
-    """
+    """How many replicas had to acknowledge a write (``None``: unknown), and how many did."""
 
     needed: int | None
     acked: int
@@ -55,11 +40,8 @@ class Acks:
 
 
 class Pinned:
-    """One pooled connection held for several round trips.
-
-    In Redis Cluster it is a connection to the node that serves ``key``: the
-    writes and their ``WAIT`` must reach the node that holds the keys.
-    """
+    """One pooled connection held for several round trips (in Cluster, to the node
+    that serves ``key``, which the writes and their ``WAIT`` must reach)."""
 
     def __init__(self, client: Any, key: str) -> None:
         #: The Cluster node (``host:port``) the connection goes to; ``None`` outside Cluster.
@@ -111,13 +93,9 @@ class Pinned:
     ) -> tuple[list[Any], int | None]:
         """Run one script once per argument list in ``calls``, all in one round trip.
 
-        Returns the replies and how many replicas must acknowledge them:
-        ``replicas``, or when that is ``None`` ("auto") the replicas the master
-        reports online, asked with ``ROLE`` in the same round trip (``None``
-        when an ACL refuses ``ROLE``). A call the server refused with
-        ``NOSCRIPT`` (its script cache is empty after a start or a flush) runs
-        once more, in full, which caches it. Any other error reply is raised.
-        """
+        Returns the replies and how many replicas must acknowledge them: ``replicas``,
+        or with ``None`` ("auto") those ``ROLE`` reports online, asked in the same round
+        trip. A call refused with ``NOSCRIPT`` runs once more, in full, which caches it."""
         commands: list[Sequence[Any]] = [("EVALSHA", sha, len(keys), *keys, *a) for a in calls]
         if replicas is None:
             commands.append(("ROLE",))
@@ -167,13 +145,9 @@ def listed_replicas(nodes: str) -> int:
 
 
 def promotable_replicas(client: Any) -> int | None:
-    """Replicas of a Sentinel-managed master that Sentinel could promote now.
-
-    By Sentinel's own rules: not down or disconnected in its eyes, priority
-    not 0, and a link to the master down for no longer than
-    :data:`PROMOTABLE_LINK_DOWN` x ``down-after-milliseconds``. ``None`` when
-    ``client`` is not Sentinel-managed or no sentinel answers.
-    """
+    """Replicas of a Sentinel-managed master that Sentinel could promote now, by its
+    own rules (not down, priority not 0, link down no longer than
+    :data:`PROMOTABLE_LINK_DOWN` x ``down-after-milliseconds``); ``None``: unknown."""
     pool: Any = getattr(client, "connection_pool", None)  # a Cluster client has none
     manager = getattr(pool, "sentinel_manager", None)
     if manager is None:
@@ -216,19 +190,12 @@ class Replicas:
     def needed(
         self, client: Any, conn: Pinned, election: str, token: str, online: int | None
     ) -> int | None:
-        """Replicas that must acknowledge a write of term ``token`` of ``election``
-        on ``conn``, ``online`` being how many the master lists online now.
+        """Replicas that must acknowledge a write of term ``token`` of ``election`` on
+        ``conn``, ``online`` being how many the master lists online now.
 
-        With "auto", the larger of that and, behind Sentinel, how many Sentinel
-        could promote; ``None`` when neither is known. In Cluster, a replica
-        whose link drops is no longer online, yet an operator (or the cluster)
-        can still promote it, and a write it never got would be lost: so the
-        replicas a term saw on its master stay needed for the rest of the term,
-        while ``CLUSTER NODES`` still lists them for that master, not flagged
-        failed (``cluster-node-timeout`` after they stop answering). A term on
-        another node starts over (a promoted master without replicas needs
-        none), and so does a new term: the count is kept per term and node.
-        """
+        In Cluster, a replica whose link drops is no longer online yet can still be
+        promoted: so the replicas a term saw on its node stay needed for the rest of the
+        term while ``CLUSTER NODES`` lists them, not failed. Kept per term and node."""
         if self.acks is not None:
             return self.acks
         known = [n for n in (online, self._promotable(client)) if n is not None]
@@ -252,12 +219,8 @@ class Replicas:
         return needed
 
     def _promotable(self, client: Any) -> int | None:
-        """Behind Sentinel, the replicas Sentinel could promote.
-
-        Asked of the sentinels at most once per store deadline: a replica that
-        drops out meanwhile is still waited for (claims fail, safely), one that
-        joins is online, so ``ROLE`` counts it.
-        """
+        """Behind Sentinel, the replicas Sentinel could promote, asked at most once per
+        store deadline (one that drops out meanwhile is still waited for: claims fail)."""
         now = time.monotonic()
         with self._lock:
             cached = self._promotable_cache
@@ -271,8 +234,7 @@ class Replicas:
         return count
 
     def refused(self, acks: Acks, what: str, done: str) -> StoreUnavailable:
-        """The error for ``what`` that too few replicas acknowledged (``done``: what
-        became of it)."""
+        """The error for ``what`` too few replicas acknowledged (``done``: what became of it)."""
         if acks.needed is None:
             return StoreMisconfigured(
                 f"leader_replica_acks is 'auto', which asks the Redis master how many replicas "

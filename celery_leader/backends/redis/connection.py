@@ -1,13 +1,7 @@
 """Connecting to Redis: client options, the URL forms, the lazily built client.
 
-One :class:`Connection` per opened store: every facet of it talks to Redis
-through it, and names its keys with :meth:`Connection.key`.
-
-``redis://``, ``rediss://``, ``unix://``, ``redis+sentinel://``, and Redis
-Cluster with ``?cluster=true``. Nothing connects before the first call, so a
-Redis that is down at start-up (or a Cluster seed node) is an outage the lease
-retries, not a crash. In Cluster, a call that meets a dead node or a moved
-slot is tried again on a refreshed slot map within the store deadline.
+One :class:`Connection` per opened store, shared by its facets. Nothing connects
+before the first call, so a Redis down at start-up is an outage, not a crash.
 """
 
 from __future__ import annotations
@@ -35,11 +29,8 @@ from .scripts import checked, register
 
 
 def _options(url: str, timeout: float) -> dict[str, Any]:
-    """Client options for ``url`` whose every call gives up after ``timeout``.
-
-    redis-py's own retries are off: the lease decides when to retry, and a
-    silently retried renewal would only eat into the lease's validity.
-    """
+    """Client options for ``url`` whose every call gives up after ``timeout``;
+    redis-py's retries are off (a silently retried renewal eats into the lease)."""
     options: dict[str, Any] = {
         "socket_timeout": timeout,
         "socket_connect_timeout": timeout,
@@ -144,12 +135,7 @@ class Connection:
         return RedisCluster.from_url(url, **self._options)
 
     def call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        """``fn(client, ...)``; every redis-py error becomes StoreUnavailable in one line.
-
-        In Redis Cluster, a call that found its node gone or no longer serving
-        the slot is tried again on a refreshed slot map until the store
-        deadline (see :func:`_rerouted`).
-        """
+        """``fn(client, ...)``, errors as StoreUnavailable; Cluster retries: :func:`_rerouted`."""
         deadline = time.monotonic() + self.timeout
         while True:
             try:
@@ -161,8 +147,7 @@ class Connection:
                     self.reroutes += 1
 
     def key(self, election: str, name: str) -> str:
-        """Key ``name`` of ``election``: every key of an election shares its hash tag,
-        so that every script touches a single Redis Cluster slot."""
+        """Key ``name`` of ``election``, with the election's hash tag (one Cluster slot)."""
         return f"{{{self.key_prefix}:{election}}}:{name}"
 
     def keys(self, election: str, *names: str) -> list[str]:
@@ -170,8 +155,7 @@ class Connection:
         return [self.key(election, name) for name in names]
 
     def pipelined(self, queue: Callable[[Any], object], raise_on_error: bool = True) -> list[Any]:
-        """The replies of the plain commands ``queue(pipeline)`` queues, in one round
-        trip (a Cluster pipeline sends them to the node of their keys)."""
+        """The replies of the commands ``queue(pipeline)`` queues, in one round trip."""
 
         def run(client: Any) -> list[Any]:
             pipe = client.pipeline(transaction=False)
@@ -212,35 +196,22 @@ _REROUTE = (redis.ConnectionError, MovedError, ClusterDownError, TryAgainError)
 #: Between two tries on a refreshed slot map: until the cluster has promoted a
 #: replica, the map still names the dead master, and refusals come back at once.
 #:
-#: A Cluster master and the leader die together. The followers' subscriptions
-#: close with the master; each asks again presence.WATCH_INTERVAL later, and
-#: that call keeps trying on refreshed maps until the store deadline, so a
-#: promotion within the deadline costs, from the promotion:
-#:   at most this pause, one CLUSTER SLOTS, the subscription and the acquire
-#:   on the new master (the old term names a presence nobody keeps there) ~ 0.06 s
-#: + beat's look at its lease (0.1 s) and up to one schedule period.
-#: A later promotion adds up to renew_interval (ttl / 3): the lease's wait
-#: after a call that failed.
-#: Measured (3 beats, ttl 3 s, an entry every 0.2 s, TAKEOVER 0.02-0.06 s after
-#: the kill): first dispatch 0.1-0.4 s after the kill.
+#: A Cluster master and the leader die together: the followers ask again
+#: presence.WATCH_INTERVAL later, on refreshed maps until the store deadline, so a
+#: promotion within it costs this pause, one CLUSTER SLOTS, the subscription and the
+#: acquire (~0.06 s) + beat's look (0.1 s) and up to one schedule period; a later one
+#: adds up to renew_interval. Measured (3 beats, ttl 3 s, an entry every 0.2 s):
+#: first dispatch 0.1-0.4 s after the kill.
 _REROUTE_PAUSE = 0.05
 
 
 def _rerouted(client: Any, exc: BaseException, deadline: float) -> bool:
-    """True when a call that failed with ``exc`` may be tried again: the client is
-    a Cluster client, ``exc`` says the slot map may be wrong, and the map was
-    refreshed before ``deadline``.
+    """True when a call that failed with ``exc`` may be tried again: a Cluster client,
+    ``exc`` says the slot map may be wrong, and the map was refreshed before ``deadline``.
 
-    redis-py refreshes the map itself (``NodesManager.initialize``) when a
-    command it routes meets a dead node, but not for a connection taken out of
-    a node's pool (:class:`.acks.Pinned`, which every acquire and claim
-    uses so that ``WAIT`` counts their writes) nor for its pub/sub connections:
-    without this, those kept going to the dead master until some other call
-    happened to refresh the map. Retrying a write whose reply was lost is what
-    the lease would do next anyway: acquires and renewals are fenced by the
-    term, and a claim that already went through no longer matches, so it is
-    skipped, never sent twice.
-    """
+    redis-py refreshes the map itself, but not for a connection taken out of a node's
+    pool (:class:`.acks.Pinned`) nor for pub/sub. A retried write is fenced by the
+    term or no longer matches, so it is never applied twice."""
     if not isinstance(client, RedisCluster) or not isinstance(exc, _REROUTE):
         return False
     if isinstance(exc, redis.AuthenticationError):

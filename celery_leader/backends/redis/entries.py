@@ -9,15 +9,11 @@ from ..entry_store import Edit, EntryStore
 from .connection import Connection, has
 from .scripts import wrong_type
 
-#: Entries asked for per HSCAN page when reading schedule entries: at a few
-#: hundred bytes an entry, a page is a few MB and milliseconds of the server's
-#: time, so a million entries take 100 calls, each far inside the store deadline.
+#: Entries per HSCAN page: a few MB, milliseconds of the server's time.
 ENTRIES_PAGE = 10_000
 
-#: Entry edits the store remembers by name: a reader that fell further behind
-#: (edits of more entries than this between two of its looks, twice a second)
-#: reads every entry instead. Bounds what a read of the changes returns and the
-#: memory they take on the server (a sorted-set member per name).
+#: Entry edits the store remembers by name (a reader further behind reads every
+#: entry): bounds what a read of the changes returns and their memory.
 CHANGES_KEPT = 10_000
 
 
@@ -35,12 +31,9 @@ class RedisEntries(EntryStore):
         return int(self._conn.call(lambda c: c.get(key)) or 0)
 
     def load(self, election: str) -> tuple[int, dict[str, str]]:
-        # Read by pages, not in one call: one HGETALL of a million entries blocked
-        # the server for seconds and outlasted the socket timeout, so such a
-        # schedule never loaded. The version is read before the first page: an
-        # edit during the scan moves it past the one returned, and the reader
-        # reads again at its next look. HSCAN returns every entry that stays for
-        # the whole scan, so nothing unedited is missed.
+        # By pages: one HGETALL of a million entries blocked the server for seconds.
+        # The version first: an edit during the scan makes the reader read again, and
+        # HSCAN returns every entry that stays for the whole scan.
         entries, version, _ = self._keys(election)
         kind, number = self._conn.pipelined(lambda pipe: (pipe.type(entries), pipe.get(version)))
         if kind not in ("hash", "none"):

@@ -1,9 +1,4 @@
-"""The Redis lease lock: terms in ``{p:e}:lock``, presence, replica-acknowledged epochs.
-
-A term won is on the master's replicas before it counts (:mod:`.acks`), so a
-fail-over cannot hand out its epoch twice; a holder whose connection closed is
-taken over at once (:mod:`.presence`).
-"""
+"""The Redis lease lock: terms in ``{p:e}:lock``, presence, replica-acknowledged epochs."""
 
 from __future__ import annotations
 
@@ -61,12 +56,9 @@ class RedisLock(LeaseLock):
         return Acquired(None, _holder(value, pttl, lock), retry, seconds(now))
 
     def _acquire_durably(self, election: str, keys: list[str], args: list[Any]) -> list[Any]:
-        """The acquire script's reply; a term it hands out is on the replicas before it counts.
-
-        Otherwise a promoted replica would still have the previous epoch, and
-        the next term would get the same one again. A term the replicas did not
-        acknowledge in time is released and the call fails: nobody leads on it.
-        """
+        """The acquire script's reply; a term it hands out is on the replicas before it
+        counts (or a promoted replica would hand out its epoch again). One they did not
+        acknowledge in time is released, and the call fails."""
         script, source = self._conn.script("acquire"), SOURCES["acquire"]
         replicas = self._replicas
 
@@ -125,11 +117,8 @@ class RedisLock(LeaseLock):
             self._presences.drop(election)
             if term is not None:
                 return False
-            # Its node may be gone (a Cluster or Sentinel fail-over): ask again
-            # as soon as the designated successor would, rather than at the
-            # holder's ttl, so that this follower subscribes on the new node
-            # and can take over a holder that dies there. A store that is down
-            # fails that acquire, and the lease then backs off.
+            # Its node may be gone (a fail-over): ask again as soon as the designated
+            # successor would, so this follower subscribes on the new node.
             cancel.wait(max(0.0, min(WATCH_INTERVAL, deadline - time.monotonic())))
         return True
 

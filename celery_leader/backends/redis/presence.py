@@ -1,30 +1,15 @@
 """Presence on Redis: a subscription that ends when its holder's connection does.
 
-Redis cannot tell a dead holder from a slow one by its key, which lives out
-its ttl either way. But a process that dies closes its TCP connections, and
-Redis drops their subscriptions the moment it sees them close. So every
-candidate keeps, per election, one pub/sub connection subscribed to the
-release channel and to a presence channel of its own,
-``{p:e}:present:<id>`` (``id`` random per connection), and the term it wins
-names that id. A follower's acquire script counts the channel's subscribers
-(``PUBSUB NUMSUB``): none means the holder's connection is gone, and the
-script takes the term over with a new epoch, in the same atomic step that
-checked the lock still names that term. The subscription is confirmed before
-the acquire that names it is sent, so a term never names a presence that is
-not there yet.
+Every candidate keeps, per election, one pub/sub connection subscribed to the
+release channel and to ``{p:e}:present:<id>``, and the term it wins names that
+id. A follower's acquire script takes the term over when ``PUBSUB NUMSUB`` counts
+no subscriber: the holder's connection is gone. A paused or partitioned holder
+keeps its connection, so the ttl bound applies as before.
 
-A paused (``SIGSTOP``) or partitioned holder keeps its connection open from
-Redis's side, so it keeps its presence and the ttl bound applies as before.
-A holder whose connection Redis closed while it lives (a reset, a proxy, an
-operator's ``CLIENT KILL``) sees the same socket close: it stops believing at
-once (:meth:`Subscription.idle` raises) and hands over.
-
-In Redis Cluster, ``PUBSUB NUMSUB`` counts only the subscribers of the node
-it runs on. redis-py opens a subscription on the node that serves the hash
-slot of its first channel, so the presence channel goes first: it carries the
-election's hash tag, and the election's scripts run on that same node. Each
-opened store checks this once (:class:`Presences`): a server that refuses the
-commands, or counts elsewhere, makes it fall back to the ttl.
+In Redis Cluster, ``PUBSUB NUMSUB`` counts only the node it runs on, and redis-py
+subscribes on the node of the first channel: so the presence channel (with the
+election's hash tag) goes first. :class:`Presences` checks this once per store
+and falls back to the ttl when it does not hold.
 """
 
 from __future__ import annotations
@@ -43,39 +28,25 @@ from .connection import Connection
 
 logger = logging.getLogger(__name__)
 
-#: How often the one designated successor of an election (see the acquire
-#: script) checks the holder's presence; the other followers wait for the
-#: holder's ttl, or a release or take-over announcement, as before.
+#: How often the one designated successor of an election checks the holder's
+#: presence (the other followers wait for the ttl or an announcement).
 #:
-#: Fail-over after a holder's process dies, on Redis:
-#:   this interval (when the check happens to fall)      <= 0.15 s
-#: + one acquire round trip                               ~ 0.001 s on a LAN
-#: and then the user of the lease notices: beat looks at its lease every 0.1 s
-#: (``FOLLOWER_INTERVAL``), so a beat publishes again within about 0.25 s of the
-#: crash, plus up to one schedule period if the slot was not due yet: under
-#: half a second with an entry every 0.1 s. (At 0.2 s the worst of 10 kills on
-#: a busy 2-core machine came to 0.48 s.)
-#:
-#: Cost: one round trip per interval per election, 6.7 a second whatever the
-#: ttl. With 10 instances per election that is 0.67 round trips per instance
-#: per second on top of the renewals and the other followers' waits (0.28 at
-#: ttl 3 s): 200 holders in 20 elections stay under 1 (``benchmarks/store_load.py``).
+#: Fail-over after a holder dies: this interval (<= 0.15 s) + one acquire round trip
+#: (~1 ms), then beat's look at its lease (every 0.1 s), so a beat publishes again
+#: within about 0.25 s, plus up to one schedule period. (At 0.2 s the worst of 10
+#: kills on a busy 2-core machine came to 0.48 s.) Cost: 6.7 round trips a second
+#: per election whatever the ttl: 200 holders in 20 elections stay under 1 per
+#: instance per second (``benchmarks/store_load.py``).
 WATCH_INTERVAL = 0.15
 
 
-#: Store URLs this process has said it falls back to the ttl for. Global
-#: because once per process is enough: a worker and its embedded beat, or many
-#: leases, each open a store of their own.
+#: Store URLs this process has said it falls back to the ttl for (once a process).
 _FALLBACKS: set[str] = set()
 _FALLBACKS_LOCK = threading.Lock()
 
 
 class Subscription:
-    """One store's pub/sub connection for one election.
-
-    It listens on the release channel (releases and take-overs are announced
-    there) and, when ``presence`` is set, keeps that presence channel alive.
-    """
+    """One store's pub/sub connection for one election (release and presence channels)."""
 
     def __init__(self, pubsub: Any, presence: str | None) -> None:
         self._pubsub = pubsub
@@ -89,11 +60,8 @@ class Subscription:
     def open(
         cls, client: Any, released: str, presence: tuple[str, str] | None, timeout: float
     ) -> Subscription:
-        """Subscribe ``client`` to ``released`` and ``presence`` (``(channel, id)``).
-
-        Returns once Redis confirmed both, so that a term sent afterwards on
-        another connection never names a presence Redis has not seen yet.
-        """
+        """Subscribe ``client`` to ``released`` and ``presence`` (``(channel, id)``);
+        returns once Redis confirmed both, so no term names a presence not there yet."""
         # The presence channel first: it decides the node of a Cluster subscription.
         channels = [released] if presence is None else [presence[0], released]
         pubsub = client.pubsub()
@@ -106,21 +74,12 @@ class Subscription:
         return cls(pubsub, None if presence is None else presence[1])
 
     def message(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` for an announcement; True when one came.
-
-        Reading the socket sends nothing to Redis. Raises a redis-py error when
-        the connection is gone, which ends this subscription and its presence.
-        """
+        """Wait up to ``timeout`` for an announcement; raises when the connection is gone."""
         message = self._pubsub.get_message(timeout=timeout)
         return message is not None and message["type"] == "message"
 
     def idle(self, timeout: float) -> bool:
-        """Keep the presence for up to ``timeout``; always False (never "ready").
-
-        An announcement while we hold the term is of no use (it is either our
-        own or one we learn from at the next renewal); a closed connection
-        raises, which is what the holder waits for.
-        """
+        """Keep the presence for up to ``timeout``; raises when the connection closes."""
         self.message(timeout)
         return False
 
@@ -143,8 +102,7 @@ def _confirm(pubsub: Any, channel: str, timeout: float) -> None:
 
 
 class Presences:
-    """One opened store's subscriptions, one per election, and whether terms
-    keep a presence on this server."""
+    """One opened store's subscriptions, and whether terms keep a presence there."""
 
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
@@ -160,20 +118,14 @@ class Presences:
             return self._subscriptions.get(election)
 
     def rerouted(self, election: str) -> bool:
-        """True when a Cluster call went to a refreshed slot map after ``election``'s
-        subscription was opened."""
+        """Whether the slot map was refreshed since ``election``'s subscription opened."""
         current = self.current(election)
         return current is not None and current.reroutes != self._conn.reroutes
 
     def open(self, election: str, ident: str | None = None) -> Subscription | None:
-        """The subscription for ``election``, opened and confirmed first if need be.
-
-        One opened before the last slot-map refresh is replaced first: a term
-        must not name a presence that no node of the election counts. A new
-        one keeps presence id ``ident`` (a new one when ``None``). ``None`` when
-        the server refuses it (ACL channel rules): then followers poll at the
-        holder's ttl, and terms keep no presence.
-        """
+        """The subscription for ``election``, opened and confirmed first if need be
+        (again after a slot-map refresh), with presence id ``ident`` (new when ``None``).
+        ``None`` when the server refuses it: followers then poll at the holder's ttl."""
         reroutes = self._conn.reroutes
         current = self.current(election)
         if current is not None and current.reroutes == reroutes:

@@ -1,8 +1,4 @@
-"""The Redis fenced records: the hash ``{p:e}:state``, claimed under the term in ``{p:e}:lock``.
-
-A claim is on the master's replicas before it counts (:mod:`.acks`): a
-fail-over cannot undo a claimed slot.
-"""
+"""The Redis fenced records: the hash ``{p:e}:state``, claimed under the term in ``{p:e}:lock``."""
 
 from __future__ import annotations
 
@@ -75,11 +71,7 @@ class RedisRecords(FencedRecords):
         return results
 
     def _unclaim(self, keys: list[str], token: str, writes: list[Write]) -> None:
-        """Put back the records that ``writes`` replaced, where they are still what is stored.
-
-        On the master only: if a promotion undoes the claims anyway, the
-        replica still has what they replaced.
-        """
+        """Put back what ``writes`` replaced, where still stored (on the master)."""
         calls = [
             [token] + [a for w in chunk for a in (w.key, w.new, has(w.expected), w.expected or "")]
             for chunk in _chunks(writes)

@@ -1,9 +1,5 @@
-"""Reading celery-redbeat's stored entries (``entries import --from-redbeat``).
-
-redbeat keeps entry ``NAME`` in the hash ``<key prefix>NAME`` (its ``definition``
-field is JSON), every entry's key in the sorted set ``<key prefix>:schedule``, and
-the names its ``beat_schedule`` declared in the set ``<key prefix>:statics``. Its
-default key prefix is ``redbeat:``. Only JSON is read, never a pickle.
+"""Reading celery-redbeat's stored entries (``entries import --from-redbeat``): JSON only,
+never a pickle.
 """
 
 from __future__ import annotations

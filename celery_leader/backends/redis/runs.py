@@ -7,9 +7,8 @@ import math
 from ..run_store import RUNS_DROPPED, RunStore, RunSummary, RunWrite, run_entry
 from .connection import Connection, has, seconds
 
-#: Run records read per script call, and entry summaries per pipelined round
-#: trip: each call is a few hundred small reads, far under a millisecond of the
-#: server's time, whatever the ledger holds.
+#: Run records per script call, and summaries per pipelined round trip: each
+#: call is far under a millisecond of the server's time.
 RUNS_PAGE = 500
 SUMMARIES_PAGE = 200
 
@@ -43,9 +42,8 @@ class RedisRuns(RunStore):
         out: list[tuple[str, str]] = []
         start = 0
         while len(out) < limit:
-            # A page of ranks, not of live records: an expired one is skipped,
-            # so the next page starts where this one's ranks ended. Ranks count
-            # from the newest created; a page is one short script.
+            # A page of ranks (from the newest created), not of live records: an expired
+            # one is skipped, so the next page starts where this one's ranks ended.
             count = min(RUNS_PAGE, limit - len(out))
             flat = self._conn.run("runs_of", keys, [start, start + count - 1])
             out += [(f"{entry}@{flat[i]}", str(flat[i + 1])) for i in range(0, len(flat), 2)]

@@ -1,10 +1,7 @@
 """The Redis store's Lua scripts, registered with redis-py's ``register_script``.
 
-Every operation is one script. redis-py sends it with ``EVALSHA`` and, when
-the server answers ``NOSCRIPT`` (its script cache is empty after a start or a
-flush), loads it and tries once more. Scripts touch only the keys they are
-given, check the types of the keys they read and report a key of the wrong
-type by name (``{"foreign", key, what}``) instead of failing with ``WRONGTYPE``.
+Scripts touch only the keys they are given, and report a key of the wrong type by
+name (``{"foreign", key, what}``) instead of failing with ``WRONGTYPE``.
 """
 
 from __future__ import annotations
@@ -20,14 +17,10 @@ from ..terms import foreign
 
 # KEYS: lock, epoch, watch. ARGV: nonce, instance id, ttl ms, lowest acceptable
 # epoch - 1, our presence id ("" for none), presence channel prefix, "1" when
-# presence may be checked, release channel.
-# Returns {1, value, ttl ms, 0, TIME} when taken, {0, holder value, pttl,
-# watching, TIME} when held; watching = 1 makes the caller the election's
-# designated successor. TIME ({seconds, microseconds}, read last, after every
-# write) is the server's clock: the lease measures its offset on it.
-# A holder whose term names a presence nobody keeps any more (its connection
-# closed) is taken over here, atomically with reading its term; the other
-# followers hear of it on the release channel.
+# presence may be checked, release channel. Returns {1, value, ttl ms, 0, TIME}
+# when taken, {0, holder value, pttl, watching, TIME} when held (watching = 1: the
+# caller is the designated successor). TIME ({s, us}, read after every write) is
+# the server's clock. A holder whose presence nobody keeps is taken over here.
 ACQUIRE = """
 local function present(id)
   return redis.call('PUBSUB', 'NUMSUB', ARGV[6] .. id)[2] > 0
@@ -178,9 +171,8 @@ end
 return n
 """
 
-# The start of the marks' script. KEYS: runs (hash, key -> record), run
-# expiries (sorted set, key -> expiry in ms by the server's TIME). Refuses keys
-# of another type, then sets ``now``: the server's clock in ms.
+# The start of the marks' script. KEYS: runs (hash, key -> record), run expiries
+# (sorted set, key -> expiry ms). Refuses keys of another type, sets ``now`` (ms).
 _RUNS_PROLOGUE = """
 for i = 1, 2 do
   local kind = redis.call('TYPE', KEYS[i]).ok
@@ -192,12 +184,9 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
-# KEYS: runs, run expiries (as in _RUNS_PROLOGUE). ARGV: key, has-expected
-# ("0"/"1"), expected, new, ttl ms. Returns {1, new} when written, {0, stored
-# record or false} when not.
-# Marks are few; a slot the previous release kept here drains with them.
-# Up to 100 expired records are dropped first: the ledger expires without a
-# sweeper, and a write never pays for more than a bounded clean-up.
+# KEYS: runs, run expiries. ARGV: key, has-expected ("0"/"1"), expected, new, ttl
+# ms. Returns {1, new} when written, {0, stored record or false} when not. Up to
+# 100 expired records are dropped first: the ledger expires without a sweeper.
 PUT_RUN = _RUNS_PROLOGUE + """
 local old = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, 100)
 for _, key in ipairs(old) do
@@ -213,14 +202,11 @@ redis.call('ZADD', KEYS[2], now + tonumber(ARGV[5]), ARGV[1])
 return {1, ARGV[4]}
 """
 
-# The start of the per-entry run-record scripts. KEYS: the entry's records
-# (hash, key suffix -> "<tally>|<expiry>|<record>", the expiry in ms by the
-# server's TIME, base 36), the order they were created in (list of suffixes,
-# oldest first), its summary (hash: "last" -> the greatest suffix kept,
-# "n:<tally>" -> how many kept records carry the tally). A list element costs
-# a tenth of a sorted-set member, and a record is a third of its memory.
-# Refuses keys of another type, then sets ``now`` as _RUNS_PROLOGUE does and
-# defines parse(stored) -> tally, expiry, record.
+# The start of the per-entry run-record scripts. KEYS: the entry's records (hash,
+# suffix -> "<tally>|<expiry ms, base 36>|<record>"), their creation order (list,
+# oldest first: a tenth of a sorted set's memory), its summary (hash: "last" -> the
+# greatest suffix kept, "n:<tally>" -> count). Refuses keys of another type, sets
+# ``now`` and defines parse(stored) -> tally, expiry, record.
 _ENTRY_RUNS_PROLOGUE = """
 for _, at in ipairs({{1, 'hash'}, {2, 'list'}, {3, 'hash'}}) do
   local kind = redis.call('TYPE', KEYS[at[1]]).ok
@@ -234,16 +220,12 @@ local function parse(stored)
 end
 """
 
-# KEYS: as in _ENTRY_RUNS_PROLOGUE, then the election's entries with records
-# (sorted set, entry -> when its newest record expires), the marks' hash and
-# their expiries (the previous release kept slots there too). ARGV: entry, key,
-# suffix, has-expected ("0"/"1"), expected, new, ttl ms, keep (0: no cap),
-# tally, most records dropped. Returns as PUT_RUN does.
-# Each write drops, oldest created first, up to ARGV[10] of the entry's records
-# that expired (stopping at the first that has not: a run rewritten late keeps
-# younger ones a while, never longer than it ran) and as many over the cap:
-# expiry costs what expired. A record the previous release kept among the
-# marks is compared with, and moved here.
+# KEYS: as in _ENTRY_RUNS_PROLOGUE, then the entries with records (sorted set, ->
+# newest expiry), the marks' hash and expiries. ARGV: entry, key, suffix,
+# has-expected, expected, new, ttl ms, keep (0: no cap), tally, most dropped.
+# Returns as PUT_RUN does. Each write drops, oldest created first, up to ARGV[10]
+# expired records (stopping at the first live one) and as many over the cap. A
+# previous release's record among the marks is compared with, and moved here.
 PUT_ENTRY_RUN = _ENTRY_RUNS_PROLOGUE + """
 local function b36(n)
   local out = ''
@@ -355,13 +337,10 @@ end
 """
 
 # KEYS: as in _ENTRIES_PROLOGUE. ARGV: changes kept, then per edit: name,
-# has-expected ("0"/"1"), expected, has-new, new. Returns one 0/1 per edit;
-# when any applied, the version moves by one and each applied name is recorded
-# in the changes at it. Only the newest changes are kept: the member '' (no
-# entry has an empty name) scores the newest version dropped, so a reader from
-# before it reads everything. A version the changes do not end at was moved by
-# an edit that recorded nothing (a previous release's): '' scores it too.
-# No term: any process may edit entries.
+# has-expected, expected, has-new, new. Returns one 0/1 per edit; when any applied
+# the version moves by one and each applied name is recorded at it. The member ''
+# scores the newest version dropped (or one moved by an edit that recorded
+# nothing), so a reader from before it reads everything. No term needed.
 EDIT_ENTRIES = _ENTRIES_PROLOGUE + """
 local out, applied = {}, {}
 for i = 2, #ARGV, 5 do
@@ -395,10 +374,8 @@ end
 return out
 """
 
-# KEYS: as in _ENTRIES_PROLOGUE. ARGV: the reader's version. Returns {version,
-# 1, name, value or false, ...}: every entry edited since (false: removed), or
-# {version, 0} when the changes cannot tell (dropped, written by a release
-# that kept none, or a store behind the reader): read every entry.
+# KEYS: as in _ENTRIES_PROLOGUE. ARGV: the reader's version. Returns {version, 1,
+# name, value or false, ...} since then, or {version, 0}: read every entry.
 ENTRIES_SINCE = _ENTRIES_PROLOGUE + """
 local version = tonumber(redis.call('GET', KEYS[2]) or '0')
 local since = tonumber(ARGV[1])
