@@ -20,6 +20,7 @@ from .cli import entries as ops_entries
 from .exceptions import ConfigError, MissingExtra
 from .run.spec import RESTART
 from .schedule import plan as planning
+from .schedule.run_request import DEFAULT_WAIT
 from .settings.config import LeaderConfig, env_name
 
 
@@ -88,7 +89,7 @@ def _entries_parser(commands: Any) -> None:
         "entries",
         help="schedule entries kept in the store: add, ls, show, rm, pause, resume, run, ...",
         description="Exit codes: 0 done, 2 bad input, a refused edit or an unreachable store "
-        "(one line on stderr, nothing stored).",
+        "(one line on stderr, nothing stored); run: 0 sent, 2 not run, 3 no answer yet.",
     )
     entries.add_argument(
         "--app", required=True, metavar="MODULE", help="module (or module:broker) of the broker"
@@ -124,7 +125,6 @@ def _entries_parser(commands: Any) -> None:
     for name, text in (
         ("rm", "remove store entry NAME"),
         ("resume", "send NAME again, from now"),
-        ("run", "send one run of NAME now, outside its grid"),
     ):
         edit = sub.add_parser(name, help=text)
         edit.add_argument("name", metavar="NAME")
@@ -134,6 +134,17 @@ def _entries_parser(commands: Any) -> None:
     pause.add_argument("--reason", "--why", dest="why", help="why it is paused (kept with it)")
     pause.add_argument("--until", help="ISO 8601 time it runs again by itself")
     pause.add_argument("--who", help="who pauses it, for the audit trail (default: user@host)")
+    run = sub.add_parser("run", help="ask the leader to send one run of NAME now, off its grid")
+    run.add_argument("name", metavar="NAME")
+    run.add_argument("--key", help="idempotency key: a request made again with it runs once")
+    run.add_argument(
+        "--wait",
+        type=float,
+        default=DEFAULT_WAIT,
+        help=f"seconds to wait for the leader's answer (default {DEFAULT_WAIT:g})",
+    )
+    _audited(run)
+    run.add_argument("--json", dest="as_json", action="store_true", help="print JSON")
     imp = sub.add_parser("import", help="add the entries of FILE (JSON lines) or of redbeat")
     imp.add_argument("file", nargs="?", type=argparse.FileType("r"), metavar="FILE")
     imp.add_argument("--from-redbeat", metavar="REDIS_URL", help="read redbeat's entries")
@@ -168,6 +179,8 @@ def _entries(args: argparse.Namespace, echo: ops.Echo) -> int:
         if args.file is None:
             raise ConfigError("give FILE (JSON lines) or --from-redbeat URL")
         given = {"lines": list(args.file), "replace": args.replace, **audit}
+    elif command == "run":
+        given = {**{k: given[k] for k in ("name", "key", "wait", "as_json")}, **audit}
     else:
         given = {k: v for k, v in given.items() if k in ("name", "as_json", "until", *audit)}
     return ops_entries.run_command(app, echo, command, **given)

@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 
 import psycopg
@@ -46,6 +47,14 @@ from celery_leader.backends import (
 )
 from celery_leader.exceptions import StoreUnavailable
 from celery_leader.ledger import RunRecord, marks
+from celery_leader.schedule.run_desk import CLAIMS
+from celery_leader.schedule.run_request import (
+    RunOutcome,
+    await_outcome,
+    new_request,
+    run_slot,
+    submit,
+)
 from celery_leader.settings.config import LeaderConfig
 from harness.servers import free_port
 from harness.waiting import wait_for
@@ -663,6 +672,35 @@ class TestEntryStore:
         assert entries == {"x": '{"v":3}'} and moved > version
         assert leader.records.load(ELECTION) == {}, "entries are apart from the run state"
         assert leader.entries.load("other") == (0, {})
+
+    def test_a_run_request_waits_among_the_entries_for_its_answer(self, store: Store) -> None:
+        """Run now: a request any process writes (no term), claimed in the fenced
+        records under the leader's term, answered in place, read by its requester."""
+        requester, leader = store.open(), store.open()
+        term = take(leader, "a")
+        since = requester.entries.version(ELECTION)
+        asked = new_request("a-very-long-name." * 11, "key", "me", "why", time.time())
+        request, repeated = submit(requester.entries, ELECTION, asked)
+        assert not repeated
+        slot = run_slot(request.entry, datetime.now(timezone.utc))
+        answer = RunOutcome("sent", time.time(), slot, term.epoch)
+        claims = json.dumps({request.store_key: {"slot": answer.slot, "epoch": term.epoch}})
+        fence = Fence(ELECTION, term)
+        assert leader.records.claim(fence, [Write(CLAIMS, None, claims)]) == [True]
+        text = leader.entries.load(ELECTION)[1][request.store_key]
+        edit = Edit(request.store_key, text, request.answered(answer).dump())
+
+        def answers() -> None:
+            time.sleep(0.2)
+            assert leader.entries.edit(ELECTION, [edit]) == [True]
+
+        thread = threading.Thread(target=answers)
+        thread.start()
+        found = await_outcome(requester.entries, ELECTION, request, since, 10)
+        thread.join()
+        assert found.outcome == answer
+        assert submit(requester.entries, ELECTION, asked) == (found, True)
+        assert leader.records.load_some(ELECTION, [CLAIMS]) in (None, {CLAIMS: claims})
 
     def test_a_reader_is_told_only_the_entries_edited_since_its_version(self, store: Store) -> None:
         reader, editor = store.open(), store.open()

@@ -93,7 +93,7 @@ def _app(**settings: Any) -> EntriesApp:
         {"leader_url": "memory://", "leader_key_prefix": prefix, **settings}
     )
     code = {"tick": CodeEntry("proj.tick", "every 1s", Every(timedelta(seconds=1)))}
-    return EntriesApp(config, code, {"proj.tick"}, lambda *message: None)
+    return EntriesApp(config, code, {"proj.tick"})
 
 
 def _records(count: int) -> dict[str, str]:

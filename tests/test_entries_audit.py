@@ -182,7 +182,7 @@ def test_the_cli_says_in_one_warning_line_that_the_trail_missed_a_change_it_made
     opened = open_store(config)
     broken = dataclasses.replace(opened, journal=BrokenJournal(), close=lambda: None)
     monkeypatch.setattr(cli_entries, "open_store", lambda config: broken)
-    app = EntriesApp(config, {}, {"t"}, lambda *a: None)
+    app = EntriesApp(config, {}, {"t"})
     fields = {"name": "r", "task": "t", "every": 5}
     assert run_command(app, print, "add", fields=fields, why="x") == 0
     assert run_command(app, print, "pause", name="r", why="deploy") == 0

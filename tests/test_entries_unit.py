@@ -31,7 +31,6 @@ from celery_leader.cli.entries import (
     add_fields,
     redbeat_entries,
     run_command,
-    run_slot,
 )
 from celery_leader.dramatiq import LeaderMiddleware
 from celery_leader.dramatiq.entries import entries_of as dramatiq_entries_of
@@ -39,6 +38,7 @@ from celery_leader.dramatiq.scheduler import DramatiqScheduler
 from celery_leader.ledger.records import RunRecord
 from celery_leader.schedule import feed as feed_module
 from celery_leader.schedule import protocol
+from celery_leader.schedule.audit import audit_trail
 from celery_leader.schedule.book import EntryBook, EntryConflict, EntryNotFound
 from celery_leader.schedule.entries import (
     MAX_ENTRY_BYTES,
@@ -50,6 +50,7 @@ from celery_leader.schedule.entries import (
 )
 from celery_leader.schedule.feed import EntryFeed
 from celery_leader.schedule.jobs import Outcome
+from celery_leader.schedule.run_request import new_request, run_slot, submit
 from celery_leader.settings.config import LeaderConfig
 from harness.waiting import wait_for
 
@@ -234,6 +235,21 @@ def test_add_options_are_checked_before_anything_is_stored(
 ) -> None:
     with pytest.raises(EntryError, match=message):
         add_fields("e", "t", **options)  # type: ignore[arg-type]
+
+
+def test_run_requests_are_held_apart_from_the_entries(caplog: pytest.LogCaptureFixture) -> None:
+    config = LeaderConfig.from_mapping({"leader_url": f"memory://entries-{uuid.uuid4().hex}"})
+    feed = EntryFeed(open_store(config).entries, "beat", logging.getLogger("test"), interval=0)
+    book = EntryBook(open_store(config).entries, "beat")
+    book.add(name="a", task="t", every=5)
+    before = feed.current()
+    request = new_request("a", "k", "me", None, 1.0e9)
+    assert submit(book.store, "beat", request) == (request, False)
+    assert feed.current() is before, "a request alone leaves the entries as they were"
+    assert feed.requests() == {request.store_key: request.dump()}
+    assert [e.name for e in book.list()] == ["a"]
+    assert submit(book.store, "beat", new_request("a", "k", "you", None, 2.0e9)) == (request, True)
+    assert "skipping stored entry" not in caplog.text
 
 
 # -- the real CLI -----------------------------------------------------------------------
@@ -425,6 +441,30 @@ def test_import_from_redbeat_through_the_cli(cli: Any, redis_url: str) -> None:
     assert again.returncode == 2 and "exist already" in again.stderr
 
 
+def test_run_with_no_leader_is_queued_in_the_store_and_kept_out_of_the_entries(cli: Any) -> None:
+    run, store = cli
+    done = run("run", "tick", "--wait", "0.3", "--key", "deploy-42", "--why", "a test")
+    assert done.returncode == 3, (done.stdout, done.stderr)
+    assert "queued as request deploy-42" in done.stdout and "never run late" in done.stdout
+    shown = json.loads(run("run", "tick", "--wait", "0", "--key", "deploy-42", "--json").stdout)
+    assert (shown["state"], shown["repeated"], shown["slot"]) == ("queued", True, None)
+    assert shown["expires_at"] is not None
+    listed = json.loads(run("ls", "--json").stdout)
+    assert [r["name"] for r in listed] == ["tick"], "a request is no entry"
+    assert run("export").stdout == ""
+    nothing = run("run", "nothing", "--wait", "0")
+    assert nothing.returncode == 2 and "no entry nothing" in nothing.stderr
+    config = LeaderConfig.from_mapping({"leader_url": f"file://{store}"})
+    opened = open_store(config)
+    try:
+        trail = audit_trail(opened.journal, "beat", 10)
+    finally:
+        opened.close()
+    assert [(r.action, r.entry, r.why, r.details["key"]) for _, r in trail] == [
+        ("run", "tick", "a test", "deploy-42")
+    ], "one record: the repeat changed nothing"
+
+
 def test_a_single_run_at_an_instant_and_the_allow_list_globs(cli: Any) -> None:
     once = new_entry(T0, name="o", task="t", at="2026-03-01T13:00:00Z")
     assert once.series().next_after(T0) == T0 + timedelta(hours=1)
@@ -452,11 +492,14 @@ def test_the_python_api_of_both_frameworks(monkeypatch: pytest.MonkeyPatch) -> N
         assert entries.update("r", expected_version=entry.version, every=30).every == 30
         with pytest.raises(EntryConflict):
             entries.update("r", expected_version=entry.version, every=10)
-        slot = entries.run_now("r")
-        assert slot.startswith("r@run:") and sent[0]["headers"] == {"leader_slot": slot}
-        assert sent[0]["kwargs"] == {"c": 1}
+        # Run now asks the leader; with none, the request waits for one and
+        # nothing is sent from this process.
+        result = entries.run_now("r", wait=0, why="a test")
+        assert (result.state, result.slot, sent) == ("queued", None, [])
+        again = entries.run_now("r", key=result.request.key, wait=0)
+        assert again.repeated and again.request.requested_at == result.request.requested_at
         entries.pause("tick")
-        assert [e.name for e in entries.list()] == ["r", "tick"]
+        assert [e.name for e in entries.list()] == ["r", "tick"], "requests are no entries"
         assert entries.get("r") is not None
         entries.remove("r")
         assert entries.get("r") is None
@@ -470,8 +513,8 @@ def test_the_python_api_of_both_frameworks(monkeypatch: pytest.MonkeyPatch) -> N
 
     with dramatiq_entries_of(broker) as entries:
         entries.add("w", "work", cron="*/5 * * * *")
-        entries.run_now("w")
-        assert broker.queues["q"].qsize() == 1
+        assert entries.run_now("w", wait=0).state == "queued"
+        assert broker.queues["q"].qsize() == 0, "the leader sends it, not this process"
         assert [e.name for e in entries.list()] == ["tick", "w"], "one store, two frameworks"
 
 
@@ -496,9 +539,6 @@ def test_dramatiq_honours_queue_and_expires_and_refuses_priority_and_headers(
         entries.add("w", "job", every=60, options={"queue": "urgent", "expires": 2.5})
         with pytest.raises(EntryError, match="option priority refused"):
             entries.update("w", options={"priority": 1})
-        entries.run_now("w")
-        message = broker.queues["urgent"].get_nowait()
-        assert json.loads(message)["options"]["max_age"] == 2500
 
     # An entry another tool (a Celery app on the same store) wrote with a priority:
     # the Dramatiq leader skips it, logs once, and sends the others.
@@ -674,7 +714,7 @@ def test_show_has_the_run_ledgers_summary_of_the_entry_when_the_ledger_is_on() -
     shown: dict[str, Any] = {}
     for ledger in (False, True):
         config = LeaderConfig.from_mapping({"leader_url": url, "leader_ledger": ledger})
-        app = EntriesApp(config, {}, {"t"}, lambda *a: None)
+        app = EntriesApp(config, {}, {"t"})
         if not ledger:
             run_command(
                 app, lambda line: None, "add", fields={"name": "r", "task": "t", "every": 5}

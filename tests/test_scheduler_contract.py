@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import threading
+import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
@@ -31,10 +32,23 @@ from celery_leader.celery.beat import LeaderScheduler
 from celery_leader.dramatiq import LeaderMiddleware, every
 from celery_leader.dramatiq.scheduler import INTERVAL, DramatiqScheduler
 from celery_leader.election.lease import Lease
+from celery_leader.ledger import marks
+from celery_leader.ledger.records import WORKERS
 from celery_leader.probes.health import check
+from celery_leader.schedule import feed as feed_module
 from celery_leader.schedule import protocol
+from celery_leader.schedule.book import EntryBook
 from celery_leader.schedule.feed import POLL_INTERVAL
 from celery_leader.schedule.jobs import Job
+from celery_leader.schedule.run_desk import CLAIMS
+from celery_leader.schedule.run_request import (
+    REQUEST_TTL,
+    RunRequest,
+    new_request,
+    request_key,
+    run_slot,
+    submit,
+)
 from celery_leader.schedule.state import dump_state
 from celery_leader.settings.config import LeaderConfig
 from harness.waiting import wait_for
@@ -242,7 +256,8 @@ class DramatiqKind(Kind):
         return DramatiqScheduler(self.broker, config)
 
     def tick(self, scheduler: Any) -> float:
-        return float(scheduler.protocol.tick())
+        # As the scheduler's loop does: the store's entries are followed first.
+        return float(scheduler.tick())
 
     def lease(self, scheduler: Any) -> Lease:
         return scheduler.protocol.lease  # type: ignore[no-any-return]
@@ -330,9 +345,7 @@ def test_an_entry_without_state_is_anchored_before_anything_is_sent(
     assert kind.sent() == []
     assert wait == pytest.approx(min(0.7 * PERIOD, kind.max_sleep))
     stored = kind.stored()
-    assert {k: v["last_run_at"] for k, v in stored.items()} == dict.fromkeys(
-        "ab", T0.isoformat()
-    )
+    assert {k: v["last_run_at"] for k, v in stored.items()} == dict.fromkeys("ab", T0.isoformat())
     clock.advance(0.7 * PERIOD)
     assert kind.tick(scheduler) == 0.0
     assert sorted(kind.sent()) == [slot("a", 1), slot("b", 1)]
@@ -583,3 +596,160 @@ def test_an_entry_re_created_under_its_name_starts_fresh(
     clock.advance(0.4 * PERIOD)
     kind.tick(scheduler)
     assert kind.sent() == [slot("e", 4)]
+
+
+# -- run now ------------------------------------------------------------------------
+
+
+def ask(kind: Kind, entry: str, key: str, requested_at: float | None = None) -> RunRequest:
+    """Write a run-now request as ``leader entries run`` does (no lease)."""
+    store = open_store(kind.config)
+    try:
+        at = time.time() if requested_at is None else requested_at
+        request, _ = submit(store.entries, ELECTION, new_request(entry, key, "tester", None, at))
+        return request
+    finally:
+        store.close()
+
+
+def answer(kind: Kind, request: RunRequest) -> RunRequest:
+    """The request as the store holds it now."""
+    store = open_store(kind.config)
+    try:
+        found = RunRequest.load(store.entries.load(ELECTION)[1][request.store_key])
+        assert found is not None
+        return found
+    finally:
+        store.close()
+
+
+def answered(kind: Kind, scheduler: Any, request: RunRequest) -> RunRequest:
+    """Tick until the leader answered ``request``."""
+
+    def done() -> RunRequest | None:
+        kind.tick(scheduler)
+        found = answer(kind, request)
+        return found if found.outcome is not None else None
+
+    found: RunRequest = wait_for(done, 5, interval=0.01, message="the leader never answered")
+    return found
+
+
+@pytest.fixture
+def polled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The leader reads the store's entries at every tick (not every half second)."""
+    monkeypatch.setattr(feed_module, "POLL_INTERVAL", 0)
+
+
+@pytest.mark.usefixtures("polled")
+def test_a_run_request_is_sent_once_by_the_leader_under_its_term_and_answered(
+    running: Callable[..., tuple[Kind, Any]], clock: Clock
+) -> None:
+    kind, scheduler = running({"e": {}})
+    kind.tick(scheduler)  # anchored
+    request = ask(kind, "e", "k1")
+    found = answered(kind, scheduler, request)
+    epoch = kind.lease(scheduler).term.epoch
+    assert found.outcome is not None
+    assert (found.outcome.state, found.outcome.slot, found.outcome.epoch) == (
+        "sent",
+        run_slot("e", clock.now),
+        epoch,
+    )
+    assert kind.sent() == [run_slot("e", clock.now)]
+    # Claimed under the term, in the fenced records.
+    assert kind.stored()[CLAIMS] == {
+        request.store_key: {"slot": run_slot("e", clock.now), "epoch": epoch}
+    }
+    # The same key again: the first request's outcome, nothing sent.
+    again, repeated = ask_again(kind, "e", "k1")
+    assert repeated and again.outcome == found.outcome
+    for _ in range(5):
+        kind.tick(scheduler)
+    assert kind.sent() == []
+    # The grid goes on as before: the run-now slot moved nothing of the entry's state.
+    assert kind.stored()["e"]["last_run_at"] == T0.isoformat()
+    clock.advance(0.7 * PERIOD)
+    kind.tick(scheduler)
+    assert kind.sent() == [slot("e", 1)]
+
+
+def ask_again(kind: Kind, entry: str, key: str) -> tuple[RunRequest, bool]:
+    store = open_store(kind.config)
+    try:
+        return submit(store.entries, ELECTION, new_request(entry, key, "tester", None, time.time()))
+    finally:
+        store.close()
+
+
+@pytest.mark.usefixtures("polled")
+def test_a_run_request_of_no_entry_is_refused_and_one_older_than_its_ttl_is_dropped(
+    running: Callable[..., tuple[Kind, Any]], clock: Clock
+) -> None:
+    kind, scheduler = running({"e": {}})
+    kind.tick(scheduler)
+    unknown = answered(kind, scheduler, ask(kind, "nope", "k"))
+    assert unknown.outcome is not None and unknown.outcome.state == "refused"
+    assert "no entry nope" in (unknown.outcome.why or "")
+    late = answered(kind, scheduler, ask(kind, "e", "k", clock.now.timestamp() - REQUEST_TTL - 1))
+    assert late.outcome is not None and late.outcome.state == "expired"
+    assert kind.sent() == []
+
+
+@pytest.mark.usefixtures("polled")
+def test_a_paused_store_entry_runs_on_request_with_its_stored_definition(
+    running: Callable[..., tuple[Kind, Any]], clock: Clock
+) -> None:
+    kind, scheduler = running({"e": {}})
+    store = open_store(kind.config)
+    try:
+        task = "t.noop" if isinstance(kind, CeleryKind) else "a_e"
+        EntryBook(store.entries, ELECTION).add(name="s", task=task, every=3600, enabled=False)
+    finally:
+        store.close()
+    kind.tick(scheduler)
+    found = answered(kind, scheduler, ask(kind, "s", "k"))
+    assert found.outcome is not None and found.outcome.state == "sent", found.outcome
+    assert kind.sent() == [run_slot("s", clock.now)]
+
+
+@pytest.mark.usefixtures("polled")
+def test_a_request_claimed_by_a_leader_that_stopped_is_never_sent_again(
+    running: Callable[..., tuple[Kind, Any]], clock: Clock
+) -> None:
+    # A previous leader claimed it under epoch 1, then stopped before publishing or answering.
+    key = request_key("e", "k")
+    claimed = run_slot("e", clock.now - timedelta(seconds=1))
+    kind, scheduler = running(
+        {"e": {}}, seed={CLAIMS: json.dumps({key: {"slot": claimed, "epoch": 1}})}
+    )
+    kind.tick(scheduler)
+    found = answered(kind, scheduler, ask(kind, "e", "k"))
+    assert found.outcome is not None
+    assert (found.outcome.state, found.outcome.slot) == ("unknown", claimed)
+    assert kind.sent() == []
+
+
+@pytest.mark.usefixtures("polled")
+def test_with_dedup_workers_a_claimed_unanswered_request_is_re_sent_once(
+    running: Callable[..., tuple[Kind, Any]], clock: Clock
+) -> None:
+    """As a grid slot claimed by a leader that died: re-sent once, unless a worker
+    recorded it; workers drop a second copy by its slot name."""
+    key = request_key("e", "k")
+    claimed = run_slot("e", clock.now - timedelta(seconds=1))
+    kind, scheduler = running(
+        {"e": {}}, seed={CLAIMS: json.dumps({key: {"slot": claimed, "epoch": 1}})}
+    )
+    store = open_store(kind.config)
+    try:
+        marks.touch(store.runs, ELECTION, WORKERS, {"workers": 1}, 60)
+    finally:
+        store.close()
+    kind.tick(scheduler)
+    found = answered(kind, scheduler, ask(kind, "e", "k"))
+    assert found.outcome is not None and found.outcome.state == "unknown"
+    assert "re-sends it once" in (found.outcome.why or "")
+    for _ in range(3):
+        kind.tick(scheduler)
+    assert kind.sent() == [claimed], "re-sent once, under this term"

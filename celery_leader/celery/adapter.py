@@ -8,7 +8,7 @@ from __future__ import annotations
 import gc
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
 from datetime import datetime
@@ -192,6 +192,21 @@ class BeatAdapter(Adapter):
         stored = self.catalog.jobs(records, self._made, lambda e: self._celery_entry(e, now), zone)
         self._listed = list(self._code.values()) + stored
         return self._listed
+
+    def run_requests(self) -> Mapping[str, str]:
+        return self.catalog.requests()
+
+    def run_job(self, name: str) -> Job | str:
+        """A code entry's job, sent with its own options (``overlap`` included) through
+        :meth:`send`, paused or not; else a store entry's, as the catalog allows it."""
+        scheduler = self.scheduler
+        zone = scheduler.app.timezone
+        entries = self._entries or {}  # beat's schedule as listed: what send() looks in
+        if name in entries:
+            policy, grace = self._policy(entries[name])
+            return Job(name, None, policy, grace, zone, name)
+        now = scheduler.app.now()
+        return self.catalog.run_job(name, entries, lambda e: self._celery_entry(e, now), zone)
 
     def _code_job(
         self,

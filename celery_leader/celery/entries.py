@@ -3,13 +3,13 @@ schedule entries kept in the store (the commands are :mod:`celery_leader.cli.ent
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from ..cli import entries as ops_entries
 from ..cli.entries import CodeEntry, EntriesApp, EntriesError, ScheduleEntries
 from ..exceptions import ConfigError, missing_extra
-from ..schedule.entries import LIMITS
+from ..schedule.run_request import DEFAULT_WAIT
 from ..settings.config import LeaderConfig
 from .adapter import series_of
 
@@ -35,23 +35,9 @@ def entries_app(app: Any) -> EntriesApp:
             options=dict(spec.get("options") or {}),
         )
 
-    def send(
-        task: str,
-        args: Sequence[Any],
-        kwargs: Mapping[str, Any],
-        options: Mapping[str, Any],
-        slot: str,
-    ) -> None:
-        # The console's limits are no send_task options.
-        opts = {
-            k: v for k, v in options.items() if not k.startswith("leader_") and k not in LIMITS
-        }
-        headers = {**opts.pop("headers", {}), "leader_slot": slot}
-        app.send_task(task, args=list(args), kwargs=dict(kwargs), headers=headers, **opts)
-
     app.loader.import_default_modules()
     tasks = {name for name in app.tasks if not name.startswith("celery.")}
-    return EntriesApp(config, code, tasks, send, str(app.conf.timezone or "UTC"))
+    return EntriesApp(config, code, tasks, zone=str(app.conf.timezone or "UTC"))
 
 
 def entries_of(app: Any) -> ScheduleEntries:
@@ -213,11 +199,29 @@ def resume(ctx: click.Context, name: str, why: str | None, who: str | None) -> N
 
 @entries.command(name="run")
 @click.argument("name")
+@click.option("--key", help="Idempotency key: a request made again with it runs once.")
+@click.option(
+    "--wait",
+    type=float,
+    default=DEFAULT_WAIT,
+    show_default=True,
+    help="Seconds to wait for the leader's answer.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @_audited
 @click.pass_context
-def run_now(ctx: click.Context, name: str, why: str | None, who: str | None) -> None:
-    """Send one run of NAME now, outside its grid (leader_slot NAME@run:<time>)."""
-    _run(ctx, "run", name=name, why=why, who=who)
+def run_now(
+    ctx: click.Context,
+    name: str,
+    key: str | None,
+    wait: float,
+    as_json: bool,
+    why: str | None,
+    who: str | None,
+) -> None:
+    """Ask the leader to send one run of NAME now, outside its grid (leader_slot
+    NAME@run:<time>), with its options; exit 0 sent, 2 not run, 3 no answer yet."""
+    _run(ctx, "run", name=name, key=key, wait=wait, as_json=as_json, why=why, who=who)
 
 
 @entries.command(name="export")

@@ -2,7 +2,10 @@
 
 Both command lines parse their arguments and call :func:`run_command` with an
 :class:`EntriesApp`. Exit codes: 0 done, 2 bad input, an unreachable store or a
-refused edit (one line on stderr, nothing stored).
+refused edit (one line on stderr, nothing stored). ``run`` asks the leader for a
+run (:mod:`~celery_leader.schedule.run_request`) and exits 0 when the leader sent
+it, 2 when it would not (refused, expired, failed) and 3 while nobody answered
+(queued) or the broker may or may not have it.
 """
 
 from __future__ import annotations
@@ -12,24 +15,23 @@ import json
 import sys
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import KW_ONLY, asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from ..backends import StoreFacets, open_store
 from ..exceptions import ConfigError, StoreUnavailable
 from ..ledger.summary import RECENT_RUNS, recent_run, summarize
+from ..schedule import run_request
 from ..schedule.audit import AuditRecord, audit_trail
 from ..schedule.book import EntryBook
 from ..schedule.entries import CODE, LIMITS, Entry, EntryError, allowed, instant_now
-from ..schedule.series import Series, utc
+from ..schedule.run_request import DEFAULT_WAIT, QUEUED, SENT, UNKNOWN, RunResult
+from ..schedule.series import Series
 from ..schedule.state import parse_state, slot_name
 from ..settings.config import LeaderConfig
 
 Echo = Callable[[str], None]
-
-#: Sends one message now: task, args, kwargs, options, the ``leader_slot`` header.
-Sender = Callable[[str, Sequence[Any], Mapping[str, Any], Mapping[str, Any], str], None]
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,7 @@ class EntriesApp:
     code: Mapping[str, CodeEntry]
     #: Task (or actor) names this app knows; ``add`` warns about others.
     tasks: Collection[str]
-    send: Sender
+    _: KW_ONLY
     #: The zone Celery crontabs are read in (redbeat's entries).
     zone: str = "UTC"
     #: Entry options this framework cannot honour, each with its reason: refused
@@ -373,26 +375,55 @@ def _pause(
     return 0
 
 
-def _run(s: _Session, name: str, why: str | None = None, who: str | None = None) -> int:
-    slot = run_slot(name, instant_now())
-    code = s.app.code.get(name)
-    if code is not None:
-        s.app.send(code.task, code.args, code.kwargs, code.options, slot)
+def _run(
+    s: _Session,
+    name: str,
+    key: str | None = None,
+    wait: float = DEFAULT_WAIT,
+    why: str | None = None,
+    as_json: bool = False,
+    who: str | None = None,
+) -> int:
+    result, waited = _ask_run(s, name, key, wait, who, why)
+    if as_json:
+        s.echo(json.dumps(result.to_json(), indent=2))
     else:
+        s.echo(result.text(waited))
+    state = result.state
+    return 0 if state == SENT else 3 if state in (QUEUED, UNKNOWN) else 2
+
+
+def _ask_run(
+    s: _Session,
+    name: str,
+    key: str | None,
+    wait: float,
+    who: str | None,
+    why: str | None,
+) -> tuple[RunResult, float]:
+    """Ask the leader for one run of ``name`` now and wait up to ``wait`` seconds for
+    its outcome; the result and the seconds waited. A new request is kept in the
+    audit trail."""
+    if wait < 0:
+        raise EntryError(f"--wait must be 0 seconds or more (got {wait:g})")
+    if name not in s.app.code:
         entry = s.book.get(name)
         if entry is None or entry.kind == CODE:
             raise EntryError(f"no entry {name} (neither in the code nor in the store)")
         if not allowed(entry.task, s.app.config.entries_allow):
             raise EntryError(f"task {entry.task} is outside leader_entries_allow")
-        s.app.send(entry.task, entry.args, entry.kwargs, entry.options, slot)
-    s.book.record(name, "run", why, who, {"slot": slot})
-    s.echo(f"{name}: sent, leader_slot {slot}")
-    return 0
-
-
-def run_slot(name: str, now: datetime) -> str:
-    """The ``leader_slot`` of a run outside the grid: ``NAME@run:<ISO UTC>``."""
-    return f"{name}@run:{utc(now).isoformat(timespec='milliseconds')}"
+    election = s.app.config.beat_election
+    entries = s.store.entries
+    asked = run_request.new_request(name, key, who or s.book.actor, why, time.time())
+    since = entries.version(election)
+    request, repeated = run_request.submit(entries, election, asked)
+    started = time.monotonic()
+    request = run_request.await_outcome(entries, election, request, since, wait)
+    result = RunResult(request, repeated)
+    if not repeated:
+        details = {k: v for k, v in result.to_json().items() if k in ("key", "state", "slot")}
+        s.book.record(name, "run", why, who, details)
+    return result, time.monotonic() - started
 
 
 def _export(s: _Session, as_json: bool = False) -> int:
@@ -605,11 +636,25 @@ class ScheduleEntries:
         """Send ``name`` again from now; nothing for the paused time."""
         return self.book.resume(name, why, who=who)
 
-    def run_now(self, name: str, *, why: str | None = None, who: str | None = None) -> str:
-        """Send one run of ``name`` now, outside its grid; returns its ``leader_slot``."""
-        lines: list[str] = []
-        _run(_Session(self.app, self._store, self.book, lines.append), name, why, who)
-        return lines[0].rsplit(" ", 1)[-1]
+    def run_now(
+        self,
+        name: str,
+        *,
+        key: str | None = None,
+        wait: float = DEFAULT_WAIT,
+        who: str | None = None,
+        why: str | None = None,
+    ) -> RunResult:
+        """Ask the leader for one run of ``name`` now, outside its grid, and wait up to
+        ``wait`` seconds for its outcome (``result.state``: ``sent`` with its
+        ``slot`` and ``epoch``, ``queued`` while no leader answered, or why not).
+
+        ``key``: the idempotency key (default: a new one); a request made again with
+        a key used within the last hour is answered with the first one's outcome.
+        ``who`` (default ``user@host``) and ``why`` go to the audit trail.
+        """
+        session = _Session(self.app, self._store, self.book, lambda line: None)
+        return _ask_run(session, name, key, wait, who, why)[0]
 
     def changes(self, name: str | None = None, limit: int = RECENT_CHANGES) -> list[AuditRecord]:
         """The newest ``limit`` changes of entry ``name`` (of every entry: ``None``),

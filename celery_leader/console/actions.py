@@ -11,7 +11,11 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from ..cli.entries import EntriesApp, ScheduleEntries
+from ..schedule.run_request import RunResult
 
+#: Seconds a run now waits for the leader's answer before the page says "queued"
+#: (the leader still runs it when it gets to it).
+RUN_WAIT = 2.0
 #: The most entries one bulk pause names.
 MAX_BULK = 500
 #: The longest reason kept.
@@ -65,10 +69,12 @@ class Actions:
         with ScheduleEntries(self.app) as entries:
             entries.resume(name, actor.why, who=actor.who)
 
-    def run_now(self, name: str, actor: Actor) -> str:
-        """Send one run of store entry ``name`` now; returns its ``leader_slot``. A
-        code entry is refused: the page pauses and resumes code entries, nothing more."""
+    def run_now(self, name: str, actor: Actor, key: str | None = None) -> RunResult:
+        """Ask the leader for one run of store entry ``name`` now, under its term, and
+        wait up to :data:`RUN_WAIT` seconds for its answer. ``key``: the idempotency
+        key the page's form carries, so a form sent twice runs once. A code entry is
+        refused: the page pauses and resumes code entries, nothing more."""
         if name in self.app.code:
             raise ActionError(f"{name} is a code entry: the console only pauses and resumes it")
         with ScheduleEntries(self.app) as entries:
-            return entries.run_now(name, why=actor.why, who=actor.who)
+            return entries.run_now(name, key=key, wait=RUN_WAIT, who=actor.who, why=actor.why)

@@ -10,6 +10,7 @@ included, carries :data:`~.security.HEADERS`.
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Iterable
 from typing import Any
 from urllib.parse import quote
@@ -190,7 +191,8 @@ class Console:
         elif action == "resume":
             self.actions.resume(name, Actor(who))
         elif action == "run":
-            self.actions.run_now(name, Actor(who))
+            result = self.actions.run_now(name, Actor(who), first(form, "key") or None)
+            return Response.redirect(f"/entries/{quote(name)}?run={quote(result.state)}")
         else:
             raise ActionError(f"no action {action!r}")
         return Response.redirect(f"/entries/{quote(name)}")
@@ -241,6 +243,10 @@ class Console:
             csrf_field=security.CSRF_FIELD,
             refresh=min(max(refresh, REFRESH[0]), REFRESH[1]) if refresh else 0,
             query=request.query(refresh=None),
+            # The answer to a run now, on the page it came back to; a fresh idempotency
+            # key for the next one, so a form sent twice runs once.
+            ran=request.arg("run"),
+            run_key=secrets.token_urlsafe(16) if self.write else None,
             refreshing=request.query(refresh="10"),
             store=self.config.display_url,
         )

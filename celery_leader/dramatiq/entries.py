@@ -4,14 +4,13 @@ entries --app MODULE ...`` and :func:`entries_of` (the commands are
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..cli.entries import CodeEntry, EntriesApp, ScheduleEntries
 from ..settings.config import LeaderConfig
 from .runner import load_app, settings_of
 from .scheduler import entries_of as code_entries
-from .scheduler import entry_message, refused_options
+from .scheduler import refused_options
 
 
 def entries_app(broker: Any, config: LeaderConfig) -> EntriesApp:
@@ -27,19 +26,7 @@ def entries_app(broker: Any, config: LeaderConfig) -> EntriesApp:
         )
         for job in code_entries(broker, config)
     }
-
-    def send(
-        task: str,
-        args: Sequence[Any],
-        kwargs: Mapping[str, Any],
-        options: Mapping[str, Any],
-        slot: str,
-    ) -> None:
-        broker.enqueue(
-            entry_message(broker.get_actor(task), args, kwargs, options, leader_slot=slot)
-        )
-
-    return EntriesApp(config, code, set(broker.actors), send, refuses=refused_options(broker))
+    return EntriesApp(config, code, set(broker.actors), refuses=refused_options(broker))
 
 
 def load(broker_path: str) -> EntriesApp:

@@ -125,6 +125,17 @@ class _EnqueueAdapter(Adapter):
         self._made = jobs + self.catalog.jobs(records, code, lambda entry: entry)
         return self._made
 
+    def run_requests(self) -> Mapping[str, str]:
+        return self.catalog.requests()
+
+    def run_job(self, name: str) -> Job | str:
+        """A code entry's job (paused or not), else a store entry's, as the catalog
+        allows it."""
+        for job in self.entries:
+            if job.name == name:
+                return job
+        return self.catalog.run_job(name, {j.name for j in self.entries}, lambda entry: entry)
+
     def send(self, job: Job, slot: str, due: datetime, epoch: int) -> Outcome:
         if isinstance(job.payload, Entry):  # a store entry's
             entry = job.payload

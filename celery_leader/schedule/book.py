@@ -19,6 +19,7 @@ from ..backends import Edit, EntryStore, Journal
 from ..backends.errors import summarise
 from .audit import AuditRecord, local_actor, record_change
 from .entries import STORE, Entry, EntryError, code_pause, instant_now, new_entry, pause_end
+from .run_request import is_request
 
 logger = logging.getLogger(__name__)
 
@@ -275,9 +276,12 @@ def _busy(name: str) -> EntryConflict:
 
 
 def _read_all(records: dict[str, str]) -> dict[str, Entry]:
-    """Every readable record; an unreadable one raises (an editor must not guess)."""
+    """Every readable record; an unreadable one raises (an editor must not guess).
+    Run-now requests, kept beside the entries, are not entries."""
     out = {}
     for name, text in records.items():
+        if is_request(name):
+            continue
         try:
             out[name] = Entry.from_json(text)
         except EntryError as exc:

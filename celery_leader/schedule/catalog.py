@@ -133,16 +133,7 @@ class EntryCatalog:
                 continue
             if entry.kind != STORE or entry.paused_at(now):
                 continue
-            # Written by another framework's app or an older tool: refused, never half-sent.
-            why = (
-                "a code entry has its name; the code entry runs"
-                if name in code
-                else f"its {self.noun} {entry.task} is outside leader_entries_allow"
-                if not allowed(entry.task, config.entries_allow)
-                else None
-                if self.refusal is None
-                else self.refusal(entry)
-            )
+            why = self._refused_why(name, entry, code)
             if why is not None:
                 if (name, why) not in self._refused:
                     self._refused.add((name, why))
@@ -158,6 +149,37 @@ class EntryCatalog:
             jobs.append(known[1])
         self._stored = stored
         return jobs
+
+    def _refused_why(self, name: str, entry: Entry, code: Container[str]) -> str | None:
+        """Why store entry ``entry`` is not sent (``None``: it may be)."""
+        # Written by another framework's app or an older tool: refused, never half-sent.
+        if name in code:
+            return "a code entry has its name; the code entry runs"
+        if not allowed(entry.task, self.config.entries_allow):
+            return f"its {self.noun} {entry.task} is outside leader_entries_allow"
+        return None if self.refusal is None else self.refusal(entry)
+
+    def requests(self) -> Mapping[str, str]:
+        """The run-now requests, as last read with the records (none before the first read)."""
+        return {} if self.feed is None else self.feed.requests()
+
+    def run_job(
+        self,
+        name: str,
+        code: Container[str],
+        payload: Callable[[Entry], object],
+        zone: tzinfo = timezone.utc,
+    ) -> Job | str:
+        """The job of one run of store entry ``name`` now (paused or not), or why not:
+        what :meth:`jobs` would refuse it for. ``code`` and ``payload`` as there."""
+        entry = (self.current() or {}).get(name)
+        if entry is None or entry.kind != STORE:
+            return f"no entry {name} in the code or the store"
+        why = self._refused_why(name, entry, code)
+        if why is not None:
+            return f"store entry {name}: {why}"
+        missed, grace = policy(self.config, entry.missed_slots, entry.missed_slots_grace)
+        return Job(name, None, missed, grace, zone, payload(entry), generation=entry.generation)
 
     def follow(
         self,

@@ -2,6 +2,8 @@
 
 One cheap question a tick (the election's entries version); a record that cannot be
 read is logged once and left out, and an unreachable store keeps the entries last read.
+Run-now requests, kept among the entries, are held apart: an edit of requests alone
+leaves the entries as they were.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import time
 from ..backends import EntryStore
 from ..exceptions import StoreUnavailable
 from .entries import Entry, EntryError
+from .run_request import is_request
 
 #: How often the leader asks whether the entries changed (one cheap store call): the
 #: bound on how long an edit goes unnoticed. Schedulers wake at least this often.
@@ -36,6 +39,7 @@ class EntryFeed:
         self._version: int | None = None
         self._entries: dict[str, Entry] = {}
         self._texts: dict[str, str] = {}
+        self._requests: dict[str, str] = {}  # run-now requests, by key
         self._warned: set[str] = set()
         #: Set while a follower keeps its jobs made: a store it cannot reach is then
         #: logged at DEBUG only, since the follower's lease already reports it.
@@ -62,6 +66,11 @@ class EntryFeed:
                 )
         return self._entries
 
+    def requests(self) -> dict[str, str]:
+        """The run-now requests (key -> stored text), as last read with the entries."""
+        self.current()
+        return self._requests
+
     def _read(self, version: int) -> int:
         """Read what changed since the entries last read; the version now read."""
         changed = None
@@ -69,9 +78,25 @@ class EntryFeed:
             changed = self.store.changes_since(self.election, self._version)
         if changed is None:
             version, texts = self.store.load(self.election)
-            self._take(texts)
+            requests = {k: t for k, t in texts.items() if is_request(k)}
+            if requests:
+                texts = {k: t for k, t in texts.items() if not is_request(k)}
+            if requests != self._requests:
+                self._requests = requests
+            if texts != self._texts:
+                self._take(texts)
             return version
         version, edits = changed
+        asked = {k: t for k, t in edits.items() if is_request(k)}
+        if asked:
+            requests = dict(self._requests)
+            for key, text in asked.items():
+                if text is None:
+                    requests.pop(key, None)
+                else:
+                    requests[key] = text
+            self._requests = requests
+            edits = {k: t for k, t in edits.items() if not is_request(k)}
         if edits:
             entries, texts = dict(self._entries), dict(self._texts)
             for name, text in edits.items():

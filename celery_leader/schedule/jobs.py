@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import socket
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timezone, tzinfo
@@ -75,6 +75,16 @@ class Adapter(ABC):
     def recorded(self, job: Job, last_run_at: datetime, count: int, sent: bool) -> None:  # noqa: B027
         """The store now records ``job`` as last run at ``last_run_at`` (``count`` runs);
         ``sent``: slots were sent just now. Celery keeps its entries' ``last_run_at`` in step."""
+
+    def run_requests(self) -> Mapping[str, str]:
+        """The run-now requests the store holds (key -> stored text), as last read with
+        the store's entries (:mod:`~celery_leader.schedule.run_request`); none by default."""
+        return {}
+
+    def run_job(self, name: str) -> Job | str:
+        """The job a run-now request of entry ``name`` sends through :meth:`send` (its
+        code or stored definition and options, paused or not), or why it is refused."""
+        return f"no entry {name} this scheduler can run"
 
     def demoted(self) -> None:  # noqa: B027
         """This scheduler stopped dispatching: give back what only a leader needs."""

@@ -5,6 +5,8 @@ stored state (:class:`~celery_leader.schedule.sync.HeldJobs`); then every due jo
 gets a :class:`~celery_leader.schedule.publisher.Batch` (the slots its missed-slot
 policy sends, and a claim recording the newest due slot), one fenced round trip
 claims the whole batch, and only claimed slots are published through the adapter.
+Run-now requests are claimed and published the same way, as slots outside the grid
+(:mod:`~celery_leader.schedule.run_desk`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from .jobs import Adapter, Job
 from .policy import DueSlots, counted_after, due_slots, later
 from .publisher import Batch, Publisher
 from .resend import Resender
+from .run_desk import RunDesk
 from .runtime import SchedulerRuntime
 from .state import Claim, dump_state, slot_name
 from .sync import MAX_CLOCK_SKEW, EntryState, HeldJobs
@@ -63,6 +66,7 @@ class Dispatcher:
         self.publisher = Publisher(
             lease, store.records, adapter, config.max_publish_failures, logger, resender
         )
+        self.desk = RunDesk(lease, store.records, store.entries, adapter, logger, resender)
 
     def run(self, fence: Fence, now: datetime) -> tuple[float, bool]:
         """Claim and publish what is due, a batch at a time, while the lease and the
@@ -71,6 +75,10 @@ class Dispatcher:
         publisher = self.publisher
         if publisher.resender is not None:
             publisher.resender.retry(fence.term.epoch)
+        if not self.held.pending:
+            # Once the term's state is loaded: the run ledger's recovery, at the end
+            # of the load, starts the re-sends of the term afresh.
+            self.desk.run(fence, now)
         started = time.monotonic()
         ends = started + self.tick_timeout * BURST_SHARE
         # Each job without a series is asked once per tick: once sent, its

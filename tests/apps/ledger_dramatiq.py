@@ -4,9 +4,9 @@
 
 The ``work`` actor pushes one JSON line per run of its body on the Redis list
 ``runs``: its ``leader_slot`` and pid. With EVERY set, the scheduled actor ``tick``
-does the same every EVERY seconds. PAUSE_AT=n is a test-only fault: the
-scheduler stops itself (SIGSTOP) right before it enqueues its n-th slot, after
-claiming it.
+does the same every EVERY seconds, its body lasting TICK_SECONDS (default 0).
+PAUSE_AT=n is a test-only fault: the scheduler stops itself (SIGSTOP) right
+before it enqueues its n-th slot, after claiming it.
 """
 
 import json
@@ -52,7 +52,7 @@ if os.environ.get("EVERY"):
     @dramatiq.actor(max_retries=0, leader_schedule=every(float(os.environ["EVERY"])))
     def tick() -> None:
         """Record the run."""
-        work.fn(0.0)
+        work.fn(float(os.environ.get("TICK_SECONDS", "0")))
 
 
 if os.environ.get("PAUSE_AT"):
