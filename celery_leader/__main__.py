@@ -1,4 +1,4 @@
-"""``python -m celery_leader status|resign|check|plan|run|entries``: the ``leader``
+"""``python -m celery_leader status|resign|check|plan|run|entries|console``: the ``leader``
 commands without Celery, with settings from ``CELERY_LEADER_*`` environment variables.
 """
 
@@ -76,6 +76,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--restart", choices=RESTART, default="never", help=restart)
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS ...]")
     _entries_parser(commands)
+    console = commands.add_parser("console", help="serve the console (a web page)")
+    console.add_argument("app", metavar="MODULE", help="module (or module:broker) of the broker")
+    console.add_argument("--port", type=int, default=5555, help="the port (default 5555)")
+    console.add_argument("--bind", default="127.0.0.1", help="the address (default 127.0.0.1)")
+    console.add_argument("--path", "-P", action="append", default=[], help="add to sys.path")
     return parser
 
 
@@ -181,6 +186,19 @@ def _entries(args: argparse.Namespace, echo: ops.Echo) -> int:
     return ops_entries.run_command(app, echo, command, **given)
 
 
+def _console(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    # Imported only here: the other commands need neither Dramatiq nor Jinja2.
+    dramatiq_entries = importlib.import_module("celery_leader.dramatiq.entries")
+    web = importlib.import_module("celery_leader.console")
+    sys.path[:0] = [*args.path, os.getcwd()]
+    try:
+        web.serve(web.console_app(dramatiq_entries.load(args.app)), args.bind, args.port)
+    except OSError as exc:  # its port is taken, or its address is not this host's
+        raise ConfigError(f"the console cannot listen on {args.bind}:{args.port}: {exc}") from None
+    return 0
+
+
 def _run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
@@ -211,6 +229,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run(args)
         if args.command == "entries":
             return _entries(args, echo)
+        if args.command == "console":
+            return _console(args)
         config = LeaderConfig.from_env()
         if args.command == "status":
             return ops.status(config, echo, args.elections, args.json)
@@ -221,6 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ops.OpsError as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return exc.code
+
 
 
 if __name__ == "__main__":

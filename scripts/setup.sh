@@ -63,7 +63,7 @@ set -euo pipefail
     if [[ ! -f $stamp || $(<"$stamp") != "$wanted" ]]; then
         echo "setup: installing the package with every extra and the dev group into .venv"
         .venv/bin/pip install -q --disable-pip-version-check 'pip>=25.1'
-        .venv/bin/pip install -q --disable-pip-version-check -e '.[celery,dramatiq,redis,postgres,django,metrics,etcd,mysql]' --group dev
+        .venv/bin/pip install -q --disable-pip-version-check -e '.[celery,dramatiq,redis,postgres,django,metrics,etcd,mysql,console]' --group dev
         echo "$wanted" >"$stamp"
     fi
 )

@@ -22,6 +22,7 @@ from celery_leader.election.timing import DRIFT, MARGIN
 from celery_leader.settings.config import DEFAULT_KEY_PREFIX, DEFAULT_TTL
 from celery_leader.settings.table import SETTINGS, TABLE, Setting
 from celery_leader.settings.views import (
+    ConsoleSettings,
     ElectionSettings,
     LedgerSettings,
     ProbeSettings,
@@ -568,7 +569,7 @@ def test_each_consumer_reads_a_frozen_view_of_its_settings() -> None:
     assert not hasattr(cfg.election, "overlap")
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.election.ttl = 1  # type: ignore[misc]
-    views = (ElectionSettings, SchedulerSettings, LedgerSettings, ProbeSettings)
+    views = (ElectionSettings, SchedulerSettings, LedgerSettings, ProbeSettings, ConsoleSettings)
     in_views = {field.name for view in views for field in dataclasses.fields(view)}
     assert {field.name for field in dataclasses.fields(LeaderConfig)} - in_views == {
         "worker_election",

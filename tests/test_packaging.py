@@ -92,7 +92,9 @@ def test_wheel_ships_exactly_the_tracked_package_files(dists: dict[str, Path]) -
         for line in metadata.splitlines()
         if line.startswith("Requires-Dist:") and "; extra ==" in line
     ]
-    for extra in ("celery", "dramatiq", "redis", "postgres", "django", "metrics", "etcd", "mysql"):
+    for extra in (
+        "celery", "dramatiq", "redis", "postgres", "django", "metrics", "etcd", "mysql", "console"
+    ):
         assert f"Provides-Extra: {extra}" in metadata
 
 

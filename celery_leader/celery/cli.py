@@ -1,20 +1,21 @@
-"""``celery -A proj leader status|resign|check|plan|run``: see and steer the elections
-(what each command does lives in :mod:`celery_leader.cli.commands`)."""
+"""``celery -A proj leader status|resign|check|plan|run|entries|console``: see and steer
+the elections (what each command does lives in :mod:`celery_leader.cli.commands`)."""
 
 from __future__ import annotations
 
+import importlib
 import logging
 from typing import NoReturn
 
 from ..cli import commands as ops
-from ..exceptions import ConfigError, missing_extra
+from ..exceptions import ConfigError, MissingExtra, missing_extra
 from ..run.spec import RESTART
 from ..schedule import plan as planning
 from ..settings.config import SETTINGS, LeaderConfig
 from . import ledger as _ledger  # noqa: F401  # connects the run ledger's worker step
 from . import startup
 from .beat import LeaderScheduler
-from .entries import entries
+from .entries import entries, entries_app
 
 try:
     import click
@@ -164,6 +165,30 @@ def run(
     except ops.OpsError as exc:
         _fail(exc)
     raise SystemExit(code)
+
+
+@leader.command()
+@click.option("--port", type=int, default=5555, show_default=True, help="The port to listen on.")
+@click.option(
+    "--bind", default="127.0.0.1", show_default=True, help="The address to listen on."
+)
+@click.pass_context
+def console(ctx: click.Context, port: int, bind: str) -> None:
+    """Serve the console: a web page of the elections, the entries and their runs.
+
+    Read-only unless leader_console_write and leader_console_token are set; it
+    refuses an address other than loopback without leader_console_token. Needs
+    celery-leader[console].
+    """
+    _config(ctx)  # bad settings fail here, in one line
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    try:
+        # Imported only here: Celery loads this module for every command, and
+        # the console's extra (Jinja2) is needed by this one only.
+        web = importlib.import_module("celery_leader.console")
+        web.serve(web.console_app(entries_app(ctx.obj.app)), bind, port)
+    except (ConfigError, MissingExtra, OSError) as exc:
+        _fail(ops.OpsError(str(exc).splitlines()[0], ops.EXIT_UNKNOWN))
 
 
 leader.add_command(entries)

@@ -21,6 +21,7 @@ from ..exceptions import ConfigError
 from .table import DEFAULT_KEY_PREFIX as DEFAULT_KEY_PREFIX
 from .table import DEFAULT_LEDGER_RETENTION as DEFAULT_LEDGER_RETENTION
 from .table import DEFAULT_TTL as DEFAULT_TTL
+from .table import LOOPBACK_NAMES as LOOPBACK_NAMES
 from .table import MISSED_SLOTS as MISSED_SLOTS
 from .table import OVERLAP as OVERLAP
 from .table import SETTINGS as SETTINGS
@@ -32,11 +33,20 @@ from .table import validate_grace as validate_grace
 from .table import validate_missed_slots as validate_missed_slots
 from .table import validate_name as validate_name
 from .table import warn_unknown as warn_unknown
-from .views import ElectionSettings, LedgerSettings, ProbeSettings, SchedulerSettings, View
+from .views import (
+    ConsoleSettings,
+    ElectionSettings,
+    LedgerSettings,
+    ProbeSettings,
+    SchedulerSettings,
+    View,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
-class LeaderConfig(ProbeSettings, LedgerSettings, SchedulerSettings, ElectionSettings):
+class LeaderConfig(
+    ConsoleSettings, ProbeSettings, LedgerSettings, SchedulerSettings, ElectionSettings
+):
     """The validated ``leader_*`` settings of one app: every consumer's view in one.
 
     Each field is the setting ``leader_<field>``, but ``deployment``; what each
@@ -89,6 +99,7 @@ class LeaderConfig(ProbeSettings, LedgerSettings, SchedulerSettings, ElectionSet
     scheduler = View(SchedulerSettings)
     run_ledger = View(LedgerSettings)
     probes = View(ProbeSettings)
+    console = View(ConsoleSettings)
 
     @classmethod
     def from_app(cls, app: Any) -> LeaderConfig:

@@ -38,6 +38,8 @@ OVERLAP = ("allow", "skip", "wait")
 _NAME = re.compile(r"^[A-Za-z0-9_.:\-]+$")
 #: Schemes of kombu's Redis transport: a ``broker_url`` of one is also a lease store.
 _REDIS_BROKER_SCHEMES = ("redis", "rediss")
+#: The names of this host's loopback interface: what the console answers to by default.
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
@@ -199,6 +201,28 @@ def _globs(setting: str, value: object, default: tuple[str, ...]) -> tuple[str, 
     return globs
 
 
+def _secret(setting: str, value: object, default: None) -> str | None:
+    """A secret such as a token: a non-empty string, or not set."""
+    if value in (None, ""):
+        return default
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{setting} must be a non-empty string (got a {type(value).__name__})")
+    return value
+
+
+def _hosts(setting: str, value: object, default: tuple[str, ...]) -> tuple[str, ...]:
+    """Host names: a list of strings, or one comma-separated string; lower case."""
+    if value in (None, ""):
+        return default
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
+        raise ConfigError(f"{setting} must be a list of host names (got {value!r})")
+    hosts = tuple(i.strip().lower() for i in items if i.strip())
+    if not hosts:
+        raise ConfigError(f"{setting} names no host (got {value!r}): no request could be served")
+    return hosts
+
+
 def _url(setting: str, value: object, broker_url: object) -> str:
     """A URL of a known store; when not set, ``broker_url`` if it is a Redis URL."""
     if value in (None, ""):
@@ -285,6 +309,15 @@ TABLE = (
     Setting("overlap_wait", _seconds, 60.0, "longest wait of a slot of an overlap = wait entry"),
     Setting("sentry_crons", _flag, False, "Sentry Crons check-ins from workers"),
     Setting("entries_allow", _globs, ("*",), "task globs a stored entry may name"),
+    # The console pauses and triggers tasks: it changes nothing unless told to,
+    # and only for a request that carries leader_console_token.
+    Setting("console_write", _flag, False, "the console's actions (pause, resume, run now)"),
+    Setting("console_token", _secret, None, "the console's bearer token or basic-auth password"),
+    # The loopback names only: a page reached under another name (a DNS
+    # rebinding attack, a proxy) is refused until that name is listed.
+    Setting(
+        "console_allowed_hosts", _hosts, LOOPBACK_NAMES, "Host names the console answers to"
+    ),
     # A record is about 200 bytes: 10,000 are 2 MB per log, years of a team's edits.
     Setting("audit_keep", _count, 10_000, "audit records kept per log (election, entry)"),
 )

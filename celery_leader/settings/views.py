@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Generic, TypeVar, cast
 
-from .table import DEFAULT_LEDGER_RETENTION
+from .table import DEFAULT_LEDGER_RETENTION, LOOPBACK_NAMES
 
 V = TypeVar("V")
 
@@ -77,3 +77,13 @@ class ProbeSettings:
     health_file: str | None = None
     health_port: int | None = None
     metrics_port: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConsoleSettings:
+    """What the console reads: whether it may change anything, and for whom."""
+
+    console_write: bool = False
+    #: A secret: never in a repr (logs, tracebacks).
+    console_token: str | None = field(default=None, repr=False)
+    console_allowed_hosts: tuple[str, ...] = LOOPBACK_NAMES

@@ -1,0 +1,266 @@
+"""What the console's views compute, in this process on the memory store: fire times
+and their clock-change flags, the schedule in words, the entries list at 100,000
+entries, the problem states, and the hand-over gaps of the timeline."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import datetime, timedelta, timezone
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from celery_leader.backends import JournalWrite, RunWrite, StoreFacets, open_store
+from celery_leader.cli.entries import CodeEntry, EntriesApp, ScheduleEntries
+from celery_leader.console import pages, plan, timeline
+from celery_leader.console.listing import EntryCache, EntryIndex, page_of
+from celery_leader.console.problems import Limits, state_of
+from celery_leader.console.reads import Reads
+from celery_leader.console.times import AFTER_CHANGE, MOVED, REPEATED, in_words, next_fires
+from celery_leader.election.history import TERMS, TERMS_KEPT, TermRecord, term_key
+from celery_leader.ledger.marks import mark_sent
+from celery_leader.ledger.records import TALLIES, RunRecord
+from celery_leader.ledger.summary import EntryRuns
+from celery_leader.schedule.entries import new_entry, parse_cron
+from celery_leader.schedule.series import Every
+from celery_leader.schedule.state import slot_name
+from celery_leader.settings.config import LeaderConfig
+
+BERLIN = ZoneInfo("Europe/Berlin")
+UTC = timezone.utc
+
+
+# -- times ----------------------------------------------------------------------------
+
+
+def test_a_slot_the_spring_forward_skips_is_flagged_moved() -> None:
+    series = parse_cron("30 2 * * *", BERLIN)
+    fires = next_fires(series, BERLIN, datetime(2027, 3, 27, 12, tzinfo=UTC))
+    assert [f.local.isoformat() for f in fires] == [
+        "2027-03-28T03:00:00+02:00",  # 02:30 does not exist: at the jump
+        "2027-03-29T02:30:00+02:00",
+        "2027-03-30T02:30:00+02:00",
+    ]
+    assert [f.dst for f in fires] == [MOVED, None, None]
+    assert fires[0].utc == datetime(2027, 3, 28, 1, tzinfo=UTC)
+
+
+def test_a_slot_in_the_repeated_hour_is_flagged() -> None:
+    series = parse_cron("30 2 * * *", BERLIN)
+    fires = next_fires(series, BERLIN, datetime(2027, 10, 30, 12, tzinfo=UTC))
+    assert fires[0].local.isoformat() == "2027-10-31T02:30:00+02:00"  # the first of two
+    assert [f.dst for f in fires] == [REPEATED, AFTER_CHANGE, None]
+
+
+def test_the_first_hourly_slot_after_a_clock_change_is_flagged() -> None:
+    series = parse_cron("0 * * * *", BERLIN)
+    fires = next_fires(series, BERLIN, datetime(2027, 3, 28, 0, 30, tzinfo=UTC))
+    assert [f.local.hour for f in fires] == [3, 4, 5]  # 02:00 never happens
+    assert [f.dst for f in fires] == [AFTER_CHANGE, None, None]
+
+
+def test_an_every_entry_in_utc_has_no_flag() -> None:
+    fires = next_fires(Every(timedelta(minutes=5)), UTC, datetime(2027, 3, 28, 0, 59, tzinfo=UTC))
+    assert [f.utc.minute for f in fires] == [0, 5, 10] and {f.dst for f in fires} == {None}
+
+
+@pytest.mark.parametrize(
+    ("series", "words"),
+    [
+        (Every(timedelta(seconds=10)), "every 10 seconds"),
+        (Every(timedelta(minutes=5)), "every 5 minutes"),
+        (Every(timedelta(hours=1)), "every hour"),
+        (Every(timedelta(seconds=1.5)), "every 1.5 seconds"),
+        (parse_cron("*/15 * * * *", ZoneInfo("UTC")), "every 15 minutes (UTC)"),
+        (parse_cron("30 2 * * *", BERLIN), "at 02:30, daily (Europe/Berlin)"),
+        (parse_cron("0 9 * * 1-5", BERLIN), "at 09:00, on Mon, Tue, Wed, Thu, Fri (Europe/Berlin)"),
+        (parse_cron("* * * * *", ZoneInfo("UTC")), "every minute (UTC)"),
+        (None, "only its framework can tell"),
+    ],
+)
+def test_the_schedule_in_words(series: Any, words: str) -> None:
+    assert in_words(series) == words
+
+
+# -- the entries list at volume -------------------------------------------------------
+
+
+def _app(**settings: Any) -> EntriesApp:
+    prefix = f"views-{uuid.uuid4().hex}"
+    config = LeaderConfig.from_mapping(
+        {"leader_url": "memory://", "leader_key_prefix": prefix, **settings}
+    )
+    code = {"tick": CodeEntry("proj.tick", "every 1s", Every(timedelta(seconds=1)))}
+    return EntriesApp(config, code, {"proj.tick"})
+
+
+def _records(count: int) -> dict[str, str]:
+    """``count`` store entries; every 1000th sends ``proj.special``, every 500th is paused."""
+    now = datetime.now(UTC)
+    plain = new_entry(now, name="NAME", task="proj.report", every=60).to_json()
+    special = plain.replace('"proj.report"', '"proj.special"')
+    records = {}
+    for i in range(count):
+        text = special if i % 1000 == 0 else plain
+        if i % 500 == 0:
+            text = text.replace('"enabled":true', '"enabled":false')
+        records[f"e{i:06d}"] = text.replace('"name":"NAME"', f'"name":"e{i:06d}"')
+    return records
+
+
+def test_a_page_of_100000_entries_parses_only_its_rows() -> None:
+    index = EntryIndex(_app(), _records(100_000))
+    listing = page_of(index, index.names, 3, 50)
+    assert (listing.total, listing.pages, listing.page) == (100_001, 2001, 3)
+    assert [row["name"] for row in listing.rows][:2] == ["e000100", "e000101"]
+    assert len(index._parsed) == 50, "only the page's rows are parsed"
+    last = page_of(index, index.names, 10_000, 50)
+    assert last.page == 2001 and [row["name"] for row in last.rows] == ["tick"]
+
+
+def test_a_search_and_the_paused_filter_parse_only_what_may_match() -> None:
+    index = EntryIndex(_app(), _records(100_000))
+    found = index.search("SPECIAL")
+    assert len(found) == 100 and found[0] == "e000000"
+    assert len(index._parsed) == 100
+    assert index.search("e09999") == [f"e09999{i}" for i in range(10)]
+    assert index.search("proj.tick") == ["tick"]
+    paused = index.paused(index.names)
+    assert len(paused) == 200 and paused[1] == "e000500"
+    assert len(index._parsed) <= 300
+
+
+# -- problem states -------------------------------------------------------------------
+
+
+def _runs(state: str, started: float | None, slot: str, outcome: str | None = None) -> EntryRuns:
+    return EntryRuns("x", slot, state, "w", started, None, None, outcome, 1)
+
+
+def test_the_problem_states() -> None:
+    now = time.time()
+    every = Every(timedelta(seconds=60))
+    due = datetime.fromtimestamp(now - 600, UTC).replace(microsecond=0)
+    slot = slot_name("x", due)
+    limits = Limits(late_after=30, max_runtime=100)
+    assert state_of(False, every, None, limits, now) == "paused"
+    assert state_of(True, every, None, limits, now) == "on time"
+    assert state_of(True, every, _runs("running", now - 10, slot), limits, now) == "running"
+    assert state_of(True, every, _runs("running", now - 200, slot), limits, now) == "overrun"
+    assert state_of(True, every, _runs("running", now - 200, slot), Limits(), now) == "running"
+    failed = _runs("finished", now - 500, slot, "failure")
+    assert state_of(True, every, failed, limits, now) == "failed"
+    assert state_of(True, every, _runs("abandoned", now - 500, slot), limits, now) == "failed"
+    assert state_of(True, every, _runs("sent", now - 590, slot), limits, now) == "late"
+    done = _runs("finished", now - 590, slot, "success")
+    assert state_of(True, every, done, limits, now) == "missed"  # nothing for 9 slots since
+    assert state_of(True, every, done, Limits(), now) == "on time"  # no late_after: never
+    assert Limits.of({"late_after": "soon", "max_runtime": True}) == Limits()
+
+
+def _finished(store: StoreFacets, entry: str, due: datetime, outcome: str) -> None:
+    slot = slot_name(entry, due)
+    start = due.timestamp() + 0.1
+    record = RunRecord(slot, "started", "w1", 1, start, start + 60).ended(start + 0.5, outcome)
+    store.runs.put("beat", RunWrite(slot, None, record.dump(), 3600, 100, TALLIES[outcome]))
+
+
+def test_problems_and_the_failing_filter_read_the_ledger() -> None:
+    app = _app()
+    store = open_store(app.config)
+    now = datetime.now(UTC).replace(microsecond=0)
+    _finished(store, "tick", now - timedelta(seconds=3), "failure")
+    data = pages.problems(Reads(app, store))
+    assert data["counts"]["failed"] == 1 and data["entries"][0]["name"] == "tick"
+    failing = pages.entries(Reads(app, store), selected="failing")
+    assert [row["name"] for row in failing["entries"]] == ["tick"]
+    assert pages.metrics(data).count('celery_leader_entries{state="failed"} 1') == 1
+    _finished(store, "tick", now - timedelta(seconds=2), "success")
+    _finished(store, "tick", now - timedelta(seconds=1), "success")
+    one = pages.entry(Reads(app, store), "tick")
+    assert one is not None and one["state"] == "on time"
+    assert [run["state"] for run in one["runs"]] == ["success", "success", "failure"]
+    assert one["p50"] == 0.5 and one["p95"] == 0.5
+    assert one["runs"][0]["lag"] == 0.1 and one["runs"][0]["worker"] == "w1"
+    store.close()
+
+
+# -- the timeline ---------------------------------------------------------------------
+
+
+def test_the_timeline_shows_the_gap_of_a_hand_over_and_its_slots() -> None:
+    app = _app()
+    store = open_store(app.config)
+    t0 = float(int(time.time()) - 100)
+    terms = [
+        TermRecord(7, "beat-1", t0, t0 + 10.2, "expired"),
+        TermRecord(8, "beat-2", t0 + 14.5),
+    ]
+    store.journal.write(
+        "beat", [JournalWrite(TERMS, term_key(t.epoch), t.dump(), TERMS_KEPT) for t in terms]
+    )
+    late = datetime.fromtimestamp(t0 + 12, UTC)
+    mark_sent(store.runs, "beat", slot_name("tick", late), "beat-2", 3600, 100)
+    data = timeline.timeline(Reads(app, store))
+    newest, oldest = data["terms"]
+    assert (newest["holder"], newest["how"], newest["gap"]) == ("beat-2", "leading", 4.3)
+    assert (oldest["holder"], oldest["how"], oldest["gap"]) == ("beat-1", "expired", None)
+    fates = {slot["due"][11:19]: slot["fate"] for slot in newest["gap_slots"]}
+    assert len(fates) == 4  # due at 11, 12, 13 and 14 s
+    assert fates[late.isoformat()[11:19]] == "sent late, by the next leader"
+    assert sorted(set(fates.values())) == [
+        "not sent: dropped by the missed-slot policy, or not recorded",
+        "sent late, by the next leader",
+    ]
+    store.close()
+
+
+def test_the_entries_are_read_again_only_when_their_version_moved() -> None:
+    app = _app()
+    store = open_store(app.config)
+    cache = EntryCache(app)
+    first = cache.index(store.entries, "beat")
+    assert cache.index(store.entries, "beat") is first
+    with ScheduleEntries(app) as entries:
+        entries.add("report", "proj.tick", every=60)
+    again = cache.index(store.entries, "beat")
+    assert again is not first and again.names == ["report", "tick"]
+    assert cache.index(store.entries, "beat") is again
+    store.close()
+
+
+def test_the_gap_after_a_lost_term_is_bounded_by_the_ttl() -> None:
+    """A holder that crashed never wrote its end: it renewed within a ttl of the next
+    term's start, so the gap is at most that."""
+    app = _app(leader_ttl=3)
+    store = open_store(app.config)
+    t0 = float(int(time.time()) - 100)
+    terms = [TermRecord(7, "beat-1", t0, None, "lost"), TermRecord(8, "beat-2", t0 + 50)]
+    store.journal.write(
+        "beat", [JournalWrite(TERMS, term_key(t.epoch), t.dump(), TERMS_KEPT) for t in terms]
+    )
+    newest = timeline.timeline(Reads(app, store))["terms"][0]
+    assert (newest["gap"], newest["gap_exact"]) == (3.0, False)
+    assert len(newest["gap_slots"]) == 3  # tick, every second
+    store.close()
+
+
+def test_the_plan_lists_a_window_and_marks_its_busiest_seconds() -> None:
+    app = _app()
+    store = open_store(app.config)
+    with ScheduleEntries(app) as entries:
+        entries.add("minutely", "proj.tick", every=60)
+        entries.add("off", "proj.tick", every=60, enabled=False)
+    data = plan.plan(
+        Reads(app, store), "2027-01-01T00:00:00Z", "2027-01-01T00:03:00Z", "Europe/Berlin"
+    )
+    assert data["total"] == 180 + 3 and {s["entry"] for s in data["slots"]} == {"tick", "minutely"}
+    assert [b["slots"] for b in data["busiest"]] == [2, 2, 2]
+    busy = [s["due"] for s in data["slots"] if s["busy"]]
+    assert len(busy) == 6 and busy[0] == "2027-01-01T00:01:00.000+00:00"
+    assert data["slots"][0]["local"].endswith("+01:00")
+    with pytest.raises(ValueError, match="unknown time zone"):
+        plan.plan(Reads(app, store), tz="Mars/Olympus")
+    store.close()
