@@ -40,6 +40,9 @@ SCALE_RESULTS = ROOT / "benchmarks" / "scale_results.md"
 #: The run ledger at volume (``benchmarks/ledger_volume.py``, run on its own: it
 #: seeds a million records on each store), as the page shows it.
 LEDGER_RESULTS = ROOT / "benchmarks" / "ledger_volume_results.md"
+#: The console at volume (``python -m benchmarks.console``, run on its own: it
+#: seeds 100,000 entries and a million run records), as the page shows it.
+CONSOLE_RESULTS = ROOT / "benchmarks" / "console_results.md"
 DOCS = ROOT / "docs"
 COMMAND = ".venv/bin/python benchmarks/run.py"
 
@@ -403,6 +406,7 @@ def main() -> int:
             partition=failover.PARTITION,
             scale_results=SCALE_RESULTS.read_text(),
             ledger_results=LEDGER_RESULTS.read_text(),
+            console_results=CONSOLE_RESULTS.read_text(),
             # One heading level down: the results sit under the page's own sections.
             results=re.sub(r"(?m)^(#{2,}) ", r"#\1 ", body).replace(
                 "(failover.png)", "(img/failover.png)"
@@ -614,6 +618,7 @@ command exits with 1.
 
 {scale_results}
 {ledger_results}
+{console_results}
 ## Latest results
 
 {results}"""
