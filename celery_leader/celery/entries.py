@@ -15,6 +15,7 @@ from .adapter import series_of
 
 try:
     import click
+    from celery import current_app
     from celery.schedules import crontab, maybe_schedule
 except ModuleNotFoundError as exc:
     raise missing_extra(exc, "celery") from None
@@ -38,6 +39,12 @@ def entries_app(app: Any) -> EntriesApp:
     app.loader.import_default_modules()
     tasks = {name for name in app.tasks if not name.startswith("celery.")}
     return EntriesApp(config, code, tasks, zone=str(app.conf.timezone or "UTC"))
+
+
+def current_entries_app() -> EntriesApp:
+    """:func:`entries_app` of the current Celery app: a Django project's, which its
+    ``proj/__init__.py`` imports (the console mounted in Django uses it)."""
+    return entries_app(current_app._get_current_object())
 
 
 def entries_of(app: Any) -> ScheduleEntries:

@@ -84,8 +84,25 @@ class Console:
 
     # -- the rules -----------------------------------------------------------------
 
+    #: The form field of the CSRF token in the pages' forms.
+    csrf_field = security.CSRF_FIELD
+
     def respond(self, request: Request) -> Response:
         """The response to ``request``, after the security rules."""
+        refused = self.guard(request)
+        if refused is not None:
+            return refused
+        if request.method in ("GET", "HEAD"):
+            return self._get(request)
+        if request.method != "POST":
+            return Response(405, b"", "text/plain", [("Allow", "GET, HEAD, POST")])
+        return self._post(request)
+
+    # The four methods below are the authenticator: a host that authenticates on its
+    # own (the Django view) replaces them, and the pages and actions stay the same.
+
+    def guard(self, request: Request) -> Response | None:
+        """The refusal of a request before anything is read (Host, token), or ``None``."""
         if not security.host_allowed(request.host, self.config.console_allowed_hosts):
             return Response.text("unknown Host: add it to leader_console_allowed_hosts", 400)
         if self.token is not None and not security.authorized(
@@ -98,11 +115,33 @@ class Console:
                 "text/plain",
                 [("WWW-Authenticate", challenge)],
             )
-        if request.method in ("GET", "HEAD"):
-            return self._get(request)
-        if request.method != "POST":
-            return Response(405, b"", "text/plain", [("Allow", "GET, HEAD, POST")])
-        return self._post(request)
+        return None
+
+    def writes(self, request: Request) -> bool:
+        """Whether ``request`` may change entries (and its pages show forms)."""
+        return self.write
+
+    def post_guard(self, request: Request, form: dict[str, list[str]]) -> Response | None:
+        """The refusal of a POST from another site or without its CSRF token, or ``None``."""
+        if not security.same_origin(request.header("Origin"), request.host):
+            return self._error(request, 403, "refused: the form came from another site")
+        assert self.token is not None  # write mode has one
+        secret = request.cookie(security.CSRF_COOKIE)
+        given = first(form, security.CSRF_FIELD)
+        if not security.csrf_valid(secret, given, self.token):
+            return self._error(request, 403, "refused: no valid CSRF token (reload the page)")
+        return None
+
+    def csrf(self, request: Request, headers: list[tuple[str, str]]) -> str:
+        """The CSRF token of a write-mode page's forms; a cookie it needs goes in
+        ``headers``."""
+        assert self.token is not None
+        secret = request.cookie(security.CSRF_COOKIE)
+        if not secret:
+            secret = security.new_csrf_secret()
+            secure = request.scheme == "https"
+            headers.append(("Set-Cookie", security.csrf_cookie(secret, secure)))
+        return security.csrf_token(secret, self.token)
 
     def _get(self, request: Request) -> Response:
         parts = [p for p in request.path.split("/") if p]
@@ -160,31 +199,29 @@ class Console:
         return None
 
     def _post(self, request: Request) -> Response:
-        if not self.write:
+        if not self.writes(request):
             return self._error(request, 403, "the console is read-only")
         try:
             form = request.form()
         except BodyTooLarge:
             return self._error(request, 413, "the request body is too large")
-        if not security.same_origin(request.header("Origin"), request.host):
-            return self._error(request, 403, "refused: the form came from another site")
-        assert self.token is not None  # write mode has one
-        secret = request.cookie(security.CSRF_COOKIE)
-        given = first(form, security.CSRF_FIELD)
-        if not security.csrf_valid(secret, given, self.token):
-            return self._error(request, 403, "refused: no valid CSRF token (reload the page)")
+        refused = self.post_guard(request, form)
+        if refused is not None:
+            return refused
         parts = [p for p in request.path.split("/") if p]
-        who = self._who(request)
+        who = self.who(request)
         try:
             if parts == ["entries", "pause"]:
                 return self._bulk_pause(request, form, who)
             if len(parts) >= 3 and parts[0] == "entries":
-                return self._act("/".join(parts[1:-1]), parts[-1], form, who)
+                return self._act(request, "/".join(parts[1:-1]), parts[-1], form, who)
         except (ActionError, ConfigError) as exc:
             return self._error(request, 400, str(exc).splitlines()[0])
         return self._error(request, 404, "no such action")
 
-    def _act(self, name: str, action: str, form: dict[str, list[str]], who: str) -> Response:
+    def _act(
+        self, request: Request, name: str, action: str, form: dict[str, list[str]], who: str
+    ) -> Response:
         if action == "pause":
             why = reason(first(form, "reason"))
             self.actions.pause([name], Actor(who, why), first(form, "until").strip())
@@ -192,10 +229,11 @@ class Console:
             self.actions.resume(name, Actor(who))
         elif action == "run":
             result = self.actions.run_now(name, Actor(who), first(form, "key") or None)
-            return Response.redirect(f"/entries/{quote(name)}?run={quote(result.state)}")
+            ran = quote(result.state)
+            return Response.redirect(f"{request.root}/entries/{quote(name)}?run={ran}")
         else:
             raise ActionError(f"no action {action!r}")
-        return Response.redirect(f"/entries/{quote(name)}")
+        return Response.redirect(f"{request.root}/entries/{quote(name)}")
 
     def _bulk_pause(self, request: Request, form: dict[str, list[str]], who: str) -> Response:
         names = sorted(set(form.get("name") or []))[: MAX_BULK + 1]
@@ -205,9 +243,9 @@ class Console:
             data = {"names": names, "reason": why, "until": until, "max": MAX_BULK}
             return self._page(request, "confirm.html", data)
         self.actions.pause(names, Actor(who, why), first(form, "until").strip())
-        return Response.redirect("/entries?filter=paused")
+        return Response.redirect(f"{request.root}/entries?filter=paused")
 
-    def _who(self, request: Request) -> str:
+    def who(self, request: Request) -> str:
         """Who asks, for the audit trail: the basic-auth user name, else "token", and
         where from."""
         user = "token"
@@ -222,31 +260,24 @@ class Console:
         self, request: Request, template: str, data: dict[str, Any], status: int = 200
     ) -> Response:
         headers: list[tuple[str, str]] = []
-        csrf = None
-        if self.write:
-            assert self.token is not None
-            secret = request.cookie(security.CSRF_COOKIE)
-            if not secret:
-                secret = security.new_csrf_secret()
-                headers.append(
-                    ("Set-Cookie", security.csrf_cookie(secret, request.scheme == "https"))
-                )
-            csrf = security.csrf_token(secret, self.token)
+        write = self.writes(request)
+        csrf = self.csrf(request, headers) if write else None
         refresh = request.number("refresh", 0)
         body = self.renderer.page(
             template,
             data=data,
             path=request.path,
             nav=NAV,
-            write=self.write,
+            write=write,
             csrf=csrf,
-            csrf_field=security.CSRF_FIELD,
+            csrf_field=self.csrf_field,
+            root=request.root,
             refresh=min(max(refresh, REFRESH[0]), REFRESH[1]) if refresh else 0,
             query=request.query(refresh=None),
             # The answer to a run now, on the page it came back to; a fresh idempotency
             # key for the next one, so a form sent twice runs once.
             ran=request.arg("run"),
-            run_key=secrets.token_urlsafe(16) if self.write else None,
+            run_key=secrets.token_urlsafe(16) if write else None,
             refreshing=request.query(refresh="10"),
             store=self.config.display_url,
         )

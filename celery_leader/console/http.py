@@ -54,6 +54,12 @@ class Request:
         return str(self.environ.get("PATH_INFO", "") or "/")
 
     @property
+    def root(self) -> str:
+        """Where the console is mounted (``SCRIPT_NAME``, no trailing slash): the prefix
+        of every link and redirect, empty at a server's root."""
+        return str(self.environ.get("SCRIPT_NAME", "")).rstrip("/")
+
+    @property
     def scheme(self) -> str:
         return str(self.environ.get("wsgi.url_scheme", "http"))
 

@@ -23,14 +23,18 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django_celery_beat",
+    "celery_leader.contrib.django_console",  # the console's permissions
     "ticker",
 ]
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
 ]
 ROOT_URLCONF = "proj.urls"
+# The console at /leader/ sends visitors who are not logged in to the admin's login.
+LOGIN_URL = "admin:login"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
@@ -111,6 +115,9 @@ CELERY_LEADER_URL = os.environ.get("CELERY_LEADER_URL", f"file://{DATA / 'leader
 CELERY_LEADER_TTL = float(os.environ.get("CELERY_LEADER_TTL", "15"))
 CELERY_LEADER_INSTANCE_ID = os.environ.get("CELERY_LEADER_INSTANCE_ID")  # None: host:pid
 CELERY_LEADER_MISSED_SLOTS = os.environ.get("CELERY_LEADER_MISSED_SLOTS", "once")
+# The console at /leader/ is read-only unless this is on; then staff with the
+# permission celery_leader.change_console may pause, resume and run entries.
+CELERY_LEADER_CONSOLE_WRITE = os.environ.get("CELERY_LEADER_CONSOLE_WRITE") == "1"
 CELERY_BEAT_SCHEDULER = "celery_leader.contrib.django:LeaderDatabaseScheduler"
 CELERY_BEAT_SCHEDULE = {
     "heartbeat": {
