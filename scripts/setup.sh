@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what the tests and the demo need on a fresh Debian 12 machine (run as root):
-# redis-server, PostgreSQL 15, MariaDB, RabbitMQ, etcd, a C compiler, and the venv with the package, every extra and the dev dependency group.
+# redis-server, PostgreSQL 15, MariaDB, RabbitMQ, etcd, a C compiler, chromium and its driver, and the venv with the package, every extra and the dev dependency group.
 # Idempotent and quick when nothing changed. The tests start their own servers on
 # random ports, so no system-wide server is left running.
 set -euo pipefail
@@ -22,6 +22,8 @@ set -euo pipefail
     command -v cc >/dev/null || missing+=(gcc)
     # The TLS test makes its own certificate.
     command -v openssl >/dev/null || missing+=(openssl)
+    # The console's browser tests drive Debian's chromium through its chromedriver.
+    [[ -x /usr/bin/chromium && -x /usr/bin/chromedriver ]] || missing+=(chromium chromium-driver)
     # Debian's python3 has no venv module without this package.
     command -v python3 >/dev/null && python3 -c 'import ensurepip, venv' 2>/dev/null \
         || missing+=(python3 python3-venv)
