@@ -53,8 +53,13 @@ def test_there_are_blocks_to_check() -> None:
     assert Path(ROOT / "README.md").exists()
 
 
-#: Dotted names in the docs' prose that are not Python paths: Celery queue names.
-NOT_PATHS = {"celery_leader.leader.worker"}
+#: Dotted names in the docs' prose that are not Python paths: a Celery queue name and
+#: the console's Django permissions (``app_label.codename``).
+NOT_PATHS = {
+    "celery_leader.leader.worker",
+    "celery_leader.view_console",
+    "celery_leader.change_console",
+}
 
 
 def _resolve(dotted: str) -> object:
