@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 
@@ -40,6 +40,15 @@ class EntryStore(ABC):
     @abstractmethod
     def load(self, election: str) -> tuple[int, dict[str, str]]:
         """The entries version (read first) and the entries of ``election``, as written."""
+
+    def load_pages(self, election: str) -> tuple[int, Iterator[dict[str, str]]]:
+        """The entries version (read first), then the entries of ``election`` page by
+        page, each page one bounded read made when the caller asks for it: a reader
+        can act on the first page while the rest of a large schedule is still coming.
+        A page may repeat an entry of an earlier page; an edit made during the reading
+        shows in :meth:`changes_since` of the version returned."""
+        version, texts = self.load(election)
+        return version, iter([texts])
 
     def changes_since(
         self, election: str, version: int

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ..entry_store import Edit, EntryStore
@@ -31,22 +31,32 @@ class RedisEntries(EntryStore):
         return int(self._conn.call(lambda c: c.get(key)) or 0)
 
     def load(self, election: str) -> tuple[int, dict[str, str]]:
+        version, pages = self.load_pages(election)
+        texts: dict[str, str] = {}
+        for page in pages:
+            texts.update(page)
+        return version, texts
+
+    def load_pages(self, election: str) -> tuple[int, Iterator[dict[str, str]]]:
         # By pages: one HGETALL of a million entries blocked the server for seconds.
-        # The version first: an edit during the scan makes the reader read again, and
+        # The version first: an edit during the scan shows in the changes since it, and
         # HSCAN returns every entry that stays for the whole scan.
         entries, version, _ = self._keys(election)
         kind, number = self._conn.pipelined(lambda pipe: (pipe.type(entries), pipe.get(version)))
         if kind not in ("hash", "none"):
             raise wrong_type(entries, kind)
-        texts: dict[str, str] = {}
-        cursor = 0
-        while True:
-            cursor, page = self._conn.call(
-                lambda c, at=cursor: c.hscan(entries, at, count=ENTRIES_PAGE)
-            )
-            texts.update(page)
-            if not cursor:
-                return int(number or 0), texts
+
+        def pages() -> Iterator[dict[str, str]]:
+            cursor = 0
+            while True:
+                cursor, page = self._conn.call(
+                    lambda c, at=cursor: c.hscan(entries, at, count=ENTRIES_PAGE)
+                )
+                yield page
+                if not cursor:
+                    return
+
+        return int(number or 0), pages()
 
     def changes_since(
         self, election: str, version: int
