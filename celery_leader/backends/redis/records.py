@@ -33,6 +33,8 @@ class RedisRecords(FencedRecords):
         return dict(zip(flat[::2], flat[1::2], strict=True))
 
     def load_some(self, election: str, keys: Sequence[str]) -> dict[str, str] | None:
+        if not keys:
+            return {}  # HMGET needs a field: with none, Redis answers an error
         key = self._conn.key(election, "state")
         kind, values = self._conn.pipelined(
             lambda pipe: (pipe.type(key), pipe.hmget(key, list(keys))), raise_on_error=False
