@@ -103,7 +103,7 @@ def load_state(run: Run, names: Mapping[str, Any]) -> dict[str, str]:
     record is as its page found it (only a term's holder writes them)."""
     state: dict[str, str] = {}
     for rows in keyset_pages(run, STATE_FIRST_PAGE, STATE_NEXT_PAGE, names, STATE_PAGE):
-        state.update((str(entry), str(value)) for entry, value in rows)
+        state.update(rows)  # text columns: pairs of str, taken as they come
     return state
 
 
@@ -115,8 +115,7 @@ def load_state_of(
     state: dict[str, str] = {}
     unique = list(dict.fromkeys(keys))
     for i in range(0, len(unique), STATE_KEYS):
-        rows = run(query, {**names, "keys": unique[i : i + STATE_KEYS]})
-        state.update((str(entry), str(value)) for entry, value in rows)
+        state.update(run(query, {**names, "keys": unique[i : i + STATE_KEYS]}))
     return state
 
 
@@ -166,7 +165,7 @@ class SqlEntries(EntryStore, Generic[S]):
         names = self._db.names(election)
         first, after = ENTRIES_FIRST_PAGE, ENTRIES_NEXT_PAGE
         rows = keyset_pages(self._db.kept, first, after, names, ENTRIES_PAGE)
-        return version, ({str(name): str(value) for name, value in page} for page in rows)
+        return version, (dict(page) for page in rows)
 
     def edit(self, election: str, edits: Sequence[Edit]) -> list[bool]:
         """One statement per edit, on a short-lived connection (no term needed)."""
