@@ -47,6 +47,7 @@ from celery_leader.backends import (
     open_store,
     sql_facets,
 )
+from celery_leader.backends.redis import entries as redis_entries
 from celery_leader.backends.session_lock import SessionStore
 from celery_leader.exceptions import StoreUnavailable
 from celery_leader.ledger import RunRecord, marks
@@ -94,6 +95,9 @@ class Store:
     #: returns the row count of each statement the store runs from then on, or
     #: None when it cannot tell; None for a store that reads them all at once.
     lower_pages: Callable[[pytest.MonkeyPatch, int], list[int] | None] | None = None
+    #: Have the store remember the latest n entry edits by name (dropping older ones
+    #: at each edit): ``keep_changes(monkeypatch, n)``; None where it cannot be lowered.
+    keep_changes: Callable[[pytest.MonkeyPatch, int], None] | None = None
     made: list[StoreFacets] = field(default_factory=list)
 
     def open(self, url: str | None = None) -> StoreFacets:
@@ -134,8 +138,13 @@ def _redis_store(url: str) -> Store:
         expires = seconds * 1000 + micros // 1000 + 60_000
         client.zadd(f"{{{PREFIX}:{ELECTION}}}:runs-expiry", {key: expires})
 
+    def keep_changes(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
+        monkeypatch.setattr(redis_entries, "CHANGES_KEPT", n)
+
     down = f"redis://127.0.0.1:{free_port()}/0"
-    return Store("redis", url, True, plant, down, as_written_by_0_4, legacy_run)
+    return Store(
+        "redis", url, True, plant, down, as_written_by_0_4, legacy_run, keep_changes=keep_changes
+    )
 
 
 def _file_store(directory: Path) -> Store:
@@ -189,8 +198,9 @@ def _postgres_store(url: str) -> Store:
     down = f"postgresql://leader:pw@{host}:{port}/leader"
     pages = _sql_pages(Connector)
     return Store(
-        "postgres", url, False, plant, down, as_written_by_0_4, legacy_run, lower_pages=pages
-    )
+        "postgres", url, False, plant, down, as_written_by_0_4, legacy_run,
+        lower_pages=pages, keep_changes=_sql_keep_changes,
+    )  # fmt: skip
 
 
 def _mariadb_store(url: str) -> Store:
@@ -228,7 +238,15 @@ def _mariadb_store(url: str) -> Store:
 
     down = f"mariadb://leader:pw@127.0.0.1:{free_port()}/leader"
     pages = _sql_pages(Connector)
-    return Store("mysql", url, False, plant, down, as_written_by_0_4, legacy_run, lower_pages=pages)
+    return Store(
+        "mysql", url, False, plant, down, as_written_by_0_4, legacy_run,
+        lower_pages=pages, keep_changes=_sql_keep_changes,
+    )  # fmt: skip
+
+
+def _sql_keep_changes(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
+    monkeypatch.setattr(sql_facets, "CHANGES_KEPT", n)
+    monkeypatch.setattr(sql_facets, "DROP_EVERY", 1)
 
 
 def _sql_pages(
@@ -786,9 +804,10 @@ class TestEntryStore:
         the changes since the version read first, never lost."""
         reader, editor = store.open(), store.open()
         truth = {f"e{i:03}": f"v{i}" for i in range(250)}
-        assert editor.entries.edit(ELECTION, [Edit(k, None, v) for k, v in truth.items()]) == [
-            True
-        ] * 250
+        assert (
+            editor.entries.edit(ELECTION, [Edit(k, None, v) for k, v in truth.items()])
+            == [True] * 250
+        )
         counts = None if store.lower_pages is None else store.lower_pages(monkeypatch, 100)
         version, pages = reader.entries.load_pages(ELECTION)
         assert version == reader.entries.version(ELECTION)
@@ -814,6 +833,29 @@ class TestEntryStore:
             assert read > 1, "several pages"
         if counts is not None:
             assert counts and max(counts) <= 100, counts
+
+    def test_the_changes_kept_are_bounded_and_a_reader_further_behind_reads_everything(
+        self, store: Store, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        if store.keep_changes is None:
+            pytest.skip(f"{store.kind} keeps its changes its own way (see its tests)")
+        store.keep_changes(monkeypatch, 3)
+        reader, editor = store.open(), store.open()
+        versions = []
+        for i in range(5):
+            assert editor.entries.edit(ELECTION, [Edit(f"e{i}", None, str(i))]) == [True]
+            versions.append(reader.entries.version(ELECTION))
+        assert editor.entries.edit(ELECTION, [Edit("e2", "2", None)]) == [True]
+        latest = reader.entries.version(ELECTION)
+        assert reader.entries.changes_since(ELECTION, versions[2]) == (
+            latest,
+            {"e3": "3", "e4": "4", "e2": None},
+        ), "the latest 3 names, a removal among them"
+        assert reader.entries.changes_since(ELECTION, versions[0]) is None, "e1 was forgotten"
+        assert reader.entries.load(ELECTION) == (
+            latest,
+            {"e0": "0", "e1": "1", "e3": "3", "e4": "4"},
+        )
 
     def test_a_reader_following_racing_edits_ends_with_what_the_store_holds(
         self, store: Store

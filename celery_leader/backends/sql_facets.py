@@ -175,7 +175,10 @@ class SqlEntries(EntryStore, Generic[S]):
                 self._db.execute(session, self._BEFORE_EDITS, names)
             results = []
             for e in edits:
-                params = {**names, "name": e.key, "new": e.new, "expected": e.expected}
+                params: dict[str, Any] = {
+                    **names, "name": e.key, "new": e.new, "expected": e.expected,
+                    "kept": CHANGES_KEPT, "every": DROP_EVERY,
+                }  # fmt: skip
                 if e.expected is None and e.new is None:
                     # "Remove what is not there": true when nothing is there.
                     results.append(not self._db.execute(session, LOAD_ENTRY, params))
