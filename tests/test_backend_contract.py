@@ -93,7 +93,8 @@ class Store:
     #: Have the store read at most n rows a statement (entries by ``load_pages``,
     #: records by ``load``, keys by ``load_some``): ``lower_pages(monkeypatch, n)``
     #: returns the row count of each statement the store runs from then on, or
-    #: None when it cannot tell; None for a store that reads them all at once.
+    #: None when it cannot tell. None: not tried here (a store that reads them at
+    #: once; Redis, whose HSCAN page size is a hint, is tried in its own tests).
     lower_pages: Callable[[pytest.MonkeyPatch, int], list[int] | None] | None = None
     #: Have the store remember the latest n entry edits by name (dropping older ones
     #: at each edit): ``keep_changes(monkeypatch, n)``; None where it cannot be lowered.
