@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pymysql
@@ -44,7 +45,10 @@ from celery_leader.backends import (
     Term,
     Write,
     open_store,
+    sql_facets,
 )
+from celery_leader.backends.redis import entries as redis_entries
+from celery_leader.backends.session_lock import SessionStore
 from celery_leader.exceptions import StoreUnavailable
 from celery_leader.ledger import RunRecord, marks
 from celery_leader.schedule.run_desk import CLAIMS
@@ -86,6 +90,15 @@ class Store:
     #: Store a slot's run record (key, record) as celery-leader 0.6 did, in the
     #: election's one table of run records, for a minute; None for memory.
     legacy_run: Callable[[str, str], None] | None = None
+    #: Have the store read at most n rows a statement (entries by ``load_pages``,
+    #: records by ``load``, keys by ``load_some``): ``lower_pages(monkeypatch, n)``
+    #: returns the row count of each statement the store runs from then on, or
+    #: None when it cannot tell. None: not tried here (a store that reads them at
+    #: once; Redis, whose HSCAN page size is a hint, is tried in its own tests).
+    lower_pages: Callable[[pytest.MonkeyPatch, int], list[int] | None] | None = None
+    #: Have the store remember the latest n entry edits by name (dropping older ones
+    #: at each edit): ``keep_changes(monkeypatch, n)``; None where it cannot be lowered.
+    keep_changes: Callable[[pytest.MonkeyPatch, int], None] | None = None
     made: list[StoreFacets] = field(default_factory=list)
 
     def open(self, url: str | None = None) -> StoreFacets:
@@ -126,8 +139,13 @@ def _redis_store(url: str) -> Store:
         expires = seconds * 1000 + micros // 1000 + 60_000
         client.zadd(f"{{{PREFIX}:{ELECTION}}}:runs-expiry", {key: expires})
 
+    def keep_changes(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
+        monkeypatch.setattr(redis_entries, "CHANGES_KEPT", n)
+
     down = f"redis://127.0.0.1:{free_port()}/0"
-    return Store("redis", url, True, plant, down, as_written_by_0_4, legacy_run)
+    return Store(
+        "redis", url, True, plant, down, as_written_by_0_4, legacy_run, keep_changes=keep_changes
+    )
 
 
 def _file_store(directory: Path) -> Store:
@@ -175,9 +193,15 @@ def _postgres_store(url: str) -> Store:
                 (PREFIX, ELECTION, key, value),
             )
 
+    from celery_leader.backends.postgres.session import Connector
+
     host, port = "127.0.0.1", free_port()
     down = f"postgresql://leader:pw@{host}:{port}/leader"
-    return Store("postgres", url, False, plant, down, as_written_by_0_4, legacy_run)
+    pages = _sql_pages(Connector)
+    return Store(
+        "postgres", url, False, plant, down, as_written_by_0_4, legacy_run,
+        lower_pages=pages, keep_changes=_sql_keep_changes,
+    )  # fmt: skip
 
 
 def _mariadb_store(url: str) -> Store:
@@ -211,8 +235,41 @@ def _mariadb_store(url: str) -> Store:
         finally:
             conn.close()
 
+    from celery_leader.backends.mysql.session import Connector
+
     down = f"mariadb://leader:pw@127.0.0.1:{free_port()}/leader"
-    return Store("mysql", url, False, plant, down, as_written_by_0_4, legacy_run)
+    pages = _sql_pages(Connector)
+    return Store(
+        "mysql", url, False, plant, down, as_written_by_0_4, legacy_run,
+        lower_pages=pages, keep_changes=_sql_keep_changes,
+    )  # fmt: skip
+
+
+def _sql_keep_changes(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
+    monkeypatch.setattr(sql_facets, "CHANGES_KEPT", n)
+    monkeypatch.setattr(sql_facets, "DROP_EVERY", 1)
+
+
+def _sql_pages(
+    connector: type[SessionStore[Any]],
+) -> Callable[[pytest.MonkeyPatch, int], list[int]]:
+    """A SQL store's ``lower_pages``: its page sizes, and a count of every statement's rows."""
+
+    def lower_pages(monkeypatch: pytest.MonkeyPatch, n: int) -> list[int]:
+        for name in ("ENTRIES_PAGE", "STATE_PAGE", "STATE_KEYS"):
+            monkeypatch.setattr(sql_facets, name, n)
+        counts: list[int] = []
+        execute = connector.execute
+
+        def counted(self: Any, session: Any, query: str, params: Any = None) -> Any:
+            rows = execute(self, session, query, params)
+            counts.append(len(rows))
+            return rows
+
+        monkeypatch.setattr(connector, "execute", counted)
+        return counts
+
+    return lower_pages
 
 
 def _etcd_store(url: str) -> Store:
@@ -600,6 +657,30 @@ class TestFencedRecords:
         assert some is None or some == {"x": '"1"'}  # None: this store reads all at once
         assert observer.records.load_some(ELECTION, []) in (None, {})
 
+    def test_records_are_read_in_bounded_statements_whatever_their_number(
+        self, store: Store, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """``load`` reads the records page by page and ``load_some`` the keys asked
+        chunk by chunk (where the store reads by pages), and both read them all."""
+        if store.lower_pages is None:
+            pytest.skip(f"{store.kind} reads its records at once")
+        a, observer = store.open(), store.open()
+        term = take(a, "a")
+        claimed = {f"r{i:03}": f'"{i}"' for i in range(250)}
+        writes = [Write(k, None, v) for k, v in claimed.items()]
+        assert a.records.claim(Fence(ELECTION, term), writes) == [True] * 250
+        counts = store.lower_pages(monkeypatch, 100)
+
+        assert observer.records.load(ELECTION) == claimed
+        assert a.records.load(ELECTION) == claimed, "the holder too"
+        if counts is not None:
+            assert counts and max(counts) <= 100, counts
+        keys = [*claimed, "absent", "r000"]
+        assert observer.records.load_some(ELECTION, keys) == claimed
+        assert a.records.load_some(ELECTION, keys) == claimed
+        if counts is not None:
+            assert max(counts) <= 100, counts
+
     def test_a_write_must_come_after_the_record_it_replaces(self, store: Store) -> None:
         """Order keys are compared as strings, never parsed: a record only moves forward."""
         a, observer = store.open(), store.open()
@@ -717,6 +798,66 @@ class TestEntryStore:
         ), "the failed edit of x is not a change"
         assert reader.entries.changes_since(ELECTION, moved) == (moved, {})
         assert reader.entries.changes_since(ELECTION, moved + 5) is None, "a store behind"
+
+    def test_load_pages_reads_every_entry_by_pages_after_the_version(
+        self, store: Store, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Pages come as the reader asks; an edit made meanwhile is in the pages or in
+        the changes since the version read first, never lost."""
+        reader, editor = store.open(), store.open()
+        truth = {f"e{i:03}": f"v{i}" for i in range(250)}
+        assert (
+            editor.entries.edit(ELECTION, [Edit(k, None, v) for k, v in truth.items()])
+            == [True] * 250
+        )
+        counts = None if store.lower_pages is None else store.lower_pages(monkeypatch, 100)
+        version, pages = reader.entries.load_pages(ELECTION)
+        assert version == reader.entries.version(ELECTION)
+        view = dict(next(pages))
+        edits = [Edit("e000", "v0", "moved"), Edit("e249", "v249", None), Edit("zz", None, "new")]
+        assert editor.entries.edit(ELECTION, edits) == [True, True, True]
+        truth.update(e000="moved", zz="new")
+        del truth["e249"]
+        read = 1
+        for page in pages:
+            view.update(page)
+            read += 1
+        changed = reader.entries.changes_since(ELECTION, version)
+        if changed is None:
+            pytest.fail("a store that reads by pages must say what changed meanwhile")
+        for name, value in changed[1].items():
+            view.pop(name, None)
+            if value is not None:
+                view[name] = value
+        assert view == truth
+        assert reader.entries.load(ELECTION) == (changed[0], truth)
+        if store.lower_pages is not None:
+            assert read > 1, "several pages"
+        if counts is not None:
+            assert counts and max(counts) <= 100, counts
+
+    def test_the_changes_kept_are_bounded_and_a_reader_further_behind_reads_everything(
+        self, store: Store, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        if store.keep_changes is None:
+            pytest.skip(f"{store.kind} keeps its changes its own way (see its tests)")
+        store.keep_changes(monkeypatch, 3)
+        reader, editor = store.open(), store.open()
+        versions = []
+        for i in range(5):
+            assert editor.entries.edit(ELECTION, [Edit(f"e{i}", None, str(i))]) == [True]
+            versions.append(reader.entries.version(ELECTION))
+        assert editor.entries.edit(ELECTION, [Edit("e2", "2", None)]) == [True]
+        latest = reader.entries.version(ELECTION)
+        assert reader.entries.changes_since(ELECTION, versions[2]) == (
+            latest,
+            {"e3": "3", "e4": "4", "e2": None},
+        ), "the latest 3 names, a removal among them"
+        assert reader.entries.changes_since(ELECTION, versions[0]) is None, "e1 was forgotten"
+        assert reader.entries.load(ELECTION) == (
+            latest,
+            {"e0": "0", "e1": "1", "e3": "3", "e4": "4"},
+        )
 
     def test_a_reader_following_racing_edits_ends_with_what_the_store_holds(
         self, store: Store

@@ -10,7 +10,7 @@ store writes it in its own SQL, and both read a page by a backward range scan.
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 from . import StoreFacets, StoreParams
@@ -24,6 +24,11 @@ from .session_lock import Rows, S, SessionStore
 #: Entries read per statement when reading them all: a few MB, so no statement
 #: outlasts the store deadline.
 ENTRIES_PAGE = 10_000
+
+#: Fenced records read per statement by ``load``, and keys asked per statement
+#: by ``load_some`` (a chunk of the scheduler's loading is one statement).
+STATE_PAGE = 10_000
+STATE_KEYS = 2_000
 
 #: Edited names kept in the record of edits (a reader further behind reads every
 #: entry), dropped every :data:`DROP_EVERY` versions so an edit seldom pays for it.
@@ -63,10 +68,55 @@ SELECT log_key, data FROM celery_leader_journal WHERE {_LOG} AND log_key < %(bef
 ORDER BY log_key DESC LIMIT %(limit)s
 """  # noqa: S608
 
-# The fenced records of an election.
-LOAD_STATE = f"SELECT entry, value FROM celery_leader_state WHERE {ELECTION}"  # noqa: S608
+# The fenced records of an election, in pages by entry (keyset, as the entries).
+STATE_FIRST_PAGE = f"""
+SELECT entry, value FROM celery_leader_state WHERE {ELECTION}
+ORDER BY entry LIMIT %(page)s
+"""  # noqa: S608
+STATE_NEXT_PAGE = f"""
+SELECT entry, value FROM celery_leader_state WHERE {ELECTION} AND entry > %(after)s
+ORDER BY entry LIMIT %(page)s
+"""  # noqa: S608
 
 D = TypeVar("D", bound=SessionStore[Any])
+
+#: Runs one statement: ``(query, params) -> rows``.
+Run = Callable[[str, Mapping[str, Any]], Rows]
+
+
+def keyset_pages(
+    run: Run, first: str, after: str, params: Mapping[str, Any], page: int
+) -> Iterator[Rows]:
+    """The rows of ``first`` in pages of ``page``, each page one statement made when
+    asked: then ``after`` the first column of the last row read, until a short page."""
+    rows = run(first, {**params, "page": page})
+    while True:
+        yield rows
+        if len(rows) < page:
+            return
+        rows = run(after, {**params, "page": page, "after": rows[-1][0]})
+
+
+def load_state(run: Run, names: Mapping[str, Any]) -> dict[str, str]:
+    """The fenced records of the election ``names`` names, :data:`STATE_PAGE` a
+    statement: one statement of a million outlasted the statement timeout. Each
+    record is as its page found it (only a term's holder writes them)."""
+    state: dict[str, str] = {}
+    for rows in keyset_pages(run, STATE_FIRST_PAGE, STATE_NEXT_PAGE, names, STATE_PAGE):
+        state.update(rows)  # text columns: pairs of str, taken as they come
+    return state
+
+
+def load_state_of(
+    run: Run, query: str, names: Mapping[str, Any], keys: Sequence[str]
+) -> dict[str, str]:
+    """The fenced records of ``keys`` that exist, by ``query`` (a store's SQL of the
+    records of ``%(keys)s``), :data:`STATE_KEYS` keys a statement."""
+    state: dict[str, str] = {}
+    unique = list(dict.fromkeys(keys))
+    for i in range(0, len(unique), STATE_KEYS):
+        state.update(run(query, {**names, "keys": unique[i : i + STATE_KEYS]}))
+    return state
 
 
 def sql_store(
@@ -101,18 +151,21 @@ class SqlEntries(EntryStore, Generic[S]):
         return int(rows[0][0]) if rows else 0
 
     def load(self, election: str) -> tuple[int, dict[str, str]]:
-        # By pages: one statement of a million entries outlasted the statement
-        # timeout. The version first (see ENTRIES_FIRST_PAGE).
-        names = self._db.names(election)
-        version = self.version(election)
+        version, pages = self.load_pages(election)
         entries: dict[str, str] = {}
-        page = self._db.kept(ENTRIES_FIRST_PAGE, {**names, "page": ENTRIES_PAGE})
-        while True:
-            entries.update((str(name), str(value)) for name, value in page)
-            if len(page) < ENTRIES_PAGE:
-                return version, entries
-            after = page[-1][0]
-            page = self._db.kept(ENTRIES_NEXT_PAGE, {**names, "page": ENTRIES_PAGE, "after": after})
+        for page in pages:
+            entries.update(page)
+        return version, entries
+
+    def load_pages(self, election: str) -> tuple[int, Iterator[dict[str, str]]]:
+        # By pages, each a statement on the kept session: one statement of a million
+        # entries outlasted the statement timeout. The version first: an edit made
+        # while the pages are read is in the changes since it.
+        version = self.version(election)
+        names = self._db.names(election)
+        first, after = ENTRIES_FIRST_PAGE, ENTRIES_NEXT_PAGE
+        rows = keyset_pages(self._db.kept, first, after, names, ENTRIES_PAGE)
+        return version, (dict(page) for page in rows)
 
     def edit(self, election: str, edits: Sequence[Edit]) -> list[bool]:
         """One statement per edit, on a short-lived connection (no term needed)."""
@@ -122,7 +175,10 @@ class SqlEntries(EntryStore, Generic[S]):
                 self._db.execute(session, self._BEFORE_EDITS, names)
             results = []
             for e in edits:
-                params = {**names, "name": e.key, "new": e.new, "expected": e.expected}
+                params: dict[str, Any] = {
+                    **names, "name": e.key, "new": e.new, "expected": e.expected,
+                    "kept": CHANGES_KEPT, "every": DROP_EVERY,
+                }  # fmt: skip
                 if e.expected is None and e.new is None:
                     # "Remove what is not there": true when nothing is there.
                     results.append(not self._db.execute(session, LOAD_ENTRY, params))

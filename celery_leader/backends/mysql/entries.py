@@ -3,7 +3,7 @@ the edits themselves and the read by change (see :mod:`..sql_facets`)."""
 
 from __future__ import annotations
 
-from ..sql_facets import CHANGES_KEPT, DROP_EVERY, ELECTION
+from ..sql_facets import ELECTION
 from .sql import SCHEMA_LOCK
 
 CHANGES_READY = """
@@ -83,9 +83,9 @@ SELECT %(prefix)s, %(election)s, %(name)s, LAST_INSERT_ID() + 1 FROM DUAL
 WHERE @celery_leader_applied > 0
 ON DUPLICATE KEY UPDATE version = VALUES(version);
 SET @celery_leader_dropped = IF(
-    @celery_leader_applied > 0 AND (LAST_INSERT_ID() + 1) %% {DROP_EVERY} = 0,
+    @celery_leader_applied > 0 AND (LAST_INSERT_ID() + 1) %% %(every)s = 0,
     (SELECT version FROM celery_leader_entries_edits WHERE {ELECTION}
-     ORDER BY version DESC LIMIT 1 OFFSET {CHANGES_KEPT}),
+     ORDER BY version DESC LIMIT 1 OFFSET %(kept)s),
     NULL);
 DELETE FROM celery_leader_entries_edits
 WHERE {ELECTION} AND version <= @celery_leader_dropped AND name <> %(name)s;

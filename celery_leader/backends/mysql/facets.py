@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any, TypeVar
 
 from ...exceptions import StoreMisconfigured, StoreUnavailable
 from ..journal import JournalWrite, journal_rounds
@@ -12,7 +13,7 @@ from ..lock import HolderInfo, Term
 from ..records import Fence, FencedRecords, Write
 from ..run_store import RunSummary, RunWrite
 from ..session_lock import Rows, SessionGone, SessionLock
-from ..sql_facets import LOAD_STATE, SqlEntries, SqlJournal, SqlRuns
+from ..sql_facets import Run, SqlEntries, SqlJournal, SqlRuns, load_state, load_state_of
 from ..terms import since_of
 from .entries import (
     CREATE_ENTRY,
@@ -41,11 +42,14 @@ from .sql import (
     RUN_SUMMARIES,
     RUNS_OF,
     START_TERM,
+    STATE_OF,
     SWEEP_RUNS,
     TRIM_JOURNAL,
     TRY_LOCK,
     lock_name,
 )
+
+T = TypeVar("T")
 
 
 class MySqlLock(SessionLock[Session]):
@@ -97,21 +101,26 @@ class MySqlRecords(FencedRecords):
         self._replica_acks = replica_acks
 
     def load(self, election: str) -> dict[str, str]:
+        names = self._db.names(election)
+        return self._reading(election, lambda run: load_state(run, names))
+
+    def load_some(self, election: str, keys: Sequence[str]) -> dict[str, str]:
+        names = self._db.names(election)
+        return self._reading(election, lambda run: load_state_of(run, STATE_OF, names, keys))
+
+    def _reading(self, election: str, read: Callable[[Run], T]) -> T:
+        """``read`` on the session holding ``election``'s lock, else on a short-lived one."""
         holding = self._db.session_of(election)
         if holding is not None:
             # A new leader loads right after it won: its own session saves a
             # connection (on a busy server, most of what a hand-over costs here).
             try:
-                return self._load(holding, election)
+                return read(partial(self._db.execute, holding))
             except SessionGone:
                 self._db.drop_session(election, holding)
                 raise
         with self._db.admin() as session:
-            return self._load(session, election)
-
-    def _load(self, session: Session, election: str) -> dict[str, str]:
-        rows = self._db.execute(session, LOAD_STATE, self._db.names(election))
-        return {str(entry): str(value) for entry, value in rows}
+            return read(partial(self._db.execute, session))
 
     def compare_and_set(self, fence: Fence, writes: Sequence[Write]) -> list[bool]:
         """Apply ``writes`` in order on the lock-holding session, in one transaction

@@ -384,6 +384,13 @@ SELECT entry, run_key, value FROM celery_leader_run_records
 WHERE prefix = %(prefix)s AND election = %(election)s AND (entry, run_key) IN %(keys)s
 """
 
+# The fenced records of some keys (a chunk of them: see sql_facets.STATE_KEYS).
+STATE_OF = """
+SELECT entry, value FROM celery_leader_state
+WHERE prefix = %(prefix)s AND election = %(election)s AND entry IN %(keys)s
+"""
+
+
 # Journal writes, in one transaction and one round trip: per round (see
 # :func:`~..journal.journal_rounds`: each log has one ``keep``) one INSERT of
 # its records (a key written twice keeps the last), then per log of the round

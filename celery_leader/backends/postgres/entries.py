@@ -3,7 +3,7 @@ edits themselves and the read by change (see :mod:`..sql_facets`)."""
 
 from __future__ import annotations
 
-from ..sql_facets import CHANGES_KEPT, DROP_EVERY, ELECTION
+from ..sql_facets import ELECTION
 from .sql import SCHEMA_KEY
 
 CHANGES_READY = "SELECT to_regclass('celery_leader_entries_edits') IS NOT NULL"
@@ -66,10 +66,10 @@ logged AS (
 ),
 dropped AS (
     DELETE FROM celery_leader_entries_edits AS d
-    WHERE EXISTS (SELECT FROM e) AND (SELECT version + 1 FROM v) %% {DROP_EVERY} = 0
+    WHERE EXISTS (SELECT FROM e) AND (SELECT version + 1 FROM v) %% %(every)s::bigint = 0
       AND d.prefix = %(prefix)s AND d.election = %(election)s AND d.name <> %(name)s
       AND d.version <= (SELECT version FROM celery_leader_entries_edits WHERE {ELECTION}
-                        ORDER BY version DESC OFFSET {CHANGES_KEPT} LIMIT 1)
+                        ORDER BY version DESC OFFSET %(kept)s::bigint LIMIT 1)
     RETURNING d.version
 ),
 bumped AS (

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from ...exceptions import StoreMisconfigured, StoreUnavailable
@@ -13,7 +14,7 @@ from ..lock import HolderInfo, Term
 from ..records import Fence, FencedRecords, Write, write_rounds
 from ..run_store import RunSummary, RunWrite
 from ..session_lock import Rows, SessionGone, SessionLock
-from ..sql_facets import LOAD_STATE, SqlEntries, SqlJournal, SqlRuns
+from ..sql_facets import SqlEntries, SqlJournal, SqlRuns, load_state, load_state_of
 from ..terms import since_of
 from .entries import CREATE_ENTRY, DELETE_ENTRY, ENTRIES_SINCE, REPLACE_ENTRY, VERSION_ROW
 from .session import Canceller, Connector, Session
@@ -35,6 +36,7 @@ from .sql import (
     RUN_SUMMARIES,
     RUNS_OF,
     START_TERM,
+    STATE_OF,
     TRY_LOCK,
     UNCLAIM,
     advisory_key,
@@ -94,7 +96,11 @@ class PostgresRecords(FencedRecords):
 
     def load(self, election: str) -> dict[str, str]:
         with self._db.admin() as session:
-            return dict(self._db.execute(session, LOAD_STATE, self._db.names(election)))
+            run = partial(self._db.execute, session)
+            return load_state(run, self._db.names(election))
+
+    def load_some(self, election: str, keys: Sequence[str]) -> dict[str, str]:
+        return load_state_of(self._db.kept, STATE_OF, self._db.names(election), keys)
 
     def compare_and_set(self, fence: Fence, writes: Sequence[Write]) -> list[bool]:
         """Apply ``writes`` on the lock-holding session (one round trip a repetition of a key).

@@ -511,6 +511,13 @@ ORDER BY e.entry LIMIT %(page)s
 """  # noqa: S608
 
 
+# The fenced records of some keys (a chunk of them: see sql_facets.STATE_KEYS).
+STATE_OF = """
+SELECT entry, value FROM celery_leader_state
+WHERE prefix = %(prefix)s AND election = %(election)s AND entry = ANY(%(keys)s::text[])
+"""
+
+
 # A round of journal writes (see :func:`~..journal.journal_rounds`: each log
 # has one ``keep``), in one statement. Its parts see the table as it was, so
 # ``floor`` takes each log's ``keep``-th greatest key among its kept ones (a
