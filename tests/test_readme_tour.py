@@ -2,8 +2,8 @@
 
 The Python blocks of its opening become ``proj/celery.py``; each line of a
 section's shell block runs as a command (beat, the worker and ``leader run`` in
-the background). The only change is the server's address: the tour's host
-``redis:6379`` becomes the test's Redis on 127.0.0.1.
+the background). The only changes are the server's address (the tour's host
+``redis:6379`` becomes the test's Redis on 127.0.0.1) and the console's port.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+
+import requests
 
 from harness.procs import Proc, Procs
 from harness.waiting import wait_for
@@ -186,3 +188,27 @@ def test_the_tours_leader_run_runs_the_command_on_one_host(
     # out the default 15 s ttl, then start its command: 20 s.
     wait_for(lambda: epochs(other), 20, interval=0.1, message=other.output)
     assert min(epochs(other)) > max(epochs(leader))
+
+
+def test_the_tours_console_shows_who_leads(tmp_path: Path, redis_url: str, procs: Procs) -> None:
+    """The console section's command, beside the tour's beat: the page it serves
+    names the leader. It listens on a free port (``--port 0``) instead of 5555,
+    which another program on the machine may hold; nothing else changes."""
+    redis = redis_url.rsplit("/", 1)[0]
+    write_project(tmp_path, redis)
+    beat = spawn(procs, commands(tour_section())[0], tmp_path, redis)
+    install, console = commands(tour_section("The console"))
+    assert install == "pip install 'celery-leader[console]'", install
+    assert console.startswith("celery -A proj leader console  "), console
+    served = spawn(procs, console.split("  #")[0] + " --port 0", tmp_path, redis)
+    url = served.wait_for_line(r"console at (http://127\.0\.0\.1:\d+/) \(read-only", 60)[1]
+
+    def holder() -> str | None:
+        rows = requests.get(url + "api/cluster", timeout=10).json()["elections"]
+        return next((row["holder"] for row in rows if row["election"] == "beat"), None)
+
+    # beat starts and wins the free lease in a few seconds: 30 s is for a loaded machine.
+    wait_for(holder, 30, interval=0.5, message=lambda: f"nobody led:\n{beat.output()}")
+    assert str(holder()).endswith(f":{beat.pid}"), holder()
+    page = requests.get(url, timeout=10)
+    assert page.status_code == 200 and str(holder()) in page.text
