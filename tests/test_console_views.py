@@ -12,12 +12,12 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from celery_leader.backends import JournalWrite, RunWrite, StoreFacets, open_store
+from celery_leader.backends import HolderInfo, JournalWrite, RunWrite, StoreFacets, open_store
 from celery_leader.cli.entries import CodeEntry, EntriesApp, ScheduleEntries
 from celery_leader.console import pages, plan, timeline
 from celery_leader.console.listing import EntryCache, EntryIndex, page_of
 from celery_leader.console.problems import Limits, state_of
-from celery_leader.console.reads import Reads
+from celery_leader.console.reads import Reads, iso
 from celery_leader.console.times import AFTER_CHANGE, MOVED, REPEATED, in_words, next_fires
 from celery_leader.election.history import TERMS, TERMS_KEPT, TermRecord, term_key
 from celery_leader.ledger.marks import mark_sent
@@ -264,3 +264,49 @@ def test_the_plan_lists_a_window_and_marks_its_busiest_seconds() -> None:
     with pytest.raises(ValueError, match="unknown time zone"):
         plan.plan(Reads(app, store), tz="Mars/Olympus")
     store.close()
+
+
+# -- the cluster ----------------------------------------------------------------------
+
+
+def test_the_cluster_lists_the_replicas_of_the_term_history() -> None:
+    """The replicas the store knows of are the holders of the election's last terms:
+    the one leading first, then the latest to lead, each with its latest term."""
+    app = _app()
+    store = open_store(app.config)
+    t0 = float(int(time.time()) - 100)
+    terms = [
+        TermRecord(7, "beat-1", t0, t0 + 10, "resigned"),
+        TermRecord(8, "beat-2", t0 + 11, None, "lost"),
+        TermRecord(9, "beat-1", t0 + 20, t0 + 30, "expired"),
+        TermRecord(10, "beat-3", t0 + 31, t0 + 40, "stopping"),
+    ]
+    store.journal.write(
+        "beat", [JournalWrite(TERMS, term_key(t.epoch), t.dump(), TERMS_KEPT) for t in terms]
+    )
+    term = store.lock.acquire("beat", "beat-2", 30, 11).term
+    assert term is not None
+    rows = {row["election"]: row for row in pages.cluster(Reads(app, store))["elections"]}
+    replicas = rows["beat"]["replicas"]
+    assert [(r["instance"], r["leads"], r["terms"], r["last_epoch"]) for r in replicas] == [
+        ("beat-2", True, 2, term.epoch),  # leads, its new term's record not written here
+        ("beat-3", False, 1, 10),
+        ("beat-1", False, 2, 9),
+    ]
+    assert (replicas[0]["last_how"], replicas[0]["last_ended"]) == ("leading", None)
+    assert (replicas[2]["last_how"], replicas[2]["last_ended"]) == ("expired", iso(t0 + 30))
+    assert rows[app.config.worker_election]["replicas"] == []
+    store.close()
+
+
+def test_replicas_when_the_holders_term_is_recorded() -> None:
+    holder = HolderInfo("a", 3, 10.0, since=1.0)
+    assert pages.replicas([TermRecord(3, "a", 1.0), TermRecord(2, "b", 0.5, None)], holder) == [
+        {"instance": "a", "leads": True, "terms": 1, "last_epoch": 3,
+         "last_started": "1970-01-01T00:00:01.000+00:00", "last_ended": None,
+         "last_how": "leading"},
+        {"instance": "b", "leads": False, "terms": 1, "last_epoch": 2,
+         "last_started": "1970-01-01T00:00:00.500+00:00", "last_ended": None,
+         "last_how": "unknown"},
+    ]  # fmt: skip
+    assert pages.replicas([TermRecord(3, "a", 1.0)], None)[0]["last_how"] == "unknown"
