@@ -119,6 +119,12 @@ def test_celery_console_serves_every_view_and_its_json_twin(
     }
     assert all(len(e["next"]) == 3 for e in entries["entries"])
     assert "beat-1" in web.get(url, timeout=10).text
+    rows = web.get(url + "api/cluster", timeout=10).json()["elections"]
+    replicas = next(r["replicas"] for r in rows if r["election"] == "beat")
+    assert [(r["instance"], r["leads"], r["last_how"]) for r in replicas] == [
+        ("beat-1", True, "leading")
+    ]
+    assert "<h2>Replicas</h2>" in web.get(url, timeout=10).text
 
     def ran() -> bool:
         runs = web.get(url + "api/entries/tick", timeout=10).json()["runs"]
@@ -129,6 +135,9 @@ def test_celery_console_serves_every_view_and_its_json_twin(
     run = next(r for r in tick["runs"] if r["state"] == "success")
     assert run["worker"] and run["attempt"] == 1 and run["duration"] is not None
     assert run["due"] is not None and run["lag"] is not None and tick["p50"] is not None
+    leading = web.get(url + "api/cluster", timeout=10).json()["elections"]
+    assert run["epoch"] == next(r["epoch"] for r in leading if r["election"] == "beat")
+    assert f"<td>{run['epoch']}</td>" in web.get(url + "entries/tick", timeout=10).text
     terms = web.get(url + "api/timeline", timeout=10).json()["terms"]
     assert terms and terms[0]["holder"] == "beat-1" and terms[0]["how"] == "leading"
 
