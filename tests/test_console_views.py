@@ -19,11 +19,14 @@ from celery_leader.console.listing import EntryCache, EntryIndex, page_of
 from celery_leader.console.problems import Limits, state_of
 from celery_leader.console.reads import Reads, iso
 from celery_leader.console.times import AFTER_CHANGE, MOVED, REPEATED, in_words, next_fires
+from celery_leader.console.upcoming import DueTimes
 from celery_leader.election.history import TERMS, TERMS_KEPT, TermRecord, term_key
 from celery_leader.ledger.marks import mark_sent
 from celery_leader.ledger.records import TALLIES, RunRecord
 from celery_leader.ledger.summary import EntryRuns
+from celery_leader.schedule import plan as planning
 from celery_leader.schedule.entries import new_entry, parse_cron
+from celery_leader.schedule.jobs import Job
 from celery_leader.schedule.series import Every
 from celery_leader.schedule.state import slot_name
 from celery_leader.settings.config import LeaderConfig
@@ -310,3 +313,92 @@ def test_replicas_when_the_holders_term_is_recorded() -> None:
          "last_how": "unknown"},
     ]  # fmt: skip
     assert pages.replicas([TermRecord(3, "a", 1.0)], None)[0]["last_how"] == "unknown"
+
+
+# -- the plan at volume ---------------------------------------------------------------
+
+
+def _plan_records() -> dict[str, str]:
+    """Entries of every kind of series: crons in two zones, every few seconds, paused
+    with and without an end, and one that ended."""
+    now = datetime.now(UTC)
+    soon = now + timedelta(minutes=20)
+    made = [
+        new_entry(now, name="berlin", task="t", cron="*/7 * * * *", tz="Europe/Berlin"),
+        new_entry(now, name="utc", task="t", cron="5,17 * * * *"),
+        new_entry(now, name="fast", task="t", every=13),
+        new_entry(now, name="slow", task="t", every=3600),
+        new_entry(now, name="off", task="t", every=5, enabled=False),
+        new_entry(now, name="back", task="t", every=11, enabled=False, paused_until=soon),
+        new_entry(now, name="ended", task="t", every=5, end_at=now - timedelta(days=1)),
+    ]
+    return {entry.name: entry.to_json() for entry in made}
+
+
+def _expected(index: EntryIndex, start: datetime, end: datetime) -> list[tuple[str, str]]:
+    """The slots ``leader plan`` lays out for the entries enabled now, and for the one
+    whose pause ends, those from its end on."""
+    jobs, resumes = [], {}
+    for name in index.names:
+        found = index.get(name)
+        assert found is not None and found.series is not None
+        if not found.enabled:
+            assert found.stored is not None
+            if found.stored.paused_until is None:
+                continue
+            resumes[name] = found.stored.paused_until
+        jobs.append(Job(name, found.series, "all", None, index.zone))
+    slots = planning.plan(jobs, start, end).slots
+    assert slots and list(resumes) == ["back"]
+    return sorted(
+        (s.due.isoformat(), s.entry) for s in slots if s.due >= resumes.get(s.entry, s.due)
+    )
+
+
+def test_the_plan_window_lists_what_a_full_plan_lays_out() -> None:
+    index = EntryIndex(_app(), _plan_records())
+    times = DueTimes(index, datetime.now(UTC))
+    now = datetime.now(UTC)
+    for start, hours in ((now, 1), (now + timedelta(minutes=3), 2), (now - timedelta(hours=5), 3),
+                         (now + timedelta(days=3), 1)):  # fmt: skip
+        end = start + timedelta(hours=hours)
+        window = times.window(start, end, 100_000)
+        listed = sorted((s.due.isoformat(), s.entry) for s in window.slots)
+        assert listed == _expected(index, start, end), start
+        assert not window.more and [s.due for s in window.slots] == sorted(
+            s.due for s in window.slots
+        )
+        first = times.window(start, end, 50)
+        assert first.more and first.slots == window.slots[:50]
+
+
+def test_the_plan_costs_the_slots_it_lists_at_100000_entries(monkeypatch: Any) -> None:
+    """After the index is laid out (a step per entry, once per read of the entries), a
+    plan takes a step per slot listed and per entry due since the last plan; after an
+    edit, only the edited entry is parsed again."""
+    app = _app()
+    records = {
+        name: text.replace('"every":60', f'"every":{60 + i % 240}')
+        for i, (name, text) in enumerate(_records(100_000).items())
+    }
+    index = EntryIndex(app, records)
+    now = datetime.now(UTC)
+    times = DueTimes(index, now)
+    steps = [0]
+    after = Every.next_after
+
+    def counted(self: Every, moment: datetime) -> datetime:
+        steps[0] += 1
+        return after(self, moment)
+
+    monkeypatch.setattr(Every, "next_after", counted)
+    window = times.window(now + timedelta(seconds=1), now + timedelta(hours=1), 1000)
+    assert len(window.slots) == 1000 and window.more
+    assert steps[0] < 6000, steps  # the entries due in that second, and the 1000 listed
+    edited = dict(records, e000007=records["e000007"].replace('"every":67', '"every":99'))
+    again = EntryIndex(app, edited)
+    steps[0] = 0
+    moved = DueTimes(again, datetime.now(UTC), times)
+    assert len(again._parsed) == 1 and steps[0] == 1
+    listed = moved.window(now + timedelta(seconds=2), now + timedelta(seconds=300), 10**5)
+    assert "e000007" in {s.entry for s in listed.slots}
