@@ -297,8 +297,8 @@ def test_dramatiq_run_now_from_the_console_goes_through_its_leader(
     assert done.status_code == 303 and done.headers["Location"].endswith("?run=sent"), (
         done.text, leader.output()[-3000:]
     )  # fmt: skip
-    sent = re.search(r"sending slot (report@run:\S+) \(epoch (\d+)\): run-now request dramatiq-run-1",
-                     leader.output())  # fmt: skip
+    asked = r"sending slot (report@run:\S+) \(epoch (\d+)\): run-now request dramatiq-run-1"
+    sent = re.search(asked, leader.output())
     assert sent is not None and int(sent[2]) == epoch, leader.output()[-3000:]
     for other in schedulers:
         assert other is leader or "run-now request" not in other.output()

@@ -67,11 +67,11 @@ class DueTimes:
         self._cursor: datetime = at
         self._heap: list[tuple[datetime, str]] = []
         self._lock = threading.Lock()
-        #: Each entry's stored text (``None``: none) and what is planned of it (``None``:
-        #: nothing, paused until resumed or unplanned).
+        #: The planned entries; the others by their stored text (``None``: none), each
+        #: paused until resumed, unreadable, or unplanned (those also in ``_unplanned``).
         self._planned: dict[str, _Planned] = {}
         self._left: dict[str, str | None] = {}
-        self.unplanned: list[str] = []
+        self._unplanned: set[str] = set()
         kept: dict[str, datetime] = {}
         if before is not None and before._app is not index.app:
             before = None  # another console's: its code entries are not these
@@ -88,8 +88,8 @@ class DueTimes:
                 planned: _Planned | None = old  # unchanged: no parse, and its due time kept
             elif before is not None and name in before._left and before._left[name] == text:
                 planned = None  # unchanged, and still not planned
-                if name in before.unplanned:
-                    self.unplanned.append(name)
+                if name in before._unplanned:
+                    self._unplanned.add(name)
             else:
                 planned = self._plan(index, name)
             if planned is None:
@@ -106,7 +106,7 @@ class DueTimes:
         if found is None:
             return None
         if found.series is None:
-            self.unplanned.append(name)
+            self._unplanned.add(name)
             return None
         stored = found.stored
         resumes = None
@@ -161,7 +161,7 @@ class DueTimes:
             following = self._planned[name].after(due)
             if following is not None:
                 heapq.heappush(frontier, (following, name, -1))
-        return Window(slots[:limit], len(slots) > limit, sorted(self.unplanned))
+        return Window(slots[:limit], len(slots) > limit, sorted(self._unplanned))
 
 
 _held: weakref.WeakKeyDictionary[EntryIndex, DueTimes] = weakref.WeakKeyDictionary()
