@@ -4,6 +4,7 @@ and its JSON twin fetched over HTTP."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -14,11 +15,13 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+import redis
 import requests
 
 from harness.procs import Proc, Procs
 from harness.servers import RedisServer
 from harness.waiting import wait_for
+from tests.test_run_now import DRAMATIQ, SCHEDULER, YEAR, _leader
 
 ROOT = Path(__file__).resolve().parent.parent
 CELERY_MAIN = "from celery.__main__ import main; main()"
@@ -119,6 +122,12 @@ def test_celery_console_serves_every_view_and_its_json_twin(
     }
     assert all(len(e["next"]) == 3 for e in entries["entries"])
     assert "beat-1" in web.get(url, timeout=10).text
+    rows = web.get(url + "api/cluster", timeout=10).json()["elections"]
+    replicas = next(r["replicas"] for r in rows if r["election"] == "beat")
+    assert [(r["instance"], r["leads"], r["last_how"]) for r in replicas] == [
+        ("beat-1", True, "leading")
+    ]
+    assert "<h2>Replicas</h2>" in web.get(url, timeout=10).text
 
     def ran() -> bool:
         runs = web.get(url + "api/entries/tick", timeout=10).json()["runs"]
@@ -129,6 +138,9 @@ def test_celery_console_serves_every_view_and_its_json_twin(
     run = next(r for r in tick["runs"] if r["state"] == "success")
     assert run["worker"] and run["attempt"] == 1 and run["duration"] is not None
     assert run["due"] is not None and run["lag"] is not None and tick["p50"] is not None
+    leading = web.get(url + "api/cluster", timeout=10).json()["elections"]
+    assert run["epoch"] == next(r["epoch"] for r in leading if r["election"] == "beat")
+    assert f"<td>{run['epoch']}</td>" in web.get(url + "entries/tick", timeout=10).text
     terms = web.get(url + "api/timeline", timeout=10).json()["terms"]
     assert terms and terms[0]["holder"] == "beat-1" and terms[0]["how"] == "leading"
 
@@ -236,3 +248,68 @@ def test_a_hand_over_shows_on_the_timeline_with_its_gap_and_slots(
     assert isinstance(slots, list) and [slot["entry"] for slot in slots] == ["tick"] * 3
     page = requests.get(url + "timeline", timeout=10).text
     assert "lost" in page and str(newest["holder"]) in page
+
+
+def test_dramatiq_run_now_from_the_console_goes_through_its_leader(
+    procs: Procs, store_url: str
+) -> None:
+    """Over HTTP, as a browser posts the form (a browser adds nothing the Celery browser
+    tests do not show): the console of a Dramatiq app lists its entries, and run now is
+    sent by the leading scheduler replica under its epoch, run once by a worker, and
+    shown in the entry's history with that epoch and in its audit trail."""
+    app = "tests.apps.ledger_dramatiq"
+    env = {
+        "PYTHONPATH": str(ROOT), "BROKER_URL": store_url, "STORE_URL": store_url,
+        "CELERY_LEADER_LEDGER": "1", "CELERY_LEADER_TTL": "2", "EVERY": YEAR,
+        "CELERY_LEADER_CONSOLE_WRITE": "true", "CELERY_LEADER_CONSOLE_TOKEN": TOKEN,
+    }  # fmt: skip
+    added = subprocess.run(
+        [sys.executable, "-m", "celery_leader", "entries", "--app", app, "add", "report",
+         "--task", "work", "--every", YEAR],
+        env={**os.environ, **env}, cwd=ROOT, capture_output=True, text=True, timeout=60,
+        check=False,
+    )  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    worker = procs.spawn_python(DRAMATIQ, app, "-p", "1", "-t", "2", env=env, cwd=ROOT)
+    worker.wait_for_line(r"Worker process is ready|is ready for action", 60)
+    schedulers = [procs.spawn_python(SCHEDULER, app, env=env, cwd=ROOT) for _ in range(2)]
+    leader, epoch = _leader(schedulers)
+    console = procs.spawn_python(PYTHON_MAIN, "console", app, "--port", "0", env=env, cwd=ROOT)
+    url = _console_url(console)
+    web = requests.Session()
+    web.auth = ("ops", TOKEN)
+    listed = web.get(url + "api/entries", timeout=10).json()["entries"]
+    assert [(e["name"], e["source"]) for e in listed] == [("report", "store"), ("tick", "code")]
+    cluster = web.get(url + "api/cluster", timeout=10).json()["elections"]
+    beat = next(row for row in cluster if row["election"] == "beat")
+    assert beat["epoch"] == epoch and beat["replicas"][0]["leads"]
+
+    page = web.get(url + "entries/report", timeout=10).text
+    token = re.search(r'name="csrf" value="([0-9a-f]+)"', page)
+    assert token is not None, "write mode shows the forms"
+    done = web.post(
+        url + "entries/report/run",
+        data={"csrf": token[1], "key": "dramatiq-run-1"},
+        headers={"Origin": url.rstrip("/")},
+        allow_redirects=False,
+        timeout=10,
+    )
+    assert done.status_code == 303 and done.headers["Location"].endswith("?run=sent"), (
+        done.text, leader.output()[-3000:]
+    )  # fmt: skip
+    asked = r"sending slot (report@run:\S+) \(epoch (\d+)\): run-now request dramatiq-run-1"
+    sent = re.search(asked, leader.output())
+    assert sent is not None and int(sent[2]) == epoch, leader.output()[-3000:]
+    for other in schedulers:
+        assert other is leader or "run-now request" not in other.output()
+
+    def ran() -> dict[str, object] | None:
+        runs = web.get(url + "api/entries/report", timeout=10).json()["runs"]
+        return next((r for r in runs if r["slot"] == sent[1] and r["state"] == "success"), None)
+
+    run = wait_for(ran, 30, message="the run now never showed in the entry's history")
+    assert run["epoch"] == epoch and run["attempt"] == 1
+    bodies = redis.Redis.from_url(store_url, decode_responses=True).lrange("runs", 0, -1)
+    assert [json.loads(b)["slot"] for b in bodies] == [sent[1]], "ran once"
+    audit = web.get(url + "api/entries/report", timeout=10).json()["audit"]
+    assert audit[0]["action"] == "run" and audit[0]["who"].startswith("console:ops@")

@@ -12,18 +12,21 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from celery_leader.backends import JournalWrite, RunWrite, StoreFacets, open_store
+from celery_leader.backends import HolderInfo, JournalWrite, RunWrite, StoreFacets, open_store
 from celery_leader.cli.entries import CodeEntry, EntriesApp, ScheduleEntries
 from celery_leader.console import pages, plan, timeline
 from celery_leader.console.listing import EntryCache, EntryIndex, page_of
 from celery_leader.console.problems import Limits, state_of
-from celery_leader.console.reads import Reads
+from celery_leader.console.reads import Reads, iso
 from celery_leader.console.times import AFTER_CHANGE, MOVED, REPEATED, in_words, next_fires
+from celery_leader.console.upcoming import DueTimes
 from celery_leader.election.history import TERMS, TERMS_KEPT, TermRecord, term_key
 from celery_leader.ledger.marks import mark_sent
 from celery_leader.ledger.records import TALLIES, RunRecord
 from celery_leader.ledger.summary import EntryRuns
+from celery_leader.schedule import plan as planning
 from celery_leader.schedule.entries import new_entry, parse_cron
+from celery_leader.schedule.jobs import Job
 from celery_leader.schedule.series import Every
 from celery_leader.schedule.state import slot_name
 from celery_leader.settings.config import LeaderConfig
@@ -264,3 +267,138 @@ def test_the_plan_lists_a_window_and_marks_its_busiest_seconds() -> None:
     with pytest.raises(ValueError, match="unknown time zone"):
         plan.plan(Reads(app, store), tz="Mars/Olympus")
     store.close()
+
+
+# -- the cluster ----------------------------------------------------------------------
+
+
+def test_the_cluster_lists_the_replicas_of_the_term_history() -> None:
+    """The replicas the store knows of are the holders of the election's last terms:
+    the one leading first, then the latest to lead, each with its latest term."""
+    app = _app()
+    store = open_store(app.config)
+    t0 = float(int(time.time()) - 100)
+    terms = [
+        TermRecord(7, "beat-1", t0, t0 + 10, "resigned"),
+        TermRecord(8, "beat-2", t0 + 11, None, "lost"),
+        TermRecord(9, "beat-1", t0 + 20, t0 + 30, "expired"),
+        TermRecord(10, "beat-3", t0 + 31, t0 + 40, "stopping"),
+    ]
+    store.journal.write(
+        "beat", [JournalWrite(TERMS, term_key(t.epoch), t.dump(), TERMS_KEPT) for t in terms]
+    )
+    term = store.lock.acquire("beat", "beat-2", 30, 11).term
+    assert term is not None
+    rows = {row["election"]: row for row in pages.cluster(Reads(app, store))["elections"]}
+    replicas = rows["beat"]["replicas"]
+    assert [(r["instance"], r["leads"], r["terms"], r["last_epoch"]) for r in replicas] == [
+        ("beat-2", True, 2, term.epoch),  # leads, its new term's record not written here
+        ("beat-3", False, 1, 10),
+        ("beat-1", False, 2, 9),
+    ]
+    assert (replicas[0]["last_how"], replicas[0]["last_ended"]) == ("leading", None)
+    assert (replicas[2]["last_how"], replicas[2]["last_ended"]) == ("expired", iso(t0 + 30))
+    assert rows[app.config.worker_election]["replicas"] == []
+    store.close()
+
+
+def test_replicas_when_the_holders_term_is_recorded() -> None:
+    holder = HolderInfo("a", 3, 10.0, since=1.0)
+    assert pages.replicas([TermRecord(3, "a", 1.0), TermRecord(2, "b", 0.5, None)], holder) == [
+        {"instance": "a", "leads": True, "terms": 1, "last_epoch": 3,
+         "last_started": "1970-01-01T00:00:01.000+00:00", "last_ended": None,
+         "last_how": "leading"},
+        {"instance": "b", "leads": False, "terms": 1, "last_epoch": 2,
+         "last_started": "1970-01-01T00:00:00.500+00:00", "last_ended": None,
+         "last_how": "unknown"},
+    ]  # fmt: skip
+    assert pages.replicas([TermRecord(3, "a", 1.0)], None)[0]["last_how"] == "unknown"
+
+
+# -- the plan at volume ---------------------------------------------------------------
+
+
+def _plan_records() -> dict[str, str]:
+    """Entries of every kind of series: crons in two zones, every few seconds, paused
+    with and without an end, and one that ended."""
+    now = datetime.now(UTC)
+    soon = now + timedelta(minutes=20)
+    made = [
+        new_entry(now, name="berlin", task="t", cron="*/7 * * * *", tz="Europe/Berlin"),
+        new_entry(now, name="utc", task="t", cron="5,17 * * * *"),
+        new_entry(now, name="fast", task="t", every=13),
+        new_entry(now, name="slow", task="t", every=3600),
+        new_entry(now, name="off", task="t", every=5, enabled=False),
+        new_entry(now, name="back", task="t", every=11, enabled=False, paused_until=soon),
+        new_entry(now, name="ended", task="t", every=5, end_at=now - timedelta(days=1)),
+    ]
+    return {entry.name: entry.to_json() for entry in made}
+
+
+def _expected(index: EntryIndex, start: datetime, end: datetime) -> list[tuple[str, str]]:
+    """The slots ``leader plan`` lays out for the entries enabled now, and for the one
+    whose pause ends, those from its end on."""
+    jobs, resumes = [], {}
+    for name in index.names:
+        found = index.get(name)
+        assert found is not None and found.series is not None
+        if not found.enabled:
+            assert found.stored is not None
+            if found.stored.paused_until is None:
+                continue
+            resumes[name] = found.stored.paused_until
+        jobs.append(Job(name, found.series, "all", None, index.zone))
+    slots = planning.plan(jobs, start, end).slots
+    assert slots and list(resumes) == ["back"]
+    return sorted(
+        (s.due.isoformat(), s.entry) for s in slots if s.due >= resumes.get(s.entry, s.due)
+    )
+
+
+def test_the_plan_window_lists_what_a_full_plan_lays_out() -> None:
+    index = EntryIndex(_app(), _plan_records())
+    times = DueTimes(index, datetime.now(UTC))
+    now = datetime.now(UTC)
+    for start, hours in ((now, 1), (now + timedelta(minutes=3), 2), (now - timedelta(hours=5), 3),
+                         (now + timedelta(days=3), 1)):  # fmt: skip
+        end = start + timedelta(hours=hours)
+        window = times.window(start, end, 100_000)
+        listed = sorted((s.due.isoformat(), s.entry) for s in window.slots)
+        assert listed == _expected(index, start, end), start
+        assert not window.more and [s.due for s in window.slots] == sorted(
+            s.due for s in window.slots
+        )
+        first = times.window(start, end, 50)
+        assert first.more and first.slots == window.slots[:50]
+
+
+def test_the_plan_costs_the_slots_it_lists_at_100000_entries(monkeypatch: Any) -> None:
+    """After the index is laid out (a step per entry, once per read of the entries), a
+    plan takes a step per slot listed and per entry due since the last plan; after an
+    edit, only the edited entry is parsed again."""
+    app = _app()
+    records = {
+        name: text.replace('"every":60', f'"every":{60 + i % 240}')
+        for i, (name, text) in enumerate(_records(100_000).items())
+    }
+    index = EntryIndex(app, records)
+    now = datetime.now(UTC)
+    times = DueTimes(index, now)
+    steps = [0]
+    after = Every.next_after
+
+    def counted(self: Every, moment: datetime) -> datetime:
+        steps[0] += 1
+        return after(self, moment)
+
+    monkeypatch.setattr(Every, "next_after", counted)
+    window = times.window(now + timedelta(seconds=1), now + timedelta(hours=1), 1000)
+    assert len(window.slots) == 1000 and window.more
+    assert steps[0] < 6000, steps  # the entries due in that second, and the 1000 listed
+    edited = dict(records, e000007=records["e000007"].replace('"every":67', '"every":99'))
+    again = EntryIndex(app, edited)
+    steps[0] = 0
+    moved = DueTimes(again, datetime.now(UTC), times)
+    assert len(again._parsed) == 1 and steps[0] == 1
+    listed = moved.window(now + timedelta(seconds=2), now + timedelta(seconds=300), 10**5)
+    assert "e000007" in {s.entry for s in listed.slots}

@@ -29,6 +29,7 @@ from celery_leader.celery.entries import entries_app
 from celery_leader.celery.entries import entries_of as celery_entries_of
 from celery_leader.cli import entries as cli_entries
 from celery_leader.cli.entries import EntriesApp, run_command
+from celery_leader.console import console_app
 from celery_leader.dramatiq import LeaderMiddleware, every
 from celery_leader.dramatiq.entries import entries_of as dramatiq_entries_of
 from celery_leader.dramatiq.scheduler import DramatiqScheduler
@@ -517,3 +518,62 @@ def test_the_dramatiq_command_line_takes_the_same_options(tmp_path: Path) -> Non
     shown = json.loads(run("show", "w", "--json").stdout)
     assert shown["max_runtime"] == 9.0 and shown["recent_changes"][0]["why"] == "w"
     assert run("resume", "tick", "--why", "ok").returncode == 0
+
+
+@pytest.mark.mariadb
+def test_the_trail_on_mysql_from_the_cli_the_api_and_the_console(
+    tmp_path: Path, mariadb_url: str
+) -> None:
+    """On a real MariaDB: changes made by the ``celery`` command and by the Python API are
+    in the trail, newest first, with who and why; the console's entry view lists the same;
+    each log keeps its newest ``leader_audit_keep`` records."""
+    app_text = APP.replace('"file://{store}"', '"{store}"') + "app.conf.leader_audit_keep = 3\n"
+    (tmp_path / "ops_app.py").write_text(app_text.format(store=mariadb_url))
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(CELERY), "-A", "ops_app", "leader", "entries", *args],
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(tmp_path)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    done = run("add", "r", "--task", "ops_app.tick", "--every", "60", "--why", "new report",
+               "--who", "ann")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert run("pause", "r", "--reason", "quarter close", "--who", "bob").returncode == 0
+    assert run("resume", "r", "--why", "closed early").returncode == 0
+    shown = json.loads(run("show", "r", "--json").stdout)["recent_changes"]
+    assert [(c["action"], c["who"], c["why"]) for c in shown][1:] == [
+        ("pause", "bob", "quarter close"),
+        ("add", "ann", "new report"),
+    ]
+    assert shown[0]["action"] == "resume" and "@" in shown[0]["who"], "user@host by default"
+
+    celery_app = _celery_app(mariadb_url, leader_audit_keep=3)
+    celery_entries_of(celery_app).pause("r", why="from the API", who="api")
+    trail = json.loads(run("show", "r", "--json").stdout)["recent_changes"]
+    assert [(c["action"], c["why"]) for c in trail] == [
+        ("pause", "from the API"),
+        ("resume", "closed early"),
+        ("pause", "quarter close"),
+    ], "the add dropped: the entry's log keeps 3"
+
+    console = console_app(entries_app(celery_app))
+    try:
+        environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/api/entries/r", "QUERY_STRING": "",
+                   "HTTP_HOST": "127.0.0.1:5555", "SERVER_NAME": "127.0.0.1",
+                   "SERVER_PORT": "5555", "REMOTE_ADDR": "127.0.0.1",
+                   "wsgi.url_scheme": "http"}  # fmt: skip
+        status: list[str] = []
+        body = b"".join(console(environ, lambda s, h, *_: status.append(s)))
+    finally:
+        console.close()
+    assert status == ["200 OK"], body[:300]
+    audit = json.loads(body)["audit"]
+    assert [(a["action"], a["who"], a["why"]) for a in audit] == [
+        (c["action"], c["who"], c["why"]) for c in trail
+    ]
+    assert [a["at"][:19] for a in audit] == [c["at"][:19] for c in trail]

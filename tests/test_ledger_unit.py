@@ -236,14 +236,14 @@ def test_beat_marks_slots_sent_only_while_workers_deduplicate(store: RunStore) -
     clock = SimpleNamespace(monotonic=lambda: now[0])  # moved by hand
     lease = SimpleNamespace(election="beat", instance_id="beat-1", ttl=TTL, clock=clock)
     resender = Resender(lease, store, _Sends(), 3600, 10, logging.getLogger("test"))  # type: ignore[arg-type]
-    resender.sent(SLOT)  # nobody would drop a re-sent copy: no mark, no round trip
+    resender.sent(SLOT, 5)  # nobody would drop a re-sent copy: no mark, no round trip
     assert ledger_reads.slot_records(store) == {}
     marks.touch(store, "beat", WORKERS, {"worker": "w1"}, 60)
     now[0] = start + TTL / 2
-    resender.sent(SLOT)  # the answer is kept one ttl: nobody registered yet
+    resender.sent(SLOT, 5)  # the answer is kept one ttl: nobody registered yet
     assert SLOT not in ledger_reads.slot_records(store)
     now[0] = start + TTL
-    resender.sent(SLOT)
+    resender.sent(SLOT, 5)
     assert record(store).status == "sent"
 
 
@@ -404,3 +404,36 @@ def test_a_record_is_stored_compact_and_the_previous_form_still_reads() -> None:
     assert RunRecord.load(old, SLOT) == done
     assert RunRecord.load("[1,2]", SLOT) is None
     assert RunRecord.load('["?","w",1,2]', SLOT) is None
+
+
+def test_a_record_keeps_the_epoch_its_slot_was_sent_under(store: RunStore) -> None:
+    """Beat's sent mark and the worker's record carry the leader's epoch as the last
+    field (a dozen bytes at most); a record without it, or with fields a later release
+    adds after it, still reads."""
+    due = datetime.fromisoformat(SLOT.rpartition("@")[2]).timestamp()
+    sent = RunRecord.sent_by(SLOT, "beat-1", 5, due + 0.003, epoch=42)
+    assert sent.dump() == '["s","beat-1",5,0.003,null,0,null,null,42]'
+    assert RunRecord.load(sent.dump(), SLOT) == sent
+    done = RunRecord(SLOT, "started", "w", 1, due + 0.25, due + 15.25, epoch=42).ended(
+        due + 1.05, "success"
+    )
+    assert done.dump() == '["o","w",1,0.25,15,1,0.8,null,42]'
+    loaded = RunRecord.load(done.dump(), SLOT)
+    assert loaded is not None and loaded.epoch == 42
+    without = RunRecord.load('["o","w",1,0.25,15,1,0.8]', SLOT)
+    assert without is not None and without.epoch is None
+    later = RunRecord.load('["o","w",1,0.25,15,1,0.8,null,42,"x",7]', SLOT)
+    assert later == loaded
+    assert RunRecord.load('["o","w",1,0.25,15,1,0.8,null,"7"]', SLOT).epoch is None  # type: ignore[union-attr]
+    old = {"slot": SLOT, "status": "finished", "worker": "w", "pid": 1, "started": due,
+           "alive_until": due, "attempt": 1, "finished": due + 1, "outcome": "success"}  # fmt: skip
+    assert RunRecord.load(json.dumps(old), SLOT) == RunRecord(**old)  # type: ignore[arg-type]
+
+    # The worker's record takes the epoch of the message; without one, the sent mark's.
+    assert guard(store, "a").begin(SLOT, epoch=7).run
+    assert record(store).epoch == 7
+    other = SLOT.replace("00:00:00", "00:01:00")
+    assert marks.mark_sent(store, "beat", other, "beat-1", 3600, 10, epoch=9)
+    assert record(store, other).epoch == 9
+    assert guard(store, "b").begin(other).run
+    assert (record(store, other).status, record(store, other).epoch) == ("started", 9)

@@ -90,7 +90,8 @@ def _begin(task: Any, slot: str) -> None:
     guard = guard_of(task.app)
     config = leadership.config_of(task.app)
     retry = bool(getattr(task.request, "retries", 0))
-    decision = step.begin(guard, config, slot, retry, _header(task.request, "leader_overlap"))
+    overlap, epoch = _header(task.request, "leader_overlap"), _header(task.request, "leader_epoch")
+    decision = step.begin(guard, config, slot, retry, overlap, epoch)
     if decision is None:
         return  # unrecorded beats unrun
     if not decision.run:

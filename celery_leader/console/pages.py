@@ -13,8 +13,9 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
-from ..backends import RunSummary
+from ..backends import HolderInfo, RunSummary
 from ..clock import StoreClock
+from ..election.history import TermRecord, term_history
 from ..ledger.records import RunRecord
 from ..ledger.summary import summarize
 from ..schedule.audit import audit_trail
@@ -28,14 +29,17 @@ RUNS = 50
 MAX_RUNS = 1000
 #: Audit records an entry's page lists.
 AUDIT = 20
+#: Terms of each election the cluster view reads for its replicas: the replicas
+#: that held it in these are the ones the store knows of.
+REPLICA_TERMS = 50
 
 
 # -- cluster --------------------------------------------------------------------------
 
 
 def cluster(reads: Reads) -> dict[str, Any]:
-    """Per election: holder, epoch, since when, ttl left; and this host's clock
-    against the store's."""
+    """Per election: holder, epoch, since when, ttl left, and the replicas the store
+    knows of (from its term history); and this host's clock against the store's."""
     config = reads.config
     lock = reads.store.lock
     holders = lock.holders(None)
@@ -53,6 +57,9 @@ def cluster(reads: Reads) -> dict[str, Any]:
                 "since": None if info is None else iso(info.since),
                 "ttl_remaining": None if info is None else info.ttl_remaining,
                 "deployment": None if info is None else info.deployment,
+                "replicas": replicas(
+                    term_history(reads.store.journal, name, REPLICA_TERMS), info
+                ),
             }
         )
     measured = StoreClock()
@@ -66,6 +73,43 @@ def cluster(reads: Reads) -> dict[str, Any]:
         "clock_offset": measured.offset,
         "clock_error": measured.error,
     }
+
+
+def replicas(terms: list[TermRecord], holder: HolderInfo | None) -> list[dict[str, Any]]:
+    """The replicas ``terms`` (newest first) name, and the ``holder``: each with whether
+    it leads now, how many terms it held, and its latest (epoch, start, end, how it
+    ended); the holder first, then the latest to lead."""
+    latest: dict[str, TermRecord] = {}
+    held: Counter[str] = Counter()
+    for term in terms:
+        latest.setdefault(term.holder, term)
+        held[term.holder] += 1
+    if holder is not None:
+        current = latest.get(holder.instance_id)
+        if current is None or current.epoch < holder.epoch:
+            # Its term's record is not written yet (or the store lost it): the lock's.
+            latest[holder.instance_id] = TermRecord(holder.epoch, holder.instance_id, 0.0)
+            held[holder.instance_id] += 1
+            since = holder.since
+        else:
+            since = current.started
+    leader = None if holder is None else holder.instance_id
+    rows: list[dict[str, Any]] = []
+    for name, term in latest.items():
+        leads = name == leader
+        rows.append(
+            {
+                "instance": name,
+                "leads": leads,
+                "terms": held[name],
+                "last_epoch": term.epoch,
+                "last_started": iso(since if leads else term.started),
+                "last_ended": None if leads else iso(term.ended),
+                "last_how": "leading" if leads else term.how or "unknown",
+            }
+        )
+    rows.sort(key=lambda row: (not row["leads"], -row["last_epoch"]))
+    return rows
 
 
 # -- entries --------------------------------------------------------------------------
@@ -167,19 +211,21 @@ _DEFINITION = (
 
 
 def run_row(key: str, text: str) -> dict[str, Any]:
-    """One run record as the entry's history lists it: due, lag (started or sent
-    after due), started, finished, duration, outcome, worker, attempt."""
+    """One run record as the entry's history lists it: due, the leader's epoch it was sent
+    under, lag (started or sent after due), started, finished, duration, outcome, worker,
+    attempt."""
     due = slot_due(key)
     record = RunRecord.load(text, key)
     if record is None:
         return {"slot": key, "due": None if due is None else due.isoformat(), "state": "unknown",
-                "started": None, "finished": None, "duration": None, "lag": None,
+                "epoch": None, "started": None, "finished": None, "duration": None, "lag": None,
                 "worker": None, "attempt": None}  # fmt: skip
     finished = record.finished
     return {
         "slot": key,
         "due": None if due is None else due.isoformat(),
         "state": record.state,
+        "epoch": record.epoch,
         "started": iso(record.started),
         "finished": iso(finished),
         "duration": None if finished is None else round(finished - record.started, 3),

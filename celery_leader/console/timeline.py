@@ -9,9 +9,9 @@ from typing import Any
 from ..election.history import TERMS_KEPT, term_history
 from ..ledger.marks import read as read_run
 from ..ledger.records import RunRecord
-from ..schedule import plan as planning
-from .plan import jobs
+from ..schedule.state import slot_name
 from .reads import Reads, iso
+from .upcoming import due_times
 
 #: Terms the timeline lists per election.
 TERMS = 20
@@ -67,18 +67,16 @@ def _gap_slots(reads: Reads, start: float, end: float, lookups: int) -> list[dic
     until = min(datetime.fromtimestamp(end, timezone.utc), begin + GAP_WINDOW)
     if until <= begin:
         return []
-    try:
-        result = planning.plan(jobs(reads), begin, until)
-    except planning.PlanError:
-        return []
+    index = reads.index()
     out = []
-    for slot in result.slots[:lookups]:
+    for due in due_times(index).window(begin, until, lookups).slots:
+        slot = slot_name(due.entry, due.due, index.zone)
         text = (
-            read_run(reads.store.runs, reads.election, slot.slot, reads.config.ledger_retention)
+            read_run(reads.store.runs, reads.election, slot, reads.config.ledger_retention)
             if reads.config.ledger
             else None
         )
-        record = None if text is None else RunRecord.load(text, slot.slot)
+        record = None if text is None else RunRecord.load(text, slot)
         if record is None:
             fate = "not sent: dropped by the missed-slot policy, or not recorded"
         elif record.attempt > 1:
@@ -87,7 +85,5 @@ def _gap_slots(reads: Reads, start: float, end: float, lookups: int) -> list[dic
             fate = "sent late, by the next leader"
         else:
             fate = "sent before the hand-over"
-        out.append(
-            {"entry": slot.entry, "slot": slot.slot, "due": slot.due.isoformat(), "fate": fate}
-        )
+        out.append({"entry": due.entry, "slot": slot, "due": due.due.isoformat(), "fate": fate})
     return out

@@ -43,7 +43,8 @@ class LedgerStep(Middleware):
         guard = self._guard()
         overlap = message.options.get("leader_overlap")
         retry = bool(message.options.get("retries"))
-        decision = step.begin(guard, self.config, slot, retry, overlap)
+        epoch = message.options.get("leader_epoch")
+        decision = step.begin(guard, self.config, slot, retry, overlap, epoch)
         if decision is None:
             return  # unrecorded beats unrun
         if not decision.run:

@@ -56,22 +56,31 @@ class RunGuard:
         self.crons: SentryCrons | None = None
 
     def begin(
-        self, slot: str, retry: bool = False, overlap: str = "allow", overlap_wait: float = 0.0
+        self,
+        slot: str,
+        retry: bool = False,
+        overlap: str = "allow",
+        overlap_wait: float = 0.0,
+        epoch: int | None = None,
     ) -> Decision:
         """Record ``slot`` started here, unless a delivery of it started or ended already.
 
         ``retry``: a retry the task asked for, which takes a started record over.
         ``overlap``: ``"skip"`` or ``"wait"`` while another slot of the entry runs (a slot
-        skipped for it is recorded ``skipped``). Raises :class:`StoreUnavailable` when the
-        store cannot say: the caller then runs the body (a lost store must not lose the slot).
+        skipped for it is recorded ``skipped``). ``epoch``: the leader's term the message
+        was sent under (its ``leader_epoch``), kept in the record. Raises
+        :class:`StoreUnavailable` when the store cannot say: the caller then runs the body
+        (a lost store must not lose the slot).
         """
-        decision = self._decide(slot, retry, overlap, overlap_wait)
+        decision = self._decide(slot, retry, overlap, overlap_wait, epoch)
         if decision.run and self.crons is not None:
             self.crons.started(slot, slot.rpartition("@")[0])
         return decision
 
-    def _decide(self, slot: str, retry: bool, overlap: str, overlap_wait: float) -> Decision:
-        decision = self._begin(slot, retry)
+    def _decide(
+        self, slot: str, retry: bool, overlap: str, overlap_wait: float, epoch: int | None
+    ) -> Decision:
+        decision = self._begin(slot, retry, epoch)
         if not decision.run or overlap == "allow":
             return decision
         entry = slot.rpartition("@")[0]
@@ -87,8 +96,8 @@ class RunGuard:
         self.finish(slot, SKIPPED, why)
         return Decision(slot, False, why, "ledger_overlap_skips")
 
-    def _begin(self, slot: str, retry: bool) -> Decision:
-        mine = self._started(slot, attempt=1)
+    def _begin(self, slot: str, retry: bool, epoch: int | None) -> Decision:
+        mine = self._started(slot, 1, epoch)
         won, stored = self._put(slot, None, mine)
         waited = False
         for _ in range(4):  # a record that changes under us is judged again
@@ -105,6 +114,8 @@ class RunGuard:
                 return Decision(slot, False, why, "ledger_duplicates")
             if record.status == SENT:
                 # Beat's mark that it published the slot: nobody started it yet.
+                if mine.epoch is None:
+                    mine = replace(mine, epoch=record.epoch)
                 won, stored = self._put(slot, stored, mine)
                 continue
             if record.status != STARTED:
@@ -121,7 +132,7 @@ class RunGuard:
                 won, stored = self._put(slot, stored, record)  # unchanged: same text
                 won = False
                 continue
-            mine = self._started(slot, attempt=record.attempt + 1)
+            mine = self._started(slot, record.attempt + 1, record.epoch if epoch is None else epoch)
             if retry:
                 won, stored = self._put(slot, stored, mine)
                 continue
@@ -186,11 +197,12 @@ class RunGuard:
             metrics.adjust("ledger_running", self.target.election, -1)
         return running
 
-    def _started(self, slot: str, attempt: int) -> RunRecord:
+    def _started(self, slot: str, attempt: int, epoch: int | None) -> RunRecord:
         now = self.target.clock()
         return RunRecord(
-            slot, STARTED, self.target.instance_id, os.getpid(), now, now + self.target.ttl, attempt
-        )
+            slot, STARTED, self.target.instance_id, os.getpid(), now, now + self.target.ttl,
+            attempt, epoch=epoch,
+        )  # fmt: skip
 
     def _put(self, slot: str, expected: str | None, record: RunRecord) -> tuple[bool, str | None]:
         return self.target.put(slot, expected, record.dump(), record.tally)

@@ -23,11 +23,17 @@ def read(runs: RunStore, election: str, key: str, retention: float) -> str | Non
 
 
 def mark_sent(
-    runs: RunStore, election: str, slot: str, instance_id: str, retention: float, keep: int
+    runs: RunStore,
+    election: str,
+    slot: str,
+    instance_id: str,
+    retention: float,
+    keep: int,
+    epoch: int | None = None,
 ) -> bool:
-    """Record that beat published ``slot``, unless a worker recorded it first
-    (``keep``: the runs its entry keeps, ``leader_ledger_keep``)."""
-    record = RunRecord.sent_by(slot, instance_id, os.getpid(), time.time())
+    """Record that beat published ``slot`` under ``epoch``, unless a worker recorded it
+    first (``keep``: the runs its entry keeps, ``leader_ledger_keep``)."""
+    record = RunRecord.sent_by(slot, instance_id, os.getpid(), time.time(), epoch)
     text = record.dump()
     return runs.put(election, RunWrite(slot, None, text, retention, keep, record.tally))[0]
 

@@ -1,10 +1,12 @@
 """What a run record says, as JSON (never pickle: the store is shared).
 
-Stored as a JSON array ``[state, worker, pid, started, alive for, attempt, took, reason]``:
-``state`` is a letter of :data:`TALLIES`; ``alive for`` and ``took`` are seconds after
-``started``, which is seconds after the slot's due time where the slot names one; times
-to the millisecond, trailing nulls left out. About 50 bytes, against some 220 as the
-JSON object earlier releases wrote (still read).
+Stored as a JSON array ``[state, worker, pid, started, alive for, attempt, took, reason,
+epoch]``: ``state`` is a letter of :data:`TALLIES`; ``alive for`` and ``took`` are seconds
+after ``started``, which is seconds after the slot's due time where the slot names one;
+``epoch`` is the leader's term the slot was sent under (its ``leader_epoch``); times to
+the millisecond, trailing nulls left out. About 50 bytes (the epoch adds up to a dozen),
+against some 220 as the JSON object earlier releases wrote (still read). A reader ignores
+what follows the fields it knows, so a field added at the end leaves it reading.
 """
 
 from __future__ import annotations
@@ -36,11 +38,17 @@ class RunRecord:
     finished: float | None = None
     outcome: str | None = None
     reason: str | None = None
+    #: The leader's epoch the slot was sent under; ``None``: not known (a record of an
+    #: earlier release, or a message without the ``leader_epoch`` header).
+    epoch: int | None = None
 
     @classmethod
-    def sent_by(cls, slot: str, instance_id: str, pid: int, at: float) -> RunRecord:
-        """Beat's mark: ``slot`` was published (``started`` is when), nobody runs it yet."""
-        return cls(slot, SENT, instance_id, pid, at, 0.0, attempt=0)
+    def sent_by(
+        cls, slot: str, instance_id: str, pid: int, at: float, epoch: int | None = None
+    ) -> RunRecord:
+        """Beat's mark: ``slot`` was published (``started`` is when) under ``epoch``,
+        nobody runs it yet."""
+        return cls(slot, SENT, instance_id, pid, at, 0.0, attempt=0, epoch=epoch)
 
     @property
     def entry(self) -> str:
@@ -73,6 +81,7 @@ class RunRecord:
             self.attempt,
             None if self.finished is None else _ms(self.finished - self.started),
             self.reason,
+            self.epoch,
         ]
         while values and values[-1] is None:
             values.pop()
@@ -106,6 +115,8 @@ class RunRecord:
         attempt: int = 1,
         took: float | None = None,
         reason: str | None = None,
+        epoch: int | None = None,
+        *later: object,  # fields a later release added: not known here, ignored
     ) -> RunRecord:
         state = _STATES[state]
         ended = state in (SUCCESS, FAILURE, SKIPPED)
@@ -122,6 +133,7 @@ class RunRecord:
             None if took is None else round(started + took, 3),
             state if ended else None,
             reason,
+            epoch if type(epoch) is int else None,
         )
 
 

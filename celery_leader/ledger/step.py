@@ -31,13 +31,20 @@ def build_guard(config: LeaderConfig) -> RunGuard:
 
 
 def begin(
-    guard: RunGuard, config: LeaderConfig, slot: str, retry: bool, overlap: object
+    guard: RunGuard,
+    config: LeaderConfig,
+    slot: str,
+    retry: bool,
+    overlap: object,
+    epoch: object = None,
 ) -> Decision | None:
-    """Record ``slot`` started, or decide it is not run (logged and counted); ``overlap`` as
-    the message carries it. ``None`` when the store cannot say: the body runs unrecorded."""
+    """Record ``slot`` started, or decide it is not run (logged and counted); ``overlap`` and
+    ``epoch`` (``leader_epoch``) as the message carries them. ``None`` when the store cannot
+    say: the body runs unrecorded."""
     chosen = overlap if isinstance(overlap, str) and overlap in OVERLAP else config.overlap
+    sent_under = epoch if type(epoch) is int else None
     try:
-        decision = guard.begin(slot, retry, chosen, config.overlap_wait)
+        decision = guard.begin(slot, retry, chosen, config.overlap_wait, sent_under)
     except StoreUnavailable as exc:
         logger.warning("celery-leader: slot %s runs unrecorded in the run ledger: %s", slot, exc)
         return None

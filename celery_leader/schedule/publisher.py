@@ -136,23 +136,24 @@ class Publisher:
                     batch.sent.append(slot)
                     pending.append((batch, slot, due))
                     if len(pending) >= PIPELINE:
-                        failure = self._flush(pending)
+                        failure = self._flush(pending, epoch)
                         if failure is not None:
                             return failure
                     continue
                 # What was buffered before this slot still goes out first.
-                failure = self._flush(pending, keep=None if outcome.definitely_unsent else batch)
+                keep = None if outcome.definitely_unsent else batch
+                failure = self._flush(pending, epoch, keep)
                 if not outcome.definitely_unsent:
                     batch.sent.append(slot)  # it may be in the broker: it stays claimed
                     if self.resender is not None:
                         self.resender.unknown(batch.job, slot, due)
                 return failure or (slot, outcome)
-        return self._flush(pending)
+        return self._flush(pending, epoch)
 
     def _flush(
-        self, pending: list[tuple[Batch, str, datetime]], keep: Batch | None = None
+        self, pending: list[tuple[Batch, str, datetime]], epoch: int, keep: Batch | None = None
     ) -> tuple[str, Outcome] | None:
-        """Deliver the buffered ``pending`` slots (emptied); the failure, if any. Slots
+        """Deliver the buffered ``pending`` slots of ``epoch`` (emptied); the failure, if any. Slots
         definitely not delivered leave their batches' ``sent`` and are handed back, except
         those of ``keep``, whose later slot stays claimed."""
         if not pending:
@@ -164,7 +165,7 @@ class Publisher:
             metrics.count("slots_sent", self.lease.election, len(flushed))
             if self.resender is not None:
                 for _, slot, _ in flushed:
-                    self.resender.sent(slot)
+                    self.resender.sent(slot, epoch)
             return None
         for batch, slot, due in reversed(flushed):
             if outcome.definitely_unsent and batch is not keep:

@@ -59,12 +59,13 @@ class Resender:
         self._dedup = False
         self._dedup_until = 0.0
 
-    def sent(self, slot: str) -> None:
-        """``slot`` is in the broker: mark it sent, only while dedup workers are registered (one
-        sent unmarked just before they registered is at worst re-sent once)."""
+    def sent(self, slot: str, epoch: int) -> None:
+        """``slot`` is in the broker, sent under ``epoch``: mark it sent, only while dedup
+        workers are registered (one sent unmarked just before they registered is at worst
+        re-sent once)."""
         try:
             if self._workers_registered():
-                self._mark_sent(slot)
+                self._mark_sent(slot, epoch)
         except StoreUnavailable as exc:
             # Without the mark a later leader may re-send it once; workers drop the copy.
             self.logger.info("celery-leader: slot %s sent, not marked sent: %s", slot, exc)
@@ -135,8 +136,8 @@ class Resender:
         self._dedup, self._dedup_until = found, self.lease.clock.monotonic() + self.lease.ttl
         return found
 
-    def _mark_sent(self, slot: str) -> bool:
-        args = (self.lease.instance_id, self.retention, self.keep)
+    def _mark_sent(self, slot: str, epoch: int) -> bool:
+        args = (self.lease.instance_id, self.retention, self.keep, epoch)
         return marks.mark_sent(self.runs, self.lease.election, slot, *args)
 
     def _workers_registered(self) -> bool:
@@ -147,7 +148,7 @@ class Resender:
 
     def _resend(self, job: Job, slot: str, due: datetime, epoch: int, why: str) -> None:
         try:
-            won = self._mark_sent(slot)
+            won = self._mark_sent(slot, epoch)
         except StoreUnavailable as exc:
             self.logger.warning("celery-leader: slot %s not re-sent: %s", slot, exc)
             return
