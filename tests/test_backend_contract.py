@@ -47,6 +47,8 @@ from celery_leader.backends import (
     open_store,
     sql_facets,
 )
+from celery_leader.backends import file as file_store
+from celery_leader.backends.etcd import records as etcd_records
 from celery_leader.backends.redis import entries as redis_entries
 from celery_leader.backends.session_lock import SessionStore
 from celery_leader.exceptions import StoreUnavailable
@@ -64,6 +66,14 @@ from harness.servers import free_port
 from harness.waiting import wait_for
 
 PREFIX = "contract"
+#: The module of each store that bounds the edits it tells apart by ``CHANGES_KEPT``.
+KEPT_CHANGES = {"redis": redis_entries, "etcd": etcd_records, "file": file_store}
+#: The module of each store that reads its entries by pages of ``ENTRIES_PAGE``
+#: (Redis too, by HSCAN, but a small hash answers in one page whatever the count).
+PAGED_ENTRIES = {"etcd": etcd_records, "file": file_store}
+#: Stores that read fenced records by keys, and the module whose ``RECORDS_PAGE``
+#: bounds a read of them all (``None``: read in one).
+BY_KEYS = {"redis": None, "etcd": etcd_records}
 ELECTION = "beat"
 TTL = 5.0
 TIMEOUT = 0.5
@@ -681,6 +691,23 @@ class TestFencedRecords:
         if counts is not None:
             assert max(counts) <= 100, counts
 
+    def test_records_are_read_by_keys_and_all_of_them_by_bounded_reads(
+        self, store: Store, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        if store.kind not in BY_KEYS:
+            pytest.skip(f"{store.kind} reads its records at once")
+        paged = BY_KEYS[store.kind]
+        if paged is not None:
+            monkeypatch.setattr(paged, "RECORDS_PAGE", 7)
+        a, observer = store.open(), store.open()
+        term = take(a, "a")
+        written = {f"r{i:03}": f'"{i}"' for i in range(150)}  # more than a transaction reads
+        claims = [Write(k, None, v) for k, v in written.items()]
+        assert a.records.claim(Fence(ELECTION, term), claims) == [True] * 150
+        assert observer.records.load(ELECTION) == written
+        keys = [*written, "absent", "r1"]
+        assert observer.records.load_some(ELECTION, keys) == written
+
     def test_a_write_must_come_after_the_record_it_replaces(self, store: Store) -> None:
         """Order keys are compared as strings, never parsed: a record only moves forward."""
         a, observer = store.open(), store.open()
@@ -858,6 +885,49 @@ class TestEntryStore:
             latest,
             {"e0": "0", "e1": "1", "e3": "3", "e4": "4"},
         )
+
+    def test_a_reader_too_far_behind_is_told_to_read_every_entry(
+        self, store: Store, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        if store.kind not in KEPT_CHANGES:
+            pytest.skip(f"{store.kind} keeps no bound of its own")
+        monkeypatch.setattr(KEPT_CHANGES[store.kind], "CHANGES_KEPT", 3)
+        reader, editor = store.open(), store.open()
+        editor.entries.edit(ELECTION, [Edit("a", None, "a1")])
+        version = reader.entries.version(ELECTION)
+        editor.entries.edit(ELECTION, [Edit("a", "a1", None), Edit("b", None, "b1")])
+        moved = reader.entries.version(ELECTION)
+        assert reader.entries.changes_since(ELECTION, version) == (moved, {"a": None, "b": "b1"})
+        editor.entries.edit(ELECTION, [Edit(k, None, k) for k in "cdef"])
+        assert reader.entries.changes_since(ELECTION, version) is None
+
+    def test_entries_are_read_by_bounded_pages_at_the_version_read_first(
+        self, store: Store, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        if store.kind not in PAGED_ENTRIES:
+            pytest.skip(f"{store.kind} reads its entries at once")
+        monkeypatch.setattr(PAGED_ENTRIES[store.kind], "ENTRIES_PAGE", 3)
+        reader, editor = store.open(), store.open()
+        assert [*reader.entries.load_pages(ELECTION)[1]] in ([], [{}])
+        written = {f"e{i:02}": f'{{"v": "{i}\\"\u00e9"}}' for i in range(20)}  # escapes too
+        editor.entries.edit(ELECTION, [Edit(k, None, v) for k, v in written.items()])
+        version, pages = reader.entries.load_pages(ELECTION)
+        assert version == reader.entries.version(ELECTION)
+        first = next(pages)
+        assert 0 < len(first) <= 3
+        # An edit between pages: changes_since tells it.
+        editor.entries.edit(ELECTION, [Edit("e19", written["e19"], None)])
+        rest = [*pages]
+        assert len(rest) >= 5 and all(len(page) <= 3 for page in rest)
+        seen: dict[str, str] = {}
+        for page in [first, *rest]:
+            seen.update(page)
+        assert seen == written, "one view of the entries, at the version read first"
+        assert reader.entries.changes_since(ELECTION, version) == (
+            reader.entries.version(ELECTION),
+            {"e19": None},
+        )
+        assert reader.entries.load(ELECTION)[1] == {k: v for k, v in written.items() if k != "e19"}
 
     def test_a_reader_following_racing_edits_ends_with_what_the_store_holds(
         self, store: Store

@@ -14,8 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from celery_leader.backends import Fence, JournalWrite, Renewal, StoreFacets, Write, open_store
+from celery_leader.backends import (
+    Edit,
+    Fence,
+    JournalWrite,
+    Renewal,
+    StoreFacets,
+    Write,
+    open_store,
+)
 from celery_leader.backends.etcd import EtcdJournal, EtcdLock, wire
+from celery_leader.backends.etcd import records as etcd_records
 from celery_leader.backends.etcd.params import EtcdParams, etcd_params
 from celery_leader.exceptions import ConfigError, StoreMisconfigured, StoreUnavailable
 from celery_leader.settings.config import LeaderConfig
@@ -237,3 +246,40 @@ def test_a_release_that_failed_without_quorum_is_done_by_the_next_acquire(
     finally:
         a.close()
         etcd_cluster.start()
+
+
+def test_pages_of_entries_read_past_a_compaction_go_on_at_the_newest(
+    etcd_cluster: EtcdCluster, etcd_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pages are read at the revision of the first; once etcd compacted it away,
+    the rest come from the newest, and changes_since from before the compaction says
+    to read everything, at once."""
+    monkeypatch.setattr(etcd_records, "ENTRIES_PAGE", 3)
+    reader, editor = store(etcd_url), store(etcd_url)
+
+    def compact(revision: int) -> None:
+        etcd_cluster.post(etcd_cluster.members[0], "kv/compaction", {"revision": str(revision)})
+
+    try:
+        written = {f"e{i:02}": str(i) for i in range(10)}
+        editor.entries.edit("beat", [Edit(k, None, v) for k, v in written.items()])
+        version, pages = reader.entries.load_pages("beat")
+        seen = dict(next(pages))
+        editor.entries.edit("beat", [Edit("e09", "9", None)])
+        newest = reader.entries.version("beat")
+        compact(newest)
+        for page in pages:
+            assert len(page) <= 3
+            seen.update(page)
+        del written["e09"]
+        assert seen == written, "the rest read at the newest revision"
+        # The compaction dropped the removal's event (and the watch does not say so).
+        assert reader.entries.changes_since("beat", version) is None
+        assert editor.entries.edit("beat", [Edit("e00", "0", None)]) == [True]
+        assert reader.entries.changes_since("beat", newest) == (
+            reader.entries.version("beat"),
+            {"e00": None},
+        ), "history after the compaction is replayed"
+    finally:
+        reader.close()
+        editor.close()

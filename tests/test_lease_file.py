@@ -25,6 +25,7 @@ from celery_leader.backends import (
     StoreFacets,
     StoreParams,
 )
+from celery_leader.backends import file as file_store
 from celery_leader.backends.file import open_store
 from celery_leader.election.events import Callbacks
 from celery_leader.exceptions import StoreUnavailable
@@ -344,6 +345,29 @@ def test_an_entries_file_the_changes_file_does_not_reach_is_read_whole(tmp_path:
     assert backend.edit("beat", [Edit("a", "a1", None)]) == [True]
     assert backend.changes_since("beat", version) is None, "b would be missed"
     assert backend.changes_since("beat", version + 1) == (version + 2, {"a": None})
+
+
+def test_entries_read_by_pages_end_where_the_file_is_damaged_and_say_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Pages are parsed as the reader asks for them: a file damaged past its first
+    entries gives those, then logs it; one that is not ours reads as empty at once."""
+    monkeypatch.setattr(file_store, "ENTRIES_PAGE", 2)
+    backend = opened(tmp_path, 1.0, "p").entries
+    path = tmp_path / "p.beat.entries"
+    text = json.dumps({"version": 7, "entries": {"a": "1", "b": " 2 ", "c": "3"}})
+    path.write_text(text[:-8] + " oops}")
+    version, pages = backend.load_pages("beat")
+    assert (version, next(pages)) == (7, {"a": "1", "b": " 2 "})
+    assert "p.beat.entries" not in caplog.text
+    assert [*pages] == [{}] and "p.beat.entries" in caplog.text
+    caplog.clear()
+    path.write_text(json.dumps({"entries": {"a": "1"}, "version": 7}))
+    version, pages = backend.load_pages("beat")
+    assert (version, [*pages]) == (7, [{"a": "1"}]), "not as written here: parsed whole"
+    path.write_text("[]")
+    version, pages = backend.load_pages("beat")
+    assert (version, [*pages]) == (0, [{}]) and "p.beat.entries" in caplog.text
 
 
 def test_journal_logs_of_any_name_are_files_of_their_own(tmp_path: Path) -> None:

@@ -38,6 +38,10 @@ from .waiting import LockWaiter, wait_sliced
 #: reads every entry): bounds the file every reader parses to a few hundred KB.
 CHANGES_KEPT = 1_000
 
+#: Entries per page of :meth:`FileEntries.load_pages`: parsing one takes
+#: milliseconds, so the first page is there long before a large file is parsed.
+ENTRIES_PAGE = 10_000
+
 #: The longest percent-encoded log name a journal file is named by; a longer
 #: one is named by its hash, so that every name fits the 255 bytes a file
 #: name may take, with the key prefix, the election and a temporary file's tail.
@@ -46,6 +50,12 @@ JOURNAL_NAME_MAX = 100
 #: How ``p.e.entries`` starts (``json.dumps`` keeps the keys in order): the version
 #: is read from the first bytes at every look.
 _HEAD = re.compile(rb'\{"version": (\d+), ')
+
+#: The same head, through the start of the entries, in the text read by pages.
+_ENTRIES_HEAD = re.compile(r'\{"version": (\d+), "entries": \{')
+
+#: JSON's white space, skipped between the tokens of the entries.
+_SPACE = re.compile(r"[ \t\n\r]*")
 
 
 def open_store(params: StoreParams) -> StoreFacets:
@@ -322,6 +332,18 @@ class FileEntries(_Facet, EntryStore):
             return 0, unreadable_state(str(path), text)
         return version, entries
 
+    def load_pages(self, election: str) -> tuple[int, Iterator[dict[str, str]]]:
+        # The file is one JSON text, read at once (one consistent view: files are
+        # replaced whole); it is parsed a page at a time, so a reader acts on the first
+        # entries before the rest are parsed. Parsing by pages costs 1.7 times the CPU
+        # of one json.loads, and the text stays in memory until the last page.
+        path = self._files.path(election, "entries")
+        text = _read_text(path)
+        head = None if text is None else _ENTRIES_HEAD.match(text)
+        if text is None or head is None:
+            return super().load_pages(election)  # none, or not as we write it: load says
+        return int(head.group(1)), _entry_pages(text, head.end(), str(path))
+
     def changes_since(
         self, election: str, version: int
     ) -> tuple[int, dict[str, str | None]] | None:
@@ -490,6 +512,44 @@ class FileJournal(_Facet, Journal):
         if len(name) > JOURNAL_NAME_MAX:
             name = "=" + hashlib.sha256(log.encode()).hexdigest()
         return self._files.path(election, f"journal.{name}")
+
+
+def _entry_pages(text: str, at: int, where: str) -> Iterator[dict[str, str]]:
+    """The entries of the JSON object that starts before ``at`` in ``text``, by pages
+    of :data:`ENTRIES_PAGE`; a damaged rest is logged and ends the pages."""
+    scan = json.decoder.scanstring  # type: ignore[attr-defined]
+    page: dict[str, str] = {}
+    try:
+        at = _past_space(text, at)
+        more = text[at] != "}"
+        while more:
+            key, at = scan(text, _expect(text, at, '"'))
+            at = _past_space(text, _expect(text, _past_space(text, at), ":"))
+            page[key], at = scan(text, _expect(text, at, '"'))
+            at = _past_space(text, at)
+            more = text[at] == ","
+            at = _past_space(text, _expect(text, at, "," if more else "}"))
+            if len(page) >= ENTRIES_PAGE:
+                yield page
+                page = {}
+    except (ValueError, IndexError):
+        yield page
+        unreadable_state(where, text)
+        return
+    yield page
+
+
+def _past_space(text: str, at: int) -> int:
+    """Where JSON's white space from ``at`` on ends."""
+    space = _SPACE.match(text, at)
+    return at if space is None else space.end()
+
+
+def _expect(text: str, at: int, token: str) -> int:
+    """Just past ``token`` at ``at``; ValueError when something else is there."""
+    if text[at] != token:
+        raise ValueError(f"{token!r} expected at {at}")
+    return at + 1
 
 
 @contextmanager

@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 from urllib.parse import quote, unquote
 
 from etcd3gw.client import Etcd3Client
 
+from ...exceptions import StoreUnavailable
 from ..entry_store import Edit, EntryStore
 from ..records import Fence, FencedRecords, Write, write_rounds
 from ..run_store import RUNS_DROPPED, RunStore, RunSummary, RunWrite, run_entry
@@ -23,7 +24,10 @@ from .lock import Ours
 #: entries never make one request that outlasts the store deadline.
 ENTRIES_PAGE = 10_000
 
-#: Edits a reader replays from etcd's history before it reads every entry
+#: Fenced records read per range when reading them all (as :data:`ENTRIES_PAGE`).
+RECORDS_PAGE = 10_000
+
+#: Edit events a reader replays from etcd's history before it reads every entry
 #: instead: bounds what one look reads after the reader fell far behind.
 CHANGES_KEPT = 10_000
 
@@ -39,9 +43,29 @@ class EtcdRecords(FencedRecords):
         self.etcd = etcd
 
     def load(self, election: str) -> dict[str, str]:
+        # By bounded ranges at one revision: one range of a million records outlasted
+        # the deadline and made etcd hold them all in memory at once.
         prefix = self.etcd.key(election, "state/")
-        kvs = self.etcd.kv_range(prefix, wire.prefix_end(prefix)).get("kvs", [])
-        return {wire.name(kv, prefix): wire.text(kv) for kv in kvs}
+        first = self.etcd.kv_range(prefix, wire.prefix_end(prefix), limit=RECORDS_PAGE)
+        return {
+            wire.name(kv, prefix): wire.text(kv)
+            for page in _pages(self.etcd, prefix, first, RECORDS_PAGE)
+            for kv in page
+        }
+
+    def load_some(self, election: str, keys: Sequence[str]) -> dict[str, str]:
+        # Reads of single keys, as many per read-only transaction as etcd takes.
+        found: dict[str, str] = {}
+        with self.etcd.deadline():
+            for at in range(0, len(keys), wire.MAX_TXN_OPS):
+                chunk = keys[at : at + wire.MAX_TXN_OPS]
+                reads = [wire.read(self.etcd.key(election, f"state/{k}")) for k in chunk]
+                replies = self.etcd.txn([], reads)["responses"]
+                for key, reply in zip(chunk, replies, strict=True):
+                    kv = wire.kv(reply)
+                    if kv is not None:
+                        found[key] = wire.text(kv)
+        return found
 
     def compare_and_set(self, fence: Fence, writes: Sequence[Write]) -> list[bool]:
         """Apply ``writes`` in transactions fenced by the term key's create revision.
@@ -83,28 +107,43 @@ class EtcdEntries(EntryStore):
         return _version(reply)
 
     def load(self, election: str) -> tuple[int, dict[str, str]]:
-        # By bounded ranges (one range of a million entries outlasted the deadline);
-        # the version comes with the first page, so an edit meanwhile is read next time.
+        version, pages = self.load_pages(election)
+        entries: dict[str, str] = {}
+        for page in pages:
+            entries.update(page)
+        return version, entries
+
+    def load_pages(self, election: str) -> tuple[int, Iterator[dict[str, str]]]:
+        # By bounded ranges (one range of a million entries outlasted the deadline),
+        # all at the revision of the first, which read the version with it: the pages
+        # are one view of the entries, exactly at that version.
         prefix = self.etcd.key(election, "entries/")
         end = wire.prefix_end(prefix)
         page = {"key": wire.b64(prefix), "range_end": wire.b64(end), "limit": ENTRIES_PAGE}
         reply = self.etcd.txn(
             [], [wire.read(self.etcd.key(election, "entries-version")), {"request_range": page}]
         )
-        version, listed = _version(reply), reply["responses"][1].get("response_range", {})
-        entries: dict[str, str] = {}
-        while True:
-            kvs = listed.get("kvs", [])
-            entries.update((wire.name(e, prefix), wire.text(e)) for e in kvs)
-            if not listed.get("more") or not kvs:
-                return version, entries
-            listed = self.etcd.kv_range(wire.unb64(kvs[-1]["key"]) + b"\0", end, limit=ENTRIES_PAGE)
+        first = {**reply["responses"][1].get("response_range", {}), "header": reply["header"]}
+        pages = (
+            {wire.name(kv, prefix): wire.text(kv) for kv in kvs}
+            for kvs in _pages(self.etcd, prefix, first, ENTRIES_PAGE)
+        )
+        return _version(reply), pages
 
     def changes_since(
         self, election: str, version: int
     ) -> tuple[int, dict[str, str | None]] | None:
         """The entries' events after ``version``, replayed from etcd's history by a watch;
-        ``None`` when compacted, or more than :data:`CHANGES_KEPT` edits."""
+        ``None`` when compacted, or after more than :data:`CHANGES_KEPT` events.
+
+        A watch, not a range with ``min_mod_revision`` (plus tombstones of removed
+        entries, which etcd does not keep): etcd filters such a range after reading
+        every entry (docs/benchmarks.md), where the watch reads the revisions since
+        ``version``. It covers the version key too, whose event every edit writes and
+        compaction never drops (the newest of a key stays), so the replay always ends.
+        Compaction does drop a removed entry's event at the compaction revision, and
+        the watch does not say so when it starts there: a read at ``version`` after the
+        replay tells whether etcd compacted past it."""
         with self.etcd.deadline():
             now = self.version(election)
             if now == version:
@@ -112,8 +151,10 @@ class EtcdEntries(EntryStore):
             if now < version:
                 return None
             prefix = self.etcd.key(election, "entries/")
+            marker = self.etcd.key(election, "entries-version")
             watch = {
-                "key": wire.b64(prefix),
+                # "entries-version", then "entries/...": "-" sorts before "/".
+                "key": wire.b64(marker),
                 "range_end": wire.b64(wire.prefix_end(prefix)),
                 "start_revision": str(version + 1),
             }
@@ -121,24 +162,32 @@ class EtcdEntries(EntryStore):
             def replay(client: Etcd3Client) -> dict[str, str | None] | None:
                 url = client.get_url("/watch")
                 edits: dict[str, str | None] = {}
+                events = 0
                 with client.session.post(url, json={"create_request": watch}, stream=True) as r:
                     r.raise_for_status()
                     for line in r.iter_lines():
                         result = json.loads(line).get("result", {}) if line else {}
                         if int(result.get("compact_revision", 0)) or result.get("canceled"):
                             return None  # compacted: that history is gone
+                        reached = 0
                         for event in result.get("events", []):
                             kv = event["kv"]
+                            if wire.unb64(kv["key"]) == marker:
+                                reached = int(kv["mod_revision"])
+                                continue
                             removed = event.get("type") == "DELETE"
                             edits[wire.name(kv, prefix)] = None if removed else wire.text(kv)
-                            if int(kv["mod_revision"]) >= now:
-                                return edits
-                            if len(edits) > CHANGES_KEPT:
-                                return None
+                            events += 1
+                        if events > CHANGES_KEPT:
+                            return None
+                        if reached >= now:
+                            return edits  # a revision's events come in one response
                 return None  # the stream ended early: read everything
 
             edits = self.etcd.call(replay)
-        return None if edits is None else (now, edits)
+            if edits is None or (version and _compacted(self.etcd, marker, version)):
+                return None
+        return now, edits
 
     def edit(self, election: str, edits: Sequence[Edit]) -> list[bool]:
         """One transaction per edit: compare the entry, write it and the version key."""
@@ -150,6 +199,45 @@ class EtcdEntries(EntryStore):
             reply = self.etcd.txn([wire.holds(key, edit.expected)], [write, version])
             results.append(bool(reply.get("succeeded")))
         return results
+
+
+def _pages(etcd: Cluster, prefix: bytes, first: dict[str, Any], limit: int) -> Iterator[list[Any]]:
+    """The key-values under ``prefix``, a range of up to ``limit`` at a time: ``first``
+    (a range reply), then the ranges after it, each read when the caller asks for it,
+    at ``first``'s revision (at the newest once etcd compacted that one away)."""
+    end = wire.prefix_end(prefix)
+    revision: int | None = int(first["header"]["revision"])
+    listed = first
+    while True:
+        kvs = listed.get("kvs", [])
+        yield kvs
+        if not listed.get("more") or not kvs:
+            return
+        after = wire.unb64(kvs[-1]["key"]) + b"\0"
+        try:
+            at = {} if revision is None else {"revision": str(revision)}
+            listed = etcd.kv_range(after, end, limit=limit, **at)
+        except StoreUnavailable as exc:
+            if revision is None or not _compaction(exc):
+                raise
+            revision = None  # still a view a reader can follow: the version came first
+            listed = etcd.kv_range(after, end, limit=limit)
+
+
+def _compacted(etcd: Cluster, key: bytes, revision: int) -> bool:
+    """Whether etcd compacted its history past ``revision`` (a read of ``key`` there)."""
+    try:
+        etcd.kv_range(key, key + b"\0", revision=str(revision), count_only=True)
+    except StoreUnavailable as exc:
+        if _compaction(exc):
+            return True
+        raise
+    return False
+
+
+def _compaction(exc: StoreUnavailable) -> bool:
+    """Whether etcd refused a read at a revision it compacted away."""
+    return "required revision has been compacted" in str(exc)
 
 
 def _version(reply: dict[str, Any]) -> int:
