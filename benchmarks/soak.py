@@ -539,9 +539,9 @@ class Soak:
         warmup = self.args.warmup * 60
         print(f"\n## Processes (RSS slope: least squares over samples at least "
               f"{self.args.warmup:g} min after the process was first seen)")  # fmt: skip
-        print("| role | pid | samples | minutes seen | RSS first / last, MB "
+        print("| role | pid | seen (UTC) | samples | RSS first / last, MB "
               "| RSS slope, MB/h | fds first / last |")  # fmt: skip
-        print("|---|---:|---:|---:|---:|---:|---:|")
+        print("|---|---:|---|---:|---:|---:|---:|")
         rows: dict[tuple[str, int], list[tuple[float, float, int]]] = collections.defaultdict(list)
         for t, role, pid, mb, fds in self.samples:
             rows[(role, pid)].append((t, mb, fds))
@@ -550,7 +550,7 @@ class Soak:
             slope = "—"
             if len(warm) >= 3 and warm[-1][0] - warm[0][0] >= 60:
                 slope = f"{_slope(warm):+.2f}"
-            print(f"| {role} | {pid} | {len(got)} | {(got[-1][0] - got[0][0]) / 60:.0f} "
+            print(f"| {role} | {pid} | {_utc(got[0][0])}-{_utc(got[-1][0])} | {len(got)} "
                   f"| {got[0][1]:.1f} / {got[-1][1]:.1f} | {slope} "
                   f"| {got[0][2]} / {got[-1][2]} |")  # fmt: skip
 
@@ -562,6 +562,14 @@ class Soak:
         step = max(1, len(got) // 8)
         for t, keys, mb in [*got[::step][:8], got[-1]]:
             print(f"| {_utc(t)} | {(t - got[0][0]) / 60:.0f} | {keys} | {mb:.1f} |")
+        slots = sum(len(runs) for runs in self.runs.values())
+        grown = (got[-1][2] - got[0][2]) * 2**20
+        print(
+            f"\nGrowth: {grown / 2**20:.1f} MB over {slots} slots run, "
+            f"{grown / max(slots, 1):.0f} B a slot (the ledger keeps a record per slot "
+            "for leader_ledger_retention, two days, or the newest leader_ledger_keep, "
+            "10,000, of an entry)."
+        )
 
 
 def _slope(points: list[tuple[float, float]]) -> float:
