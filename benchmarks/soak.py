@@ -45,7 +45,10 @@ the 30 s visibility timeout) before everything is stopped with SIGTERM.
 * **published twice**: slots the broker got more than once. The ledger's re-send
   (a new term sends again a slot the killed leader claimed and may not have
   published) does this by design and the workers run it once; a slot published
-  twice under one epoch has no such reason and counts as twice.
+  twice under one epoch has no such reason and counts as twice. A killed worker's
+  unacknowledged message, which Redis puts back in every queue bound to the
+  exchange (the copy too), keeps its task id: it is shown as put back by the
+  broker, not as a second publish.
 * **lost**: slots due that never ran. Those the missed-slot policy dropped are
   explained by the beats' own lines ``not sending N missed slot(s) of 'E', the
   last due D``: the N slots of E before D. The rest are unexplained.
