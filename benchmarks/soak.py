@@ -54,7 +54,8 @@ the 30 s visibility timeout) before everything is stopped with SIGTERM.
   last due D``: the N slots of E before D. The rest are unexplained.
 
 The exit code is 1 when a slot was run twice (unexplained), published twice
-under one epoch, or lost unexplained.
+under one epoch, or lost unexplained, or when a step of the benchmark itself (a
+sample, a fault) raised: it is shown and the run goes on.
 """
 
 from __future__ import annotations
@@ -156,6 +157,7 @@ class Soak:
         self.status: list[tuple[float, float, int]] = []  # t, seconds, exit code
         self.faults: list[dict[str, Any]] = []
         self.edits = [0, 0]  # done, failed
+        self.errors: list[str] = []  # what went wrong in the benchmark's own steps
         self.killed_pids: set[int] = set()
         self.roles: dict[str, Role] = {}
 
@@ -227,7 +229,13 @@ class Soak:
         try:
             while True:
                 stopping = self.done.is_set()
-                got = self.drain_once(broker, runs)
+                try:
+                    got = self.drain_once(broker, runs)
+                except Exception as exc:  # shown and counted: a dead collector would hide slots
+                    self.errors.append(f"collector: {exc!r}")
+                    print(f"collector: {exc!r}", flush=True)
+                    time.sleep(1)
+                    continue
                 if stopping and not got:
                     return
                 if not got:
@@ -399,23 +407,25 @@ class Soak:
             start = time.monotonic()
             end = start + args.seconds
             events = {"sample": start, "edit": start + 60, "fault": start + args.fault_every}
-            counts = {"edit": 0, "fault": 0}
+            counts = {"sample": 0, "edit": 0, "fault": 0}
             while True:
                 kind, when = min(events.items(), key=lambda kv: kv[1])
                 if when > end:
                     break
                 time.sleep(max(0.0, when - time.monotonic()))
-                if kind == "sample":
-                    self.sample()
-                    events[kind] += args.sample_every
-                elif kind == "edit":
-                    self.edit(counts[kind], names)
-                    counts[kind] += 1
-                    events[kind] += args.edit_every
-                else:
-                    self.fault(counts[kind])
-                    counts[kind] += 1
-                    events[kind] += args.fault_every
+                every = {"sample": args.sample_every, "edit": args.edit_every}
+                events[kind] += every.get(kind, args.fault_every)
+                try:
+                    if kind == "sample":
+                        self.sample()
+                    elif kind == "edit":
+                        self.edit(counts[kind], names)
+                    else:
+                        self.fault(counts[kind])
+                except Exception as exc:  # shown and counted: one step must not end the run
+                    self.errors.append(f"{kind}: {exc!r}")
+                    print(f"{kind}: {exc!r}", flush=True)
+                counts[kind] = counts.get(kind, 0) + 1
             time.sleep(max(0.0, end - time.monotonic()))
             window_end = _now() - EDGE
             time.sleep(DRAIN)
@@ -515,7 +525,9 @@ class Soak:
         self.report_faults()
         self.report_processes()
         self.report_store()
-        return twice > 0 or len(unexplained) > 0
+        if self.errors:
+            print(f"\n{len(self.errors)} step(s) of the benchmark failed: {self.errors[:5]}")
+        return twice > 0 or len(unexplained) > 0 or bool(self.errors)
 
     def report_faults(self) -> None:
         print("\n## Faults")
