@@ -460,7 +460,7 @@ class Soak:
             self.store.close()
         if hasattr(self, "entries"):
             self.entries.close()
-        self.redis.stop()
+        self.redis.close()  # stops it and removes its data directory
 
     # -- the report ------------------------------------------------------------------
 
