@@ -62,7 +62,7 @@ EXTERNAL = (
 )
 EXTERNAL_TIMEOUT = 300
 #: A burst on each lease store against a bare send_task loop, the same in --quick
-#: (about 2 min on an idle machine); 100,000 entries: ``python -m benchmarks.burst``.
+#: (about 40 s); 100,000 entries: ``python -m benchmarks.burst --stores redis,postgres``.
 BURST = (
     "4d. Bursts: 10,000 entries due in the same second, Redis and PostgreSQL lease stores",
     "burst",
