@@ -37,6 +37,9 @@ RESULTS = ROOT / "benchmarks" / "results"
 #: so not part of this command), kept for the page: ``python -m benchmarks.scale``
 #: (and ``django_rows``, ``start``), and paste their output there.
 SCALE_RESULTS = ROOT / "benchmarks" / "scale_results.md"
+#: Bursts on each lease store, before and after a change (``benchmarks/burst.py`` run
+#: by hand, as the page says), as the page shows them.
+BURST_RESULTS = ROOT / "benchmarks" / "burst_results.md"
 #: The run ledger at volume (``benchmarks/ledger_volume.py``, run on its own: it
 #: seeds a million records on each store), as the page shows it.
 LEDGER_RESULTS = ROOT / "benchmarks" / "ledger_volume_results.md"
@@ -58,6 +61,13 @@ EXTERNAL = (
      ("--messages", "300")),
 )
 EXTERNAL_TIMEOUT = 300
+#: A burst on each lease store against a bare send_task loop, the same in --quick
+#: (about 40 s); 100,000 entries: ``python -m benchmarks.burst --stores redis,postgres``.
+BURST = (
+    "4d. Bursts: 10,000 entries due in the same second, Redis and PostgreSQL lease stores",
+    "burst",
+    ("--n", "10000", "--rounds", "3", "--stores", "redis,postgres"),
+)
 #: The Dramatiq schedulers, after the store load: title, module, extra arguments for --quick.
 DRAMATIQ = ("7. Dramatiq schedulers, three replicas", "bench_dramatiq", ("--reps", "1"))
 #: The scale benchmark at its smallest N only, quick or not (about 2 min); larger N
@@ -342,6 +352,8 @@ def report(args: argparse.Namespace, image: str) -> str:
         log(title)
         extra = quick_args if args.quick else ()
         sections.append(f"## {title}\n\n{run_external(module, extra)}")
+    log(BURST[0])
+    sections.append(f"## {BURST[0]}\n\n{run_external(BURST[1], BURST[2])}")
     log("5. store load")
     loads = store_load.run(args.quick, log)
     sections.append(
@@ -405,6 +417,7 @@ def main() -> int:
             pause=failover.PAUSE,
             partition=failover.PARTITION,
             scale_results=SCALE_RESULTS.read_text(),
+            burst_results=BURST_RESULTS.read_text(),
             ledger_results=LEDGER_RESULTS.read_text(),
             console_results=CONSOLE_RESULTS.read_text(),
             # One heading level down: the results sit under the page's own sections.
@@ -617,6 +630,7 @@ N rounds. A benchmark that fails on one commit gets a row saying why, and the
 command exits with 1.
 
 {scale_results}
+{burst_results}
 {ledger_results}
 {console_results}
 ## Latest results

@@ -23,6 +23,8 @@ from ..waiting import LockWaiter
 from .entries import ADD_CHANGES, CHANGES_READY
 from .params import connection_params
 from .sql import (
+    ADD_CLAIM,
+    CLAIM_READY,
     CLIENT_CHECK_MS,
     CREATE_SCHEMA,
     MIN_SERVER_VERSION,
@@ -122,7 +124,11 @@ class Connector(SessionStore[Session]):
     The server cancels a statement a little before the store deadline
     (``statement_timeout``); the client cuts the connection at it all the same."""
 
-    schema = ((SCHEMA_EXISTS, CREATE_SCHEMA), (CHANGES_READY, ADD_CHANGES))
+    schema = (
+        (SCHEMA_EXISTS, CREATE_SCHEMA),
+        (CHANGES_READY, ADD_CHANGES),
+        (CLAIM_READY, ADD_CLAIM),
+    )
 
     def __init__(self, store: StoreParams) -> None:
         params, target = connection_params(store.url, store.timeout, store.connection)
@@ -165,7 +171,7 @@ class Connector(SessionStore[Session]):
                 return cursor.fetchall() if cursor.description is not None else []
             except psycopg.Error as exc:
                 cut = watchdog.stop()
-                if isinstance(exc, errors.UndefinedTable):
+                if isinstance(exc, (errors.UndefinedTable, errors.UndefinedFunction)):
                     self._schema_ready = False  # dropped behind our back: make it again
                 if cut:
                     raise SessionGone(
