@@ -774,11 +774,11 @@ def test_a_celery_follower_keeps_store_entry_jobs_made_and_its_promotion_reuses_
     follower.tick()
     assert not follower.lease.is_leader()
     adapter = follower._protocol.adapter
-    made = {j.name: j for j in adapter._listed or ()}
+    made = {j.name: j for j in adapter.catalog.stored_jobs()}
     assert set(made) == {"a"}, "a follower made the store entry's job"
     book.add(name="b", task="t", every=60)
     follower.tick()
-    assert {j.name for j in adapter._listed or ()} == {"a", "b"}, "an edit is seen following"
+    assert {j.name for j in adapter.catalog.stored_jobs()} == {"a", "b"}, "an edit is seen"
     assert not follower._protocol.held.states, "a follower holds no run state"
     loads = counting_loads(follower._protocol.runtime.store.entries)
     leader.close()
@@ -818,7 +818,7 @@ def test_a_dramatiq_follower_keeps_store_entry_jobs_made_and_its_promotion_reuse
     book.add(name="a", task="job", every=60)
     follower.tick()
     assert not follower.protocol.lease.is_leader()
-    made = {j.name: j for j in follower.adapter._made or ()}
+    made = {j.name: j for j in follower.adapter.catalog.stored_jobs()}
     assert set(made) == {"a"} and not follower.protocol.held.states
     loads = counting_loads(follower.protocol.runtime.store.entries)
     leader.protocol.close()

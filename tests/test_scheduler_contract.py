@@ -541,8 +541,10 @@ def edit_jobs(scheduler: Any, change: Callable[[list[Job]], list[Job]]) -> None:
     adapter = slot_protocol.adapter
     own = type(adapter).jobs.__get__(adapter)
     adapter.jobs = lambda: change(list(own()))
-    # ``change`` may answer differently at each call: the jobs are listed at every tick.
+    # ``change`` may answer differently at each call: the jobs are listed at every tick,
+    # whole (not as the edits the adapter would tell).
     adapter.jobs_changed = lambda: True
+    adapter.job_edits = lambda: None
 
 
 def test_a_re_timed_entry_sends_its_first_new_slot_at_once(

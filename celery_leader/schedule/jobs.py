@@ -58,6 +58,12 @@ class Adapter(ABC):
         then, and at each new term, so a tick costs what is due). By default always."""
         return True
 
+    def job_edits(self) -> Mapping[str, Job | None] | None:
+        """The jobs that changed since :meth:`jobs` or this last answered (name -> its job
+        now, ``None``: gone), so that an edit costs what it touched; ``None``: list them
+        all with :meth:`jobs`. By default ``None``."""
+        return None
+
     @abstractmethod
     def send(self, job: Job, slot: str, due: datetime, epoch: int) -> Outcome:
         """Publish slot ``slot`` (due at ``due``) of ``job``, fenced by ``epoch``; inside
