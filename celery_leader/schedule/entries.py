@@ -198,7 +198,7 @@ def code_pause(
 def checked(data: Mapping[str, Any], size: int | None = None) -> Entry:
     """An :class:`Entry` from plain values; :class:`EntryError` (one line) when any is bad.
     ``size``: the bytes of the JSON the values were read from (else of its stored form)."""
-    unknown = set(data) - {f for f in Entry.__dataclass_fields__}
+    unknown = data.keys() - _ENTRY_FIELDS
     if unknown:
         raise EntryError(f"unknown entry field(s): {', '.join(sorted(unknown))}")
     name = data.get("name")
@@ -229,7 +229,44 @@ def checked(data: Mapping[str, Any], size: int | None = None) -> Entry:
     return entry
 
 
+#: The fields of an entry, and those whose checks :func:`_schedule_fields` remembers.
+_ENTRY_FIELDS = frozenset(Entry.__dataclass_fields__)
+_SCHEDULE = (
+    "task", "every", "cron", "tz", "at", "start_at", "end_at", "missed_slots",
+    "missed_slots_grace",
+)  # fmt: skip
+#: Schedules checked and found good, by their values (and types): the entries of a
+#: large schedule share a few, and checking each again was most of reading it.
+_GOOD: dict[tuple[object, ...], dict[str, Any]] = {}
+_GOOD_KEPT = 4096
+
+
 def _schedule_fields(name: str, data: Mapping[str, Any]) -> dict[str, Any]:
+    options = data.get("options") or {}
+    try:
+        values = [data.get(k) for k in _SCHEDULE]
+        shown = json.dumps(options, sort_keys=True) if options else None
+        key: tuple[object, ...] | None = (*((type(v), v) for v in values), shown)
+        good = _GOOD.get(key)  # type: ignore[arg-type]
+    except TypeError:  # an unhashable value: checked below, and refused
+        key, good = None, None
+    if good is None:
+        good = _checked_schedule(name, data)
+        if key is not None:
+            if len(_GOOD) >= _GOOD_KEPT:
+                _GOOD.clear()
+            _GOOD[key] = good
+    args, kwargs = data.get("args", []), data.get("kwargs", {})
+    if not isinstance(args, list):
+        raise EntryError(f"entry {name}: args must be a JSON array (got {args!r:.60})")
+    if not isinstance(kwargs, dict):
+        raise EntryError(f"entry {name}: kwargs must be a JSON object (got {kwargs!r:.60})")
+    # Never changed in place (an Entry is a value): the empty ones are shared.
+    return {**good, "args": args or _NO_ARGS, "kwargs": kwargs or _NO_KWARGS}
+
+
+def _checked_schedule(name: str, data: Mapping[str, Any]) -> dict[str, Any]:
+    """The schedule fields of ``data`` (all but args and kwargs), checked."""
     task = data.get("task")
     if not isinstance(task, str) or not task.strip():
         raise EntryError(f"entry {name}: a task (or actor) name is needed")
@@ -255,13 +292,6 @@ def _schedule_fields(name: str, data: Mapping[str, Any]) -> dict[str, Any]:
         out["at"] = _instant(name, "at", data["at"])
     if "cron" not in given and tz != "UTC":
         _zone(tz, name)
-    args, kwargs = data.get("args", []), data.get("kwargs", {})
-    if not isinstance(args, list):
-        raise EntryError(f"entry {name}: args must be a JSON array (got {args!r:.60})")
-    if not isinstance(kwargs, dict):
-        raise EntryError(f"entry {name}: kwargs must be a JSON object (got {kwargs!r:.60})")
-    # Never changed in place (an Entry is a value): the empty ones are shared.
-    out["args"], out["kwargs"] = args or _NO_ARGS, kwargs or _NO_KWARGS
     out["options"] = _options(name, data.get("options", {})) or _NO_OPTIONS
     out["start_at"] = _instant(name, "start_at", data.get("start_at"))
     out["end_at"] = _instant(name, "end_at", data.get("end_at"))
