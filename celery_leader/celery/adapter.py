@@ -107,7 +107,7 @@ class BeatAdapter(Adapter):
             series = SeriesMemo(scheduler.leader_config.crontab_dst)
             self._warming = (entries, iter(list(entries.values())), series)
         _, left, series = self._warming
-        records = self.catalog.current() or {}
+        records = self.catalog.last_read()
         zone, end = scheduler.app.timezone, time.monotonic() + budget
         now = self.catalog.now()
         with collector_paused():
@@ -170,7 +170,7 @@ class BeatAdapter(Adapter):
         if code:
             # A code entry paused or resumed: its job is made again, the others kept.
             before = {name: self._code.get(name) for name in code}
-            self._list_code(self.catalog.read(), zone, self.catalog.now(), code, False)
+            self._list_code(self.catalog.last_read(), zone, self.catalog.now(), code, False)
             for name in code:
                 job = self._code.get(name)
                 if job is not before[name]:

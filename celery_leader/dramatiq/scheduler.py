@@ -132,7 +132,7 @@ class _EnqueueAdapter(Adapter):
         names, edits = self.catalog.job_edits(self._names)
         code = names & self._names
         if code:
-            records, now = self.catalog.read(), self.catalog.now()
+            records, now = self.catalog.last_read(), self.catalog.now()
             before = {job.name: job for job in self._code}
             self._code = self._code_jobs(records, now)
             after = {job.name: job for job in self._code}

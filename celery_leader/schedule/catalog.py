@@ -104,6 +104,10 @@ class EntryCatalog:
         """The records a whole listing works from."""
         return self.current() or {}
 
+    def last_read(self) -> dict[str, Entry]:
+        """The records as last read, the store not asked."""
+        return {} if self.feed is None else self.feed.last_read()
+
     def _woke(self) -> bool:
         return bool(self._wakes) and self.now() >= self._wakes[0][0]
 
@@ -134,7 +138,7 @@ class EntryCatalog:
         now = self.now()
         while self._wakes and now >= self._wakes[0][0]:
             names.add(heapq.heappop(self._wakes)[1])
-        records = self.current() or {}
+        records = self.last_read()  # read by changed(), just before
         edits: dict[str, Job | None] = {}
         for name in names:
             before = self._stored.pop(name, None)

@@ -109,9 +109,14 @@ class EntryFeed:
         """Whether names changed since the last :meth:`take_changes` (the store not asked)."""
         return bool(self._changed)
 
+    def last_read(self) -> dict[str, Entry]:
+        """The entries as last read, the store not asked (a scheduler's tick asks once,
+        through :meth:`current`: each ask may read a slice of pages)."""
+        return self._entries
+
     def requests(self) -> dict[str, str]:
-        """The run-now requests (key -> stored text), as last read with the entries."""
-        self.current()
+        """The run-now requests (key -> stored text), as last read with the entries (the
+        store not asked: see :meth:`last_read`)."""
         return self._requests
 
     def _poll(self) -> None:
