@@ -193,6 +193,46 @@ def test_the_feed_rereads_only_when_the_version_moved_and_then_only_the_edits(
     assert len(calls) == 2
 
 
+def test_the_feed_reads_page_by_page_and_takes_edits_made_meanwhile(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A whole read acts on each page as it comes: a page that repeats an entry (HSCAN
+    may) is no change, an entry paused or removed between pages is seen so before the
+    last page, and one added meanwhile is there at the end."""
+    monkeypatch.setattr(feed_module, "PAGE_SLICE", 0)  # a page per call
+    config = LeaderConfig.from_mapping({"leader_url": f"memory://entries-{uuid.uuid4().hex}"})
+    entries = open_store(config).entries
+    book = EntryBook(open_store(config).entries, "beat")
+    for name in ("a", "b", "c", "d"):
+        book.add(name=name, task="t", every=5)
+    def page(*names: str) -> dict[str, str]:
+        """As HSCAN: the entries named, as they are when the page is read."""
+        _, texts = entries.load("beat")
+        return {name: texts[name] for name in names if name in texts}
+
+    def pages() -> Any:
+        yield page("a", "b")
+        yield page("b", "c")  # "b" again
+        yield page("d")
+
+    version = entries.version
+    monkeypatch.setattr(entries, "load_pages", lambda election: (version(election), pages()))
+    feed = EntryFeed(entries, "beat", logging.getLogger("test"), interval=0)
+    assert feed.current() == {} and feed.loading, "the first page is asked for, not read yet"
+    assert set(feed.current()) == {"a", "b"}
+    assert feed.take_changes() == {"a", "b"}
+    book.pause("a")
+    book.remove("c")
+    current = feed.current()  # the edits, then the second page
+    assert not current["a"].enabled and "c" not in current, "edits read before the last page"
+    assert feed.take_changes() == {"a"}, "a repeated page entry is no change"
+    book.add(name="e", task="t", every=5)
+    while feed.loading:
+        feed.current()
+    assert set(feed.current()) == {"a", "b", "d", "e"}
+    assert feed.take_changes() == {"d", "e"}
+
+
 def test_the_celery_adapter_merges_store_entries_and_honours_pauses_and_the_allow_list(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:

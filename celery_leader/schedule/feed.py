@@ -64,6 +64,10 @@ class EntryFeed:
         self._seen: set[str] | None = None
         self._read_requests: dict[str, str] = {}
         self._base = 0  # the version a whole read under way is read up to
+        #: Pages fetched in this read, and the names edited meanwhile, each with the
+        #: page fetched when the edit was read: that page's copy is older.
+        self._page_no = 0
+        self._fresh: dict[str, int] = {}
         self._warned: set[str] = set()
         #: Set while a follower keeps its jobs made: a store it cannot reach is then
         #: logged at DEBUG only, since the follower's lease already reports it, and
@@ -150,6 +154,7 @@ class EntryFeed:
         self._items = iter(())
         self._seen = set() if self._entries else None
         self._read_requests = {}
+        self._fresh = {}
 
     def _read_pages(self) -> None:
         """Read and take pages for up to :data:`PAGE_SLICE` seconds; at the last, the
@@ -165,9 +170,10 @@ class EntryFeed:
             if page is None:
                 break
             self._items = iter(page.items())
+            self._page_no += 1
             if time.monotonic() >= stop:
                 return
-        self._pages = None
+        self._pages, self._fresh = None, {}
         if self._seen is not None:
             for name in self._entries.keys() - self._seen:
                 del self._entries[name]
@@ -184,7 +190,10 @@ class EntryFeed:
             self._apply(edits)
 
     def _take(self, name: str, text: str) -> None:
-        """One record of a page. A page may repeat a record: an unchanged one is no change."""
+        """One record of a page. A page may repeat a record: an unchanged one is no change.
+        A record edited after its page was fetched keeps the edit (the page is older)."""
+        if self._fresh.get(name, -1) >= self._page_no:
+            return
         if is_request(name):
             self._read_requests[name] = text
             return
@@ -207,6 +216,9 @@ class EntryFeed:
 
     def _apply(self, edits: dict[str, str | None]) -> None:
         """Edits read as changes (name -> its text now, ``None``: removed)."""
+        if self._pages is not None:
+            # Newer than the page being taken: its copy of these is skipped.
+            self._fresh.update(dict.fromkeys(edits, self._page_no))
         asked = {k: t for k, t in edits.items() if is_request(k)}
         if asked:
             requests = dict(self._requests)
