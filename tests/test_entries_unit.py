@@ -24,6 +24,7 @@ from dramatiq.brokers.stub import StubBroker
 from redbeat import RedBeatSchedulerEntry
 
 from celery_leader.backends import Edit, EntryStore, RunWrite, open_store
+from celery_leader.backends.memory import MemoryEntries
 from celery_leader.beat import LeaderScheduler
 from celery_leader.celery.entries import entries_of as celery_entries_of
 from celery_leader.cli.entries import (
@@ -40,6 +41,7 @@ from celery_leader.schedule import feed as feed_module
 from celery_leader.schedule import protocol
 from celery_leader.schedule.audit import audit_trail
 from celery_leader.schedule.book import EntryBook, EntryConflict, EntryNotFound
+from celery_leader.schedule.catalog import EntryCatalog
 from celery_leader.schedule.entries import (
     MAX_ENTRY_BYTES,
     Entry,
@@ -231,6 +233,26 @@ def test_the_feed_reads_page_by_page_and_takes_edits_made_meanwhile(
         feed.current()
     assert set(feed.current()) == {"a", "b", "d", "e"}
     assert feed.take_changes() == {"d", "e"}
+
+
+def test_a_plan_reads_every_page_of_the_store_entries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``leader plan --stored`` reads once, to the last page (a scheduler reads a slice a tick)."""
+    monkeypatch.setattr(feed_module, "PAGE_SLICE", 0)
+    url = f"memory://entries-{uuid.uuid4().hex}"
+    config = LeaderConfig.from_mapping({"leader_url": url})
+    book = EntryBook(open_store(config).entries, "beat")
+    for i in range(30):
+        book.add(name=f"e{i:02}", task="t", every=60)
+
+    def load_pages(self: Any, election: str) -> Any:
+        version, texts = self.load(election)
+        items = list(texts.items())
+        return version, (dict(items[i : i + 7]) for i in range(0, len(items), 7))
+
+    monkeypatch.setattr(MemoryEntries, "load_pages", load_pages)
+    catalog = EntryCatalog(config, logging.getLogger("test"), "task")
+    jobs = catalog.read_once(lambda: catalog.jobs(catalog.read(), ()))
+    assert len(jobs) == 30
 
 
 def test_the_celery_adapter_merges_store_entries_and_honours_pauses_and_the_allow_list(

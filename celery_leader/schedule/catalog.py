@@ -245,7 +245,10 @@ class EntryCatalog:
         (``leader plan --stored``)."""
         store = open_store(self.config)
         try:
-            self.open(store.entries, self.config.beat_election, interval=0)
+            feed = self.open(store.entries, self.config.beat_election, interval=0)
+            feed.current()
+            while feed.loading:  # every page: a plan lists every entry
+                feed.current()
             self._planning = True
             return jobs()
         finally:
