@@ -300,6 +300,7 @@ class HeldJobs:
         self.stuck: set[str] = set()
         #: The store's whole state, read for ``pending`` by stores that cannot read some keys.
         self._stored: dict[str, str] | None = None
+        self._dropped: set[str] = set()  # names whose state was dropped since it was read
         self._load_error: str | None = None
 
     def clear(self) -> None:
@@ -371,7 +372,11 @@ class HeldJobs:
             self.settle(job, state)
         if fresh:
             self._queue(fresh)
-            self._stored = None  # read again: another leader may have written it since
+            # New names' state is as the store's whole state was read this term (only
+            # this leader writes now, and only what it loaded); a name loaded and dropped
+            # since is read again, as this leader may have written it meanwhile.
+            if any(job.name in self._dropped for job in fresh):
+                self._stored = None
         return self._restamp(stale, fence)
 
     def _queue(self, jobs: list[Job]) -> None:
@@ -390,7 +395,8 @@ class HeldJobs:
         pending.extend(ordered)
 
     def _drop(self, name: str) -> None:
-        self.states.pop(name, None)
+        if self.states.pop(name, None) is not None and self._stored is not None:
+            self._dropped.add(name)
         self.due.discard(name)
         self.polled.pop(name, None)
         self.stuck.discard(name)
@@ -441,6 +447,7 @@ class HeldJobs:
                     stored = sync.read([job.name for job in chunk])
                     if stored is None:
                         stored = self._stored = sync.read()
+                        self._dropped = set()
                         watchdog.progress()
                 states = sync.load(chunk, fence, now, stored)
                 self.states.update(states)
