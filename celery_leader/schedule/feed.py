@@ -68,6 +68,7 @@ class EntryFeed:
         #: page fetched when the edit was read: that page's copy is older.
         self._page_no = 0
         self._fresh: dict[str, int] = {}
+        self._started = 0.0  # time.monotonic() when the whole read began
         self._warned: set[str] = set()
         #: Set while a follower keeps its jobs made: a store it cannot reach is then
         #: logged at DEBUG only, since the follower's lease already reports it, and
@@ -150,6 +151,7 @@ class EntryFeed:
 
     def _start(self) -> None:
         """Begin a whole read: page by page, its version read first."""
+        self._started = time.monotonic()
         self._base, self._pages = self.store.load_pages(self.election)
         self._items = iter(())
         self._seen = set() if self._entries else None
@@ -180,6 +182,11 @@ class EntryFeed:
                 self._changed.add(name)
         self._seen = None
         self._requests, self._read_requests = self._read_requests, {}
+        self.logger.info(
+            "celery-leader: read %d schedule entries in %.1f s",
+            len(self._entries),
+            time.monotonic() - self._started,
+        )
         caught = self.store.changes_since(self.election, self._base)
         if caught is None:
             # The store cannot tell: an edit meanwhile moved the version, and the
