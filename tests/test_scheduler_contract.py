@@ -41,6 +41,7 @@ from celery_leader.schedule import protocol
 from celery_leader.schedule.book import EntryBook
 from celery_leader.schedule.feed import POLL_INTERVAL
 from celery_leader.schedule.jobs import Job
+from celery_leader.schedule.resend import Resender
 from celery_leader.schedule.run_desk import CLAIMS
 from celery_leader.schedule.run_request import (
     REQUEST_TTL,
@@ -857,3 +858,33 @@ def test_an_edit_of_one_store_entry_touches_only_its_job(
     clock.now = T0 + timedelta(seconds=1.05 * PERIOD)
     kind.tick(scheduler)
     assert sorted(kind.sent()) == sorted([slot("e", 1), slot("h007", 1)])
+
+
+@pytest.mark.usefixtures("polled")
+def test_a_new_terms_recovery_waits_for_the_last_page(
+    running: Callable[..., tuple[Kind, Any]], clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run ledger's recovery of a new term looks at every entry: it waits until the
+    store's entries are all read, not only until what was read so far is loaded."""
+    monkeypatch.setattr(feed_module, "PAGE_SLICE", 0)  # a page per tick
+    kind, scheduler = running({"e": {}})
+    names = [f"h{i:03}" for i in range(50)]
+    add_store_entries(kind, names, 3600, clock)
+    recovered: list[set[str]] = []
+    monkeypatch.setattr(
+        Resender, "recover", lambda self, jobs, states, epoch: recovered.append(
+            {job.name for job in jobs}
+        ),
+    )  # fmt: skip
+
+    def load_pages(self: MemoryEntries, election: str) -> tuple[int, Iterator[dict[str, str]]]:
+        version, texts = self.load(election)
+        items = list(texts.items())
+        return version, (dict(items[i : i + 10]) for i in range(0, len(items), 10))
+
+    monkeypatch.setattr(MemoryEntries, "load_pages", load_pages)
+    slot_protocol = getattr(scheduler, "_protocol", None) or scheduler.protocol
+    for _ in range(30):
+        kind.tick(scheduler)
+    assert not slot_protocol.adapter.catalog.loading()
+    assert recovered == [{"e", *names}], "once, over every entry"

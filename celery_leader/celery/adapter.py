@@ -152,6 +152,9 @@ class BeatAdapter(Adapter):
         self._listed, self._stale = list(self._code.values()) + stored, False
         return self._listed
 
+    def jobs_complete(self) -> bool:
+        return not self.catalog.loading()
+
     def job_edits(self) -> Mapping[str, Job | None] | None:
         """Only where beat's own ``schedule`` did not change (else ``None``): the jobs of the
         store's records that changed, and of code entries whose kept pause did."""

@@ -124,6 +124,9 @@ class _EnqueueAdapter(Adapter):
         self._made, self._stale = self._code + self.catalog.jobs(records, self._names), False
         return self._made
 
+    def jobs_complete(self) -> bool:
+        return not self.catalog.loading()
+
     def job_edits(self) -> Mapping[str, Job | None] | None:
         """The jobs of the store's records that changed, and of code entries whose kept
         pause did; the others untouched."""

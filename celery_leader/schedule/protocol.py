@@ -278,13 +278,14 @@ class SlotProtocol:
                 self._announced = True
                 what = "celery-leader: dispatching as leader of %r (epoch %d)"
                 self.logger.info(what, lease.election, fence.term.epoch)
-            if self._recover and not held.pending:
-                # All loaded on a new term: the run ledger re-sends what the previous
-                # leader may not have sent.
-                self._recover = False
-                resender = dispatcher.publisher.resender
-                if resender is not None:
-                    resender.recover(list(held.jobs.values()), held.states, fence.term.epoch)
+        if self._recover and not held.pending and self.adapter.jobs_complete():
+            # All loaded on a new term, and every entry listed (a large schedule is
+            # read page by page): the run ledger re-sends what the previous leader
+            # may not have sent.
+            self._recover = False
+            resender = dispatcher.publisher.resender
+            if resender is not None:
+                resender.recover(list(held.jobs.values()), held.states, fence.term.epoch)
         self._notice_clock(now)
         sleep, in_sync = dispatcher.run(fence, now)
         if not in_sync:
