@@ -112,12 +112,17 @@ def seed(url: str, n: int) -> dict[str, str]:
 def counted(reader: StoreFacets) -> list[int]:
     """Count the entries ``reader``'s entry reads return (the list's one item)."""
     count = [0]
-    load, since = reader.entries.load, reader.entries.changes_since
+    pages_of, since = reader.entries.load_pages, reader.entries.changes_since
 
-    def load_entries(election: str) -> tuple[int, dict[str, str]]:
-        version, entries = load(election)
-        count[0] += len(entries)
-        return version, entries
+    def load_pages(election: str) -> tuple[int, Iterator[dict[str, str]]]:
+        version, pages = pages_of(election)
+
+        def counting() -> Iterator[dict[str, str]]:
+            for page in pages:
+                count[0] += len(page)
+                yield page
+
+        return version, counting()
 
     def entries_changed_since(election: str, version: int) -> Any:
         changed = since(election, version)
@@ -125,9 +130,17 @@ def counted(reader: StoreFacets) -> list[int]:
             count[0] += len(changed[1])
         return changed
 
-    reader.entries.load = load_entries  # type: ignore[method-assign]
+    reader.entries.load_pages = load_pages  # type: ignore[method-assign]
     reader.entries.changes_since = entries_changed_since  # type: ignore[method-assign]
     return count
+
+
+def look(feed: EntryFeed) -> dict[str, Any]:
+    """The replica's look, to the end of a whole read if it starts one (page by page)."""
+    entries = feed.current()
+    while feed.loading:
+        entries = feed.current()
+    return entries
 
 
 def measure(store: str, n: int, edits: int) -> Row:
@@ -140,6 +153,7 @@ def measure(store: str, n: int, edits: int) -> Row:
                 reader.entries, ELECTION, logging.getLogger("entry_edit"), interval=0.0
             )
             t0 = time.perf_counter()
+            look(feed)
             if len(feed.current()) != n:
                 raise RuntimeError("the replica did not read every entry")
             first_read = time.perf_counter() - t0
@@ -152,7 +166,7 @@ def measure(store: str, n: int, edits: int) -> Row:
                     raise RuntimeError(f"the edit of {probe} did not apply")
                 count[0] = 0
                 t0, c0 = time.perf_counter(), time.process_time()
-                seen = feed.current()[probe]
+                seen = look(feed)[probe]
                 walls.append(time.perf_counter() - t0)
                 cpus.append(time.process_time() - c0)
                 reads.append(count[0])

@@ -1,17 +1,20 @@
 """Scale: a leader and a standby with N hourly entries plus one entry due every second.
 
     .venv/bin/python -m benchmarks.scale [--n 1000,10000,100000] [--store-n 1000000]
-        [--only leader,leader-store,redbeat,django] [--seconds 30] [--cap 600]
-        [--burst 100000]
+        [--only leader,leader-store,redbeat,django] [--store redis,postgres,mysql,etcd,file]
+        [--seconds 30] [--cap 600] [--burst 100000]
 
 Each system runs as real ``celery beat`` processes (``benchmarks/apps/scale_app.py``)
 on loopback servers started here, ttl (redbeat: lock timeout) 5 s:
 
-* ``leader``: ``LeaderScheduler`` on Redis, the N entries in ``beat_schedule``
-  (for each N of ``--n``);
-* ``leader-store``: ``LeaderScheduler`` on Redis, the N entries kept in the store,
-  loaded in batches of compare-and-set edits before the beats start (for each N
-  of ``--n``, and ``--store-n``);
+* ``leader``: ``LeaderScheduler``, the N entries in ``beat_schedule`` (for each N
+  of ``--n``);
+* ``leader-store``: ``LeaderScheduler``, the N entries kept in the store, loaded in
+  batches of compare-and-set edits before the beats start (for each N of ``--n``,
+  and ``--store-n``);
+
+  both on each store of ``--store`` (default Redis), a server of its own started
+  here (etcd: one member; file: a directory);
 * ``redbeat``: celery-redbeat with the same ``beat_schedule``, which it writes
   into its Redis when it starts;
 * ``django``: django-celery-beat's ``DatabaseScheduler`` on PostgreSQL with N
@@ -30,13 +33,17 @@ Columns:
 
 * **setup**: seconds to put the N entries in the store before the start
   (store entries, django rows); code entries have none.
-* **start**: from starting the first replica to its first ``tick`` at the broker.
+* **start**: from starting the first replica to its first ``tick`` at the broker
+  (its first dispatch); with store entries, the leader goes on reading them page
+  by page, and **read all** (in the summary) is how long its whole read took, as
+  its log says.
 * **CPU**: the leader's CPU seconds per second over the window (utime + stime
   of its process group, from ``/proc``).
 * **RSS**: the leader's resident memory at the end of the window, MB.
 * **store ops/s**: Redis commands per second over the window (``INFO stats``
   ``total_commands_processed``, less this benchmark's own ``INFO`` calls);
-  for django, PostgreSQL transactions per second (``pg_stat_database``).
+  on PostgreSQL (django, or ``--store postgres``), transactions per second
+  (``pg_stat_database``); not measured on the other stores.
 * **late p50 / p99**: how long after its due time each ``tick`` in the window
   reached the broker. The due time is the one in its ``leader_slot`` header;
   for redbeat and django, whose slots are stamped by the benchmark's scheduler
@@ -45,11 +52,15 @@ Columns:
   the window (1 s when nothing is late).
 * **edit CPU** (store entries): the CPU seconds the leader and the standby
   spend, above their idle rate, in the ``EDIT_WINDOW`` seconds after one
-  entry is edited (both keep the entries' jobs made).
+  entry is edited (both keep the entries' jobs made): the larger of the two, per
+  replica.
 * **SIGTERM**, **SIGKILL**: from the signal to the standby's first ``tick`` at
   the broker. The standby publishes the next slot when it is due, so up to 1 s
   of it is the schedule, not the hand-over.
 * ``—``: not reached within ``--cap``, or does not apply.
+
+A second table sums up each celery-leader row: first dispatch (the start), RSS per
+entry (the leader's RSS over N), edit CPU per replica in ms and idle CPU.
 
 Then ``--burst`` entries fall due in the same second and the leader's publish
 rate is set against a bare ``send_task`` loop on the same broker
@@ -63,6 +74,7 @@ import datetime
 import itertools
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -84,9 +96,10 @@ from benchmarks import burst
 from celery_leader.backends import Edit, open_store
 from celery_leader.schedule.entries import Entry, instant_now, new_entry
 from celery_leader.settings.config import LeaderConfig
+from harness.etcd import EtcdCluster
 from harness.groups import VENV_BIN, group_cpu_seconds, kill_all, start_child
 from harness.procs import Proc
-from harness.servers import PostgresServer, RedisServer
+from harness.servers import MariaDbServer, PostgresServer, RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = ROOT / "example_project"
@@ -105,6 +118,8 @@ SETTLE_MAX = 120.0
 #: in well under this.
 EDIT_WINDOW = 5.0
 SYSTEMS = ("leader", "leader-store", "redbeat", "django")
+#: Where celery-leader's rows keep their lease, state and store entries.
+STORES = ("redis", "postgres", "mysql", "etcd", "file")
 LABELS = {
     "leader": "celery-leader, code entries",
     "leader-store": "celery-leader, store entries",
@@ -122,6 +137,7 @@ class OverCap(Exception):
 class Row:
     system: str
     n: int
+    store: str = "redis"
     setup: float | None = None
     start: float | None = None
     cpu: float | None = None
@@ -131,6 +147,7 @@ class Row:
     late_p99: float | None = None
     max_gap: float | None = None
     edit_cpu: float | None = None
+    read_all: float | None = None
     sigterm: float | None = None
     sigkill: float | None = None
     note: str = ""
@@ -201,16 +218,39 @@ def _due(headers: dict[str, Any]) -> datetime.datetime | None:
 class Run:
     """One system at one N: its servers, its replicas, and the time it has left."""
 
-    def __init__(self, system: str, n: int, cap: float, pg: PostgresServer | None) -> None:
+    def __init__(
+        self, system: str, n: int, cap: float, pg: PostgresServer | None, store: str = "redis"
+    ) -> None:
         self.system, self.n, self.pg = system, n, pg
         self.deadline = time.monotonic() + cap
         self.home = Path(tempfile.mkdtemp(prefix=f"bench-scale-{system}-"))
         self.broker = RedisServer()
         self.broker.start()
         # "celery": plain `celery beat` (PersistentScheduler), for benchmarks/start.py.
-        self.store = RedisServer() if system not in ("django", "celery") else None
-        if self.store is not None:
+        # redbeat keeps its schedule in Redis whatever --store says.
+        if system in ("django", "celery"):
+            store = "none"
+        elif system == "redbeat":
+            store = "redis"
+        self.store_kind = store
+        self.store: RedisServer | None = None
+        self._server: Any = None  # the store's server, other than Redis
+        self.store_url = ""
+        if store == "redis":
+            self.store = RedisServer()
             self.store.start()
+            self.store_url = self.store.url
+        elif store == "file":
+            self.store_url = f"file://{self.home / 'store'}"
+        elif store != "none":
+            self._server = {
+                "postgres": PostgresServer, "mysql": MariaDbServer,
+                "etcd": lambda: EtcdCluster(size=1),
+            }[store]()  # fmt: skip
+            self._server.start()
+            self.store_url = self._server.url
+            if store == "postgres":
+                self.pg = self._server
         self.recorder = Recorder(self.broker.url)
         # One connection for the whole window: a new one would add its handshake's
         # commands to what is counted.
@@ -236,13 +276,11 @@ class Run:
         argv += ["-s", str(self.home / f"schedule{index}")]
         env |= {"SCALE_MINUTE": str(self.minute), "INSTANCE_ID": f"replica{index}"}
         env["SCALE_CODE_N"] = str(self.n if self.system in ("leader", "redbeat", "celery") else 0)
-        assert self.store is not None or self.system in ("django", "celery")
         if self.system == "celery":
             pass  # Celery's own PersistentScheduler, its shelve in ``-s``
         elif self.system in ("leader", "leader-store"):
-            assert self.store is not None
             argv += ["-S", "celery_leader.LeaderScheduler"]
-            env["LEADER_URL"] = self.store.url
+            env["LEADER_URL"] = self.store_url
         elif self.system == "redbeat":
             assert self.store is not None
             argv += ["-S", "benchmarks.apps.redbeat_slots:SlotRedBeatScheduler"]
@@ -281,11 +319,13 @@ class Run:
 
         self.wait(settled, interval=1.0)
 
-    def store_ops(self) -> int:
-        """Commands (Redis) or transactions (PostgreSQL) the store has processed so far."""
+    def store_ops(self) -> int | None:
+        """Commands (Redis) or transactions (PostgreSQL) the store has processed so far
+        (``None``: not counted on this store)."""
         if self._stats is not None:
             return int(self._stats.info("stats")["total_commands_processed"])
-        assert self.pg is not None
+        if self.pg is None:
+            return None
         with psycopg.connect(self.pg.superuser_url, autocommit=True) as conn:
             row = conn.execute(
                 "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = %s",
@@ -302,6 +342,8 @@ class Run:
         self.broker.close()
         if self.store is not None:
             self.store.close()
+        if self._server is not None:
+            self._server.close()
 
 
 def django_env(data: Path, db_url: str, broker_url: str) -> dict[str, str]:
@@ -380,20 +422,27 @@ def load_store_entries(url: str, n: int, minute: int) -> Edit:
     return Edit(probe, text, edited)
 
 
-def edit_cost(run: Run, edit: Edit, pids: Sequence[int], idle: float) -> float:
-    """CPU seconds the replicas ``pids`` spend on ``edit`` above ``idle`` (s/s, all of them)."""
-    assert run.store is not None
-    config = LeaderConfig.from_mapping({"leader_url": run.store.url})
+def edit_cost(run: Run, edit: Edit, pids: Sequence[int], idle: Sequence[float]) -> float:
+    """The most CPU seconds one of the replicas ``pids`` spends on ``edit`` above its
+    ``idle`` rate (s/s)."""
+    config = LeaderConfig.from_mapping({"leader_url": run.store_url})
     backend = open_store(config)
     try:
-        cpu0, t0 = sum(group_cpu_seconds(p) for p in pids), time.monotonic()
+        cpu0, t0 = [group_cpu_seconds(p) for p in pids], time.monotonic()
         if backend.entries.edit(config.beat_election, [edit]) != [True]:
             raise RuntimeError(f"the edit of {edit.key} did not apply")
     finally:
         backend.close()
     run.wait(lambda: True if time.monotonic() >= t0 + EDIT_WINDOW else None, interval=0.2)
-    cpu1, t1 = sum(group_cpu_seconds(p) for p in pids), time.monotonic()
-    return max(0.0, cpu1 - cpu0 - idle * (t1 - t0))  # below the idle rate: noise
+    cpu1, t1 = [group_cpu_seconds(p) for p in pids], time.monotonic()
+    spent = [b - a - rate * (t1 - t0) for a, b, rate in zip(cpu0, cpu1, idle, strict=True)]
+    return max(0.0, *spent)  # below the idle rate: noise
+
+
+def whole_read(log: Path) -> float | None:
+    """Seconds the first whole read of the store entries took, as the replica logged it."""
+    found = re.search(r"read \d+ schedule entries in ([\d.]+) s", log.read_text(errors="replace"))
+    return None if found is None else float(found.group(1))
 
 
 def rss_mb(pid: int) -> float:
@@ -413,9 +462,8 @@ def measure(run: Run, row: Row, seconds: float, log: Callable[[str], None]) -> N
     """Fill ``row`` as far as the run's cap allows (see the module docstring)."""
     edit = None
     if run.system == "leader-store":
-        assert run.store is not None
         t = time.monotonic()
-        edit = load_store_entries(run.store.url, run.n, run.minute)
+        edit = load_store_entries(run.store_url, run.n, run.minute)
         row.setup = time.monotonic() - t
     elif run.system == "django":
         t = time.monotonic()
@@ -437,7 +485,9 @@ def measure(run: Run, row: Row, seconds: float, log: Callable[[str], None]) -> N
     ops1, t1 = run.store_ops(), time.monotonic()
     idle = [(group_cpu_seconds(p) - c) / (t1 - t0) for p, c in zip(pids, cpu0, strict=True)]
     row.cpu, row.rss_mb = idle[0], rss_mb(leader.pid)
-    row.ops = (ops1 - ops0 - 1) / (t1 - t0)  # less the INFO call that read ops1
+    row.read_all = whole_read(run.home / "replica0.log")
+    if ops0 is not None and ops1 is not None:
+        row.ops = (ops1 - ops0 - 1) / (t1 - t0)  # less the INFO call that read ops1
     ticks = run.recorder.between(t0, t1)
     lateness = [m.wall - m.due.timestamp() for m in ticks if m.due is not None]
     if lateness:
@@ -446,11 +496,11 @@ def measure(run: Run, row: Row, seconds: float, log: Callable[[str], None]) -> N
         row.max_gap = max(b.t - a.t for a, b in itertools.pairwise(ticks))
     log(
         f"    window {t1 - t0:.0f} s: CPU {row.cpu:.3f} s/s, RSS {row.rss_mb:.0f} MB, "
-        f"{row.ops:.0f} ops/s, {len(ticks)} ticks, max gap {row.max_gap or 0:.2f} s"
+        f"{cell(row.ops, '.0f')} ops/s, {len(ticks)} ticks, max gap {row.max_gap or 0:.2f} s"
     )
     if edit is not None:
-        row.edit_cpu = edit_cost(run, edit, pids, sum(idle))
-        log(f"    one edit: {row.edit_cpu:.2f} s of CPU (leader and standby)")
+        row.edit_cpu = edit_cost(run, edit, pids, idle)
+        log(f"    one edit: {row.edit_cpu * 1000:.0f} ms of CPU (the most of one replica)")
     if standby is None:
         row.note = "no lock: no standby"
         return
@@ -469,11 +519,11 @@ def measure(run: Run, row: Row, seconds: float, log: Callable[[str], None]) -> N
 
 def run_one(
     system: str, n: int, seconds: float, cap: float, pg: PostgresServer | None,
-    log: Callable[[str], None],
+    log: Callable[[str], None], store: str = "redis",
 ) -> Row:  # fmt: skip
-    log(f"  {LABELS[system]}, N = {n:,}")
-    row = Row(system, n)
-    run = Run(system, n, cap, pg)
+    row = Row(system, n, store if system in ("leader", "leader-store") else "redis")
+    log(f"  {label(row)}, N = {n:,}")
+    run = Run(system, n, cap, pg, store)
     finished = False
     try:
         measure(run, row, seconds, log)
@@ -499,10 +549,15 @@ def cell(value: float | None, fmt: str) -> str:
     return "—" if value is None else format(value, fmt)
 
 
+def label(row: Row) -> str:
+    """The system of ``row``, and its store where that is not Redis."""
+    return LABELS[row.system] + ("" if row.store == "redis" else f" ({row.store})")
+
+
 def table(rows: list[Row]) -> str:
     lines = [
         "| system | N | setup s | start s | CPU s/s | RSS MB | store ops/s | late p50 s | "
-        "late p99 s | max gap s | edit CPU s | SIGTERM s | SIGKILL s | |",
+        "late p99 s | max gap s | edit CPU s/replica | SIGTERM s | SIGKILL s | |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
@@ -513,8 +568,29 @@ def table(rows: list[Row]) -> str:
             cell(r.sigterm, ".2f"),
             cell(r.sigkill, ".2f"),
         ]  # fmt: skip
-        lines.append(f"| {LABELS[r.system]} | {r.n:,} | " + " | ".join(cells) + f" | {r.note} |")
+        lines.append(f"| {label(r)} | {r.n:,} | " + " | ".join(cells) + f" | {r.note} |")
     return "\n".join(lines)
+
+
+def summary(rows: list[Row]) -> str:
+    """celery-leader's rows in the four numbers a large schedule is judged by."""
+    lines = [
+        "| store | entries | N | first dispatch s | read all s | RSS B/entry | "
+        "edit CPU ms/replica | idle CPU s/s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        if r.system not in ("leader", "leader-store"):
+            continue
+        per_entry = None if r.rss_mb is None else r.rss_mb * 1024 * 1024 / r.n
+        edit = None if r.edit_cpu is None else r.edit_cpu * 1000
+        where = "store" if r.system == "leader-store" else "code"
+        cells = [
+            cell(r.start, ".2f"), cell(r.read_all, ".1f"), cell(per_entry, ".0f"),
+            cell(edit, ".1f"), cell(r.cpu, ".3f"),
+        ]  # fmt: skip
+        lines.append(f"| {r.store} | {where} | {r.n:,} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) if len(lines) > 2 else ""
 
 
 def ratios(rows: list[Row]) -> str:
@@ -553,6 +629,16 @@ def _systems(text: str) -> list[str]:
     return names
 
 
+def _stores(text: str) -> list[str]:
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    unknown = [x for x in names if x not in STORES]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown store(s) {', '.join(unknown)}; choose from {', '.join(STORES)}"
+        )
+    return names
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument(
@@ -573,6 +659,12 @@ def main(argv: list[str] | None = None) -> int:
         default=list(SYSTEMS),
         help=f"systems to run (default {','.join(SYSTEMS)})",
     )
+    parser.add_argument(
+        "--store",
+        type=_stores,
+        default=["redis"],
+        help=f"celery-leader's stores (default redis; choose from {','.join(STORES)})",
+    )
     parser.add_argument("--seconds", type=float, default=30.0, help="the measured window")
     parser.add_argument("--cap", type=float, default=600.0, help="seconds one run may take")
     parser.add_argument(
@@ -586,9 +678,15 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM unwinds like Ctrl-C (which a shell's background job ignores), so the
     # servers and beats are stopped too.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    plan = [(s, n) for n in args.n for s in args.only]
+    ours = ("leader", "leader-store")
+    plan = [
+        (s, n, store)
+        for n in args.n
+        for s in args.only
+        for store in (args.store if s in ours else ["redis"])
+    ]
     if args.store_n and "leader-store" in args.only and args.store_n not in args.n:
-        plan.append(("leader-store", args.store_n))
+        plan += [("leader-store", args.store_n, store) for store in args.store]
     load = os.getloadavg()
     started = time.monotonic()
     pg = None
@@ -596,7 +694,7 @@ def main(argv: list[str] | None = None) -> int:
         pg = PostgresServer()
         pg.start()
     try:
-        rows = [run_one(s, n, args.seconds, args.cap, pg, log) for s, n in plan]
+        rows = [run_one(s, n, args.seconds, args.cap, pg, log, store) for s, n, store in plan]
     finally:
         kill_all()
         if pg is not None:
@@ -611,6 +709,9 @@ def main(argv: list[str] | None = None) -> int:
         f"took {(time.monotonic() - started) / 60:.1f} min._\n"
     )
     print(table(rows))
+    brief = summary(rows)
+    if brief:
+        print(f"\ncelery-leader, per store:\n\n{brief}")
     ratio = ratios(rows)
     if ratio:
         print(f"\ncelery-leader (code entries) over celery-redbeat at the same N:\n\n{ratio}")

@@ -24,6 +24,7 @@ from dramatiq.brokers.stub import StubBroker
 from redbeat import RedBeatSchedulerEntry
 
 from celery_leader.backends import Edit, EntryStore, RunWrite, open_store
+from celery_leader.backends.memory import MemoryEntries
 from celery_leader.beat import LeaderScheduler
 from celery_leader.celery.entries import entries_of as celery_entries_of
 from celery_leader.cli.entries import (
@@ -40,6 +41,7 @@ from celery_leader.schedule import feed as feed_module
 from celery_leader.schedule import protocol
 from celery_leader.schedule.audit import audit_trail
 from celery_leader.schedule.book import EntryBook, EntryConflict, EntryNotFound
+from celery_leader.schedule.catalog import EntryCatalog
 from celery_leader.schedule.entries import (
     MAX_ENTRY_BYTES,
     Entry,
@@ -191,6 +193,66 @@ def test_the_feed_rereads_only_when_the_version_moved_and_then_only_the_edits(
     book.pause("b")
     assert not feed.current()["b"].enabled
     assert len(calls) == 2
+
+
+def test_the_feed_reads_page_by_page_and_takes_edits_made_meanwhile(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A whole read acts on each page as it comes: a page that repeats an entry (HSCAN
+    may) is no change, an entry paused or removed between pages is seen so before the
+    last page, and one added meanwhile is there at the end."""
+    monkeypatch.setattr(feed_module, "PAGE_SLICE", 0)  # a page per call
+    config = LeaderConfig.from_mapping({"leader_url": f"memory://entries-{uuid.uuid4().hex}"})
+    entries = open_store(config).entries
+    book = EntryBook(open_store(config).entries, "beat")
+    for name in ("a", "b", "c", "d"):
+        book.add(name=name, task="t", every=5)
+    def page(*names: str) -> dict[str, str]:
+        """As HSCAN: the entries named, as they are when the page is read."""
+        _, texts = entries.load("beat")
+        return {name: texts[name] for name in names if name in texts}
+
+    def pages() -> Any:
+        yield page("a", "b")
+        yield page("b", "c")  # "b" again
+        yield page("d")
+
+    version = entries.version
+    monkeypatch.setattr(entries, "load_pages", lambda election: (version(election), pages()))
+    feed = EntryFeed(entries, "beat", logging.getLogger("test"), interval=0)
+    assert feed.current() == {} and feed.loading, "the first page is asked for, not read yet"
+    assert set(feed.current()) == {"a", "b"}
+    assert feed.take_changes() == {"a", "b"}
+    book.pause("a")
+    book.remove("c")
+    current = feed.current()  # the edits, then the second page
+    assert not current["a"].enabled and "c" not in current, "edits read before the last page"
+    assert feed.take_changes() == {"a"}, "a repeated page entry is no change"
+    book.add(name="e", task="t", every=5)
+    while feed.loading:
+        feed.current()
+    assert set(feed.current()) == {"a", "b", "d", "e"}
+    assert feed.take_changes() == {"d", "e"}
+
+
+def test_a_plan_reads_every_page_of_the_store_entries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``leader plan --stored`` reads once, to the last page (a scheduler reads a slice a tick)."""
+    monkeypatch.setattr(feed_module, "PAGE_SLICE", 0)
+    url = f"memory://entries-{uuid.uuid4().hex}"
+    config = LeaderConfig.from_mapping({"leader_url": url})
+    book = EntryBook(open_store(config).entries, "beat")
+    for i in range(30):
+        book.add(name=f"e{i:02}", task="t", every=60)
+
+    def load_pages(self: Any, election: str) -> Any:
+        version, texts = self.load(election)
+        items = list(texts.items())
+        return version, (dict(items[i : i + 7]) for i in range(0, len(items), 7))
+
+    monkeypatch.setattr(MemoryEntries, "load_pages", load_pages)
+    catalog = EntryCatalog(config, logging.getLogger("test"), "task")
+    jobs = catalog.read_once(lambda: catalog.jobs(catalog.read(), ()))
+    assert len(jobs) == 30
 
 
 def test_the_celery_adapter_merges_store_entries_and_honours_pauses_and_the_allow_list(
@@ -774,11 +836,11 @@ def test_a_celery_follower_keeps_store_entry_jobs_made_and_its_promotion_reuses_
     follower.tick()
     assert not follower.lease.is_leader()
     adapter = follower._protocol.adapter
-    made = {j.name: j for j in adapter._listed or ()}
+    made = {j.name: j for j in adapter.catalog.stored_jobs()}
     assert set(made) == {"a"}, "a follower made the store entry's job"
     book.add(name="b", task="t", every=60)
     follower.tick()
-    assert {j.name for j in adapter._listed or ()} == {"a", "b"}, "an edit is seen following"
+    assert {j.name for j in adapter.catalog.stored_jobs()} == {"a", "b"}, "an edit is seen"
     assert not follower._protocol.held.states, "a follower holds no run state"
     loads = counting_loads(follower._protocol.runtime.store.entries)
     leader.close()
@@ -818,7 +880,7 @@ def test_a_dramatiq_follower_keeps_store_entry_jobs_made_and_its_promotion_reuse
     book.add(name="a", task="job", every=60)
     follower.tick()
     assert not follower.protocol.lease.is_leader()
-    made = {j.name: j for j in follower.adapter._made or ()}
+    made = {j.name: j for j in follower.adapter.catalog.stored_jobs()}
     assert set(made) == {"a"} and not follower.protocol.held.states
     loads = counting_loads(follower.protocol.runtime.store.entries)
     leader.protocol.close()

@@ -28,6 +28,7 @@ from celery.beat import Scheduler
 from dramatiq.brokers.stub import StubBroker
 
 from celery_leader.backends import Fence, Write, open_store
+from celery_leader.backends.memory import MemoryEntries
 from celery_leader.celery.beat import LeaderScheduler
 from celery_leader.dramatiq import LeaderMiddleware, every
 from celery_leader.dramatiq.scheduler import INTERVAL, DramatiqScheduler
@@ -40,6 +41,7 @@ from celery_leader.schedule import protocol
 from celery_leader.schedule.book import EntryBook
 from celery_leader.schedule.feed import POLL_INTERVAL
 from celery_leader.schedule.jobs import Job
+from celery_leader.schedule.resend import Resender
 from celery_leader.schedule.run_desk import CLAIMS
 from celery_leader.schedule.run_request import (
     REQUEST_TTL,
@@ -541,8 +543,10 @@ def edit_jobs(scheduler: Any, change: Callable[[list[Job]], list[Job]]) -> None:
     adapter = slot_protocol.adapter
     own = type(adapter).jobs.__get__(adapter)
     adapter.jobs = lambda: change(list(own()))
-    # ``change`` may answer differently at each call: the jobs are listed at every tick.
+    # ``change`` may answer differently at each call: the jobs are listed at every tick,
+    # whole (not as the edits the adapter would tell).
     adapter.jobs_changed = lambda: True
+    adapter.job_edits = lambda: None
 
 
 def test_a_re_timed_entry_sends_its_first_new_slot_at_once(
@@ -753,3 +757,134 @@ def test_with_dedup_workers_a_claimed_unanswered_request_is_re_sent_once(
     for _ in range(3):
         kind.tick(scheduler)
     assert kind.sent() == [claimed], "re-sent once, under this term"
+
+
+# -- a large schedule of store entries ------------------------------------------------
+
+
+def add_store_entries(kind: Kind, names: list[str], every: float, clock: Clock) -> None:
+    """Store entries ``names``, each sending the kind's task every ``every`` seconds."""
+    task = "t.noop" if isinstance(kind, CeleryKind) else "a_e"
+    store = open_store(kind.config)
+    try:
+        book = EntryBook(store.entries, ELECTION, now=clock)
+        for name in names:
+            book.add(name=name, task=task, every=every)
+    finally:
+        store.close()
+
+
+@pytest.mark.usefixtures("polled")
+def test_the_due_entry_of_the_first_page_is_sent_before_the_last_page_is_read(
+    running: Callable[..., tuple[Kind, Any]], clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A large schedule is read page by page: what the first pages hold is sent when due
+    while the rest is still coming, each slot once."""
+    monkeypatch.setattr(feed_module, "PAGE_SLICE", 0)  # a page per tick
+    kind, scheduler = running({"e": {}})
+    fillers = [f"f{i:03}" for i in range(200)]
+    add_store_entries(kind, ["s"], PERIOD, clock)
+    add_store_entries(kind, fillers, 3600, clock)
+    read: list[str] = []
+    whole = MemoryEntries.load
+
+    def load(self: MemoryEntries, election: str) -> tuple[int, dict[str, str]]:
+        read.append("all")
+        return whole(self, election)
+
+    def load_pages(self: MemoryEntries, election: str) -> tuple[int, Iterator[dict[str, str]]]:
+        version, texts = whole(self, election)
+        items = sorted(texts.items(), key=lambda item: item[0] != "s")  # "s" first
+
+        def pages() -> Iterator[dict[str, str]]:
+            for first in range(0, len(items), 10):
+                read.append(f"page {first // 10}")
+                yield dict(items[first : first + 10])
+
+        return version, pages()
+
+    monkeypatch.setattr(MemoryEntries, "load", load)
+    monkeypatch.setattr(MemoryEntries, "load_pages", load_pages)
+    kind.tick(scheduler)
+    kind.tick(scheduler)
+    clock.now = T0 + timedelta(seconds=1.05 * PERIOD)
+    sent: list[str] = []
+    for _ in range(5):
+        kind.tick(scheduler)
+        sent += kind.sent()
+        if slot("s", 1) in sent:
+            break
+    assert slot("s", 1) in sent, sent
+    assert "all" not in read and "page 20" not in read, f"sent after reading {read}"
+    for _ in range(40):
+        kind.tick(scheduler)
+    assert "page 20" in read, "every page read in the end"
+    sent += kind.sent()
+    assert sorted(sent) == sorted([slot("e", 1), slot("s", 1)]), "each once"
+
+
+@pytest.mark.usefixtures("polled")
+def test_an_edit_of_one_store_entry_touches_only_its_job(
+    running: Callable[..., tuple[Kind, Any]], clock: Clock
+) -> None:
+    """An edit costs what it touched: the jobs are not listed again, the other entries'
+    jobs and state stay as they were, and the edited entry's takes effect."""
+    kind, scheduler = running({"e": {}})
+    names = [f"h{i:03}" for i in range(300)]
+    add_store_entries(kind, names, 3600, clock)
+    slot_protocol = getattr(scheduler, "_protocol", None) or scheduler.protocol
+    adapter, held = slot_protocol.adapter, slot_protocol.held
+    while not slot_protocol.loaded() or len(held.states) < 301:
+        kind.tick(scheduler)
+    jobs, states = dict(held.jobs), dict(held.states)
+    listed: list[bool] = []
+    whole = type(adapter).jobs
+
+    def counted(self: Any) -> Any:
+        listed.append(True)
+        return whole(self)
+
+    adapter.jobs = counted.__get__(adapter)
+    store = open_store(kind.config)
+    try:
+        EntryBook(store.entries, ELECTION, now=clock).update("h007", every=PERIOD)
+    finally:
+        store.close()
+    kind.tick(scheduler)
+    assert held.jobs["h007"].series is not jobs["h007"].series, "the edit was taken in"
+    assert listed == [], "the jobs were not listed again"
+    assert all(held.jobs[n] is jobs[n] for n in jobs if n != "h007")
+    assert all(held.states[n] is states[n] for n in states if n != "h007")
+    clock.now = T0 + timedelta(seconds=1.05 * PERIOD)
+    kind.tick(scheduler)
+    assert sorted(kind.sent()) == sorted([slot("e", 1), slot("h007", 1)])
+
+
+@pytest.mark.usefixtures("polled")
+def test_a_new_terms_recovery_waits_for_the_last_page(
+    running: Callable[..., tuple[Kind, Any]], clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run ledger's recovery of a new term looks at every entry: it waits until the
+    store's entries are all read, not only until what was read so far is loaded."""
+    monkeypatch.setattr(feed_module, "PAGE_SLICE", 0)  # a page per tick
+    kind, scheduler = running({"e": {}})
+    names = [f"h{i:03}" for i in range(50)]
+    add_store_entries(kind, names, 3600, clock)
+    recovered: list[set[str]] = []
+    monkeypatch.setattr(
+        Resender, "recover", lambda self, jobs, states, epoch: recovered.append(
+            {job.name for job in jobs}
+        ),
+    )  # fmt: skip
+
+    def load_pages(self: MemoryEntries, election: str) -> tuple[int, Iterator[dict[str, str]]]:
+        version, texts = self.load(election)
+        items = list(texts.items())
+        return version, (dict(items[i : i + 10]) for i in range(0, len(items), 10))
+
+    monkeypatch.setattr(MemoryEntries, "load_pages", load_pages)
+    slot_protocol = getattr(scheduler, "_protocol", None) or scheduler.protocol
+    for _ in range(30):
+        kind.tick(scheduler)
+    assert not slot_protocol.adapter.catalog.loading()
+    assert recovered == [{"e", *names}], "once, over every entry"

@@ -84,8 +84,10 @@ class BeatAdapter(Adapter):
         #: The scheduler's ``schedule`` as the last :meth:`jobs` read it, and its size.
         self._entries: dict[str, ScheduleEntry] | None = None
         self._count = 0
-        #: What the last :meth:`jobs` returned: returned again while nothing changed.
+        #: What the last :meth:`jobs` returned: returned again while nothing changed,
+        #: made again first when edits were taken since (``_stale``).
         self._listed: list[Job] | None = None
+        self._stale = False
         #: The code entries' jobs of that list, as marked, by name: an entry edited in
         #: place (:meth:`LeaderSchedulerMixin.edited_entries`) replaces only its own.
         self._code: dict[str, Job] = {}
@@ -105,7 +107,7 @@ class BeatAdapter(Adapter):
             series = SeriesMemo(scheduler.leader_config.crontab_dst)
             self._warming = (entries, iter(list(entries.values())), series)
         _, left, series = self._warming
-        records = self.catalog.current() or {}
+        records = self.catalog.last_read()
         zone, end = scheduler.app.timezone, time.monotonic() + budget
         now = self.catalog.now()
         with collector_paused():
@@ -135,13 +137,64 @@ class BeatAdapter(Adapter):
 
     def jobs(self) -> Sequence[Job]:
         if self._listed is not None and not self.jobs_changed():
+            if self._stale:  # edits were taken since it was made
+                self._listed = list(self._code.values()) + self.catalog.stored_jobs()
+                self._stale = False
             return self._listed  # a promotion: listed at start-up, or while leading before
         scheduler = self.scheduler
         scheduler.set_up_as_leader()
         zone = scheduler.app.timezone
-        records_before, entries_before = self.catalog.listed, self._entries
+        moved = self.catalog.changed()  # kept pauses of code entries among them, maybe
         records = self.catalog.read()
         now = self.catalog.now()
+        self._list_code(records, zone, now, None, moved)
+        stored = self.catalog.jobs(records, self._made, zone)
+        self._listed, self._stale = list(self._code.values()) + stored, False
+        return self._listed
+
+    def jobs_complete(self) -> bool:
+        return not self.catalog.loading()
+
+    def job_edits(self) -> Mapping[str, Job | None] | None:
+        """Only where beat's own ``schedule`` did not change (else ``None``): the jobs of the
+        store's records that changed, and of code entries whose kept pause did."""
+        entries = self._entries
+        scheduler = self.scheduler
+        if (
+            self._listed is None
+            or scheduler.schedule is not entries
+            or len(entries) != self._count
+            or scheduler.schedule_moved()
+        ):
+            return None
+        zone = scheduler.app.timezone
+        names, edits = self.catalog.job_edits(self._made, zone)
+        code = names & entries.keys()
+        if code:
+            # A code entry paused or resumed: its job is made again, the others kept.
+            before = {name: self._code.get(name) for name in code}
+            self._list_code(self.catalog.last_read(), zone, self.catalog.now(), code, False)
+            for name in code:
+                job = self._code.get(name)
+                if job is not before[name]:
+                    edits[name] = job
+        if edits:
+            self._stale = True
+        return edits
+
+    def _list_code(
+        self,
+        records: dict[str, Entry],
+        zone: Any,
+        now: datetime,
+        names: set[str] | None,
+        everything: bool,
+    ) -> None:
+        """Make the jobs of beat's code entries into ``_code``: every one (``names``
+        ``None``, and ``everything`` or the scheduler cannot tell what it edited), else
+        those named and those the scheduler says it edited in place."""
+        scheduler = self.scheduler
+        entries_before = self._entries
         # Read once per pass: ``schedule`` may be a property that asks a database
         # whether the schedule changed (django-celery-beat's), far too slow per entry.
         entries: dict[str, ScheduleEntry] = scheduler.schedule
@@ -149,11 +202,8 @@ class BeatAdapter(Adapter):
         self._count = len(entries)
         series = SeriesMemo(scheduler.leader_config.crontab_dst)
         edited = scheduler.edited_entries()
-        if (
-            edited is None
-            or self._listed is None
-            or entries is not entries_before
-            or self.catalog.listed is not records_before
+        if names is None and (
+            everything or edited is None or entries is not entries_before or self._listed is None
         ):
             first = self._listed is None
             made, self._made = self._made, {}
@@ -168,30 +218,25 @@ class BeatAdapter(Adapter):
             if first and self._warmed is not entries:  # made here, not by warm()
                 keep_out_of_collections(len(entries))
             self._warming, self._warmed = None, entries
-        else:
-            # Only these entries changed: the others keep their jobs, so that a large
-            # schedule costs an edit what the edit touched (the protocol skips a job
-            # that is the one it holds).
-            jobs = []
-            for name in edited:
-                self._code.pop(name, None)
-                entry = entries.get(name)
-                job = (
-                    None
-                    if entry is None
-                    else self._code_job(entry, records, zone, self._made, series, now)
-                )
-                if job is None:
-                    self._made.pop(name, None)
-                else:
-                    jobs.append(job)
-            self._code.update((job.name, job) for job in scheduler.mark_edits(jobs, edited))
-        # One clock reading for every new store entry's placeholder last_run_at (as
-        # merge_inplace does): a leader loads the stored one before sending.
-        now = scheduler.app.now()
-        stored = self.catalog.jobs(records, self._made, lambda e: self._celery_entry(e, now), zone)
-        self._listed = list(self._code.values()) + stored
-        return self._listed
+            return
+        # Only these entries changed: the others keep their jobs, so that a large
+        # schedule costs an edit what the edit touched (the protocol skips a job
+        # that is the one it holds).
+        changed = set(names or ()) | set(edited or ())
+        jobs = []
+        for name in changed:
+            self._code.pop(name, None)
+            entry = entries.get(name)
+            job = (
+                None
+                if entry is None
+                else self._code_job(entry, records, zone, self._made, series, now)
+            )
+            if job is None:
+                self._made.pop(name, None)
+            else:
+                jobs.append(job)
+        self._code.update((job.name, job) for job in scheduler.mark_edits(jobs, changed))
 
     def run_requests(self) -> Mapping[str, str]:
         return self.catalog.requests()
@@ -205,8 +250,7 @@ class BeatAdapter(Adapter):
         if name in entries:
             policy, grace = self._policy(entries[name])
             return Job(name, None, policy, grace, zone, name)
-        now = scheduler.app.now()
-        return self.catalog.run_job(name, entries, lambda e: self._celery_entry(e, now), zone)
+        return self.catalog.run_job(name, entries, zone)
 
     def _code_job(
         self,
@@ -238,11 +282,12 @@ class BeatAdapter(Adapter):
         self._made[entry.name] = (sched, options, job)
         return job
 
-    def _celery_entry(self, entry: Entry, last_run_at: datetime) -> ScheduleEntry:
-        """A Celery entry that sends what ``entry`` names (never put in beat's schedule)."""
+    def _celery_entry(self, entry: Entry, due: datetime) -> ScheduleEntry:
+        """A Celery entry that sends what ``entry`` names (never put in beat's schedule),
+        last run at the slot it sends."""
         return ScheduleEntry(
             name=entry.name,
-            last_run_at=last_run_at,
+            last_run_at=due.astimezone(self.scheduler.app.timezone),
             task=entry.task,
             args=tuple(entry.args),
             kwargs=dict(entry.kwargs),
@@ -295,8 +340,6 @@ class BeatAdapter(Adapter):
                 self.logger.error("celery-leader: %s; the console ignores it", exc)
 
     def _entry(self, job: Job) -> ScheduleEntry:
-        if isinstance(job.payload, ScheduleEntry):
-            return job.payload  # a store entry's
         # Looked up by name: reserve() replaces a sent entry with its successor
         # (in the same dict, which ``schedule`` returns every time it is unchanged).
         assert self._entries is not None, "a job is used only once listed"
@@ -321,11 +364,9 @@ class BeatAdapter(Adapter):
 
     def recorded(self, job: Job, last_run_at: datetime, count: int, sent: bool) -> None:
         scheduler = self.scheduler
+        if isinstance(job.payload, Entry):
+            return  # a store entry's: its Celery entry is made only to send it
         local = last_run_at.astimezone(scheduler.app.timezone)
-        if isinstance(job.payload, ScheduleEntry):
-            # A store entry's: the scheduler's hook may expect its own kind of entry.
-            job.payload.last_run_at, job.payload.total_run_count = local, count
-            return
         entry = self._entry(job)
         if sent:
             # Celery's own bookkeeping of a run (django-celery-beat saves its row).
@@ -333,7 +374,10 @@ class BeatAdapter(Adapter):
         scheduler.set_run_state(entry, local, count)
 
     def send(self, job: Job, slot: str, due: datetime, epoch: int) -> Outcome:
-        entry = self._entry(job)
+        payload = job.payload
+        # A store entry's Celery entry is made for this send alone: a million of them
+        # kept would weigh more than the rest of the schedule.
+        entry = self._celery_entry(payload, due) if isinstance(payload, Entry) else self._entry(job)
         # Celery's apply_async reads the headers from entry.options; swap in a
         # copy for this one call so they never stick to the entry (or its model
         # row). Entries are not copied: django-celery-beat's cannot be.

@@ -102,7 +102,8 @@ class LeaderSchedulerMixin:
                 adapter,
                 lambda: self._set_up and adapter.warm(WARM_SLICE),
             )
-            return min(self._protocol.tick(), POLL_INTERVAL)
+            sleep = min(self._protocol.tick(), POLL_INTERVAL)
+            return 0.0 if adapter.catalog.loading() and lease.term is not None else sleep
 
     def leader_jobs(self, store_entries: bool = False) -> Sequence[Job]:
         """The schedule's entries as the slot protocol sees them (``leader plan`` lists them),

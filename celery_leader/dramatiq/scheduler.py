@@ -101,8 +101,13 @@ class _EnqueueAdapter(Adapter):
             return None if option is None else f"its option {option}: {unhonoured[option]}"
 
         self.catalog = EntryCatalog(config, logger, "actor", refusal)
-        #: What the last :meth:`jobs` returned (``None``: nothing yet).
-        self._made: Sequence[Job] | None = None
+        self._names = frozenset(job.name for job in self.entries)
+        #: Code entries' jobs as last made (those not paused).
+        self._code: list[Job] = []
+        #: What the last :meth:`jobs` returned (``None``: nothing yet), made again
+        #: first when edits were taken since (``_stale``).
+        self._made: list[Job] | None = None
+        self._stale = False
 
     def jobs_changed(self) -> bool:
         """Code entries are fixed at start-up: only the store's entries change."""
@@ -110,20 +115,45 @@ class _EnqueueAdapter(Adapter):
 
     def jobs(self) -> Sequence[Job]:
         if self._made is not None and not self.jobs_changed():
+            if self._stale:  # edits were taken since it was made
+                self._made, self._stale = self._code + self.catalog.stored_jobs(), False
             return self._made
         records = self.catalog.read()
         now = self.catalog.now()
+        self._code = self._code_jobs(records, now)
+        self._made, self._stale = self._code + self.catalog.jobs(records, self._names), False
+        return self._made
+
+    def jobs_complete(self) -> bool:
+        return not self.catalog.loading()
+
+    def job_edits(self) -> Mapping[str, Job | None] | None:
+        """The jobs of the store's records that changed, and of code entries whose kept
+        pause did; the others untouched."""
+        if self._made is None:
+            return None
+        names, edits = self.catalog.job_edits(self._names)
+        code = names & self._names
+        if code:
+            records, now = self.catalog.last_read(), self.catalog.now()
+            before = {job.name: job for job in self._code}
+            self._code = self._code_jobs(records, now)
+            after = {job.name: job for job in self._code}
+            for name in code:
+                if after.get(name) is not before.get(name):
+                    edits[name] = after.get(name)
+        if edits:
+            self._stale = True
+        return edits
+
+    def _code_jobs(self, records: dict[str, Entry], now: datetime) -> list[Job]:
+        """The code entries as they may run at ``now`` (the paused left out)."""
         jobs = []
         for job in self.entries:
             enabled, since = kept_pause(records, job.name, now)
-            if not enabled:
-                continue
-            if since != job.active_since:
-                job = replace(job, active_since=since)
-            jobs.append(job)
-        code = {j.name for j in self.entries}
-        self._made = jobs + self.catalog.jobs(records, code, lambda entry: entry)
-        return self._made
+            if enabled:
+                jobs.append(job if since == job.active_since else replace(job, active_since=since))
+        return jobs
 
     def run_requests(self) -> Mapping[str, str]:
         return self.catalog.requests()
@@ -134,7 +164,7 @@ class _EnqueueAdapter(Adapter):
         for job in self.entries:
             if job.name == name:
                 return job
-        return self.catalog.run_job(name, {j.name for j in self.entries}, lambda entry: entry)
+        return self.catalog.run_job(name, self._names)
 
     def send(self, job: Job, slot: str, due: datetime, epoch: int) -> Outcome:
         if isinstance(job.payload, Entry):  # a store entry's
@@ -195,7 +225,7 @@ class DramatiqScheduler:
         """One pass of the loop; returns how long to sleep. While following it keeps the jobs
         of changed store entries made, so a promotion only loads run state."""
         lease = self.protocol.lease
-        self.adapter.catalog.follow(
-            self.protocol.runtime.store.entries, lease.term is None, self.adapter
-        )
-        return self.protocol.tick()
+        catalog = self.adapter.catalog
+        catalog.follow(self.protocol.runtime.store.entries, lease.term is None, self.adapter)
+        sleep = self.protocol.tick()
+        return 0.0 if catalog.loading() and lease.term is not None else sleep

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import logging
 from collections.abc import Callable, Container, Mapping, Sequence
 from datetime import datetime, timezone, tzinfo
@@ -11,6 +12,11 @@ from ..settings.config import LeaderConfig
 from .entries import CODE, STORE, Entry, allowed, instant_now
 from .feed import EntryFeed
 from .jobs import Adapter, Job
+from .series import Series
+
+#: Series kept for sharing (:meth:`EntryCatalog._series_of`): more distinct schedules
+#: than this start the memo again.
+_SERIES_KEPT = 4096
 
 #: What :meth:`EntryCatalog.now` answers while planning.
 _END_OF_TIME = datetime.max.replace(tzinfo=timezone.utc)
@@ -36,20 +42,13 @@ def kept_pause(
     return not kept.paused_at(now), kept.running_since(now)
 
 
-def next_wake(records: Mapping[str, Entry], now: datetime) -> datetime | None:
-    """The first end of a pause after ``now`` among ``records`` (``None``: none):
-    when an entry runs again by itself, with no edit in the store to say so."""
-    ends = [
-        e.paused_until
-        for e in records.values()
-        if not e.enabled and e.paused_until is not None and e.paused_until > now
-    ]
-    return min(ends, default=None)
-
-
 class EntryCatalog:
     """The entries one scheduler's election keeps in the store, and their jobs; ``refusal``
-    is the framework's own reason not to send an entry, asked after the common ones."""
+    is the framework's own reason not to send an entry, asked after the common ones.
+
+    A store entry's job carries its :class:`~.entries.Entry` as payload; the framework
+    makes what it sends of it only when it sends. After the first listing,
+    :meth:`job_edits` makes the jobs of the entries that changed, and only those."""
 
     def __init__(
         self,
@@ -63,15 +62,15 @@ class EntryCatalog:
         self.noun = noun
         self.refusal = refusal
         self.feed: EntryFeed | None = None  # opened on the first tick (see follow)
-        self.listed: dict[str, Entry] | None = None  # the records the last listing read
-        self._source: dict[str, Entry] | None = None  # the feed's records it was read from
-        #: When the first pause of those records runs out: the entries are listed again
-        #: then, though the store did not change.
-        self._wake: datetime | None = None
+        #: When pauses of the records run out, as a heap of (end, name): such an entry
+        #: is made a job again then, though the store did not change.
+        self._wakes: list[tuple[datetime, str]] = []
         self._planning = False  # see now()
-        #: Store entries' jobs, by name, with the Entry each was made of: an unchanged
-        #: entry keeps its job (so the protocol skips it).
-        self._stored: dict[str, tuple[Entry, Job]] = {}
+        #: Store entries' jobs, by name: an unchanged entry keeps its job (so the
+        #: protocol skips it).
+        self._stored: dict[str, Job] = {}
+        #: Series by schedule: most entries of a large schedule share a few.
+        self._series: dict[tuple[object, ...], Series] = {}
         self._refused: set[tuple[str, str]] = set()  # (name, why) logged once
 
     def open(self, store: EntryStore, election: str, interval: float | None = None) -> EntryFeed:
@@ -90,65 +89,111 @@ class EntryCatalog:
         counts as over, and its entry is planned from that end."""
         return _END_OF_TIME if self._planning else instant_now()
 
+    def loading(self) -> bool:
+        """Whether a whole read of the records is under way: a leader ticks again at once
+        (a follower keeps its pace, leaving the CPU to the leader)."""
+        return self.feed is not None and self.feed.loading
+
     def changed(self) -> bool:
-        """Whether the records moved since the last listing read them, or a pause
-        among them ran out."""
-        return self.current() is not self._source or self._woke()
+        """Whether records changed since the last listing took them, or a pause among
+        them ran out."""
+        self.current()
+        return (self.feed is not None and self.feed.pending()) or self._woke()
 
     def read(self) -> dict[str, Entry]:
-        """The records a listing works from (kept as :attr:`listed`): a new object
-        whenever they changed or a pause ran out, as adapters compare by identity."""
-        source = self.current()
-        if source is not self._source or self._woke():
-            ran_out = source is self._source
-            self._source = source
-            self._wake = None if source is None else next_wake(source, self.now())
-            self.listed = dict(source) if ran_out and source is not None else source
-        return {} if self.listed is None else self.listed
+        """The records a whole listing works from."""
+        return self.current() or {}
+
+    def last_read(self) -> dict[str, Entry]:
+        """The records as last read, the store not asked."""
+        return {} if self.feed is None else self.feed.last_read()
 
     def _woke(self) -> bool:
-        return self._wake is not None and self.now() >= self._wake
+        return bool(self._wakes) and self.now() >= self._wakes[0][0]
 
     def jobs(
-        self,
-        records: Mapping[str, Entry],
-        code: Container[str],
-        payload: Callable[[Entry], object],
-        zone: tzinfo = timezone.utc,
+        self, records: Mapping[str, Entry], code: Container[str], zone: tzinfo = timezone.utc
     ) -> list[Job]:
         """The enabled store entries of ``records`` this scheduler may send, as jobs
-        (each refusal logged once). ``code``: the names of the code entries, which win;
-        ``payload``: what a new or edited entry's job carries to the framework's publish."""
-        config = self.config
+        (each refusal logged once). ``code``: the names of the code entries, which win."""
+        if self.feed is not None:
+            self.feed.take_changes()  # all of them are listed now
         now = self.now()
-        jobs = []
+        self._wakes = []
         stored = {}
         for name, entry in records.items():
-            known = self._stored.get(name)
-            # The feed keeps an unedited entry's object: checked when first listed,
-            # so a list after one edit of a large schedule costs a lookup per entry.
-            if known is not None and known[0] is entry and name not in code:
-                stored[name] = known
-                jobs.append(known[1])
-                continue
-            if entry.kind != STORE or entry.paused_at(now):
-                continue
-            why = self._refused_why(name, entry, code)
-            if why is not None:
-                if (name, why) not in self._refused:
-                    self._refused.add((name, why))
-                    self.logger.error("celery-leader: not sending stored entry %s: %s", name, why)
-                continue
-            if known is None or known[0] != entry:
-                missed, grace = policy(config, entry.missed_slots, entry.missed_slots_grace)
-                since = entry.running_since(now)
-                parts = (missed, grace, zone, payload(entry), entry.generation, since)
-                job = Job(name, entry.series(), *parts)
-                known = (entry, job)
-            stored[name] = known
-            jobs.append(known[1])
+            job = self._job(name, entry, code, now, self._stored.get(name), zone)
+            if job is not None:
+                stored[name] = job
         self._stored = stored
-        return jobs
+        return list(stored.values())
+
+    def job_edits(
+        self, code: Container[str], zone: tzinfo = timezone.utc
+    ) -> tuple[set[str], dict[str, Job | None]]:
+        """The names of the records that changed since the last listing (or whose pause
+        ran out), and the jobs of store entries made or gone since (``None``: no job now).
+        Costs what changed, not the size of the schedule."""
+        names = set() if self.feed is None else self.feed.take_changes()
+        now = self.now()
+        while self._wakes and now >= self._wakes[0][0]:
+            names.add(heapq.heappop(self._wakes)[1])
+        records = self.last_read()  # read by changed(), just before
+        edits: dict[str, Job | None] = {}
+        for name in names:
+            before = self._stored.pop(name, None)
+            entry = records.get(name)
+            job = None if entry is None else self._job(name, entry, code, now, before, zone)
+            if job is not None:
+                self._stored[name] = job
+            if job is not before:
+                edits[name] = job
+        return names, edits
+
+    def stored_jobs(self) -> list[Job]:
+        """The store entries' jobs as last listed or edited."""
+        return list(self._stored.values())
+
+    def _job(
+        self,
+        name: str,
+        entry: Entry,
+        code: Container[str],
+        now: datetime,
+        known: Job | None,
+        zone: tzinfo = timezone.utc,
+    ) -> Job | None:
+        """The job of record ``entry``, or ``None`` (a code entry's pause, paused, refused);
+        ``known`` reused when made of the same entry."""
+        if not entry.enabled and entry.paused_until is not None and entry.paused_until > now:
+            heapq.heappush(self._wakes, (entry.paused_until, name))
+        if entry.kind != STORE or entry.paused_at(now):
+            return None
+        # The feed keeps an unedited entry's object: checked when first made.
+        if known is not None and known.payload is entry and name not in code:
+            return known
+        why = self._refused_why(name, entry, code)
+        if why is not None:
+            if (name, why) not in self._refused:
+                self._refused.add((name, why))
+                self.logger.error("celery-leader: not sending stored entry %s: %s", name, why)
+            return None
+        missed, grace = policy(self.config, entry.missed_slots, entry.missed_slots_grace)
+        since = entry.running_since(now)
+        series = self._series_of(entry)
+        return Job(name, series, missed, grace, zone, entry, entry.generation, since)
+
+    def _series_of(self, entry: Entry) -> Series:
+        """``entry.series()``, shared with the entries of the same schedule."""
+        if entry.at is not None:
+            return entry.series()  # one instant: rarely shared
+        key = (entry.every, entry.cron, entry.tz, entry.start_at, entry.end_at)
+        series = self._series.get(key)
+        if series is None:
+            if len(self._series) >= _SERIES_KEPT:
+                self._series.clear()
+            series = self._series[key] = entry.series()
+        return series
 
     def _refused_why(self, name: str, entry: Entry, code: Container[str]) -> str | None:
         """Why store entry ``entry`` is not sent (``None``: it may be)."""
@@ -164,14 +209,10 @@ class EntryCatalog:
         return {} if self.feed is None else self.feed.requests()
 
     def run_job(
-        self,
-        name: str,
-        code: Container[str],
-        payload: Callable[[Entry], object],
-        zone: tzinfo = timezone.utc,
+        self, name: str, code: Container[str], zone: tzinfo = timezone.utc
     ) -> Job | str:
         """The job of one run of store entry ``name`` now (paused or not), or why not:
-        what :meth:`jobs` would refuse it for. ``code`` and ``payload`` as there."""
+        what :meth:`jobs` would refuse it for. ``code`` as there."""
         entry = (self.current() or {}).get(name)
         if entry is None or entry.kind != STORE:
             return f"no entry {name} in the code or the store"
@@ -179,7 +220,7 @@ class EntryCatalog:
         if why is not None:
             return f"store entry {name}: {why}"
         missed, grace = policy(self.config, entry.missed_slots, entry.missed_slots_grace)
-        return Job(name, None, missed, grace, zone, payload(entry), generation=entry.generation)
+        return Job(name, None, missed, grace, zone, entry, generation=entry.generation)
 
     def follow(
         self,
@@ -196,14 +237,18 @@ class EntryCatalog:
         # A follower's lease already reports a store it cannot reach.
         feed.quiet = following
         if (first or following) and (ready is None or ready()) and adapter.jobs_changed():
-            adapter.jobs()
+            if first or adapter.job_edits() is None:
+                adapter.jobs()
 
     def read_once(self, jobs: Callable[[], Sequence[Job]]) -> Sequence[Job]:
         """``jobs()`` with the store's entries read once, on a connection of its own
         (``leader plan --stored``)."""
         store = open_store(self.config)
         try:
-            self.open(store.entries, self.config.beat_election, interval=0)
+            feed = self.open(store.entries, self.config.beat_election, interval=0)
+            feed.current()
+            while feed.loading:  # every page: a plan lists every entry
+                feed.current()
             self._planning = True
             return jobs()
         finally:

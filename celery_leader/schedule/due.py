@@ -1,8 +1,10 @@
 """The leader's index of next due times: a tick touches only the entries due now.
 
-A heap of ``(due, name)`` (whole microseconds since the epoch); a moved entry leaves its
-old pair, skipped when it surfaces, and the heap is rebuilt when dead pairs outnumber
-live ones: ``O(log n)`` edits, ``O(1)`` for a tick with nothing due.
+A heap of the distinct due times (whole microseconds since the epoch), each with the
+names due then: a large schedule shares few due times (a cron minute), so an entry costs
+a slot in a list, not a pair of its own. A moved entry leaves its old place, skipped
+when it surfaces, and the index is rebuilt when dead places outnumber live ones:
+``O(log n)`` edits, ``O(1)`` for a tick with nothing due.
 """
 
 from __future__ import annotations
@@ -26,11 +28,14 @@ def micros(moment: datetime) -> int:
 class DueIndex:
     """Entries by next due time (see the module docstring)."""
 
-    __slots__ = ("_at", "_heap")
+    __slots__ = ("_at", "_buckets", "_heap", "_places")
 
     def __init__(self) -> None:
-        self._heap: list[tuple[int, str]] = []
+        self._heap: list[int] = []  # the distinct due times
+        #: Due time -> (that time, shared by its entries; the names due then, some dead).
+        self._buckets: dict[int, tuple[int, list[str]]] = {}
         self._at: dict[str, int] = {}  # name -> its current due time
+        self._places = 0  # names in the buckets, the dead included
 
     def __len__(self) -> int:
         return len(self._at)
@@ -46,41 +51,67 @@ class DueIndex:
         at = micros(due)
         if self._at.get(name) == at:
             return
-        self._at[name] = at
-        heapq.heappush(self._heap, (at, name))
-        if len(self._heap) > 2 * len(self._at) + _SLACK:
+        bucket = self._buckets.get(at)
+        if bucket is None:
+            bucket = self._buckets[at] = (at, [])
+            heapq.heappush(self._heap, at)
+        bucket[1].append(name)
+        self._at[name] = bucket[0]
+        self._places += 1
+        if self._places > 2 * len(self._at) + _SLACK:
             self._rebuild()
 
     def discard(self, name: str) -> None:
-        """Take ``name`` out of the index (its pair in the heap dies)."""
+        """Take ``name`` out of the index (its place dies)."""
         self._at.pop(name, None)
 
     def pop_due(self, now: datetime, limit: int) -> list[str]:
         """Take out and return up to ``limit`` names due at or before ``now``, earliest first."""
         bound = micros(now)
-        heap, at = self._heap, self._at
+        heap, at, buckets = self._heap, self._at, self._buckets
         found: list[str] = []
-        while heap and len(found) < limit and heap[0][0] <= bound:
-            due, name = heapq.heappop(heap)
-            if at.get(name) == due:
-                del at[name]
-                found.append(name)
+        while heap and len(found) < limit and heap[0] <= bound:
+            due = heap[0]
+            names = buckets[due][1]
+            while names and len(found) < limit:
+                name = names.pop()
+                self._places -= 1
+                if at.get(name) == due:
+                    del at[name]
+                    found.append(name)
+            if not names:
+                heapq.heappop(heap)
+                del buckets[due]
         return found
 
     def seconds_until_next(self, now: datetime) -> float | None:
         """Seconds from ``now`` to the earliest due time (``None``: the index is empty)."""
-        heap, at = self._heap, self._at
-        while heap and at.get(heap[0][1]) != heap[0][0]:
+        heap, at, buckets = self._heap, self._at, self._buckets
+        while heap:
+            due = heap[0]
+            names = buckets[due][1]
+            while names and at.get(names[-1]) != due:
+                names.pop()
+                self._places -= 1
+            if names:
+                return (due - micros(now)) / 1_000_000
             heapq.heappop(heap)
-        if not heap:
-            return None
-        return (heap[0][0] - micros(now)) / 1_000_000
+            del buckets[due]
+        return None
 
     def clear(self) -> None:
         """Forget every entry."""
-        self._heap = []
-        self._at = {}
+        self._heap, self._buckets, self._at, self._places = [], {}, {}, 0
 
     def _rebuild(self) -> None:
-        self._heap = [(due, name) for name, due in self._at.items()]
+        live, self._at = self._at, {}
+        self._heap, self._buckets, self._places = [], {}, 0
+        for name, due in live.items():
+            bucket = self._buckets.get(due)
+            if bucket is None:
+                bucket = self._buckets[due] = (due, [])
+                self._heap.append(due)
+            bucket[1].append(name)
+            self._at[name] = bucket[0]
+            self._places += 1
         heapq.heapify(self._heap)

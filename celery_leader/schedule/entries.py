@@ -11,6 +11,7 @@ import functools
 import json
 import math
 import re
+import sys
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -36,13 +37,17 @@ _OPTIONS = ("queue", "priority", "expires", "headers", *LIMITS)
 #: The longest reason (and author) a pause keeps.
 MAX_WHY = 500
 _PAUSE_FIELDS = frozenset({"paused_by", "paused_why", "paused_until"})
+#: The empty arguments and options every entry without them shares.
+_NO_ARGS: list[Any] = []
+_NO_KWARGS: dict[str, Any] = {}
+_NO_OPTIONS: dict[str, Any] = {}
 
 
 class EntryError(ConfigError):
     """An entry (or an edit of one) that cannot be kept: one line saying why."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Entry:
     """One schedule entry kept in the store (``kind`` ``"store"``), or the kept
     pause of a code entry (``kind`` ``"code"``: only ``enabled`` and the edit
@@ -193,7 +198,7 @@ def code_pause(
 def checked(data: Mapping[str, Any], size: int | None = None) -> Entry:
     """An :class:`Entry` from plain values; :class:`EntryError` (one line) when any is bad.
     ``size``: the bytes of the JSON the values were read from (else of its stored form)."""
-    unknown = set(data) - {f for f in Entry.__dataclass_fields__}
+    unknown = data.keys() - _ENTRY_FIELDS
     if unknown:
         raise EntryError(f"unknown entry field(s): {', '.join(sorted(unknown))}")
     name = data.get("name")
@@ -202,7 +207,7 @@ def checked(data: Mapping[str, Any], size: int | None = None) -> Entry:
     kind = data.get("kind", STORE)
     if kind not in (STORE, CODE):
         raise EntryError(f"entry {name}: kind must be {STORE} or {CODE} (got {kind!r})")
-    values: dict[str, Any] = {"name": name, "kind": kind}
+    values: dict[str, Any] = {"name": name, "kind": STORE if kind == STORE else CODE}
     values["enabled"] = _flag(name, "enabled", data.get("enabled", True))
     values["version"] = _version(name, data.get("version", 1))
     generation = data.get("generation", "")
@@ -224,18 +229,57 @@ def checked(data: Mapping[str, Any], size: int | None = None) -> Entry:
     return entry
 
 
+#: The fields of an entry, and those whose checks :func:`_schedule_fields` remembers.
+_ENTRY_FIELDS = frozenset(Entry.__dataclass_fields__)
+_SCHEDULE = (
+    "task", "every", "cron", "tz", "at", "start_at", "end_at", "missed_slots",
+    "missed_slots_grace",
+)  # fmt: skip
+#: Schedules checked and found good, by their values (and types): the entries of a
+#: large schedule share a few, and checking each again was most of reading it.
+_GOOD: dict[tuple[object, ...], dict[str, Any]] = {}
+_GOOD_KEPT = 4096
+
+
 def _schedule_fields(name: str, data: Mapping[str, Any]) -> dict[str, Any]:
+    options = data.get("options") or {}
+    try:
+        values = [data.get(k) for k in _SCHEDULE]
+        shown = json.dumps(options, sort_keys=True) if options else None
+        key: tuple[object, ...] | None = (*((type(v), v) for v in values), shown)
+        good = _GOOD.get(key)  # type: ignore[arg-type]
+    except TypeError:  # an unhashable value: checked below, and refused
+        key, good = None, None
+    if good is None:
+        good = _checked_schedule(name, data)
+        if key is not None:
+            if len(_GOOD) >= _GOOD_KEPT:
+                _GOOD.clear()
+            _GOOD[key] = good
+    args, kwargs = data.get("args", []), data.get("kwargs", {})
+    if not isinstance(args, list):
+        raise EntryError(f"entry {name}: args must be a JSON array (got {args!r:.60})")
+    if not isinstance(kwargs, dict):
+        raise EntryError(f"entry {name}: kwargs must be a JSON object (got {kwargs!r:.60})")
+    # Never changed in place (an Entry is a value): the empty ones are shared.
+    return {**good, "args": args or _NO_ARGS, "kwargs": kwargs or _NO_KWARGS}
+
+
+def _checked_schedule(name: str, data: Mapping[str, Any]) -> dict[str, Any]:
+    """The schedule fields of ``data`` (all but args and kwargs), checked."""
     task = data.get("task")
     if not isinstance(task, str) or not task.strip():
         raise EntryError(f"entry {name}: a task (or actor) name is needed")
-    out: dict[str, Any] = {"task": task}
+    # Interned, as are instants read (see _parse_instant) and empty arguments: a large
+    # schedule repeats a few tasks, zones and times, and an entry is held per name.
+    out: dict[str, Any] = {"task": sys.intern(task)}
     given = [k for k in ("every", "cron", "at") if data.get(k) is not None]
     if len(given) != 1:
         raise EntryError(f"entry {name}: give exactly one of every, cron or at (got {given})")
     tz = data.get("tz", "UTC")
     if not isinstance(tz, str):
         raise EntryError(f"entry {name}: tz must be an IANA time zone name (got {tz!r})")
-    out["tz"] = tz
+    out["tz"] = sys.intern(tz)
     if "every" in given:
         out["every"] = _seconds(name, data["every"])
     elif "cron" in given:
@@ -243,18 +287,12 @@ def _schedule_fields(name: str, data: Mapping[str, Any]) -> dict[str, Any]:
         if not isinstance(cron, str):
             raise EntryError(f"entry {name}: cron must be a string (got {cron!r})")
         parse_cron(cron, _zone(tz, name))
-        out["cron"] = " ".join(cron.split())
+        out["cron"] = sys.intern(" ".join(cron.split()))
     else:
         out["at"] = _instant(name, "at", data["at"])
     if "cron" not in given and tz != "UTC":
         _zone(tz, name)
-    args, kwargs = data.get("args", []), data.get("kwargs", {})
-    if not isinstance(args, list):
-        raise EntryError(f"entry {name}: args must be a JSON array (got {args!r:.60})")
-    if not isinstance(kwargs, dict):
-        raise EntryError(f"entry {name}: kwargs must be a JSON object (got {kwargs!r:.60})")
-    out["args"], out["kwargs"] = args, kwargs
-    out["options"] = _options(name, data.get("options", {}))
+    out["options"] = _options(name, data.get("options", {})) or _NO_OPTIONS
     out["start_at"] = _instant(name, "start_at", data.get("start_at"))
     out["end_at"] = _instant(name, "end_at", data.get("end_at"))
     if out["start_at"] and out["end_at"] and out["end_at"] <= out["start_at"]:
@@ -264,7 +302,7 @@ def _schedule_fields(name: str, data: Mapping[str, Any]) -> dict[str, Any]:
         raise EntryError(
             f"entry {name}: missed_slots must be one of {', '.join(MISSED_SLOTS)} (got {policy!r})"
         )
-    out["missed_slots"] = policy
+    out["missed_slots"] = None if policy is None else sys.intern(policy)
     try:
         out["missed_slots_grace"] = validate_grace(
             f"entry {name}: missed_slots_grace", data.get("missed_slots_grace")
@@ -346,15 +384,23 @@ def _instant(name: str, key: str, value: object) -> datetime | None:
     if value is None:
         return None
     if isinstance(value, str):
-        try:
-            value = datetime.fromisoformat(value.replace("Z", "+00:00"))
-        except ValueError:
-            raise EntryError(
-                f"entry {name}: {key} must be an ISO 8601 time (got {value!r})"
-            ) from None
+        parsed = _parse_instant(value)
+        if parsed is None:
+            raise EntryError(f"entry {name}: {key} must be an ISO 8601 time (got {value!r})")
+        return parsed
     if not isinstance(value, datetime):
         raise EntryError(f"entry {name}: {key} must be an ISO 8601 time (got {value!r})")
     return utc(value)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_instant(text: str) -> datetime | None:
+    """An aware UTC instant from ISO 8601 (``None``: not one); cached, so the entries of
+    a large schedule, most stamped alike, share their instants."""
+    try:
+        return utc(datetime.fromisoformat(text.replace("Z", "+00:00")))
+    except ValueError:
+        return None
 
 
 def _options(name: str, value: object) -> dict[str, Any]:

@@ -58,6 +58,18 @@ class Adapter(ABC):
         then, and at each new term, so a tick costs what is due). By default always."""
         return True
 
+    def jobs_complete(self) -> bool:
+        """Whether :meth:`jobs` lists the whole schedule: False while the store's entries
+        are still being read, page by page (what a new term does once everything is
+        loaded waits for them). By default True."""
+        return True
+
+    def job_edits(self) -> Mapping[str, Job | None] | None:
+        """The jobs that changed since :meth:`jobs` or this last answered (name -> its job
+        now, ``None``: gone), so that an edit costs what it touched; ``None``: list them
+        all with :meth:`jobs`. By default ``None``."""
+        return None
+
     @abstractmethod
     def send(self, job: Job, slot: str, due: datetime, epoch: int) -> Outcome:
         """Publish slot ``slot`` (due at ``due``) of ``job``, fenced by ``epoch``; inside

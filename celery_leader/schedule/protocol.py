@@ -174,7 +174,8 @@ class Dispatcher:
         slot = slots[-1] if slots else None
         by, since = self.lease.instance_id, state.active_since
         raw = dump_state(chosen.record, count, fence.term.epoch, by, slot, job.generation, since)
-        after = EntryState(raw, chosen.record, count, job.generation, since)
+        writer = (fence.term.epoch, by)
+        after = EntryState.write(chosen.record, count, writer, slot, job.generation, since)
         # The store refuses a claim whose slot is not after the state it expects:
         # the last line of defence against due-time arithmetic going backwards.
         claim = Claim(job.name, state.raw, raw, due=chosen.record)
@@ -264,7 +265,7 @@ class SlotProtocol:
         now = (self.clock or self.now)()
         if fence.term.epoch != self._epoch:
             self._begin(fence, now)
-        elif self.adapter.jobs_changed() and not held.apply(self.adapter.jobs(), fence):
+        elif self.adapter.jobs_changed() and not self._take_changes(fence):
             self._epoch = None  # reload the state before dispatching anything
             return self.idle
         dispatcher = self._dispatcher
@@ -277,13 +278,14 @@ class SlotProtocol:
                 self._announced = True
                 what = "celery-leader: dispatching as leader of %r (epoch %d)"
                 self.logger.info(what, lease.election, fence.term.epoch)
-            if self._recover and not held.pending:
-                # All loaded on a new term: the run ledger re-sends what the previous
-                # leader may not have sent.
-                self._recover = False
-                resender = dispatcher.publisher.resender
-                if resender is not None:
-                    resender.recover(list(held.jobs.values()), held.states, fence.term.epoch)
+        if self._recover and not held.pending and self.adapter.jobs_complete():
+            # All loaded on a new term, and every entry listed (a large schedule is
+            # read page by page): the run ledger re-sends what the previous leader
+            # may not have sent.
+            self._recover = False
+            resender = dispatcher.publisher.resender
+            if resender is not None:
+                resender.recover(list(held.jobs.values()), held.states, fence.term.epoch)
         self._notice_clock(now)
         sleep, in_sync = dispatcher.run(fence, now)
         if not in_sync:
@@ -291,6 +293,13 @@ class SlotProtocol:
             # dispatching anything more.
             self._epoch = None
         return 0.0 if held.pending else sleep
+
+    def _take_changes(self, fence: Fence) -> bool:
+        """Take in the jobs that changed: only those where the adapter can tell."""
+        edits = self.adapter.job_edits()
+        if edits is None:
+            return self.held.apply(self.adapter.jobs(), fence)
+        return self.held.apply_edits(edits, fence)
 
     def _begin(self, fence: Fence, now: datetime) -> None:
         """Start loading the state of every job for ``fence``'s term (a new one, or a reload)."""

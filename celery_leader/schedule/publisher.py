@@ -233,9 +233,10 @@ class Publisher:
                 last_run_at = batch.dues[len(batch.sent) - 1]
             count = batch.before.count + len(batch.sent)
             kept = (batch.after.generation, batch.after.active_since)
-            raw = dump_state(last_run_at, count, *by, batch.sent[-1] if batch.sent else None, *kept)
+            slot = batch.sent[-1] if batch.sent else None
+            raw = dump_state(last_run_at, count, *by, slot, *kept)
             claim = Claim(batch.job.name, batch.after.raw, raw)
-            state = EntryState(raw, last_run_at, count, *kept)
+            state = EntryState.write(last_run_at, count, by, slot, *kept)
             backs.append((batch, unsent, state, claim))
         if not backs:
             return True

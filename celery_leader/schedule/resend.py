@@ -168,10 +168,4 @@ def _names(pending: list[Pending]) -> str:
 
 def _last_slot(state: EntryState) -> str | None:
     """The slot the entry's stored state names as its last one, if any."""
-    if state.raw is None:
-        return None
-    try:
-        slot = json.loads(state.raw).get("slot")
-    except (ValueError, AttributeError):
-        return None
-    return slot if isinstance(slot, str) else None
+    return state.slot

@@ -30,6 +30,10 @@ class RunState:
     #: The latest ``active_since`` a leader saw of the entry, so that a successor that
     #: never saw the resume or re-timing honours it too.
     active_since: datetime | None = None
+    #: Who wrote it (term and instance) and the slot it last sent, where it says.
+    epoch: int | None = None
+    by: str | None = None
+    slot: str | None = None
 
 
 def dump_state(
@@ -73,7 +77,12 @@ def parse_state(raw: str) -> RunState | None:
         return None
     if generation is not None and not isinstance(generation, str):
         return None
-    return RunState(last, count, generation, active_since)
+    epoch, by, slot = data.get("epoch"), data.get("by"), data.get("slot")
+    if not isinstance(epoch, int) or isinstance(epoch, bool) or not isinstance(by, str):
+        epoch, by = None, None
+    return RunState(
+        last, count, generation, active_since, epoch, by, slot if isinstance(slot, str) else None
+    )
 
 
 def order_key(instant: datetime) -> str:

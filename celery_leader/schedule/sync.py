@@ -13,9 +13,11 @@ are replaced by an anchor. State without a generation (older) is adopted.
 
 from __future__ import annotations
 
+import functools
 import logging
+import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import overload
@@ -37,16 +39,77 @@ MAX_CLOCK_SKEW = timedelta(seconds=1)
 REPAIR_AFTER = timedelta(hours=6)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
+class Written:
+    """Who wrote a stored state and the slot it names: with the :class:`EntryState`'s own
+    fields, all :func:`dump_state` needs to write that text again, byte for byte. Kept
+    instead of the text (about 200 bytes an entry); shared by the states of one writer
+    that name no slot."""
+
+    epoch: int
+    by: str
+    slot: str | None = None
+
+
+@functools.lru_cache(maxsize=64)
+def _unslotted(epoch: int, by: str) -> Written:
+    return Written(epoch, by)
+
+
+def written(epoch: int, by: str, slot: str | None) -> Written:
+    """A :class:`Written`, the one shared by its writer's states where it names no slot."""
+    return _unslotted(epoch, by) if slot is None else Written(epoch, by, slot)
+
+
+@dataclass(frozen=True, slots=True)
 class EntryState:
     """What the store records for one entry, as this leader last saw or wrote it; one per
     entry, so kept small (its next due time lives in the protocol's ``DueIndex``)."""
 
-    raw: str | None  # the stored value: the ``expected`` of the next claim
+    #: The stored value, or how to write it again (:class:`Written`); ``None``: none.
+    stored: str | Written | None
     last_run_at: datetime  # UTC: the due time of the last slot recorded
     count: int
     generation: str | None = None  # the job's generation this state belongs to
     active_since: datetime | None = None  # the job's latest active_since, as stored
+
+    @classmethod
+    def write(
+        cls,
+        last_run_at: datetime,
+        count: int,
+        writer: tuple[int, str],
+        slot: str | None,
+        generation: str | None,
+        active_since: datetime | None,
+    ) -> EntryState:
+        """The state that ``writer`` (epoch, instance id) writes (see :attr:`raw`)."""
+        return cls(written(*writer, slot), last_run_at, count, generation, active_since)
+
+    @property
+    def raw(self) -> str | None:
+        """The stored value: the ``expected`` of the next claim."""
+        stored = self.stored
+        if not isinstance(stored, Written):
+            return stored
+        return dump_state(
+            self.last_run_at,
+            self.count,
+            stored.epoch,
+            stored.by,
+            stored.slot,
+            self.generation,
+            self.active_since,
+        )
+
+    @property
+    def slot(self) -> str | None:
+        """The slot the stored state names as its last one, if any."""
+        stored = self.stored
+        if isinstance(stored, Written):
+            return stored.slot
+        state = None if stored is None else parse_state(stored)
+        return None if state is None else state.slot
 
 
 class StateSync:
@@ -114,8 +177,9 @@ class StateSync:
             )
         if not all(won):
             raise TermEnded("another leader wrote the schedule state while this one loaded it")
-        for job, claim, start in fresh:
-            states[job.name] = EntryState(claim.new, start, 0, job.generation, job.active_since)
+        for job, _, start in fresh:
+            since = job.active_since
+            states[job.name] = EntryState.write(start, 0, by, None, job.generation, since)
 
     def restamp(self, jobs: Sequence[Job], fence: Fence, states: dict[str, EntryState]) -> bool:
         """Record each job's newer ``active_since`` in the store, in one claim round trip, at
@@ -127,7 +191,8 @@ class StateSync:
         for job in jobs:
             state, since = states[job.name], job.active_since
             new = dump_state(state.last_run_at, state.count, *by, None, state.generation, since)
-            after = EntryState(new, state.last_run_at, state.count, state.generation, since)
+            last, count, generation = state.last_run_at, state.count, state.generation
+            after = EntryState.write(last, count, by, None, generation, since)
             fresh.append((job, Claim(job.name, state.raw, new), after))
         with lease.observe("claim"):
             won = self.records.claim(fence, [c.write() for _, c, _ in fresh])
@@ -174,9 +239,14 @@ class StateSync:
             self.logger.warning(msg, job.name, last, _span(ahead), now.isoformat())
         # The job's generation, also for a state written before generations: it is
         # the same entry, and the next claim records the generation.
-        return EntryState(
-            raw, state.last_run_at, state.total_run_count, job.generation, state.active_since
-        )
+        parts = (state.last_run_at, state.total_run_count, job.generation, state.active_since)
+        stored: str | Written = raw
+        if state.epoch is not None and state.by is not None and state.generation == job.generation:
+            # Kept as its parts where they write it again exactly (this version wrote it).
+            again = written(state.epoch, sys.intern(state.by), state.slot)
+            if EntryState(again, *parts).raw == raw:
+                stored = again
+        return EntryState(stored, *parts)
 
 
 def _span(delta: timedelta) -> str:
@@ -196,10 +266,14 @@ LOAD_CHUNK = 2000
 LOAD_SLICE = 0.2
 
 
+def _spacing(job: Job) -> float:
+    return 0.0 if job.series is None else job.series.spacing()
+
+
 def _load_order(jobs: Iterable[Job]) -> list[Job]:
     """``jobs`` in the order a new term loads them, from the end: most frequent first,
     and first of all those without a series (they may be due at any tick)."""
-    return sorted(jobs, key=lambda j: 0.0 if j.series is None else j.series.spacing(), reverse=True)
+    return sorted(jobs, key=_spacing, reverse=True)
 
 
 def _resumed(job: Job, state: EntryState) -> bool:
@@ -226,6 +300,7 @@ class HeldJobs:
         self.stuck: set[str] = set()
         #: The store's whole state, read for ``pending`` by stores that cannot read some keys.
         self._stored: dict[str, str] | None = None
+        self._dropped: set[str] = set()  # names whose state was dropped since it was read
         self._load_error: str | None = None
 
     def clear(self) -> None:
@@ -270,8 +345,58 @@ class HeldJobs:
             self._stored = None  # read again: another leader may have written it since
         return self._restamp(stale, fence)
 
+    def apply_edits(self, edits: Mapping[str, Job | None], fence: Fence) -> bool:
+        """Take in the jobs that changed (name -> job, ``None``: gone), as :meth:`apply`
+        does for a whole list, touching nothing else: an edit of one entry of a million
+        costs one entry's work."""
+        fresh: list[Job] = []
+        stale = []
+        for name, job in edits.items():
+            before = self.jobs.pop(name, None)
+            if job is None:
+                self._drop(name)
+                continue
+            if before is not None and (before is job or before == job):
+                self.jobs[name] = before  # the object pending, if it is
+                continue
+            self.jobs[name] = job
+            state = self.states.get(name)
+            if state is not None and state.generation != job.generation:
+                self._drop(name)
+                state = None
+            if state is None:
+                fresh.append(job)
+                continue
+            if _resumed(job, state):
+                stale.append(job)
+            self.settle(job, state)
+        if fresh:
+            self._queue(fresh)
+            # New names' state is as the store's whole state was read this term (only
+            # this leader writes now, and only what it loaded); a name loaded and dropped
+            # since is read again, as this leader may have written it meanwhile.
+            if any(job.name in self._dropped for job in fresh):
+                self._stored = None
+        return self._restamp(stale, fence)
+
+    def _queue(self, jobs: list[Job]) -> None:
+        """Add ``jobs`` to those pending, keeping the most frequent near the end (loaded
+        first) without sorting them all again: each page of a large schedule adds some."""
+        ordered = _load_order(jobs)
+        pending = self.pending
+        if pending and ordered and _spacing(ordered[0]) > _spacing(pending[-1]):
+            # Split: the less frequent wait behind all pending, the rest go first.
+            cut = next(
+                (i for i, j in enumerate(ordered) if _spacing(j) <= _spacing(pending[-1])),
+                len(ordered),
+            )
+            pending[:0] = ordered[:cut]
+            ordered = ordered[cut:]
+        pending.extend(ordered)
+
     def _drop(self, name: str) -> None:
-        self.states.pop(name, None)
+        if self.states.pop(name, None) is not None and self._stored is not None:
+            self._dropped.add(name)
         self.due.discard(name)
         self.polled.pop(name, None)
         self.stuck.discard(name)
@@ -311,12 +436,18 @@ class HeldJobs:
             while self.pending:
                 chunk = self.pending[-LOAD_CHUNK:]
                 del self.pending[-LOAD_CHUNK:]
+                # An entry edited or removed while pending was queued again, or is gone.
+                jobs = self.jobs
+                chunk = [j for j in chunk if jobs.get(j.name) is j and j.name not in self.states]
+                if not chunk:
+                    continue
                 stored = self._stored
                 if stored is None:
                     # The chunk's records alone where the store can; else all, once per load.
                     stored = sync.read([job.name for job in chunk])
                     if stored is None:
                         stored = self._stored = sync.read()
+                        self._dropped = set()
                         watchdog.progress()
                 states = sync.load(chunk, fence, now, stored)
                 self.states.update(states)
