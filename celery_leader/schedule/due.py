@@ -2,15 +2,18 @@
 
 A heap of the distinct due times (whole microseconds since the epoch), each with the
 names due then: a large schedule shares few due times (a cron minute), so an entry costs
-a slot in a list, not a pair of its own. A moved entry leaves its old place, skipped
-when it surfaces, and the index is rebuilt when dead places outnumber live ones:
-``O(log n)`` edits, ``O(1)`` for a tick with nothing due.
+a slot in a list, not a pair of its own. Names due at the same time come out in the
+order they were put in (the schedule's order, as Celery's own heap sends them), read
+from a cursor: a list popped from its end would send them backwards. A moved entry
+leaves its old place, skipped when it surfaces, and the index is rebuilt when dead
+places outnumber live ones: ``O(log n)`` edits, ``O(1)`` for a tick with nothing due.
 """
 
 from __future__ import annotations
 
 import heapq
 from datetime import datetime, timedelta
+from typing import Any
 
 from .series import EPOCH
 
@@ -32,8 +35,9 @@ class DueIndex:
 
     def __init__(self) -> None:
         self._heap: list[int] = []  # the distinct due times
-        #: Due time -> (that time, shared by its entries; the names due then, some dead).
-        self._buckets: dict[int, tuple[int, list[str]]] = {}
+        #: Due time -> [that time, shared by its entries; the names due then, some dead;
+        #: the cursor: names before it were taken out].
+        self._buckets: dict[int, list[Any]] = {}
         self._at: dict[str, int] = {}  # name -> its current due time
         self._places = 0  # names in the buckets, the dead included
 
@@ -53,7 +57,7 @@ class DueIndex:
             return
         bucket = self._buckets.get(at)
         if bucket is None:
-            bucket = self._buckets[at] = (at, [])
+            bucket = self._buckets[at] = [at, [], 0]
             heapq.heappush(self._heap, at)
         bucket[1].append(name)
         self._at[name] = bucket[0]
@@ -72,14 +76,17 @@ class DueIndex:
         found: list[str] = []
         while heap and len(found) < limit and heap[0] <= bound:
             due = heap[0]
-            names = buckets[due][1]
-            while names and len(found) < limit:
-                name = names.pop()
+            bucket = buckets[due]
+            names, head = bucket[1], bucket[2]
+            while head < len(names) and len(found) < limit:
+                name = names[head]
+                head += 1
                 self._places -= 1
                 if at.get(name) == due:
                     del at[name]
                     found.append(name)
-            if not names:
+            bucket[2] = head
+            if head == len(names):
                 heapq.heappop(heap)
                 del buckets[due]
         return found
@@ -89,11 +96,13 @@ class DueIndex:
         heap, at, buckets = self._heap, self._at, self._buckets
         while heap:
             due = heap[0]
-            names = buckets[due][1]
-            while names and at.get(names[-1]) != due:
-                names.pop()
+            bucket = buckets[due]
+            names, head = bucket[1], bucket[2]
+            while head < len(names) and at.get(names[head]) != due:
+                head += 1
                 self._places -= 1
-            if names:
+            bucket[2] = head
+            if head < len(names):
                 return (due - micros(now)) / 1_000_000
             heapq.heappop(heap)
             del buckets[due]
@@ -109,7 +118,7 @@ class DueIndex:
         for name, due in live.items():
             bucket = self._buckets.get(due)
             if bucket is None:
-                bucket = self._buckets[due] = (due, [])
+                bucket = self._buckets[due] = [due, [], 0]
                 self._heap.append(due)
             bucket[1].append(name)
             self._at[name] = bucket[0]
