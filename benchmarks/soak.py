@@ -84,6 +84,7 @@ from kombu import Connection, Queue
 from celery_leader.backends import open_store
 from celery_leader.celery.entries import entries_of
 from celery_leader.settings.config import LeaderConfig
+from harness.groups import session_members
 from harness.procs import Proc
 from harness.procs import start as start_process
 from harness.servers import RedisServer
@@ -191,20 +192,7 @@ class Soak:
 
     def session_pids(self, role: Role) -> list[int]:
         """The role's process and everything it forked (one session each)."""
-        if role.proc is None:
-            return []
-        found = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            fields = stat[stat.rindex(")") + 2 :].split()
-            if fields[0] != "Z" and int(fields[3]) == role.proc.pid:  # session id
-                found.append(int(entry.name))
-        return sorted(found)
+        return [] if role.proc is None else session_members(role.proc.pid)
 
     def signal_role(self, role: Role, sig: int) -> None:
         """Send ``sig`` to the role's process group, wait for it to end, start it again."""

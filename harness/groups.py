@@ -38,15 +38,15 @@ def kill_all() -> None:
 
 def _fields(stat: str) -> list[str]:
     # The command name may contain spaces and parentheses; fields resume after the last ")".
-    # Index 0 is the state, 2 the process group, 11-14 utime, stime, cutime, cstime.
+    # Index 0 is the state, 2 the process group, 3 the session, 11-14 utime, stime, cutime, cstime.
     return stat[stat.rindex(")") + 2 :].split()
 
 
-def _all_fields() -> Iterator[list[str]]:
+def _all_stats() -> Iterator[tuple[int, list[str]]]:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                yield _fields((entry / "stat").read_text())
+                yield int(entry.name), _fields((entry / "stat").read_text())
             except OSError:
                 continue  # exited while we looked
 
@@ -61,7 +61,7 @@ def pgrp_of(pid: int) -> int | None:
 
 def group_alive(pgid: int) -> bool:
     """True while any process of the group is alive (zombies aside)."""
-    return any(int(f[2]) == pgid and f[0] != "Z" for f in _all_fields())
+    return any(int(f[2]) == pgid and f[0] != "Z" for _, f in _all_stats())
 
 
 def group_cpu_seconds(pgid: int) -> float:
@@ -70,5 +70,10 @@ def group_cpu_seconds(pgid: int) -> float:
     PostgreSQL's postmaster reaps every backend that exits, so their CPU lands in
     its cutime and cstime.
     """
-    ticks = sum(sum(int(x) for x in f[11:15]) for f in _all_fields() if int(f[2]) == pgid)
+    ticks = sum(sum(int(x) for x in f[11:15]) for _, f in _all_stats() if int(f[2]) == pgid)
     return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def session_members(sid: int) -> list[int]:
+    """The live processes (zombies aside) of session ``sid``, ``sid`` itself included."""
+    return sorted(pid for pid, f in _all_stats() if int(f[3]) == sid and f[0] != "Z")

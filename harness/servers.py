@@ -24,6 +24,7 @@ import psycopg
 import pymysql
 import redis
 
+from .groups import group_alive
 from .waiting import wait_for
 
 if TYPE_CHECKING:
@@ -85,24 +86,6 @@ def _tail(path: Path, lines: int = 40) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except FileNotFoundError:
         return "(no log written)"
-
-
-def _group_has_live_processes(pgid: int) -> bool:
-    # Zombies are ignored: they hold no sockets or shared memory, and whether they are
-    # ever reaped depends on what PID 1 is on this machine.
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # The command name may contain spaces and parentheses; fields resume after the last ")".
-        fields = stat[stat.rindex(")") + 2 :].split()
-        state, pgrp = fields[0], int(fields[2])
-        if pgrp == pgid and state != "Z":
-            return True
-    return False
 
 
 class _Scoped:
@@ -218,7 +201,9 @@ class _Server(_Scoped):
         # PostgreSQL backends outlive a killed postmaster for a moment; a restart before
         # they are gone fails because they still hold the old shared memory.
         wait_for(
-            lambda: not _group_has_live_processes(proc.pid),
+            # Zombies aside (group_alive): they hold no sockets or shared memory, and
+            # whether they are ever reaped depends on what PID 1 is on this machine.
+            lambda: not group_alive(proc.pid),
             STOP_TIMEOUT,
             message=f"processes of {self.name} group {proc.pid} still alive",
         )
