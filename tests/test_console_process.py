@@ -75,9 +75,24 @@ def _console_url(proc: Proc) -> str:
     return proc.wait_for_line(r"console at (http://\S+/)", timeout=30)[1]
 
 
-def test_celery_console_serves_every_view_and_its_json_twin(
-    procs: Procs, store_url: str
-) -> None:
+def _submit(
+    web: requests.Session, url: str, entry: str, action: str, **fields: str
+) -> requests.Response:
+    """Post ``action`` on ``entry``'s page as a browser does: the page's form token, the
+    session's cookie, and the page's Origin."""
+    page = web.get(f"{url}entries/{entry}", timeout=10).text
+    token = re.search(r'name="csrf" value="([0-9a-f]+)"', page)
+    assert token is not None, "write mode shows the forms"
+    return web.post(
+        f"{url}entries/{entry}/{action}",
+        data={"csrf": token[1], **fields},
+        headers={"Origin": url.rstrip("/")},
+        allow_redirects=False,
+        timeout=10,
+    )
+
+
+def test_celery_console_serves_every_view_and_its_json_twin(procs: Procs, store_url: str) -> None:
     added = _celery(store_url, "leader", "entries", "add", "report", "--task", "beat_app.noop",
                     "--every", "3600")  # fmt: skip
     assert added.returncode == 0, added.stderr
@@ -145,16 +160,7 @@ def test_celery_console_serves_every_view_and_its_json_twin(
     assert terms and terms[0]["holder"] == "beat-1" and terms[0]["how"] == "leading"
 
     # A pause from the page, as a browser sends it: cookie, form token, Origin.
-    page = web.get(url + "entries/report", timeout=10).text
-    token = re.search(r'name="csrf" value="([0-9a-f]+)"', page)
-    assert token is not None
-    done = web.post(
-        url + "entries/report/pause",
-        data={"csrf": token[1], "reason": "quarter close"},
-        headers={"Origin": url.rstrip("/")},
-        allow_redirects=False,
-        timeout=10,
-    )
+    done = _submit(web, url, "report", "pause", reason="quarter close")
     assert done.status_code == 303, done.text
     shown = web.get(url + "api/entries/report", timeout=10).json()
     assert shown["enabled"] is False and shown["state"] == "paused"
@@ -163,13 +169,7 @@ def test_celery_console_serves_every_view_and_its_json_twin(
     assert '"enabled": false' in listed.stdout, "the CLI sees the page's pause"
 
     # Run now goes through the leader, which sends it under its term; the worker runs it.
-    done = web.post(
-        url + "entries/report/run",
-        data={"csrf": token[1], "key": "console-run-1"},
-        headers={"Origin": url.rstrip("/")},
-        allow_redirects=False,
-        timeout=10,
-    )
+    done = _submit(web, url, "report", "run", key="console-run-1")
     assert done.headers["Location"].endswith("?run=sent"), beat.output()[-3000:]
 
     def report_ran() -> bool:
@@ -284,16 +284,7 @@ def test_dramatiq_run_now_from_the_console_goes_through_its_leader(
     beat = next(row for row in cluster if row["election"] == "beat")
     assert beat["epoch"] == epoch and beat["replicas"][0]["leads"]
 
-    page = web.get(url + "entries/report", timeout=10).text
-    token = re.search(r'name="csrf" value="([0-9a-f]+)"', page)
-    assert token is not None, "write mode shows the forms"
-    done = web.post(
-        url + "entries/report/run",
-        data={"csrf": token[1], "key": "dramatiq-run-1"},
-        headers={"Origin": url.rstrip("/")},
-        allow_redirects=False,
-        timeout=10,
-    )
+    done = _submit(web, url, "report", "run", key="dramatiq-run-1")
     assert done.status_code == 303 and done.headers["Location"].endswith("?run=sent"), (
         done.text, leader.output()[-3000:]
     )  # fmt: skip
