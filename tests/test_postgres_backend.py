@@ -21,11 +21,12 @@ from urllib.parse import urlsplit
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from celery_leader import Lease
 from celery_leader.backends import Fence, JournalWrite, Renewal, StoreFacets, StoreParams, Write
 from celery_leader.backends.postgres import advisory_key, open_store
-from celery_leader.backends.postgres.sql import PUT_JOURNAL
+from celery_leader.backends.postgres.sql import PUT_JOURNAL, STATE_OF
 from celery_leader.backends.sql_facets import JOURNAL_PAGE, JOURNAL_PAGE_BEFORE
 from celery_leader.election.events import Callbacks
 from celery_leader.election.history import term_history
@@ -165,6 +166,44 @@ def test_claims_cost_their_batch_not_the_table(stores: Callable[..., StoreFacets
             assert store.records.claim(fence, writes) == [True] * len(writes)
             state.update((w.key, w.new) for w in writes)
     assert store.records.load(ELECTION) == state
+
+
+def test_state_of_some_keys_is_read_by_the_key_in_every_plan(
+    postgres_url: str, stores: Callable[..., StoreFacets]
+) -> None:
+    """A new term loads its state 2,000 keys a statement. Once psycopg prepares the
+    statement, the server may switch to a generic plan, and a table filled since its
+    last statistics (a fresh schedule's anchors) misleads a custom one: in both, each
+    key must be one lookup of the primary key. ``entry = ANY(keys)`` compared every row
+    with every key in the generic plan (2.6 s a chunk at 100,000 rows)."""
+    store = stores()
+    assert store.records.load(ELECTION) == {}  # the tables made
+    names = [f"e{i}" for i in range(100_000)]
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        # A schedule's anchors as a new leader's claims write them, in one statement.
+        conn.execute(
+            "INSERT INTO celery_leader_state (prefix, election, entry, value)"
+            " SELECT %s, %s, 'e' || i, '{}' FROM generate_series(0, 99999) AS i",
+            (PREFIX, ELECTION),
+        )
+    assert store.records.load_some(ELECTION, [*names[:3], "absent"]) == dict.fromkeys(
+        names[:3], "{}"
+    )
+    # The statement as the server prepares it: its parameters numbered.
+    prepared = STATE_OF
+    for number, name in enumerate(("prefix", "election", "keys"), 1):
+        prepared = prepared.replace(f"%({name})s", f"${number}")
+    args = sql.SQL(", ").join(map(sql.Literal, (PREFIX, ELECTION, names[5000:7000])))
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f"PREPARE state_of (text, text, text[]) AS {prepared}")
+        for mode in ("force_generic_plan", "force_custom_plan"):
+            conn.execute(f"SET plan_cache_mode = {mode}")
+            explain = conn.execute(sql.SQL("EXPLAIN EXECUTE state_of ({})").format(args))
+            plan = "\n".join(row[0] for row in explain)
+            conds = [line for line in plan.splitlines() if "Index Cond" in line]
+            # Each lookup names its key; a Filter would compare keys with rows read.
+            assert conds and all("entry =" in c for c in conds), (mode, plan)
+            assert "Seq Scan" not in plan and "Filter" not in plan, (mode, plan)
 
 
 def test_claims_join_the_tables_of_the_previous_release(

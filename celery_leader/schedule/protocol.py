@@ -214,6 +214,7 @@ class SlotProtocol:
         self._last_now: datetime | None = None  # the previous tick's clock: to notice a jump back
         self._announced = False  # "dispatching as leader" logged for this load
         self._recover = False  # the run ledger's recovery waits for the load to finish
+        self._term_started = 0.0  # when this term began loading (monotonic)
 
     @property
     def lease(self) -> Lease:
@@ -283,6 +284,12 @@ class SlotProtocol:
             # read page by page): the run ledger re-sends what the previous leader
             # may not have sent.
             self._recover = False
+            self.logger.info(
+                "celery-leader: loaded the state of %d entries in %.1f s (epoch %d)",
+                len(held.states),
+                time.monotonic() - self._term_started,
+                fence.term.epoch,
+            )
             resender = dispatcher.publisher.resender
             if resender is not None:
                 resender.recover(list(held.jobs.values()), held.states, fence.term.epoch)
@@ -313,6 +320,7 @@ class SlotProtocol:
             parts = (self.lease, self.runtime.store, self.adapter, self.held, self.logger)
             self._dispatcher = Dispatcher(self.config, *parts, now, self.max_sleep)
             self._recover = True
+            self._term_started = time.monotonic()
         self._epoch = fence.term.epoch
 
     def _notice_clock(self, now: datetime) -> None:
