@@ -21,8 +21,12 @@ as by default; database 1: the record of runs):
 * ``celery leader status`` every 10 s, its time and exit code kept.
 
 Every 30 s it samples the RSS and open fds of every process of each role (the
-main process and, for workers, the pool), following restarts, and Redis's key
-count (database 0) and ``used_memory``.
+main process and, for workers, the pool), following restarts, notes which beat
+leads, and Redis's key count (database 0) and ``used_memory``. A process's RSS
+slope is taken after its warm-up: ``--warmup`` minutes after it was first seen
+and, for a beat, :data:`LEADING_WARMUP` after it first led (a beat's RSS steps up
+about 1 MB when it first leads, and a slope across that step reads it as growth),
+over at least :data:`SLOPE_WINDOW` of samples.
 
 What counts as sent and as run:
 
@@ -110,6 +114,12 @@ DROPPED = re.compile(
 #: 30 s visibility timeout.
 DRAIN = 40.0
 EDGE = 5.0  # seconds cut off both ends of the counted window
+#: A beat's warm-up after it first led: its RSS steps up as it loads the state and
+#: opens the publisher's connections, within seconds of its promotion.
+LEADING_WARMUP = 120.0
+#: The shortest stretch of warm samples a slope is taken over: over less, a 0.1 MB
+#: step of the allocator reads as more than 0.5 MB an hour.
+SLOPE_WINDOW = 600.0
 
 
 def _now() -> float:
@@ -154,6 +164,7 @@ class Soak:
         self.first_message: float | None = None
         self.samples: list[tuple[float, str, int, float, int]] = []  # t, role, pid, MB, fds
         self.first_seen: dict[int, float] = {}
+        self.first_led: dict[int, float] = {}  # beat pid -> the first sample it led at
         self.store_samples: list[tuple[float, int, float]] = []  # t, keys, used MB
         self.status: list[tuple[float, float, int]] = []  # t, seconds, exit code
         self.faults: list[dict[str, Any]] = []
@@ -338,6 +349,9 @@ class Soak:
 
     def sample(self) -> None:
         t = _now()
+        leading = self.leader()
+        if leading is not None and leading.proc is not None:
+            self.first_led.setdefault(leading.proc.pid, t)
         for role in self.roles.values():
             for pid in self.session_pids(role):
                 try:
@@ -540,8 +554,10 @@ class Soak:
 
     def report_processes(self) -> None:
         warmup = self.args.warmup * 60
-        print(f"\n## Processes (RSS slope: least squares over samples at least "
-              f"{self.args.warmup:g} min after the process was first seen)")  # fmt: skip
+        print(f"\n## Processes (RSS slope: least squares over the samples from "
+              f"{self.args.warmup:g} min after the process was first seen and "
+              f"{LEADING_WARMUP / 60:g} min after a beat first led, "
+              f"when they span {SLOPE_WINDOW / 60:g} min or more)")  # fmt: skip
         print("| role | pid | seen (UTC) | samples | RSS first / last, MB "
               "| RSS slope, MB/h | fds first / last |")  # fmt: skip
         print("|---|---:|---|---:|---:|---:|---:|")
@@ -549,9 +565,12 @@ class Soak:
         for t, role, pid, mb, fds in self.samples:
             rows[(role, pid)].append((t, mb, fds))
         for (role, pid), got in sorted(rows.items(), key=lambda kv: (kv[0][0], kv[1][0][0])):
-            warm = [(t, mb) for t, mb, _ in got if t - self.first_seen[pid] >= warmup]
+            warm_from = self.first_seen[pid] + warmup
+            if pid in self.first_led:
+                warm_from = max(warm_from, self.first_led[pid] + LEADING_WARMUP)
+            warm = [(t, mb) for t, mb, _ in got if t >= warm_from]
             slope = "—"
-            if len(warm) >= 3 and warm[-1][0] - warm[0][0] >= 60:
+            if len(warm) >= 3 and warm[-1][0] - warm[0][0] >= SLOPE_WINDOW:
                 slope = f"{_slope(warm):+.2f}"
             print(f"| {role} | {pid} | {_utc(got[0][0])}-{_utc(got[-1][0])} | {len(got)} "
                   f"| {got[0][1]:.1f} / {got[-1][1]:.1f} | {slope} "
