@@ -61,3 +61,17 @@ class EntryStore(ABC):
     @abstractmethod
     def edit(self, election: str, edits: Sequence[Edit]) -> list[bool]:
         """Apply ``edits`` (no term needed), one result each; any applied moves the version."""
+
+
+class PagedEntryStore(EntryStore):
+    """An entries facet that reads by pages: :meth:`load` is every page, joined."""
+
+    def load(self, election: str) -> tuple[int, dict[str, str]]:
+        version, pages = self.load_pages(election)
+        entries: dict[str, str] = {}
+        for page in pages:
+            entries.update(page)
+        return version, entries
+
+    @abstractmethod
+    def load_pages(self, election: str) -> tuple[int, Iterator[dict[str, str]]]: ...

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 from . import StoreFacets, StoreParams
-from .entry_store import Edit, EntryStore
+from .entry_store import Edit, EntryStore, PagedEntryStore
 from .journal import Journal
 from .lock import LeaseLock
 from .records import FencedRecords
@@ -133,7 +133,7 @@ def sql_store(
     return StoreFacets(params, lock(db), fenced, entries(db), runs(db), journal(db), db.close)
 
 
-class SqlEntries(EntryStore, Generic[S]):
+class SqlEntries(PagedEntryStore, Generic[S]):
     """The entries facet of a SQL store; a store adds :meth:`changes_since` and :meth:`_apply`."""
 
     # A store's single-entry compare-and-sets, chosen by :meth:`edit`.
@@ -149,13 +149,6 @@ class SqlEntries(EntryStore, Generic[S]):
     def version(self, election: str) -> int:
         rows = self._db.kept(ENTRIES_VERSION, self._db.names(election))
         return int(rows[0][0]) if rows else 0
-
-    def load(self, election: str) -> tuple[int, dict[str, str]]:
-        version, pages = self.load_pages(election)
-        entries: dict[str, str] = {}
-        for page in pages:
-            entries.update(page)
-        return version, entries
 
     def load_pages(self, election: str) -> tuple[int, Iterator[dict[str, str]]]:
         # By pages, each a statement on the kept session: one statement of a million

@@ -13,7 +13,7 @@ from urllib.parse import quote, unquote
 from etcd3gw.client import Etcd3Client
 
 from ...exceptions import StoreUnavailable
-from ..entry_store import Edit, EntryStore
+from ..entry_store import Edit, PagedEntryStore
 from ..records import Fence, FencedRecords, Write, write_rounds
 from ..run_store import RUNS_DROPPED, RunStore, RunSummary, RunWrite, run_entry
 from . import wire
@@ -93,7 +93,7 @@ class EtcdRecords(FencedRecords):
         return results
 
 
-class EtcdEntries(EntryStore):
+class EtcdEntries(PagedEntryStore):
     """Schedule entries, ``<prefix>/<election>/entries/<name>``; the version is the
     modification revision of ``<prefix>/<election>/entries-version``, which every
     edit writes in its transaction."""
@@ -105,13 +105,6 @@ class EtcdEntries(EntryStore):
     def version(self, election: str) -> int:
         reply = self.etcd.txn([], [wire.read(self.etcd.key(election, "entries-version"))])
         return _version(reply)
-
-    def load(self, election: str) -> tuple[int, dict[str, str]]:
-        version, pages = self.load_pages(election)
-        entries: dict[str, str] = {}
-        for page in pages:
-            entries.update(page)
-        return version, entries
 
     def load_pages(self, election: str) -> tuple[int, Iterator[dict[str, str]]]:
         # By bounded ranges (one range of a million entries outlasted the deadline),

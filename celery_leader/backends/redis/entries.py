@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ..entry_store import Edit, EntryStore
+from ..entry_store import Edit, PagedEntryStore
 from .connection import Connection, has
 from .scripts import wrong_type
 
@@ -17,7 +17,7 @@ ENTRIES_PAGE = 10_000
 CHANGES_KEPT = 10_000
 
 
-class RedisEntries(EntryStore):
+class RedisEntries(PagedEntryStore):
     """Schedule entries of elections on one Redis."""
 
     def __init__(self, conn: Connection) -> None:
@@ -29,13 +29,6 @@ class RedisEntries(EntryStore):
     def version(self, election: str) -> int:
         key = self._conn.key(election, "entries-version")
         return int(self._conn.call(lambda c: c.get(key)) or 0)
-
-    def load(self, election: str) -> tuple[int, dict[str, str]]:
-        version, pages = self.load_pages(election)
-        texts: dict[str, str] = {}
-        for page in pages:
-            texts.update(page)
-        return version, texts
 
     def load_pages(self, election: str) -> tuple[int, Iterator[dict[str, str]]]:
         # By pages: one HGETALL of a million entries blocked the server for seconds.
