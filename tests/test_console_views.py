@@ -27,6 +27,7 @@ from celery_leader.ledger.summary import EntryRuns
 from celery_leader.schedule import plan as planning
 from celery_leader.schedule.entries import new_entry, parse_cron
 from celery_leader.schedule.jobs import Job
+from celery_leader.schedule.run_request import run_slot
 from celery_leader.schedule.series import Every
 from celery_leader.schedule.state import slot_name
 from celery_leader.settings.config import LeaderConfig
@@ -188,6 +189,17 @@ def test_problems_and_the_failing_filter_read_the_ledger() -> None:
     assert one["p50"] == 0.5 and one["p95"] == 0.5
     assert one["runs"][0]["lag"] == 0.1 and one["runs"][0]["worker"] == "w1"
     store.close()
+
+
+def test_a_run_now_is_listed_by_when_it_was_sent_for() -> None:
+    """A run now's slot names no due time: its row says when it was sent for, and its
+    lag counts from then."""
+    sent = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=5)
+    slot = run_slot("tick", sent)
+    record = RunRecord(slot, "started", "w1", 1, sent.timestamp() + 0.25, sent.timestamp() + 60)
+    row = pages.run_row(slot, record.ended(sent.timestamp() + 1, "success").dump())
+    assert (row["due"], row["run_now"], row["lag"]) == (None, sent.isoformat(), 0.25)
+    assert pages.run_row(slot_name("tick", sent), record.dump())["run_now"] is None
 
 
 # -- the timeline ---------------------------------------------------------------------

@@ -19,6 +19,7 @@ from ..election.history import TermRecord, term_history
 from ..ledger.records import RunRecord
 from ..ledger.summary import summarize
 from ..schedule.audit import audit_trail
+from ..schedule.run_request import run_slot_time
 from .listing import PAGE, page_of
 from .problems import FILTERS, STATES, slot_due, state_of
 from .reads import Reads, iso
@@ -211,25 +212,29 @@ _DEFINITION = (
 
 
 def run_row(key: str, text: str) -> dict[str, Any]:
-    """One run record as the entry's history lists it: due, the leader's epoch it was sent
-    under, lag (started or sent after due), started, finished, duration, outcome, worker,
-    attempt."""
+    """One run record as the entry's history lists it: due (or, for a run now, when it was
+    sent for), the leader's epoch it was sent under, lag (started or sent after either),
+    started, finished, duration, outcome, worker, attempt."""
     due = slot_due(key)
+    run_now = run_slot_time(key)
     record = RunRecord.load(text, key)
     if record is None:
-        return {"slot": key, "due": None if due is None else due.isoformat(), "state": "unknown",
+        return {"slot": key, "due": None if due is None else due.isoformat(),
+                "run_now": None if run_now is None else run_now.isoformat(), "state": "unknown",
                 "epoch": None, "started": None, "finished": None, "duration": None, "lag": None,
                 "worker": None, "attempt": None}  # fmt: skip
     finished = record.finished
+    since = due or run_now
     return {
         "slot": key,
         "due": None if due is None else due.isoformat(),
+        "run_now": None if run_now is None else run_now.isoformat(),
         "state": record.state,
         "epoch": record.epoch,
         "started": iso(record.started),
         "finished": iso(finished),
         "duration": None if finished is None else round(finished - record.started, 3),
-        "lag": None if due is None else round(record.started - due.timestamp(), 3),
+        "lag": None if since is None else round(record.started - since.timestamp(), 3),
         "worker": record.worker,
         "attempt": record.attempt,
     }

@@ -84,6 +84,15 @@ def run_slot(name: str, now: datetime) -> str:
     return f"{name}@run:{utc(now).isoformat(timespec='milliseconds')}"
 
 
+def run_slot_time(slot: str) -> datetime | None:
+    """When the run of a :func:`run_slot` was sent for; ``None`` for any other slot."""
+    _, _, tail = slot.rpartition("@run:")
+    try:
+        return datetime.fromisoformat(tail) if "@run:" in slot else None
+    except ValueError:
+        return None
+
+
 @dataclass(frozen=True)
 class RunOutcome:
     """What the leader did with a request: ``state`` (one of the outcomes above),
