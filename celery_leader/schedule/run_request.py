@@ -86,9 +86,11 @@ def run_slot(name: str, now: datetime) -> str:
 
 def run_slot_time(slot: str) -> datetime | None:
     """When the run of a :func:`run_slot` was sent for; ``None`` for any other slot."""
-    _, _, tail = slot.rpartition("@run:")
+    _, marker, tail = slot.rpartition("@run:")
+    if not marker:
+        return None
     try:
-        return datetime.fromisoformat(tail) if "@run:" in slot else None
+        return datetime.fromisoformat(tail)
     except ValueError:
         return None
 
