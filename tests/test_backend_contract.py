@@ -51,6 +51,8 @@ from celery_leader.backends import file as file_store
 from celery_leader.backends.etcd import records as etcd_records
 from celery_leader.backends.redis import entries as redis_entries
 from celery_leader.backends.session_lock import SessionStore
+from celery_leader.election.history import term_history
+from celery_leader.election.lease_set import lease_set
 from celery_leader.exceptions import StoreUnavailable
 from celery_leader.ledger import RunRecord, marks
 from celery_leader.schedule.run_desk import CLAIMS
@@ -1177,6 +1179,22 @@ class TestJournal:
 
     def test_every_store_has_a_journal(self, store: Store) -> None:
         assert isinstance(store.open().journal, Journal)
+
+    def test_a_lease_records_its_terms_in_the_journal(self, store: Store) -> None:
+        """The term history end to end: a real lease writes its term when elected and
+        completes it when it stops."""
+        config = LeaderConfig.from_mapping(
+            {"leader_url": store.url, "leader_key_prefix": PREFIX, "leader_instance_id": "a"}
+        )
+        leases = lease_set(config)
+        try:
+            lease = leases.join(ELECTION).lease
+            wait_for(lease.is_leader, 5, message="never elected")
+            epoch = lease.epoch
+        finally:
+            leases.stop()
+        (term,) = term_history(store.open().journal, ELECTION, 10)
+        assert (term.epoch, term.holder, term.how) == (epoch, "a", "stopping")
 
     def test_records_are_read_greatest_key_first_in_pages_and_another_process_sees_them(
         self, store: Store

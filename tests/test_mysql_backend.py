@@ -17,11 +17,8 @@ from celery_leader.backends.mysql import lock_name, open_store
 from celery_leader.backends.mysql.params import connection_params
 from celery_leader.backends.mysql.sql import JOURNAL_DROP, JOURNAL_FLOOR
 from celery_leader.backends.sql_facets import JOURNAL_PAGE, JOURNAL_PAGE_BEFORE
-from celery_leader.election.history import term_history
-from celery_leader.election.lease_set import lease_set
 from celery_leader.election.timing import DRIFT, MARGIN
 from celery_leader.exceptions import ConfigError, StoreMisconfigured, StoreUnavailable
-from celery_leader.settings.config import LeaderConfig
 from harness.procs import Procs
 from harness.proxy import TcpProxy
 from harness.servers import MariaDbServer
@@ -163,24 +160,6 @@ def test_the_journal_reads_and_trims_by_the_primary_key(
             ), plans
             assert all("filesort" not in str(p[-1]) for p in plans), plans
 
-
-def test_a_lease_records_its_terms_in_the_journal(
-    mariadb_url: str, stores: Callable[..., StoreFacets]
-) -> None:
-    """The term history end to end: a real lease writes its term when elected and
-    completes it when it stops."""
-    config = LeaderConfig.from_mapping(
-        {"leader_url": mariadb_url, "leader_key_prefix": PREFIX, "leader_instance_id": "a"}
-    )
-    leases = lease_set(config)
-    try:
-        lease = leases.join(ELECTION).lease
-        wait_for(lease.is_leader, 5, message="never elected")
-        epoch = lease.epoch
-    finally:
-        leases.stop()
-    (term,) = term_history(stores().journal, ELECTION, 10)
-    assert (term.epoch, term.holder, term.how) == (epoch, "a", "stopping")
 
 @pytest.mark.timing  # the loss seen within 0.5 s
 def test_a_session_killed_by_the_server_loses_everything(

@@ -29,11 +29,8 @@ from celery_leader.backends.postgres import advisory_key, open_store
 from celery_leader.backends.postgres.sql import PUT_JOURNAL, STATE_OF
 from celery_leader.backends.sql_facets import JOURNAL_PAGE, JOURNAL_PAGE_BEFORE
 from celery_leader.election.events import Callbacks
-from celery_leader.election.history import term_history
-from celery_leader.election.lease_set import lease_set
 from celery_leader.election.timing import DRIFT, MARGIN, store_timeout
 from celery_leader.exceptions import ConfigError, StoreMisconfigured, StoreUnavailable
-from celery_leader.settings.config import LeaderConfig
 from harness.procs import Proc, Procs
 from harness.procs import signal as send_signal
 from harness.proxy import TcpProxy
@@ -218,27 +215,6 @@ def test_claims_join_the_tables_of_the_previous_release(
     assert term is not None
     assert store.records.claim(Fence(ELECTION, term), [Write("x", None, "1")]) == [True]
     assert store.records.load(ELECTION) == {"x": "1"}
-
-
-def test_a_lease_records_its_terms_in_the_journal(
-    postgres_url: str, stores: Callable[..., StoreFacets]
-) -> None:
-    """The term history end to end: a real lease writes its term when elected and
-    completes it when it stops."""
-    config = LeaderConfig.from_mapping(
-        {"leader_url": postgres_url, "leader_key_prefix": PREFIX, "leader_instance_id": "a"}
-    )
-    leases = lease_set(config)
-    try:
-        lease = leases.join(ELECTION).lease
-        wait_for(lease.is_leader, 5, message="never elected")
-        epoch = lease.epoch
-    finally:
-        leases.stop()
-    (term,) = term_history(stores().journal, ELECTION, 10)
-    assert (term.epoch, term.holder, term.how) == (epoch, "a", "stopping")
-
-# -- the protocol ---------------------------------------------------------------
 
 
 def test_lock_key_is_documented_and_visible_in_pg_locks(
