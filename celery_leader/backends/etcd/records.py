@@ -202,7 +202,7 @@ class EtcdEntries(EntryStore):
         chunk, write them and the version key; a chunk whose transaction fails (an
         entry not as expected) is done again one transaction per edit, for each
         edit's own result. One round trip per edit made a bulk add of a million
-        entries take most of an hour (docs/benchmarks.md)."""
+        entries take half an hour (docs/benchmarks.md)."""
         version = wire.put(self.etcd.key(election, "entries-version"), b"")
         results: list[bool] = []
         for chunk in _edit_chunks(edits):
