@@ -390,7 +390,7 @@ def load_django_rows(run: Run) -> None:
 
 
 def load_store_entries(url: str, n: int, minute: int) -> Edit:
-    """N hourly entries in the store, in batches of adds (one round trip each);
+    """N hourly entries in the store, in batches of adds (one round trip each; etcd: one per 63);
     returns an edit of one of them (new kwargs, the same schedule).
 
     One entry is built and checked by the entries API; the others are its JSON

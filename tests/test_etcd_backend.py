@@ -134,6 +134,46 @@ def test_journal_writes_are_one_round_trip_and_one_more_to_drop(
         made.close()
 
 
+def test_entry_edits_go_many_to_a_transaction_and_each_keeps_its_own_result(
+    etcd_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch of adds is a transaction per 63 edits (a bulk add of a million entries
+    was a round trip each); a batch with an edit that fails is done again edit by
+    edit, its results as one by one; an entry twice, or entries too large for one
+    request together, split the batch."""
+    made = store(etcd_url)
+    entries = made.entries
+    assert isinstance(entries, etcd_records.EtcdEntries)
+    calls: list[int] = []
+    real = entries.etcd.call
+    monkeypatch.setattr(entries.etcd, "call", lambda fn: calls.append(1) or real(fn))
+
+    def edits(batch: list[Edit]) -> tuple[list[bool], int]:
+        calls.clear()
+        return entries.edit("beat", batch), len(calls)
+
+    try:
+        adds = [Edit(f"e{i:03}", None, f"v{i}") for i in range(200)]
+        assert edits(adds) == ([True] * 200, 4), "200 adds: 63 + 63 + 63 + 11"
+        version, stored = entries.load("beat")
+        assert stored == {f"e{i:03}": f"v{i}" for i in range(200)}
+        mixed = [Edit("e000", "v0", "w0"), Edit("e001", "stale", "w1"), Edit("new", None, "n")]
+        assert edits(mixed) == ([True, False, True], 1 + 3)
+        assert edits([Edit("e002", "v2", "x"), Edit("e002", "x", "y")]) == ([True, True], 2)
+        assert edits([Edit("e003", "stale", None), Edit("e004", "stale", None)])[0] == [
+            False,
+            False,
+        ]
+        changed = {"e000": "w0", "new": "n", "e002": "y"}
+        assert entries.load("beat")[1] == {**stored, **changed}
+        assert entries.changes_since("beat", version) == (entries.version("beat"), changed)
+        big = "x" * (etcd_records.EDIT_BYTES // 2)
+        assert edits([Edit(f"big{i}", None, big) for i in range(3)]) == ([True] * 3, 2)
+        assert len(entries.load("beat")[1]["big2"]) == len(big)
+    finally:
+        made.close()
+
+
 @pytest.mark.timing  # within one 0.5 s store deadline
 def test_a_dead_member_is_skipped_at_once(etcd_cluster: EtcdCluster, etcd_url: str) -> None:
     """A member that is down costs nothing: the next one is asked at once."""
