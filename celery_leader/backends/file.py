@@ -642,8 +642,14 @@ class FileEntries(_Facet, EntryStore):
         for edit in applied:
             kept.pop(edit.key, None)  # to the end: the dict stays oldest first
             kept[edit.key] = [version + 1, edit.new]  # the last applied edit of a key is its value
-        while len(kept) > CHANGES_KEPT:
-            start = max(start, kept.pop(next(iter(kept)))[0])
+        if len(kept) > CHANGES_KEPT:
+            # Sliced, not popped one by one from the front: that is quadratic in a
+            # dict (each pop's iter skips the slots freed before it), and an edit of
+            # a million entries at once would take hours.
+            names = list(kept)
+            cut = len(names) - CHANGES_KEPT
+            start = max(start, *(kept[k][0] for k in names[:cut]))
+            kept = {k: kept[k] for k in names[cut:]}
         return {"version": version + 1, "from": start, "edits": kept}
 
 
