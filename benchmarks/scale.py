@@ -11,7 +11,8 @@ on loopback servers started here, ttl (redbeat: lock timeout) 5 s:
   of ``--n``);
 * ``leader-store``: ``LeaderScheduler``, the N entries kept in the store, loaded in
   batches of compare-and-set edits before the beats start (for each N of ``--n``,
-  and ``--store-n``);
+  and ``--store-n``); the file store takes them in one edit, since each edit
+  rewrites its whole entries file (batches would make the seed quadratic);
 
   both on each store of ``--store`` (default Redis), a server of its own started
   here (etcd: one member; file: a directory);
@@ -390,7 +391,8 @@ def load_django_rows(run: Run) -> None:
 
 
 def load_store_entries(url: str, n: int, minute: int) -> Edit:
-    """N hourly entries in the store, in batches of adds (one round trip each; etcd: one per 63);
+    """N hourly entries in the store, in batches of adds (one round trip each; etcd:
+    one per 63; the file store all in one, as each edit rewrites its whole file);
     returns an edit of one of them (new kwargs, the same schedule).
 
     One entry is built and checked by the entries API; the others are its JSON
@@ -411,10 +413,11 @@ def load_store_entries(url: str, n: int, minute: int) -> Edit:
 
     assert Entry.from_json(stored(1)).generation != template.generation
     probe, text = f"hourly{n // 2}", ""
+    batch = max(n, 1) if config.store_kind == "file" else BATCH
     try:
-        for first in range(0, n, BATCH):
+        for first in range(0, n, batch):
             edits = [
-                Edit(f"hourly{i}", None, stored(i)) for i in range(first, min(n, first + BATCH))
+                Edit(f"hourly{i}", None, stored(i)) for i in range(first, min(n, first + batch))
             ]
             if not all(backend.entries.edit(config.beat_election, edits)):
                 raise RuntimeError("an entry existed already in a fresh store")

@@ -19,11 +19,13 @@ import pytest
 from celery_leader import Lease
 from celery_leader.backends import (
     Edit,
+    Fence,
     JournalWrite,
     LeaseLock,
     Renewal,
     StoreFacets,
     StoreParams,
+    Write,
 )
 from celery_leader.backends import file as file_store
 from celery_leader.backends.file import open_store
@@ -388,3 +390,113 @@ def test_journal_logs_of_any_name_are_files_of_their_own(tmp_path: Path) -> None
     assert journal.read("beat", "terms", 10) == []
     journal.write("beat", [JournalWrite("terms", "3", "z", 10)])
     assert journal.read("beat", "terms", 10) == [("3", "z")]
+
+
+def _holding(store: Path, ident: str) -> tuple[StoreFacets, Fence]:
+    """A store opened in ``store`` (prefix ``p``), and the fence of its term of ``beat``."""
+    opened_store = opened(store, 1.0, "p")
+    term = opened_store.lock.acquire("beat", ident, TTL, 0).term
+    assert term is not None
+    return opened_store, Fence("beat", term)
+
+
+def _log_lines(store: Path) -> dict[str, bytes]:
+    """The state's log files: name -> content."""
+    return {p.name: p.read_bytes() for p in store.glob("p.beat.state-log.*")}
+
+
+def test_a_claim_appends_what_it_changed_and_the_log_is_compacted_past_the_snapshot(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The holder appends each claim's writes to the log and leaves the snapshot
+    alone; once the log would outgrow the snapshot, a new snapshot holds it all."""
+    monkeypatch.setattr(file_store, "LOG_MIN", 0)
+    holder, fence = _holding(store, "a")
+    observer = opened(store, 1.0, "p").records
+    state = {f"e{i}": f'"{i}"' for i in range(20)}
+    assert holder.records.claim(fence, [Write(k, None, v) for k, v in state.items()]) == [True] * 20
+    snapshot = store / "p.beat.state"
+    before = os.stat(snapshot)
+    for i in range(5):
+        assert holder.records.claim(fence, [Write("e0", state["e0"], f'"{i}x"')]) == [True]
+        state["e0"] = f'"{i}x"'
+        after = os.stat(snapshot)
+        assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+        assert observer.load("beat") == state
+    assert _log_lines(store) == {
+        "p.beat.state-log.1": b"".join(b'{"e0": "\\"%dx\\""}\n' % i for i in range(5))
+    }
+    assert holder.records.load_some("beat", ["e0", "e1", "absent"]) == {
+        "e0": state["e0"], "e1": state["e1"]
+    }  # fmt: skip
+    for i in range(100):
+        if os.stat(snapshot).st_ino != before.st_ino:
+            break
+        assert holder.records.claim(fence, [Write("e1", state["e1"], f'"{i}"')]) == [True]
+        state["e1"] = f'"{i}"'
+    assert os.stat(snapshot).st_size < 2 * before.st_size, "compacted once the log outgrew it"
+    assert _log_lines(store) == {"p.beat.state-log.2": b""}, "the old log is gone"
+    assert json.loads(snapshot.read_text()) == {"log": 2, "state": state}
+    assert observer.load("beat") == holder.records.load("beat") == state
+
+
+def test_a_torn_last_line_is_ignored_and_the_next_holder_claims_after_it(store: Path) -> None:
+    """A holder that died in the middle of a line leaves it torn: readers ignore
+    it, and the next holder cuts it before its first line."""
+    first, fence = _holding(store, "a")
+    assert first.records.claim(fence, [Write("x", None, '"1"'), Write("y", None, '"1"')])
+    assert first.records.claim(fence, [Write("x", '"1"', '"2"')]) == [True]
+    first.lock.release("beat", fence.term)
+    log = store / "p.beat.state-log.1"
+    with log.open("ab") as f:
+        f.write(b'{"x": "\\"3')  # the holder died here
+    observer = opened(store, 1.0, "p").records
+    assert observer.load("beat") == {"x": '"2"', "y": '"1"'}
+    assert observer.load_some("beat", ["x"]) == {"x": '"2"'}
+    second, fence = _holding(store, "b")
+    assert second.records.load("beat") == {"x": '"2"', "y": '"1"'}
+    assert second.records.claim(fence, [Write("x", '"3"', '"4"')]) == [False]
+    assert second.records.claim(fence, [Write("x", '"2"', '"4"')]) == [True]
+    assert log.read_bytes() == b'{"x": "\\"2\\""}\n{"x": "\\"4\\""}\n'
+    assert observer.load("beat") == {"x": '"4"', "y": '"1"'}
+
+
+def test_the_previous_releases_state_file_is_read_and_converted_at_the_first_claim(
+    store: Path,
+) -> None:
+    """The previous release kept ``{entry: state}`` in ``p.e.state`` alone."""
+    snapshot = store / "p.beat.state"
+    snapshot.write_text(json.dumps({"a": '"1"', "log": '"2"', "state": '"3"'}))
+    observer = opened(store, 1.0, "p").records
+    assert observer.load("beat") == {"a": '"1"', "log": '"2"', "state": '"3"'}
+    assert observer.load_some("beat", ["a", "b"]) == {"a": '"1"'}
+    holder, fence = _holding(store, "a")
+    assert holder.records.claim(fence, [Write("a", '"1"', '"4"')]) == [True]
+    converted = {"a": '"4"', "log": '"2"', "state": '"3"'}
+    assert json.loads(snapshot.read_text()) == {"log": 1, "state": converted}
+    assert observer.load("beat") == converted
+
+
+def test_a_reader_racing_a_compaction_never_reads_an_older_value(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader that read the snapshot before a compaction finds its log gone,
+    and reads the new snapshot: never the old snapshot without its log."""
+    holder, fence = _holding(store, "a")
+    assert holder.records.claim(fence, [Write("x", None, '"1"')]) == [True]
+    assert holder.records.claim(fence, [Write("x", '"1"', '"2"')]) == [True]  # in the log
+    open_log = file_store._open_log
+    compactions = []
+
+    def compact_first(path: Path, flags: int) -> int | None:
+        if not compactions:  # between the reader's two reads: the log is compacted
+            monkeypatch.setattr(file_store, "LOG_MIN", 0)
+            assert holder.records.claim(fence, [Write("x", '"2"', '"3"' + " " * 50)]) == [True]
+            compactions.append(path.name)
+        return open_log(path, flags)
+
+    monkeypatch.setattr(file_store, "_open_log", compact_first)
+    assert opened(store, 1.0, "p").records.load("beat") == {"x": '"3"' + " " * 50}
+    assert compactions == ["p.beat.state-log.1"] and _log_lines(store) == {
+        "p.beat.state-log.2": b""
+    }

@@ -3,7 +3,8 @@
 Election ``e`` under prefix ``p`` keeps its files in ``dir`` as ``p.e.<kind>``
 (docs/stores/file.md). The leader holds ``flock`` of ``p.e.lock``; a follower
 blocked in ``flock`` gets it the moment the holder's process dies. Every file is
-replaced atomically (write, then rename), so readers need no lock.
+replaced atomically (write, then rename), or appended to by whole lines, so
+readers need no lock.
 """
 
 from __future__ import annotations
@@ -46,6 +47,12 @@ ENTRIES_PAGE = 10_000
 #: one is named by its hash, so that every name fits the 255 bytes a file
 #: name may take, with the key prefix, the election and a temporary file's tail.
 JOURNAL_NAME_MAX = 100
+
+#: The schedule state's log is compacted into a new snapshot when a claim would
+#: grow it past the snapshot's size, and not before this many bytes: a claim
+#: appends its writes alone, and each rewrite of every entry's state is paid for
+#: by as many bytes of claims as it writes (amortised, a constant per claim).
+LOG_MIN = 1 << 20
 
 #: How ``p.e.entries`` starts (``json.dumps`` keeps the keys in order): the version
 #: is read from the first bytes at every look.
@@ -91,9 +98,31 @@ class _Files:
     held: dict[str, tuple[int, Term]] = field(default_factory=dict)
     #: election -> this process's follower queued in its ``flock``.
     waiters: dict[str, LockWaiter[int]] = field(default_factory=dict)
+    #: Guards :attr:`states`, and the state files of the elections held here.
+    state_mutex: threading.Lock = field(default_factory=threading.Lock)
+    #: election -> its schedule state, kept by the holder of its flock.
+    states: dict[str, _State] = field(default_factory=dict)
 
     def path(self, election: str, kind: str) -> Path:
         return self.directory / f"{self.prefix}.{election}.{kind}"
+
+    def log(self, election: str, generation: int) -> Path:
+        """The schedule state's log that snapshot ``generation`` continues with."""
+        return self.path(election, f"state-log.{generation}")
+
+    def logs(self, election: str) -> dict[int, Path]:
+        """Every log of the schedule state on disk, by generation."""
+        prefix = f"{self.prefix}.{election}.state-log."
+        with _io(self.directory):
+            paths = self.directory.glob(f"{glob.escape(prefix)}*")
+            return {int(p.name[len(prefix) :]): p for p in paths if p.name[len(prefix) :].isdigit()}
+
+    def forget_state(self, election: str) -> None:
+        """Drop the schedule state kept for ``election`` (its term is over here)."""
+        with self.state_mutex:
+            held = self.states.pop(election, None)
+        if held is not None and held.fd is not None:
+            _close(held.fd)
 
     def holds(self, election: str, term: Term) -> bool:
         """Whether ``term`` holds the flock of ``election``, on the lock file in place."""
@@ -209,6 +238,7 @@ class FileLock(_Facet, LeaseLock):
             if held is None or held[1] != term:
                 return
             del self._files.held[election]
+        self._files.forget_state(election)
         holder = self._files.path(election, "holder")
         try:
             if _read_text(holder) == term.token:
@@ -278,31 +308,253 @@ class FileLock(_Facet, LeaseLock):
 
 
 class FileRecords(_Facet, FencedRecords):
-    """Schedule state in ``p.e.state``, written only by the flock's holder."""
+    """Schedule state in a snapshot ``p.e.state`` and the log of claims it continues
+    with, ``p.e.state-log.<generation>``: only the flock's holder writes them, and it
+    keeps the state in memory between claims, so a claim appends what it changed."""
 
     def load(self, election: str) -> dict[str, str]:
-        path = self._files.path(election, "state")
-        text = _read_text(path)
-        if text is None:
-            return {}
-        try:
-            data = json.loads(text)
-        except ValueError:
-            data = None
-        if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
-            return unreadable_state(str(path), text)
-        return data
+        with self._files.state_mutex:
+            held = self._held(election, None)
+            if held is not None:
+                return dict(held.values)
+        return _read_state(self._files, election, os.O_RDONLY).values
+
+    def load_some(self, election: str, keys: Sequence[str]) -> dict[str, str]:
+        with self._files.state_mutex:
+            held = self._held(election, None)
+            if held is not None:
+                return {k: held.values[k] for k in keys if k in held.values}
+        values = _read_state(self._files, election, os.O_RDONLY).values
+        return {k: values[k] for k in keys if k in values}
 
     def compare_and_set(self, fence: Fence, writes: Sequence[Write]) -> list[bool]:
-        # Only the flock holder writes the state file, so read-compare-write
-        # needs no further locking.
-        if not self._files.holds(fence.election, fence.term):
-            return [False] * len(writes)
-        state = self.load(fence.election)
-        results = apply_writes(state, writes)
-        if any(results):
-            _write(self._files.path(fence.election, "state"), json.dumps(state))
-        return results
+        # Only the flock holder writes the state files, so read-compare-write
+        # needs no further locking, and the state it read stays true in its memory.
+        with self._files.state_mutex:
+            held = self._held(fence.election, fence.term)
+            if held is None:
+                return [False] * len(writes)
+            results = apply_writes(held.values, writes)
+            if any(results):
+                won = zip(writes, results, strict=True)
+                changed = {w.key: held.values[w.key] for w, ok in won if ok}
+                try:
+                    self._store(fence.election, held, changed)
+                except BaseException:
+                    # Memory may be ahead of the files: read them again at the next claim.
+                    self._files.states.pop(fence.election, None)
+                    if held.fd is not None:
+                        _close(held.fd)
+                    raise
+            return results
+
+    def _held(self, election: str, term: Term | None) -> _State | None:
+        """The state of ``election`` if this process holds its flock (under ``term``,
+        when given), read from the files when they are not the ones it knows; the
+        caller holds :attr:`_Files.state_mutex`."""
+        files = self._files
+        with files.mutex:
+            lease = files.held.get(election)
+        kept = files.states.pop(election, None)
+        if lease is None or (term is not None and lease[1] != term):
+            held = None
+        elif not files.holds(election, lease[1]):
+            held = None
+        elif kept is not None and kept.token == lease[1].token and kept.on_disk(files, election):
+            held, kept = kept, None
+        else:
+            held = _read_state(files, election, os.O_RDWR | os.O_APPEND)
+            held.token = lease[1].token
+        if kept is not None and kept.fd is not None:
+            _close(kept.fd)
+        if held is not None:
+            files.states[election] = held
+        return held
+
+    def _store(self, election: str, held: _State, changed: dict[str, str]) -> None:
+        """Append ``changed`` to the log as one line, or compact (see :data:`LOG_MIN`)."""
+        line = (json.dumps(changed) + "\n").encode()
+        if (
+            held.generation is None
+            or held.fd is None
+            or held.snapshot is None
+            or held.whole + len(line) > max(held.snapshot[1], LOG_MIN)
+        ):
+            self._compact(election, held)
+            return
+        with _io(self._files.log(election, held.generation)):
+            if held.size > held.whole:
+                # A holder died writing its last line: cut it before appending after it.
+                os.ftruncate(held.fd, held.whole)
+                held.size = held.whole
+            written = os.write(held.fd, line)
+            held.size += written
+            if written < len(line):
+                raise OSError(f"wrote {written} of {len(line)} bytes")
+            held.whole = held.size
+
+    def _compact(self, election: str, held: _State) -> None:
+        """Write every entry's state into a snapshot that continues with a new, empty
+        log, then delete the logs before it: a reader that finds its log gone reads
+        the snapshot again, so it never replays an old log over a newer snapshot."""
+        files = self._files
+        logs = files.logs(election)
+        generation = max([held.generation or 0, *logs]) + 1
+        log = files.log(election, generation)
+        with _io(log):
+            fd = os.open(log, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+        try:
+            snapshot = files.path(election, "state")
+            _write(snapshot, json.dumps({"log": generation, "state": held.values}))
+            identity = _identity(snapshot)
+        except BaseException:
+            _close(fd)
+            raise
+        if held.fd is not None:
+            _close(held.fd)
+        held.fd, held.generation, held.snapshot = fd, generation, identity
+        held.size = held.whole = 0
+        for old, path in logs.items():
+            if old != generation:
+                with _io(path):
+                    path.unlink(missing_ok=True)
+
+
+@dataclass
+class _State:
+    """The schedule state of an election as its files held it when read; the
+    holder of the election's flock keeps it, and its log open, between claims."""
+
+    values: dict[str, str]
+    #: The generation of the log the snapshot continues with; None: no snapshot
+    #: as this release writes them (none, the previous release's, or not ours),
+    #: so the next claim writes one.
+    generation: int | None
+    #: (inode, size, mtime) of the snapshot read; None: there was none.
+    snapshot: tuple[int, int, int] | None
+    #: Bytes of the log read, and of its whole lines (a torn last line lies past them).
+    size: int = 0
+    whole: int = 0
+    #: The log read, open for appends (the holder's); None: none, or a reader's.
+    fd: int | None = None
+    #: The term the holder read it under.
+    token: str = ""
+
+    def on_disk(self, files: _Files, election: str) -> bool:
+        """Whether the files are still the ones this state was read from and written to."""
+        if _identity(files.path(election, "state")) != self.snapshot:
+            return False
+        if self.fd is None or self.generation is None:
+            return True  # no log to check: the next claim compacts
+        try:
+            now = os.stat(files.log(election, self.generation))
+            return (now.st_ino, now.st_size) == (os.fstat(self.fd).st_ino, self.size)
+        except OSError:
+            return False
+
+
+def _read_state(files: _Files, election: str, flags: int) -> _State:
+    """The snapshot and the log it continues with, that log kept open unless
+    ``flags`` are a reader's (``O_RDONLY``): a log compacted away between the two
+    reads means a newer snapshot is in place, which is read instead."""
+    path = files.path(election, "state")
+    while True:
+        with _io(path):
+            try:
+                with path.open("rb") as f:
+                    stat = os.fstat(f.fileno())
+                    data = f.read()
+            except FileNotFoundError:
+                return _State({}, None, None)
+        identity = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+        values, generation = _parse_snapshot(data, str(path))
+        if generation is None:
+            return _State(values, None, identity)
+        log = files.log(election, generation)
+        fd = _open_log(log, flags)
+        if fd is None:
+            if _identity(path) != identity:
+                continue  # compacted meanwhile: its log holds nothing the new snapshot lacks
+            return _State(values, generation, identity)  # lost: the next claim compacts
+        try:
+            with _io(log):
+                text = _read_all(fd)
+        except BaseException:
+            _close(fd)
+            raise
+        whole = _replay(values, text, str(log))
+        if flags == os.O_RDONLY:
+            _close(fd)
+            return _State(values, generation, identity, len(text), whole)
+        return _State(values, generation, identity, len(text), whole, fd)
+
+
+def _open_log(path: Path, flags: int) -> int | None:
+    """``path`` opened with ``flags``; None when it is not there."""
+    with _io(path):
+        try:
+            return os.open(path, flags)
+        except FileNotFoundError:
+            return None
+
+
+def _read_all(fd: int) -> bytes:
+    """Everything from the start of ``fd`` to its end."""
+    chunks = []
+    offset = 0
+    while chunk := os.pread(fd, 1 << 24, offset):
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
+def _parse_snapshot(data: bytes, where: str) -> tuple[dict[str, str], int | None]:
+    """The values of a snapshot and the generation of the log it continues with
+    (None: the previous release's plain ``{entry: state}``, or not ours: empty)."""
+    try:
+        found = json.loads(data)
+    except ValueError:
+        found = None
+    if isinstance(found, dict):
+        generation, values = found.get("log"), found.get("state")
+        if isinstance(generation, int) and isinstance(values, dict) and _strings(values):
+            return values, generation
+        if _strings(found):
+            return found, None  # written by the previous release: the next claim converts it
+    return unreadable_state(where, data[:100].decode(errors="replace")), None
+
+
+def _replay(values: dict[str, str], text: bytes, where: str) -> int:
+    """Apply the claims of a log's whole lines to ``values``; the bytes they take.
+    A last line without its newline is one being written, or torn: ignored."""
+    whole = text.rfind(b"\n") + 1
+    start = 0
+    while start < whole:
+        end = text.index(b"\n", start)
+        try:
+            changed = json.loads(text[start:end])
+        except ValueError:
+            changed = None
+        if isinstance(changed, dict) and _strings(changed):
+            values.update(changed)
+        else:
+            unreadable_state(f"{where} at byte {start}", text[start : start + 100])
+        start = end + 1
+    return whole
+
+
+def _strings(values: dict[Any, Any]) -> bool:
+    return all(isinstance(v, str) for v in values.values())
+
+
+def _identity(path: Path) -> tuple[int, int, int] | None:
+    """(inode, size, mtime) of ``path``; None when it is not there."""
+    with _io(path):
+        try:
+            stat = os.stat(path)
+        except FileNotFoundError:
+            return None
+    return stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 
 class FileEntries(_Facet, EntryStore):
@@ -390,8 +642,14 @@ class FileEntries(_Facet, EntryStore):
         for edit in applied:
             kept.pop(edit.key, None)  # to the end: the dict stays oldest first
             kept[edit.key] = [version + 1, edit.new]  # the last applied edit of a key is its value
-        while len(kept) > CHANGES_KEPT:
-            start = max(start, kept.pop(next(iter(kept)))[0])
+        if len(kept) > CHANGES_KEPT:
+            # Sliced, not popped one by one from the front: that is quadratic in a
+            # dict (each pop's iter skips the slots freed before it), and an edit of
+            # a million entries at once would take hours.
+            names = list(kept)
+            cut = len(names) - CHANGES_KEPT
+            start = max(start, *(kept[k][0] for k in names[:cut]))
+            kept = {k: kept[k] for k in names[cut:]}
         return {"version": version + 1, "from": start, "edits": kept}
 
 
