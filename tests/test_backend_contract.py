@@ -758,6 +758,19 @@ class TestEntryStore:
     def test_every_store_has_an_entry_store(self, store: Store) -> None:
         assert isinstance(store.open().entries, EntryStore)
 
+    def test_one_entry_is_read_by_its_name(self, store: Store) -> None:
+        reader, editor = store.open(), store.open()
+        names = ["a", "b/c d:\u00e9", "a0"]  # separators, spaces, non-ASCII; a prefix of another
+        edits = [Edit(n, None, f'{{"v": "{i}"}}') for i, n in enumerate(names)]
+        assert editor.entries.edit(ELECTION, edits) == [True] * 3
+        assert [reader.entries.load_one(ELECTION, n) for n in names] == [e.new for e in edits]
+        assert reader.entries.load_one(ELECTION, "absent") is None
+        assert reader.entries.load_one("other", "a") is None, "elections are apart"
+        later = [Edit("a", edits[0].new, "x"), Edit("a0", edits[2].new, None)]
+        assert editor.entries.edit(ELECTION, later) == [True, True]
+        assert reader.entries.load_one(ELECTION, "a") == "x"
+        assert reader.entries.load_one(ELECTION, "a0") is None, "removed"
+
     def test_entries_are_edited_by_anyone_with_compare_and_set(self, store: Store) -> None:
         """Schedule entries need no term; every applied edit moves the version."""
         leader, editor, other = store.open(), store.open(), store.open()

@@ -138,8 +138,15 @@ def test_an_edit_moves_active_since_only_when_the_schedule_changes_or_it_resumes
 # -- edits -------------------------------------------------------------------------
 
 
-def test_the_book_adds_updates_pauses_and_removes_by_compare_and_set() -> None:
-    book = EntryBook(memory_entries(), "beat", code={"tick"})
+def test_the_book_adds_updates_pauses_and_removes_by_compare_and_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    entries = memory_entries()
+    book = EntryBook(entries, "beat", code={"tick"})
+    # An edit of one entry reads that entry alone: reading every entry made each
+    # edit cost the whole schedule (40 s a pause at a million entries on Redis).
+    load = entries.load
+    monkeypatch.setattr(entries, "load", lambda election: pytest.fail("read every entry"))
     added = book.add(name="r", task="t", every=5)
     with pytest.raises(EntryConflict, match="exists"):
         book.add(name="r", task="t", every=5)
@@ -162,6 +169,7 @@ def test_the_book_adds_updates_pauses_and_removes_by_compare_and_set() -> None:
         book.remove("r")
     again = book.add(name="r", task="t", every=5)
     assert again.generation != added.generation, "a re-created name starts fresh"
+    monkeypatch.setattr(entries, "load", load)  # listing them all reads them all
     assert [e.name for e in book.list()] == ["r", "tick"]
 
 

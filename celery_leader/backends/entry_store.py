@@ -41,6 +41,12 @@ class EntryStore(ABC):
     def load(self, election: str) -> tuple[int, dict[str, str]]:
         """The entries version (read first) and the entries of ``election``, as written."""
 
+    def load_one(self, election: str, name: str) -> str | None:
+        """The stored text of entry ``name`` of ``election``; ``None``: no such entry.
+        One bounded read where the store reads by key (an edit of one entry through
+        the API reads that entry alone, whatever the schedule holds)."""
+        return self.load(election)[1].get(name)
+
     def load_pages(self, election: str) -> tuple[int, Iterator[dict[str, str]]]:
         """The entries version (read first), then the entries of ``election`` page by
         page, each page one bounded read made when the caller asks for it: a reader

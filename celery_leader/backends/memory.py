@@ -223,6 +223,10 @@ class MemoryEntries(_Memory, EntryStore):
             entries = dict(self._store.entries.get(election, {}))
             return self._store.entries_version.get(election, 0), entries
 
+    def load_one(self, election: str, name: str) -> str | None:
+        with self._store.cond:
+            return self._store.entries.get(election, {}).get(name)
+
     def changes_since(
         self, election: str, version: int
     ) -> tuple[int, dict[str, str | None]] | None:

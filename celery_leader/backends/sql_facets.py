@@ -150,6 +150,10 @@ class SqlEntries(PagedEntryStore, Generic[S]):
         rows = self._db.kept(ENTRIES_VERSION, self._db.names(election))
         return int(rows[0][0]) if rows else 0
 
+    def load_one(self, election: str, name: str) -> str | None:
+        rows = self._db.kept(LOAD_ENTRY, {**self._db.names(election), "name": name})
+        return str(rows[0][0]) if rows else None
+
     def load_pages(self, election: str) -> tuple[int, Iterator[dict[str, str]]]:
         # By pages, each a statement on the kept session: one statement of a million
         # entries outlasted the statement timeout. The version first: an edit made

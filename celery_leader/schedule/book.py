@@ -244,8 +244,7 @@ class EntryBook:
         raise _busy(name)
 
     def _read(self, name: str) -> tuple[Entry | None, str | None]:
-        _, records = self.store.load(self.election)
-        text = records.get(name)
+        text = self.store.load_one(self.election, name)
         return (None if text is None else Entry.from_json(text)), text
 
     def _edit(self, edit: Edit) -> bool:

@@ -257,8 +257,7 @@ def submit(store: EntryStore, election: str, request: RunRequest) -> tuple[RunRe
         (won,) = store.edit(election, [Edit(key, None, request.dump())])
         if won:
             return request, False
-        _, texts = store.load(election)
-        text = texts.get(key)
+        text = store.load_one(election, key)
         if text is None:
             continue  # removed (kept past its time) between the two calls: write it anew
         found = RunRequest.load(text)
@@ -293,8 +292,8 @@ def await_outcome(
         if version != seen:
             changed = store.changes_since(election, seen)
             if changed is None:
-                seen, texts = store.load(election)
-                text: str | None = texts.get(key)
+                # Read after the version: the request as it stands then, or newer.
+                seen, text = version, store.load_one(election, key)
             else:
                 seen, edits = changed
                 text = edits.get(key)

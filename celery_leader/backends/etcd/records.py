@@ -114,6 +114,11 @@ class EtcdEntries(PagedEntryStore):
         reply = self.etcd.txn([], [wire.read(self.etcd.key(election, "entries-version"))])
         return _version(reply)
 
+    def load_one(self, election: str, name: str) -> str | None:
+        reply = self.etcd.txn([], [wire.read(self.etcd.key(election, f"entries/{name}"))])
+        found = wire.kv(reply["responses"][0])
+        return None if found is None else wire.text(found)
+
     def load_pages(self, election: str) -> tuple[int, Iterator[dict[str, str]]]:
         # By bounded ranges (one range of a million entries outlasted the deadline),
         # all at the revision of the first, which read the version with it: the pages

@@ -30,6 +30,10 @@ class RedisEntries(PagedEntryStore):
         key = self._conn.key(election, "entries-version")
         return int(self._conn.call(lambda c: c.get(key)) or 0)
 
+    def load_one(self, election: str, name: str) -> str | None:
+        entries = self._conn.key(election, "entries")
+        return self._conn.call(lambda c: c.hget(entries, name))  # type: ignore[no-any-return]
+
     def load_pages(self, election: str) -> tuple[int, Iterator[dict[str, str]]]:
         # By pages: one HGETALL of a million entries blocked the server for seconds.
         # The version first: an edit during the scan shows in the changes since it, and
