@@ -46,6 +46,7 @@ from .run_request import (
     RunOutcome,
     RunRequest,
     run_slot,
+    run_slot_time,
 )
 
 #: The fenced record of the run requests claimed, by request key: ``{"slot", "epoch"}``.
@@ -242,7 +243,7 @@ class RunDesk:
             "it sent it"
         )
         job = self.adapter.run_job(request.entry)
-        due = _due(slot)
+        due = run_slot_time(slot)
         if self.resender is not None and not isinstance(job, str) and due is not None:
             # Re-sent once at the next tick if workers deduplicate and none recorded it.
             self.resender.unknown(job, slot, due)
@@ -268,11 +269,3 @@ class RunDesk:
                 claims = {}
             self._claims = (raw, claims)
         return self._claims
-
-
-def _due(slot: str) -> datetime | None:
-    """The time a run-now slot is named for; ``None`` for a name not of that form."""
-    try:
-        return datetime.fromisoformat(slot.rpartition("@run:")[2])
-    except ValueError:
-        return None
