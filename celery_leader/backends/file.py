@@ -121,8 +121,8 @@ class _Files:
         """Drop the schedule state kept for ``election`` (its term is over here)."""
         with self.state_mutex:
             held = self.states.pop(election, None)
-        if held is not None and held.fd is not None:
-            _close(held.fd)
+        if held is not None:
+            held.close()
 
     def holds(self, election: str, term: Term) -> bool:
         """Whether ``term`` holds the flock of ``election``, on the lock file in place."""
@@ -343,8 +343,7 @@ class FileRecords(_Facet, FencedRecords):
                 except BaseException:
                     # Memory may be ahead of the files: read them again at the next claim.
                     self._files.states.pop(fence.election, None)
-                    if held.fd is not None:
-                        _close(held.fd)
+                    held.close()
                     raise
             return results
 
@@ -365,8 +364,8 @@ class FileRecords(_Facet, FencedRecords):
         else:
             held = _read_state(files, election, os.O_RDWR | os.O_APPEND)
             held.token = lease[1].token
-        if kept is not None and kept.fd is not None:
-            _close(kept.fd)
+        if kept is not None:
+            kept.close()
         if held is not None:
             files.states[election] = held
         return held
@@ -410,8 +409,7 @@ class FileRecords(_Facet, FencedRecords):
         except BaseException:
             _close(fd)
             raise
-        if held.fd is not None:
-            _close(held.fd)
+        held.close()
         held.fd, held.generation, held.snapshot = fd, generation, identity
         held.size = held.whole = 0
         for old, path in logs.items():
@@ -439,6 +437,12 @@ class _State:
     fd: int | None = None
     #: The term the holder read it under.
     token: str = ""
+
+    def close(self) -> None:
+        """Close the log kept open for appends, if any."""
+        if self.fd is not None:
+            _close(self.fd)
+            self.fd = None
 
     def on_disk(self, files: _Files, election: str) -> bool:
         """Whether the files are still the ones this state was read from and written to."""
