@@ -81,6 +81,9 @@ class Publish:
     slot: str | None
     epoch: int | None
     pid: int  # the publishing process, from Celery's "origin" header ("gen<pid>@host")
+    #: Seconds from the slot's due time to ``seen``, on this host's wall clock; a term's
+    #: smallest is its publisher's clock error (see :func:`clock_disagreement`).
+    late: float | None = None
 
 
 class BrokerTap:
@@ -131,7 +134,14 @@ def _parse(raw: bytes, seen: float) -> Publish:
 
 def _publish_of(headers: dict[str, Any], seen: float) -> Publish:
     pid = int(headers["origin"].partition("@")[0].removeprefix("gen"))
-    return Publish(seen, headers.get("leader_slot"), headers.get("leader_epoch"), pid)
+    slot = headers.get("leader_slot")
+    late = None if slot is None else time.time() - due_time(slot)
+    return Publish(seen, slot, headers.get("leader_epoch"), pid, late)
+
+
+def due_time(slot: str) -> float:
+    """The due time of a ``leader_slot`` header, in seconds since the epoch."""
+    return datetime.fromisoformat(slot.partition("@")[2]).timestamp()
 
 
 class AmqpTap(BrokerTap):
@@ -246,6 +256,14 @@ class Replicas:
         return wait_for(holder, timeout, interval=0.02, message="nobody holds the beat election")
 
 
+#: Largest clock disagreement between two leaders that the store clock allows: each
+#: replica knows the store's time within half a round trip plus half the store's
+#: resolution (etcd's HTTP ``Date`` counts whole seconds: 0.5 s; Redis, PostgreSQL and
+#: MariaDB microseconds), so two replicas differ by at most 1 s plus their round
+#: trips (0.1 s, far above loopback's under load).
+CLOCK_SPREAD = 1.1
+
+
 @dataclass
 class Row:
     fault: str
@@ -253,10 +271,32 @@ class Row:
     first: float  # from the fault to the new term's first publish
     budget: float
     on: str = "silence"  # which of the two the budget applies to
+    #: How much later the new term sends a slot than the old one did (see
+    #: :func:`clock_disagreement`); the hand-over's gap grows by it where it is positive.
+    clock: float = 0.0
 
     @property
     def measured(self) -> float:
         return self.silence if self.on == "silence" else self.first
+
+    @property
+    def allowed(self) -> float:
+        return self.budget + max(0.0, self.clock)
+
+
+def clock_disagreement(old: list[Publish], new: list[Publish]) -> float:
+    """How much later than ``old``'s publisher ``new``'s sends a slot, in seconds.
+
+    Each leader sends a slot when the store's clock, as it measured it, reaches the
+    due time; a leader whose measurement runs behind its predecessor's sends every
+    slot that much later, and a hand-over between them goes that much longer without
+    a publish. A term's smallest lateness (arrival minus due time) is its clock
+    error plus the least time a publish takes; catch-up sends of overdue slots are
+    later still and never the smallest.
+    """
+    late_old = [p.late for p in old if p.late is not None]
+    late_new = [p.late for p in new if p.late is not None]
+    return min(late_new) - min(late_old) if late_old and late_new else 0.0
 
 
 def measure(
@@ -291,7 +331,10 @@ def measure(
     window = [s for s in seen if s <= at][-1:] + [s for s in seen if at < s <= until]
     first_new = next(p.seen for p in published if p.seen > at and new_term(p))
     silence = max(b - a for a, b in pairwise(window))
-    return Row(fault, silence, first_new - at, budget, on)
+    before = [p for p in published if p.seen <= at]
+    old = [p for p in before if p.epoch == before[-1].epoch] if before else []
+    new = [p for p in published if at < p.seen <= until and new_term(p)]
+    return Row(fault, silence, first_new - at, budget, on, clock_disagreement(old, new))
 
 
 def steady(tap: BrokerTap, count: int = 5) -> None:
@@ -329,17 +372,27 @@ def report(
 ) -> list[str]:
     """Print the gaps measured so far (also when a phase failed); return what went wrong."""
     print(f"\n{title}, ttl {ttl:g} s, an entry every {every:g} s")
-    print("| fault | longest silence (s) | new term's first publish (s after) | budget (s) |")
-    print("|---|---:|---:|---|")
+    print(
+        "| fault | longest silence (s) | new term's first publish (s after) "
+        "| clocks: new term sends later by (s) | budget (s) |"
+    )
+    print("|---|---:|---:|---:|---|")
     for row in rows:
         print(
-            f"| {row.fault} | {row.silence:.3f} | {row.first:.3f} | {row.budget:.1f} on {row.on} |"
+            f"| {row.fault} | {row.silence:.3f} | {row.first:.3f} | {row.clock:+.3f} "
+            f"| {row.budget:.1f} on {row.on} |"
         )
     problems = slot_problems(tap.published(), every)
     problems += [
         f"{row.fault}: {row.on} {row.measured:.3f} s > {row.budget:.1f} s"
+        + (f" + {row.clock:.3f} s of clock disagreement" if row.clock > 0 else "")
         for row in rows
-        if row.measured > row.budget
+        if row.measured > row.allowed
+    ]
+    problems += [
+        f"{row.fault}: the two terms' clocks disagree by {row.clock:+.3f} s (> {CLOCK_SPREAD} s)"
+        for row in rows
+        if abs(row.clock) > CLOCK_SPREAD
     ]
     for problem in problems:
         print(f"PROBLEM: {problem}")
@@ -354,8 +407,7 @@ def slot_problems(published: list[Publish], every: float = EVERY) -> list[str]:
     dues: dict[str, list[float]] = defaultdict(list)
     for p in published:
         if p.slot is not None:
-            name, _, due = p.slot.partition("@")
-            dues[name].append(datetime.fromisoformat(due).timestamp())
+            dues[p.slot.partition("@")[0]].append(due_time(p.slot))
     for name, times in dues.items():
         close = [(a, b) for a, b in pairwise(sorted(times)) if b - a < every / 2]
         if close:
@@ -851,7 +903,7 @@ def test_a_crontab_slot_across_a_failover_is_sent_exactly_once(
     )
     # Its first dispatch would have included the cron slot, had it been due again.
     assert cron() == [sent]
-    due = datetime.fromisoformat((sent.slot or "").partition("@")[2])
-    assert abs((due - slot_due).total_seconds()) < 0.01, f"{sent.slot} is not the {slot_due} slot"
+    due = due_time(sent.slot or "@")
+    assert abs(due - slot_due.timestamp()) < 0.01, f"{sent.slot} is not the {slot_due} slot"
     problems = slot_problems(tap.published())
     assert not problems, "\n".join(problems)

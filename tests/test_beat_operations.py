@@ -53,6 +53,7 @@ from tests.test_beat_chaos import (  # noqa: F401 - fixtures
     Replicas,
     beat_holder,
     broker,
+    due_time,
     lease_store,
     proxy_each,
     slot_problems,
@@ -87,7 +88,7 @@ def wall(p: Publish) -> float:
 
 
 def due(p: Publish) -> float:
-    return datetime.fromisoformat((p.slot or "@").partition("@")[2]).timestamp()
+    return due_time(p.slot or "@")
 
 
 def entry_of(p: Publish) -> str:

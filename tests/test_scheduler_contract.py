@@ -34,7 +34,7 @@ from celery_leader.dramatiq import LeaderMiddleware, every
 from celery_leader.dramatiq.scheduler import INTERVAL, DramatiqScheduler
 from celery_leader.election.lease import Lease
 from celery_leader.ledger import marks
-from celery_leader.ledger.records import WORKERS
+from celery_leader.ledger.records import SINCE, WORKERS
 from celery_leader.probes.health import check
 from celery_leader.schedule import feed as feed_module
 from celery_leader.schedule import protocol
@@ -51,7 +51,7 @@ from celery_leader.schedule.run_request import (
     run_slot,
     submit,
 )
-from celery_leader.schedule.state import dump_state
+from celery_leader.schedule.state import dump_state, slot_name
 from celery_leader.settings.config import LeaderConfig
 from harness.waiting import wait_for
 
@@ -888,3 +888,30 @@ def test_a_new_terms_recovery_waits_for_the_last_page(
         kind.tick(scheduler)
     assert not slot_protocol.adapter.catalog.loading()
     assert recovered == [{"e", *names}], "once, over every entry"
+
+
+@pytest.mark.usefixtures("polled")
+def test_a_new_term_sends_what_is_due_before_it_re_sends_the_last_terms_slot(
+    running: Callable[..., tuple[Kind, Any]], clock: Clock
+) -> None:
+    """The run ledger's recovery re-sends each entry's last slot claimed before the term,
+    if it left no trace (with workers that drop a second copy). Its store calls wait until
+    the term has sent what is due, and it still looks at the slot the previous term
+    claimed, not at the one this term just sent and marked."""
+    # The recovery trusts the ledger only back to when it was started (its "since"
+    # mark) and half its retention: a slot a minute ago, on the entry's 10 s grid.
+    now = datetime.now(timezone.utc)
+    last = datetime.fromtimestamp(now.timestamp() // PERIOD * PERIOD - 60, timezone.utc)
+    previous = dump_state(last, 1, 1, "previous-leader", slot_name("e", last))
+    kind, scheduler = running({"e": {}}, seed={"e": previous})
+    store = open_store(kind.config)
+    try:
+        marks.touch(store.runs, ELECTION, WORKERS, {"workers": 1}, 60)
+        marks.touch(store.runs, ELECTION, SINCE, {"since": now.timestamp() - 3600}, 3600)
+    finally:
+        store.close()
+    clock.now = last + timedelta(seconds=1.05 * PERIOD)
+    for _ in range(3):
+        kind.tick(scheduler)
+    due = last + timedelta(seconds=PERIOD)
+    assert kind.sent() == [slot_name("e", due), slot_name("e", last)]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import ChainMap
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timezone
 
@@ -67,6 +68,9 @@ class Dispatcher:
             lease, store.records, adapter, config.max_publish_failures, logger, resender
         )
         self.desk = RunDesk(lease, store.records, store.entries, adapter, logger, resender)
+        #: The state the term loaded of each entry it has claimed since, kept until
+        #: the run ledger's recovery has read it (:meth:`recover`).
+        self._loaded: dict[str, EntryState] | None = None if resender is None else {}
 
     def run(self, fence: Fence, now: datetime) -> tuple[float, bool]:
         """Claim and publish what is due, a batch at a time, while the lease and the
@@ -89,6 +93,9 @@ class Dispatcher:
             if not batches:
                 return max(0.0, sleep), True
             in_sync = publisher.run(batches, fence, self.held.states)
+            if self._loaded is not None:
+                for batch in batches:
+                    self._loaded.setdefault(batch.job.name, batch.before)
             for batch in batches:
                 # Its next due time, from what the store now records (sent or handed back).
                 self.held.settle(batch.job, self.held.states[batch.job.name])
@@ -103,6 +110,17 @@ class Dispatcher:
             if done + (done - started) > ends:
                 return 0.0, True
             started = done
+
+    def recover(self, epoch: int) -> None:
+        """The run ledger's recovery for a new term: re-send each entry's last slot claimed
+        before the term, if it left no trace. It runs after the term's first dispatch
+        (its store calls, four round trips and more, would otherwise delay what is due),
+        so it reads the state of entries claimed since as the term loaded it."""
+        resender = self.publisher.resender
+        loaded, self._loaded = self._loaded or {}, None
+        if resender is not None:
+            jobs = list(self.held.jobs.values())
+            resender.recover(jobs, ChainMap(loaded, self.held.states), epoch)
 
     def _due_batches(
         self, fence: Fence, now: datetime, polled: Iterator[str]
@@ -214,6 +232,7 @@ class SlotProtocol:
         self._last_now: datetime | None = None  # the previous tick's clock: to notice a jump back
         self._announced = False  # "dispatching as leader" logged for this load
         self._recover = False  # the run ledger's recovery waits for the load to finish
+        self._loaded_said = False  # "loaded the state" logged for this term
         self._term_started = 0.0  # when this term began loading (monotonic)
 
     @property
@@ -279,26 +298,27 @@ class SlotProtocol:
                 self._announced = True
                 what = "celery-leader: dispatching as leader of %r (epoch %d)"
                 self.logger.info(what, lease.election, fence.term.epoch)
-        if self._recover and not held.pending and self.adapter.jobs_complete():
-            # All loaded on a new term, and every entry listed (a large schedule is
-            # read page by page): the run ledger re-sends what the previous leader
-            # may not have sent.
-            self._recover = False
+        # All loaded on a new term, and every entry listed (a large schedule is read
+        # page by page): once what is due now is sent, the run ledger re-sends what
+        # the previous leader may not have sent.
+        recover = self._recover and not held.pending and self.adapter.jobs_complete()
+        if recover and not self._loaded_said:
+            self._loaded_said = True
             self.logger.info(
                 "celery-leader: loaded the state of %d entries in %.1f s (epoch %d)",
                 len(held.states),
                 time.monotonic() - self._term_started,
                 fence.term.epoch,
             )
-            resender = dispatcher.publisher.resender
-            if resender is not None:
-                resender.recover(list(held.jobs.values()), held.states, fence.term.epoch)
         self._notice_clock(now)
         sleep, in_sync = dispatcher.run(fence, now)
         if not in_sync:
             # Someone else moved the state (or our term ended): reload it before
-            # dispatching anything more.
+            # dispatching anything more (and recovering: after the reload).
             self._epoch = None
+        elif recover:
+            self._recover = False
+            dispatcher.recover(fence.term.epoch)
         return 0.0 if held.pending else sleep
 
     def _take_changes(self, fence: Fence) -> bool:
@@ -320,6 +340,7 @@ class SlotProtocol:
             parts = (self.lease, self.runtime.store, self.adapter, self.held, self.logger)
             self._dispatcher = Dispatcher(self.config, *parts, now, self.max_sleep)
             self._recover = True
+            self._loaded_said = False
             self._term_started = time.monotonic()
         self._epoch = fence.term.epoch
 

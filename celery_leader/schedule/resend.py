@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
@@ -95,9 +96,9 @@ class Resender:
         for p in pending:
             self._resend(p.job, p.slot, p.due, epoch, "its publish had an unknown outcome")
 
-    def recover(self, jobs: list[Job], states: dict[str, EntryState], epoch: int) -> None:
-        """A new term: re-send, once, each entry's last claimed slot that left no trace."""
-        self._pending.clear()
+    def recover(self, jobs: list[Job], states: Mapping[str, EntryState], epoch: int) -> None:
+        """A new term: re-send, once, each entry's last slot claimed before the term (as
+        ``states`` has it) that left no trace."""
         try:
             since = self._since()
             if not self._workers_deduplicate():
