@@ -70,9 +70,20 @@ class Proc:
 
         Group delivery is what a crash or a service manager does; a process that
         already exited (and everything it forked) is not an error.
+
+        Once the process is reaped, its pid is free: with ``pid_max`` 32768 and
+        thousands of forks a minute (a full run wraps it every few minutes), the
+        kernel soon gives it to another process, and a signal to the reaped one's
+        group then reached a PostgreSQL server another test process had started in
+        a session of its own (postmaster and backends: "terminating connection due
+        to administrator command"). So a reaped process is not signalled, and its
+        group only while no process holds its pid: then the group is its orphans
+        (a group's id is not reused while a member lives), or nothing.
         """
         if sig in (_signal.SIGTERM, _signal.SIGINT):
             self.asked_to_stop = True
+        if self.popen.returncode is not None and (not group or _exists(self.pid)):
+            return  # reaped: that pid is another process's, or nobody's
         try:
             if group:
                 os.killpg(self.pid, sig)
@@ -146,6 +157,17 @@ def spawn_python(
     fd, log_name = tempfile.mkstemp(prefix="proc-", suffix=".log", dir=log_dir)
     os.close(fd)
     return start(argv, env=env, cwd=cwd, log_path=Path(log_name))
+
+
+def _exists(pid: int) -> bool:
+    """Whether a process (a zombie too) has ``pid``."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def signal(proc: Proc, sig: int, *, group: bool = True) -> None:

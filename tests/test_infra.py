@@ -183,6 +183,50 @@ def test_a_process_that_ignores_its_stop_signal_leaves_its_stacks(procs: Procs) 
     assert re.search(r"line 5 in stuck", proc.output()), proc.output()
 
 
+def test_a_reaped_process_whose_pid_went_to_another_group_is_signalled_no_more(
+    procs: Procs,
+) -> None:
+    """The kernel gives a reaped process's pid to the next process that needs one once
+    its counter wraps (``pid_max`` 32768, thousands of forks a minute in a full run):
+    teardown's SIGKILL of a reaped process's group once reached a PostgreSQL server
+    another test process had just started in a session of its own."""
+    done = procs.spawn_python("pass")
+    assert done.wait(timeout=10) == 0  # reaped
+    other = procs.spawn_python("import time; print('up', flush=True); time.sleep(60)")
+    other.wait_for_line("^up$", timeout=10)
+    done.popen.pid = other.pid  # as if the kernel had given the pid to that session
+    done.signal(signal.SIGTERM)
+    done.kill_group()
+    with pytest.raises(subprocess.TimeoutExpired):  # at least this long: not signalled
+        other.wait(timeout=0.5)
+
+
+def test_a_reaped_process_leaves_no_orphan_of_its_group_behind(procs: Procs) -> None:
+    """What a reaped process forked still holds its group's id (never reused while a
+    member lives): teardown still reaches it."""
+    code = (
+        "import os, time\n"
+        "if os.fork() == 0:\n"
+        "    print('orphan', os.getpid(), flush=True); time.sleep(60)\n"
+    )
+    parent = procs.spawn_python(code)
+    orphan = int(parent.wait_for_line(r"^orphan (\d+)$", timeout=10)[1])
+    assert parent.wait(timeout=10) == 0  # reaped; its child lives on in its group
+    parent.kill_group()
+
+    def gone() -> bool:
+        try:
+            os.kill(orphan, 0)
+        except ProcessLookupError:
+            return True
+        try:
+            return Path(f"/proc/{orphan}/stat").read_text().split()[2] == "Z"  # killed, unreaped
+        except FileNotFoundError:
+            return True
+
+    wait_for(gone, 10, message=f"orphan {orphan} of a reaped process still runs")
+
+
 #: Reads the wall clock in its main thread while three other threads wait on timed
 #: locks (reading clocks too, without the GIL); prints its number of reads and how
 #: far each read fell outside the fake times its monotonic bracket allows (seconds,
