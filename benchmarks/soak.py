@@ -130,6 +130,11 @@ def _utc(ts: float) -> str:
     return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).strftime("%H:%M:%S")
 
 
+def _utc_ms(ts: float) -> str:
+    """To the millisecond: whether a fault came before or after a slot's publish."""
+    return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).strftime("%H:%M:%S.%f")[:-3]
+
+
 def _due(slot: str) -> tuple[str, float]:
     entry, _, when = slot.rpartition("@")
     return entry, datetime.datetime.fromisoformat(when).timestamp()
@@ -205,12 +210,14 @@ class Soak:
         """The role's process and everything it forked (one session each)."""
         return [] if role.proc is None else session_members(role.proc.pid)
 
-    def signal_role(self, role: Role, sig: int) -> None:
-        """Send ``sig`` to the role's process group, wait for it to end, start it again."""
+    def signal_role(self, role: Role, sig: int) -> float:
+        """Send ``sig`` to the role's process group, wait for it to end, start it again;
+        when the signal was sent."""
         assert role.proc is not None
         pids = self.session_pids(role)
         if sig == signal.SIGKILL:
             self.killed_pids.update(pids)
+        sent = _now()
         role.proc.signal(sig)
         try:
             role.proc.wait(timeout=60)
@@ -218,6 +225,7 @@ class Soak:
             print(f"{role.instance} did not stop in 60 s after {sig}; killing it", flush=True)
             role.proc.kill_group()
         self.spawn(role)
+        return sent
 
     # -- threads ---------------------------------------------------------------------
 
@@ -314,7 +322,7 @@ class Soak:
         if kind == "sigkill-worker":
             role = self.roles[f"worker{n // len(FAULTS) % 2 + 1}"]
             record["target"] = role.instance
-            self.signal_role(role, signal.SIGKILL)
+            record["signalled"] = self.signal_role(role, signal.SIGKILL)
         elif kind == "resign":
             done = subprocess.run(
                 [str(CELERY), "-A", APP, "leader", "resign"],
@@ -334,9 +342,9 @@ class Soak:
             else:
                 record["target"] = role.instance
                 sig = signal.SIGKILL if kind == "sigkill-leader" else signal.SIGTERM
-                self.signal_role(role, sig)
+                record["signalled"] = self.signal_role(role, sig)
         self.faults.append(record)
-        print(f"{_utc(record['t'])} fault {kind}: {record['target']}", flush=True)
+        print(f"{_utc_ms(record['t'])} fault {kind}: {record['target']}", flush=True)
 
     def edit(self, n: int, names: list[str]) -> None:
         name = names[n % len(names)]
@@ -520,7 +528,8 @@ class Soak:
               f"| {len(same_epoch)} | {len(restored)} | {len(lost)} | {len(explained)} "
               f"| {len(unexplained)} ({len(lost_published)}) |")  # fmt: skip
         for key in sorted(unexplained, key=lambda k: k[1])[:20]:
-            print(f"  unexplained: {key[0]} due {_utc(key[1])}, published {key in published}")
+            print(f"  unexplained: {key[0]} due {_utc_ms(key[1])}, published {key in published}"
+                  f"{self.nearest_signal(key[1])}")  # fmt: skip
         for slot in [*twice_ran, *same_epoch][:20]:
             print(f"  twice: {slot} runs by pids {self.runs.get(slot)}, "
                   f"published {self.published.get(slot)}")  # fmt: skip
@@ -531,9 +540,21 @@ class Soak:
             print(f"\n{len(self.errors)} step(s) of the benchmark failed: {self.errors[:5]}")
         return twice > 0 or len(unexplained) > 0 or bool(self.errors)
 
+    def nearest_signal(self, due: float) -> str:
+        """The signal sent nearest to ``due``, to the millisecond: a worker killed as the
+        slot was published may have taken its message off the queue with it (kombu's
+        Redis transport pops a message, then records it as unacknowledged)."""
+        sent = [f for f in self.faults if "signalled" in f]
+        if not sent:
+            return ""
+        fault = min(sent, key=lambda f: abs(f["signalled"] - due))
+        offset = fault["signalled"] - due
+        return (f"; nearest signal: {fault['kind']} of {fault['target']} at "
+                f"{_utc_ms(fault['signalled'])}, {offset:+.3f} s from the due time")  # fmt: skip
+
     def report_faults(self) -> None:
         print("\n## Faults")
-        print("| at (UTC) | fault | target | first publish of a newer epoch after it, s |")
+        print("| signalled (UTC) | fault | target | first publish of a newer epoch after it, s |")
         print("|---|---|---|---:|")
         firsts: dict[int, float] = {}
         for sends in self.published.values():
@@ -544,7 +565,8 @@ class Soak:
             gap = f"{min(later) - fault['t']:.1f}" if later else "—"
             if fault["kind"] == "sigkill-worker":
                 gap = "—"
-            print(f"| {_utc(fault['t'])} | {fault['kind']} | {fault['target']} | {gap} |")
+            at = _utc_ms(fault.get("signalled", fault["t"]))
+            print(f"| {at} | {fault['kind']} | {fault['target']} | {gap} |")
         times = [s for _, s, _ in self.status]
         failed = sum(1 for *_, code in self.status if code != 0)
         if times:
