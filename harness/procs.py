@@ -82,7 +82,7 @@ class Proc:
         """
         if sig in (_signal.SIGTERM, _signal.SIGINT):
             self.asked_to_stop = True
-        if self.popen.returncode is not None and (not group or _exists(self.pid)):
+        if self.popen.returncode is not None and (not group or pid_exists(self.pid)):
             return  # reaped: that pid is another process's, or nobody's
         try:
             if group:
@@ -159,7 +159,7 @@ def spawn_python(
     return start(argv, env=env, cwd=cwd, log_path=Path(log_name))
 
 
-def _exists(pid: int) -> bool:
+def pid_exists(pid: int) -> bool:
     """Whether a process (a zombie too) has ``pid``."""
     try:
         os.kill(pid, 0)

@@ -25,6 +25,7 @@ import pymysql
 import redis
 
 from .groups import group_alive
+from .procs import pid_exists
 from .waiting import wait_for
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ def free_port() -> int:
         held: dict[int, int] = {}
         for word in registry.read().split():
             port, _, pid = word.partition(":")
-            if port.isdigit() and pid.isdigit() and _alive(int(pid)):
+            if port.isdigit() and pid.isdigit() and pid_exists(int(pid)):
                 held[int(port)] = int(pid)
         while True:
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -69,16 +70,6 @@ def free_port() -> int:
         registry.truncate()
         registry.write(" ".join(f"{p}:{pid}" for p, pid in held.items()))
     return port
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _tail(path: Path, lines: int = 40) -> str:
