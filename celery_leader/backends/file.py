@@ -29,7 +29,7 @@ from . import StoreFacets, StoreParams
 from .entry_store import Edit, EntryStore, apply_edits
 from .journal import Journal, JournalWrite
 from .lock import Acquired, HolderInfo, LeaseLock, Renewal, Term
-from .records import Fence, FencedRecords, Write, apply_writes
+from .records import Fence, FencedRecords, Write
 from .run_store import RunStore, RunSummary, RunWrite, run_entry
 from .runbook import EntryBook
 from .terms import holder_info, new_term, parse_epoch, unreadable_state
@@ -310,34 +310,24 @@ class FileLock(_Facet, LeaseLock):
 class FileRecords(_Facet, FencedRecords):
     """Schedule state in a snapshot ``p.e.state`` and the log of claims it continues
     with, ``p.e.state-log.<generation>``: only the flock's holder writes them, and it
-    keeps the state in memory between claims, so a claim appends what it changed."""
+    keeps a digest of every entry's state in memory between claims, so a claim
+    compares with those and appends what it changed. Everyone, the holder too, reads
+    the state from the files, all at once (no :meth:`load_some`)."""
 
     def load(self, election: str) -> dict[str, str]:
-        with self._files.state_mutex:
-            held = self._held(election, None)
-            if held is not None:
-                return dict(held.values)
-        return _read_state(self._files, election, os.O_RDONLY).values
-
-    def load_some(self, election: str, keys: Sequence[str]) -> dict[str, str]:
-        with self._files.state_mutex:
-            held = self._held(election, None)
-            if held is not None:
-                return {k: held.values[k] for k in keys if k in held.values}
-        values = _read_state(self._files, election, os.O_RDONLY).values
-        return {k: values[k] for k in keys if k in values}
+        return _read_state(self._files, election, os.O_RDONLY)[0]
 
     def compare_and_set(self, fence: Fence, writes: Sequence[Write]) -> list[bool]:
         # Only the flock holder writes the state files, so read-compare-write
-        # needs no further locking, and the state it read stays true in its memory.
+        # needs no further locking, and the digests it read stay true in its memory.
         with self._files.state_mutex:
             held = self._held(fence.election, fence.term)
             if held is None:
                 return [False] * len(writes)
-            results = apply_writes(held.values, writes)
+            results = _apply_digests(held.digests, writes)
             if any(results):
-                won = zip(writes, results, strict=True)
-                changed = {w.key: held.values[w.key] for w, ok in won if ok}
+                # The last won write of a key is its state now.
+                changed = {w.key: w.new for w, ok in zip(writes, results, strict=True) if ok}
                 try:
                     self._store(fence.election, held, changed)
                 except BaseException:
@@ -362,7 +352,8 @@ class FileRecords(_Facet, FencedRecords):
         elif kept is not None and kept.token == lease[1].token and kept.on_disk(files, election):
             held, kept = kept, None
         else:
-            held = _read_state(files, election, os.O_RDWR | os.O_APPEND)
+            values, held = _read_state(files, election, os.O_RDWR | os.O_APPEND)
+            held.digests = {key: _digest(text) for key, text in values.items()}
             held.token = lease[1].token
         if kept is not None:
             kept.close()
@@ -379,7 +370,7 @@ class FileRecords(_Facet, FencedRecords):
             or held.snapshot is None
             or held.whole + len(line) > max(held.snapshot[1], LOG_MIN)
         ):
-            self._compact(election, held)
+            self._compact(election, held, changed)
             return
         with _io(self._files.log(election, held.generation)):
             if held.size > held.whole:
@@ -392,11 +383,15 @@ class FileRecords(_Facet, FencedRecords):
                 raise OSError(f"wrote {written} of {len(line)} bytes")
             held.whole = held.size
 
-    def _compact(self, election: str, held: _State) -> None:
-        """Write every entry's state into a snapshot that continues with a new, empty
-        log, then delete the logs before it: a reader that finds its log gone reads
-        the snapshot again, so it never replays an old log over a newer snapshot."""
+    def _compact(self, election: str, held: _State, changed: dict[str, str]) -> None:
+        """Write every entry's state, as the files hold it (everything this holder
+        wrote is in them: its memory keeps digests alone) and with ``changed``, into
+        a snapshot that continues with a new, empty log, then delete the logs before
+        it: a reader that finds its log gone reads the snapshot again, so it never
+        replays an old log over a newer snapshot."""
         files = self._files
+        values = _read_state(files, election, os.O_RDONLY)[0]
+        values.update(changed)
         logs = files.logs(election)
         generation = max([held.generation or 0, *logs]) + 1
         log = files.log(election, generation)
@@ -404,7 +399,7 @@ class FileRecords(_Facet, FencedRecords):
             fd = os.open(log, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
         try:
             snapshot = files.path(election, "state")
-            _write(snapshot, json.dumps({"log": generation, "state": held.values}))
+            _write(snapshot, json.dumps({"log": generation, "state": values}))
             identity = _identity(snapshot)
         except BaseException:
             _close(fd)
@@ -418,12 +413,29 @@ class FileRecords(_Facet, FencedRecords):
                     path.unlink(missing_ok=True)
 
 
+def _digest(text: str) -> bytes:
+    """What the holder keeps of an entry's state: 128 bits of BLAKE2b, so a stale
+    ``expected`` passes for the stored state with a chance of 2**-128 a compare."""
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
+
+
+def _apply_digests(digests: dict[str, bytes], writes: Sequence[Write]) -> list[bool]:
+    """:func:`~.records.apply_writes` on the digests of the states, in place."""
+    results = []
+    for w in writes:
+        stored = digests.get(w.key)
+        ok = stored is None if w.expected is None else stored == _digest(w.expected)
+        if ok:
+            digests[w.key] = _digest(w.new)
+        results.append(ok)
+    return results
+
+
 @dataclass
 class _State:
-    """The schedule state of an election as its files held it when read; the
-    holder of the election's flock keeps it, and its log open, between claims."""
+    """Where the schedule state of an election was read from; the holder of the
+    election's flock keeps it, its entries' digests and its log open between claims."""
 
-    values: dict[str, str]
     #: The generation of the log the snapshot continues with; None: no snapshot
     #: as this release writes them (none, the previous release's, or not ours),
     #: so the next claim writes one.
@@ -437,6 +449,8 @@ class _State:
     fd: int | None = None
     #: The term the holder read it under.
     token: str = ""
+    #: entry -> :func:`_digest` of its state (the holder's; a reader's is empty).
+    digests: dict[str, bytes] = field(default_factory=dict)
 
     def close(self) -> None:
         """Close the log kept open for appends, if any."""
@@ -457,10 +471,11 @@ class _State:
             return False
 
 
-def _read_state(files: _Files, election: str, flags: int) -> _State:
-    """The snapshot and the log it continues with, that log kept open unless
-    ``flags`` are a reader's (``O_RDONLY``): a log compacted away between the two
-    reads means a newer snapshot is in place, which is read instead."""
+def _read_state(files: _Files, election: str, flags: int) -> tuple[dict[str, str], _State]:
+    """The state in the snapshot and the log it continues with, and where it was
+    read from, that log kept open unless ``flags`` are a reader's (``O_RDONLY``): a
+    log compacted away between the two reads means a newer snapshot is in place,
+    which is read instead."""
     path = files.path(election, "state")
     while True:
         with _io(path):
@@ -469,17 +484,17 @@ def _read_state(files: _Files, election: str, flags: int) -> _State:
                     stat = os.fstat(f.fileno())
                     data = f.read()
             except FileNotFoundError:
-                return _State({}, None, None)
+                return {}, _State(None, None)
         identity = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
         values, generation = _parse_snapshot(data, str(path))
         if generation is None:
-            return _State(values, None, identity)
+            return values, _State(None, identity)
         log = files.log(election, generation)
         fd = _open_log(log, flags)
         if fd is None:
             if _identity(path) != identity:
                 continue  # compacted meanwhile: its log holds nothing the new snapshot lacks
-            return _State(values, generation, identity)  # lost: the next claim compacts
+            return values, _State(generation, identity)  # lost: the next claim compacts
         try:
             with _io(log):
                 text = _read_all(fd)
@@ -489,8 +504,8 @@ def _read_state(files: _Files, election: str, flags: int) -> _State:
         whole = _replay(values, text, str(log))
         if flags == os.O_RDONLY:
             _close(fd)
-            return _State(values, generation, identity, len(text), whole)
-        return _State(values, generation, identity, len(text), whole, fd)
+            return values, _State(generation, identity, len(text), whole)
+        return values, _State(generation, identity, len(text), whole, fd)
 
 
 def _open_log(path: Path, flags: int) -> int | None:
