@@ -427,15 +427,21 @@ class FileRecords(_Facet, FencedRecords):
         files = self._files
         frozen = held.generation
         assert frozen is not None and held.fd is not None and held.snapshot is not None
-        live = max([frozen, *files.logs(election)]) + 1
-        # The new log first: a crash before the frozen log names it leaves an empty
-        # file no reader looks at, which the next compaction deletes.
-        fd = _create_log(files.log(election, live))
         try:
-            _append(files.log(election, frozen), held, json.dumps(["next", live]))
-        except BaseException:
-            _close(fd)
-            raise
+            live = max([frozen, *files.logs(election)]) + 1
+            # The new log first: a crash before the frozen log names it leaves an
+            # empty file no reader looks at, which the next compaction deletes.
+            fd = _create_log(files.log(election, live))
+            try:
+                _append(files.log(election, frozen), held, json.dumps(["next", live]))
+            except BaseException:
+                _close(fd)
+                raise
+        except StoreUnavailable:
+            # The claim is in the log already: it stands. A torn "next" line is cut
+            # by the next append.
+            held.retry_at = time.monotonic() + COMPACT_RETRY
+            return
         held.close()
         held.fd, held.generation = fd, live
         held.frozen += held.whole
