@@ -626,6 +626,7 @@ def _read_snapshot(
         except ValueError:
             pairs = None
         if not isinstance(pairs, list) or not all(_pair(p) for p in pairs):
+            into.clear()  # read as empty, as any unreadable state
             unreadable_state(where, b"".join(lines)[:100].decode(errors="replace"))
             return None
         into.update((k, keep(v)) for k, v in pairs)
