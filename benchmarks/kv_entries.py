@@ -134,8 +134,10 @@ def seed_file(directory: Path, n: int) -> None:
     entries = {name(i): entry(i) for i in range(n)}
     text = json.dumps({"version": 1, "entries": entries})
     (directory / f"{PREFIX}.{ELECTION}.entries").write_text(text)
-    states = json.dumps({name(i): state(i) for i in range(n)})
-    (directory / f"{PREFIX}.{ELECTION}.state").write_text(states)
+    # As the store writes its schedule state: a snapshot naming log 1, and log 1 empty.
+    lines = "".join(json.dumps([name(i), state(i)]) + "\n" for i in range(n))
+    (directory / f"{PREFIX}.{ELECTION}.state").write_text('{"log": 1}\n' + lines)
+    (directory / f"{PREFIX}.{ELECTION}.state-log.1").write_text("")
 
 
 def measure(label: str, url: str, n: int, seed: Callable[[], None], etcd: str | None) -> Row:

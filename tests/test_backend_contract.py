@@ -75,7 +75,7 @@ KEPT_CHANGES = {"redis": redis_entries, "etcd": etcd_records, "file": file_store
 PAGED_ENTRIES = {"etcd": etcd_records, "file": file_store}
 #: Stores that read fenced records by keys, and the module whose ``RECORDS_PAGE``
 #: bounds a read of them all (``None``: read in one).
-BY_KEYS = {"redis": None, "etcd": etcd_records, "file": None}
+BY_KEYS = {"redis": None, "etcd": etcd_records}
 ELECTION = "beat"
 TTL = 5.0
 TIMEOUT = 0.5

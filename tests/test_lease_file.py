@@ -13,6 +13,7 @@ import signal
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -405,39 +406,163 @@ def _log_lines(store: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in store.glob("p.beat.state-log.*")}
 
 
-def test_a_claim_appends_what_it_changed_and_the_log_is_compacted_past_the_snapshot(
+def _snapshot(store: Path) -> tuple[int, dict[str, str]]:
+    """The generation of the log the snapshot names, and the states it holds."""
+    head, *lines = (store / "p.beat.state").read_text().splitlines()
+    return json.loads(head)["log"], dict(json.loads(line) for line in lines)
+
+
+def _held(holder: StoreFacets) -> Any:
+    """What the holder keeps of the ``beat`` state (its files, digests, compaction)."""
+    return holder.records._files.states["beat"]  # type: ignore[attr-defined]
+
+
+def _compacted(holder: StoreFacets) -> None:
+    """Wait until the holder's compaction, if one runs, has ended."""
+    held = _held(holder)
+    wait_for(lambda: held.compaction is None, 10, message="the compaction did not end")
+
+
+def test_a_claim_appends_what_it_changed_and_a_thread_compacts_the_logs(
     store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The holder appends each claim's writes to the log and leaves the snapshot
-    alone; once the log would outgrow the snapshot, a new snapshot holds it all."""
+    alone; once the log holds a quarter of the snapshot's bytes, a thread writes a
+    new snapshot of it all, naming the log the claims went on in."""
     monkeypatch.setattr(file_store, "LOG_MIN", 0)
     holder, fence = _holding(store, "a")
     observer = opened(store, 1.0, "p").records
-    state = {f"e{i}": f'"{i}"' for i in range(20)}
+    state = {f"e{i}": f'"{i}"' * 10 for i in range(20)}
     assert holder.records.claim(fence, [Write(k, None, v) for k, v in state.items()]) == [True] * 20
     snapshot = store / "p.beat.state"
     before = os.stat(snapshot)
-    for i in range(5):
+    assert _snapshot(store) == (1, state)
+    for i in range(3):  # 3 lines of 17 bytes: under a quarter of the snapshot's bytes
         assert holder.records.claim(fence, [Write("e0", state["e0"], f'"{i}x"')]) == [True]
         state["e0"] = f'"{i}x"'
         after = os.stat(snapshot)
         assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
         assert observer.load("beat") == state
     assert _log_lines(store) == {
-        "p.beat.state-log.1": b"".join(b'{"e0": "\\"%dx\\""}\n' % i for i in range(5))
+        "p.beat.state-log.1": b"".join(b'{"e0": "\\"%dx\\""}\n' % i for i in range(3))
     }
-    assert holder.records.load_some("beat", ["e0", "e1", "absent"]) == {
-        "e0": state["e0"], "e1": state["e1"]
-    }  # fmt: skip
+    assert holder.records.load("beat") == state, "the holder reads the files too"
     for i in range(100):
-        if os.stat(snapshot).st_ino != before.st_ino:
+        if _held(holder).compaction is not None or os.stat(snapshot).st_ino != before.st_ino:
             break
-        assert holder.records.claim(fence, [Write("e1", state["e1"], f'"{i}"')]) == [True]
-        state["e1"] = f'"{i}"'
-    assert os.stat(snapshot).st_size < 2 * before.st_size, "compacted once the log outgrew it"
-    assert _log_lines(store) == {"p.beat.state-log.2": b""}, "the old log is gone"
-    assert json.loads(snapshot.read_text()) == {"log": 2, "state": state}
+        assert holder.records.claim(fence, [Write("e1", state["e1"], f'"{i}"' * 10)]) == [True]
+        state["e1"] = f'"{i}"' * 10
+    _compacted(holder)
+    assert _snapshot(store) == (2, state)
+    assert _log_lines(store) == {"p.beat.state-log.2": b""}, "the folded log is gone"
     assert observer.load("beat") == holder.records.load("beat") == state
+
+
+def test_claims_go_on_in_a_new_log_while_a_compaction_runs(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A compaction freezes the log (its last line names the next) and runs beside
+    the claims, which go on in the next log: readers follow the chain meanwhile,
+    and the new snapshot names the next log."""
+    holder, fence = _holding(store, "a")
+    assert holder.records.claim(fence, [Write("x", None, '"1"'), Write("y", None, '"1"')])
+    assert holder.records.claim(fence, [Write("x", '"1"', '"2"')]) == [True]
+    go_on = threading.Event()
+    compact_into = file_store._compact_into
+
+    def held_back(*args: Any) -> None:
+        assert go_on.wait(10)
+        compact_into(*args)
+
+    monkeypatch.setattr(file_store, "_compact_into", held_back)
+    monkeypatch.setattr(file_store, "LOG_MIN", 0)
+    assert holder.records.claim(fence, [Write("x", '"2"', '"3"')]) == [True]  # starts one
+    assert _held(holder).compaction is not None
+    assert _log_lines(store) == {
+        "p.beat.state-log.1": b'{"x": "\\"2\\""}\n{"x": "\\"3\\""}\n["next", 2]\n',
+        "p.beat.state-log.2": b"",
+    }
+    for n in range(4, 8):  # no second compaction while the first runs
+        assert holder.records.claim(fence, [Write("y", f'"{n - 3}"', f'"{n - 2}"')]) == [True]
+    observer = opened(store, 1.0, "p").records
+    assert observer.load("beat") == {"x": '"3"', "y": '"5"'}
+    go_on.set()
+    _compacted(holder)
+    assert _snapshot(store) == (2, {"x": '"3"', "y": '"1"'}), "log 2 not folded: it is live"
+    assert list(_log_lines(store)) == ["p.beat.state-log.2"]
+    assert observer.load("beat") == holder.records.load("beat") == {"x": '"3"', "y": '"5"'}
+    assert holder.records.claim(fence, [Write("y", '"5"', '"6"')]) == [True]
+    assert observer.load("beat") == {"x": '"3"', "y": '"6"'}
+    _compacted(holder)
+
+
+def test_a_compaction_whose_term_ended_leaves_the_files_alone(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A term that ends while its compaction runs: the compaction does not put its
+    snapshot in place (the next holder may have written the files since), and the
+    next holder reads every claim from the chain."""
+    holder, fence = _holding(store, "a")
+    assert holder.records.claim(fence, [Write("x", None, '"1"')]) == [True]
+    go_on = threading.Event()
+    compact_into = file_store._compact_into
+    compacted: list[Path] = []
+
+    def held_back(files: Any, election: str, job: Any, tmp: Path) -> None:
+        assert go_on.wait(10)
+        compact_into(files, election, job, tmp)
+        compacted.append(tmp)
+
+    monkeypatch.setattr(file_store, "_compact_into", held_back)
+    monkeypatch.setattr(file_store, "LOG_MIN", 0)
+    assert holder.records.claim(fence, [Write("x", '"1"', '"2"' * 20)]) == [True]
+    held = _held(holder)
+    assert held.compaction is not None
+    snapshot = os.stat(store / "p.beat.state")
+    holder.lock.release("beat", fence.term)
+    go_on.set()
+    wait_for(lambda: compacted, 10, message="the compaction did not run")
+    wait_for(lambda: not list(store.glob(".p.beat.state.*")), 5, message="its file stayed")
+    assert os.stat(store / "p.beat.state").st_ino == snapshot.st_ino
+    assert sorted(_log_lines(store)) == ["p.beat.state-log.1", "p.beat.state-log.2"]
+    second, fence = _holding(store, "b")
+    assert second.records.claim(fence, [Write("x", '"2"' * 20, '"3"')]) == [True]
+    assert opened(store, 1.0, "p").records.load("beat") == {"x": '"3"'}
+    _compacted(second)
+
+
+def test_a_failed_compaction_is_tried_again_after_a_while(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A compaction that fails (a full disk, say) loses nothing, the claims go on in
+    the logs, and the next one starts ``COMPACT_RETRY`` later, not at every claim."""
+    holder, fence = _holding(store, "a")
+    assert holder.records.claim(fence, [Write("x", None, '"0"')]) == [True]
+    compact_into = file_store._compact_into
+    attempts: list[int] = []
+
+    def failing_once(*args: Any) -> None:
+        attempts.append(len(attempts))
+        if len(attempts) == 1:
+            raise OSError(28, "No space left on device")
+        compact_into(*args)
+
+    monkeypatch.setattr(file_store, "_compact_into", failing_once)
+    monkeypatch.setattr(file_store, "LOG_MIN", 0)
+    monkeypatch.setattr(file_store, "COMPACT_RETRY", 3600.0)
+    assert holder.records.claim(fence, [Write("x", '"0"', '"1"')]) == [True]
+    _compacted(holder)
+    for n in range(2, 6):
+        assert holder.records.claim(fence, [Write("x", f'"{n - 1}"', f'"{n}"')]) == [True]
+    assert attempts == [0], "not tried again at every claim"
+    assert opened(store, 1.0, "p").records.load("beat") == {"x": '"5"'}
+    _held(holder).retry_at = 0.0
+    assert holder.records.claim(fence, [Write("x", '"5"', '"6"')]) == [True]
+    _compacted(holder)
+    assert attempts == [0, 1]
+    assert _snapshot(store) == (3, {"x": '"6"'}), "logs 1 and 2 folded"
+    assert list(_log_lines(store)) == ["p.beat.state-log.3"]
+    assert opened(store, 1.0, "p").records.load("beat") == {"x": '"6"'}
 
 
 def test_a_torn_last_line_is_ignored_and_the_next_holder_claims_after_it(store: Path) -> None:
@@ -452,7 +577,6 @@ def test_a_torn_last_line_is_ignored_and_the_next_holder_claims_after_it(store: 
         f.write(b'{"x": "\\"3')  # the holder died here
     observer = opened(store, 1.0, "p").records
     assert observer.load("beat") == {"x": '"2"', "y": '"1"'}
-    assert observer.load_some("beat", ["x"]) == {"x": '"2"'}
     second, fence = _holding(store, "b")
     assert second.records.load("beat") == {"x": '"2"', "y": '"1"'}
     assert second.records.claim(fence, [Write("x", '"3"', '"4"')]) == [False]
@@ -469,11 +593,10 @@ def test_the_previous_releases_state_file_is_read_and_converted_at_the_first_cla
     snapshot.write_text(json.dumps({"a": '"1"', "log": '"2"', "state": '"3"'}))
     observer = opened(store, 1.0, "p").records
     assert observer.load("beat") == {"a": '"1"', "log": '"2"', "state": '"3"'}
-    assert observer.load_some("beat", ["a", "b"]) == {"a": '"1"'}
     holder, fence = _holding(store, "a")
     assert holder.records.claim(fence, [Write("a", '"1"', '"4"')]) == [True]
     converted = {"a": '"4"', "log": '"2"', "state": '"3"'}
-    assert json.loads(snapshot.read_text()) == {"log": 1, "state": converted}
+    assert _snapshot(store) == (1, converted)
     assert observer.load("beat") == converted
 
 
@@ -490,9 +613,10 @@ def test_a_reader_racing_a_compaction_never_reads_an_older_value(
 
     def compact_first(path: Path, flags: int) -> int | None:
         if not compactions:  # between the reader's two reads: the log is compacted
+            compactions.append(path.name)
             monkeypatch.setattr(file_store, "LOG_MIN", 0)
             assert holder.records.claim(fence, [Write("x", '"2"', '"3"' + " " * 50)]) == [True]
-            compactions.append(path.name)
+            _compacted(holder)
         return open_log(path, flags)
 
     monkeypatch.setattr(file_store, "_open_log", compact_first)
@@ -500,3 +624,48 @@ def test_a_reader_racing_a_compaction_never_reads_an_older_value(
     assert compactions == ["p.beat.state-log.1"] and _log_lines(store) == {
         "p.beat.state-log.2": b""
     }
+
+
+def test_the_holder_keeps_digests_and_refuses_a_claim_whose_expected_state_is_a_byte_off(
+    store: Path,
+) -> None:
+    """The holder reads the state once in its term and keeps a digest of each
+    entry's: a claim that expects a text a byte away from the stored one fails."""
+    first, fence = _holding(store, "a")
+    assert first.records.claim(fence, [Write("x", None, '{"n": 1}')]) == [True]
+    first.lock.release("beat", fence.term)
+    holder, fence = _holding(store, "b")
+    assert holder.records.claim(fence, [Write("x", '{"n":1}', '"2"')]) == [False]  # first read
+    held = _held(holder)
+    assert held.digests == {"x": file_store._digest('{"n": 1}')}, "no state text kept"
+    assert holder.records.claim(fence, [Write("x", '{"n": 1}', '"2"')]) == [True]
+    assert holder.records.claim(fence, [Write("x", '{"n": 1}', '"3"')]) == [False], "stale"
+    assert holder.records.claim(fence, [Write("x", '"2 "', '"3"')]) == [False]
+    assert holder.records.claim(fence, [Write("y", '"2"', '"3"')]) == [False], "nothing stored"
+    assert opened(store, 1.0, "p").records.load("beat") == {"x": '"2"'}
+
+
+def test_a_compaction_after_claims_writes_the_texts_the_claims_wrote(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The holder keeps digests alone: a compaction takes every text from the
+    files, and the claim that triggers it adds its own."""
+    holder, fence = _holding(store, "a")
+    state = {f"e{i}": json.dumps({"i": i, "s": "\u00e9" * i}) for i in range(10)}
+    assert holder.records.claim(fence, [Write(k, None, v) for k, v in state.items()])
+    for i in range(3):  # appended to the log
+        new = f'{{"i": {i},  "again": true}}'
+        assert holder.records.claim(fence, [Write(f"e{i}", state[f"e{i}"], new)]) == [True]
+        state[f"e{i}"] = new
+    assert list(_log_lines(store)) == ["p.beat.state-log.1"]
+    monkeypatch.setattr(file_store, "LOG_MIN", 0)
+    for i in range(100):  # until one compacts
+        key = f"e{3 + i % 7}"
+        new = json.dumps([i, "x" * 200])
+        assert holder.records.claim(fence, [Write(key, state[key], new)]) == [True]
+        state[key] = new
+        if _held(holder).compaction is not None or "p.beat.state-log.1" not in _log_lines(store):
+            break
+    _compacted(holder)
+    assert _snapshot(store) == (2, state), "the claim that started it, in the frozen log too"
+    assert opened(store, 1.0, "p").records.load("beat") == state

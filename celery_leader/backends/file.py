@@ -17,11 +17,11 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, TypeVar
 from urllib.parse import quote, unquote, urlsplit
 
 from ..exceptions import ConfigError, StoreUnavailable
@@ -29,7 +29,7 @@ from . import StoreFacets, StoreParams
 from .entry_store import Edit, EntryStore, apply_edits
 from .journal import Journal, JournalWrite
 from .lock import Acquired, HolderInfo, LeaseLock, Renewal, Term
-from .records import Fence, FencedRecords, Write, apply_writes
+from .records import Fence, FencedRecords, Write
 from .run_store import RunStore, RunSummary, RunWrite, run_entry
 from .runbook import EntryBook
 from .terms import holder_info, new_term, parse_epoch, unreadable_state
@@ -48,11 +48,27 @@ ENTRIES_PAGE = 10_000
 #: name may take, with the key prefix, the election and a temporary file's tail.
 JOURNAL_NAME_MAX = 100
 
-#: The schedule state's log is compacted into a new snapshot when a claim would
-#: grow it past the snapshot's size, and not before this many bytes: a claim
+#: The schedule state's logs are folded into a new snapshot once they hold more
+#: than a quarter of the snapshot's bytes, and not before this many: a claim
 #: appends its writes alone, and each rewrite of every entry's state is paid for
-#: by as many bytes of claims as it writes (amortised, a constant per claim).
+#: by a quarter as many bytes of claims (amortised, a constant per claim: four
+#: bytes rewritten a byte claimed, in the compaction's thread). A quarter, not
+#: the whole size, because the compaction holds the logs' states in memory while
+#: it streams the snapshot through: at most a quarter of every entry's.
+LOG_SHARE = 4
 LOG_MIN = 1 << 20
+
+#: A compaction that failed (a full disk, say) is tried again after this many
+#: seconds, not at every claim: each attempt reads every entry's state.
+COMPACT_RETRY = 60.0
+
+#: Snapshot lines parsed at once, about this many (one ``json.loads`` of a JSON
+#: array of them, read by ``readlines`` with a byte hint of 256 bytes a line).
+SNAPSHOT_CHUNK = 10_000
+
+#: What a reader of the schedule state keeps of each entry's state: its text, or
+#: the holder's digest of it.
+_V = TypeVar("_V")
 
 #: How ``p.e.entries`` starts (``json.dumps`` keeps the keys in order): the version
 #: is read from the first bytes at every look.
@@ -308,36 +324,29 @@ class FileLock(_Facet, LeaseLock):
 
 
 class FileRecords(_Facet, FencedRecords):
-    """Schedule state in a snapshot ``p.e.state`` and the log of claims it continues
-    with, ``p.e.state-log.<generation>``: only the flock's holder writes them, and it
-    keeps the state in memory between claims, so a claim appends what it changed."""
+    """Schedule state in a snapshot ``p.e.state`` and the chain of logs of claims it
+    continues with, ``p.e.state-log.<generation>``: only the flock's holder writes
+    them. It keeps a digest of every entry's state in memory between claims, so a
+    claim compares with those and appends what it changed; a thread of its own
+    folds the logs into a new snapshot, off the claims' path. Everyone, the holder
+    too, reads the state from the files, all at once (no :meth:`load_some`)."""
 
     def load(self, election: str) -> dict[str, str]:
-        with self._files.state_mutex:
-            held = self._held(election, None)
-            if held is not None:
-                return dict(held.values)
-        return _read_state(self._files, election, os.O_RDONLY).values
-
-    def load_some(self, election: str, keys: Sequence[str]) -> dict[str, str]:
-        with self._files.state_mutex:
-            held = self._held(election, None)
-            if held is not None:
-                return {k: held.values[k] for k in keys if k in held.values}
-        values = _read_state(self._files, election, os.O_RDONLY).values
-        return {k: values[k] for k in keys if k in values}
+        values: dict[str, str] = {}
+        _read_state(self._files, election, os.O_RDONLY, values, _text)
+        return values
 
     def compare_and_set(self, fence: Fence, writes: Sequence[Write]) -> list[bool]:
         # Only the flock holder writes the state files, so read-compare-write
-        # needs no further locking, and the state it read stays true in its memory.
+        # needs no further locking, and the digests it read stay true in its memory.
         with self._files.state_mutex:
             held = self._held(fence.election, fence.term)
             if held is None:
                 return [False] * len(writes)
-            results = apply_writes(held.values, writes)
+            results = _apply_digests(held.digests, writes)
             if any(results):
-                won = zip(writes, results, strict=True)
-                changed = {w.key: held.values[w.key] for w, ok in won if ok}
+                # The last won write of a key is its state now.
+                changed = {w.key: w.new for w, ok in zip(writes, results, strict=True) if ok}
                 try:
                     self._store(fence.election, held, changed)
                 except BaseException:
@@ -362,84 +371,185 @@ class FileRecords(_Facet, FencedRecords):
         elif kept is not None and kept.token == lease[1].token and kept.on_disk(files, election):
             held, kept = kept, None
         else:
-            held = _read_state(files, election, os.O_RDWR | os.O_APPEND)
+            digests: dict[str, bytes] = {}
+            held = _read_state(files, election, os.O_RDWR | os.O_APPEND, digests, _digest)
+            held.digests = digests
             held.token = lease[1].token
         if kept is not None:
-            kept.close()
+            kept.close()  # a compaction of it, if one runs, finds it gone and stops
         if held is not None:
             files.states[election] = held
         return held
 
     def _store(self, election: str, held: _State, changed: dict[str, str]) -> None:
-        """Append ``changed`` to the log as one line, or compact (see :data:`LOG_MIN`)."""
-        line = (json.dumps(changed) + "\n").encode()
-        if (
-            held.generation is None
-            or held.fd is None
-            or held.snapshot is None
-            or held.whole + len(line) > max(held.snapshot[1], LOG_MIN)
-        ):
-            self._compact(election, held)
+        """Append ``changed`` to the live log as one line, and start a compaction when
+        the logs have grown past their share (see :data:`LOG_SHARE`)."""
+        if held.generation is None or held.fd is None or held.snapshot is None:
+            self._rewrite(election, held, changed)
             return
-        with _io(self._files.log(election, held.generation)):
-            if held.size > held.whole:
-                # A holder died writing its last line: cut it before appending after it.
-                os.ftruncate(held.fd, held.whole)
-                held.size = held.whole
-            written = os.write(held.fd, line)
-            held.size += written
-            if written < len(line):
-                raise OSError(f"wrote {written} of {len(line)} bytes")
-            held.whole = held.size
+        _append(self._files.log(election, held.generation), held, json.dumps(changed))
+        logs = held.whole + held.frozen
+        if (
+            held.compaction is None
+            and logs > max(held.snapshot[1] // LOG_SHARE, LOG_MIN)
+            and time.monotonic() >= held.retry_at
+        ):
+            self._start_compaction(election, held)
 
-    def _compact(self, election: str, held: _State) -> None:
-        """Write every entry's state into a snapshot that continues with a new, empty
-        log, then delete the logs before it: a reader that finds its log gone reads
-        the snapshot again, so it never replays an old log over a newer snapshot."""
+    def _rewrite(self, election: str, held: _State, changed: dict[str, str]) -> None:
+        """Write the first snapshot as this release writes them, with a new, empty log,
+        reading every entry's state from the files (its memory keeps digests): there
+        is none yet (a new election), the previous release's plain one, or one whose
+        log is gone. In the claim that needs it, unlike a compaction: it happens once."""
         files = self._files
+        values: dict[str, str] = {}
+        _read_state(files, election, os.O_RDONLY, values, _text)
+        values.update(changed)
         logs = files.logs(election)
         generation = max([held.generation or 0, *logs]) + 1
-        log = files.log(election, generation)
-        with _io(log):
-            fd = os.open(log, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+        fd = _create_log(files.log(election, generation))
         try:
             snapshot = files.path(election, "state")
-            _write(snapshot, json.dumps({"log": generation, "state": held.values}))
+            _write_snapshot(snapshot, generation, iter([values]))
             identity = _identity(snapshot)
         except BaseException:
             _close(fd)
             raise
         held.close()
         held.fd, held.generation, held.snapshot = fd, generation, identity
+        held.size = held.whole = held.frozen = 0
+        _delete_logs(logs, below=generation)
+
+    def _start_compaction(self, election: str, held: _State) -> None:
+        """Freeze the live log and fold the snapshot and its logs into a new snapshot,
+        in a thread; claims go on to a new log meanwhile (the caller holds
+        :attr:`_Files.state_mutex`)."""
+        files = self._files
+        frozen = held.generation
+        assert frozen is not None and held.fd is not None and held.snapshot is not None
+        try:
+            live = max([frozen, *files.logs(election)]) + 1
+            # The new log first: a crash before the frozen log names it leaves an
+            # empty file no reader looks at, which the next compaction deletes.
+            fd = _create_log(files.log(election, live))
+            try:
+                _append(files.log(election, frozen), held, json.dumps(["next", live]))
+            except BaseException:
+                _close(fd)
+                raise
+        except StoreUnavailable:
+            # The claim is in the log already: it stands. A torn "next" line is cut
+            # by the next append.
+            held.retry_at = time.monotonic() + COMPACT_RETRY
+            return
+        held.close()
+        held.fd, held.generation = fd, live
+        held.frozen += held.whole
         held.size = held.whole = 0
-        for old, path in logs.items():
-            if old != generation:
+        job = _Compaction(held.snapshot, live)
+        held.compaction = job
+        name = f"celery-leader-compact:{files.path(election, 'state').name}"
+        thread = threading.Thread(target=self._compact, args=(election, held, job), name=name)
+        thread.daemon = True  # a process that exits leaves it: the next holder compacts
+        thread.start()
+
+    def _compact(self, election: str, held: _State, job: _Compaction) -> None:
+        """Write the state of the snapshot ``job`` read and of its logs up to the one
+        ``job`` froze into a new snapshot naming the live log, then, if this process
+        still holds that state, put it in place and delete the folded logs: a reader
+        that finds a log of its chain gone reads the snapshot again, so it never
+        replays an old log over a newer snapshot. Runs in its own thread."""
+        files = self._files
+        path = files.path(election, "state")
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.compacting")
+        # A compaction of a process that died left its file: only the holder writes
+        # these, and this holder runs one at a time.
+        for left in path.parent.glob(f".{glob.escape(path.name)}.*.compacting"):
+            with suppress(OSError):
+                left.unlink()
+        try:
+            _compact_into(files, election, job, tmp)
+            with files.state_mutex:
+                if files.states.get(election) is not held or held.compaction is not job:
+                    return  # the term ended, or the files changed: not ours to replace
                 with _io(path):
-                    path.unlink(missing_ok=True)
+                    os.replace(tmp, path)
+                held.snapshot = _identity(path)
+                held.frozen = 0
+                held.compaction = None
+                _delete_logs(files.logs(election), below=job.live)
+        except Exception:
+            # Tried again after COMPACT_RETRY; the logs keep every claim meanwhile.
+            with files.state_mutex:
+                if held.compaction is job:
+                    held.compaction = None
+                    held.retry_at = time.monotonic() + COMPACT_RETRY
+        finally:
+            with suppress(OSError):
+                tmp.unlink()
+
+
+def _text(text: str) -> str:
+    return text
+
+
+def _digest(text: str) -> bytes:
+    """What the holder keeps of an entry's state: 128 bits of BLAKE2b, so a stale
+    ``expected`` passes for the stored state with a chance of 2**-128 a compare."""
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
+
+
+def _apply_digests(digests: dict[str, bytes], writes: Sequence[Write]) -> list[bool]:
+    """:func:`~.records.apply_writes` on the digests of the states, in place."""
+    results = []
+    for w in writes:
+        stored = digests.get(w.key)
+        ok = stored is None if w.expected is None else stored == _digest(w.expected)
+        if ok:
+            digests[w.key] = _digest(w.new)
+        results.append(ok)
+    return results
+
+
+@dataclass(frozen=True)
+class _Compaction:
+    """One compaction: the snapshot it folds (its identity when the logs were frozen)
+    and the generation of the log the new snapshot names (live from then on)."""
+
+    snapshot: tuple[int, int, int]
+    live: int
 
 
 @dataclass
 class _State:
-    """The schedule state of an election as its files held it when read; the
-    holder of the election's flock keeps it, and its log open, between claims."""
+    """Where the schedule state of an election was read from; the holder of the
+    election's flock keeps it, its entries' digests and its live log open between
+    claims."""
 
-    values: dict[str, str]
-    #: The generation of the log the snapshot continues with; None: no snapshot
-    #: as this release writes them (none, the previous release's, or not ours),
-    #: so the next claim writes one.
+    #: The generation of the live log (the last of the snapshot's chain); None: no
+    #: snapshot as this release writes them (none, the previous release's, or not
+    #: ours), so the next claim writes one.
     generation: int | None
     #: (inode, size, mtime) of the snapshot read; None: there was none.
     snapshot: tuple[int, int, int] | None
-    #: Bytes of the log read, and of its whole lines (a torn last line lies past them).
+    #: Bytes of the live log read, and of its whole lines (a torn last line lies past them).
     size: int = 0
     whole: int = 0
-    #: The log read, open for appends (the holder's); None: none, or a reader's.
+    #: The live log, open for appends (the holder's); None: none, or a reader's.
     fd: int | None = None
     #: The term the holder read it under.
     token: str = ""
+    #: entry -> :func:`_digest` of its state (the holder's; a reader's is empty).
+    digests: dict[str, bytes] = field(default_factory=dict)
+    #: Bytes of the chain's logs before the live one (those a compaction folds).
+    frozen: int = 0
+    #: The compaction running, if any.
+    compaction: _Compaction | None = None
+    #: No compaction starts before this (monotonic): the last one failed.
+    retry_at: float = 0.0
 
     def close(self) -> None:
-        """Close the log kept open for appends, if any."""
+        """Close the live log kept open for appends, if any."""
         if self.fd is not None:
             _close(self.fd)
             self.fd = None
@@ -449,7 +559,7 @@ class _State:
         if _identity(files.path(election, "state")) != self.snapshot:
             return False
         if self.fd is None or self.generation is None:
-            return True  # no log to check: the next claim compacts
+            return True  # no log to check: the next claim writes a snapshot
         try:
             now = os.stat(files.log(election, self.generation))
             return (now.st_ino, now.st_size) == (os.fstat(self.fd).st_ino, self.size)
@@ -457,40 +567,222 @@ class _State:
             return False
 
 
-def _read_state(files: _Files, election: str, flags: int) -> _State:
-    """The snapshot and the log it continues with, that log kept open unless
-    ``flags`` are a reader's (``O_RDONLY``): a log compacted away between the two
-    reads means a newer snapshot is in place, which is read instead."""
+def _read_state(
+    files: _Files, election: str, flags: int, into: dict[str, _V], keep: Callable[[str], _V]
+) -> _State:
+    """Read the snapshot and its chain of logs into ``into`` (entry -> ``keep`` of its
+    state) and say where from, the live log kept open unless ``flags`` are a reader's
+    (``O_RDONLY``): a log of the chain compacted away meanwhile means a newer snapshot
+    is in place, which is read instead."""
     path = files.path(election, "state")
     while True:
+        into.clear()
         with _io(path):
             try:
-                with path.open("rb") as f:
-                    stat = os.fstat(f.fileno())
-                    data = f.read()
+                f = path.open("rb")
             except FileNotFoundError:
-                return _State({}, None, None)
-        identity = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
-        values, generation = _parse_snapshot(data, str(path))
+                return _State(None, None)
+            with f:
+                stat = os.fstat(f.fileno())
+                identity = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+                generation = _read_snapshot(f, str(path), into, keep)
         if generation is None:
-            return _State(values, None, identity)
+            return _State(None, identity)
+        held = _read_chain(files, election, generation, identity, flags, into, keep)
+        if held is not None:
+            return held
+        if _identity(path) != identity:
+            continue  # compacted meanwhile: the new snapshot holds what the logs held
+        return _State(generation, identity)  # a log lost: the next claim writes a snapshot
+
+
+def _read_snapshot(
+    f: BinaryIO, where: str, into: dict[str, _V], keep: Callable[[str], _V]
+) -> int | None:
+    """Read a snapshot from ``f`` into ``into``: the generation of the log it continues
+    with (None: the previous release's plain ``{entry: state}``, or not ours: empty).
+    Its lines are parsed :data:`SNAPSHOT_CHUNK` at a time, one JSON array each: one
+    ``json.loads`` a line would cost a call an entry, and the whole file at once its
+    text and every state's at the same time."""
+    first = f.readline()
+    try:
+        head = json.loads(first)
+    except ValueError:
+        head = None
+    if not (isinstance(head, dict) and list(head) == ["log"] and isinstance(head["log"], int)):
+        data = first + f.read()
+        try:
+            found = json.loads(data)
+        except ValueError:
+            found = None
+        if isinstance(found, dict) and _strings(found):
+            into.update((k, keep(v)) for k, v in found.items())  # the previous release's
+        else:
+            unreadable_state(where, data[:100].decode(errors="replace"))
+        return None
+    while lines := f.readlines(SNAPSHOT_CHUNK * 256):
+        try:
+            pairs = json.loads(b"[" + b",".join(lines) + b"]")
+        except ValueError:
+            pairs = None
+        if not isinstance(pairs, list) or not all(_pair(p) for p in pairs):
+            into.clear()  # read as empty, as any unreadable state
+            unreadable_state(where, b"".join(lines)[:100].decode(errors="replace"))
+            return None
+        into.update((k, keep(v)) for k, v in pairs)
+    return int(head["log"])
+
+
+def _pair(item: Any) -> bool:
+    return isinstance(item, list) and len(item) == 2 and all(isinstance(s, str) for s in item)
+
+
+def _read_chain(
+    files: _Files,
+    election: str,
+    generation: int,
+    snapshot: tuple[int, int, int],
+    flags: int,
+    into: dict[str, _V],
+    keep: Callable[[str], _V],
+) -> _State | None:
+    """Replay the logs from ``generation`` on, each naming the next in its last line,
+    into ``into``; where they were read from (``snapshot`` and the live log, kept open
+    unless ``flags`` are a reader's), or None when a log of the chain is gone."""
+    frozen = 0
+    while True:
         log = files.log(election, generation)
         fd = _open_log(log, flags)
         if fd is None:
-            if _identity(path) != identity:
-                continue  # compacted meanwhile: its log holds nothing the new snapshot lacks
-            return _State(values, generation, identity)  # lost: the next claim compacts
+            return None
         try:
             with _io(log):
                 text = _read_all(fd)
         except BaseException:
             _close(fd)
             raise
-        whole = _replay(values, text, str(log))
-        if flags == os.O_RDONLY:
-            _close(fd)
-            return _State(values, generation, identity, len(text), whole)
-        return _State(values, generation, identity, len(text), whole, fd)
+        whole, following = _replay(into, keep, text, str(log), generation)
+        if following is None:
+            if flags == os.O_RDONLY:
+                _close(fd)
+                return _State(generation, snapshot, len(text), whole, frozen=frozen)
+            return _State(generation, snapshot, len(text), whole, fd, frozen=frozen)
+        _close(fd)
+        frozen += whole
+        generation = following
+
+
+def _replay(
+    into: dict[str, _V], keep: Callable[[str], _V], text: bytes, where: str, generation: int
+) -> tuple[int, int | None]:
+    """Apply the claims of a log's whole lines to ``into``: the bytes they take, and
+    the generation of the log it continues in (its last line, once frozen; always a
+    later one than its own, ``generation``). A last line without its newline is one
+    being written, or torn: ignored."""
+    whole = text.rfind(b"\n") + 1
+    start = 0
+    following = None
+    while start < whole:
+        end = text.index(b"\n", start)
+        try:
+            line = json.loads(text[start:end])
+        except ValueError:
+            line = None
+        if following is None and isinstance(line, dict) and _strings(line):
+            into.update((k, keep(v)) for k, v in line.items())
+        elif (
+            following is None
+            and isinstance(line, list)
+            and len(line) == 2
+            and line[0] == "next"
+            and isinstance(line[1], int)
+            and line[1] > generation
+        ):
+            following = line[1]
+        else:
+            unreadable_state(f"{where} at byte {start}", text[start : start + 100])
+        start = end + 1
+    return whole, following
+
+
+def _compact_into(files: _Files, election: str, job: _Compaction, tmp: Path) -> None:
+    """Write the new snapshot of ``job`` to ``tmp``: the snapshot's entries in their
+    order, each with its last state in the frozen logs, then the entries new in them.
+    Only the logs' states are held in memory at once: at most a :data:`LOG_SHARE` of
+    the snapshot's bytes, where a whole read would hold every entry's state."""
+    path = files.path(election, "state")
+    changes: dict[str, str] = {}
+    with _io(path), path.open("rb") as f:
+        stat = os.fstat(f.fileno())
+        if (stat.st_ino, stat.st_size, stat.st_mtime_ns) != job.snapshot:
+            raise OSError(f"{path} was replaced since the logs were frozen")
+        first = json.loads(f.readline())["log"]
+        generation = first
+        while generation != job.live:
+            log = files.log(election, generation)
+            with _io(log):
+                text = log.read_bytes()
+            _, following = _replay(changes, _text, text, str(log), generation)
+            if following is None:
+                raise OSError(f"{log} does not lead to log {job.live}")
+            generation = following
+
+        def merged() -> Iterator[dict[str, str]]:
+            while lines := f.readlines(SNAPSHOT_CHUNK * 256):
+                pairs = json.loads(b"[" + b",".join(lines) + b"]")
+                yield {k: changes.pop(k, v) for k, v in pairs}
+            yield changes
+
+        _write_snapshot(tmp, job.live, merged(), replace=False)
+
+
+def _write_snapshot(
+    path: Path, generation: int, chunks: Iterator[dict[str, str]], *, replace: bool = True
+) -> None:
+    """Write a snapshot continuing with log ``generation``: a line ``{"log": n}``, then
+    a line ``["entry", "state"]`` per entry; atomically in place unless not ``replace``
+    (then ``path`` is the temporary file the caller renames)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    target = tmp if replace else path
+    with _io(target):
+        with target.open("w") as f:
+            f.write(json.dumps({"log": generation}) + "\n")
+            for chunk in chunks:
+                f.writelines(json.dumps([k, v]) + "\n" for k, v in chunk.items())
+        if replace:
+            os.replace(tmp, path)
+
+
+def _append(log: Path, held: _State, line: str) -> None:
+    """Append ``line`` to the live log of ``held``, cutting a torn last line first."""
+    data = (line + "\n").encode()
+    assert held.fd is not None
+    with _io(log):
+        if held.size > held.whole:
+            # A holder died writing its last line: cut it before appending after it.
+            os.ftruncate(held.fd, held.whole)
+            held.size = held.whole
+        written = os.write(held.fd, data)
+        held.size += written
+        if written < len(data):
+            raise OSError(f"wrote {written} of {len(data)} bytes")
+        held.whole = held.size
+
+
+def _create_log(path: Path) -> int:
+    """A new, empty log, open for appends."""
+    with _io(path):
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+
+
+def _delete_logs(logs: dict[int, Path], *, below: int) -> None:
+    """Delete the logs of ``logs`` older than generation ``below``: folded into the
+    snapshot that names it, or left empty by a compaction that died before its frozen
+    log named it."""
+    for generation, path in logs.items():
+        if generation < below:
+            with _io(path):
+                path.unlink(missing_ok=True)
 
 
 def _open_log(path: Path, flags: int) -> int | None:
@@ -510,41 +802,6 @@ def _read_all(fd: int) -> bytes:
         chunks.append(chunk)
         offset += len(chunk)
     return b"".join(chunks)
-
-
-def _parse_snapshot(data: bytes, where: str) -> tuple[dict[str, str], int | None]:
-    """The values of a snapshot and the generation of the log it continues with
-    (None: the previous release's plain ``{entry: state}``, or not ours: empty)."""
-    try:
-        found = json.loads(data)
-    except ValueError:
-        found = None
-    if isinstance(found, dict):
-        generation, values = found.get("log"), found.get("state")
-        if isinstance(generation, int) and isinstance(values, dict) and _strings(values):
-            return values, generation
-        if _strings(found):
-            return found, None  # written by the previous release: the next claim converts it
-    return unreadable_state(where, data[:100].decode(errors="replace")), None
-
-
-def _replay(values: dict[str, str], text: bytes, where: str) -> int:
-    """Apply the claims of a log's whole lines to ``values``; the bytes they take.
-    A last line without its newline is one being written, or torn: ignored."""
-    whole = text.rfind(b"\n") + 1
-    start = 0
-    while start < whole:
-        end = text.index(b"\n", start)
-        try:
-            changed = json.loads(text[start:end])
-        except ValueError:
-            changed = None
-        if isinstance(changed, dict) and _strings(changed):
-            values.update(changed)
-        else:
-            unreadable_state(f"{where} at byte {start}", text[start : start + 100])
-        start = end + 1
-    return whole
 
 
 def _strings(values: dict[Any, Any]) -> bool:

@@ -39,7 +39,7 @@ class Write:
 
 
 def apply_writes(state: dict[str, str], writes: Sequence[Write]) -> list[bool]:
-    """Compare-and-set ``writes`` on ``state`` in place, in order (memory, file)."""
+    """Compare-and-set ``writes`` on ``state`` in place, in order (the memory store)."""
     results = []
     for w in writes:
         ok = state.get(w.key) == w.expected
