@@ -427,7 +427,7 @@ def test_a_claim_appends_what_it_changed_and_a_thread_compacts_the_logs(
     store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The holder appends each claim's writes to the log and leaves the snapshot
-    alone; once the log holds a quarter of the snapshot's bytes, a thread writes a
+    alone; once the log holds an eighth of the snapshot's bytes, a thread writes a
     new snapshot of it all, naming the log the claims went on in."""
     monkeypatch.setattr(file_store, "LOG_MIN", 0)
     holder, fence = _holding(store, "a")
@@ -437,7 +437,7 @@ def test_a_claim_appends_what_it_changed_and_a_thread_compacts_the_logs(
     snapshot = store / "p.beat.state"
     before = os.stat(snapshot)
     assert _snapshot(store) == (1, state)
-    for i in range(3):  # 3 lines of 17 bytes: under a quarter of the snapshot's bytes
+    for i in range(3):  # 3 lines of 17 bytes: under an eighth of the snapshot's bytes
         assert holder.records.claim(fence, [Write("e0", state["e0"], f'"{i}x"')]) == [True]
         state["e0"] = f'"{i}x"'
         after = os.stat(snapshot)
