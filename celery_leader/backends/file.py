@@ -29,7 +29,7 @@ from . import StoreFacets, StoreParams
 from .entry_store import Edit, EntryStore, apply_edits
 from .journal import Journal, JournalWrite
 from .lock import Acquired, HolderInfo, LeaseLock, Renewal, Term
-from .records import Fence, FencedRecords, Write
+from .records import Fence, FencedRecords, Write, apply_writes
 from .run_store import RunStore, RunSummary, RunWrite, run_entry
 from .runbook import EntryBook
 from .terms import holder_info, new_term, parse_epoch, unreadable_state
@@ -344,7 +344,7 @@ class FileRecords(_Facet, FencedRecords):
             held = self._held(fence.election, fence.term)
             if held is None:
                 return [False] * len(writes)
-            results = _apply_digests(held.digests, writes)
+            results = apply_writes(held.digests, writes, _digest)
             if any(results):
                 # The last won write of a key is its state now.
                 changed = {w.key: w.new for w, ok in zip(writes, results, strict=True) if ok}
@@ -411,7 +411,10 @@ class FileRecords(_Facet, FencedRecords):
         fd = _create_log(files.log(election, generation))
         try:
             snapshot = files.path(election, "state")
-            _write_snapshot(snapshot, generation, iter([values]))
+            tmp = _temporary(snapshot, "tmp")
+            _write_snapshot(tmp, generation, iter([values]))
+            with _io(snapshot):
+                os.replace(tmp, snapshot)
             identity = _identity(snapshot)
         except BaseException:
             _close(fd)
@@ -462,7 +465,7 @@ class FileRecords(_Facet, FencedRecords):
         replays an old log over a newer snapshot. Runs in its own thread."""
         files = self._files
         path = files.path(election, "state")
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.compacting")
+        tmp = _temporary(path, "compacting")
         # A compaction of a process that died left its file: only the holder writes
         # these, and this holder runs one at a time.
         for left in path.parent.glob(f".{glob.escape(path.name)}.*.compacting"):
@@ -498,18 +501,6 @@ def _digest(text: str) -> bytes:
     """What the holder keeps of an entry's state: 128 bits of BLAKE2b, so a stale
     ``expected`` passes for the stored state with a chance of 2**-128 a compare."""
     return hashlib.blake2b(text.encode(), digest_size=16).digest()
-
-
-def _apply_digests(digests: dict[str, bytes], writes: Sequence[Write]) -> list[bool]:
-    """:func:`~.records.apply_writes` on the digests of the states, in place."""
-    results = []
-    for w in writes:
-        stored = digests.get(w.key)
-        ok = stored is None if w.expected is None else stored == _digest(w.expected)
-        if ok:
-            digests[w.key] = _digest(w.new)
-        results.append(ok)
-    return results
 
 
 @dataclass(frozen=True)
@@ -621,17 +612,28 @@ def _read_snapshot(
         else:
             unreadable_state(where, data[:100].decode(errors="replace"))
         return None
+    try:
+        for pairs in _snapshot_pairs(f):
+            into.update((k, keep(v)) for k, v in pairs)
+    except ValueError as exc:
+        into.clear()  # read as empty, as any unreadable state
+        unreadable_state(where, str(exc))
+        return None
+    return int(head["log"])
+
+
+def _snapshot_pairs(f: BinaryIO) -> Iterator[list[list[str]]]:
+    """The ``[entry, state]`` lines of a snapshot after its first, read on from ``f``
+    :data:`SNAPSHOT_CHUNK` at a time, each chunk parsed as one JSON array; ValueError
+    naming the first lines of a chunk that is not such lines."""
     while lines := f.readlines(SNAPSHOT_CHUNK * 256):
         try:
             pairs = json.loads(b"[" + b",".join(lines) + b"]")
         except ValueError:
             pairs = None
         if not isinstance(pairs, list) or not all(_pair(p) for p in pairs):
-            into.clear()  # read as empty, as any unreadable state
-            unreadable_state(where, b"".join(lines)[:100].decode(errors="replace"))
-            return None
-        into.update((k, keep(v)) for k, v in pairs)
-    return int(head["log"])
+            raise ValueError(b"".join(lines)[:100].decode(errors="replace"))
+        yield pairs
 
 
 def _pair(item: Any) -> bool:
@@ -732,29 +734,21 @@ def _compact_into(files: _Files, election: str, job: _Compaction, tmp: Path) -> 
             generation = following
 
         def merged() -> Iterator[dict[str, str]]:
-            while lines := f.readlines(SNAPSHOT_CHUNK * 256):
-                pairs = json.loads(b"[" + b",".join(lines) + b"]")
+            for pairs in _snapshot_pairs(f):
                 yield {k: changes.pop(k, v) for k, v in pairs}
             yield changes
 
-        _write_snapshot(tmp, job.live, merged(), replace=False)
+        _write_snapshot(tmp, job.live, merged())
 
 
-def _write_snapshot(
-    path: Path, generation: int, chunks: Iterator[dict[str, str]], *, replace: bool = True
-) -> None:
-    """Write a snapshot continuing with log ``generation``: a line ``{"log": n}``, then
-    a line ``["entry", "state"]`` per entry; atomically in place unless not ``replace``
-    (then ``path`` is the temporary file the caller renames)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    target = tmp if replace else path
-    with _io(target):
-        with target.open("w") as f:
-            f.write(json.dumps({"log": generation}) + "\n")
-            for chunk in chunks:
-                f.writelines(json.dumps([k, v]) + "\n" for k, v in chunk.items())
-        if replace:
-            os.replace(tmp, path)
+def _write_snapshot(path: Path, generation: int, chunks: Iterator[dict[str, str]]) -> None:
+    """Write to ``path`` (a temporary file the caller renames into place) a snapshot
+    continuing with log ``generation``: a line ``{"log": n}``, then a line
+    ``["entry", "state"]`` per entry."""
+    with _io(path), path.open("w") as f:
+        f.write(json.dumps({"log": generation}) + "\n")
+        for chunk in chunks:
+            f.writelines(json.dumps([k, v]) + "\n" for k, v in chunk.items())
 
 
 def _append(log: Path, held: _State, line: str) -> None:
@@ -1113,9 +1107,15 @@ def _believes_elsewhere(previous: Any, inode: int) -> bool:
     return True
 
 
+def _temporary(path: Path, kind: str) -> Path:
+    """A hidden file beside ``path`` of this process's and thread's own, renamed over
+    ``path`` once written whole."""
+    return path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.{kind}")
+
+
 def _write(path: Path, text: str) -> None:
     """Replace ``path`` atomically, so a reader never sees half a file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp = _temporary(path, "tmp")
     with _io(path):
         tmp.write_text(text)
         os.replace(tmp, path)

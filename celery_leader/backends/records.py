@@ -7,8 +7,9 @@ election and the stored record is exactly the one it expects.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from .lock import Term
 
@@ -38,13 +39,26 @@ class Write:
         return self.order is None or self.after is None or self.after < self.order
 
 
-def apply_writes(state: dict[str, str], writes: Sequence[Write]) -> list[bool]:
-    """Compare-and-set ``writes`` on ``state`` in place, in order (the memory store)."""
+#: What a compare-and-set keeps of each stored text (see :func:`apply_writes`).
+_V = TypeVar("_V")
+
+
+def _same(text: str) -> Any:
+    return text
+
+
+def apply_writes(
+    state: dict[str, _V], writes: Sequence[Write], keep: Callable[[str], _V] = _same
+) -> list[bool]:
+    """Compare-and-set ``writes`` on ``state`` in place, in order; ``state`` holds what
+    ``keep`` makes of each stored text (the memory store keeps the text, the file
+    store's holder a digest)."""
     results = []
     for w in writes:
-        ok = state.get(w.key) == w.expected
+        stored = state.get(w.key)
+        ok = stored is None if w.expected is None else stored == keep(w.expected)
         if ok:
-            state[w.key] = w.new
+            state[w.key] = keep(w.new)
         results.append(ok)
     return results
 
