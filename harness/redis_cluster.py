@@ -9,16 +9,14 @@ master or the other masters, as an operator does when the master is gone.
 from __future__ import annotations
 
 import os
-import random
 import signal
-import socket
 import subprocess
 from typing import Any
 
 import redis
 from redis.crc import key_slot
 
-from .servers import RedisServer
+from .servers import RedisServer, tail
 from .waiting import wait_for
 
 #: A node that stops answering is flagged failing after this long; only an
@@ -28,31 +26,8 @@ NODE_TIMEOUT_MS = 2000
 _FAST_SYNC = ("--repl-diskless-sync-delay", "0")
 
 
-def _bindable(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
-def _port_with_free_bus() -> int:
-    """A free port whose cluster bus port (port + 10000) is free too.
-
-    Both lie below the kernel's ephemeral range (32768 and up on Linux): a port
-    the kernel picks for us lands its bus port in that range too, where any
-    client connection may hold it by the time the node binds it (seen in CI:
-    "bind: Address already in use" on the bus).
-    """
-    while True:
-        port = random.randint(20000, 22767)
-        if _bindable(port) and _bindable(port + 10000):
-            return port
-
-
 class ClusterNode(RedisServer):
-    """A redis-server in cluster mode whose port leaves room for its bus (port + 10000)."""
+    """A redis-server in cluster mode (its port and its bus port reserved by ``free_port``)."""
 
     def __init__(self) -> None:
         super().__init__(
@@ -62,7 +37,6 @@ class ClusterNode(RedisServer):
             "--cluster-replica-no-failover", "yes",
             *_FAST_SYNC,
         )  # fmt: skip
-        self.port = _port_with_free_bus()
         self.paused = False
 
     def command(self, *args: Any, timeout: float = 5) -> Any:
@@ -117,7 +91,7 @@ class Cluster3x3:
             capture_output=True,
             timeout=30,
         )
-        wait_for(self._formed, 30, interval=0.1, message="the cluster never formed")
+        wait_for(self._formed, 30, interval=0.1, message=self._unformed)
 
     def _formed(self) -> bool:
         try:
@@ -128,6 +102,21 @@ class Cluster3x3:
             return len(masters) == 3 and all(self._replicated(m) for m in masters)
         except redis.RedisError:
             return False
+
+    def _unformed(self) -> str:
+        """What each node says of the cluster, and the end of its log: which wait failed."""
+        lines = ["the cluster never formed"]
+        for node in self.nodes:
+            try:
+                info = node.command("CLUSTER", "INFO", timeout=1)
+                wanted = ("cluster_state", "cluster_known")
+                state = " ".join(row for row in info.split() if row.startswith(wanted))
+                role = node.command("ROLE", timeout=1)
+                said = f"{state} role {role}"
+            except redis.RedisError as exc:
+                said = f"unreachable: {exc!r}"
+            lines += [f"node {node.port} (running: {node.running}): {said}", tail(node.log_path, 8)]
+        return "\n".join(lines)
 
     def _replicated(self, master: ClusterNode) -> bool:
         """True when ``master``'s replica acknowledges a write within 0.1 s."""

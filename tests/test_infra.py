@@ -140,6 +140,23 @@ def test_proxy_url_for_keeps_credentials(tcp_proxy) -> None:
     )
 
 
+def test_cluster_nodes_get_ports_and_buses_no_other_process_holds() -> None:
+    """Cluster ports come from 2,768 below the ephemeral range: 300 draws at random
+    repeat one about 16 times over, so every one of them must be reserved."""
+    draw = (
+        "from harness.servers import CLUSTER_BUS_OFFSET, free_port\n"
+        "print(*[free_port(CLUSTER_BUS_OFFSET) for _ in range(300)], free_port())"
+    )
+    # A process of its own: its reservations end with it, not with this test run.
+    out = subprocess.run(
+        [sys.executable, "-c", draw], check=True, capture_output=True, text=True, timeout=60
+    ).stdout.split()
+    *nodes, plain = (int(port) for port in out)
+    taken = nodes + [port + 10000 for port in nodes] + [plain]
+    assert len(set(taken)) == len(taken)
+    assert all(port + 10000 < 32768 for port in nodes)  # the bus below the ephemeral range
+
+
 def test_wait_for_returns_value_and_reports_timeout() -> None:
     deadline = time.monotonic() + 0.05
     assert wait_for(lambda: time.monotonic() > deadline and "done", timeout=2) == "done"

@@ -37,16 +37,7 @@ CELERY = Path(sys.executable).with_name("celery")
 REPO = Path(__file__).resolve().parents[1]
 
 
-class _Node(RedisServer):
-    """A redis-server whose ports leave room for the cluster bus (port + 10000)."""
-
-    def __init__(self, *extra: str) -> None:
-        super().__init__(*extra)
-        while self.port + 10000 > 65535:
-            self.port = free_port()
-
-
-class _TlsNode(_Node):
+class _TlsNode(RedisServer):
     """TLS only: the plain port is off, so readiness is checked over TLS."""
 
     def __init__(self, cert: Path, key: Path) -> None:
@@ -173,7 +164,7 @@ def test_tls(tls_node: _TlsNode) -> None:
 @pytest.mark.timing  # a graceful hand-over within 0.5 s
 def test_unix_socket(tmp_path: Path) -> None:
     sock = tmp_path / "redis.sock"
-    node = _Node("--unixsocket", str(sock), "--unixsocketperm", "700")
+    node = RedisServer("--unixsocket", str(sock), "--unixsocketperm", "700")
     node.start()
     try:
         _run_election(f"unix://{sock}?db=0")
@@ -183,9 +174,9 @@ def test_unix_socket(tmp_path: Path) -> None:
 
 @pytest.mark.timing  # a graceful hand-over within 0.5 s
 def test_sentinel(procs: Procs, tmp_path: Path) -> None:
-    master = _Node()
+    master = RedisServer()
     master.start()
-    sentinel = _Node()
+    sentinel = RedisServer()
     conf = sentinel.root / "sentinel.conf"
     conf.write_text(
         f"port {sentinel.port}\nbind 127.0.0.1\n"
@@ -204,7 +195,8 @@ def test_sentinel(procs: Procs, tmp_path: Path) -> None:
 @pytest.mark.timing  # a graceful hand-over within 0.5 s
 def test_cluster(procs: Procs, tmp_path: Path) -> None:
     nodes = [
-        _Node("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf") for _ in range(3)
+        RedisServer("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+        for _ in range(3)
     ]
     try:
         for node in nodes:
