@@ -61,7 +61,7 @@ def _bindable(port: int) -> bool:
         return True
 
 
-def free_port(bus_offset: int = 0) -> int:
+def free_port(with_bus: bool = False) -> int:
     """A port nothing listens on now, and that no other live test process was given.
 
     The kernel picks it, so it never collides with 5432. A server keeps its port
@@ -70,10 +70,10 @@ def free_port(bus_offset: int = 0) -> int:
     would then answer in its place: the registry keeps each port reserved for
     as long as the process that took it lives.
 
-    With ``bus_offset``, ``port + bus_offset`` is free and reserved as well (a
+    ``with_bus``: ``port + CLUSTER_BUS_OFFSET`` is free and reserved as well (a
     cluster node's bus), both below the ephemeral range. Reserved, not just
     checked: six nodes drawn at random for one cluster picked the same port once
-    in about 200 clusters, and the second node's readiness check then reached the
+    in about 180 clusters, and the second node's readiness check then reached the
     first node, so the cluster was created on five nodes and never formed.
     """
     with PORT_REGISTRY.open("a+") as registry:
@@ -85,9 +85,9 @@ def free_port(bus_offset: int = 0) -> int:
             if port.isdigit() and pid.isdigit() and pid_exists(int(pid)):
                 held[int(port)] = int(pid)
         while True:
-            if bus_offset:
+            if with_bus:
                 port = random.choice(_BUS_PORTS)
-                taken = {port, port + bus_offset}
+                taken = {port, port + CLUSTER_BUS_OFFSET}
                 if taken.isdisjoint(held) and all(_bindable(p) for p in taken):
                     break
                 continue
@@ -142,10 +142,10 @@ class _Server(_Scoped):
     start_timeout = START_TIMEOUT
     _graceful_signal = signal.SIGTERM
 
-    def __init__(self, prefix: str, bus_offset: int = 0) -> None:
+    def __init__(self, prefix: str, with_bus: bool = False) -> None:
         self.root = Path(tempfile.mkdtemp(prefix=prefix))
         self.log_path = self.root / f"{self.name}.log"
-        self.port = free_port(bus_offset)
+        self.port = free_port(with_bus)
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -239,8 +239,7 @@ class RedisServer(_Server):
     name = "redis"
 
     def __init__(self, *extra_args: str) -> None:
-        cluster = "--cluster-enabled" in extra_args
-        super().__init__("celery-leader-redis-", CLUSTER_BUS_OFFSET if cluster else 0)
+        super().__init__("celery-leader-redis-", with_bus="--cluster-enabled" in extra_args)
         #: More redis-server options (cluster mode, a unix socket, TLS ...).
         self.extra_args = list(extra_args)
         #: The server's environment (``None``: this process's), e.g. a shifted clock.

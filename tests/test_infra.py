@@ -144,8 +144,8 @@ def test_cluster_nodes_get_ports_and_buses_no_other_process_holds() -> None:
     """Cluster ports come from 2,768 below the ephemeral range: 300 draws at random
     repeat one about 16 times over, so every one of them must be reserved."""
     draw = (
-        "from harness.servers import CLUSTER_BUS_OFFSET, free_port\n"
-        "print(*[free_port(CLUSTER_BUS_OFFSET) for _ in range(300)], free_port())"
+        "from harness.servers import free_port\n"
+        "print(*[free_port(with_bus=True) for _ in range(300)], free_port())"
     )
     # A process of its own: its reservations end with it, not with this test run.
     out = subprocess.run(
