@@ -474,7 +474,14 @@ def test_claims_go_on_in_a_new_log_while_a_compaction_runs(
         assert go_on.wait(10)
         compact_into(*args)
 
+    delete_logs = file_store._delete_logs
+
+    def slow_delete(*args: Any, **kwargs: Any) -> None:
+        time.sleep(0.3)  # a slow disk: the compaction ends once the logs are gone
+        delete_logs(*args, **kwargs)
+
     monkeypatch.setattr(file_store, "_compact_into", held_back)
+    monkeypatch.setattr(file_store, "_delete_logs", slow_delete)
     monkeypatch.setattr(file_store, "LOG_MIN", 0)
     assert holder.records.claim(fence, [Write("x", '"2"', '"3"')]) == [True]  # starts one
     assert _held(holder).compaction is not None

@@ -480,8 +480,9 @@ class FileRecords(_Facet, FencedRecords):
                     os.replace(tmp, path)
                 held.snapshot = _identity(path)
                 held.frozen = 0
-                held.compaction = None
                 _delete_logs(files.logs(election), below=job.live)
+                # Last: whoever sees no compaction running sees its folded logs gone.
+                held.compaction = None
         except Exception:
             # Tried again after COMPACT_RETRY; the logs keep every claim meanwhile.
             with files.state_mutex:
