@@ -22,7 +22,13 @@ import redis
 from harness.fakeclock import FakeClock
 from harness.procs import Procs
 from harness.procs import signal as send_signal
-from harness.servers import MariaDbServer, PostgresServer, RabbitServer, RedisServer
+from harness.servers import (
+    CLUSTER_BUS_OFFSET,
+    MariaDbServer,
+    PostgresServer,
+    RabbitServer,
+    RedisServer,
+)
 from harness.waiting import wait_for
 
 
@@ -152,9 +158,10 @@ def test_cluster_nodes_get_ports_and_buses_no_other_process_holds() -> None:
         [sys.executable, "-c", draw], check=True, capture_output=True, text=True, timeout=60
     ).stdout.split()
     *nodes, plain = (int(port) for port in out)
-    taken = nodes + [port + 10000 for port in nodes] + [plain]
+    taken = nodes + [port + CLUSTER_BUS_OFFSET for port in nodes] + [plain]
     assert len(set(taken)) == len(taken)
-    assert all(port + 10000 < 32768 for port in nodes)  # the bus below the ephemeral range
+    # Each bus below the ephemeral range, where no client connection takes it.
+    assert all(port + CLUSTER_BUS_OFFSET < 32768 for port in nodes)
 
 
 def test_wait_for_returns_value_and_reports_timeout() -> None:

@@ -29,7 +29,7 @@ from . import StoreFacets, StoreParams
 from .entry_store import Edit, EntryStore, apply_edits
 from .journal import Journal, JournalWrite
 from .lock import Acquired, HolderInfo, LeaseLock, Renewal, Term
-from .records import Fence, FencedRecords, Write, apply_writes
+from .records import Fence, FencedRecords, Write, apply_writes, unchanged
 from .run_store import RunStore, RunSummary, RunWrite, run_entry
 from .runbook import EntryBook
 from .terms import holder_info, new_term, parse_epoch, unreadable_state
@@ -334,7 +334,7 @@ class FileRecords(_Facet, FencedRecords):
 
     def load(self, election: str) -> dict[str, str]:
         values: dict[str, str] = {}
-        _read_state(self._files, election, os.O_RDONLY, values, _text)
+        _read_state(self._files, election, os.O_RDONLY, values, unchanged)
         return values
 
     def compare_and_set(self, fence: Fence, writes: Sequence[Write]) -> list[bool]:
@@ -404,7 +404,7 @@ class FileRecords(_Facet, FencedRecords):
         log is gone. In the claim that needs it, unlike a compaction: it happens once."""
         files = self._files
         values: dict[str, str] = {}
-        _read_state(files, election, os.O_RDONLY, values, _text)
+        _read_state(files, election, os.O_RDONLY, values, unchanged)
         values.update(changed)
         logs = files.logs(election)
         generation = max([held.generation or 0, *logs]) + 1
@@ -492,10 +492,6 @@ class FileRecords(_Facet, FencedRecords):
         finally:
             with suppress(OSError):
                 tmp.unlink()
-
-
-def _text(text: str) -> str:
-    return text
 
 
 def _digest(text: str) -> bytes:
@@ -728,7 +724,7 @@ def _compact_into(files: _Files, election: str, job: _Compaction, tmp: Path) -> 
             # A few MB at a time: the log's bytes are as many as its states'.
             with _io(log), log.open("rb") as lines:
                 while chunk := lines.readlines(1 << 22):
-                    found = _replay(changes, _text, b"".join(chunk), str(log), generation)[1]
+                    found = _replay(changes, unchanged, b"".join(chunk), str(log), generation)[1]
                     following = following if found is None else found
             if following is None:
                 raise OSError(f"{log} does not lead to log {job.live}")

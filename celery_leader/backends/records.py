@@ -43,12 +43,14 @@ class Write:
 _V = TypeVar("_V")
 
 
-def _same(text: str) -> Any:
+def unchanged(text: str) -> Any:
+    """The ``keep`` that stores each text as it is (the memory store's, the file
+    store's readers')."""
     return text
 
 
 def apply_writes(
-    state: dict[str, _V], writes: Sequence[Write], keep: Callable[[str], _V] = _same
+    state: dict[str, _V], writes: Sequence[Write], keep: Callable[[str], _V] = unchanged
 ) -> list[bool]:
     """Compare-and-set ``writes`` on ``state`` in place, in order; ``state`` holds what
     ``keep`` makes of each stored text (the memory store keeps the text, the file
