@@ -33,7 +33,8 @@ from harness.etcd import EtcdCluster
 TTL = 3.0
 TIMEOUT = 0.5
 # A login is a bcrypt check of the password on the server, tens of milliseconds of its
-# CPU; at nice 10 beside two busy test streams, ten times that. So the test of logins
+# CPU; with many busy sessions on two cores (each server and process runs in one of
+# its own, and each session gets an equal share), many times that. So the test of logins
 # gives each call the deadline of the default ttl (15 s, renew 5 s), not the 0.5 s the
 # deadline tests want: a login that took 0.5 s there failed the test once.
 LOGIN_TIMEOUT = 5.0
