@@ -26,8 +26,8 @@ from harness.waiting import wait_for
 
 # The default ttl. Its store deadline (the renew interval, ttl / 3 = 5 s) halves into
 # the window a write waits for its replicas' acknowledgements: 2.5 s. A replica on
-# loopback acknowledges in milliseconds, but at nice 10 beside two busy test streams
-# one took over the 0.5 s that ttl 3 gave, and the test saw "(0 acknowledged)". Each
+# loopback acknowledges in milliseconds, but in one clean-clone run, beside two busy
+# test streams, none came within the 0.5 s that ttl 3 gave ("(0 acknowledged)"). Each
 # refused write waits the whole window: five tests here do, once each.
 TTL = 15.0
 
