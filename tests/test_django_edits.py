@@ -65,9 +65,11 @@ PeriodicTask.objects.get(name="recreate").delete()
 say("delete")
 time.sleep(15)
 row = PeriodicTask.objects.get(name="pause")
+say("enabling")
 row.enabled = True
 row.save()
 say("enable")
+say("creating")
 PeriodicTask.objects.create(name="recreate", task="ticker.tasks.db_tick", interval=two)
 say("create")
 """
@@ -327,12 +329,15 @@ def test_row_edits_take_effect_at_once_and_send_nothing_from_before_them(
 
     # Disabled for 15 s: nothing due from the disabled window, even under "all" (a
     # slot due within a tick of the disable may still go out, before the leader sees it).
+    # The window ends when the save that enables the row starts ("enabling"): the row's
+    # date_changed is set in that save, and a slot due during it is not from the
+    # disabled window (one was, 3 ms before the "enable" mark, which comes after it).
     tick = 1.1
-    off = (edits["disable"] + tick, edits["enable"])
+    off = (edits["disable"] + tick, edits["enabling"])
     assert [due for due, _ in broker.slots("pause") if off[0] < due < off[1]] == [], (
         edits, broker.slots("pause"))  # fmt: skip
-    # Deleted and re-created: nothing due before the re-creation.
-    gone = (edits["delete"] + tick, edits["create"])
+    # Deleted and re-created: nothing due before the re-creation (its save, "creating").
+    gone = (edits["delete"] + tick, edits["creating"])
     assert [due for due, _ in broker.slots("recreate") if gone[0] < due < gone[1]] == [], (
         edits, broker.slots("recreate"))  # fmt: skip
 
