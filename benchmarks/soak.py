@@ -40,8 +40,10 @@ What counts as sent and as run:
 The slots due are those of the entries' grids (interval entries on a grid of
 their period since the Unix epoch, the two crons on whole minutes and even
 minutes, UTC) from 5 s after the first message to 5 s before the end of the
-faults; the run goes on 40 s more (a killed worker's messages come back after
-the 30 s visibility timeout) before everything is stopped with SIGTERM.
+faults; the run goes on 130 s more (a killed worker's messages come back after
+the 30 s visibility timeout, and a slot no worker started is judged 5 s after its
+entry's next slot is sent, 2 minutes at most here) before everything is stopped
+with SIGTERM.
 
 * **run twice**: slots whose body ran more than once. One explained by
   ``leader_on_redelivery = "rerun"`` (a worker killed while running the slot: the
@@ -49,13 +51,18 @@ the 30 s visibility timeout) before everything is stopped with SIGTERM.
 * **published twice**: slots the broker got more than once. The ledger's re-send
   (a new term sends again a slot the killed leader claimed and may not have
   published) does this by design and the workers run it once; a slot published
-  twice under one epoch has no such reason and counts as twice. A killed worker's
+  twice under one epoch counts as twice, unless a beat logged that it sent it again
+  because no worker had started it (``re-sending slot S (epoch E): ...``, a
+  message the broker lost), shown apart. A killed worker's
   unacknowledged message, which Redis puts back in every queue bound to the
   exchange (the copy too), keeps its task id: it is shown as put back by the
   broker, not as a second publish.
 * **lost**: slots due that never ran. Those the missed-slot policy dropped are
   explained by the beats' own lines ``not sending N missed slot(s) of 'E', the
-  last due D``: the N slots of E before D. The rest are unexplained.
+  last due D``: the N slots of E before D; and ``not sending slot S again: it has
+  not started, and slot T of its entry, sent after it, has started``: a slot whose
+  message the broker lost, missed under the default policy. The rest are
+  unexplained.
 
 The exit code is 1 when a slot was run twice (unexplained), published twice
 under one epoch, or lost unexplained, or when a step of the benchmark itself (a
@@ -110,9 +117,13 @@ FAULTS = ["sigkill-leader", "sigterm-leader", "sigkill-worker", "resign"]
 DROPPED = re.compile(
     r"not sending (\d+) missed slot\(s\) of '([^']+)', the last due (\S+) \(leader_missed_slots"
 )
+#: A slot a beat judged lost by the broker, after a later slot of its entry started.
+NOT_AGAIN = re.compile(r"not sending slot (\S+) again: it has not started")
+RESENT = re.compile(r"re-sending slot (\S+) \(epoch \d+\): (?:slot \S+ of its|no worker)")
 #: After the faults end: a killed worker's messages come back after the app's
-#: 30 s visibility timeout.
-DRAIN = 40.0
+#: 30 s visibility timeout; a slot no worker started is judged 5 s after its
+#: entry's next slot is sent (``start_watch.LATER_START``), 2 minutes at most here.
+DRAIN = 130.0
 EDGE = 5.0  # seconds cut off both ends of the counted window
 #: A beat's warm-up after it first led: its RSS steps up as it loads the state and
 #: opens the publisher's connections, within seconds of its promotion.
@@ -479,12 +490,22 @@ class Soak:
         every = {f"{p}{i}": e for p, n, e, _ in MIX for i in range(n)}
         dropped = set()
         for log in self.dir.glob("beat*.log"):
-            for found in DROPPED.finditer(log.read_text(errors="replace")):
+            text = log.read_text(errors="replace")
+            for found in DROPPED.finditer(text):
                 count, entry, due = int(found.group(1)), found.group(2), found.group(3)
                 last = datetime.datetime.fromisoformat(due).timestamp()
                 for k in range(1, count + 1):
                     dropped.add((entry, round(last - k * every[entry], 3)))
+            dropped.update(_due(found.group(1)) for found in NOT_AGAIN.finditer(text))
         return dropped
+
+    def resent_unstarted(self) -> set[str]:
+        """Slots a beat sent again because no worker had started them."""
+        return {
+            found.group(1)
+            for log in self.dir.glob("beat*.log")
+            for found in RESENT.finditer(log.read_text(errors="replace"))
+        }
 
     def report(self, window_end: float, names: list[str]) -> bool:
         if self.first_message is None:
@@ -513,19 +534,26 @@ class Soak:
         publishes = {s: {i: e for e, _, i in self.published.get(s, [])} for s in in_window}
         restored = [s for s in in_window if len(self.published.get(s, [])) > len(publishes[s])]
         twice_pub = [s for s in in_window if len(publishes[s]) > 1]
-        same_epoch = [s for s in twice_pub if len(set(publishes[s].values())) < len(publishes[s])]
+        unstarted = self.resent_unstarted()
+        resent = [s for s in twice_pub if s in unstarted]
+        same_epoch = [
+            s
+            for s in twice_pub
+            if len(set(publishes[s].values())) < len(publishes[s]) and s not in unstarted
+        ]
         twice = len(twice_ran) - len(rerun) + len(same_epoch)
 
         span = (window_end - window_start) / 60
         print(f"\n## Slots ({span:.1f} min counted, {_utc(window_start)}-{_utc(window_end)} UTC)")
         print("| slots due | ran once | run twice | of which rerun after a killed worker "
-              "| published twice | of which under one epoch | put back by the broker "
-              "| lost | dropped by the policy "
+              "| published twice | of which re-sent, not started | of which under one epoch "
+              "| put back by the broker | lost | dropped by the policy "
               "| lost unexplained (of which published) |")  # fmt: skip
-        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         once = sum(1 for key in due if key in by_due and len(self.runs.get(by_due[key], [])) == 1)
         print(f"| {len(due)} | {once} | {len(twice_ran)} | {len(rerun)} | {len(twice_pub)} "
-              f"| {len(same_epoch)} | {len(restored)} | {len(lost)} | {len(explained)} "
+              f"| {len(resent)} | {len(same_epoch)} | {len(restored)} | {len(lost)} "
+              f"| {len(explained)} "
               f"| {len(unexplained)} ({len(lost_published)}) |")  # fmt: skip
         for key in sorted(unexplained, key=lambda k: k[1])[:20]:
             print(f"  unexplained: {key[0]} due {_utc_ms(key[1])}, published {key in published}"

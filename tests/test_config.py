@@ -528,6 +528,7 @@ def test_clock_settings_from_the_environment_name_the_variable() -> None:
     ("setting", "value"),
     [
         ("leader_ledger_keep", 10**400),
+        ("leader_ledger_resend_after", 10**400),
         ("leader_health_port", 10**400),
         ("leader_replica_acks", "1e999"),
     ],

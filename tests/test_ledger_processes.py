@@ -16,6 +16,8 @@ import signal
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -260,6 +262,42 @@ def test_a_leader_killed_between_claim_and_publish(workers: Workers, run: int) -
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("policy", ["once", "all"])
+def test_a_message_the_broker_lost_is_a_missed_slot(workers: Workers, policy: str) -> None:
+    """A slot published and then lost by the broker (kombu's Redis transport loses a
+    message taken by a worker killed at that moment) is never started, while the next
+    slot of its entry is: the leader judges it missed, and the missed-slot policy
+    decides. The default ``once`` logs it and sends it no more (the next slot ran);
+    ``all`` sends it again, and it runs once."""
+    workers.start("a")
+    wait_for(
+        lambda: record(workers.store.runs, "@ledger-workers") is not None,
+        timeout=20,
+        message="the worker registered in the ledger",
+    )
+    env = {} if policy == "once" else {"MISSED_SLOTS": policy}
+    beat = _start_beat(workers, LOSE_AT="3", **env)
+    slot = beat.wait_for_line(r"losing slot (\S+)", 60)[1]
+    if policy == "once":
+        beat.wait_for_line(rf"not sending slot {re.escape(slot)} again: it has not started", 30)
+    else:
+        beat.wait_for_line(rf"re-sending slot {re.escape(slot)} .*of its entry, sent after", 30)
+        wait_for(
+            lambda: (r := workers.record(slot)) is not None and r.status == "finished",
+            timeout=30,
+            message=f"slot {slot} ran",
+        )
+    wait_for(lambda: len(_ran(workers)) >= 10, timeout=30, message="ten slots ran")
+    beat.signal(signal.SIGTERM)
+    beat.wait(15)
+    ran = _ran(workers)
+    assert ran.get(slot, 0) == (0 if policy == "once" else 1), ran.get(slot)
+    assert all(n == 1 for n in ran.values()), {s: n for s, n in ran.items() if n != 1}
+    if policy == "once":
+        assert (r := workers.record(slot)) is not None and r.status == "sent", r
+
+
+@pytest.mark.slow
 def test_by_default_beat_resends_nothing_to_workers_without_the_dedup_step(
     workers: Workers,
 ) -> None:
@@ -404,19 +442,7 @@ def test_dramatiq_a_scheduler_killed_between_claim_and_publish(
     """The same on Dramatiq, on either broker: the next scheduler re-sends the slot
     once; it runs once."""
     broker_url = redis_url if broker == "redis" else request.getfixturevalue("amqp_url")
-    env = {
-        "BROKER_URL": broker_url,
-        "STORE_URL": redis_url,
-        "CELERY_LEADER_LEDGER": "1",
-        "CELERY_LEADER_TTL": str(TTL),
-        "EVERY": "1",
-    }
-    app = "tests.apps.ledger_dramatiq"
-    worker = procs.spawn_python(DRAMATIQ, app, "-p", "1", "-t", "2", env=env, cwd=ROOT)
-    worker.wait_for_line(r"Worker process is ready|is ready for action", 60)
-    store = open_store(LeaderConfig.from_mapping({"leader_url": redis_url}))
-    try:
-        wait_for(lambda: record(store.runs, "@ledger-workers") is not None, timeout=20)
+    with _dramatiq_worker(procs, broker_url, redis_url) as (app, env, store):
         first = procs.spawn_python(SCHEDULER, app, env={**env, "PAUSE_AT": "3"}, cwd=ROOT)
         slot = first.wait_for_line(r"pausing before publishing slot (\S+)", 60)[1]
         first.signal(signal.SIGKILL)
@@ -435,11 +461,54 @@ def test_dramatiq_a_scheduler_killed_between_claim_and_publish(
         wait_for(lambda: len(_dramatiq_runs(redis_url)) >= 5, timeout=30)
         second.signal(signal.SIGTERM)
         second.wait(15)
-    finally:
-        store.close()
     runs = _dramatiq_runs(redis_url)
     assert runs[slot] == 1
     assert all(n == 1 for n in runs.values()), runs
+
+
+@pytest.mark.slow
+def test_dramatiq_a_message_the_broker_lost_is_sent_again_and_runs_once(
+    procs: Procs, redis_url: str
+) -> None:
+    """The same on Dramatiq, under ``leader_missed_slots = "all"``: a slot enqueued and
+    lost is sent again once a later slot has started, and runs once."""
+    missed = {"CELERY_LEADER_MISSED_SLOTS": "all"}
+    with _dramatiq_worker(procs, redis_url, redis_url, **missed) as (app, env, _):
+        scheduler = procs.spawn_python(SCHEDULER, app, env={**env, "LOSE_AT": "3"}, cwd=ROOT)
+        slot = scheduler.wait_for_line(r"losing slot (\S+)", 60)[1]
+        scheduler.wait_for_line(rf"re-sending slot {re.escape(slot)} .*of its entry, sent", 30)
+        wait_for(lambda: _dramatiq_runs(redis_url).get(slot) == 1, timeout=30, message="it ran")
+        wait_for(lambda: len(_dramatiq_runs(redis_url)) >= 10, timeout=30)
+        scheduler.signal(signal.SIGTERM)
+        scheduler.wait(15)
+    runs = _dramatiq_runs(redis_url)
+    assert runs[slot] == 1
+    assert all(n == 1 for n in runs.values()), runs
+
+
+@contextmanager
+def _dramatiq_worker(
+    procs: Procs, broker_url: str, store_url: str, **settings: str
+) -> Iterator[tuple[str, dict[str, str], StoreFacets]]:
+    """A Dramatiq worker of the ledger app (its actor ``tick`` every second) registered in
+    the ledger: the app, the environment its schedulers take, and the store."""
+    env = {
+        "BROKER_URL": broker_url,
+        "STORE_URL": store_url,
+        "CELERY_LEADER_LEDGER": "1",
+        "CELERY_LEADER_TTL": str(TTL),
+        "EVERY": "1",
+        **settings,
+    }
+    app = "tests.apps.ledger_dramatiq"
+    worker = procs.spawn_python(DRAMATIQ, app, "-p", "1", "-t", "2", env=env, cwd=ROOT)
+    worker.wait_for_line(r"Worker process is ready|is ready for action", 60)
+    store = open_store(LeaderConfig.from_mapping({"leader_url": store_url}))
+    try:
+        wait_for(lambda: record(store.runs, "@ledger-workers") is not None, timeout=20)
+        yield app, env, store
+    finally:
+        store.close()
 
 
 def _dramatiq_runs(url: str) -> dict[str, int]:

@@ -8,7 +8,7 @@ import logging
 import os
 import time
 import uuid
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 from typing import Any
 
@@ -27,7 +27,7 @@ from celery_leader.ledger.crons import SentryCrons, monitor_slug
 from celery_leader.ledger.records import WORKERS
 from celery_leader.ledger.summary import summarize
 from celery_leader.probes.shared_counters import ENV_VAR, SharedCounters
-from celery_leader.schedule.jobs import Outcome
+from celery_leader.schedule.jobs import Job, Outcome
 from celery_leader.schedule.resend import Resender
 from celery_leader.settings.config import LeaderConfig
 from harness.waiting import wait_for
@@ -164,8 +164,11 @@ def test_settings() -> None:
     config = LeaderConfig.from_mapping({"leader_url": "memory://"})
     assert (config.ledger, config.on_redelivery, config.overlap) == (True, "rerun", "allow")
     assert (config.ledger_retention, config.ledger_keep) == (2 * 86400, 10_000)
+    assert config.ledger_resend_after == 3600
     env = {"CELERY_LEADER_URL": "memory://", "CELERY_LEADER_LEDGER_KEEP": "50"}
     assert LeaderConfig.from_env(env).ledger_keep == 50
+    never = {"CELERY_LEADER_URL": "memory://", "CELERY_LEADER_LEDGER_RESEND_AFTER": "0"}
+    assert LeaderConfig.from_env(never).ledger_resend_after == 0
     for key, value, says in [
         ("leader_ledger_keep", 0, "leader_ledger_keep must be at least 1"),
         ("leader_ledger_keep", 2.5, "leader_ledger_keep must be a whole number"),
@@ -173,6 +176,8 @@ def test_settings() -> None:
         ("leader_overlap", "never", "leader_overlap"),
         ("leader_ledger_retention", 60, "at least 60 x leader_ttl"),
         ("leader_overlap_wait", -1, "leader_overlap_wait"),
+        ("leader_ledger_resend_after", -1, "resend_after must be a number of seconds, or 0 for"),
+        ("leader_ledger_resend_after", "soon", "resend_after must be a number of seconds, or 0"),
     ]:
         with pytest.raises(ConfigError, match=says):
             LeaderConfig.from_mapping({"leader_url": "memory://", key: value})
@@ -199,14 +204,23 @@ def test_leader_status_shows_each_entrys_last_slot() -> None:
 
 
 class _Sends:
-    """An adapter stand-in that records what beat (re-)sends."""
+    """An adapter stand-in that records what beat (re-)sends; ``expired``: every message
+    has expired by the time it is looked at again."""
 
-    def __init__(self) -> None:
+    def __init__(self, expired: bool = False) -> None:
         self.sent: list[str] = []
+        self._expired = expired
 
     def send(self, job: object, slot: str, due: object, epoch: int) -> Outcome:
         self.sent.append(slot)
         return Outcome()
+
+    def expired(self, job: object, age: float) -> bool:
+        return self._expired
+
+
+JOB = Job("report", None, "once", None)
+DUE = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 
 def test_a_publish_of_unknown_outcome_is_resent_only_while_workers_deduplicate(
@@ -214,18 +228,17 @@ def test_a_publish_of_unknown_outcome_is_resent_only_while_workers_deduplicate(
 ) -> None:
     lease = SimpleNamespace(election="beat", instance_id="beat-1", ttl=60, clock=SYSTEM_CLOCK)
     adapter = _Sends()
-    resender = Resender(lease, store, adapter, 3600, 10, logging.getLogger("test"))  # type: ignore[arg-type]
-    due = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    resender = Resender(lease, store, adapter, 3600, 10, logging.getLogger("test"), 0)  # type: ignore[arg-type]
     # No worker with the dedup step: the slot stays claimed, as with the ledger off.
-    resender.unknown(None, SLOT, due)  # type: ignore[arg-type]
+    resender.unknown(None, SLOT, DUE)  # type: ignore[arg-type]
     resender.retry(epoch=1)
     assert adapter.sent == []
     assert ledger_reads.record(store, SLOT) is None
     # A worker registered (its mark lives a few ttl): the next one is re-sent once.
     marks.touch(store, "beat", WORKERS, {"worker": "w1"}, 60)
-    resender.unknown(None, SLOT, due)  # type: ignore[arg-type]
+    resender.unknown(None, SLOT, DUE)  # type: ignore[arg-type]
     resender.retry(epoch=1)
-    resender.unknown(None, SLOT, due)  # type: ignore[arg-type]
+    resender.unknown(None, SLOT, DUE)  # type: ignore[arg-type]
     resender.retry(epoch=1)
     assert adapter.sent == [SLOT]
 
@@ -235,16 +248,111 @@ def test_beat_marks_slots_sent_only_while_workers_deduplicate(store: RunStore) -
     now = [start]
     clock = SimpleNamespace(monotonic=lambda: now[0])  # moved by hand
     lease = SimpleNamespace(election="beat", instance_id="beat-1", ttl=TTL, clock=clock)
-    resender = Resender(lease, store, _Sends(), 3600, 10, logging.getLogger("test"))  # type: ignore[arg-type]
-    resender.sent(SLOT, 5)  # nobody would drop a re-sent copy: no mark, no round trip
+    resender = Resender(lease, store, _Sends(), 3600, 10, logging.getLogger("test"), 0)  # type: ignore[arg-type]
+    resender.sent(JOB, SLOT, DUE, 5)  # nobody would drop a re-sent copy: no mark, no round trip
     assert ledger_reads.slot_records(store) == {}
     marks.touch(store, "beat", WORKERS, {"worker": "w1"}, 60)
     now[0] = start + TTL / 2
-    resender.sent(SLOT, 5)  # the answer is kept one ttl: nobody registered yet
+    resender.sent(JOB, SLOT, DUE, 5)  # the answer is kept one ttl: nobody registered yet
     assert SLOT not in ledger_reads.slot_records(store)
     now[0] = start + TTL
-    resender.sent(SLOT, 5)
+    resender.sent(JOB, SLOT, DUE, 5)
     assert record(store).status == "sent"
+
+
+class _Watching:
+    """A leader's resender with a hand-moved clock, ``leader_ledger_resend_after`` 60 s,
+    and a worker with the dedup step registered."""
+
+    def __init__(self, store: RunStore, expired: bool = False) -> None:
+        self.now = 1000.0
+        clock = SimpleNamespace(monotonic=lambda: self.now)
+        lease = SimpleNamespace(election="beat", instance_id="beat-1", ttl=TTL, clock=clock)
+        self.adapter = _Sends(expired)
+        keeping = (3600, 100, logging.getLogger("test"), 60)  # 100 runs kept per entry
+        self.resender = Resender(lease, store, self.adapter, *keeping)  # type: ignore[arg-type]
+        marks.touch(store, "beat", WORKERS, {"worker": "w1"}, 3600)
+
+    def send(self, slot: str = SLOT) -> None:
+        self.resender.sent(JOB, slot, DUE, 5)
+
+    def tick(self, after: float, job: Job | None = JOB) -> list[str]:
+        """Move the clock ``after`` seconds on and tick with ``job`` as the entry's job now
+        (``None``: gone): what was re-sent since the start."""
+        self.now += after
+        self.resender.unstarted({} if job is None else {job.name: job}, 7)
+        return self.adapter.sent
+
+
+def _slot(second: int) -> str:
+    return f"report@2026-01-01T00:{second // 60:02}:{second % 60:02}.000+00:00"
+
+
+def test_a_lone_slot_no_worker_started_is_sent_again_once_after_resend_after(
+    store: RunStore,
+) -> None:
+    leader = _Watching(store)
+    leader.send()
+    assert leader.tick(59) == [], "not before leader_ledger_resend_after"
+    assert leader.tick(1) == [SLOT]
+    again = record(store)
+    assert (again.status, again.epoch) == ("sent", 7), "the mark taken over by the re-send"
+    assert leader.tick(3600) == [SLOT], "once"
+    assert guard(store, "w1").begin(SLOT).run, "the copy runs"
+
+
+def test_a_slot_a_later_one_overtook_is_missed_and_the_policy_decides() -> None:
+    for policy, resent in [("once", []), ("skip", []), ("all", [_slot(0)])]:
+        store = open_store(
+            LeaderConfig.from_mapping({"leader_url": f"memory://ledger-{uuid.uuid4().hex}"})
+        ).runs
+        leader = _Watching(store)
+        job = dataclasses.replace(JOB, missed_slots=policy)
+        leader.send(_slot(0))  # lost by the broker
+        leader.send(_slot(1))
+        assert guard(store, "w1").begin(_slot(1)).run
+        assert leader.tick(4.9, job) == [], "the later slot's 5 s to start"
+        assert leader.tick(0.1, job) == resent, policy
+        assert leader.tick(3600, job) == resent, f"{policy}: judged once"
+
+
+def test_slots_workers_started_are_not_sent_again(store: RunStore) -> None:
+    leader = _Watching(store)
+    g = guard(store, "w1")
+    for n in range(3):
+        leader.send(_slot(n))
+        assert g.begin(_slot(n)).run
+    g.finish(_slot(0), "success")
+    assert leader.tick(3600) == []
+
+
+def test_one_read_finds_a_slot_behind_many_its_workers_recorded_first(store: RunStore) -> None:
+    leader = _Watching(store)
+    g = RunGuard(LedgerTarget(store, "beat", "w1", TTL, TTL / 3, 3600, 100), "rerun")
+    leader.send(_slot(0))  # lost by the broker
+    for n in range(1, 40):
+        assert g.begin(_slot(n)).run  # started before the leader marked it sent
+        leader.send(_slot(n))
+    everything = dataclasses.replace(JOB, missed_slots="all")
+    assert leader.tick(60, everything) == [_slot(0)], "found past the 39 newer records"
+
+
+def test_a_slot_of_an_entry_gone_changed_or_expired_is_not_sent_again(store: RunStore) -> None:
+    leader = _Watching(store)
+    for n, job in enumerate(
+        [
+            None,  # removed, or paused
+            dataclasses.replace(JOB, active_since=DUE + timedelta(minutes=5)),  # resumed since
+            dataclasses.replace(JOB, generation="2"),  # made anew
+        ]
+    ):
+        leader.send(_slot(n))
+        assert leader.tick(60, job) == [], job
+        assert record(store, _slot(n)).status == "sent"
+    assert leader.tick(3600) == [], "each judged once"
+    expiring = _Watching(store, expired=True)
+    expiring.send(_slot(10))
+    assert expiring.tick(60) == [], "its message expired: the entry's expires"
 
 
 def test_the_workers_mark_lapses_a_few_ttl_after_the_last_worker(store: RunStore) -> None:

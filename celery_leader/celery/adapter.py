@@ -399,6 +399,14 @@ class BeatAdapter(Adapter):
     def flush(self) -> Outcome:
         return self.publisher.flush()
 
+    def expired(self, job: Job, age: float) -> bool:
+        payload = job.payload
+        options = payload.options if isinstance(payload, Entry) else self._entry(job).options
+        expires = options.get("expires")  # Celery's: seconds after the publish, or a datetime
+        if isinstance(expires, datetime):
+            return expires.timestamp() <= time.time()
+        return isinstance(expires, int | float) and not isinstance(expires, bool) and age >= expires
+
     def demoted(self) -> None:
         self.scheduler.stopped_leading()
 

@@ -182,6 +182,14 @@ class _EnqueueAdapter(Adapter):
             return Outcome(exc, caused_by(exc, NOT_CONNECTED))
         return Outcome()
 
+    def expired(self, job: Job, age: float) -> bool:
+        if isinstance(job.payload, Entry):  # expires is refused where AgeLimit is missing
+            expires = job.payload.options.get("expires")
+            return expires is not None and bool(age >= expires)
+        # The actor's own max_age (milliseconds), which Dramatiq's AgeLimit enforces.
+        max_age = job.payload.options.get("max_age")
+        return max_age is not None and bool(age * 1000 >= max_age)
+
 
 def leader_jobs(broker: Any, config: LeaderConfig) -> Sequence[Job]:
     """The entries a leader of ``broker`` would send (``plan --stored``), reading the store

@@ -32,7 +32,7 @@ COUNTERS = {
     "ledger_reruns": "Slots run again because the worker running them died (rerun).",
     "ledger_skips": "Slots recorded skipped because the worker running them died (skip).",
     "ledger_overlap_skips": "Slots recorded skipped because their entry's last slot still ran.",
-    "ledger_resends": "Slots beat sent again: unknown publish outcome, or a dead leader's claim.",
+    "ledger_resends": "Slots beat sent again: unknown outcome, a dead leader's claim, not started.",
 }
 
 #: Gauges that :func:`adjust` moves, and their help text.

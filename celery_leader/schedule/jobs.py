@@ -79,6 +79,11 @@ class Adapter(ABC):
         """Deliver what :meth:`send` buffered; the outcome holds for all of it."""
         return Outcome()
 
+    def expired(self, job: Job, age: float) -> bool:
+        """Whether a message of ``job`` published ``age`` seconds ago has expired (the
+        entry's ``expires``): such a slot is not sent again. By default never."""
+        return False
+
     def due_now(self, job: Job, now: datetime) -> tuple[datetime | None, float]:
         """For a job without a series: the due instant of its slot if one is due now
         (``now`` when the schedule cannot name one), and seconds until to ask again."""

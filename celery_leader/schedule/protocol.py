@@ -62,7 +62,7 @@ class Dispatcher:
         self.promoted_at = promoted_at
         self.max_sleep = max_sleep
         self.tick_timeout = config.watchdog_timeout
-        keeping = (config.ledger_retention, config.ledger_keep, logger)
+        keeping = (config.ledger_retention, config.ledger_keep, logger, config.ledger_resend_after)
         resender = Resender(lease, store.runs, adapter, *keeping) if config.ledger else None
         self.publisher = Publisher(
             lease, store.records, adapter, config.max_publish_failures, logger, resender
@@ -79,6 +79,7 @@ class Dispatcher:
         publisher = self.publisher
         if publisher.resender is not None:
             publisher.resender.retry(fence.term.epoch)
+            publisher.resender.unstarted(self.held.jobs, fence.term.epoch)
         if not self.held.pending:
             # Once the term's state is loaded: the run ledger's recovery, at the end
             # of the load, starts the re-sends of the term afresh.

@@ -164,8 +164,8 @@ class Publisher:
             self.failures = 0
             metrics.count("slots_sent", self.lease.election, len(flushed))
             if self.resender is not None:
-                for _, slot, _ in flushed:
-                    self.resender.sent(slot, epoch)
+                for batch, slot, due in flushed:
+                    self.resender.sent(batch.job, slot, due, epoch)
             return None
         for batch, slot, due in reversed(flushed):
             if outcome.definitely_unsent and batch is not keep:

@@ -219,7 +219,7 @@ class RunDesk:
         if outcome.error is None:
             metrics.count("slots_sent", self.lease.election)
             if self.resender is not None:
-                self.resender.sent(slot, epoch)
+                self.resender.sent(job, slot, now, epoch)
             return RunOutcome(SENT, at, slot, epoch)
         why = f"{type(outcome.error).__name__}: {outcome.error}"
         metrics.count("publish_failures", self.lease.election)

@@ -79,6 +79,19 @@ def _seconds(setting: str, value: object, default: float | None) -> float | None
     return number
 
 
+def _seconds_or_never(setting: str, value: object, default: float) -> float:
+    """Seconds, 0 for never."""
+    if _whole(value) == 0:
+        return 0.0
+    try:
+        number = _seconds(setting, value, default)
+    except (ConfigError, OverflowError):
+        why = f"{setting} must be a number of seconds, or 0 for never (got {value!r})"
+        raise ConfigError(why) from None
+    assert number is not None
+    return number
+
+
 def _grace(setting: str, value: object, default: None) -> float | None:
     return validate_grace(setting, None if value == "" else value)
 
@@ -303,6 +316,17 @@ TABLE = (
     # one-hour Redis visibility timeout for an entry every 0.36 s, and keeps an
     # entry every second under about 3 MB of the store whatever the retention.
     Setting("ledger_keep", _count, 10_000, "run records kept per entry"),
+    # An hour: kombu's Redis transport gives a dead worker's unacknowledged
+    # message back after its visibility timeout, an hour by default, so a slot
+    # held that way is not sent again before the broker would; a queue an hour
+    # behind is broken anyway, and its second copies are dropped by the workers.
+    # Slots an entry's later slot overtook are judged sooner (schedule/start_watch.py).
+    Setting(
+        "ledger_resend_after",
+        _seconds_or_never,
+        3600.0,
+        "seconds after its publish a slot no worker started is sent again (0: never)",
+    ),
     Setting("overlap", _one_of(*OVERLAP), "allow", "a slot while its entry's last one runs"),
     # A minute: long enough for a run that overstays its period a little, short
     # enough that a worker slot is not held for long.

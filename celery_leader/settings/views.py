@@ -65,6 +65,7 @@ class LedgerSettings:
     on_redelivery: str = "rerun"
     ledger_retention: float = DEFAULT_LEDGER_RETENTION
     ledger_keep: int = 10_000
+    ledger_resend_after: float = 3600.0
     overlap: str = "allow"
     overlap_wait: float = 60.0
     sentry_crons: bool = False

@@ -5,7 +5,8 @@ ON_REDELIVERY (``leader_on_redelivery``), LEDGER ("0" turns the ledger off, "1" 
 unset leaves the default),
 METRICS_PORT (``leader_metrics_port``),
 BEAT_EVERY (beat sends ``work`` as entry ``tick`` that often, for WORK_SECONDS,
-with entry option ``overlap`` = OVERLAP) and PAUSE_AT (see :class:`PausingScheduler`).
+with entry option ``overlap`` = OVERLAP), MISSED_SLOTS (``leader_missed_slots``),
+and PAUSE_AT and LOSE_AT (see :class:`PausingScheduler`).
 The ``work`` task sleeps ``seconds`` with ``acks_late`` and pushes one JSON
 line per run of its body on the Redis list ``runs``: its slot, node, pid, and
 wall-clock start and end (``end`` is pushed as a second line when it ends).
@@ -35,6 +36,8 @@ if "LEDGER" in os.environ:  # unset: the default (on)
     app.conf.leader_ledger = os.environ["LEDGER"] == "1"
 app.conf.leader_on_redelivery = os.environ.get("ON_REDELIVERY", "rerun")
 app.conf.leader_metrics_port = os.environ.get("METRICS_PORT")
+if "MISSED_SLOTS" in os.environ:
+    app.conf.leader_missed_slots = os.environ["MISSED_SLOTS"]
 app.conf.worker_prefetch_multiplier = 1
 app.conf.broker_connection_retry_on_startup = True
 app.conf.broker_transport_options = {
@@ -72,15 +75,20 @@ if os.environ.get("BEAT_EVERY"):
 
 
 class PausingScheduler(LeaderScheduler):
-    """A test-only fault: with PAUSE_AT=n, beat stops itself (SIGSTOP) right before
-    it publishes its n-th slot, after claiming it: the window a crash can fall in."""
+    """Test-only faults: with PAUSE_AT=n, beat stops itself (SIGSTOP) right before
+    it publishes its n-th slot, after claiming it: the window a crash can fall in.
+    With LOSE_AT=n, its n-th publish goes nowhere and reports success: a message
+    the broker lost after taking it."""
 
     published = 0
 
     def apply_entry(self, entry: Any, producer: Any = None) -> None:
         PausingScheduler.published += 1
+        slot = entry.options["headers"]["leader_slot"]
         if PausingScheduler.published == int(os.environ.get("PAUSE_AT", "0")):
-            slot = entry.options["headers"]["leader_slot"]
             print(f"pausing before publishing slot {slot}", flush=True)
             os.kill(os.getpid(), signal.SIGSTOP)
+        if PausingScheduler.published == int(os.environ.get("LOSE_AT", "0")):
+            print(f"losing slot {slot}", flush=True)
+            return
         super().apply_entry(entry, producer=producer)

@@ -6,7 +6,8 @@ The ``work`` actor pushes one JSON line per run of its body on the Redis list
 ``runs``: its ``leader_slot`` and pid. With EVERY set, the scheduled actor ``tick``
 does the same every EVERY seconds, its body lasting TICK_SECONDS (default 0).
 PAUSE_AT=n is a test-only fault: the scheduler stops itself (SIGSTOP) right
-before it enqueues its n-th slot, after claiming it.
+before it enqueues its n-th slot, after claiming it. With LOSE_AT=n its n-th
+enqueue goes nowhere and reports success: a message the broker lost.
 """
 
 import json
@@ -23,6 +24,7 @@ from dramatiq.middleware import CurrentMessage
 
 from celery_leader.dramatiq import LeaderMiddleware, every
 from celery_leader.dramatiq import scheduler as _scheduler
+from celery_leader.schedule.jobs import Outcome
 
 BROKER_URL = os.environ["BROKER_URL"]
 STORE_URL = os.environ.get("STORE_URL", BROKER_URL)
@@ -55,15 +57,18 @@ if os.environ.get("EVERY"):
         work.fn(float(os.environ.get("TICK_SECONDS", "0")))
 
 
-if os.environ.get("PAUSE_AT"):
+if os.environ.get("PAUSE_AT") or os.environ.get("LOSE_AT"):
     _send = _scheduler._EnqueueAdapter.send
     _sent = [0]
 
     def _pausing_send(self: Any, job: Any, slot: str, due: Any, epoch: int) -> Any:
         _sent[0] += 1
-        if _sent[0] == int(os.environ["PAUSE_AT"]):
+        if _sent[0] == int(os.environ.get("PAUSE_AT", "0")):
             print(f"pausing before publishing slot {slot}", flush=True)
             os.kill(os.getpid(), signal.SIGSTOP)
+        if _sent[0] == int(os.environ.get("LOSE_AT", "0")):
+            print(f"losing slot {slot}", flush=True)
+            return Outcome()
         return _send(self, job, slot, due, epoch)
 
     _scheduler._EnqueueAdapter.send = _pausing_send  # type: ignore[method-assign]
