@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/run.py [--quick] [--reps N] [--publish]
 
 Writes ``benchmarks/results/latest.md`` and ``benchmarks/results/failover.png``;
-with ``--publish`` also ``docs/benchmarks.md`` and ``docs/img/failover.png``.
+with ``--publish`` also the latest results of ``docs/benchmarks.md`` (its last
+section) and ``docs/img/failover.png``.
 Everything runs on loopback: real redis-server and PostgreSQL processes, real
 ``celery beat`` processes. Every process started is killed before it exits.
 """
@@ -33,20 +34,12 @@ from harness.groups import kill_all  # noqa: E402
 from harness.servers import PG_BIN  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
-#: The scale, django rows and start-up benchmarks' results (runs of many minutes,
-#: so not part of this command), kept for the page: ``python -m benchmarks.scale``
-#: (and ``django_rows``, ``start``), and paste their output there.
-SCALE_RESULTS = ROOT / "benchmarks" / "scale_results.md"
-#: Bursts on each lease store, before and after a change (``benchmarks/burst.py`` run
-#: by hand, as the page says), as the page shows them.
-BURST_RESULTS = ROOT / "benchmarks" / "burst_results.md"
-#: The run ledger at volume (``benchmarks/ledger_volume.py``, run on its own: it
-#: seeds a million records on each store), as the page shows it.
-LEDGER_RESULTS = ROOT / "benchmarks" / "ledger_volume_results.md"
-#: The console at volume (``python -m benchmarks.console``, run on its own: it
-#: seeds 100,000 entries and a million run records), as the page shows it.
-CONSOLE_RESULTS = ROOT / "benchmarks" / "console_results.md"
 DOCS = ROOT / "docs"
+#: The heading of the one section of ``docs/benchmarks.md`` that ``--publish`` writes,
+#: to the end of the page. The sections above it hold the longer benchmarks' runs
+#: (scale, bursts, the ledger and the console at volume, the soak), each pasted in by
+#: hand with what it showed, so ``--publish`` leaves them as they are.
+LATEST = "## Latest results\n"
 COMMAND = ".venv/bin/python benchmarks/run.py"
 
 #: Benchmarks written as scripts of their own: module, extra arguments for --quick.
@@ -391,14 +384,27 @@ def report(args: argparse.Namespace, image: str) -> str:
     return head + "\n\n" + "\n\n".join(sections) + "\n"
 
 
+def published(page: str, body: str) -> str:
+    """``page`` (the text of ``docs/benchmarks.md``) with its :data:`LATEST` section, to
+    the end, replaced by ``body`` (this command's report, its headings one level down)."""
+    head = page.partition(LATEST)[0]
+    # One heading level down: the results sit under the page's own sections.
+    results = re.sub(r"(?m)^(#{2,}) ", r"#\1 ", body)
+    return f"{head}{LATEST}\n" + results.replace("(failover.png)", "(img/failover.png)")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1 run, fewer faults (~4 min)")
     parser.add_argument("--reps", type=int, help="runs of each fault (default 5; --quick: 1)")
     parser.add_argument(
-        "--publish", action="store_true", help="also write docs/benchmarks.md and its plot"
+        "--publish",
+        action="store_true",
+        help="also write the latest results of docs/benchmarks.md, and its plot",
     )
     args = parser.parse_args()
+    if args.publish and LATEST not in (DOCS / "benchmarks.md").read_text():
+        parser.error(f"docs/benchmarks.md has no {LATEST.strip()!r} heading to write under")
     args.reps = args.reps or (1 if args.quick else 5)
     # SIGTERM unwinds like Ctrl-C, so the servers and beats below are stopped too.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -412,231 +418,7 @@ def main() -> int:
     if args.publish:
         (DOCS / "img").mkdir(exist_ok=True)
         shutil.copyfile(RESULTS / "failover.png", DOCS / "img" / "failover.png")
-        page = PAGE.format(
-            command=COMMAND,
-            pause=failover.PAUSE,
-            partition=failover.PARTITION,
-            scale_results=SCALE_RESULTS.read_text(),
-            burst_results=BURST_RESULTS.read_text(),
-            ledger_results=LEDGER_RESULTS.read_text(),
-            console_results=CONSOLE_RESULTS.read_text(),
-            # One heading level down: the results sit under the page's own sections.
-            results=re.sub(r"(?m)^(#{2,}) ", r"#\1 ", body).replace(
-                "(failover.png)", "(img/failover.png)"
-            ),
-        )
+        page = published((DOCS / "benchmarks.md").read_text(), body)
         (DOCS / "benchmarks.md").write_text(page)
-        log("wrote docs/benchmarks.md and docs/img/failover.png")
+        log("wrote the latest results of docs/benchmarks.md, and docs/img/failover.png")
     return 0
-
-
-PAGE = """# Benchmarks
-
-One command runs them all, on one machine, with real servers and real processes
-on loopback (no Docker):
-
-```bash
-{command}            # ~25 min; --quick: ~4 min, 1 run, fewer faults
-{command} --publish  # also rewrites this page and its plot
-```
-
-It prints the Markdown below and writes it to `benchmarks/results/latest.md`.
-Read the numbers as ratios: the machine is shared and noisy, so absolute
-seconds move from run to run; who is faster by how much does not.
-
-## How the fail-over benchmark works
-
-* **Systems**, all with a 3 s lock: celery-leader's `LeaderScheduler` on Redis,
-  PostgreSQL and a file lock (`leader_ttl = 3`, renewing every 1 s);
-  celery-redbeat (`redbeat_lock_timeout = 3`, `beat_max_loop_interval = 1`,
-  so standbys retry the lock every second); single-beat wrapping the stock
-  `celery beat` (`SINGLE_BEAT_LOCK_TIME=3`, `SINGLE_BEAT_HEARTBEAT_INTERVAL=1`,
-  the smallest it accepts). The app is `benchmarks/apps/bench_app.py`.
-* **Three replicas per system**, each a real `celery beat` process (or
-  `single-beat celery beat`), with one entry due every 0.1 s. A dead replica
-  is replaced before the next fault, as an orchestrator would; its whole
-  process group is killed first.
-* **Gaps are measured at the broker**: a thread pops every message off the
-  Redis queue and stamps it; Celery's `origin` header names the publishing
-  process. The gap is the longest interval between consecutive publishes from
-  just before the fault until the hand-over has settled.
-* **Faults**, applied to whichever replica is publishing: `SIGTERM` to the main
-  process (what `docker stop` does); `SIGKILL` to its process group; `SIGSTOP`
-  for {pause:g} s (past the ttl) then `SIGCONT`; a partition, where the replica's
-  own TCP proxy to the lock store holds all traffic for {partition:g} s while the
-  broker stays reachable (the split in which a stale leader can keep
-  publishing); and a restart of the lock store itself (once per system; Redis
-  runs without persistence, so it comes back empty). A file lock has no network
-  to cut and no server to restart.
-* **Duplicates**: celery-leader stamps each message with its slot
-  (`leader_slot`, entry + due time); a slot seen twice is a duplicate. For
-  redbeat the benchmark's scheduler subclass stamps the entry and the
-  `last_run_at` it was due after, read from redbeat's shared schedule, which
-  is the same thing. single-beat's beats share no schedule, so its
-  duplicates are counted per period: ordered by send time, a publish less than
-  half a period after the previous one is a second copy of that period's run
-  (one beat never sends that fast; two beats do it once per period). Counted
-  that way, celery-leader and redbeat show no duplicates either.
-* **Survivors**: beat replicas still running when the fault has settled.
-  An *orphaned beat* is a `celery beat` still running after its single-beat
-  wrapper died.
-
-## How the store-load benchmark works
-
-200 leases (one backend, so one set of connections, each: as 200 processes
-would have) in 20 elections run in 4 processes against one Redis and one
-PostgreSQL, with ttl 3 s. Once every election is led, the store's work is
-counted over a window: Redis commands from `INFO commandstats` (which counts
-the commands inside each Lua script too; every request of the backend is one
-script call, a round trip); PostgreSQL
-statements from `pg_stat_statements`, plus the failed ones from the server log
-(a queued follower's lock wait ends with `lock_timeout` once per ttl and starts
-again). Server CPU is Redis' `used_cpu_user + used_cpu_sys`, or the CPU of
-every PostgreSQL process. Then every holder process is killed at once and a
-new fleet started, and the time until all 20 elections have a leader from the
-new fleet is measured from the kill (and likewise after SIGTERM, when every
-holder releases first). On Redis, one follower per election checks the
-holder's presence every 0.15 s whatever the ttl (6.7 round trips a second per
-election); the rest scales with `1 / leader_ttl`.
-
-## How the beat store-load benchmark works
-
-Three real `celery beat` replicas (`tests/apps/beat_app.py`, ttl 3 s) share a
-lease store (a redis-server of its own) and dispatch 200 interval entries due
-every second, for 10 minutes (`--quick`: 1). Per minute it reports what the
-lease store's Redis did: commands per second (`INFO commandstats`, which counts
-the commands inside each Lua script: a claim of 200 entries is about 400),
-claim scripts per second (the claim script is the only caller of `TYPE`), the
-messages that reached the broker (a second redis-server, emptied every
-second), and the broker's connected clients. It also runs on its own:
-`.venv/bin/python -m benchmarks.beat_load [--minutes 10]`. Issue 14 saw the
-commands per second climb from 531 to 881 in 5 minutes, with about 84 claim
-scripts a second, because interval entries drifted apart; flat means the last
-minute within 10 % of the first, at about one claim script per due batch.
-
-## How the scale benchmark works
-
-`.venv/bin/python -m benchmarks.scale` runs, for each N, a leader and a
-standby `celery beat` (`benchmarks/apps/scale_app.py`; ttl, and redbeat's lock
-timeout, 5 s) with N hourly entries plus one entry due every second, on
-servers of their own:
-
-* celery-leader's `LeaderScheduler` on Redis with the N entries in
-  `beat_schedule` (code entries), and again with them kept in the store
-  (store entries, also at `--store-n`, default 1,000,000), put there before
-  the start in batches of 5,000 adds, one round trip each;
-* celery-redbeat with the same `beat_schedule`, which it writes into its
-  Redis when it starts (`beat_max_loop_interval = 1`, so its standby retries
-  the lock every second);
-* django-celery-beat's `DatabaseScheduler` on PostgreSQL with N rows. It has
-  no lock, so it runs alone and has no hand-over.
-
-The hourly entries fall due half an hour after the start, outside the run:
-what is measured is the cost of carrying them. A thread pops every message
-off the broker and stamps its arrival. A run starts the leader, then the
-standby, waits until the standby idles, measures a window (`--seconds`,
-default 30), then stops the leader with SIGTERM, starts a new standby, and
-kills the new leader's process group with SIGKILL. A run that takes longer
-than `--cap` (default 600 s) stops where it is; its remaining cells show
-`—`. The columns:
-
-* **setup**: seconds to put the N entries in the store before the start
-  (store entries, django rows).
-* **start**: from starting the first replica to its first 1 s message at
-  the broker.
-* **CPU**: the leader's CPU seconds per second over the window (its process
-  group's utime + stime in `/proc`); **RSS**: its resident memory at the end.
-* **store ops/s**: Redis commands per second (`INFO stats`); for django,
-  PostgreSQL transactions per second (`pg_stat_database`).
-* **late p50 / p99**: how long after its due time each 1 s message reached
-  the broker; the due time is in its `leader_slot` header (for redbeat and
-  django, the benchmark's scheduler subclass stamps the `last_run_at` the run
-  was due after: that plus 1 s). **max gap**: the longest interval between
-  two arrivals (1 s when nothing is late).
-* **SIGTERM**, **SIGKILL**: from the signal to the standby's first 1 s
-  message at the broker. The standby sends the next slot when it is due, so
-  up to 1 s of this is the schedule, not the hand-over.
-
-Section 9 of the report below runs it at N = 1,000 only, for celery-leader's
-code entries and redbeat.
-
-## Reading the results
-
-* **Graceful stop** is a release plus a wake-up for celery-leader on every
-  store (Redis pub/sub, a queued `pg_advisory_lock`, a blocked `flock`), so
-  the gap is about one schedule period. redbeat releases too, but its standbys
-  only look once per `beat_max_loop_interval`; single-beat never releases, so
-  its standbys wait out the lock.
-* **SIGKILL**: PostgreSQL and the kernel free a dead process's lock at once.
-  On Redis, celery-leader's holder keeps a subscription whose connection dies
-  with it; one designated follower checks it every 0.15 s and takes the term
-  over, so the ttl does not matter (section 8 kills at ttl 3 s and 15 s).
-  redbeat and dramatiq-crontab wait out their lock.
-* **SIGSTOP and partition**: celery-leader's paused or cut-off leader stops
-  believing before its term can pass to anyone, and its slot claims are fenced,
-  so nothing is sent twice and it rejoins as a follower. A file lock stays with
-  a paused holder (documented: it is safe, not live). redbeat's old leader
-  crashes when it finds its lock gone. single-beat's child keeps publishing
-  while its wrapper is cut off; the wrapper then dies of the Redis read timeout
-  (redis-py 8 times reads out after 5 s by default) without stopping its
-  child, which keeps publishing until something kills its process group. After
-  a pause, single-beat's two beats publish side by side until a heartbeat
-  sorts them out, and sometimes it is the new leader that is terminated: every
-  holder counts its fence token from 0, and the check is a GET followed by a
-  separate SET.
-* **Store restart**: Redis comes back empty. celery-leader re-elects and
-  carries on (epochs keep growing); redbeat's schedule was in that Redis, so
-  its new leader has nothing to send until a beat restarts.
-
-## Comparing two commits
-
-`benchmarks/compare.py` runs the benchmarks that a change could slow down on two
-commits, in one run on one machine, and prints one Markdown table with the
-two side by side:
-
-```bash
-.venv/bin/python benchmarks/compare.py 0cc6647 int          # ~35 min on an idle machine
-.venv/bin/python benchmarks/compare.py 0cc6647 int --quick  # ~6 min: a smoke test only
-```
-
-Each commit gets a git worktree of its own, `/tmp/celery-leader-compare/<sha>`
-(`--cache DIR`), with a `.venv` made by that commit's `scripts/setup.sh`; the
-next run reuses both (`git worktree remove --force DIR` drops one). Every
-benchmark runs with the commit's own code and its own copy of the benchmark
-script, in rounds of before then after, so that drift in the machine's speed
-hits both alike. The rows:
-
-* **hand-over**: graceful stop and SIGKILL of the publishing `celery beat`, per
-  store (the fail-over benchmark above, those two faults only, one each a
-  round; 5 rounds);
-* **store round trips per holder per second**, and the time until all 20
-  elections are led again after a SIGKILL of every holder (the store-load
-  benchmark; 2 rounds);
-* **10,000 entries due at once**: LeaderScheduler's rate over a bare
-  `send_task` loop's (`benchmarks/bench_dispatch.py --rounds 1`, 5 rounds back
-  to back);
-* **idle leader beat with 100,000 code entries**: its CPU seconds per second
-  and RSS (`python -m benchmarks.scale --n 100000 --only leader`; 2 rounds),
-  and the median idle tick at 100,000 entries on the memory store
-  (`benchmarks/tick_cost.py`; 3 rounds);
-* **`@leader_only`**: ns per call, in-process and in a forked child, and its
-  overhead as a share of one Redis GET (`benchmarks/bench_leader_only.py`; 3
-  rounds).
-
-A cell is the median over the rounds, with the lowest and highest in brackets;
-the last column is after over before. `--only failover,dispatch` and `--stores
-redis,file` pick measurements and stores; `--rounds N` gives every measurement
-N rounds. A benchmark that fails on one commit gets a row saying why, and the
-command exits with 1.
-
-{scale_results}
-{burst_results}
-{ledger_results}
-{console_results}
-## Latest results
-
-{results}"""
-
-
-if __name__ == "__main__":
-    sys.exit(main())
