@@ -12,6 +12,7 @@ end, its first slot the one due exactly then, with no edit in between.
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -47,9 +48,13 @@ for _fixture in ("beat_holder", "broker", "lease_store", "tap"):
 
 pytestmark = [pytest.mark.paced]
 
-#: How far ahead the pause ends: the two pause commands (a CLI start each, about
-#: 1 s, up to 3 s on a loaded machine) leave at least 2 s of it, two 1 s slots.
+#: How far ahead the pause ends, at least: the two pause commands run at once and
+#: take about as long as the ``add`` before them (a CLI start, about 1 s idle); the
+#: pause is made longer when that ``add`` was slow (see :func:`pause_length`), so
+#: that at least 2 s of it, two 1 s slots, are left once both commands returned.
 PAUSE = 8.0
+#: Seconds of the pause left, at least, when both pause commands have returned.
+LEFT = 2.0
 #: An edit reaches the leader within its 0.5 s poll of the entries version; one
 #: more tick and a publish fit in the rest of the second.
 SLACK = 1.0
@@ -111,30 +116,43 @@ def check_pause_until(
     entry ``tick``, pause both until a few seconds ahead, check (see the module
     docstring) on ``arrivals``: (monotonic time, ``leader_slot``) of each slot."""
 
-    def cli(*args: str) -> None:
-        done = subprocess.run(
-            [*command, *args], env=env, capture_output=True, text=True, timeout=60, cwd=REPO
+    def start(*args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [*command, *args],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
         )
-        assert done.returncode == 0, f"{args}: {done.stderr}"
+
+    def finish(*runs: subprocess.Popen[str]) -> None:
+        for run in runs:
+            _, stderr = run.communicate(timeout=60)
+            assert run.returncode == 0, f"{run.args}: {stderr}"
 
     def sent(entry: str) -> list[tuple[float, datetime]]:
         """(arrival, due) of each slot of ``entry`` that arrived."""
         return [(seen, parse_slot(s)[1]) for seen, s in arrivals() if s.startswith(f"{entry}@")]
 
-    cli("add", "st", "--task", task, "--every", "1")
+    began = time.monotonic()
+    finish(start("add", "st", "--task", task, "--every", "1"))
+    length = pause_length(time.monotonic() - began)
     wait_for(lambda: sent("st") and sent("tick"), 15, message="the entries never sent")
-    # A whole second, on both entries' grid, at least PAUSE ahead.
-    until = datetime.now(timezone.utc).replace(microsecond=0) + timedelta(seconds=PAUSE + 1)
-    for entry in ("st", "tick"):
-        cli("pause", entry, "--reason", "maintenance", "--until", until.isoformat())
+    # A whole second, on both entries' grid, at least ``length`` ahead.
+    ahead = timedelta(seconds=math.ceil(length) + 1)
+    until = datetime.now(timezone.utc).replace(microsecond=0) + ahead
+    pause = ("--reason", "maintenance", "--until", until.isoformat())
+    finish(*[start("pause", entry, *pause) for entry in ("st", "tick")])
     paused = time.monotonic()
     paused_wall = datetime.now(timezone.utc)
-    assert paused_wall < until - timedelta(seconds=2), "the pause must span slots"
+    left = (until - paused_wall).total_seconds()
+    assert left > LEFT, f"the pause must span slots: {left:.1f} s of {length:.1f} s left"
 
     def again() -> bool:
         return all(any(due >= until for _, due in sent(e)) for e in ("st", "tick"))
 
-    wait_for(again, PAUSE + 15, interval=0.1, message="a paused entry never sent again")
+    wait_for(again, left + 15, interval=0.1, message="a paused entry never sent again")
     ends = paused + (until - paused_wall).total_seconds()  # the pause's end, monotonic
     problems = []
     for entry in ("st", "tick"):
@@ -149,3 +167,10 @@ def check_pause_until(
         if after[0] != until:
             problems.append(f"{entry}: first slot after the pause {after[0]}, not {until}")
     assert not problems, "\n".join(problems)
+
+
+def pause_length(add: float) -> float:
+    """How far ahead the pause ends, given how long the ``add`` command took: the two
+    pause commands after it run at once on two cores, each about as long as it; twice
+    that, and :data:`LEFT`, leave room for a machine that got busier meanwhile."""
+    return max(PAUSE, 2 * add + LEFT)
