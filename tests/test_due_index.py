@@ -4,12 +4,13 @@ them, and jobs are listed again only when the adapter says they changed."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 
 import pytest
 
 from celery_leader.backends import Fence, Write, open_store
+from celery_leader.backends.memory import MemoryRecords
 from celery_leader.schedule import protocol, sync
 from celery_leader.schedule.due import DueIndex
 from celery_leader.schedule.jobs import Adapter, Job, Outcome
@@ -135,6 +136,46 @@ def test_a_follower_holds_no_per_entry_state(
     slot_protocol.tick()
     assert not slot_protocol.held.states and not slot_protocol.held.jobs
     assert len(slot_protocol.held.due) == 0
+
+
+class Paged(Counting):
+    """Lists its jobs a page a tick, as a large store schedule is read."""
+
+    def __init__(self, pages: list[list[Job]]) -> None:
+        super().__init__(pages[0], changed=False)
+        self.later = pages[1:]
+
+    def jobs_changed(self) -> bool:
+        return bool(self.later)
+
+    def jobs_complete(self) -> bool:
+        return not self.later
+
+    def job_edits(self) -> Mapping[str, Job | None]:
+        page = self.later.pop(0)
+        self._jobs = [*self._jobs, *page]
+        return {job.name: job for job in page}
+
+
+def test_a_store_that_reads_only_all_its_state_is_read_once_while_pages_come_in(
+    config: LeaderConfig, made: list[protocol.SlotProtocol], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new term on a store without ``load_some`` (the file store) reads the whole
+    state once, for every page of the listing: once a page per page made a large
+    schedule's load quadratic."""
+    reads = []
+    load = MemoryRecords.load
+    monkeypatch.setattr(MemoryRecords, "load_some", lambda self, election, keys: None)
+    monkeypatch.setattr(MemoryRecords, "load", lambda self, e: reads.append(e) or load(self, e))
+    every = Every(timedelta(hours=1))
+    pages = [[Job(f"p{p}-{n}", every, "once", None) for n in range(3)] for p in range(4)]
+    adapter = Paged(pages)
+    slot_protocol = leading(config, adapter, made, Clock())
+    while not slot_protocol.loaded() or adapter.later:
+        slot_protocol.tick()
+    assert set(slot_protocol.held.states) == {j.name for page in pages for j in page}
+    assert reads == ["beat"], "one read for the four pages"
+    assert slot_protocol.held._stored is None, "dropped once every page is in"
 
 
 def test_the_memory_store_reads_the_state_of_some_keys(config: LeaderConfig) -> None:

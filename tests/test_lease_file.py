@@ -7,6 +7,7 @@ Run with ``-s`` to see the measured numbers.
 from __future__ import annotations
 
 import fcntl
+import gc
 import json
 import os
 import signal
@@ -650,6 +651,103 @@ def test_the_holder_keeps_digests_and_refuses_a_claim_whose_expected_state_is_a_
     assert holder.records.claim(fence, [Write("x", '"2 "', '"3"')]) == [False]
     assert holder.records.claim(fence, [Write("y", '"2"', '"3"')]) == [False], "nothing stored"
     assert opened(store, 1.0, "p").records.load("beat") == {"x": '"2"'}
+
+
+@pytest.mark.parametrize(
+    "line",
+    ['["a"]', '["a", 1]', '"ab"', '[1, "x"]', '["a", "b", "c"]', '{"a": "b"}', "[", '[["a", "b"]]'],
+)
+def test_a_snapshot_line_that_is_not_an_entry_and_its_state_reads_as_empty(
+    store: Path, line: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each line after the first is ``[entry, state]``, two strings: any other reads
+    the whole state as empty, and says which file holds it."""
+    good = json.dumps(["x", '"1"'])
+    (store / "p.beat.state").write_text(f'{{"log": 1}}\n{good}\n{line}\n{good}\n')
+    (store / "p.beat.state-log.1").write_bytes(b"")
+    assert opened(store, 1.0, "p").records.load("beat") == {}
+    assert "p.beat.state" in caplog.text and "not schedule state" in caplog.text
+
+
+def test_a_read_of_the_whole_state_says_each_part_it_read(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new leader's watchdog counts each part of a long read as progress: a
+    snapshot part (:data:`SNAPSHOT_CHUNK` lines) and each log of its chain."""
+    monkeypatch.setattr(file_store, "SNAPSHOT_CHUNK", 1)  # a part: lines of 256 bytes or more
+    holder, fence = _holding(store, "a")
+    state = {f"e{i}": json.dumps({"i": i, "pad": "x" * 300}) for i in range(6)}
+    assert holder.records.claim(fence, [Write(k, None, v) for k, v in state.items()])
+    assert holder.records.claim(fence, [Write("e0", state["e0"], '"1"')]) == [True]
+    state["e0"] = '"1"'
+    parts: list[int] = []
+    got = opened(store, 1.0, "p").records.load_in_parts("beat", lambda: parts.append(1))
+    assert got == state
+    assert len(parts) == 6 + 1, "six snapshot lines, one log"
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_a_read_of_the_whole_state_pauses_the_cyclic_collector(
+    store: Path, enabled: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Paused while the state is read, as it was after (a process that paused it
+    itself keeps it paused)."""
+    holder, fence = _holding(store, "a")
+    assert holder.records.claim(fence, [Write("e", None, '"1"')]) == [True]
+    during = []
+    read_snapshot = file_store._read_snapshot
+    monkeypatch.setattr(
+        file_store, "_read_snapshot", lambda *a: during.append(gc.isenabled()) or read_snapshot(*a)
+    )
+    (gc.enable if enabled else gc.disable)()
+    try:
+        assert opened(store, 1.0, "p").records.load("beat") == {"e": '"1"'}
+        assert (during, gc.isenabled()) == ([False], enabled)
+    finally:
+        gc.enable()
+
+
+def test_a_new_holders_load_is_the_only_read_before_its_claims(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new leader loads the whole state, then claims: the load reads the files once,
+    and the claims make the digests they compare with from what the load read, their
+    own keys first and a few more each (a second read, then digesting all at once,
+    were seconds of a hand-over at a million entries). A reader's load keeps nothing."""
+    monkeypatch.setattr(file_store, "DIGESTS_A_CLAIM", 2)
+    digest = file_store._digest
+    first, fence = _holding(store, "a")
+    state = {f"e{i}": json.dumps({"i": i}) for i in range(5)}
+    assert first.records.claim(fence, [Write(k, None, v) for k, v in state.items()])
+    first.lock.release("beat", fence.term)
+    reads: list[int] = []
+    read_state = file_store._read_state
+    monkeypatch.setattr(file_store, "_read_state", lambda *a: reads.append(a[2]) or read_state(*a))
+    reader = opened(store, 1.0, "p").records
+    assert reader.load("beat") == state
+    assert reader._files.states == {}, "a reader keeps nothing"  # type: ignore[attr-defined]
+    holder, fence = _holding(store, "b")
+    loaded = holder.records.load("beat")
+    assert loaded == state
+    loaded.clear()  # the caller's: the holder kept its own copy
+    assert _held(holder).texts == state
+    assert reads == [os.O_RDONLY, os.O_RDWR | os.O_APPEND]
+    assert holder.records.claim(fence, [Write("e4", state["e4"], '"new"')]) == [True]
+    held = _held(holder)
+    assert held.texts == {k: state[k] for k in ("e2", "e3")}, "its own key and two more"
+    assert held.digests == {
+        "e0": digest(state["e0"]),
+        "e1": digest(state["e1"]),
+        "e4": digest('"new"'),
+    }
+    assert holder.records.claim(fence, [Write("e3", '"stale"', '"new"')]) == [False]
+    assert held.texts is None and len(held.digests) == 5
+    state["e4"] = '"new"'
+    assert holder.records.claim(fence, [Write("e0", state["e0"], '"new"')]) == [True]
+    assert holder.records.load("beat") == {**state, "e0": '"new"'}
+    assert reads == [os.O_RDONLY, os.O_RDWR | os.O_APPEND, os.O_RDONLY], (
+        "the claims read nothing; a load with digests kept reads as a reader"
+    )
 
 
 def test_a_compaction_after_claims_writes_the_texts_the_claims_wrote(

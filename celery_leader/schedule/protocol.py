@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timezone
 
 from ..backends import Fence, StoreFacets
+from ..collector import collector_paused
 from ..election.events import Observer
 from ..election.lease import Lease
 from ..settings.config import LeaderConfig
@@ -285,7 +286,8 @@ class SlotProtocol:
             return self.idle
         now = (self.clock or self.now)()
         if fence.term.epoch != self._epoch:
-            self._begin(fence, now)
+            with collector_paused():  # a million jobs listed and ordered at once
+                self._begin(fence, now)
         elif self.adapter.jobs_changed() and not self._take_changes(fence):
             self._epoch = None  # reload the state before dispatching anything
             return self.idle

@@ -17,10 +17,9 @@ import functools
 import logging
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import overload
 
 from ..backends import Fence, FencedRecords
 from ..election.lease import Lease
@@ -120,19 +119,18 @@ class StateSync:
         self.records = records
         self.logger = logger
 
-    @overload
-    def read(self) -> dict[str, str]: ...
-    @overload
-    def read(self, names: Sequence[str]) -> dict[str, str] | None: ...
-
-    def read(self, names: Sequence[str] | None = None) -> dict[str, str] | None:
-        """The election's stored state, in one round trip: all of it, or that of ``names``
-        (``None`` when the store reads only all of it)."""
+    def read(self, names: Sequence[str]) -> dict[str, str] | None:
+        """The stored state of ``names``, in one round trip (``None`` when the store reads
+        only all of it: :meth:`read_all`)."""
         lease = self.lease
         with lease.observe("load_state"):
-            if names is None:
-                return self.records.load(lease.election)
             return self.records.load_some(lease.election, names)
+
+    def read_all(self, progress: Callable[[], None]) -> dict[str, str]:
+        """The election's whole stored state; ``progress`` is called as parts of it are read."""
+        lease = self.lease
+        with lease.observe("load_state"):
+            return self.records.load_in_parts(lease.election, progress)
 
     def load(
         self, jobs: Sequence[Job], fence: Fence, now: datetime, stored: dict[str, str]
@@ -446,7 +444,10 @@ class HeldJobs:
                     # The chunk's records alone where the store can; else all, once per load.
                     stored = sync.read([job.name for job in chunk])
                     if stored is None:
-                        stored = self._stored = sync.read()
+                        # The whole state, 2.5 to 8 s at a million file-store entries: a
+                        # part at a time is progress, or a watchdog of 5 s (a ttl of 5 s)
+                        # ended every new term within its load.
+                        stored = self._stored = sync.read_all(watchdog.progress)
                         self._dropped = set()
                         watchdog.progress()
                 states = sync.load(chunk, fence, now, stored)
@@ -473,6 +474,9 @@ class HeldJobs:
             self._load_error = str(exc)
             return False
         self._load_error = None
-        if not self.pending:
+        if not self.pending and self.adapter.jobs_complete():
+            # Kept while a large schedule is still listed page by page: each page's new
+            # names would read the whole state again (at a million file-store entries,
+            # a read of up to a million states a page, ticks stuck past the watchdog).
             self._stored = None
         return True
