@@ -273,7 +273,7 @@ STORE_FORBIDDEN = {
     "django",
 }
 #: The only package modules a store module imports, besides the stores themselves.
-STORE_BELOW = ("exceptions", "_urls", "clock")
+STORE_BELOW = ("exceptions", "_urls", "clock", "collector")
 
 
 def test_the_store_layer_imports_no_framework_scheduler_or_settings() -> None:
