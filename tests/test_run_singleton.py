@@ -14,11 +14,14 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
+from celery_leader.run import guard
+from harness.groups import group_alive
 from harness.procs import Proc, Procs
 from harness.servers import RedisServer, free_port
 from harness.singleton import Fleet, alive, lifetimes, overlaps, wait_until
@@ -244,3 +247,33 @@ def test_kill_9_of_the_runner_takes_the_whole_group_down(procs: Procs, redis_url
     runner.signal(signal.SIGKILL, group=False)
     gone = wait_until(lambda: not alive(child) and not alive(grandchild), 2.0)
     assert gone is not None and gone < 0.5, gone
+
+
+def test_the_guard_signals_its_commands_group_only_while_the_command_is_unreaped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The guard kills what its command left in its group, after the command exits and
+    before reaping it: a reaped pid is another process's soon (a killpg of it hit another
+    test process's PostgreSQL, see CONTRIBUTING "Known causes"), an unreaped one is not."""
+    signalled: list[tuple[int, bool]] = []
+    killpg = guard.os.killpg
+
+    def recording(pgid: int, sig: int) -> None:
+        flags = guard.os.WEXITED | guard.os.WNOHANG | guard.os.WNOWAIT
+        try:
+            unreaped = guard.os.waitid(guard.os.P_PID, pgid, flags) is not None
+        except ChildProcessError:
+            unreaped = False  # reaped: not our child any more
+        signalled.append((sig, unreaped))
+        killpg(pgid, sig)
+
+    monkeypatch.setattr(guard.os, "killpg", recording)
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        runner = guard.Guard(
+            theirs, time.monotonic() + 60, 5.0, 1.0, ["sh", "-c", "sleep 60 & exit 3"]
+        )
+        assert runner.run() == 3
+    assert signalled == [(signal.SIGKILL, True)], "once, the command exited, not reaped"
+    group = runner.child.pid
+    wait_for(lambda: not group_alive(group), 5, message="the command's orphan outlived it")

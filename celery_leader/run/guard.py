@@ -64,23 +64,32 @@ class Guard:
 
     def run(self) -> int:
         """Supervise until the child has exited; return the guard's exit status."""
-        while self.child.poll() is None:
+        while not self._exited():
             fence_at = self.deadline - self.grace - self.slack
             timeout = min(max(fence_at - time.monotonic(), 0.0), _POLL)
             readable, _, _ = select.select([self.chan.fileno(), self.pidfd], [], [], timeout)
             if self.chan.fileno() in readable and not self._read():
                 self._signal_group(signal.SIGKILL)  # the runner is gone
                 break
-            if self.child.poll() is not None:
+            if self._exited():
                 break
             if time.monotonic() >= self.deadline - self.grace - self.slack:
                 self._report(b"F\n")
                 self._stop(signal.SIGTERM)
         # Whatever the child left in its group dies with it: nothing of a term
-        # may run on after the term.
+        # may run on after the term. Then the child is reaped (see _exited).
         self._signal_group(signal.SIGKILL)
         code = int(self.child.wait())
         return 128 - code if code < 0 else code
+
+    def _exited(self) -> bool:
+        """Whether the child has exited, without reaping it. Unreaped, its pid, which is
+        its group's id, goes to no other process, so a signal to the group reaches only
+        what the child left in it. A reaped child's pid is free: a busy host hands it out
+        again within minutes, and the new process may lead a group of its own (any
+        daemon, or a server started in a session of its own), which a killpg would hit."""
+        flags = os.WEXITED | os.WNOHANG | os.WNOWAIT
+        return os.waitid(os.P_PID, self.child.pid, flags) is not None
 
     def _read(self) -> bool:
         """Take the runner's messages; False once it has gone."""
@@ -104,7 +113,7 @@ class Guard:
         """``sig`` to the group, SIGKILL after the grace (sooner if the deadline says so)."""
         self._signal_group(sig)
         until = min(time.monotonic() + self.grace, self.deadline - self.slack)
-        while self.child.poll() is None:
+        while not self._exited():
             left = until - time.monotonic()
             if left <= 0:
                 break
