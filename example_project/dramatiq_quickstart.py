@@ -31,6 +31,11 @@ from celery_leader.settings.config import LeaderConfig
 HERE = Path(__file__).resolve().parent
 
 
+#: Seconds the replicas may take to start and elect a leader whose slot a worker ran:
+#: about 6 s on two busy cores (Dramatiq with 2 processes of 2 threads each, three times).
+STARTUP = 60.0
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -135,6 +140,18 @@ class Demo:
             self.say(f"ran {run['slot']} epoch {run['epoch']} (worker pid {run['pid']})")
         self.seen = len(lines)
 
+    def wait_for_leader(self, timeout: float) -> bool:
+        """Until a replica leads and a worker ran a slot of its term (False after ``timeout``
+        seconds: the replicas start slower on a busy machine than any fixed wait allows)."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            self.poll()
+            if self.leader is not None and self.epochs and self.epochs[-1] == self.leader[1]:
+                return True
+            time.sleep(0.05)
+        self.say(f"no replica led and ran a slot within {timeout:g} s")
+        return False
+
     def run_for(self, seconds: float) -> None:
         end = time.monotonic() + seconds
         while time.monotonic() < end:
@@ -193,15 +210,17 @@ def main() -> int:
     args = parser.parse_args()
     steady = 2.0 if args.short else 4.0
     demo = Demo(args)
+    killed = termed = None
     try:
         demo.start_redis()
         for _ in range(3):
             demo.spawn()
-        demo.run_for(steady + 3)
-        killed = demo.hand_over(signal.SIGKILL)
-        demo.run_for(steady)
-        termed = demo.hand_over(signal.SIGTERM)
-        demo.run_for(steady)
+        if demo.wait_for_leader(STARTUP):
+            demo.run_for(steady)
+            killed = demo.hand_over(signal.SIGKILL)
+            demo.run_for(steady)
+            termed = demo.hand_over(signal.SIGTERM)
+            demo.run_for(steady)
     finally:
         demo.stop()
     twice = sorted(slot for slot, ids in demo.slots.items() if len(ids) > 1)
