@@ -330,6 +330,10 @@ class FileLock(_Facet, LeaseLock):
             self.release(election, None)
 
 
+def _nothing() -> None:
+    """No one to tell of a read's progress."""
+
+
 class FileRecords(_Facet, FencedRecords):
     """Schedule state in a snapshot ``p.e.state`` and the chain of logs of claims it
     continues with, ``p.e.state-log.<generation>``: only the flock's holder writes
@@ -385,7 +389,7 @@ class FileRecords(_Facet, FencedRecords):
         election: str,
         term: Term | None,
         values: dict[str, str] | None = None,
-        progress: Callable[[], None] | None = None,
+        progress: Callable[[], None] = _nothing,
     ) -> _State | None:
         """The state of ``election`` if this process holds its flock (under ``term``,
         when given), read from the files when they are not the ones it knows; the
@@ -529,10 +533,6 @@ class FileRecords(_Facet, FencedRecords):
                 tmp.unlink()
 
 
-def _nothing() -> None:
-    """No one to tell of a read's progress."""
-
-
 def _digest(text: str) -> bytes:
     """What the holder keeps of an entry's state: 128 bits of BLAKE2b, so a stale
     ``expected`` passes for the stored state with a chance of 2**-128 a compare."""
@@ -619,47 +619,34 @@ def _read_state(
     flags: int,
     into: dict[str, _V],
     keep: Callable[[str], _V],
-    progress: Callable[[], None] | None = None,
+    progress: Callable[[], None] = _nothing,
 ) -> _State:
     """Read the snapshot and its chain of logs into ``into`` (entry -> ``keep`` of its
     state) and say where from, the live log kept open unless ``flags`` are a reader's
     (``O_RDONLY``): a log of the chain compacted away meanwhile means a newer snapshot
-    is in place, which is read instead. ``progress`` is called after each part read."""
-    progress = progress or _nothing
+    is in place, which is read instead. ``progress`` is called after each part read;
+    the cyclic garbage collector is paused meanwhile (:func:`collector_paused`)."""
     path = files.path(election, "state")
     with collector_paused():
-        return _read_state_at(files, election, path, flags, into, keep, progress)
-
-
-def _read_state_at(
-    files: _Files,
-    election: str,
-    path: Path,
-    flags: int,
-    into: dict[str, _V],
-    keep: Callable[[str], _V],
-    progress: Callable[[], None],
-) -> _State:
-    """:func:`_read_state`'s loop, the collector paused."""
-    while True:
-        into.clear()
-        with _io(path):
-            try:
-                f = path.open("rb")
-            except FileNotFoundError:
-                return _State(None, None)
-            with f:
-                stat = os.fstat(f.fileno())
-                identity = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
-                generation = _read_snapshot(f, str(path), into, keep, progress)
-        if generation is None:
-            return _State(None, identity)
-        held = _read_chain(files, election, generation, identity, flags, into, keep, progress)
-        if held is not None:
-            return held
-        if _identity(path) != identity:
-            continue  # compacted meanwhile: the new snapshot holds what the logs held
-        return _State(generation, identity)  # a log lost: the next claim writes a snapshot
+        while True:
+            into.clear()
+            with _io(path):
+                try:
+                    f = path.open("rb")
+                except FileNotFoundError:
+                    return _State(None, None)
+                with f:
+                    stat = os.fstat(f.fileno())
+                    identity = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+                    generation = _read_snapshot(f, str(path), into, keep, progress)
+            if generation is None:
+                return _State(None, identity)
+            held = _read_chain(files, election, generation, identity, flags, into, keep, progress)
+            if held is not None:
+                return held
+            if _identity(path) != identity:
+                continue  # compacted meanwhile: the new snapshot holds what the logs held
+            return _State(generation, identity)  # a log lost: the next claim writes a snapshot
 
 
 def _read_snapshot(
@@ -712,10 +699,8 @@ def _snapshot_chunks(f: BinaryIO) -> Iterator[dict[str, str]]:
             pairs = None
         # Checked by passes in C (map, set): a Python check a line took 0.4 s of the
         # 3 s a million states take to read.
-        chunk = None
-        if isinstance(pairs, list) and set(map(type, pairs)) <= {list}:
-            if set(map(len, pairs)) <= {2}:
-                chunk = dict(pairs)
+        shaped = isinstance(pairs, list) and set(map(type, pairs)) <= {list}
+        chunk = dict(pairs) if shaped and set(map(len, pairs)) <= {2} else None
         if chunk is None or not set(map(type, chunk)) | set(map(type, chunk.values())) <= {str}:
             raise ValueError(b"".join(lines)[:100].decode(errors="replace"))
         yield chunk
