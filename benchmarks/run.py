@@ -422,3 +422,7 @@ def main() -> int:
         (DOCS / "benchmarks.md").write_text(page)
         log("wrote the latest results of docs/benchmarks.md, and docs/img/failover.png")
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
