@@ -47,6 +47,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.procs import kill_orphans
+
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path("/tmp/celery-leader-compare")
 STORES = ("redis", "postgres", "mysql", "etcd", "file")
@@ -99,10 +101,7 @@ class Side:
             proc.communicate()
             raise RuntimeError(f"took more than {timeout:g} s") from None
         finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # whatever it left behind
-            except ProcessLookupError:
-                pass
+            kill_orphans(proc.pid)  # whatever it left behind (it is reaped)
         if proc.returncode != 0:
             tail = (err.strip() or out.strip())[-400:]
             raise RuntimeError(f"exited with {proc.returncode}: {tail}")

@@ -170,6 +170,17 @@ def pid_exists(pid: int) -> bool:
     return True
 
 
+def kill_orphans(pid: int) -> None:
+    """SIGKILL what a reaped session leader ``pid`` left behind in its group: only while
+    no process holds ``pid`` (see :meth:`Proc.signal`), as another may by now."""
+    if pid_exists(pid):
+        return
+    try:
+        os.killpg(pid, _signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 def signal(proc: Proc, sig: int, *, group: bool = True) -> None:
     """``proc.signal(sig, group=group)``, for tests that name the signal they send."""
     proc.signal(sig, group=group)

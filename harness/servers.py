@@ -397,6 +397,9 @@ class PostgresServer(_Server):
                 "-c", "fsync=off",
                 "-c", "synchronous_commit=off",
                 "-c", "full_page_writes=off",
+                # Time and pid on each line: a shutdown request or an ended session in
+                # a failed test's log (tests/conftest.py shows it) says who and when.
+                "-c", "log_line_prefix=%m [%p] ",
             ],
             user=self._os_user,
         )  # fmt: skip

@@ -77,6 +77,20 @@ def alive(pid: int) -> bool:
     return fields is not None and fields[0] != "Z"
 
 
+def runs_child(pid: int, records: Path) -> bool:
+    """True while ``pid`` is a :mod:`harness.singleton_child` writing to ``records``.
+
+    A pid read back from the records may be another process's by now: pid_max
+    (32768) wraps every few minutes on a busy host, and the new owner may be
+    anything, another test process's PostgreSQL server included.
+    """
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return str(CHILD).encode() in argv and str(records).encode() in argv
+
+
 def ancestors(pid: int) -> list[int]:
     """``pid``'s parent, grandparent, ... up to init."""
     chain = []
@@ -253,8 +267,12 @@ class Fleet:
                 runner.proc.kill_group()
 
     def orphans(self) -> list[int]:
-        """Children still alive although every runner is gone."""
-        return [life.pid for life in lifetimes(self.records) if alive(life.pid)]
+        """Children still alive although every runner is gone (their pids, still theirs)."""
+        return [
+            life.pid
+            for life in lifetimes(self.records)
+            if alive(life.pid) and runs_child(life.pid, self.records)
+        ]
 
     def close(self) -> None:
         for runner in self.runners + self.retired:

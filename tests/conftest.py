@@ -15,7 +15,7 @@ import pytest
 from harness.etcd import EtcdCluster
 from harness.procs import Procs
 from harness.proxy import TcpProxy
-from harness.servers import MariaDbServer, PostgresServer, RabbitServer, RedisServer
+from harness.servers import MariaDbServer, PostgresServer, RabbitServer, RedisServer, tail
 
 # pytest-celery, when installed, makes ``celery_worker`` a Docker fixture; this plugin
 # puts back Celery's own in-process worker fixtures, and nothing here may need Docker.
@@ -53,6 +53,24 @@ def mariadb_server() -> Iterator[MariaDbServer]:
         yield server
 
 
+#: The SQL servers a test was given a URL of: a failure shows the end of their logs.
+_USED_SERVERS = pytest.StashKey[list[PostgresServer | MariaDbServer]]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item) -> Iterator[None]:
+    """A failed test that used PostgreSQL or MariaDB shows the end of that server's log:
+    whether it was sent a shutdown request (a signal from outside the test) or ended
+    sessions itself. The log goes with the server's directory at the session's end."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.when == "teardown" or not report.failed:
+        return
+    for server in item.stash.get(_USED_SERVERS, []):
+        title = f"{server.name} log ({server.log_path})"
+        report.sections.append((title, tail(server.log_path, 30)))
+
+
 @pytest.fixture(scope="session")
 def etcd_cluster() -> Iterator[EtcdCluster]:
     """Three etcd members on loopback (a test may kill any of them; the next gets them back)."""
@@ -87,16 +105,18 @@ def redis_url(redis_server: RedisServer) -> str:
 
 
 @pytest.fixture
-def postgres_url(postgres_server: PostgresServer) -> str:
+def postgres_url(postgres_server: PostgresServer, request: pytest.FixtureRequest) -> str:
     """URL of a running PostgreSQL where role ``leader`` has no sessions and no objects."""
+    request.node.stash.setdefault(_USED_SERVERS, []).append(postgres_server)
     postgres_server.reset()
     return postgres_server.url
 
 
 @pytest.fixture
-def mariadb_url(mariadb_server: MariaDbServer) -> str:
+def mariadb_url(mariadb_server: MariaDbServer, request: pytest.FixtureRequest) -> str:
     """``mariadb://`` URL of a running MariaDB where user ``leader`` has no sessions and
     its database no tables."""
+    request.node.stash.setdefault(_USED_SERVERS, []).append(mariadb_server)
     mariadb_server.reset()
     return mariadb_server.url
 
