@@ -822,6 +822,19 @@ def counting_loads(entries: Any) -> list[str]:
     return calls
 
 
+def counting_listings(catalog: EntryCatalog) -> list[int]:
+    """The whole listings of ``catalog``'s jobs from now on (the size of each)."""
+    calls: list[int] = []
+    jobs = catalog.jobs
+
+    def counting(records: Any, *args: Any) -> Any:
+        calls.append(len(records))
+        return jobs(records, *args)
+
+    catalog.jobs = counting  # type: ignore[method-assign]
+    return calls
+
+
 def test_a_celery_follower_keeps_store_entry_jobs_made_and_its_promotion_reuses_them(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -853,10 +866,14 @@ def test_a_celery_follower_keeps_store_entry_jobs_made_and_its_promotion_reuses_
     loads = counting_loads(follower._protocol.runtime.store.entries)
     leader.close()
     wait_for(follower.lease.is_leader, 5, message="the follower never took over")
+    book.add(name="c", task="t", every=60)  # not yet seen when the new term lists its jobs
+    listings = counting_listings(adapter.catalog)
     follower.tick()
     assert follower._protocol.loaded()
-    assert loads == [], "the promotion read no entries: the version did not move"
+    assert loads == [], "the promotion read no entries: it read the edit as a change"
+    assert listings == [], "the promotion took the edit, and made no other entry's job again"
     assert follower._protocol.held.jobs["a"] is made["a"], "the job made while following"
+    assert "c" in follower._protocol.held.jobs
     follower.close()
 
 
@@ -893,8 +910,12 @@ def test_a_dramatiq_follower_keeps_store_entry_jobs_made_and_its_promotion_reuse
     loads = counting_loads(follower.protocol.runtime.store.entries)
     leader.protocol.close()
     wait_for(follower.protocol.lease.is_leader, 5, message="the follower never took over")
+    book.add(name="c", task="job", every=60)  # not yet seen when the new term lists its jobs
+    listings = counting_listings(follower.adapter.catalog)
     follower.tick()
     assert follower.protocol.loaded()
-    assert loads == [], "the promotion read no entries: the version did not move"
+    assert loads == [], "the promotion read no entries: it read the edit as a change"
+    assert listings == [], "the promotion took the edit, and made no other entry's job again"
     assert follower.protocol.held.jobs["a"] is made["a"]
+    assert "c" in follower.protocol.held.jobs
     follower.protocol.close()

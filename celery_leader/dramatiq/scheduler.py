@@ -114,7 +114,9 @@ class _EnqueueAdapter(Adapter):
         return self._made is None or self.catalog.changed()
 
     def jobs(self) -> Sequence[Job]:
-        if self._made is not None and not self.jobs_changed():
+        # Made before: only the store's entries (and kept pauses) change, their edits
+        # taken, costing what changed (see the Celery adapter's ``jobs``).
+        if self._made is not None and (not self.jobs_changed() or self.job_edits() is not None):
             if self._stale:  # edits were taken since it was made
                 self._made, self._stale = self._code + self.catalog.stored_jobs(), False
             return self._made
