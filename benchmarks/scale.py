@@ -29,7 +29,7 @@ standby, waits until the leader has loaded every entry's state (its log says
 so) and the standby's CPU use settles, measures a window of ``--seconds``,
 then sends SIGTERM to the leader, starts a new standby, and sends SIGKILL to
 the new leader's process group. A run that passes ``--cap`` seconds stops
-where it is.
+where it is; one whose leader loses its term while loading fails at once.
 
 Columns:
 
@@ -447,6 +447,19 @@ def edit_cost(run: Run, edit: Edit, pids: Sequence[int], idle: Sequence[float]) 
 
 #: The leader's line once a term has loaded every entry's state.
 LOADED = re.compile(r"loaded the state of \d+ entries in ([\d.]+) s")
+#: What a leader logs when its term ends (``elected ... `` then this).
+LOST = re.compile(r"^.*no longer lead.*$", re.MULTILINE)
+
+
+def loaded(log: str) -> re.Match[str] | None:
+    """The leader's line that it loaded every entry's state, if ``log`` has it yet; a
+    leader that lost its term first fails the run (its successor loads anew, and the
+    run would wait for the line until its cap)."""
+    found = LOADED.search(log)
+    lost = LOST.search(log)
+    if lost is not None and (found is None or lost.start() < found.start()):
+        raise RuntimeError(f"the leader lost its term while loading: {lost.group(0)}")
+    return found
 
 
 def whole_read(log: Path) -> float | None:
@@ -490,7 +503,7 @@ def measure(run: Run, row: Row, seconds: float, log: Callable[[str], None]) -> N
         # The window is the leader at rest: after its term's whole load (at a million
         # new entries, minutes of anchoring them, which the window would count).
         replica0 = run.home / "replica0.log"
-        found = run.wait(lambda: LOADED.search(replica0.read_text(errors="replace")))
+        found = run.wait(lambda: loaded(replica0.read_text(errors="replace")))
         row.loaded = float(found.group(1))
         log(f"    every entry's state loaded in {row.loaded:.1f} s")
     if standby is not None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from benchmarks.scale import Row, _due, percentile, ratios
+import pytest
+
+from benchmarks.scale import Row, _due, loaded, percentile, ratios
 
 
 def test_due_time_comes_from_leader_slot() -> None:
@@ -39,3 +41,14 @@ def test_ratios_pair_each_n_and_leave_unmeasured_cells_empty() -> None:
     assert cells[2] == "2.00x"  # CPU
     assert cells[-1] == "0.20x"  # SIGKILL
     assert cells[1] == "—"  # start: not measured
+
+
+def test_a_leader_that_lost_its_term_while_loading_fails_the_run_at_once() -> None:
+    """It used to wait for the loaded line until the run's cap (15 minutes)."""
+    line = "celery-leader: loaded the state of 1000001 entries in 84.8 s (epoch 1)"
+    lost = "celery-leader: vm:1 no longer leads 'beat' (epoch 1): stopping"
+    assert loaded("beat: Starting...\n") is None
+    found = loaded(f"{line}\n{lost}\n")  # a term ended after its load: measured
+    assert found is not None and found.group(1) == "84.8"
+    with pytest.raises(RuntimeError, match=r"lost its term while loading: .*no longer leads"):
+        loaded(f"{lost}\n{line}\n")

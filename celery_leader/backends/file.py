@@ -170,10 +170,10 @@ class _Files:
             try:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    held = True
                 except BlockingIOError:
-                    yield False
-                    return
-                yield True
+                    held = False
+                yield held
             finally:
                 os.close(fd)
 
