@@ -47,7 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.procs import kill_orphans
+from harness.procs import signal_orphans
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path("/tmp/celery-leader-compare")
@@ -101,7 +101,7 @@ class Side:
             proc.communicate()
             raise RuntimeError(f"took more than {timeout:g} s") from None
         finally:
-            kill_orphans(proc.pid)  # whatever it left behind (it is reaped)
+            signal_orphans(proc.pid, signal.SIGKILL)  # what it left behind (it is reaped)
         if proc.returncode != 0:
             tail = (err.strip() or out.strip())[-400:]
             raise RuntimeError(f"exited with {proc.returncode}: {tail}")

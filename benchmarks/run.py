@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))  # run as a script: make ``benchmarks`` and ``test
 
 from benchmarks import beat_load, crash_gap, failover, store_load  # noqa: E402
 from harness.groups import kill_all  # noqa: E402
-from harness.procs import kill_orphans  # noqa: E402
+from harness.procs import signal_orphans  # noqa: E402
 from harness.servers import PG_BIN  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -111,7 +111,7 @@ def run_external(module: str, extra: tuple[str, ...]) -> str:
         proc.communicate()
         return f"_Failed: benchmarks/{module}.py took more than {EXTERNAL_TIMEOUT} s._"
     finally:
-        kill_orphans(proc.pid)  # whatever it left behind (it is reaped)
+        signal_orphans(proc.pid, signal.SIGKILL)  # what it left behind (it is reaped)
     if proc.returncode != 0:
         return f"_Failed: benchmarks/{module}.py exited with {proc.returncode}._\n\n{out.strip()}"
     return out.strip()

@@ -82,7 +82,9 @@ class Proc:
         """
         if sig in (_signal.SIGTERM, _signal.SIGINT):
             self.asked_to_stop = True
-        if self.popen.returncode is not None and (not group or pid_exists(self.pid)):
+        if self.popen.returncode is not None:
+            if group:
+                signal_orphans(self.pid, sig)
             return  # reaped: that pid is another process's, or nobody's
         try:
             if group:
@@ -170,13 +172,13 @@ def pid_exists(pid: int) -> bool:
     return True
 
 
-def kill_orphans(pid: int) -> None:
-    """SIGKILL what a reaped session leader ``pid`` left behind in its group: only while
-    no process holds ``pid`` (see :meth:`Proc.signal`), as another may by now."""
+def signal_orphans(pid: int, sig: int) -> None:
+    """Send ``sig`` to what a reaped group leader ``pid`` left behind in its group: only
+    while no process holds ``pid`` (see :meth:`Proc.signal`), as another may by now."""
     if pid_exists(pid):
         return
     try:
-        os.killpg(pid, _signal.SIGKILL)
+        os.killpg(pid, sig)
     except ProcessLookupError:
         pass
 
